@@ -1,0 +1,45 @@
+"""The agent interface: ``contexts -> assistant texts``.
+
+Because an rftgym observation is the whole chat context, any chat model is an agent. Agents act
+on a batch of contexts at once (a local policy batches them on the accelerator; an API agent
+sends them concurrently). Token-level agents also return the exact tokens fed and sampled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..core.messages import Context, Message
+
+
+@dataclass
+class AgentReply:
+    """One assistant turn. Token fields are None for agents that only see text (APIs, scripts)."""
+
+    text: str
+    prompt_ids: list[int] | None = None
+    sampled_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None  # "stop" (end of turn), "length" (token budget), ...
+
+
+class Agent(ABC):
+    """Base class for agents. Subclasses implement :meth:`act`."""
+
+    name: str = "agent"
+
+    @abstractmethod
+    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+        """Return one reply per context, in order."""
+
+    def act_one(self, context: Context) -> AgentReply:
+        return self.act([context])[0]
+
+    def on_assistant_message(self, message: Message, reply: AgentReply) -> None:
+        """Called by the rollout engine once the env has put ``reply`` into the context as
+        ``message``; token-level agents bind the message id to the sampled tokens here."""
+
+    def close(self) -> None:
+        """Free resources (threads, connections, models)."""

@@ -1,0 +1,502 @@
+"""An agent backed by any OpenAI-compatible ``/v1/chat/completions`` server.
+
+Works with vLLM (``vllm serve``), the llama.cpp server, OpenAI, and anything else that speaks
+the chat-completions protocol. Only the standard library is used for HTTP.
+
+``base_url`` is the part of the URL *before* ``/chat/completions``; for a local vLLM or llama.cpp
+server that is usually ``http://127.0.0.1:8000/v1``. The agent POSTs to
+``f"{base_url}/chat/completions"`` exactly (a trailing slash is stripped; nothing is appended).
+
+The agent only sees text, so the token fields of each :class:`AgentReply` are ``None``.
+A batch of contexts is sent concurrently (one request per context, at most
+``max_concurrency`` in flight). Connection errors, timeouts, HTTP 429 and HTTP 5xx are retried
+with exponential backoff; other HTTP errors and malformed responses raise
+:class:`~rftgym.core.errors.ChatAPIError` at once.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import math
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
+
+from ..core.errors import ChatAPIError, ConfigError
+from ..core.messages import Context
+from .base import Agent, AgentReply
+
+__all__ = ["ChatAPIConfig", "ChatAPIAgent"]
+
+API_KEY_ENV = "OPENAI_API_KEY"
+SNIPPET_CHARS = 300
+MAX_RETRY_AFTER_S = 60.0
+# extra_body may add or override sampling fields, but not these: they define the protocol.
+_RESERVED_BODY_KEYS = ("model", "messages", "stream")
+_EXPECTED_SHAPE = (
+    'a JSON object like {"choices": [{"message": {"role": "assistant", "content": "..."}, '
+    '"finish_reason": "stop"}]}'
+)
+
+
+def _default_api_key() -> str | None:
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ChatAPIConfig:
+    """Settings of a :class:`ChatAPIAgent`; every field is validated on construction.
+
+    ``base_url`` is the part before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``).
+    ``api_key`` defaults to the ``OPENAI_API_KEY`` environment variable when that is set; it is
+    sent as ``Authorization: Bearer <key>``. ``max_retries`` counts retries after the first
+    attempt, so a request is tried at most ``1 + max_retries`` times; the k-th retry waits
+    ``backoff_s * 2**(k-1)`` seconds (or the server's numeric ``Retry-After``, if longer, capped
+    at 60 s). ``extra_body`` is merged into every request body (e.g. ``{"top_k": 20}`` for vLLM);
+    it may not set ``model``, ``messages`` or ``stream``.
+    """
+
+    base_url: str
+    model: str
+    api_key: str | None = field(default_factory=_default_api_key, repr=False)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_concurrency: int = 8
+    extra_body: dict | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+
+        # base_url
+        if not isinstance(self.base_url, str) or not self.base_url.strip():
+            raise ConfigError(
+                f"ChatAPIConfig.base_url must be a non-empty string such as "
+                f"'http://127.0.0.1:8000/v1', got {self.base_url!r}"
+            )
+        base_url = self.base_url.strip().rstrip("/")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"ChatAPIConfig.base_url must start with http:// or https:// "
+                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}"
+            )
+        if base_url.endswith("/chat/completions"):
+            raise ConfigError(
+                f"ChatAPIConfig.base_url is the part before /chat/completions "
+                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}; drop the "
+                f"'/chat/completions' suffix"
+            )
+        parsed = urllib.parse.urlsplit(base_url)
+        if not parsed.hostname:
+            raise ConfigError(
+                f"ChatAPIConfig.base_url has no host name (expected e.g. "
+                f"'http://127.0.0.1:8000/v1'), got {self.base_url!r}"
+            )
+        try:
+            parsed.port  # noqa: B018 (validates the port)
+        except ValueError as exc:
+            raise ConfigError(
+                f"ChatAPIConfig.base_url has an invalid port ({exc}), got {self.base_url!r}"
+            ) from None
+        if parsed.query or parsed.fragment:
+            raise ConfigError(
+                f"ChatAPIConfig.base_url must not contain a query string or fragment, "
+                f"got {self.base_url!r}"
+            )
+        set_("base_url", base_url)
+
+        # model
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(
+                f"ChatAPIConfig.model must be a non-empty string (the model name the server "
+                f"serves, e.g. the one passed to 'vllm serve'), got {self.model!r}"
+            )
+
+        # api_key
+        if self.api_key is not None and not isinstance(self.api_key, str):
+            raise ConfigError(
+                f"ChatAPIConfig.api_key must be a string or None, got {type(self.api_key).__name__}"
+            )
+        if self.api_key is not None:
+            key = self.api_key.strip()
+            if not key.isascii() or not key.isprintable():
+                raise ConfigError(
+                    "ChatAPIConfig.api_key must contain only printable ASCII characters "
+                    "(no line breaks)"
+                )
+            set_("api_key", key or None)
+
+        # sampling
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ConfigError(
+                f"ChatAPIConfig.temperature must be a finite number >= 0 (0 is greedy), "
+                f"got {self.temperature!r}"
+            )
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(
+                f"ChatAPIConfig.top_p must be a number in (0, 1], got {self.top_p!r}"
+            )
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ConfigError(
+                f"ChatAPIConfig.max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+            )
+
+        # stop: accept a single string or any sequence of strings; store a tuple
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if stop is None:
+            stop = ()
+        if not isinstance(stop, (list, tuple)) or not all(
+            isinstance(s, str) and s for s in stop
+        ):
+            raise ConfigError(
+                f"ChatAPIConfig.stop must be a tuple of non-empty strings, got {self.stop!r}"
+            )
+        set_("stop", tuple(stop))
+
+        # transport
+        if not _is_number(self.timeout_s) or self.timeout_s <= 0:
+            raise ConfigError(
+                f"ChatAPIConfig.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
+            )
+        if not _is_int(self.max_retries) or self.max_retries < 0:
+            raise ConfigError(
+                f"ChatAPIConfig.max_retries must be an integer >= 0 (0 disables retries), "
+                f"got {self.max_retries!r}"
+            )
+        if not _is_number(self.backoff_s) or self.backoff_s < 0:
+            raise ConfigError(
+                f"ChatAPIConfig.backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}"
+            )
+        if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
+            raise ConfigError(
+                f"ChatAPIConfig.max_concurrency must be an integer >= 1, "
+                f"got {self.max_concurrency!r}"
+            )
+
+        # extra_body: a JSON-serialisable dict, copied so later mutation cannot leak in
+        if self.extra_body is not None:
+            if not isinstance(self.extra_body, dict) or not all(
+                isinstance(k, str) for k in self.extra_body
+            ):
+                raise ConfigError(
+                    f"ChatAPIConfig.extra_body must be a dict with string keys or None, "
+                    f"got {self.extra_body!r}"
+                )
+            reserved = sorted(k for k in self.extra_body if k in _RESERVED_BODY_KEYS)
+            if reserved:
+                raise ConfigError(
+                    f"ChatAPIConfig.extra_body must not set {reserved}: the agent sets "
+                    f"'model' and 'messages' itself and does not support streaming"
+                )
+            try:
+                copied = json.loads(json.dumps(self.extra_body, allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"ChatAPIConfig.extra_body must be JSON-serialisable ({exc})"
+                ) from None
+            set_("extra_body", copied)
+
+    @property
+    def url(self) -> str:
+        """The endpoint every request is POSTed to."""
+        return f"{self.base_url}/chat/completions"
+
+
+class _RetryableError(Exception):
+    """A failure worth retrying (connection error, timeout, 429, 5xx)."""
+
+    def __init__(self, what: str, status: int | None = None, retry_after: float | None = None):
+        super().__init__(what)
+        self.what = what
+        self.status = status
+        self.retry_after = retry_after
+
+
+def _snippet(body: bytes | str | None) -> str:
+    if body is None:
+        return ""
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    text = " ".join(text.split())
+    if len(text) > SNIPPET_CHARS:
+        text = text[: SNIPPET_CHARS - 3] + "..."
+    return text
+
+
+def _retry_after_s(headers) -> float | None:
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ChatAPIAgent(Agent):
+    """An agent that asks an OpenAI-compatible chat-completions server for each reply.
+
+    >>> agent = ChatAPIAgent.from_url("http://127.0.0.1:8000/v1", "Qwen/Qwen2.5-0.5B-Instruct")
+    >>> replies = agent.act([context_a, context_b])   # doctest: +SKIP
+    >>> agent.close()
+    """
+
+    def __init__(self, config: ChatAPIConfig):
+        if not isinstance(config, ChatAPIConfig):
+            raise ConfigError(
+                f"ChatAPIAgent takes a ChatAPIConfig (or use ChatAPIAgent.from_url(base_url, "
+                f"model, ...)), got {type(config).__name__}"
+            )
+        self.config = config
+        self.name = f"api:{config.model}"
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
+        # environment; remote servers use the standard urllib handlers (env proxies honoured).
+        if _is_loopback(urllib.parse.urlsplit(config.url).hostname):
+            self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        else:
+            self._opener = urllib.request.build_opener()
+
+    @classmethod
+    def from_url(cls, base_url: str, model: str, **kwargs: Any) -> "ChatAPIAgent":
+        """``ChatAPIAgent(ChatAPIConfig(base_url=base_url, model=model, **kwargs))``."""
+        allowed = [f.name for f in fields(ChatAPIConfig) if f.name not in ("base_url", "model")]
+        unknown = sorted(set(kwargs) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"Unknown ChatAPIConfig field(s) {unknown}; allowed: {allowed}"
+            )
+        return cls(ChatAPIConfig(base_url=base_url, model=model, **kwargs))
+
+    # -- Agent API ---------------------------------------------------------------------------
+
+    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+        contexts = list(contexts)
+        for i, context in enumerate(contexts):
+            if not isinstance(context, Context):
+                raise TypeError(
+                    f"ChatAPIAgent.act takes a sequence of Context, item {i} is "
+                    f"{type(context).__name__}"
+                )
+        if not contexts:
+            return []
+        if len(contexts) == 1:
+            return [self._request(contexts[0])]
+        pool = self._executor()
+        futures: list[Future] = [pool.submit(self._request, c) for c in contexts]
+        replies: list[AgentReply] = []
+        try:
+            for future in futures:
+                replies.append(future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        return replies
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "ChatAPIAgent":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ChatAPIAgent(url={self.config.url!r}, model={self.config.model!r})"
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.config.max_concurrency, thread_name_prefix="rftgym-chat-api"
+                )
+            return self._pool
+
+    def _body(self, context: Context) -> dict:
+        cfg = self.config
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": context.to_chat(),
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens,
+        }
+        if cfg.stop:
+            body["stop"] = list(cfg.stop)
+        if cfg.extra_body:
+            body.update(cfg.extra_body)
+        return body
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def _request(self, context: Context) -> AgentReply:
+        cfg = self.config
+        url = cfg.url
+        data = json.dumps(self._body(context)).encode("utf-8")
+        attempts_allowed = 1 + cfg.max_retries
+        last: _RetryableError | None = None
+        for attempt in range(1, attempts_allowed + 1):
+            if attempt > 1:
+                delay = cfg.backoff_s * 2 ** (attempt - 2)
+                if last is not None and last.retry_after is not None:
+                    delay = max(delay, last.retry_after)
+                time.sleep(delay)
+            try:
+                status, raw = self._post(url, data, attempt)
+            except _RetryableError as exc:
+                last = exc
+                continue
+            return self._parse(raw, status, url)
+        assert last is not None
+        raise ChatAPIError(
+            f"POST {url} failed after {attempts_allowed} attempt(s): {last.what}. "
+            f"{self._hint(last.status)}",
+            status=last.status,
+        )
+
+    def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes]:
+        """One HTTP attempt: returns (status, body), raises _RetryableError or ChatAPIError."""
+        request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
+        try:
+            with self._opener.open(request, timeout=self.config.timeout_s) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                body = exc.read()
+            except Exception:  # noqa: BLE001 (the body is only used in the message)
+                body = b""
+            finally:
+                exc.close()
+            status = exc.code
+            what = f"HTTP {status}" + (f": {_snippet(body)}" if body else "")
+            if status == 429 or status >= 500:
+                raise _RetryableError(what, status, _retry_after_s(exc.headers)) from None
+            raise ChatAPIError(
+                f"POST {url} failed with {what} (attempt {attempt}; HTTP {status} is not "
+                f"retried). {self._hint(status)}",
+                status=status,
+            ) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, TimeoutError):
+                what = f"timed out after {self.config.timeout_s:g} s (timeout_s)"
+            else:
+                what = f"could not connect ({reason})"
+            raise _RetryableError(what) from None
+        except TimeoutError:
+            raise _RetryableError(
+                f"timed out after {self.config.timeout_s:g} s (timeout_s)"
+            ) from None
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise _RetryableError(
+                f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
+            ) from None
+
+    def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
+        def fail(problem: str) -> ChatAPIError:
+            return ChatAPIError(
+                f"POST {url} returned HTTP {status} but {problem}; expected {_EXPECTED_SHAPE}. "
+                f"Body: {_snippet(raw)!r}. Is base_url an OpenAI-compatible endpoint "
+                f"(the part before /chat/completions, e.g. http://127.0.0.1:8000/v1)?",
+                status=status,
+            )
+
+        try:
+            payload = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise fail("the body is not valid JSON") from None
+        if not isinstance(payload, dict):
+            raise fail(f"the body is a JSON {type(payload).__name__}, not an object")
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            if "error" in payload:
+                raise fail("the body is an error object, not a completion")
+            raise fail("it has no non-empty 'choices' list")
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise fail("choices[0] has no 'message' object")
+        content = message.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+            text = "".join(
+                part.get("text", "") for part in content if isinstance(part, dict)
+            )
+        else:
+            raise fail(f"choices[0].message.content is a {type(content).__name__}")
+        finish_reason = choice.get("finish_reason")
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            finish_reason = str(finish_reason)
+        return AgentReply(text=text, finish_reason=finish_reason)
+
+    def _hint(self, status: int | None) -> str:
+        cfg = self.config
+        if status is None:
+            return (
+                f"Is the server running and reachable at {cfg.base_url}? Check --api-base "
+                f"(base_url, the part before /chat/completions) and timeout_s."
+            )
+        if status in (401, 403):
+            return f"Check the API key (api_key, or the {API_KEY_ENV} environment variable)."
+        if status == 404:
+            return (
+                f"Check --api-base (base_url must be the part before /chat/completions, "
+                f"e.g. http://127.0.0.1:8000/v1) and that the server serves model {cfg.model!r}."
+            )
+        if status == 429:
+            return "The server is rate limiting; lower max_concurrency or raise max_retries/backoff_s."
+        if status >= 500:
+            return (
+                f"The server at {cfg.base_url} is failing; check its logs (is model "
+                f"{cfg.model!r} loaded?)."
+            )
+        return (
+            f"The server rejected the request; check the model name ({cfg.model!r}), "
+            f"max_tokens (context length) and extra_body."
+        )

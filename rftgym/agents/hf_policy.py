@@ -1,0 +1,227 @@
+"""HFPolicy: a local Hugging Face causal LM as an agent and as the trainable policy.
+
+It renders contexts through the tokenizer's chat template with an exact-token cache
+(:mod:`rftgym.agents.chat_tokens`), generates for many contexts at once (left padding, one
+KV-cached decode loop, temperature / top-k / top-p sampling, stop at end of turn), and returns
+for each reply the exact prompt tokens, sampled tokens and their log-probabilities.
+
+Log-probabilities are those of the sampling distribution before top-k/top-p truncation, i.e.
+``log_softmax(logits / temperature)`` (temperature 1 when decoding greedily); the trainer uses
+the same temperature so that importance ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..core.errors import ConfigError, require
+from ..core.messages import Context, Message
+from .base import Agent, AgentReply
+from .chat_tokens import ChatTokenizer
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k truncation
+    seed: int | None = None
+    max_batch_size: int = 32
+    max_prompt_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class HFPolicy(Agent):
+    """A transformers causal LM that acts on batches of contexts and records exact tokens."""
+
+    def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None, name: str = "hf"):
+        self.torch = require("torch", "hf", "The Hugging Face policy")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer)
+        self.sampling = sampling or SamplingConfig()
+        self.name = name
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.chat.stop_ids[0]
+        self._cache_kwarg = _cache_kwarg(model)
+        self._generator = self.torch.Generator(device=self.device)
+        if self.sampling.seed is not None:
+            self._generator.manual_seed(self.sampling.seed)
+
+    @classmethod
+    def from_pretrained(cls, model: str | None = None, *, sampling: SamplingConfig | None = None,
+                        device: str | None = None, dtype: str | None = None) -> "HFPolicy":
+        """Load ``model`` (a local HF directory, or None/"default" for SmolLM2-135M-Instruct)."""
+        from .model_loading import DEFAULT_MODEL_NAME, load_model_and_tokenizer
+
+        lm, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+        name = DEFAULT_MODEL_NAME if model in (None, "default") else str(model)
+        return cls(lm, tokenizer, sampling=sampling, name=name)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ Agent API
+
+    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+        prompts = [self.chat.prompt_ids(c) for c in contexts]
+        return self.generate(prompts)
+
+    def on_assistant_message(self, message: Message, reply: AgentReply) -> None:
+        if reply.sampled_ids is not None:
+            self.chat.bind_assistant(message, reply.sampled_ids)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> list[AgentReply]:
+        """Generate one reply per prompt (token ids), batching up to ``max_batch_size``.
+
+        Prompts are grouped by length so that a batch wastes little on padding; replies come
+        back in the order of ``prompts``.
+        """
+        sampling = sampling or self.sampling
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > sampling.max_prompt_tokens:
+                raise ConfigError(
+                    f"prompt {i} has {len(prompt)} tokens, over max_prompt_tokens={sampling.max_prompt_tokens}; "
+                    "raise the limit or give the env a context budget"
+                )
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        replies: list[AgentReply | None] = [None] * len(prompts)
+        for start in range(0, len(order), sampling.max_batch_size):
+            chunk = order[start:start + sampling.max_batch_size]
+            for index, reply in zip(chunk, self._generate_batch([list(prompts[i]) for i in chunk], sampling)):
+                replies[index] = reply
+        return replies  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[AgentReply]:
+        torch = self.torch
+        device = self.device
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: every row ends at the same column
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
+
+        sampled = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                             use_cache=True, logits_to_keep=1)
+            cache = _output_cache(out)
+            logits = out.logits[:, -1, :]
+            position = positions[:, -1:]
+            for step in range(sampling.max_new_tokens):
+                token, token_logprob = self._sample(logits.float(), sampling)
+                active = ~finished
+                sampled[:, step] = torch.where(active, token, self.pad_id)
+                logprobs[:, step] = torch.where(active, token_logprob, 0.0)
+                lengths += active.long()
+                hit_stop = active & torch.isin(token, stop_ids)
+                stopped |= hit_stop
+                finished |= hit_stop
+                if bool(finished.all()) or step == sampling.max_new_tokens - 1:
+                    break
+                attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
+                position = position + 1
+                out = self.model(input_ids=sampled[:, step:step + 1], attention_mask=attention,
+                                 position_ids=position, use_cache=True, **{self._cache_kwarg: cache})
+                cache = _output_cache(out)
+                logits = out.logits[:, -1, :]
+
+        replies = []
+        sampled, logprobs, lengths, stopped = sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
+        for row, prompt in enumerate(prompts):
+            n = int(lengths[row])
+            ids = sampled[row, :n].tolist()
+            replies.append(AgentReply(
+                text=self.chat.decode_reply(ids),
+                prompt_ids=list(prompt),
+                sampled_ids=ids,
+                logprobs=logprobs[row, :n].tolist(),
+                finish_reason="stop" if bool(stopped[row]) else "length",
+            ))
+        return replies
+
+    def _sample(self, logits, sampling: SamplingConfig):
+        """Draw one token per row; return it and its log-prob under ``logits / temperature``."""
+        torch = self.torch
+        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        if sampling.greedy:
+            token = logp.argmax(dim=-1)
+        else:
+            filtered = logp
+            if sampling.top_k:
+                kth = torch.topk(filtered, min(sampling.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+                filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+            if sampling.top_p < 1.0:
+                sorted_logp, sorted_index = torch.sort(filtered, descending=True, dim=-1)
+                cumulative = sorted_logp.exp().cumsum(dim=-1)
+                # Drop a token when the mass before it already reaches top_p (keeps at least one).
+                drop_sorted = (cumulative - sorted_logp.exp()) >= sampling.top_p
+                drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
+                filtered = filtered.masked_fill(drop, float("-inf"))
+            probs = torch.softmax(filtered, dim=-1)
+            token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+        return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+        """Log-probs of ``completion_ids`` after ``prompt_ids`` by one teacher-forced forward pass.
+
+        Only the completion positions' logits are materialized (``logits_to_keep``).
+        """
+        torch = self.torch
+        if not completion_ids:
+            return []
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
+        n = len(completion_ids)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        target = torch.tensor(list(completion_ids), device=self.device)
+        return logp.gather(-1, target[:, None]).squeeze(-1).tolist()
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; 5.17 knows only the old name."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _output_cache(output):
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)

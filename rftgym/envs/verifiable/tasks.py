@@ -1,0 +1,283 @@
+"""Verifiable tasks: a seeded generator and a JSONL loader.
+
+The generator makes arithmetic and multiple-choice reasoning tasks with difficulty levels 1-5
+(after RLVR math and OpenRFT's domain multiple-choice setting). Every task has one checkable
+answer. Files in JSONL ``{"question", "choices"?, "answer", "id"?}`` are loaded by
+:func:`load_tasks_jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...core.errors import DataFormatError
+
+LETTERS = string.ascii_uppercase
+DIFFICULTIES = (1, 2, 3, 4, 5)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    question: str
+    answer: str
+    choices: tuple[str, ...] | None = None
+    kind: str = "custom"
+    difficulty: int = 0
+
+    @property
+    def answer_letter(self) -> str | None:
+        if self.choices is None:
+            return None
+        return LETTERS[self.choices.index(self.answer)]
+
+    def prompt(self) -> str:
+        if not self.choices:
+            return self.question
+        lines = [self.question, ""]
+        lines += [f"({LETTERS[i]}) {c}" for i, c in enumerate(self.choices)]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- answer checking
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, drop punctuation, articles and extra whitespace (SQuAD-style)."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."), or None if there is
+    not exactly one (an answer listing several numbers is not an answer)."""
+    found = _NUMBER.findall(text)
+    if len(found) != 1:
+        return None
+    try:
+        return Fraction(found[0].replace(",", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
+    stripped = answer.strip()
+    match = re.fullmatch(r"\(?\s*([A-Za-z])\s*\)?[.:]?(?:\s+.*)?", stripped, flags=re.DOTALL)
+    if match and match.group(1).upper() in LETTERS[: len(choices)]:
+        letter_index = LETTERS.index(match.group(1).upper())
+        rest = stripped[match.end(1):].strip(" ).:")
+        # "(B) 42" is fine; "(B) 17" when B is 42 names a different choice and is ambiguous.
+        if not rest or normalize_text(rest) == normalize_text(choices[letter_index]):
+            return letter_index
+        return None
+    normalized = normalize_text(stripped)
+    for i, choice in enumerate(choices):
+        if normalized == normalize_text(choice):
+            return i
+    return None
+
+
+def is_correct(task: Task, given: str) -> bool:
+    """Whether the text inside <answer> answers ``task``."""
+    if task.choices:
+        index = _choice_index(given, task.choices)
+        return index is not None and task.choices[index] == task.answer
+    expected_number = parse_number(task.answer)
+    if expected_number is not None:
+        return parse_number(given) == expected_number
+    return normalize_text(given) == normalize_text(task.answer)
+
+
+# ---------------------------------------------------------------- generators
+
+def _arithmetic(rng: np.random.Generator, difficulty: int) -> tuple[str, str, None]:
+    operands = difficulty + 1
+    magnitude = 10 ** min(1 + difficulty // 2, 3)
+    ops = ["+", "-"] if difficulty == 1 else ["+", "-", "*"]
+    terms = [str(int(rng.integers(1, magnitude)))]
+    for _ in range(operands - 1):
+        op = ops[int(rng.integers(len(ops)))]
+        value = int(rng.integers(1, 13 if op == "*" else magnitude))
+        terms += [op, str(value)]
+    expression = " ".join(terms)
+    if difficulty >= 4 and operands >= 3:
+        # Parenthesise the first two terms so that precedence matters.
+        expression = f"({' '.join(terms[:3])}) " + " ".join(terms[3:])
+    value = eval(expression, {"__builtins__": {}}, {})  # our own digits and operators only
+    return f"Compute {expression}.", str(value), None
+
+
+_NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jon")
+_ITEMS = ("apples", "stamps", "marbles", "books", "coins", "shells", "pencils", "cards")
+
+
+def _word_problem(rng: np.random.Generator, difficulty: int) -> tuple[str, str, None]:
+    name = _NAMES[int(rng.integers(len(_NAMES)))]
+    item = _ITEMS[int(rng.integers(len(_ITEMS)))]
+    count = int(rng.integers(5, 10 * difficulty + 10))
+    sentences = [f"{name} has {count} {item}."]
+    for _ in range(difficulty):
+        kind = int(rng.integers(3))
+        if kind == 0:
+            k = int(rng.integers(1, 10 * difficulty + 1))
+            sentences.append(f"Then {name} gets {k} more.")
+            count += k
+        elif kind == 1 and count > 1:
+            k = int(rng.integers(1, count))
+            sentences.append(f"Then {name} gives away {k}.")
+            count -= k
+        else:
+            k = int(rng.integers(2, 4))
+            sentences.append(f"Then the number of {item} is multiplied by {k}.")
+            count *= k
+    sentences.append(f"How many {item} does {name} have now?")
+    return " ".join(sentences), str(count), None
+
+
+def _mc_choices(rng: np.random.Generator, correct: str, distractors: list[str], n: int) -> tuple[str, ...]:
+    unique = [d for d in dict.fromkeys(distractors) if d != correct][: n - 1]
+    options = unique + [correct]
+    order = rng.permutation(len(options))
+    return tuple(options[i] for i in order)
+
+
+def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
+    start = int(rng.integers(1, 10 * difficulty))
+    if difficulty <= 2 or rng.random() < 0.5:
+        step = int(rng.integers(2, 3 + 3 * difficulty))
+        seq = [start + step * i for i in range(5)]
+        nxt = start + step * 5
+    else:
+        ratio = int(rng.integers(2, 4))
+        seq = [start * ratio**i for i in range(5)]
+        nxt = start * ratio**5
+    shown = seq[: 3 + min(difficulty, 2)] if difficulty < 3 else seq[:4]
+    if len(shown) < 5:
+        nxt = seq[len(shown)]
+    distractors = [str(nxt + d) for d in (1, -1, 2, -2, seq[1] - seq[0])]
+    choices = _mc_choices(rng, str(nxt), distractors, 4)
+    return f"What number comes next: {', '.join(map(str, shown))}, ...?", str(nxt), choices
+
+
+_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def _weekday(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
+    today = int(rng.integers(7))
+    offset = int(rng.integers(1, 4 + 12 * difficulty))
+    direction = "after" if difficulty < 3 or rng.random() < 0.5 else "before"
+    answer = _DAYS[(today + (offset if direction == "after" else -offset)) % 7]
+    distractors = [_DAYS[(today + k) % 7] for k in rng.permutation(7).tolist()]
+    choices = _mc_choices(rng, answer, distractors, 4)
+    question = f"Today is {_DAYS[today]}. What day of the week is it {offset} day{'s' if offset > 1 else ''} {direction} today?"
+    return question, answer, choices
+
+
+def _comparison(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
+    n = 3 + min(difficulty, 2)
+    if difficulty >= 3:
+        # Fractions and decimals make the comparison non-trivial; values are read back from the
+        # labels so that a rounded decimal is compared as shown.
+        labels: list[str] = []
+        while len(labels) < n:
+            num, den = int(rng.integers(1, 20)), int(rng.integers(2, 12))
+            if num % den == 0:
+                continue
+            label = f"{num}/{den}" if rng.random() < 0.6 else f"{num / den:.3f}".rstrip("0").rstrip(".")
+            if Fraction(label) not in {Fraction(x) for x in labels}:
+                labels.append(label)
+        values = [Fraction(x) for x in labels]
+    else:
+        ints = rng.choice(np.arange(1, 100 * difficulty + 10), size=n, replace=False).tolist()
+        values = [Fraction(v) for v in ints]
+        labels = [str(v) for v in ints]
+    want_largest = bool(rng.random() < 0.5)
+    best = max(range(n), key=lambda i: values[i]) if want_largest else min(range(n), key=lambda i: values[i])
+    word = "largest" if want_largest else "smallest"
+    choices = _mc_choices(rng, labels[best], [labels[i] for i in range(n) if i != best], n)
+    return f"Which of these numbers is the {word}?", labels[best], choices
+
+
+GENERATORS: dict[str, Callable[[np.random.Generator, int], tuple[str, str, tuple[str, ...] | None]]] = {
+    "arithmetic": _arithmetic,
+    "word_problem": _word_problem,
+    "sequence": _sequence,
+    "weekday": _weekday,
+    "comparison": _comparison,
+}
+
+
+def generate_task(rng: np.random.Generator, kind: str, difficulty: int) -> Task:
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown task kind {kind!r}; choose from {sorted(GENERATORS)}")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty}")
+    question, answer, choices = GENERATORS[kind](rng, difficulty)
+    serial = int(rng.integers(0, 2**31))
+    return Task(f"{kind}-d{difficulty}-{serial:08x}", question, answer, choices, kind, difficulty)
+
+
+# ---------------------------------------------------------------- JSONL loader
+
+def load_tasks_jsonl(path: str | Path) -> list[Task]:
+    """Load ``{"question", "choices"?, "answer", "id"?}`` lines. ``answer`` may be the text of a
+    choice or its letter; errors name the file and line and say what each field must be."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such file; pass a JSONL file of {{question, choices?, answer}}")
+    tasks: list[Task] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+            tasks.append(_task_from_record(record, where, default_id=f"{path.stem}-{line_no}"))
+    if not tasks:
+        raise DataFormatError(f"{path}: the file has no tasks; add lines like "
+                              '{"question": "2+2?", "answer": "4"}')
+    return tasks
+
+
+def _task_from_record(record, where: str, default_id: str) -> Task:
+    if not isinstance(record, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    question, answer, choices = record.get("question"), record.get("answer"), record.get("choices")
+    if not isinstance(question, str) or not question.strip():
+        raise DataFormatError(f"{where}: 'question' must be a non-empty string")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        raise DataFormatError(f"{where}: 'answer' must be a non-empty string or number")
+    if choices is not None:
+        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, (str, int, float)) for c in choices):
+            raise DataFormatError(f"{where}: 'choices' must be a list of at least 2 strings")
+        if len(choices) > len(LETTERS):
+            raise DataFormatError(f"{where}: at most {len(LETTERS)} choices are supported")
+        choices = tuple(str(c) for c in choices)
+        if answer not in choices:
+            letter = answer.strip().strip("()").upper()
+            if len(letter) == 1 and letter in LETTERS[: len(choices)]:
+                answer = choices[LETTERS.index(letter)]
+            else:
+                raise DataFormatError(f"{where}: 'answer' {answer!r} is neither one of the choices nor a choice letter "
+                                      f"(A-{LETTERS[len(choices) - 1]})")
+    task_id = str(record.get("id", default_id))
+    difficulty = record.get("difficulty", 0)
+    return Task(task_id, question.strip(), answer, choices, str(record.get("kind", "custom")),
+                int(difficulty) if isinstance(difficulty, int) else 0)

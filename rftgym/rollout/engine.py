@@ -1,0 +1,144 @@
+"""Batched rollouts: many environments, one agent, exact episode records.
+
+Each round, the engine collects the current context of every active environment, asks the agent
+for all replies in one batched call, steps every environment with its reply and records the
+turn. A finished episode's slot takes the next seed at once, so the batch stays full until the
+seeds run out. Token-level agents are told which message id the env gave each reply, so their
+token cache keeps the exact sampled tokens for later turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+
+from ..agents.base import Agent, AgentReply
+from ..core.errors import ConfigError
+from ..core.messages import Context, Message
+from ..core.records import Episode, Turn
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    num_envs: int = 8  # episodes run side by side (the agent's batch size)
+    max_turns: int = 64  # a safety net on top of each env's own budget
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1:
+            raise ConfigError(f"num_envs must be at least 1, got {self.num_envs}")
+        if self.max_turns < 1:
+            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+
+
+@dataclass
+class _Slot:
+    env: gym.Env
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    context: Context = field(default_factory=Context)
+    messages: dict[str, Message] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+    reset_info: dict[str, Any] = field(default_factory=dict)
+    active: bool = False
+
+
+def _env_id(env: gym.Env) -> str:
+    spec = getattr(env, "spec", None)
+    return spec.id if spec is not None else type(env.unwrapped).__name__
+
+
+def _new_assistant_message(before: Context, after: Context, action: str) -> Message | None:
+    """The message the env made from ``action``: the first new assistant message."""
+    old = set(before.ids)
+    candidates = [m for m in after.messages if m.id not in old and m.role == "assistant"]
+    for message in candidates:
+        if message.content == action:
+            return message
+    return candidates[0] if candidates else None
+
+
+def run_episodes(
+    make_env: Callable[[], gym.Env],
+    agent: Agent,
+    seeds: Sequence[int | None],
+    *,
+    config: RolloutConfig | None = None,
+    options: Sequence[dict[str, Any] | None] | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> list[Episode]:
+    """Run one episode per seed with ``agent``; return the episodes in the order of ``seeds``."""
+    config = config or RolloutConfig()
+    if options is not None and len(options) != len(seeds):
+        raise ConfigError(f"options has {len(options)} entries for {len(seeds)} seeds; give one per seed or none")
+    queue = list(range(len(seeds)))
+    results: list[Episode | None] = [None] * len(seeds)
+    slots = [_Slot(make_env()) for _ in range(min(config.num_envs, len(seeds)))]
+    owner: dict[int, int] = {}  # slot index -> episode index
+
+    def start(slot_index: int) -> None:
+        slot = slots[slot_index]
+        episode_index = queue.pop(0)
+        seed = seeds[episode_index]
+        opts = options[episode_index] if options is not None else None
+        context, info = slot.env.reset(seed=seed, options=opts)
+        slot.seed, slot.options, slot.context = seed, opts, context
+        slot.messages = {m.id: m for m in context}
+        slot.turns, slot.reset_info, slot.active = [], dict(info), True
+        owner[slot_index] = episode_index
+
+    def finish(slot_index: int) -> None:
+        slot = slots[slot_index]
+        episode = Episode(_env_id(slot.env), slot.seed, slot.messages, slot.turns, slot.context.ids, slot.reset_info)
+        results[owner.pop(slot_index)] = episode
+        slot.active = False
+        if on_episode is not None:
+            on_episode(episode)
+
+    try:
+        for i in range(len(slots)):
+            start(i)
+        while any(slot.active for slot in slots):
+            active = [i for i, slot in enumerate(slots) if slot.active]
+            replies = agent.act([slots[i].context for i in active])
+            if len(replies) != len(active):
+                raise RuntimeError(f"agent {agent.name!r} returned {len(replies)} replies for {len(active)} contexts")
+            for i, reply in zip(active, replies):
+                _step(slots[i], agent, reply, config.max_turns)
+                if not slots[i].active:
+                    finish(i)
+                    if queue:
+                        start(i)
+    finally:
+        for slot in slots:
+            slot.env.close()
+    return results  # type: ignore[return-value]
+
+
+def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
+    before = slot.context
+    context, reward, terminated, truncated, info = slot.env.step(reply.text)
+    if not terminated and len(slot.turns) + 1 >= max_turns:
+        truncated = True
+        info = {**info, "rollout_truncated": True}
+    message = _new_assistant_message(before, context, reply.text)
+    if message is not None:
+        agent.on_assistant_message(message, reply)
+    slot.turns.append(Turn(
+        index=len(slot.turns),
+        context_ids=before.ids,
+        action=reply.text,
+        reward=float(reward),
+        terminated=bool(terminated),
+        truncated=bool(truncated),
+        info=dict(info),
+        prompt_ids=reply.prompt_ids,
+        sampled_ids=reply.sampled_ids,
+        logprobs=reply.logprobs,
+        finish_reason=reply.finish_reason,
+    ))
+    for m in context:
+        slot.messages.setdefault(m.id, m)
+    slot.context = context
+    slot.active = not (terminated or truncated)

@@ -1,0 +1,471 @@
+"""ChatAPIAgent against a real HTTP server on 127.0.0.1 (no other address is ever contacted)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import pytest
+
+from rftgym.agents.base import AgentReply
+from rftgym.agents.chat_api import ChatAPIAgent, ChatAPIConfig
+from rftgym.core.errors import ChatAPIError, ConfigError
+from rftgym.core.messages import Context, Message
+
+
+# -- a fake OpenAI-compatible server -----------------------------------------------------------
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes | str | dict | None = None  # dict -> JSON; None -> a normal completion
+    delay_s: float = 0.0
+    headers: dict = field(default_factory=dict)
+
+
+def completion(content: str | None = "ok", finish_reason: str | None = "stop") -> dict:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict
+    body: dict
+
+
+class FakeServer:
+    """Records every request; ``behaviour(received, attempt_number) -> Response``."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self.behaviour: Callable[[Received, int], Response] = lambda req, n: Response()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.httpd: ThreadingHTTPServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def agent(self, **kwargs) -> ChatAPIAgent:
+        kwargs.setdefault("backoff_s", 0.01)
+        kwargs.setdefault("timeout_s", 5.0)
+        kwargs.setdefault("api_key", None)
+        return ChatAPIAgent.from_url(self.base_url, "test-model", **kwargs)
+
+
+def make_handler(server: FakeServer):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # keep test output quiet
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {"_unparsed": raw.decode("utf-8", "replace")}
+            received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            with server.lock:
+                server.requests.append(received)
+                attempt = len(server.requests)
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                if self.path != "/v1/chat/completions":
+                    response = Response(404, {"error": {"message": f"no route {self.path}"}})
+                else:
+                    response = server.behaviour(received, attempt)
+                if response.delay_s:
+                    server.stop.wait(response.delay_s)  # interrupted at teardown
+                payload = response.body
+                if payload is None:
+                    payload = completion()
+                if isinstance(payload, dict):
+                    payload = json.dumps(payload)
+                if isinstance(payload, str):
+                    payload = payload.encode("utf-8")
+                self.send_response(response.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for key, value in response.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout test)
+            finally:
+                with server.lock:
+                    server.in_flight -= 1
+
+    return Handler
+
+
+@pytest.fixture
+def server():
+    fake = FakeServer()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(fake))
+    httpd.daemon_threads = True
+    fake.httpd = httpd
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield fake
+    finally:
+        fake.stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def ctx(*pairs: tuple[str, str]) -> Context:
+    return Context(tuple(Message(role, content, f"m-{i}") for i, (role, content) in enumerate(pairs)))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- normal replies ----------------------------------------------------------------------------
+
+
+def test_normal_reply_and_request_body(server):
+    server.behaviour = lambda req, n: Response(body=completion("Hello there.", "stop"))
+    context = ctx(("system", "Be brief."), ("user", "Hi!"), ("assistant", "Hey."), ("user", "Again"))
+    with server.agent(temperature=0.7, top_p=0.9, max_tokens=64, stop=("</answer>", "\n\n")) as agent:
+        replies = agent.act([context])
+    assert replies == [AgentReply(text="Hello there.", finish_reason="stop")]
+    reply = replies[0]
+    assert reply.prompt_ids is None and reply.sampled_ids is None and reply.logprobs is None
+
+    assert len(server.requests) == 1
+    req = server.requests[0]
+    assert req.path == "/v1/chat/completions"
+    assert req.headers["content-type"] == "application/json"
+    assert "authorization" not in req.headers
+    body = req.body
+    assert body["model"] == "test-model"
+    assert body["messages"] == context.to_chat()
+    assert body["temperature"] == 0.7
+    assert body["top_p"] == 0.9
+    assert body["max_tokens"] == 64
+    assert body["stop"] == ["</answer>", "\n\n"]
+    assert "stream" not in body
+
+
+def test_defaults_omit_stop_and_act_one(server):
+    agent = server.agent()
+    try:
+        reply = agent.act_one(ctx(("user", "q")))
+    finally:
+        agent.close()
+    assert reply.text == "ok"
+    body = server.requests[0].body
+    assert "stop" not in body
+    assert body["temperature"] == 0.0 and body["top_p"] == 1.0 and body["max_tokens"] == 512
+
+
+def test_none_content_is_empty_text_and_finish_reason_passed(server):
+    server.behaviour = lambda req, n: Response(body=completion(None, "length"))
+    reply = server.agent().act_one(ctx(("user", "q")))
+    assert reply.text == "" and reply.finish_reason == "length"
+
+
+def test_content_parts_are_joined(server):
+    body = completion()
+    body["choices"][0]["message"]["content"] = [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+    ]
+    server.behaviour = lambda req, n: Response(body=body)
+    assert server.agent().act_one(ctx(("user", "q"))).text == "ab"
+
+
+def test_extra_body_is_merged(server):
+    agent = server.agent(extra_body={"top_k": 20, "seed": 7, "temperature": 0.3})
+    agent.act_one(ctx(("user", "q")))
+    body = server.requests[0].body
+    assert body["top_k"] == 20 and body["seed"] == 7 and body["temperature"] == 0.3
+
+
+def test_empty_batch_makes_no_request(server):
+    assert server.agent().act([]) == []
+    assert server.requests == []
+
+
+def test_batch_order_preserved_with_varying_delays(server):
+    n = 6
+
+    def behaviour(req, attempt):
+        i = int(req.body["messages"][-1]["content"].split()[-1])
+        # Earlier items answer later, so completion order is the reverse of request order.
+        return Response(body=completion(f"echo {i}"), delay_s=0.04 * (n - i))
+
+    server.behaviour = behaviour
+    contexts = [ctx(("system", "s"), ("user", f"item {i}")) for i in range(n)]
+    agent = server.agent(max_concurrency=n)
+    try:
+        replies = agent.act(contexts)
+        assert [r.text for r in replies] == [f"echo {i}" for i in range(n)]
+        assert server.max_in_flight >= 2  # requests really were concurrent
+        # the pool is reused across calls and recreated after close()
+        assert [r.text for r in agent.act(contexts[:2])] == ["echo 0", "echo 1"]
+    finally:
+        agent.close()
+    assert [r.text for r in agent.act(contexts[:3])] == ["echo 0", "echo 1", "echo 2"]
+    agent.close()
+    agent.close()  # idempotent
+
+
+def test_max_concurrency_is_respected(server):
+    server.behaviour = lambda req, n: Response(delay_s=0.05)
+    with server.agent(max_concurrency=2) as agent:
+        replies = agent.act([ctx(("user", str(i))) for i in range(6)])
+    assert len(replies) == 6
+    assert server.max_in_flight <= 2
+
+
+# -- retries and errors ------------------------------------------------------------------------
+
+
+def test_retry_succeeds_after_two_503s(server):
+    def behaviour(req, attempt):
+        if attempt <= 2:
+            return Response(503, {"error": {"message": "model is loading"}})
+        return Response(body=completion("finally"))
+
+    server.behaviour = behaviour
+    reply = server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    assert reply.text == "finally"
+    assert len(server.requests) == 3
+    assert server.requests[0].body == server.requests[2].body
+
+
+def test_429_is_retried(server):
+    server.behaviour = lambda req, n: (
+        Response(429, "slow down", headers={"Retry-After": "0"}) if n == 1 else Response()
+    )
+    assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert len(server.requests) == 2
+
+
+def test_5xx_exhausts_retries(server):
+    server.behaviour = lambda req, n: Response(500, "internal kaboom")
+    agent = server.agent(max_retries=2)
+    with pytest.raises(ChatAPIError) as info:
+        agent.act_one(ctx(("user", "q")))
+    err = info.value
+    assert err.status == 500
+    assert len(server.requests) == 3
+    message = str(err)
+    assert "3 attempt" in message
+    assert "internal kaboom" in message
+    assert f"{server.base_url}/chat/completions" in message
+
+
+def test_400_is_not_retried(server):
+    error_body = {"error": {"message": "The model `nope` does not exist.", "code": 400}}
+    server.behaviour = lambda req, n: Response(400, error_body)
+    agent = server.agent(max_retries=3)
+    with pytest.raises(ChatAPIError) as info:
+        agent.act_one(ctx(("user", "q")))
+    err = info.value
+    assert err.status == 400
+    assert len(server.requests) == 1
+    message = str(err)
+    assert "does not exist" in message
+    assert "400" in message
+    assert f"{server.base_url}/chat/completions" in message
+
+
+def test_error_body_snippet_is_short(server):
+    server.behaviour = lambda req, n: Response(422, "x" * 5000)
+    with pytest.raises(ChatAPIError) as info:
+        server.agent().act_one(ctx(("user", "q")))
+    message = str(info.value)
+    assert "x" * 100 in message
+    assert "x" * 301 not in message
+    assert len(message) < 1000
+
+
+def test_wrong_base_url_gives_404_hint(server):
+    agent = ChatAPIAgent.from_url(server.base_url[: -len("/v1")], "test-model", max_retries=0)
+    with pytest.raises(ChatAPIError) as info:
+        agent.act_one(ctx(("user", "q")))
+    assert info.value.status == 404
+    assert "/chat/completions" in str(info.value)
+
+
+def test_timeout_raises_quickly(server):
+    server.behaviour = lambda req, n: Response(delay_s=3.0)
+    agent = server.agent(timeout_s=0.2, max_retries=1)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError) as info:
+        agent.act_one(ctx(("user", "q")))
+    elapsed = time.monotonic() - start
+    assert elapsed < 2.0
+    assert info.value.status is None
+    message = str(info.value)
+    assert "timed out" in message and "2 attempt" in message
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("this is not json {", "not valid JSON"),
+        ({"object": "chat.completion"}, "choices"),
+        ({"choices": []}, "choices"),
+        ({"choices": [{"text": "legacy completion"}]}, "message"),
+        ([1, 2, 3], "not an object"),
+    ],
+)
+def test_malformed_response_raises(server, body, expected):
+    server.behaviour = lambda req, n: Response(
+        200, json.dumps(body) if not isinstance(body, str) else body
+    )
+    with pytest.raises(ChatAPIError) as info:
+        server.agent(max_retries=2).act_one(ctx(("user", "q")))
+    message = str(info.value)
+    assert expected in message
+    assert '"choices"' in message  # says what shape was expected
+    assert len(server.requests) == 1  # a malformed 200 is not retried
+
+
+def test_connection_refused_mentions_url():
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}/v1"
+    agent = ChatAPIAgent.from_url(base_url, "m", max_retries=1, backoff_s=0.01, timeout_s=2.0)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError) as info:
+        agent.act([ctx(("user", "a")), ctx(("user", "b"))])
+    assert time.monotonic() - start < 3.0
+    agent.close()
+    message = str(info.value)
+    assert f"{base_url}/chat/completions" in message
+    assert "2 attempt" in message
+    assert "--api-base" in message
+    assert info.value.status is None
+
+
+def test_batch_failure_raises(server):
+    server.behaviour = lambda req, n: (
+        Response(400, "bad item") if req.body["messages"][0]["content"] == "bad" else Response()
+    )
+    with server.agent() as agent, pytest.raises(ChatAPIError) as info:
+        agent.act([ctx(("user", "good")), ctx(("user", "bad")), ctx(("user", "good"))])
+    assert info.value.status == 400
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+def test_authorization_header_sent_with_api_key(server):
+    server.agent(api_key="sk-test-123").act_one(ctx(("user", "q")))
+    assert server.requests[0].headers["authorization"] == "Bearer sk-test-123"
+
+
+def test_api_key_defaults_to_env(server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    agent = ChatAPIAgent.from_url(server.base_url, "test-model")
+    assert agent.config.api_key == "sk-from-env"
+    agent.act_one(ctx(("user", "q")))
+    assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
+    assert "sk-from-env" not in repr(agent.config)
+
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert ChatAPIConfig(base_url=server.base_url, model="m").api_key is None
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_config_normalisation_and_name():
+    cfg = ChatAPIConfig(base_url="http://127.0.0.1:8000/v1/", model="qwen", stop=["a", "b"])
+    assert cfg.base_url == "http://127.0.0.1:8000/v1"
+    assert cfg.url == "http://127.0.0.1:8000/v1/chat/completions"
+    assert cfg.stop == ("a", "b")
+    assert ChatAPIConfig(base_url="https://example.invalid/api", model="m", stop="x").stop == ("x",)
+    agent = ChatAPIAgent(cfg)
+    assert agent.name == "api:qwen"
+    agent.close()  # nothing to close: no pool was created
+    extra = {"top_k": 5}
+    cfg2 = ChatAPIConfig(base_url="http://localhost:1/v1", model="m", extra_body=extra)
+    extra["top_k"] = 99
+    assert cfg2.extra_body == {"top_k": 5}
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"base_url": "127.0.0.1:8000/v1"}, "http:// or https://"),
+        ({"base_url": ""}, "base_url"),
+        ({"base_url": "http://127.0.0.1:8000/v1/chat/completions"}, "before /chat/completions"),
+        ({"base_url": "http:///v1"}, "host"),
+        ({"model": ""}, "model"),
+        ({"temperature": -0.1}, ">= 0"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "(0, 1]"),
+        ({"top_p": 1.5}, "(0, 1]"),
+        ({"max_tokens": 0}, ">= 1"),
+        ({"max_tokens": 1.5}, "integer"),
+        ({"max_tokens": True}, "integer"),
+        ({"stop": ("ok", "")}, "non-empty strings"),
+        ({"stop": (1,)}, "non-empty strings"),
+        ({"timeout_s": 0}, "> 0"),
+        ({"max_retries": -1}, ">= 0"),
+        ({"backoff_s": -1}, ">= 0"),
+        ({"max_concurrency": 0}, ">= 1"),
+        ({"extra_body": ["top_k"]}, "dict"),
+        ({"extra_body": {"messages": []}}, "must not set"),
+        ({"extra_body": {"stream": True}}, "must not set"),
+        ({"extra_body": {"x": object()}}, "JSON"),
+        ({"api_key": 123}, "api_key"),
+        ({"api_key": "sk\nx"}, "api_key"),
+    ],
+)
+def test_bad_config_raises_config_error(kwargs, fragment):
+    args = {"base_url": "http://127.0.0.1:8000/v1", "model": "m", "api_key": None, **kwargs}
+    with pytest.raises(ConfigError) as info:
+        ChatAPIConfig(**args)
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_from_url_rejects_unknown_fields_and_agent_rejects_non_config():
+    with pytest.raises(ConfigError, match="allowed"):
+        ChatAPIAgent.from_url("http://127.0.0.1:8000/v1", "m", temprature=0.5)
+    with pytest.raises(ConfigError):
+        ChatAPIAgent({"base_url": "http://127.0.0.1:8000/v1", "model": "m"})  # type: ignore[arg-type]
+
+
+def test_act_rejects_non_context():
+    agent = ChatAPIAgent.from_url("http://127.0.0.1:9/v1", "m", api_key=None)
+    with pytest.raises(TypeError, match="Context"):
+        agent.act([[{"role": "user", "content": "hi"}]])  # type: ignore[list-item]
