@@ -1,0 +1,120 @@
+"""HFPolicy: exact tokens, batched generation, log-probs, sampling options, default model cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
+from rftgym.core.errors import ConfigError, ModelLoadError
+from rftgym.core.messages import Context, Message
+
+
+def ctx(*pairs):
+    return Context(tuple(Message(role, text, f"m{i}") for i, (role, text) in enumerate(pairs)))
+
+
+QUESTIONS = [
+    ctx(("user", "What is 2+3?")),
+    ctx(("system", "Be brief."), ("user", "Name a colour. A much longer question to force left padding here.")),
+    ctx(("user", "Say hi"), ("assistant", "Hi!"), ("user", "Again, please.")),
+]
+
+
+def test_default_model_is_cached_as_plain_hf_directory():
+    from rftgym.agents.model_loading import default_model_dir
+
+    path = default_model_dir()
+    config = json.loads((path / "config.json").read_text())
+    assert "quantization_config" not in config  # a reload must not go through GGUF again
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+
+
+def test_unknown_model_path_says_what_to_pass(tmp_path):
+    with pytest.raises(ModelLoadError, match="local Hugging Face model directory"):
+        HFPolicy.from_pretrained(str(tmp_path / "missing"))
+
+
+def test_default_model_answers_simple_question(default_policy):
+    reply = default_policy.act([ctx(("user", "What is 2+3? Reply with just the number."))])[0]
+    assert "5" in reply.text
+    assert reply.finish_reason == "stop"
+    assert reply.sampled_ids[-1] in default_policy.chat.stop_ids
+    assert len(reply.logprobs) == len(reply.sampled_ids)
+
+
+def test_prompt_ids_equal_chat_template_rendering(default_policy):
+    chat = default_policy.chat
+    for context in QUESTIONS:
+        rendered = default_policy.tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"]
+        assert chat.prompt_ids(context) == list(rendered)
+
+
+def test_logprobs_match_teacher_forced_scoring(default_policy):
+    replies = default_policy.act(QUESTIONS)
+    for reply in replies:
+        scored = default_policy.score(reply.prompt_ids, reply.sampled_ids)
+        assert scored == pytest.approx(reply.logprobs, abs=1e-4)
+
+
+def test_batched_greedy_generation_equals_one_at_a_time(tiny_policy):
+    batched = tiny_policy.act(QUESTIONS)
+    for context, reply in zip(QUESTIONS, batched):
+        alone = tiny_policy.act([context])[0]
+        assert alone.sampled_ids == reply.sampled_ids
+        assert alone.logprobs == pytest.approx(reply.logprobs, abs=1e-4)
+
+
+def test_batches_larger_than_max_batch_size_keep_order(tiny_policy):
+    sampling = SamplingConfig(max_new_tokens=4, temperature=0.0, max_batch_size=2)
+    prompts = [tiny_policy.chat.prompt_ids(c) for c in QUESTIONS * 2]
+    split = tiny_policy.generate(prompts, sampling)
+    whole = tiny_policy.generate(prompts, SamplingConfig(max_new_tokens=4, temperature=0.0, max_batch_size=8))
+    assert [r.prompt_ids for r in split] == prompts
+    assert [r.sampled_ids for r in split] == [r.sampled_ids for r in whole]
+
+
+def test_length_finish_and_budget(tiny_policy):
+    reply = tiny_policy.generate([tiny_policy.chat.prompt_ids(QUESTIONS[0])], SamplingConfig(max_new_tokens=3, temperature=0.0))[0]
+    if reply.finish_reason == "length":
+        assert len(reply.sampled_ids) == 3
+    else:
+        assert reply.sampled_ids[-1] in tiny_policy.chat.stop_ids
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny_policy):
+    prompt = [tiny_policy.chat.prompt_ids(QUESTIONS[1])]
+    hot = SamplingConfig(max_new_tokens=8, temperature=1.5, seed=7)
+    tiny_policy._generator.manual_seed(7)
+    first = tiny_policy.generate(prompt, hot)[0].sampled_ids
+    tiny_policy._generator.manual_seed(7)
+    second = tiny_policy.generate(prompt, hot)[0].sampled_ids
+    assert first == second
+    greedy = tiny_policy.generate(prompt, SamplingConfig(max_new_tokens=8, temperature=0.0))[0]
+    top1 = tiny_policy.generate(prompt, SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=1))[0]
+    assert top1.sampled_ids == greedy.sampled_ids
+
+
+def test_top_p_keeps_only_the_nucleus(tiny_policy):
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]])
+    cfg = SamplingConfig(temperature=1.0, top_p=0.5)
+    probs = torch.softmax(logits, -1)[0]
+    assert probs[0] > 0.5  # so the nucleus is the first token alone
+    tokens = {int(tiny_policy._sample(logits, cfg)[0]) for _ in range(50)}
+    assert tokens == {0}
+
+
+def test_sampling_config_errors_say_what_is_allowed():
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        SamplingConfig(temperature=-1)
+    with pytest.raises(ConfigError, match="top_p must be in"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
+
+
+def test_prompt_over_budget_is_a_clear_error(tiny_policy):
+    with pytest.raises(ConfigError, match="max_prompt_tokens"):
+        tiny_policy.generate([[1] * 20], SamplingConfig(max_prompt_tokens=10))

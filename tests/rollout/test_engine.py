@@ -1,0 +1,117 @@
+"""Batched rollouts with scripted agents and a tiny model; segments at context edits."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import rftgym  # noqa: F401
+from rftgym.agents.base import Agent, AgentReply
+from rftgym.agents.scripted import ScriptedAgent
+from rftgym.core.errors import ConfigError
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+from rftgym.rollout import RolloutConfig, run_episodes, summarize
+
+
+def make_qa():
+    return gym.make("rftgym/VerifiableQA-v0")
+
+
+def test_episodes_come_back_in_seed_order_with_reset_seeds():
+    seen = []
+    episodes = run_episodes(make_qa, ScriptedAgent(["<answer>1</answer>"]), seeds=[5, 6, 7, 8, 9],
+                            config=RolloutConfig(num_envs=2), on_episode=seen.append)
+    assert [e.seed for e in episodes] == [5, 6, 7, 8, 9]
+    assert len(seen) == 5
+    env = make_qa()
+    for episode in episodes:
+        context, _ = env.reset(seed=episode.seed)
+        assert episode.context(0) == context
+
+
+class CountingAgent(Agent):
+    """Answers wrongly, and records how many contexts each call carried."""
+
+    def __init__(self):
+        self.batch_sizes = []
+
+    def act(self, contexts):
+        self.batch_sizes.append(len(contexts))
+        return [AgentReply(text="no tag here") for _ in contexts]
+
+
+def test_batch_stays_full_while_seeds_remain():
+    agent = CountingAgent()
+    episodes = run_episodes(make_qa, agent, seeds=list(range(7)), config=RolloutConfig(num_envs=3))
+    assert all(e.truncated and len(e.turns) == 3 for e in episodes)
+    assert max(agent.batch_sizes) == 3
+    assert agent.batch_sizes[:4] == [3, 3, 3, 3]  # refilled as episodes end, not after the whole batch
+
+
+def test_rollout_safety_net_truncates():
+    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
+                            seeds=[0], config=RolloutConfig(max_turns=2))
+    assert len(episodes[0].turns) == 2 and episodes[0].truncated
+    assert episodes[0].turns[-1].info["rollout_truncated"]
+
+
+def test_options_length_must_match():
+    with pytest.raises(ConfigError, match="one per seed"):
+        run_episodes(make_qa, ScriptedAgent(["x"]), seeds=[0, 1], options=[{}])
+
+
+def test_tiny_model_rollout_records_tokens_and_summary(tiny_policy):
+    episodes = run_episodes(make_qa, tiny_policy, seeds=list(range(5)), config=RolloutConfig(num_envs=4))
+    for episode in episodes:
+        assert episode.turns and all(t.has_tokens for t in episode.turns)
+        assert len(episode.segments) == 1
+    summary = summarize(episodes)
+    assert summary["episodes"] == 5
+    assert summary["sampled_tokens"] == sum(e.num_sampled_tokens for e in episodes) / 5
+
+
+class ForgetfulEnv(gym.Env):
+    """Test env that, after the second turn, deletes the first assistant turn from the context
+    (as a memory prune would) and keeps a note instead."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space = ContextSpace()
+        self.action_space = AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds.from_rng(self.np_random)
+        self.turn = 0
+        self.context = Context((self.ids.message("user", "Tell me three things, one per turn."),))
+        return self.context, {}
+
+    def step(self, action):
+        self.turn += 1
+        context = self.context.appended(self.ids.message("assistant", action))
+        if self.turn == 2:
+            first_reply = [m for m in context if m.role == "assistant"][0]
+            context = context.without([first_reply.id]).appended(self.ids.message("user", "note: first thing kept"))
+        else:
+            context = context.appended(self.ids.message("user", "next"))
+        self.context = context
+        return context, 0.0, self.turn >= 3, False, {}
+
+
+def test_context_edit_starts_a_new_segment_with_the_edited_prompt(tiny_policy):
+    episode = run_episodes(ForgetfulEnv, tiny_policy, seeds=[0])[0]
+    assert len(episode.turns) == 3
+    segments = episode.segments
+    assert [s.turn_indices for s in segments] == [(0, 1), (2,)]
+    second = segments[1]
+    third_turn = episode.turns[2]
+    # The new segment's prompt is exactly the edited context the model saw, all mask 0.
+    assert second.token_ids[: second.prompt_length] == third_turn.prompt_ids
+    assert second.loss_mask == [0] * len(third_turn.prompt_ids) + [1] * len(third_turn.sampled_ids)
+    assert second.token_ids == tiny_policy.chat.prompt_ids(episode.context(2)) + third_turn.sampled_ids
+    # The first segment trains turns 0 and 1 only: mask-1 tokens are exactly their samples.
+    first = segments[0]
+    sampled = [t for i, t in enumerate(first.token_ids) if first.loss_mask[i]]
+    assert sampled == episode.turns[0].sampled_ids + episode.turns[1].sampled_ids
