@@ -169,11 +169,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from .core.errors import ConfigError
+    from .train import TrainConfig
+    from .train.loop import train
+
+    env_kwargs = _parse_env_args(args.env_arg)
+    _make_env(args.env, env_kwargs).close()  # fail fast on a bad env id or option
+    output_dir = args.output_dir or str(Path("runs") / "train" / f"{args.env.split('/')[-1]}-{args.algo}")
+    settings = dict(
+        env_id=args.env, env_kwargs=env_kwargs, algo=args.algo, model=args.model, output_dir=output_dir,
+        steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, learning_rate=args.lr,
+        epochs_per_step=args.epochs, minibatch_size=args.minibatch_size, kl_coef=args.kl_coef,
+        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing, device=args.device,
+        seed=args.seed, save_every=args.save_every, rollout_batch_size=args.rollout_batch_size,
+    )
+    try:
+        config = TrainConfig(**settings)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    from .train.checkpoint import has_checkpoint
+
+    if has_checkpoint(Path(output_dir)) and not args.resume:
+        raise UsageError(f"{output_dir} already holds a checkpoint; pass --resume to continue it, "
+                         "or choose another --output-dir")
+    history = train(config, resume=args.resume)
+    from .rollout.metrics import format_table
+
+    rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",
+             h.get("kl_ref", "-"), h["step_seconds"]] for h in history]
+    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "seconds"]))
+    print(f"metrics: {output_dir}/metrics.jsonl  curve: {output_dir}/learning_curve.png  "
+          f"checkpoint: {output_dir}/checkpoint")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
-    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval}")
+    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train}")
     sub.required = True
 
     p = sub.add_parser("envs", help="list registered environments")
@@ -206,6 +242,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.set_defaults(func=cmd_eval)
+
+    from .train.config import ALGORITHMS
+
+    p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)")
+    env_args(p)
+    p.add_argument("--algo", choices=ALGORITHMS, default="grpo")
+    p.add_argument("--model", help="local Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--output-dir", help="where metrics, the PNG and checkpoints go (default runs/train/<env>-<algo>)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--tasks-per-step", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8, help="samples per task (G)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--epochs", type=int, default=1, help="passes over each step's samples")
+    p.add_argument("--minibatch-size", type=int, default=16)
+    p.add_argument("--rollout-batch-size", type=int, default=32)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--lora-rank", type=int, default=0, help="0 = full fine-tuning")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--save-every", type=int, default=10)
+    p.set_defaults(func=cmd_train)
     return parser
 
 

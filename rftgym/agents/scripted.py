@@ -22,6 +22,8 @@ class ScriptedAgent(Agent):
     name = "scripted"
 
     def __init__(self, replies: Sequence[str] | Callable[[Context], str]):
+        if isinstance(replies, str):
+            replies = (replies,)  # one reply, not one reply per character
         if not callable(replies) and not replies:
             raise ValueError("ScriptedAgent needs at least one reply")
         self.replies = replies

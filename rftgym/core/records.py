@@ -170,7 +170,10 @@ def _json_default(obj: Any):
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
+        try:
+            return sorted(obj)
+        except TypeError:  # mixed types ({1, "a"}) have no order of their own
+            return sorted(obj, key=repr)
     return repr(obj)
 
 

@@ -77,6 +77,8 @@ class ContextSpace(spaces.Space[Context]):
         seed: int | np.random.Generator | None = None,
     ):
         unknown = set(roles) - set(ROLES)
+        if not roles:
+            raise ValueError(f"ContextSpace needs at least one role; allowed roles are {ROLES}")
         if unknown:
             raise ValueError(f"Unknown roles {sorted(unknown)}; allowed roles are {ROLES}")
         if max_messages <= 0 or max_message_chars <= 0:

@@ -12,14 +12,20 @@ Tags inside fenced code blocks are code, not tool calls, and are ignored.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
+# Possessive quantifiers keep matching linear: the earlier pattern's lazy attribute run next to
+# optional whitespace backtracked cubically ("<a" followed by 1,000 spaces took minutes). A
+# trailing "/" inside the attribute run ("<prune ids=a />") is split off in Python instead.
 _TAG_TOKEN = re.compile(
-    r"<\s*(?P<close>/)?\s*(?P<name>[A-Za-z][\w-]*)(?P<attrs>(?:\s+[^<>]*?)?)\s*(?P<selfclose>/)?\s*>"
+    r"<\s*+(?P<close>/)?\s*+(?P<name>[A-Za-z][\w-]*+)(?P<attrs>(?:\s[^<>]*+)?)(?P<selfclose>/\s*+)?>"
 )
-_ATTRIBUTE = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""")
+# The lookbehind stops a search from restarting inside a name, which made a long run of letters
+# without "=" quadratic.
+_ATTRIBUTE = re.compile(r"""(?<![\w-])([A-Za-z_][\w-]*+)\s*+=\s*+(?:"([^"]*)"|'([^']*)'|([^\s"'>]++))""")
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 
@@ -119,51 +125,74 @@ def find_code_blocks(text: str) -> tuple[list[CodeBlock], list[str]]:
     return blocks, problems
 
 
+def _split_token(token: re.Match) -> tuple[str, str, bool]:
+    """(name, raw attributes, self-closing) of a tag token."""
+    attrs = token.group("attrs")
+    selfclose = token.group("selfclose") is not None
+    trimmed = attrs.rstrip()
+    if trimmed.endswith("/"):  # "<answer />", "<prune ids=a/>"
+        attrs, selfclose = trimmed[:-1], True
+    return token.group("name").lower(), attrs, selfclose
+
+
 def parse_tags(text: str, known: Iterable[str]) -> ParseResult:
     """Parse the tags named in ``known`` (case-insensitive) and fenced code blocks out of ``text``."""
     if not isinstance(text, str):
         return ParseResult(problems=(f"expected text, got {type(text).__name__}",))
+    if isinstance(known, str):
+        known = (known,)
     known_names = {k.lower() for k in known}
     blocks, problems = find_code_blocks(text)
-    in_code = [(b.start, b.end) for b in blocks]
+    # Blocks are sorted and disjoint: a token is in code if it starts before the end of the last
+    # block that starts at or before it (bisect keeps this fast with thousands of blocks).
+    block_starts = [b.start for b in blocks]
+
+    def in_code(position: int) -> bool:
+        k = bisect.bisect_right(block_starts, position) - 1
+        return k >= 0 and position < blocks[k].end
 
     tags: list[Tag] = []
-    unknown: list[str] = []
+    unknown: dict[str, None] = {}  # ordered set
     stack: list[tuple[str, tuple, int, int]] = []  # (name, attrs, tag start, body start)
+    open_counts: dict[str, int] = {}
 
     def parent_name() -> str | None:
         return stack[-1][0] if stack else None
 
+    def pop() -> tuple[str, tuple, int, int]:
+        entry = stack.pop()
+        open_counts[entry[0]] -= 1
+        return entry
+
     for token in _TAG_TOKEN.finditer(text):
-        if any(start <= token.start() < end for start, end in in_code):
+        if in_code(token.start()):
             continue
-        name = token.group("name").lower()
+        name, raw_attrs, selfclose = _split_token(token)
         if name not in known_names:
-            if name not in unknown:
-                unknown.append(name)
+            unknown.setdefault(name)
             continue
         if token.group("close"):
-            open_names = [entry[0] for entry in stack]
-            if name not in open_names:
+            if not open_counts.get(name):
                 problems.append(f"</{name}> closes a tag that was never opened")
                 continue
-            while stack and stack[-1][0] != name:
-                inner = stack.pop()
+            while stack[-1][0] != name:
+                inner = pop()
                 problems.append(f"<{inner[0]}> is never closed (before </{name}>)")
                 tags.append(Tag(inner[0], text[inner[3]:token.start()], inner[1], inner[2], token.start(),
-                                closed=False, parent=name))
-            opened = stack.pop()
+                                closed=False, parent=parent_name()))
+            opened = pop()
             tags.append(Tag(name, text[opened[3]:token.start()], opened[1], opened[2], token.end(),
                             parent=parent_name()))
-        elif token.group("selfclose"):
+        elif selfclose:
             problems.append(f"<{name}/> is empty; write <{name}>…</{name}>")
-            tags.append(Tag(name, "", _parse_attrs(token.group("attrs")), token.start(), token.end(),
+            tags.append(Tag(name, "", _parse_attrs(raw_attrs), token.start(), token.end(),
                             parent=parent_name()))
         else:
-            stack.append((name, _parse_attrs(token.group("attrs")), token.start(), token.end()))
+            stack.append((name, _parse_attrs(raw_attrs), token.start(), token.end()))
+            open_counts[name] = open_counts.get(name, 0) + 1
 
     while stack:
-        opened = stack.pop()
+        opened = pop()
         problems.append(f"<{opened[0]}> is never closed; end it with </{opened[0]}>")
         tags.append(Tag(opened[0], text[opened[3]:], opened[1], opened[2], len(text), closed=False,
                         parent=parent_name()))

@@ -24,8 +24,9 @@ Episode end
 
 Info keys
     ``task_id``, ``kind``, ``difficulty``, ``turn``, ``attempts``, ``answer`` (text inside the
-    tag, or None), ``correct``, ``format_ok``, ``format_error`` (None or what was wrong),
-    ``success`` (answered correctly), and ``expected`` once the episode has ended.
+    tag, or None), ``correct``, ``format_ok``, ``format_error`` (None or what was wrong; at
+    most three distinct tag problems are spelled out), ``success`` (answered correctly), and
+    ``expected`` once the episode has ended.
 
 Options to ``reset``
     ``task_index`` picks a task of a loaded dataset; ``kind`` and ``difficulty`` override the
@@ -37,6 +38,8 @@ Version history
 
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +71,27 @@ class VerifiableQAConfig:
     tags: tuple[str, ...] = field(default=("answer", "think"), init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kinds", tuple(self.kinds))
-        object.__setattr__(self, "difficulties", tuple(int(d) for d in self.difficulties))
+        # A single kind or difficulty (e.g. from `--env-arg kinds=arithmetic`) means a tuple of one.
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else self.kinds
+        difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
+        try:
+            object.__setattr__(self, "kinds", tuple(kinds))
+            object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"kinds must be a list of kind names and difficulties a list of ints in {DIFFICULTIES}; "
+                f"got kinds={self.kinds!r}, difficulties={self.difficulties!r}"
+            ) from exc
+        for name in ("max_attempts", "max_turns", "max_action_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be an int, got {value!r}")
+        if self.max_action_chars < 1:
+            raise ConfigError(f"max_action_chars must be at least 1, got {self.max_action_chars}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
+        if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
+            raise ConfigError(f"dataset_path must be a path to a JSONL file, got {self.dataset_path!r}")
         unknown = set(self.kinds) - set(GENERATORS)
         if not self.kinds or unknown:
             raise ConfigError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}; got {list(self.kinds)}")
@@ -81,7 +103,8 @@ class VerifiableQAConfig:
             raise ConfigError(
                 f"max_turns must be at least 2 and at least max_attempts ({self.max_attempts}); got {self.max_turns}"
             )
-        if not 0.0 <= self.format_weight < 1.0:
+        if isinstance(self.format_weight, bool) or not isinstance(self.format_weight, (int, float)) \
+                or not 0.0 <= self.format_weight < 1.0:
             raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight}")
 
 
@@ -93,12 +116,27 @@ class VerifiableQAEnv(gym.Env[Context, str]):
     def __init__(self, render_mode: str | None = None, **config: Any):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        self.config = config.pop("config", None) or VerifiableQAConfig(**config)
+        given = config.pop("config", None)
+        if given is not None and not isinstance(given, VerifiableQAConfig):
+            raise ConfigError(f"config must be a VerifiableQAConfig, got {type(given).__name__}; "
+                              "or pass its fields as keywords")
+        if given is not None and config:
+            raise ConfigError(f"pass either config=VerifiableQAConfig(...) or its fields as keywords, not both "
+                              f"(got config= and {', '.join(sorted(config))})")
+        self.config = given or VerifiableQAConfig(**config)
         self.render_mode = render_mode
         self.dataset: list[Task] | None = (
             load_tasks_jsonl(self.config.dataset_path) if self.config.dataset_path else None
         )
-        self.observation_space = ContextSpace(roles=("system", "user", "assistant"))
+        # Every observation must lie in the space, so its limits follow the config: a system and a
+        # user message, then at most an assistant turn and a feedback message per turn.
+        longest_prompt = max((len(t.prompt()) for t in self.dataset or ()), default=0)
+        self.observation_space = ContextSpace(
+            max_messages=max(512, 2 + 2 * self.config.max_turns),
+            max_message_chars=max(200_000, self.config.max_action_chars, longest_prompt,
+                                  len(self.config.system_prompt or "")),
+            roles=("system", "user", "assistant"),
+        )
         self.action_space = AssistantText(max_chars=self.config.max_action_chars)
         self.task: Task | None = None
         self._context = Context()
@@ -122,6 +160,8 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         self._turn = 0
         self._attempts = 0
         self._done = False
+        if self.render_mode == "human":
+            self.render()
         return self._context, self._info(answer=None, correct=False, format_ok=False, format_error=None)
 
     def step(self, action: str):
@@ -139,12 +179,13 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         parsed = parse_tags(action, self.config.tags)
         answers = [t for t in parsed.find("answer") if t.closed]
         format_error = None
+        problems = _summarize_problems(parsed.problems)
         if not answers:
-            format_error = "no <answer>…</answer> tag" + (f" ({'; '.join(parsed.problems)})" if parsed.problems else "")
+            format_error = "no <answer>…</answer> tag" + (f" ({problems})" if problems else "")
         elif len(answers) > 1 or parsed.problems:
             format_error = "; ".join(
                 (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else [])
-                + list(parsed.problems)
+                + ([problems] if problems else [])
             )
         format_ok = format_error is None
         answer_text = answers[-1].text if answers else None
@@ -155,7 +196,6 @@ class VerifiableQAEnv(gym.Env[Context, str]):
             self._attempts += 1
             if correct or self._attempts >= self.config.max_attempts:
                 terminated = True
-                reward = (1 - self.config.format_weight) * float(correct) + self.config.format_weight * float(format_ok)
             else:
                 left = self.config.max_attempts - self._attempts
                 feedback = f"That answer is not correct. Try again ({left} attempt{'s' if left > 1 else ''} left)."
@@ -165,6 +205,10 @@ class VerifiableQAEnv(gym.Env[Context, str]):
                 "Give your final answer inside <answer></answer> tags."
             )
         truncated = not terminated and self._turn >= self.config.max_turns
+        if answer_text is not None and (terminated or truncated):
+            # Paid on the turn that ends the episode, also when the turn budget (not the attempts)
+            # ran out on a graded answer.
+            reward = (1 - self.config.format_weight) * float(correct) + self.config.format_weight * float(format_ok)
         if feedback is not None and not truncated:
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
@@ -193,12 +237,19 @@ class VerifiableQAEnv(gym.Env[Context, str]):
             index = options.get("task_index")
             if index is None:
                 index = int(self.np_random.integers(len(self.dataset)))
-            if not isinstance(index, int) or not 0 <= index < len(self.dataset):
+            if not isinstance(index, numbers.Integral) or isinstance(index, bool) \
+                    or not 0 <= index < len(self.dataset):
                 raise ValueError(f"task_index must be an int in [0, {len(self.dataset)}), got {index!r}")
-            return self.dataset[index]
+            return self.dataset[int(index)]
         kinds, difficulties = self.config.kinds, self.config.difficulties
-        kind = options.get("kind") or kinds[int(self.np_random.integers(len(kinds)))]
-        difficulty = options.get("difficulty") or difficulties[int(self.np_random.integers(len(difficulties)))]
+        kind = options.get("kind")
+        if kind is None:
+            kind = kinds[int(self.np_random.integers(len(kinds)))]
+        difficulty = options.get("difficulty")
+        if difficulty is None:
+            difficulty = difficulties[int(self.np_random.integers(len(difficulties)))]
+        if not isinstance(difficulty, numbers.Integral) or isinstance(difficulty, bool):
+            raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
         return generate_task(self.np_random, kind, int(difficulty))
 
     def _info(self, *, answer, correct, format_ok, format_error) -> dict[str, Any]:
@@ -217,3 +268,16 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         if self._done:
             info["expected"] = self.task.answer
         return info
+
+
+MAX_REPORTED_PROBLEMS = 3
+
+
+def _summarize_problems(problems) -> str:
+    """The distinct parse problems, at most a few: a reply with thousands of stray tags must not
+    become a feedback message thousands of lines long."""
+    distinct = list(dict.fromkeys(problems))
+    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
+    if len(distinct) > MAX_REPORTED_PROBLEMS:
+        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
+    return text

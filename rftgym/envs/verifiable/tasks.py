@@ -52,10 +52,13 @@ class Task:
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
 def normalize_text(text: str) -> str:
     """Lowercase, drop punctuation, articles and extra whitespace (SQuAD-style)."""
     text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
@@ -72,21 +75,39 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
+def _same_choice(given: str, choice: str) -> bool:
+    """Whether ``given`` names ``choice``. Numeric choices compare by value, because dropping
+    punctuation would make "4.5" and "4/5" (or "1/12" and "11/2") the same text."""
+    if _NUMBER.fullmatch(choice.strip()):
+        value = parse_number(choice)
+        return value is not None and parse_number(given) == value
+    return normalize_text(given) == normalize_text(choice)
+
+
+def _collapse(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
 def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
+    """The index of the choice ``answer`` names, or None when it names none or is ambiguous."""
     stripped = answer.strip()
     match = re.fullmatch(r"\(?\s*([A-Za-z])\s*\)?[.:]?(?:\s+.*)?", stripped, flags=re.DOTALL)
+    letter_index = None
     if match and match.group(1).upper() in LETTERS[: len(choices)]:
         letter_index = LETTERS.index(match.group(1).upper())
         rest = stripped[match.end(1):].strip(" ).:")
         # "(B) 42" is fine; "(B) 17" when B is 42 names a different choice and is ambiguous.
-        if not rest or normalize_text(rest) == normalize_text(choices[letter_index]):
+        if not rest or _same_choice(rest, choices[letter_index]):
             return letter_index
+    # The whole answer may be a choice's text that happens to start with a one-letter word
+    # ("a dog" when the dog is choice C).
+    exact = [i for i, choice in enumerate(choices) if _collapse(choice) == _collapse(stripped)]
+    if len(exact) == 1:
+        return exact[0]
+    if letter_index is not None:
         return None
-    normalized = normalize_text(stripped)
-    for i, choice in enumerate(choices):
-        if normalized == normalize_text(choice):
-            return i
-    return None
+    matches = [i for i, choice in enumerate(choices) if _same_choice(stripped, choice)]
+    return matches[0] if len(matches) == 1 else None
 
 
 def is_correct(task: Task, given: str) -> bool:
@@ -238,11 +259,16 @@ def load_tasks_jsonl(path: str | Path) -> list[Task]:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such file; pass a JSONL file of {{question, choices?, answer}}")
     tasks: list[Task] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            where = f"{path}:{line_no}"
+            try:
+                # utf-8-sig on the first line: files saved by some editors start with a BOM.
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
             if not line.strip():
                 continue
-            where = f"{path}:{line_no}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -270,6 +296,8 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
         if len(choices) > len(LETTERS):
             raise DataFormatError(f"{where}: at most {len(LETTERS)} choices are supported")
         choices = tuple(str(c) for c in choices)
+        if len(set(choices)) != len(choices):
+            raise DataFormatError(f"{where}: 'choices' has duplicates; each choice must be different")
         if answer not in choices:
             letter = answer.strip().strip("()").upper()
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:

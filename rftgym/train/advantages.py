@@ -1,0 +1,233 @@
+"""Advantage estimators: pure tensor functions over groups of samples of the same task.
+
+Rewards come as ``rewards[num_groups, group_size]``: row g holds the G rewards of G samples
+(episodes) drawn for the same task. Each estimator is its own function, chosen by name from
+:data:`ADVANTAGE_ESTIMATORS` (see :func:`compute_advantages`).
+
+Trajectory-level estimators (GRPO, Dr.GRPO, RLOO) give one advantage per episode. Two segment-level
+schemes turn those into one advantage per segment (DESIGN.md section 2):
+
+- PCAR (EvalAct's Process-Calibrated Advantage Rescaling) rescales each segment's advantage by its
+  evaluation score standardized over the group, :func:`pcar_segment_advantages`;
+- DCPO (Memory-as-Action's Dynamic Context Policy Optimization) broadcasts the trajectory advantage
+  to every segment, :func:`dcpo_segment_advantages`, and trains on a per-group sample of segments,
+  :func:`sample_segments`.
+
+DAPO's filters are helpers here too: :func:`zero_variance_groups` (dynamic sampling drops groups
+whose rewards are all equal: every advantage is 0, so they carry no gradient) and
+:func:`overlong_mask` (overlong filtering: samples cut by the length budget are not trained on).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..core.errors import ConfigError
+
+
+def _as_reward_matrix(rewards: torch.Tensor) -> torch.Tensor:
+    rewards = torch.as_tensor(rewards)
+    if rewards.dim() != 2:
+        raise ValueError(
+            f"rewards must be a 2-D tensor [num_groups, group_size], got shape {tuple(rewards.shape)}; "
+            "reshape a flat batch with rewards.view(num_groups, group_size)"
+        )
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+    return rewards
+
+
+def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: ``A_gi = (r_gi - mean_g) / (std_g + eps)``.
+
+    ``mean_g`` and ``std_g`` are over the G rewards of group g; ``std_g`` is the unbiased sample
+    standard deviation, ``sqrt(sum_i (r_gi - mean_g)^2 / (G - 1))`` (``torch.std``'s default, as in
+    TRL and verl). A group of size 1 has no spread to compare against: its advantages are 0.
+    A group whose rewards are all equal gets 0 (the numerator is 0; ``eps`` avoids 0/0).
+    """
+    rewards = _as_reward_matrix(rewards)
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    return (rewards - mean) / (std + eps)
+
+
+def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Dr.GRPO: ``A_gi = r_gi - mean_g`` (no division by the group std, which biases GRPO
+    towards groups with little spread)."""
+    rewards = _as_reward_matrix(rewards)
+    if rewards.shape[1] == 0:
+        return rewards.clone()
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO (leave-one-out): ``A_gi = r_gi - (sum_j r_gj - r_gi) / (G - 1)``.
+
+    The baseline of sample i is the mean of the other G-1 rewards of its group, so it does not
+    depend on r_gi. Equivalently ``A_gi = G / (G - 1) * (r_gi - mean_g)``. Group size 1 -> 0.
+    """
+    rewards = _as_reward_matrix(rewards)
+    group_size = rewards.shape[1]
+    if group_size < 2:
+        return torch.zeros_like(rewards)
+    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)
+    return rewards - others_mean
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``ADVANTAGE_ESTIMATORS[name](rewards, **kwargs)``; an unknown name is a :class:`ConfigError`."""
+    try:
+        estimator = ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+    return estimator(rewards, **kwargs)
+
+
+def zero_variance_groups(rewards: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
+    """``bool[num_groups]``: True where ``max_i r_gi - min_i r_gi <= atol`` (all rewards equal).
+
+    Such groups have all advantages 0 under GRPO, Dr.GRPO and RLOO, so they carry no gradient;
+    DAPO's dynamic sampling drops them and samples more groups instead. A group of size 1 is
+    zero-variance.
+    """
+    rewards = _as_reward_matrix(rewards)
+    if rewards.shape[1] == 0:
+        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+    spread = rewards.amax(dim=1) - rewards.amin(dim=1)
+    return spread <= atol
+
+
+def overlong_mask(truncated: torch.Tensor) -> torch.Tensor:
+    """Float mask, same shape as ``truncated``: ``0.0`` where a sample was cut by the length budget,
+    ``1.0`` otherwise (DAPO overlong filtering: a truncated answer's reward says little about it).
+
+    Multiply it into the loss mask (per sample, broadcast over tokens) to drop those samples.
+    """
+    truncated = torch.as_tensor(truncated)
+    return (~truncated.bool()).to(torch.get_default_dtype())
+
+
+def _check_group_lengths(advantages: torch.Tensor, count: int, what: str) -> torch.Tensor:
+    advantages = torch.as_tensor(advantages)
+    if advantages.dim() != 1 or advantages.shape[0] != count:
+        raise ValueError(
+            f"advantages must be a 1-D tensor with one entry per trajectory of the group: "
+            f"got shape {tuple(advantages.shape)} for {count} {what}"
+        )
+    if not advantages.is_floating_point():
+        advantages = advantages.to(torch.get_default_dtype())
+    return advantages
+
+
+def pcar_segment_advantages(
+    advantages: torch.Tensor,
+    segment_scores: list[torch.Tensor],
+    lam: float,
+    delta: float,
+    eps: float = 1e-6,
+) -> list[torch.Tensor]:
+    """PCAR (EvalAct): rescale each segment's advantage by its standardized evaluation score.
+
+    For ONE group of G trajectories, with ``advantages[i] = A_i`` and ``segment_scores[i]`` the
+    k_i scores ``s_ik`` of trajectory i's segments::
+
+        s          = concat_i segment_scores[i]              (all scores of the group together)
+        z_ik       = (s_ik - mean(s)) / (std(s) + eps)       (std unbiased)
+        z_ik       = 0 for all ik  if len(s) < 2 or std(s) == 0
+        A_ik       = A_i * max(1 + lam * z_ik, delta)
+
+    ``delta >= 0`` floors the factor, so a low score shrinks an advantage towards 0 but never flips
+    its sign. A trajectory with no segments gets an empty tensor. Returns G tensors of k_i entries.
+    """
+    if not lam >= 0:
+        raise ConfigError(f"PCAR lam must be >= 0 (it scales the standardized score), got {lam}")
+    if not delta >= 0:
+        raise ConfigError(f"PCAR delta must be >= 0 (the floor of the rescaling factor), got {delta}")
+    advantages = _check_group_lengths(advantages, len(segment_scores), "segment score lists")
+    if not segment_scores:
+        return []
+    dtype, device = advantages.dtype, advantages.device
+    flat_scores = [torch.as_tensor(s, dtype=dtype, device=device).reshape(-1) for s in segment_scores]
+    counts = [s.numel() for s in flat_scores]
+    scores = torch.cat(flat_scores)
+    z = torch.zeros_like(scores)
+    if scores.numel() >= 2:
+        std = scores.std()
+        if std > 0:
+            z = (scores - scores.mean()) / (std + eps)
+    factors = torch.clamp(1.0 + lam * z, min=delta)
+    per_trajectory = torch.split(factors, counts)
+    return [advantages[i] * f for i, f in enumerate(per_trajectory)]
+
+
+def dcpo_segment_advantages(
+    advantages: torch.Tensor, segments_per_trajectory: list[int]
+) -> list[torch.Tensor]:
+    """DCPO (Memory-as-Action): every segment of trajectory i gets ``A_ik = A_i``.
+
+    ``advantages`` are trajectory advantages already computed from trajectory rewards (one reward
+    per trajectory, e.g. with :func:`grpo_advantages`), so each trajectory counts once in the group
+    mean and std whatever its number of segments: a trajectory fractured into many segments by
+    context edits does not weigh more in the baseline. Returns G tensors of k_i entries (empty for a
+    trajectory with no segments).
+    """
+    advantages = _check_group_lengths(advantages, len(segments_per_trajectory), "trajectories")
+    if any(k < 0 for k in segments_per_trajectory):
+        raise ValueError(f"segment counts must be >= 0, got {segments_per_trajectory}")
+    return [advantages[i].expand(k).clone() for i, k in enumerate(segments_per_trajectory)]
+
+
+def sample_segments(
+    segments_per_trajectory: list[int],
+    budget: int,
+    generator: torch.Generator | None = None,
+) -> list[tuple[int, int]]:
+    """DCPO's per-group segment sampling: up to ``budget`` distinct ``(trajectory, segment)`` pairs.
+
+    Trajectories with at least one segment are visited in a random order. The first pass takes one
+    random segment of each (if ``budget`` is smaller than the number of such trajectories, this is a
+    random subset of trajectories); later passes go round-robin over the same order, each taking a
+    further not-yet-chosen random segment from every trajectory that has one left, until the budget
+    or the supply runs out. So coverage of trajectories comes first, and segment counts per
+    trajectory differ by at most one among trajectories that are not exhausted.
+
+    The pairs come in pick order. All randomness comes from ``generator`` (the global torch RNG if
+    None): the same seed gives the same picks.
+    """
+    if budget < 0:
+        raise ConfigError(f"segment sampling budget must be >= 0, got {budget}")
+    if any(k < 0 for k in segments_per_trajectory):
+        raise ValueError(f"segment counts must be >= 0, got {segments_per_trajectory}")
+    with_segments = [i for i, k in enumerate(segments_per_trajectory) if k > 0]
+    order = [with_segments[j] for j in torch.randperm(len(with_segments), generator=generator).tolist()]
+    # One random permutation of segment indices per trajectory; pass r takes its r-th entry.
+    segment_orders = {
+        i: torch.randperm(segments_per_trajectory[i], generator=generator).tolist() for i in order
+    }
+    picks: list[tuple[int, int]] = []
+    depth = 0
+    while len(picks) < budget:
+        taken_this_pass = False
+        for i in order:
+            if depth < len(segment_orders[i]):
+                picks.append((i, segment_orders[i][depth]))
+                taken_this_pass = True
+                if len(picks) == budget:
+                    break
+        if not taken_this_pass:
+            break
+        depth += 1
+    return picks

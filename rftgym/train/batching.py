@@ -1,0 +1,199 @@
+"""From episode groups to training samples: one sample per trained segment.
+
+Every algorithm starts from the episodes of a step, grouped by task (``group_size`` samples of
+the same task), and their total rewards:
+
+* GRPO / Dr.GRPO / RLOO: one advantage per episode, given to every sampled token of each of the
+  episode's segments.
+* PCAR: the GRPO advantage, rescaled per Search->Evaluate span by the standardized evaluation
+  score (:func:`~rftgym.train.advantages.pcar_segment_advantages`). A span ends at a turn whose
+  ``info`` carries ``evaluation_score``; turns after the last scored one keep the plain advantage.
+* DCPO: the episode's advantage broadcast to each of its segments (split at context edits), with
+  at most ``dcpo_segment_budget`` segments per group chosen by
+  :func:`~rftgym.train.advantages.sample_segments`. Each segment is trained with its own prompt
+  (mask 0), so earlier surviving assistant turns inside a later prompt are never trained twice.
+* RFT: the segments of successful episodes, for a supervised step.
+
+Groups whose rewards are all equal carry no signal and are dropped when
+``filter_zero_variance`` is on (DAPO dynamic sampling); with ``filter_overlong``, episodes whose
+last reply was cut by the token budget are masked out (DAPO overlong filtering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.records import Episode, Segment
+from .advantages import (
+    compute_advantages,
+    dcpo_segment_advantages,
+    overlong_mask,
+    pcar_segment_advantages,
+    sample_segments,
+    zero_variance_groups,
+)
+from .config import BASE_ESTIMATOR, TrainConfig
+
+PROCESS_SCORE_KEY = "evaluation_score"
+
+
+@dataclass
+class TrainSample:
+    token_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]  # per token; 0 where loss_mask is 0
+    group: int
+    episode: int
+
+
+@dataclass
+class BatchStats:
+    groups: int = 0
+    groups_kept: int = 0
+    episodes_masked_overlong: int = 0
+    samples: int = 0
+    trained_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def group_episodes(episodes: list[Episode], group_size: int) -> list[list[Episode]]:
+    if len(episodes) % group_size:
+        raise ValueError(f"{len(episodes)} episodes do not split into groups of {group_size}")
+    return [episodes[i:i + group_size] for i in range(0, len(episodes), group_size)]
+
+
+def turn_spans(episode: Episode, segment: Segment) -> list[tuple[int, int, int]]:
+    """(turn index, start, end) of each turn's sampled tokens inside ``segment.token_ids``.
+
+    Inside a segment, a turn's prompt is exactly the segment's tokens so far, so its sampled
+    tokens start at ``len(turn.prompt_ids)``.
+    """
+    spans = []
+    for index in segment.turn_indices:
+        turn = episode.turns[index]
+        start = len(turn.prompt_ids)
+        spans.append((index, start, start + len(turn.sampled_ids)))
+    return spans
+
+
+def _sample(segment: Segment, token_advantages: list[float], group: int, episode: int) -> TrainSample:
+    return TrainSample(list(segment.token_ids), list(segment.loss_mask), list(segment.logprobs),
+                       token_advantages, group, episode)
+
+
+def _uniform(segment: Segment, value: float) -> list[float]:
+    return [value * m for m in segment.loss_mask]
+
+
+def _pcar_spans(episode: Episode) -> tuple[list[list[int]], list[float]]:
+    """Turn indices of each scored Search->Evaluate span, and the spans' scores."""
+    spans, scores, current = [], [], []
+    for turn in episode.turns:
+        current.append(turn.index)
+        score = turn.info.get(PROCESS_SCORE_KEY)
+        if score is not None:
+            spans.append(current)
+            scores.append(float(score))
+            current = []
+    return spans, scores
+
+
+def build_samples(groups: list[list[Episode]], config: TrainConfig,
+                  generator: torch.Generator | None = None) -> tuple[list[TrainSample], BatchStats]:
+    stats = BatchStats(groups=len(groups))
+    if not groups:
+        return [], stats
+    rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float32)
+
+    if config.algo == "rft":
+        samples = [
+            _sample(segment, _uniform(segment, 1.0), gi, ei)
+            for gi, group in enumerate(groups) for ei, episode in enumerate(group) if episode.success
+            for segment in episode.segments
+        ]
+        stats.groups_kept = len({s.group for s in samples})
+        return _finish(samples, stats)
+
+    advantages = compute_advantages(BASE_ESTIMATOR[config.algo], rewards)
+    keep_group = ~zero_variance_groups(rewards) if config.filter_zero_variance else torch.ones(len(groups), dtype=torch.bool)
+    if config.filter_overlong:
+        cut = torch.tensor([[bool(e.turns) and e.turns[-1].finish_reason == "length" for e in g] for g in groups])
+        keep_episode = overlong_mask(cut).bool()
+        stats.episodes_masked_overlong = int((~keep_episode).sum())
+    else:
+        keep_episode = torch.ones_like(rewards, dtype=torch.bool)
+
+    samples: list[TrainSample] = []
+    for gi, group in enumerate(groups):
+        if not keep_group[gi]:
+            continue
+        stats.groups_kept += 1
+        group_adv = advantages[gi]
+        if config.algo == "dcpo":
+            samples += _dcpo_group(group, gi, group_adv, keep_episode[gi], config, generator)
+        elif config.algo == "pcar":
+            samples += _pcar_group(group, gi, group_adv, keep_episode[gi], config)
+        else:
+            for ei, episode in enumerate(group):
+                if keep_episode[gi, ei]:
+                    samples += [_sample(s, _uniform(s, float(group_adv[ei])), gi, ei) for s in episode.segments]
+    return _finish(samples, stats)
+
+
+def _dcpo_group(group, gi, group_adv, keep, config, generator) -> list[TrainSample]:
+    segments = [episode.segments if keep[ei] else [] for ei, episode in enumerate(group)]
+    per_segment = dcpo_segment_advantages(group_adv, [len(s) for s in segments])
+    budget = config.dcpo_segment_budget or sum(len(s) for s in segments)
+    picks = sample_segments([len(s) for s in segments], budget, generator)
+    return [_sample(segments[ei][si], _uniform(segments[ei][si], float(per_segment[ei][si])), gi, ei)
+            for ei, si in sorted(picks)]
+
+
+def _pcar_group(group, gi, group_adv, keep, config) -> list[TrainSample]:
+    spans_and_scores = [_pcar_spans(e) for e in group]
+    scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
+    rescaled = pcar_segment_advantages(group_adv, scores, config.pcar_lambda, config.pcar_delta)
+    samples = []
+    for ei, episode in enumerate(group):
+        if not keep[ei]:
+            continue
+        value_of_turn = {t.index: float(group_adv[ei]) for t in episode.turns}
+        for span, value in zip(spans_and_scores[ei][0], rescaled[ei].tolist()):
+            for turn_index in span:
+                value_of_turn[turn_index] = value
+        for segment in episode.segments:
+            token_adv = [0.0] * len(segment.token_ids)
+            for turn_index, start, end in turn_spans(episode, segment):
+                token_adv[start:end] = [value_of_turn[turn_index]] * (end - start)
+            samples.append(_sample(segment, token_adv, gi, ei))
+    return samples
+
+
+def _finish(samples: list[TrainSample], stats: BatchStats) -> tuple[list[TrainSample], BatchStats]:
+    stats.samples = len(samples)
+    stats.trained_tokens = sum(sum(s.loss_mask) for s in samples)
+    return samples, stats
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad samples into tensors; targets are the next tokens (shifted by one)."""
+    width = max(len(s.token_ids) for s in samples)
+    batch = len(samples)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    mask = torch.zeros((batch, width - 1))
+    old = torch.zeros((batch, width - 1))
+    adv = torch.zeros((batch, width - 1))
+    for row, s in enumerate(samples):
+        n = len(s.token_ids)
+        input_ids[row, :n] = torch.tensor(s.token_ids)
+        attention[row, :n] = 1
+        # Position p predicts token p+1, so per-token values move one place left.
+        mask[row, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+        old[row, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
+        adv[row, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention, "targets": input_ids[:, 1:],
+            "loss_mask": mask, "old_logprobs": old, "advantages": adv}

@@ -1,0 +1,105 @@
+"""The trainer's configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..core.errors import ConfigError
+
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
+AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
+# PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
+BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    env_id: str = "rftgym/VerifiableQA-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    algo: str = "grpo"
+    model: str | None = None  # None: the default SmolLM2-135M-Instruct; else a local HF directory
+    output_dir: str = "runs/train"
+
+    # sampling
+    steps: int = 20
+    tasks_per_step: int = 4
+    group_size: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    rollout_batch_size: int = 32
+
+    # optimisation
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    epochs_per_step: int = 1
+    minibatch_size: int = 16  # sequences (segments) per optimizer step
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
+    aggregation: str = "token_mean"
+    kl_coef: float = 0.0  # > 0 adds k3 KL to a frozen reference (the base model when LoRA is on)
+    logprob_chunk_size: int = 1024
+    filter_zero_variance: bool = True  # DAPO dynamic sampling: groups with equal rewards are skipped
+    filter_overlong: bool = False  # DAPO overlong filtering: replies cut by max_new_tokens are masked
+
+    # algorithm-specific
+    pcar_lambda: float = 0.5
+    pcar_delta: float = 0.1
+    dcpo_segment_budget: int = 0  # segments trained per group; 0 = all
+
+    # model and runtime
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    gradient_checkpointing: bool = False
+    device: str | None = None  # default: cuda if available, else cpu
+    dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
+    seed: int = 0
+    save_every: int = 10
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGORITHMS:
+            raise ConfigError(f"algo must be one of {', '.join(ALGORITHMS)}; got {self.algo!r}")
+        if self.aggregation not in AGGREGATION_NAMES:
+            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}")
+        positive = ("steps", "tasks_per_step", "group_size", "max_new_tokens", "rollout_batch_size",
+                    "epochs_per_step", "minibatch_size", "logprob_chunk_size", "save_every", "log_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.group_size < 2 and self.algo != "rft":
+            raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be positive for RL sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ConfigError(f"clip_low must be in [0, 1) and clip_high >= 0; got {self.clip_low}, {self.clip_high}")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.pcar_lambda < 0 or self.pcar_delta < 0:
+            raise ConfigError(f"pcar_lambda and pcar_delta must be >= 0; got {self.pcar_lambda}, {self.pcar_delta}")
+        if self.dcpo_segment_budget < 0:
+            raise ConfigError(f"dcpo_segment_budget must be >= 0 (0 = all segments), got {self.dcpo_segment_budget}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        if not isinstance(self.env_kwargs, dict):
+            raise ConfigError("env_kwargs must be a dict of environment options")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig fields {unknown}; valid fields: {', '.join(sorted(known))}")
+        return cls(**data)

@@ -1,0 +1,194 @@
+"""The training loop: sample tasks -> roll out G episodes each -> advantages -> update -> log.
+
+Read top to bottom: :func:`train` is the whole algorithm; the helpers below it are the model
+plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ..agents.hf_policy import HFPolicy, SamplingConfig
+from ..core.errors import ConfigError, require
+from ..rollout import RolloutConfig, run_episodes
+from .batching import TrainSample, build_samples, collate, group_episodes
+from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .losses import aggregate, chunked_token_logprobs, policy_loss
+from .metrics_log import MetricsLog, plot_learning_curve
+
+
+def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
+          make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
+    """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
+    out = Path(config.output_dir)
+    if has_checkpoint(out) and not resume:
+        raise ConfigError(f"{out} already holds a checkpoint; pass resume=True (--resume) to continue it, "
+                          "or choose another output directory")
+    torch.manual_seed(config.seed)
+    make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
+    policy = policy or HFPolicy.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+    model = prepare_model(policy, config)
+    reference = make_reference(model, config)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=config.learning_rate, weight_decay=config.weight_decay)
+    policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                     top_p=config.top_p, max_batch_size=config.rollout_batch_size)
+    task_rng = np.random.default_rng(config.seed)
+    policy._generator.manual_seed(config.seed)
+    segment_rng = torch.Generator().manual_seed(config.seed)
+    start = 0
+    if resume and has_checkpoint(out):
+        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
+        task_rng.bit_generator.state = rng["tasks"]
+        policy._generator.set_state(rng["sampling"])
+        segment_rng.set_state(rng["segments"])
+        torch.set_rng_state(rng["torch"])
+    log = MetricsLog(out, resume_step=start)
+    history = []
+
+    for step in range(start, config.steps):
+        started = time.perf_counter()
+        # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
+        task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
+        seeds = [s for s in task_seeds for _ in range(config.group_size)]
+
+        # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
+        model.eval()
+        episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size))
+        rollout_seconds = time.perf_counter() - started
+
+        # 3. Advantages -> per-token training samples.
+        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config, segment_rng)
+
+        # 4. Update: epochs of minibatches over the samples.
+        model.train()
+        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng)
+
+        rewards = [e.total_reward for e in episodes]
+        metrics = {
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "success_rate": float(np.mean([e.success for e in episodes])),
+            "sampled_tokens_mean": float(np.mean([e.num_sampled_tokens for e in episodes])),
+            "groups_kept": batch_stats.groups_kept,
+            "samples": batch_stats.samples,
+            "trained_tokens": batch_stats.trained_tokens,
+            "rollout_seconds": rollout_seconds,
+            "step_seconds": time.perf_counter() - started,
+            **update,
+        }
+        history.append({"step": step, **metrics})
+        log.write(step, metrics)
+
+        # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
+        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+            save_checkpoint(out, model=model, optimizer=optimizer, step=step + 1, config=config.to_dict(),
+                            rng_states={"tasks": task_rng.bit_generator.state, "sampling": policy._generator.get_state(),
+                                        "segments": segment_rng.get_state(), "torch": torch.get_rng_state()})
+
+    log.close()
+    plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+    return history
+
+
+# ---------------------------------------------------------------- model plumbing
+
+def prepare_model(policy: HFPolicy, config: TrainConfig):
+    """Apply LoRA and gradient checkpointing as configured; return the model to train."""
+    model = policy.model
+    if config.lora_rank:
+        peft = require("peft", "train", "LoRA training")
+        lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
+                               lora_dropout=0.0, task_type="CAUSAL_LM")
+        model = peft.get_peft_model(model, lora)
+        policy.model = model
+    if config.gradient_checkpointing:
+        # transformers 5.24 renamed the method and its argument; 5.17 has only the old names.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.lora_rank:
+            model.enable_input_require_grads()
+    return model
+
+
+def make_reference(model, config: TrainConfig):
+    """The frozen reference for the KL term: None when unused; with LoRA, the same model with
+    its adapters switched off (no second copy); otherwise a frozen copy of the initial model."""
+    if config.kl_coef == 0:
+        return None
+    if config.lora_rank:
+        return "adapters-off"
+    reference = copy.deepcopy(model).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+def batch_logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
+    """Log-probs of each next token, computed from the final hidden states in vocabulary chunks."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                use_cache=False).last_hidden_state
+    weight = base.get_output_embeddings().weight
+    return chunked_token_logprobs(hidden[:, :-1], weight, batch["targets"], temperature=config.temperature,
+                                  chunk_size=config.logprob_chunk_size, with_entropy=with_entropy)
+
+
+def reference_logprobs(model, reference, batch, config: TrainConfig):
+    if reference is None:
+        return None
+    context = model.disable_adapter() if reference == "adapters-off" else nullcontext()
+    with torch.no_grad(), context:
+        logp, _ = batch_logprobs(model if reference == "adapters-off" else reference, batch, config)
+    return logp
+
+
+# ---------------------------------------------------------------- one optimisation pass
+
+def optimise(model, reference, optimizer, samples: list[TrainSample], config: TrainConfig, pad_id: int,
+             generator: torch.Generator) -> dict[str, float]:
+    """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats."""
+    if not samples:
+        return {"loss": None, "updates": 0}
+    device = next(model.parameters()).device
+    totals: dict[str, float] = {}
+    updates = 0
+    for _ in range(config.epochs_per_step):
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        for first in range(0, len(order), config.minibatch_size):
+            chunk = [samples[i] for i in order[first:first + config.minibatch_size]]
+            batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+            logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
+            mask = batch["loss_mask"]
+            if config.algo == "rft":
+                loss = aggregate("token_mean", -logp, mask)
+                stats = {"pg_loss": float(loss), "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}
+            else:
+                normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
+                loss, stats = policy_loss(
+                    logp, batch["old_logprobs"], batch["advantages"], mask,
+                    clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
+                    normalizer=normalizer, ref_logp=reference_logprobs(model, reference, batch, config),
+                    kl_coef=config.kl_coef, entropy=entropy.detach(),
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                                       config.max_grad_norm)
+            optimizer.step()
+            updates += 1
+            for key, value in {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}.items():
+                if isinstance(value, (int, float)):
+                    totals[key] = totals.get(key, 0.0) + float(value)
+    return {**{k: v / updates for k, v in totals.items()}, "updates": updates}

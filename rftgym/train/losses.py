@@ -1,0 +1,290 @@
+"""Policy-gradient losses: pure tensor functions.
+
+Token tensors are ``[batch, seq]`` with a float ``mask`` (1 = a token the policy sampled, which is
+trained; 0 = prompt, tool output, template or padding). Every reduction goes through a masked
+aggregation chosen by name from :data:`AGGREGATIONS`, so masked positions never reach the loss,
+even when they hold garbage (a masked ``inf`` or ``nan`` is dropped, not multiplied by 0).
+
+Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (as verl does),
+so one wild token cannot produce ``inf`` ratios, or ``nan`` gradients through ``inf * 0``.
+
+:func:`chunked_token_logprobs` computes the log-probabilities of target tokens from final hidden
+states chunk by chunk, so no float32 ``[batch, seq, vocab]`` tensor ever exists.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..core.errors import ConfigError
+
+LOG_RATIO_CLAMP = 20.0
+
+
+def _log_ratio(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(logp - other_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _per_sequence(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    # A 1-D advantage vector is one value per sequence; plain broadcasting would instead read it
+    # as one value per position, silently, whenever batch == seq.
+    if advantages.dim() == 1 and logp.dim() == 2:
+        return advantages.unsqueeze(-1)
+    return advantages
+
+
+def ppo_clip_token_losses(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level PPO-clip loss.
+
+    ::
+
+        ratio = exp(logp - old_logp)
+        loss  = -min(ratio * A, clamp(ratio, 1 - clip_low, 1 + clip_high) * A)
+
+    ``advantages`` broadcasts against ``logp``: ``[batch, 1]``, ``[batch, seq]``, or ``[batch]``
+    (read as one advantage per sequence). ``clip_high > clip_low`` is DAPO's clip-higher, which
+    lets low-probability tokens with positive advantage grow further.
+
+    Returns ``(per_token_loss, clipped_mask)``, both of the broadcast shape; ``clipped_mask`` is
+    True where the clipped term is the minimum, i.e. where the token gets no gradient:
+    ``ratio > 1 + clip_high`` with ``A > 0``, or ``ratio < 1 - clip_low`` with ``A < 0``.
+    """
+    if not 0 <= clip_low <= 1:
+        raise ConfigError(f"clip_low must be in [0, 1] (the ratio is clipped at 1 - clip_low), got {clip_low}")
+    if not clip_high >= 0:
+        raise ConfigError(f"clip_high must be >= 0 (the ratio is clipped at 1 + clip_high), got {clip_high}")
+    advantages = _per_sequence(advantages, logp)
+    ratio = torch.exp(_log_ratio(logp, old_logp))
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    clipped_mask = ((ratio > 1.0 + clip_high) & (advantages > 0)) | ((ratio < 1.0 - clip_low) & (advantages < 0))
+    return loss, clipped_mask.expand_as(loss)
+
+
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    values, mask = torch.broadcast_tensors(values, mask.to(values.dtype))
+    return torch.where(mask != 0, values * mask, torch.zeros_like(values))
+
+
+def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    # An empty mask gives 0 / 1 = 0 (and zero gradients), never 0 / 0.
+    return numerator / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+
+
+def token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``sum(loss * mask) / sum(mask)``: every trained token of the batch weighs the same
+    (DAPO's token-level loss). An all-zero mask gives 0."""
+    return _safe_divide(_masked(loss, mask).sum(), mask.sum().to(loss.dtype))
+
+
+def sequence_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mean over sequences b with n_b > 0 of (sum_t loss_bt * mask_bt / n_b)``, ``n_b = sum_t mask_bt``.
+
+    Each sequence weighs the same whatever its length (the original GRPO aggregation). Sequences
+    with no trained token are skipped; if there are none, the result is 0.
+    """
+    per_sequence_sum = _masked(loss, mask).sum(dim=-1)
+    counts = torch.broadcast_to(mask, loss.shape).sum(dim=-1).to(loss.dtype)
+    has_tokens = counts > 0
+    per_sequence = _safe_divide(per_sequence_sum, counts)
+    return _safe_divide(per_sequence.sum(), has_tokens.sum().to(loss.dtype))
+
+
+def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """``sum(loss * mask) / normalizer`` with a constant normalizer (Dr.GRPO: e.g. max response
+    length * number of sequences), so a token's weight does not depend on the lengths of the
+    other responses in the batch."""
+    if not normalizer > 0:
+        raise ConfigError(f"the loss normalizer must be > 0 (e.g. max_response_length * batch_size), got {normalizer}")
+    return _masked(loss, mask).sum() / normalizer
+
+
+AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "token_mean": token_mean,
+    "sequence_mean": sequence_mean,
+    "constant_normalizer": constant_normalizer,
+}
+
+
+def aggregate(name: str, loss: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar with ``AGGREGATIONS[name]``.
+
+    ``normalizer`` is required by (and only used by) ``"constant_normalizer"``.
+    """
+    if name not in AGGREGATIONS:
+        raise ConfigError(f"unknown loss aggregation {name!r}; choose one of {sorted(AGGREGATIONS)}")
+    if name == "constant_normalizer":
+        if normalizer is None:
+            raise ConfigError(
+                "loss aggregation 'constant_normalizer' needs a normalizer "
+                "(e.g. max_response_length * batch_size); set one or choose 'token_mean'"
+            )
+        return constant_normalizer(loss, mask, normalizer)
+    return AGGREGATIONS[name](loss, mask)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference) on tokens sampled from the policy::
+
+        d  = ref_logp - logp        (clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP])
+        k3 = exp(d) - d - 1         (>= 0, since exp(d) >= 1 + d)
+
+    Unbiased (``E_policy[exp(d) - 1] = 0``) with low variance (Schulman, "Approximating KL
+    divergence"), as used by GRPO.
+    """
+    d = _log_ratio(ref_logp, logp)
+    return torch.exp(d) - d - 1.0
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str = "token_mean",
+    normalizer: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar policy-gradient loss and its diagnostics.
+
+    ::
+
+        loss = aggregate(ppo_clip_token_losses(logp, old_logp, A)) + kl_coef * aggregate(kl_k3(logp, ref_logp))
+
+    both aggregated with the same ``aggregation`` over ``mask``. The KL term needs ``ref_logp``
+    when ``kl_coef > 0``; with ``kl_coef == 0`` a given ``ref_logp`` is only reported.
+
+    Stats (Python floats; means are token means over ``mask`` whatever the aggregation):
+    ``pg_loss`` (the aggregated clipped loss), ``clip_fraction`` (share of clipped tokens),
+    ``approx_kl`` (k3 estimate of KL(old || current) from ``r = exp(logp - old_logp)``:
+    ``r - 1 - log r``), ``ratio_mean``, ``kl_ref`` (if ``ref_logp``), ``entropy`` (if given;
+    ``entropy`` is only reported, it is not a bonus in the loss).
+    """
+    if kl_coef < 0:
+        raise ConfigError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_logp is None:
+        raise ConfigError(f"kl_coef={kl_coef} needs reference log-probs (ref_logp); pass them or set kl_coef=0")
+    per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high)
+    pg_loss = aggregate(aggregation, per_token, mask, normalizer)
+    loss = pg_loss
+    kl = None
+    if ref_logp is not None:
+        kl = kl_k3(logp, ref_logp)
+        if kl_coef > 0:
+            loss = loss + kl_coef * aggregate(aggregation, kl, mask, normalizer)
+
+    with torch.no_grad():
+        def masked_mean(values: torch.Tensor) -> float:
+            return float(token_mean(values.detach().to(torch.float32), mask))
+
+        log_ratio = _log_ratio(logp.detach(), old_logp)
+        stats = {
+            "pg_loss": float(pg_loss.detach()),
+            "clip_fraction": masked_mean(clipped),
+            "approx_kl": masked_mean(kl_k3(old_logp, logp.detach())),
+            "ratio_mean": masked_mean(torch.exp(log_ratio)),
+        }
+        if kl is not None:
+            stats["kl_ref"] = masked_mean(kl)
+        if entropy is not None:
+            stats["entropy"] = masked_mean(entropy)
+    return loss, stats
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)  # cast the small chunk, never the [V, H] weight
+    logits = hidden @ weight.t()
+    # Upcast only this chunk's [chunk, V] logits (float64 inputs stay float64).
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = F.log_softmax(logits, dim=-1)
+    token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if with_entropy:
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    else:
+        entropy = token_logprobs.new_zeros(())
+    return token_logprobs, entropy
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of ``targets`` (and optionally the entropy) without a full-vocab fp32 tensor.
+
+    ::
+
+        logits_bt  = hidden_bt @ weight.T / temperature               (float32 per chunk)
+        logprob_bt = log_softmax(logits_bt)[targets_bt]
+        entropy_bt = -sum_v softmax(logits_bt)_v * log_softmax(logits_bt)_v
+
+    ``hidden`` is ``[B, T, H]`` (final, already normed hidden states), ``weight`` the ``[V, H]``
+    lm_head weight, ``targets`` ``[B, T]`` valid token ids (masked positions may hold any valid id,
+    e.g. the pad id). The B*T tokens are processed ``chunk_size`` at a time: the matmul runs in the
+    weight's dtype (a chunk of ``hidden`` in another dtype is cast to it), and only the chunk's
+    logits are upcast to float32 (float64 stays float64). When gradients are on, each chunk runs
+    under ``torch.utils.checkpoint`` (non-reentrant), so autograd saves no ``[chunk, V]`` tensor
+    and the backward pass recomputes one chunk's logits at a time.
+
+    Returns ``(logprobs [B, T], entropy [B, T] or None)`` in float32 (float64 for float64 inputs).
+    """
+    if not temperature > 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.dim() != 3 or targets.shape != hidden.shape[:2] or weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
+        raise ValueError(
+            f"expected hidden [B, T, H], weight [V, H], targets [B, T]; got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
+    batch, seq, _ = hidden.shape
+    out_dtype = torch.promote_types(weight.dtype, torch.float32)
+    if batch * seq == 0:
+        empty = hidden.new_zeros((batch, seq), dtype=out_dtype)
+        return empty, (empty.clone() if with_entropy else None)
+
+    flat_hidden = hidden.reshape(batch * seq, -1)
+    flat_targets = targets.reshape(-1).long()
+    use_checkpoint = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    logprob_chunks, entropy_chunks = [], []
+    # torch.split (not slicing) so the backward is one concatenation, not a full-size zero
+    # tensor per chunk.
+    for h, t in zip(torch.split(flat_hidden, chunk_size), torch.split(flat_targets, chunk_size)):
+        if use_checkpoint:
+            # preserve_rng_state=False: the recomputation draws no random numbers.
+            lp, ent = checkpoint(
+                _chunk_logprobs, h, weight, t, temperature, with_entropy,
+                use_reentrant=False, preserve_rng_state=False,
+            )
+        else:
+            lp, ent = _chunk_logprobs(h, weight, t, temperature, with_entropy)
+        logprob_chunks.append(lp)
+        entropy_chunks.append(ent)
+    logprobs = torch.cat(logprob_chunks).view(batch, seq)
+    entropy = torch.cat(entropy_chunks).view(batch, seq) if with_entropy else None
+    return logprobs, entropy

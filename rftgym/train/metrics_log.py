@@ -1,0 +1,71 @@
+"""Training metrics: JSONL (always), TensorBoard (when installed) and a learning-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, output_dir: Path, resume_step: int = 0):
+        self.path = output_dir / "metrics.jsonl"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # On resume, drop rows of steps that will be run again, so each step appears once.
+        if self.path.exists():
+            rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=resume_step)
+        except ImportError:
+            warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only "
+                          "(pip install 'rftgym[train]' adds it)", stacklevel=2)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **metrics}
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_learning_curve(metrics_path: Path, png_path: Path,
+                        keys: tuple[str, ...] = ("reward_mean", "success_rate", "loss")) -> Path | None:
+    """Plot the given metrics against the step; returns None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed; no learning-curve PNG (pip install 'rftgym[train]')", stacklevel=2)
+        return None
+    rows = read_metrics(metrics_path)
+    present = [k for k in keys if any(k in r for r in rows)]
+    fig, axes = plt.subplots(len(present), 1, figsize=(6, 2.2 * max(1, len(present))), sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], present):
+        points = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path

@@ -1,0 +1,317 @@
+"""VerifiableQA tasks: seeded generators, answer checking, and the JSONL loader."""
+
+from __future__ import annotations
+
+import json
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from rftgym.core.errors import DataFormatError
+from rftgym.envs.verifiable.tasks import (
+    DIFFICULTIES, GENERATORS, LETTERS, Task, generate_task, is_correct, load_tasks_jsonl, normalize_text,
+    parse_number,
+)
+
+SEEDS = range(250)  # enough to hit choices like "4.5" and "4/5" that read alike without punctuation
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def all_tasks():
+    for kind in GENERATORS:
+        for difficulty in DIFFICULTIES:
+            for seed in SEEDS:
+                yield generate_task(np.random.default_rng(seed), kind, difficulty)
+
+
+TASKS = list(all_tasks())
+
+
+# ---------------------------------------------------------------- generators
+
+def test_every_kind_and_difficulty_is_generated():
+    assert {(t.kind, t.difficulty) for t in TASKS} == {(k, d) for k in GENERATORS for d in DIFFICULTIES}
+    for t in TASKS:
+        assert t.id.startswith(f"{t.kind}-d{t.difficulty}-")
+        assert t.question.strip() and t.answer.strip()
+
+
+def test_the_reference_answer_is_judged_correct():
+    wrong = [t for t in TASKS if not is_correct(t, t.answer)]
+    assert wrong == []
+
+
+def test_multiple_choice_letters_work_and_other_choices_are_wrong():
+    mc = [t for t in TASKS if t.choices]
+    assert {t.kind for t in mc} == {"sequence", "weekday", "comparison"}
+    for t in mc:
+        letter = t.answer_letter
+        assert t.choices[LETTERS.index(letter)] == t.answer
+        for spelled in (letter, letter.lower(), f"({letter})", f"{letter}.", f"{letter})", f"({letter}) {t.answer}",
+                        f"{letter}: {t.answer}", f" {t.answer} "):
+            assert is_correct(t, spelled), (t, spelled)
+        for i, choice in enumerate(t.choices):
+            if choice != t.answer:
+                assert not is_correct(t, choice), (t, choice)
+                assert not is_correct(t, LETTERS[i]), (t, LETTERS[i])
+                # the right letter with a wrong choice's text is ambiguous, hence wrong
+                assert not is_correct(t, f"({letter}) {choice}"), (t, choice)
+
+
+def test_choices_are_unique_and_distractors_differ_from_the_answer():
+    for t in (t for t in TASKS if t.choices):
+        assert len(set(t.choices)) == len(t.choices), t
+        assert t.choices.count(t.answer) == 1, t
+        expected = 3 + min(t.difficulty, 2) if t.kind == "comparison" else 4
+        assert len(t.choices) == expected, t
+
+
+def test_prompt_lists_the_choices_with_letters():
+    t = next(t for t in TASKS if t.choices)
+    lines = t.prompt().splitlines()
+    assert lines[0] == t.question and lines[1] == ""
+    assert lines[2:] == [f"({LETTERS[i]}) {c}" for i, c in enumerate(t.choices)]
+    free = next(t for t in TASKS if not t.choices)
+    assert free.prompt() == free.question and free.answer_letter is None
+
+
+def test_arithmetic_answers_are_the_value_of_the_expression():
+    for t in (t for t in TASKS if t.kind == "arithmetic"):
+        expression = re.fullmatch(r"Compute (.+)\.", t.question).group(1)
+        assert re.fullmatch(r"[\d+\-* ()]+", expression)
+        assert int(t.answer) == eval(expression)  # digits and operators only, checked above
+        assert expression.count(" ") >= 2 * t.difficulty  # difficulty + 1 operands
+
+
+def test_word_problem_answers_follow_the_story():
+    for t in (t for t in TASKS if t.kind == "word_problem"):
+        count = int(re.search(r"has (\d+) ", t.question).group(1))
+        for sentence in re.findall(r"Then [^.]+\.", t.question):
+            if m := re.search(r"gets (\d+) more", sentence):
+                count += int(m.group(1))
+            elif m := re.search(r"gives away (\d+)", sentence):
+                count -= int(m.group(1))
+            elif m := re.search(r"multiplied by (\d+)", sentence):
+                count *= int(m.group(1))
+        assert int(t.answer) == count > 0
+        assert len(re.findall(r"Then ", t.question)) == t.difficulty
+
+
+def test_sequence_answers_continue_the_sequence():
+    for t in (t for t in TASKS if t.kind == "sequence"):
+        shown = [int(x) for x in re.search(r"next: (.+), \.\.\.\?", t.question).group(1).split(", ")]
+        assert len(shown) >= 4
+        diffs = {b - a for a, b in zip(shown, shown[1:])}
+        if len(diffs) == 1:
+            expected = shown[-1] + diffs.pop()
+        else:
+            ratios = {Fraction(b, a) for a, b in zip(shown, shown[1:])}
+            assert len(ratios) == 1, t
+            expected = shown[-1] * ratios.pop()
+        assert int(t.answer) == expected, t
+
+
+def test_weekday_answers_count_the_days():
+    for t in (t for t in TASKS if t.kind == "weekday"):
+        m = re.fullmatch(r"Today is (\w+)\. What day of the week is it (\d+) days? (after|before) today\?", t.question)
+        assert m, t.question
+        today, offset, direction = DAYS.index(m.group(1)), int(m.group(2)), m.group(3)
+        assert t.answer == DAYS[(today + (offset if direction == "after" else -offset)) % 7]
+        assert set(t.choices) <= set(DAYS)
+
+
+def test_comparison_answers_are_the_extreme_value():
+    for t in (t for t in TASKS if t.kind == "comparison"):
+        values = {c: Fraction(c) for c in t.choices}
+        assert len(set(values.values())) == len(values), t  # no two choices with the same value
+        pick = max if "largest" in t.question else min
+        assert t.answer == pick(values, key=values.get), t
+
+
+def test_generation_is_deterministic_under_the_seed():
+    for kind in GENERATORS:
+        a = generate_task(np.random.default_rng(123), kind, 3)
+        b = generate_task(np.random.default_rng(123), kind, 3)
+        assert a == b
+        ids = {generate_task(np.random.default_rng(s), kind, 3).id for s in range(20)}
+        assert len(ids) == 20
+
+
+def test_generate_task_rejects_unknown_kind_and_difficulty():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="unknown task kind 'poetry'; choose from"):
+        generate_task(rng, "poetry", 1)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=r"difficulty must be one of \(1, 2, 3, 4, 5\)"):
+            generate_task(rng, "arithmetic", bad)
+
+
+# ---------------------------------------------------------------- answer checking
+
+def free(answer: str) -> Task:
+    return Task("t", "q?", answer)
+
+
+@pytest.mark.parametrize("answer, given, ok", [
+    ("1234", "1,234", True),
+    ("1234", "1234", True),
+    ("1234", "1234.0", True),
+    ("1234", "1 234", False),          # two numbers
+    ("1234", "12,34", False),          # not a thousands separator
+    ("1234567", "1,234,567", True),
+    ("12", "x = 12", True),
+    ("12", "x = 12.", True),
+    ("12", "The answer is 12 apples", True),
+    ("12", "12 or 13", False),
+    ("12", "12, 13", False),
+    ("12", "", False),
+    ("12", "twelve", False),
+    ("-5", "-5", True),
+    ("-5", "5", False),
+    ("-5", "+5", False),
+    ("0.75", "3/4", True),
+    ("3/4", "0.75", True),
+    ("3/4", ".75", True),
+    ("3/4", "6/8", True),
+    ("3/4", "4/3", False),
+    ("3/4", "3/0", False),             # no exception on a zero denominator
+    ("12", "1e309", False),
+    ("12", "NaN", False),
+    ("12", "9" * 5000, False),         # beyond int's digit limit: not an exception
+    ("Paris", "paris", True),
+    ("Paris", "The Paris.", True),
+    ("Paris", "Lyon", False),
+])
+def test_is_correct_on_free_answers(answer, given, ok):
+    assert is_correct(free(answer), given) is ok
+
+
+def test_normalize_text():
+    assert normalize_text("  The U.S.A., an   Answer!\n") == "usa answer"
+    assert normalize_text("A") == ""
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1,234", Fraction(1234)), ("-3.5", Fraction(-7, 2)), ("3/4", Fraction(3, 4)), ("x = 12.", Fraction(12)),
+    ("-.5", Fraction(-1, 2)), ("1 and 2", None), ("none", None), ("5/0", None),
+])
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+def mc(answer: str, *choices: str) -> Task:
+    return Task("t", "q?", answer, tuple(choices))
+
+
+@pytest.mark.parametrize("given, ok", [
+    ("B", True), ("b", True), ("(B)", True), ("( B )", True), ("B.", True), ("B:", True), ("(B) 42", True),
+    ("B) 42", True), ("B 42.", True), ("42", True), (" 42 ", True), ("42.0", True),
+    ("(B) 17", False),     # the right letter with the text of another choice
+    ("(C) 42", False),     # the wrong letter with the right text
+    ("A", False), ("17", False), ("(Z)", False), ("E", False), ("B or C", False), ("", False),
+])
+def test_is_correct_on_multiple_choice(given, ok):
+    assert is_correct(mc("42", "17", "42", "99", "7"), given) is ok
+
+
+def test_choice_text_starting_with_a_one_letter_word():
+    t = mc("a dog", "cat", "bird", "a dog")
+    assert is_correct(t, "a dog") and is_correct(t, "A dog") and is_correct(t, "C")
+    assert not is_correct(t, "A") and not is_correct(t, "a cat")
+
+
+def test_numeric_choices_compare_by_value_not_by_stripped_text():
+    # "4.5" and "4/5" both read "45" once punctuation is dropped
+    t = mc("4.5", "0.5", "4/5", "4.5")
+    assert is_correct(t, "4.5") and is_correct(t, "C") and is_correct(t, "9/2")
+    assert not is_correct(t, "4/5") and not is_correct(t, "0.8")
+    t2 = mc("11/2", "1/12", "11/2")
+    assert is_correct(t2, "11/2") and not is_correct(t2, "1/12")
+
+
+def test_text_choices_that_normalize_alike_are_ambiguous():
+    t = mc("U.S.", "US", "U.S.", "UK")
+    assert is_correct(t, "U.S.") and is_correct(t, "B")
+    assert not is_correct(t, "us.")  # could be A or B
+
+
+# ---------------------------------------------------------------- JSONL loader
+
+def write(path, lines) -> str:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
+                    encoding="utf-8")
+    return str(path)
+
+
+def test_loader_reads_a_good_file(tmp_path):
+    path = write(tmp_path / "qa.jsonl", [
+        {"question": " What is 2+2? ", "answer": 4, "id": "q1"},
+        "",
+        {"question": "Capital of France?", "choices": ["Lyon", "Paris", "Nice"], "answer": "Paris",
+         "kind": "geo", "difficulty": 2},
+        {"question": "Pick the even one.", "choices": [3, 8], "answer": "(b)"},
+        {"question": "Pick B.", "choices": ["x", "y"], "answer": "B"},
+    ])
+    tasks = load_tasks_jsonl(path)
+    assert [t.id for t in tasks] == ["q1", "qa-3", "qa-4", "qa-5"]
+    assert tasks[0] == Task("q1", "What is 2+2?", "4", None, "custom", 0)
+    assert tasks[1].choices == ("Lyon", "Paris", "Nice") and tasks[1].answer == "Paris"
+    assert (tasks[1].kind, tasks[1].difficulty, tasks[1].answer_letter) == ("geo", 2, "B")
+    assert tasks[2].choices == ("3", "8") and tasks[2].answer == "8"  # letter mapped to its choice
+    assert tasks[3].answer == "y"
+    assert all(is_correct(t, t.answer) for t in tasks)
+
+
+def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"question": "q", "answer": "a"}\r\n{"question": "r", "answer": "b"}\r\n')
+    assert [t.answer for t in load_tasks_jsonl(path)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("lines, line_no, message", [
+    ([{"question": "q", "answer": "a"}, "{not json"], 2, "not valid JSON"),
+    (["[1, 2]"], 1, "expected a JSON object, got list"),
+    ([{"answer": "a"}], 1, "'question' must be a non-empty string"),
+    ([{"question": "   ", "answer": "a"}], 1, "'question' must be a non-empty string"),
+    ([{"question": "q"}], 1, "'answer' must be a non-empty string or number"),
+    ([{"question": "q", "answer": True}], 1, "'answer' must be a non-empty string or number"),
+    ([{"question": "q", "answer": " "}], 1, "'answer' must be a non-empty string or number"),
+    (["", {"question": "q", "answer": "z", "choices": ["x", "y"]}], 2, "neither one of the choices nor a choice letter \\(A-B\\)"),
+    ([{"question": "q", "answer": "C", "choices": ["x", "y"]}], 1, "neither one of the choices"),
+    ([{"question": "q", "answer": "x", "choices": ["x"]}], 1, "'choices' must be a list of at least 2"),
+    ([{"question": "q", "answer": "x", "choices": "xy"}], 1, "'choices' must be a list of at least 2"),
+    ([{"question": "q", "answer": "x", "choices": ["x", None]}], 1, "'choices' must be a list of at least 2"),
+    ([{"question": "q", "answer": "x", "choices": ["x", "x", "y"]}], 1, "'choices' has duplicates"),
+    ([{"question": "q", "answer": "x", "choices": [str(i) for i in range(27)]}], 1, "at most 26 choices"),
+])
+def test_loader_rejects_bad_lines_naming_file_and_line(tmp_path, lines, line_no, message):
+    path = write(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(DataFormatError, match=message) as excinfo:
+        load_tasks_jsonl(path)
+    assert str(excinfo.value).startswith(f"{path}:{line_no}: ")
+
+
+def test_loader_rejects_invalid_utf8_naming_the_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n')
+    with pytest.raises(DataFormatError, match="not UTF-8") as excinfo:
+        load_tasks_jsonl(path)
+    assert str(excinfo.value).startswith(f"{path}:2: ")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_loader_rejects_a_file_without_tasks(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError, match="has no tasks") as excinfo:
+        load_tasks_jsonl(path)
+    assert str(excinfo.value).startswith(str(path))
+
+
+def test_loader_rejects_a_missing_file_or_a_directory(tmp_path):
+    with pytest.raises(DataFormatError, match="no such file"):
+        load_tasks_jsonl(tmp_path / "missing.jsonl")
+    with pytest.raises(DataFormatError, match="no such file"):
+        load_tasks_jsonl(tmp_path)

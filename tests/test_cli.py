@@ -1,0 +1,254 @@
+"""The `rftgym` command, run in-process (main([...])) and once as a real process.
+
+Only the scripted agents (random, adversarial) are run; `default`/`hf` would load a model and
+`api` is only exercised for its usage error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import rftgym  # noqa: F401
+from rftgym.cli import main
+from rftgym.core.records import read_episodes_jsonl
+from rftgym.envs import ENVS
+
+ENV_ID = "rftgym/VerifiableQA-v0"
+VALID_OPTIONS = "Valid options: kinds, difficulties, dataset_path, max_attempts, max_turns, format_weight, " \
+                "system_prompt, max_action_chars"
+
+
+def exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    return excinfo.value.code
+
+
+def answer_for_seed(seed: int, **env_kwargs) -> str:
+    env = gym.make(ENV_ID, **env_kwargs)
+    env.reset(seed=seed)
+    return env.unwrapped.task.answer
+
+
+# ---------------------------------------------------------------- envs
+
+def test_envs_lists_every_environment(capsys):
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "description"]
+    for env_id, (_, description) in ENVS.items():
+        assert any(line.startswith(env_id) and line.rstrip().endswith(description) for line in lines[2:])
+    assert len(lines) == 2 + len(ENVS)
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert exit_code([]) == 2
+    assert "envs,play,eval" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- eval
+
+@pytest.mark.parametrize("agent", ["random", "adversarial"])
+def test_eval_writes_episodes_and_prints_a_table(agent, tmp_path, capsys):
+    out = tmp_path / "nested" / "eps.jsonl"
+    code = main(["eval", ENV_ID, "--agent", agent, "--episodes", "5", "--num-envs", "2", "--seed", "3",
+                 "--env-arg", "max_turns=4", "--env-arg", "max_attempts=2", "--out", str(out)])
+    assert code == 0
+    episodes = list(read_episodes_jsonl(out))
+    assert [e.seed for e in episodes] == [3, 4, 5, 6, 7]
+    assert all(e.env_id == ENV_ID for e in episodes)
+    assert all(1 <= len(e.turns) <= 4 for e in episodes)  # the env-arg reached the env
+    assert all(e.terminated or e.truncated for e in episodes)
+    assert all(set(e.context().ids) <= set(e.messages) for e in episodes)
+    stdout = capsys.readouterr().out
+    header, rule, row, written = stdout.strip().splitlines()
+    assert header.split() == ["env", "agent", "episodes", "reward", "success", "turns", "format_err",
+                              "sampled_tok", "prompt_tok", "ep/s"]
+    assert set(rule) <= {"-", " "}
+    cells = row.split()
+    assert cells[:3] == [ENV_ID, agent, "5"]
+    mean_reward = sum(e.total_reward for e in episodes) / 5
+    assert float(cells[3]) == pytest.approx(mean_reward, abs=5e-4)
+    assert written == f"episodes written to {out}"
+
+
+def test_eval_default_output_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--num-envs", "1"]) == 0
+    (path,) = (tmp_path / "runs" / "eval").glob("VerifiableQA-v0-random-*.jsonl")
+    assert len(list(read_episodes_jsonl(path))) == 2
+    assert f"episodes written to {Path('runs') / 'eval' / path.name}" in capsys.readouterr().out
+
+
+def test_eval_is_deterministic_under_the_seed(tmp_path, capsys):
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path in paths:
+        main(["eval", ENV_ID, "--agent", "random", "--episodes", "3", "--seed", "9", "--out", str(path)])
+    a, b = (list(read_episodes_jsonl(p)) for p in paths)
+    assert [[t.action for t in e.turns] for e in a] == [[t.action for t in e.turns] for e in b]
+    assert [e.final_context_ids for e in a] == [e.final_context_ids for e in b]
+
+
+def test_eval_with_a_dataset_env_arg(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "2+2?", "answer": "4", "id": "only"}\n', encoding="utf-8")
+    out = tmp_path / "eps.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--env-arg", f"dataset_path={data}",
+                 "--out", str(out)]) == 0
+    assert [e.reset_info["task_id"] for e in read_episodes_jsonl(out)] == ["only", "only"]
+
+
+def test_unknown_env_id(capsys, tmp_path):
+    assert exit_code(["eval", "rftgym/Nope-v0", "--agent", "random", "--out", str(tmp_path / "x.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown environment 'rftgym/Nope-v0'" in err
+    assert f"registered environments: {', '.join(ENVS)}" in err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_unknown_env_arg_key_lists_the_valid_options(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "max_turn=3"]) == 2
+    err = capsys.readouterr().err
+    assert "bad --env-arg for rftgym/VerifiableQA-v0" in err and "max_turn" in err
+    assert VALID_OPTIONS in err
+
+
+def test_env_arg_without_equals(capsys):
+    assert exit_code(["play", ENV_ID, "--env-arg", "max_turns"]) == 2
+    assert "--env-arg takes KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env_arg, message", [
+    ("max_turns=0", "max_turns must be at least 2"),
+    ("max_attempts=0", "max_attempts must be at least 1"),
+    ("format_weight=1.5", "format_weight must be in [0, 1)"),
+    ("kinds=poetry", "kinds must be a non-empty subset of ['arithmetic', 'comparison', 'sequence', 'weekday', 'word_problem']"),
+    ("difficulties=[7]", "difficulties must be a non-empty subset of (1, 2, 3, 4, 5)"),
+    ("dataset_path=/no/such/file.jsonl", "/no/such/file.jsonl: no such file"),
+])
+def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
+    assert main(["eval", ENV_ID, "--agent", "random", "--env-arg", env_arg]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rftgym eval: error: ") and message in err
+
+
+def test_a_single_kind_env_arg_works(tmp_path, capsys):
+    out = tmp_path / "eps.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "3", "--env-arg", "kinds=weekday",
+                 "--out", str(out)]) == 0
+    assert {e.reset_info["kind"] for e in read_episodes_jsonl(out)} == {"weekday"}
+
+
+def test_api_agent_needs_a_base_url(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "api"]) == 2
+    err = capsys.readouterr().err
+    assert "--agent api needs --api-base URL" in err and "--api-model NAME" in err
+
+
+def test_hf_agent_needs_a_model(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "hf"]) == 2
+    assert "--agent hf needs --model PATH" in capsys.readouterr().err
+
+
+def test_unknown_agent(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "oracle"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'oracle'" in err and "random" in err and "adversarial" in err
+
+
+@pytest.mark.parametrize("flag, message", [("--episodes", "--episodes must be at least 1"),
+                                           ("--num-envs", "--num-envs must be at least 1")])
+def test_non_positive_counts(flag, message, capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", flag, "0"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- play
+
+def feed(monkeypatch, lines):
+    """Make input() return ``lines`` in turn, then raise EOFError (Ctrl-D)."""
+    remaining = list(lines)
+    prompts = []
+
+    def fake_input(prompt=""):
+        prompts.append(prompt)
+        if not remaining:
+            raise EOFError
+        return remaining.pop(0)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    return prompts
+
+
+def test_play_completes_an_episode(monkeypatch, capsys):
+    answer = answer_for_seed(5)
+    prompts = feed(monkeypatch, ["Let me think.\\", f"<answer>{answer}</answer>"])
+    assert main(["play", ENV_ID, "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    env = gym.make(ENV_ID)
+    context, _ = env.reset(seed=5)
+    assert f"[user]\n{context[-1].content}\n" in out
+    assert "[system]\n" in out
+    assert "reward=1.000 terminated=True truncated=False" in out
+    assert "'success': True" in out
+    assert "bye" not in out
+    assert prompts == ["assistant> ", "........> "]  # a trailing backslash continues the turn
+
+
+def test_play_shows_feedback_and_runs_several_episodes(monkeypatch, capsys):
+    feed(monkeypatch, ["no idea", "still none", "nope", "hmm"])
+    assert main(["play", ENV_ID, "--seed", "1", "--episodes", "2", "--env-arg", "max_turns=3"]) == 0
+    out = capsys.readouterr().out
+    first, second = out.split("reward=0.000 terminated=False truncated=True")
+    assert first.count("Your reply was not understood") == 2  # none after the last turn
+    assert second.count("Your reply was not understood") == 1  # "hmm" in the second episode
+    second_question = gym.make(ENV_ID).reset(seed=2)[0][-1].content
+    assert second_question in out
+    assert out.rstrip().endswith("bye")  # EOF in the second episode
+
+
+def test_play_handles_eof_at_once(monkeypatch, capsys):
+    feed(monkeypatch, [])
+    assert main(["play", ENV_ID]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("bye") and "reward=" not in out
+
+
+def test_play_unknown_env(monkeypatch, capsys):
+    feed(monkeypatch, [])
+    assert exit_code(["play", "rftgym/Nope-v0"]) == 2
+    assert "unknown environment" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- as a real process
+
+def run_cli(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "rftgym", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_subprocess_play_over_stdin():
+    answer = answer_for_seed(0)
+    proc = run_cli("play", ENV_ID, "--seed", "0", "--episodes", "2", stdin=f"<answer>{answer}</answer>\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "reward=1.000 terminated=True" in proc.stdout
+    assert proc.stdout.rstrip().endswith("bye")  # stdin ran out in the second episode
+
+
+def test_console_script_lists_envs_and_reports_usage_errors():
+    script = Path(sys.executable).with_name("rftgym")
+    if not script.exists():
+        pytest.skip("the rftgym console script is not installed next to this interpreter")
+    proc = subprocess.run([str(script), "envs"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and ENV_ID in proc.stdout
+    proc = subprocess.run([str(script), "eval", "rftgym/Nope-v0", "--agent", "random"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown environment 'rftgym/Nope-v0'" in proc.stderr

@@ -1,0 +1,138 @@
+"""Episodes -> training samples: the documented numbers for GRPO, PCAR and DCPO on synthetic records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rftgym.core.messages import Message
+from rftgym.core.records import Episode, Turn
+from rftgym.train import TrainConfig
+from rftgym.train.batching import build_samples, collate, turn_spans
+
+SQRT_HALF = 1 / math.sqrt(2)  # GRPO advantage of rewards [1, 0]: (1 - 0.5) / std_unbiased(=0.7071)
+
+
+def episode(turn_specs, *, edit_before=(), success=False) -> Episode:
+    """Turns with prefix-consistent token prompts. ``turn_specs``: (sampled length, reward, info).
+    A turn listed in ``edit_before`` gets a fresh prompt (a context edit), starting a segment."""
+    turns, prompt, token = [], [900, 901], 1
+    for index, (length, reward, info) in enumerate(turn_specs):
+        if index in edit_before:
+            prompt = [950 + index, 951]
+        sampled = list(range(token, token + length))
+        token += length
+        last = index == len(turn_specs) - 1
+        turns.append(Turn(index=index, context_ids=(), action="", reward=reward, terminated=last, truncated=False,
+                          info={**info, **({"success": success} if last else {})}, prompt_ids=list(prompt),
+                          sampled_ids=sampled, logprobs=[-0.5] * length, finish_reason="stop"))
+        prompt = prompt + sampled + [902, 903]  # template + tool output before the next turn
+    return Episode("test", 0, {"m": Message("user", "q", "m")}, turns, ("m",))
+
+
+def advantages_by_turn(sample, ep):
+    out = {}
+    for segment in ep.segments:
+        if segment.token_ids == sample.token_ids:
+            for turn, start, end in turn_spans(ep, segment):
+                values = set(sample.advantages[start:end])
+                assert len(values) == 1
+                out[turn] = values.pop()
+    return out
+
+
+def test_grpo_gives_every_sampled_token_the_episode_advantage():
+    good, bad = episode([(2, 1.0, {})]), episode([(3, 0.0, {})])
+    samples, stats = build_samples([[good, bad]], TrainConfig(algo="grpo"))
+    assert stats.groups_kept == 1 and len(samples) == 2
+    assert samples[0].advantages == pytest.approx([0, 0, SQRT_HALF, SQRT_HALF], abs=1e-5)
+    assert samples[1].advantages == pytest.approx([0, 0, -SQRT_HALF, -SQRT_HALF, -SQRT_HALF], abs=1e-5)
+    assert samples[0].old_logprobs == [0.0, 0.0, -0.5, -0.5]
+
+
+def test_zero_variance_groups_are_dropped_or_kept_with_zero_advantage():
+    group = [episode([(2, 1.0, {})]), episode([(2, 1.0, {})])]
+    samples, stats = build_samples([group], TrainConfig(algo="grpo"))
+    assert samples == [] and stats.groups_kept == 0
+    samples, _ = build_samples([group], TrainConfig(algo="grpo", filter_zero_variance=False))
+    assert all(a == 0 for s in samples for a in s.advantages)
+
+
+def test_overlong_episodes_are_masked_when_asked():
+    cut = episode([(2, 0.0, {})])
+    cut.turns[-1].finish_reason = "length"
+    group = [episode([(2, 1.0, {})]), cut]
+    assert len(build_samples([group], TrainConfig(algo="grpo"))[0]) == 2
+    samples, stats = build_samples([group], TrainConfig(algo="grpo", filter_overlong=True))
+    assert len(samples) == 1 and samples[0].episode == 0 and stats.episodes_masked_overlong == 1
+
+
+def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():
+    # Episode 0: search, evaluate(8), search, evaluate(2), answer (reward 1).
+    # Episode 1: search, evaluate(5), answer (reward 0).
+    # Group scores [8, 2, 5]: mean 5, unbiased std 3, z = [1, -1, 0].
+    # lambda 0.5, delta 0.1: factors [1.5, 0.5, 1.0]; A = [+0.7071, -0.7071].
+    s = {"evaluation_score": None}  # an explicit None is "no score", like a missing key
+    ep0 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 8}), (2, 0, {}), (1, 0, {"evaluation_score": 2}), (1, 1.0, {})])
+    ep1 = episode([(2, 0, s), (1, 0, {"evaluation_score": 5}), (1, 0.0, {})])
+    samples, _ = build_samples([[ep0, ep1]], TrainConfig(algo="pcar", pcar_lambda=0.5, pcar_delta=0.1))
+    assert len(samples) == 2
+    by_turn0 = advantages_by_turn(samples[0], ep0)
+    assert by_turn0 == pytest.approx({0: 1.5 * SQRT_HALF, 1: 1.5 * SQRT_HALF, 2: 0.5 * SQRT_HALF,
+                                      3: 0.5 * SQRT_HALF, 4: SQRT_HALF}, abs=1e-5)
+    by_turn1 = advantages_by_turn(samples[1], ep1)
+    assert by_turn1 == pytest.approx({0: -SQRT_HALF, 1: -SQRT_HALF, 2: -SQRT_HALF}, abs=1e-5)
+
+
+def test_pcar_clamps_the_factor_at_delta():
+    # Scores [10, 0, 5]: z = [1, -1, 0] again (std 5); lambda 2 -> factors [3, clamp(-1, 0.1) = 0.1, 1].
+    ep0 = episode([(1, 0, {"evaluation_score": 10}), (1, 0, {"evaluation_score": 0}), (1, 1.0, {})])
+    ep1 = episode([(1, 0, {"evaluation_score": 5}), (1, 0.0, {})])
+    samples, _ = build_samples([[ep0, ep1]], TrainConfig(algo="pcar", pcar_lambda=2.0, pcar_delta=0.1))
+    assert advantages_by_turn(samples[0], ep0) == pytest.approx({0: 3 * SQRT_HALF, 1: 0.1 * SQRT_HALF, 2: SQRT_HALF}, abs=1e-5)
+
+
+def test_dcpo_broadcasts_the_trajectory_advantage_to_each_segment():
+    edited = episode([(2, 0, {}), (2, 0, {}), (1, 1.0, {})], edit_before={2})  # segments: turns (0, 1) and (2,)
+    plain = episode([(2, 0.0, {})])
+    assert [s.turn_indices for s in edited.segments] == [(0, 1), (2,)]
+    samples, _ = build_samples([[edited, plain]], TrainConfig(algo="dcpo"))
+    assert [(s.episode, sum(s.loss_mask)) for s in samples] == [(0, 4), (0, 1), (1, 2)]
+    for sample, expected in zip(samples, [SQRT_HALF, SQRT_HALF, -SQRT_HALF]):
+        trained = [a for a, m in zip(sample.advantages, sample.loss_mask) if m]
+        assert trained == pytest.approx([expected] * len(trained), abs=1e-5)
+    # Each trajectory counts once: the advantage is the same as if the edited one had one segment.
+    unedited = episode([(2, 0, {}), (2, 0, {}), (1, 1.0, {})])
+    same, _ = build_samples([[unedited, plain]], TrainConfig(algo="dcpo"))
+    assert max(same[0].advantages) == pytest.approx(SQRT_HALF, abs=1e-5)
+    # The second segment's prompt (mask 0) holds no earlier sampled turn that would be trained again.
+    second = samples[1]
+    assert second.loss_mask[: len(edited.turns[2].prompt_ids)] == [0] * len(edited.turns[2].prompt_ids)
+
+
+def test_dcpo_budget_takes_one_segment_per_trajectory_first():
+    edited = episode([(2, 0, {}), (2, 0, {}), (1, 1.0, {})], edit_before={1, 2})  # three segments
+    plain = episode([(2, 0.0, {})])
+    samples, _ = build_samples([[edited, plain]], TrainConfig(algo="dcpo", dcpo_segment_budget=2),
+                               torch.Generator().manual_seed(0))
+    assert sorted(s.episode for s in samples) == [0, 1]
+
+
+def test_rft_keeps_only_successful_episodes():
+    win = episode([(2, 1.0, {})], success=True)
+    loss = episode([(2, 0.0, {})])
+    samples, _ = build_samples([[win, loss]], TrainConfig(algo="rft"))
+    assert [s.episode for s in samples] == [0] and samples[0].advantages == [0, 0, 1.0, 1.0]
+
+
+def test_collate_shifts_targets_and_masks_by_one():
+    good, bad = episode([(2, 1.0, {})]), episode([(3, 0.0, {})])
+    samples, _ = build_samples([[good, bad]], TrainConfig(algo="grpo"))
+    batch = collate(samples, pad_id=0)
+    assert batch["input_ids"][0].tolist() == [900, 901, 1, 2, 0]
+    assert batch["targets"][0].tolist() == [901, 1, 2, 0]
+    assert batch["loss_mask"][0].tolist() == [0, 1, 1, 0]
+    assert batch["attention_mask"][0].tolist() == [1, 1, 1, 1, 0]
+    assert batch["advantages"][1].tolist() == pytest.approx([0, -SQRT_HALF, -SQRT_HALF, -SQRT_HALF], abs=1e-5)
