@@ -30,44 +30,10 @@ def tiny_policy(default_policy):
     return HFPolicy(model, tokenizer, sampling=SamplingConfig(max_new_tokens=12, temperature=0.0), name="tiny")
 
 
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def char_tokenizer():
-    """A 32-token character-level ChatML tokenizer, so that a tiny random model can learn fast."""
-    import string
-
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + list(string.ascii_lowercase + " .\n"))}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_special_tokens(specials)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<|endoftext|>", bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML)
-
 
 @pytest.fixture
 def make_char_policy():
-    """Factory of tiny random Llama policies over the character tokenizer (same seed, same weights)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rftgym.agents.hf_policy import HFPolicy
-
-    tokenizer = char_tokenizer()
-
-    def make(seed: int = 0) -> HFPolicy:
-        torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                             tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
-        return HFPolicy(LlamaForCausalLM(config), tokenizer, name="char-tiny")
+    """Factory of tiny random Llama policies over a 32-token character tokenizer."""
+    from support import make_char_policy as make
 
     return make

@@ -10,6 +10,10 @@ ENVS: dict[str, tuple[str, str]] = {
         "rftgym.envs.verifiable.env:VerifiableQAEnv",
         "arithmetic and multiple-choice questions with one checkable answer in <answer> tags",
     ),
+    "rftgym/SearchEvalQA-v0": (
+        "rftgym.envs.search.env:SearchEvalQAEnv",
+        "multi-hop QA over a corpus; every <search> must be followed at once by an <evaluate> score (EvalAct)",
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from ..rollout import RolloutConfig, run_episodes
 from .batching import TrainSample, build_samples, collate, group_episodes
 from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .distributed import Distributed
 from .losses import aggregate, chunked_token_logprobs, policy_loss
 from .metrics_log import MetricsLog, plot_learning_curve
 
@@ -30,35 +31,41 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
           make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
     out = Path(config.output_dir)
+    ranks = Distributed.from_env()  # one process unless started by torchrun / accelerate launch
+    if config.tasks_per_step % ranks.world_size:
+        raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
+                          f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
     if has_checkpoint(out) and not resume:
         raise ConfigError(f"{out} already holds a checkpoint; pass resume=True (--resume) to continue it, "
                           "or choose another output directory")
     torch.manual_seed(config.seed)
     make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
-    policy = policy or HFPolicy.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+    policy = policy or HFPolicy.from_pretrained(config.model, device=ranks.device(config.device), dtype=config.dtype)
     model = prepare_model(policy, config)
     reference = make_reference(model, config)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.learning_rate, weight_decay=config.weight_decay)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                      top_p=config.top_p, max_batch_size=config.rollout_batch_size)
-    task_rng = np.random.default_rng(config.seed)
-    policy._generator.manual_seed(config.seed)
-    segment_rng = torch.Generator().manual_seed(config.seed)
+    task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks
+    policy._generator.manual_seed(config.seed + ranks.rank)
+    segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
     start = 0
     if resume and has_checkpoint(out):
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
+        if len(rng["ranks"]) != ranks.world_size:
+            raise ConfigError(f"the checkpoint was written by {len(rng['ranks'])} processes; resume with as many")
         task_rng.bit_generator.state = rng["tasks"]
-        policy._generator.set_state(rng["sampling"])
-        segment_rng.set_state(rng["segments"])
+        policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
+        segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])
         torch.set_rng_state(rng["torch"])
-    log = MetricsLog(out, resume_step=start)
+    log = MetricsLog(out, resume_step=start) if ranks.is_main else None
     history = []
 
     for step in range(start, config.steps):
         started = time.perf_counter()
         # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-        task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
+        task_seeds = ranks.shard(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())
         seeds = [s for s in task_seeds for _ in range(config.group_size)]
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
@@ -71,32 +78,43 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
         # 4. Update: epochs of minibatches over the samples.
         model.train()
-        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng)
+        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks)
 
+        # Episode statistics over all ranks; loss statistics are this rank's.
         rewards = [e.total_reward for e in episodes]
+        n, r_sum, r_sq, wins, tokens, kept, n_samples, n_tokens = ranks.sum_floats([
+            len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
+            sum(e.num_sampled_tokens for e in episodes), batch_stats.groups_kept, batch_stats.samples,
+            batch_stats.trained_tokens])
         metrics = {
-            "reward_mean": float(np.mean(rewards)),
-            "reward_std": float(np.std(rewards)),
-            "success_rate": float(np.mean([e.success for e in episodes])),
-            "sampled_tokens_mean": float(np.mean([e.num_sampled_tokens for e in episodes])),
-            "groups_kept": batch_stats.groups_kept,
-            "samples": batch_stats.samples,
-            "trained_tokens": batch_stats.trained_tokens,
+            "reward_mean": r_sum / n,
+            "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
+            "success_rate": wins / n,
+            "sampled_tokens_mean": tokens / n,
+            "groups_kept": int(kept),
+            "samples": int(n_samples),
+            "trained_tokens": int(n_tokens),
             "rollout_seconds": rollout_seconds,
             "step_seconds": time.perf_counter() - started,
             **update,
         }
         history.append({"step": step, **metrics})
-        log.write(step, metrics)
+        if log is not None:
+            log.write(step, metrics)
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-            save_checkpoint(out, model=model, optimizer=optimizer, step=step + 1, config=config.to_dict(),
-                            rng_states={"tasks": task_rng.bit_generator.state, "sampling": policy._generator.get_state(),
-                                        "segments": segment_rng.get_state(), "torch": torch.get_rng_state()})
+            per_rank = ranks.gather_objects({"sampling": policy._generator.get_state(),
+                                             "segments": segment_rng.get_state()})
+            if ranks.is_main:
+                save_checkpoint(out, model=model, optimizer=optimizer, step=step + 1, config=config.to_dict(),
+                                rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(),
+                                            "ranks": per_rank})
+            ranks.barrier()
 
-    log.close()
-    plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+    if log is not None:
+        log.close()
+        plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
     return history
 
 
@@ -157,17 +175,31 @@ def reference_logprobs(model, reference, batch, config: TrainConfig):
 # ---------------------------------------------------------------- one optimisation pass
 
 def optimise(model, reference, optimizer, samples: list[TrainSample], config: TrainConfig, pad_id: int,
-             generator: torch.Generator) -> dict[str, float]:
-    """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats."""
-    if not samples:
-        return {"loss": None, "updates": 0}
+             generator: torch.Generator, ranks: Distributed | None = None) -> dict[str, float]:
+    """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats.
+
+    With several ranks, every rank runs the largest rank's number of minibatches (a rank that
+    has run out contributes zero gradients), and gradients are averaged before each step.
+    """
+    ranks = ranks or Distributed()
     device = next(model.parameters()).device
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    minibatches = ranks.max_int(-(-len(samples) // config.minibatch_size))
+    if minibatches == 0:
+        return {"loss": None, "updates": 0}
     totals: dict[str, float] = {}
-    updates = 0
+    updates = local_updates = 0
     for _ in range(config.epochs_per_step):
         order = torch.randperm(len(samples), generator=generator).tolist()
-        for first in range(0, len(order), config.minibatch_size):
-            chunk = [samples[i] for i in order[first:first + config.minibatch_size]]
+        for index in range(minibatches):
+            chunk = [samples[i] for i in order[index * config.minibatch_size:(index + 1) * config.minibatch_size]]
+            optimizer.zero_grad(set_to_none=True)
+            if not chunk:  # this rank has no more samples; it still joins the gradient average
+                ranks.average_gradients(trainable)
+                torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+                optimizer.step()
+                updates += 1
+                continue
             batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
             logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
             mask = batch["loss_mask"]
@@ -182,13 +214,15 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
                     normalizer=normalizer, ref_logp=reference_logprobs(model, reference, batch, config),
                     kl_coef=config.kl_coef, entropy=entropy.detach(),
                 )
-            optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                                       config.max_grad_norm)
+            ranks.average_gradients(trainable)
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             updates += 1
+            local_updates += 1
             for key, value in {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}.items():
                 if isinstance(value, (int, float)):
                     totals[key] = totals.get(key, 0.0) + float(value)
-    return {**{k: v / updates for k, v in totals.items()}, "updates": updates}
+    if not local_updates:
+        return {"loss": None, "updates": updates}
+    return {**{k: v / local_updates for k, v in totals.items()}, "updates": updates}

@@ -4,35 +4,13 @@ from __future__ import annotations
 
 import json
 
-import gymnasium as gym
 import pytest
 import torch
+from support import SayAEnv
 
 from rftgym.core.errors import ConfigError
-from rftgym.core.messages import Context, MessageIds
-from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.train import TrainConfig
 from rftgym.train.loop import train
-
-
-class SayAEnv(gym.Env):
-    """One turn; reward = share of the 8-token budget spent on the letter 'a'."""
-
-    metadata = {"render_modes": []}
-
-    def __init__(self):
-        self.observation_space = ContextSpace()
-        self.action_space = AssistantText()
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.ids = MessageIds.from_rng(self.np_random)
-        return Context((self.ids.message("user", "say a"),)), {}
-
-    def step(self, action):
-        share = action.count("a") / 8
-        done = Context((self.ids.message("user", "done"),))
-        return done, float(share), True, False, {"success": share >= 0.5}
 
 
 def config(tmp_path, name="run", **overrides) -> TrainConfig:

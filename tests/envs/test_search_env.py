@@ -1,0 +1,341 @@
+"""rftgym/SearchEvalQA-v0: the Search->Evaluate protocol, rewards, gating, segments, budgets,
+datasets and fuzzing with arbitrary assistant text."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rftgym  # noqa: F401  (registers the envs)
+from rftgym.agents.scripted import ADVERSARIAL_TEXTS, ScriptedAgent
+from rftgym.core.errors import ConfigError
+from rftgym.core.messages import Context
+from rftgym.envs.search import env as env_module
+from rftgym.envs.search.env import SearchEvalQAConfig, SearchEvalQAEnv
+from rftgym.envs.search.protocol import confidence, parse_evaluation
+from rftgym.envs.search.retrievers import CallableRetriever, Hit
+from rftgym.envs.search.scoring import exact_match, is_refusal, normalize_answer, token_f1
+
+ENV_ID = "rftgym/SearchEvalQA-v0"
+QA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "qa"
+needs_qa_data = pytest.mark.skipif(not (QA_DIR / "hotpotqa_100.json").is_file(),
+                                   reason=f"the shared QA data is not at {QA_DIR}")
+INFO_KEYS = {"question_id", "hops", "answerable", "turn", "searches", "query", "doc_ids", "evaluation_score",
+             "confidence", "evaluation_note", "protocol_violation", "protocol_violations", "segments", "answer",
+             "em", "f1", "gated", "format_error", "success"}
+
+
+def run_episode(env, actions):
+    """Step through ``actions``; return the list of (obs, reward, terminated, truncated, info)."""
+    steps = []
+    for action in actions:
+        steps.append(env.step(action))
+        if steps[-1][2] or steps[-1][3]:
+            break
+    return steps
+
+
+def oracle_actions(question, answer=None):
+    """A compliant trajectory: search each gold document by title, evaluate, then answer."""
+    titles = question.gold_titles
+    actions = [f"<search>{titles[0]}</search>"]
+    for title in titles[1:]:
+        actions.append(f"<evaluate>score: 5 one hop found</evaluate>\n<search>{title}</search>")
+    actions.append(f"<evaluate>score: 9 enough</evaluate><answer>{answer or question.answers[0]}</answer>")
+    return actions
+
+
+def test_check_env_passes(capsys):
+    for kwargs in ({}, {"unanswerable_rate": 0.5, "violation_gate": 0.5, "reward_metric": "em"}):
+        env = gym.make(ENV_ID, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped)
+        assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3, 4])
+def test_a_compliant_trajectory_gets_the_answers_f1(hops):
+    env = SearchEvalQAEnv()
+    context, info = env.reset(seed=hops, options={"hops": hops})
+    assert set(info) == INFO_KEYS and info["hops"] == hops
+    question = env.question
+    gold = question.answers[0]
+    # A partly right answer earns the F1, not all or nothing.
+    partial = f"{gold} extra words"
+    steps = run_episode(env, oracle_actions(question, partial))
+    obs, reward, terminated, truncated, info = steps[-1]
+    assert terminated and not truncated and len(steps) == hops + 1
+    assert reward == pytest.approx(token_f1(partial, gold)) and 0 < reward < 1
+    assert info["protocol_violations"] == 0 and not info["gated"] and info["expected"] == [gold]
+    # every gold document was returned by its search
+    ids_by_title = {d.title: d.id for d in env.world.documents}
+    assert all(ids_by_title[t] in s["doc_ids"] for s, t in zip(info["segments"], question.gold_titles))
+    assert [s["score"] for s in info["segments"]] == [5] * (hops - 1) + [9]
+    env.reset(seed=hops, options={"hops": hops})
+    assert run_episode(env, oracle_actions(env.question))[-1][1] == 1.0
+
+
+def test_scripted_agent_through_the_context_only():
+    env = SearchEvalQAEnv(hops=(2,))
+    context, _ = env.reset(seed=11)
+    agent = ScriptedAgent(oracle_actions(env.question))
+    done, reward = False, 0.0
+    while not done:
+        context, reward, terminated, truncated, info = env.step(agent.act_one(context).text)
+        done = terminated or truncated
+    assert reward == 1.0 and info["success"]
+
+
+def test_search_results_carry_ids_titles_and_capped_text():
+    env = SearchEvalQAEnv(top_k=2, max_doc_chars=40)
+    env.reset(seed=0, options={"hops": 1})
+    title = env.question.gold_titles[0]
+    obs, reward, terminated, truncated, info = env.step(f"<think>look it up</think><search>{title}</search>")
+    assert reward == 0.0 and not terminated and not truncated
+    message = obs[-1].content
+    assert obs[-1].role == "user" and message.startswith("<information>\n[1] id=")
+    doc = next(d for d in env.world.documents if d.title == title)
+    assert f"[1] id={doc.id} | {title}\n{doc.text[:39].rstrip()}…" in message
+    assert len(info["doc_ids"]) <= 2 and info["doc_ids"][0] == doc.id and info["query"] == title
+    assert "Begin your next reply with <evaluate>score: N" in message
+    assert info["segments"] == [{"search_turn": 1, "query": title, "doc_ids": info["doc_ids"],
+                                 "evaluate_turn": None, "score": None}]
+
+
+def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
+    env = SearchEvalQAEnv()
+    env.reset(seed=3, options={"hops": 2})
+    _, _, _, _, info = env.step("<search>anything</search>")
+    assert info["evaluation_score"] is None
+    obs, _, _, _, info = env.step("<evaluate>Score: 2/10 - off topic</evaluate> let me think")
+    assert info["evaluation_score"] == 2 and info["confidence"] == "low" and info["evaluation_note"] == "off topic"
+    assert info["segments"][0]["evaluate_turn"] == 2 and info["segments"][0]["score"] == 2
+    assert obs[-1].content.startswith("Evaluation recorded: 2/10, low confidence")
+    _, _, _, _, info = env.step("<answer>x</answer>")
+    assert info["evaluation_score"] is None  # only the turn that closes a span carries it
+    # PCAR's reading: the spans end exactly at turns whose info has a score
+    assert info["protocol_violations"] == 0
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("score: 7 names the birthplace", (7, "names the birthplace")), ("Score=3/10, off topic", (3, "off topic")),
+    ("10 - exactly it", (10, "exactly it")), ("  score 0", (0, "")), ("seven", None), ("7.5 close", None),
+    ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None),
+])
+def test_evaluation_format(body, expected):
+    assert parse_evaluation(body) == expected
+
+
+def test_confidence_levels():
+    assert [confidence(s) for s in range(11)] == ["low"] * 4 + ["medium"] * 3 + ["high"] * 4
+
+
+@pytest.mark.parametrize("second_turn, kind", [
+    ("I think I know now.", "skipped_evaluation"),
+    ("Some words first <evaluate>score: 5 ok</evaluate>", "skipped_evaluation"),
+    ("<evaluate>useful</evaluate>", "malformed_evaluation"),
+    ("<search>again</search>", "double_search"),
+    ("<answer>{gold}</answer>", "answer_before_evaluation"),
+])
+@pytest.mark.parametrize("gate, factor", [("zero", 0.0), (0.5, 0.5)])
+def test_each_violation_is_flagged_and_gates_the_reward(second_turn, kind, gate, factor):
+    env = SearchEvalQAEnv(violation_gate=gate)
+    env.reset(seed=5, options={"hops": 1})
+    gold = env.question.answers[0]
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    obs, reward, terminated, _, info = env.step(second_turn.format(gold=gold))
+    assert info["protocol_violation"] == kind and info["protocol_violations"] == 1
+    if not terminated:
+        assert obs[-1].content.startswith("Protocol violation: ")
+        assert "your very next reply must begin with <evaluate>score: N" in obs[-1].content
+        # After a double search the new results are owed an evaluation; otherwise the stray
+        # <evaluate> is ignored: the owed evaluation is not owed forever.
+        obs, reward, terminated, _, info = env.step(f"<evaluate>score: 9 ok</evaluate><answer>{gold}</answer>")
+        assert info["protocol_violation"] is None and info["protocol_violations"] == 1
+    assert terminated and info["gated"] and info["f1"] == 1.0
+    assert reward == pytest.approx(factor)
+
+
+def test_two_searches_in_one_turn_run_one_and_flag_it():
+    env = SearchEvalQAEnv()
+    env.reset(seed=1)
+    _, _, _, _, info = env.step("<search>first</search><search>second</search>")
+    assert info["protocol_violation"] == "double_search" and info["searches"] == 1 and info["query"] == "first"
+    assert "only one search runs per turn" in info["format_error"]
+
+
+def test_answer_in_the_same_turn_as_a_search_is_answer_before_evaluation():
+    env = SearchEvalQAEnv()
+    env.reset(seed=2, options={"hops": 1})
+    gold = env.question.answers[0]
+    _, reward, terminated, _, info = env.step(f"<search>q</search><answer>{gold}</answer>")
+    assert terminated and info["protocol_violation"] == "answer_before_evaluation" and reward == 0.0
+
+
+def test_answer_without_any_search_is_not_a_violation():
+    env = SearchEvalQAEnv(reward_metric="em")
+    env.reset(seed=2, options={"hops": 1})
+    _, reward, terminated, _, info = env.step(f"<answer>The {env.question.answers[0]}.</answer>")
+    assert terminated and reward == 1.0 and info["protocol_violation"] is None and info["em"] == 1.0
+
+
+def test_search_budget_truncates():
+    env = SearchEvalQAEnv(max_searches=2, max_turns=10)
+    env.reset(seed=0)
+    steps = run_episode(env, ["<search>a</search>", "<evaluate>score: 1 no</evaluate><search>b</search>",
+                              "<evaluate>score: 1 no</evaluate><search>c</search>", "<answer>x</answer>"])
+    assert len(steps) == 3
+    _, reward, terminated, truncated, info = steps[-1]
+    assert truncated and not terminated and reward == 0.0 and info["searches"] == 2 and "expected" in info
+
+
+def test_search_limit_message_mode():
+    env = SearchEvalQAEnv(max_searches=1, on_search_limit="message")
+    env.reset(seed=0)
+    env.step("<search>a</search>")
+    obs, _, terminated, truncated, info = env.step("<evaluate>score: 1 no</evaluate><search>b</search>")
+    assert not (terminated or truncated) and info["searches"] == 1
+    assert "Search limit reached (1 searches)" in obs[-1].content
+
+
+def test_turn_budget_truncates():
+    env = SearchEvalQAEnv(max_turns=3)
+    env.reset(seed=0)
+    steps = run_episode(env, ["hmm"] * 5)
+    assert len(steps) == 3 and steps[-1][3] and not steps[-1][2]
+    assert steps[-1][0][-1].role == "assistant"  # no feedback after the end
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        env.step("<answer>x</answer>")
+
+
+def test_unanswerable_questions_reward_a_refusal():
+    env = SearchEvalQAEnv(unanswerable_rate=1.0)
+    _, info = env.reset(seed=4)
+    assert not info["answerable"] and env.question.answers == ()
+    _, reward, _, _, info = env.step("<answer>Unknown.</answer>")
+    assert reward == 1.0 and info["success"]
+    env.reset(seed=4)
+    assert env.step("<answer>Paris</answer>")[1] == 0.0
+    env = SearchEvalQAEnv()
+    env.reset(seed=4, options={"answerable": True})
+    assert env.step("<answer>I don't know</answer>")[1] == 0.0  # refusing an answerable question earns nothing
+    assert sum(SearchEvalQAEnv(unanswerable_rate=0.5).reset(seed=s)[1]["answerable"] for s in range(40)) in range(10, 31)
+
+
+def test_search_in_think_option():
+    env = SearchEvalQAEnv(search_in_think=True)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("<search>outside</search>")
+    assert info["searches"] == 0 and "inside <think>" in info["format_error"]
+    _, _, _, _, info = env.step("<think>I need <search>inside</search></think>")
+    assert info["searches"] == 1 and info["query"] == "inside"
+
+
+def test_a_simulated_search_backend():
+    written = CallableRetriever(lambda query, k: [Hit("sim-1", "Simulated", f"An LLM says: {query}", 1.0)])
+    env = SearchEvalQAEnv(retriever=written)
+    env.reset(seed=0)
+    obs, *_ = env.step("<search>who</search>")
+    assert "[1] id=sim-1 | Simulated\nAn LLM says: who" in obs[-1].content
+    env.close()
+    env.close()
+
+
+def test_seeding_and_ids():
+    a, b = SearchEvalQAEnv(), SearchEvalQAEnv()
+    assert a.reset(seed=7) == b.reset(seed=7)
+    assert a.step("<search>x</search>")[0] == b.step("<search>x</search>")[0]
+    ids = {SearchEvalQAEnv().reset(seed=s)[0][0].id.split("-")[0] for s in range(10)}
+    assert len(ids) == 10
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hops": (0,)}, "hops must be a non-empty list"), ({"hops": ["x"]}, "hops must be a list of ints"),
+    ({"top_k": 0}, "top_k must be an int of at least 1"), ({"max_turns": 0}, "max_turns must be an int"),
+    ({"retriever": "tfidf"}, "retriever must be one of"), ({"retriever": "remote"}, "needs retriever_url"),
+    ({"violation_gate": 2}, "violation_gate must be 'zero' or a multiplier"),
+    ({"violation_gate": "half"}, "violation_gate must be"), ({"reward_metric": "bleu"}, "reward_metric must be"),
+    ({"on_search_limit": "stop"}, "on_search_limit must be"), ({"unanswerable_rate": 1.5}, "unanswerable_rate"),
+    ({"corpus_path": "c.json"}, "corpus_path needs dataset_path"),
+])
+def test_bad_config_raises_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        SearchEvalQAConfig(**kwargs)
+
+
+def test_scoring_follows_squad():
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert exact_match("the Seine", "Seine") == 1.0
+    assert token_f1("river Seine in France", "the Seine river") == pytest.approx(2 * 0.5 * 1.0 / 1.5)
+    assert token_f1("yes it is", "yes") == 0.0 and token_f1("no", "no") == 1.0
+    assert is_refusal("It cannot be determined.") and not is_refusal("Paris")
+
+
+@needs_qa_data
+def test_hotpotqa_dataset(capsys):
+    env = SearchEvalQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), top_k=5)
+    _, info = env.reset(seed=0, options={"task_index": 0})
+    assert info["question_id"] == "5a77ec115542992a6e59dff7" and info["hops"] == 2
+    obs, *_ = env.step(f"<search>{env.question.question}</search>")
+    assert "Lilu (mythology)" in obs[-1].content
+    _, reward, terminated, _, info = env.step("<evaluate>score: 8 Lilu is a spirit</evaluate><answer>a spirit</answer>")
+    assert reward == 1.0 and terminated and info["segments"][0]["score"] == 8
+    with pytest.raises(ValueError, match=r"task_index must be an int in \[0, 100\)"):
+        env.reset(options={"task_index": 100})
+
+
+@needs_qa_data
+def test_nq_questions_need_a_corpus():
+    with pytest.raises(ConfigError, match="holds questions only; give corpus_path"):
+        SearchEvalQAEnv(dataset_path=str(QA_DIR / "nq_16.jsonl"))
+    env = SearchEvalQAEnv(dataset_path=str(QA_DIR / "nq_16.jsonl"), corpus_path=str(QA_DIR / "wiki_1000.jsonl"))
+    _, info = env.reset(seed=0, options={"task_index": 0})
+    assert info["question_id"] == "test_0"
+
+
+# ---------------------------------------------------------------- fuzzing
+
+
+def test_info_keys_match_the_docstring():
+    section = env_module.__doc__.split("Info keys", 1)[1].split("Options to", 1)[0]
+    assert {key for key in INFO_KEYS | {"expected"} if f"``{key}``" in section} == INFO_KEYS | {"expected"}
+
+
+def check_step(env, action: str) -> bool:
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert isinstance(obs, Context) and env.observation_space.contains(obs)
+    assert isinstance(reward, float) and 0.0 <= reward <= 1.0
+    done = terminated or truncated
+    assert set(info) == INFO_KEYS | ({"expected"} if done else set())
+    score = info["evaluation_score"]
+    assert score is None or (isinstance(score, int) and 0 <= score <= 10)
+    if not done:
+        assert reward == 0.0 and obs[-1].role == "user"
+    return done
+
+
+FRAGMENTS = ["<search>", "</search>", "<evaluate>", "</evaluate>", "score: 7", "<answer>", "</answer>", "<think>",
+             "</think>", "```\n", "\n", "Paris", "unknown", "\ud800", " ", "10/10", "<search/>"]
+actions = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=25).map("".join),
+    st.sampled_from(ADVERSARIAL_TEXTS),
+)
+FUZZ_ENV = SearchEvalQAEnv(max_turns=5, max_searches=2, unanswerable_rate=0.2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**16), turns=st.lists(actions, min_size=1, max_size=5))
+def test_env_never_raises_on_arbitrary_text(seed, turns):
+    obs, info = FUZZ_ENV.reset(seed=seed)
+    assert FUZZ_ENV.observation_space.contains(obs) and set(info) == INFO_KEYS
+    for action in turns:
+        if check_step(FUZZ_ENV, action):
+            break

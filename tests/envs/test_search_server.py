@@ -1,0 +1,104 @@
+"""The retrieval service (Search-R1's /retrieve shape) and its client, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rftgym.envs.search.corpora import Document
+from rftgym.envs.search.env import SearchEvalQAEnv
+from rftgym.envs.search.retrievers import BM25Retriever
+from rftgym.envs.search.server import RemoteRetriever, RetrievalServiceError, make_server
+from rftgym.envs.search.world import World
+
+DOCS = [
+    Document("d0", "Paris", "Paris is the capital of France."),
+    Document("d1", "Berlin", "Berlin is the capital of Germany."),
+    Document("d2", "Cheese", "Camembert is a soft cheese."),
+]
+
+
+@pytest.fixture
+def service():
+    servers = []
+
+    def start(documents=DOCS):
+        server = make_server(BM25Retriever(documents), host="127.0.0.1", port=0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def post(url: str, payload) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_search_r1_request_and_response_shape(service):
+    server = service()
+    status, body = post(server.url, {"queries": ["capital of Germany", "cheese"], "topk": 2, "return_scores": True})
+    assert status == 200 and len(body["result"]) == 2
+    first = body["result"][0][0]
+    assert first["document"] == {"id": "d1", "contents": '"Berlin"\nBerlin is the capital of Germany.'}
+    assert first["score"] > 0
+    status, body = post(server.url, {"queries": ["cheese"], "topk": 1, "return_scores": False})
+    assert body == {"result": [[{"id": "d2", "contents": '"Cheese"\nCamembert is a soft cheese.'}]]}
+
+
+@pytest.mark.parametrize("payload, message", [
+    ([1], "expected a JSON object"), ({"queries": "q"}, '"queries" must be a list'),
+    ({"queries": ["q"], "topk": 0}, '"topk" must be an int'),
+])
+def test_bad_requests_get_400(service, payload, message):
+    status, body = post(service().url, payload)
+    assert status == 400 and message in body["error"]
+
+
+def test_health(service):
+    server = service()
+    with urllib.request.urlopen(server.url.replace("/retrieve", "/health"), timeout=5) as response:
+        assert json.loads(response.read()) == {"status": "ok", "documents": 3, "index": "bm25"}
+
+
+def test_remote_retriever_matches_the_local_one(service):
+    server = service()
+    remote = RemoteRetriever(server.url.removesuffix("/retrieve"))  # the path is added when missing
+    local = BM25Retriever(DOCS)
+    queries = ["capital of France", "soft cheese", "nothing matches this"]
+    assert remote.search(queries, 2) == local.search(queries, 2)
+    assert remote.search([], 2) == []
+
+
+def test_a_down_service_is_a_clear_error():
+    server = make_server(BM25Retriever(DOCS), port=0)
+    url = server.url
+    server.server_close()  # the port is free again: nothing listens there
+    remote = RemoteRetriever(url, timeout=1, retries=1, backoff=0.01)
+    with pytest.raises(RetrievalServiceError, match=r"did not answer after 2 attempts .*rftgym serve-retriever"):
+        remote.search(["q"], 1)
+    with pytest.raises(RetrievalServiceError, match="must start with http"):
+        RemoteRetriever("localhost:8000")
+
+
+def test_the_env_with_a_remote_backend(service):
+    world = World(0)
+    server = service(world.documents)
+    env = SearchEvalQAEnv(retriever="remote", retriever_url=server.url)
+    env.reset(seed=0, options={"hops": 1})
+    title = env.question.gold_titles[0]
+    _, _, _, _, info = env.step(f"<search>{title}</search>")
+    assert info["doc_ids"][0] == next(d.id for d in world.documents if d.title == title)
+    env.close()
