@@ -56,6 +56,13 @@ def _env_options_hint(env_id: str) -> str:
     return f"Valid options: {', '.join(names)}"
 
 
+def _eval_metric_spec(env_id: str):
+    """The env class's extra evaluation columns (``metadata["eval_metrics"]``), without making an env."""
+    module_name, class_name = env_registry.ENVS[env_id][0].split(":")
+    env_class = getattr(__import__(module_name, fromlist=[class_name]), class_name)
+    return env_class.metadata.get("eval_metrics", ())
+
+
 def _build_agent(args: argparse.Namespace):
     if args.agent in ("default", "hf"):
         if args.agent == "hf" and not args.model:
@@ -139,6 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from .core.records import write_episodes_jsonl
     from .rollout import RolloutConfig, format_table, run_episodes, summarize
+    from .rollout.metrics import env_metrics
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
@@ -164,6 +172,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     headers = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok", "ep/s"]
     row = [args.env, getattr(agent, "name", args.agent), s["episodes"], s["reward"], s["success"], s["turns"],
            s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
+    extra = env_metrics(episodes, _eval_metric_spec(args.env))
+    headers += list(extra)
+    row += ["-" if v is None else v for v in extra.values()]
     print(format_table([row], headers))
     print(f"episodes written to {out}")
     return 0
@@ -205,11 +216,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_retriever(args: argparse.Namespace) -> int:
+    from .envs.search.server import serve
+
+    if not Path(args.corpus).is_file():
+        raise UsageError(f"--corpus {args.corpus!r} is not a file; give a corpus in one of the supported formats "
+                         "(HotpotQA JSON, {title: [sentences]} JSON, [{title, text}] JSON, FlashRAG {id, contents} JSONL)")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0-65535, got {args.port}")
+    serve(args.corpus, args.index, args.host, args.port)
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
-    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train}")
+    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,serve-retriever}")
     sub.required = True
 
     p = sub.add_parser("envs", help="list registered environments")
@@ -266,6 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--save-every", type=int, default=10)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
+    p.add_argument("--corpus", required=True, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
+                                                   "or FlashRAG JSONL)")
+    p.add_argument("--index", choices=("bm25", "dense"), default="bm25")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_serve_retriever)
     return parser
 
 

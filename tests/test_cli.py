@@ -252,3 +252,32 @@ def test_console_script_lists_envs_and_reports_usage_errors():
     proc = subprocess.run([str(script), "eval", "rftgym/Nope-v0", "--agent", "random"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "unknown environment 'rftgym/Nope-v0'" in proc.stderr
+
+
+def test_eval_adds_the_envs_own_columns(tmp_path, capsys):
+    out = tmp_path / "search.jsonl"
+    assert main(["eval", "rftgym/SearchEvalQA-v0", "--agent", "adversarial", "--episodes", "4", "--out", str(out)]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[-4:] == ["em", "f1", "searches/ep", "violation_rate"]
+    assert len(list(read_episodes_jsonl(out))) == 4
+
+
+def test_serve_retriever_rejects_a_missing_corpus(capsys, tmp_path):
+    assert exit_code(["serve-retriever", "--corpus", str(tmp_path / "none.json")]) == 2
+    assert "supported formats" in capsys.readouterr().err
+
+
+def test_env_metric_reducers():
+    from rftgym.core.messages import Message
+    from rftgym.core.records import Episode, Turn
+    from rftgym.rollout.metrics import env_metrics
+
+    def ep(values):
+        turns = [Turn(i, (), "", 0.0, i == len(values) - 1, False, {"x": v}) for i, v in enumerate(values)]
+        return Episode("e", 0, {"m": Message("user", "q", "m")}, turns, ("m",))
+
+    episodes = [ep([1, 3]), ep([0, 0, 2]), ep([5])]
+    got = env_metrics(episodes, [("fm", "x", "final_mean"), ("fr", "x", "final_rate"),
+                                 ("tm", "x", "turn_mean"), ("tx", "x", "turn_max")])
+    # finals 3, 2, 5 -> mean 10/3, all positive -> rate 1; turns 1,3,0,0,2,5 -> mean 11/6, max 5
+    assert got == pytest.approx({"fm": 10 / 3, "fr": 1.0, "tm": 11 / 6, "tx": 5})

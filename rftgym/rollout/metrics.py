@@ -15,13 +15,46 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     return {
         "episodes": len(episodes),
         "reward": mean(e.total_reward for e in episodes),
-        "success": mean(float(e.success) for e in episodes),
+        "success": float(mean(float(e.success) for e in episodes)),
         "turns": mean(len(e.turns) for e in episodes),
         "truncated": mean(float(e.truncated) for e in episodes),
-        "format_error_rate": mean(format_errors) if format_errors else 0.0,
+        "format_error_rate": float(mean(format_errors)) if format_errors else 0.0,
         "sampled_tokens": mean(e.num_sampled_tokens for e in episodes),
         "prompt_tokens": mean(e.num_prompt_tokens for e in episodes),
     }
+
+
+# How an env's own evaluation columns are computed from its info dicts. An env lists them in
+# ``metadata["eval_metrics"]`` as (column, info key, reducer) triples.
+def _final(episode: Episode, key: str):
+    return episode.turns[-1].info.get(key) if episode.turns else None
+
+
+EVAL_REDUCERS = {
+    # mean over episodes of the value on the final turn
+    "final_mean": lambda eps, key: _mean([_final(e, key) for e in eps]),
+    # share of episodes whose final value is truthy / positive
+    "final_rate": lambda eps, key: _mean([float(bool(_final(e, key))) for e in eps if _final(e, key) is not None]),
+    # mean and max over every turn of every episode
+    "turn_mean": lambda eps, key: _mean([t.info.get(key) for e in eps for t in e.turns]),
+    "turn_max": lambda eps, key: max((t.info[key] for e in eps for t in e.turns if t.info.get(key) is not None),
+                                     default=None),
+}
+
+
+def _mean(values) -> float | None:
+    numbers = [float(v) for v in values if isinstance(v, (int, float))]  # bools count as 0/1
+    return mean(numbers) if numbers else None
+
+
+def env_metrics(episodes: Sequence[Episode], spec: Iterable[tuple[str, str, str]]) -> dict[str, float | None]:
+    """The env-specific columns of an evaluation (see ``EVAL_REDUCERS``)."""
+    out = {}
+    for column, key, reducer in spec:
+        if reducer not in EVAL_REDUCERS:
+            raise ValueError(f"unknown eval reducer {reducer!r}; choose from {sorted(EVAL_REDUCERS)}")
+        out[column] = EVAL_REDUCERS[reducer](episodes, key) if episodes else None
+    return out
 
 
 def format_table(rows: Iterable[Sequence], headers: Sequence[str]) -> str:

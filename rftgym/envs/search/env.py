@@ -176,7 +176,14 @@ class SearchEvalQAConfig:
 class SearchEvalQAEnv(gym.Env[Context, str]):
     """Multi-hop QA where every search must be followed at once by an evaluation."""
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    metadata = {
+        "render_modes": ["ansi", "human"],
+        "render_fps": 4,
+        # Columns `rftgym eval` adds for this env: (column, info key, reducer in rollout.metrics).
+        "eval_metrics": (("em", "em", "final_mean"), ("f1", "f1", "final_mean"),
+                         ("searches/ep", "searches", "final_mean"),
+                         ("violation_rate", "protocol_violations", "final_rate")),
+    }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
