@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..core.messages import Context, Message
 
@@ -26,13 +26,28 @@ class AgentReply:
 
 
 class Agent(ABC):
-    """Base class for agents. Subclasses implement :meth:`act`."""
+    """Base class for agents. Subclasses implement :meth:`act`.
+
+    Token-level agents (``token_level = True``, e.g. :class:`~rftgym.agents.hf_policy.HFPolicy`)
+    also take ``sampled_spans``: for each context, the exact token spans of that episode's earlier
+    sampled assistant messages, by message id, which the rollout engine keeps per episode from
+    :meth:`assistant_span`.
+    """
 
     name: str = "agent"
+    token_level: bool = False
 
     @abstractmethod
     def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
         """Return one reply per context, in order."""
+
+    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]]) -> list[AgentReply]:
+        """:meth:`act` with each episode's exact assistant spans; text agents ignore them."""
+        return self.act(contexts)
+
+    def assistant_span(self, message: Message, reply: AgentReply) -> tuple[int, ...] | None:
+        """The exact token span of ``message`` (made from ``reply``) in later prompts, or None."""
+        return None
 
     def act_one(self, context: Context) -> AgentReply:
         return self.act([context])[0]

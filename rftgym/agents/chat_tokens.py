@@ -1,10 +1,13 @@
 """Exact chat tokens: a context's token ids are the concatenation of per-message spans.
 
 A span is what the chat template renders for one message, tokenized once and cached by the
-message's id (and content). Assistant messages that the policy sampled are *bound* to their
-exact sampled tokens, so a later context that contains them feeds the model what it actually
-produced, never a retokenization of the decoded text (which can differ: BPE has many ways to
-spell a string, and the model may have sampled a non-canonical one).
+message's id and content. Assistant messages that the policy sampled have their exact span
+(:meth:`ChatTokenizer.assistant_span`) kept by the rollout engine *per episode* and passed back
+to :meth:`ChatTokenizer.prompt_ids`, so a later context that contains them feeds the model what
+it actually produced, never a retokenization of the decoded text (which can differ: BPE has many
+ways to spell a string, and the model may have sampled a non-canonical one). The spans live with
+the episode rather than in a global cache because episodes of one group share their seed, hence
+their message ids, and may hold the same text sampled as different tokens.
 
 For templates in which each message renders independently once the first message is placed
 (ChatML and most others), the concatenated spans equal the tokenized full rendering; the
@@ -14,7 +17,7 @@ project's round-trip test checks this for the default model.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..core.errors import TokenizationError
 from ..core.messages import Context, Message
@@ -45,14 +48,13 @@ class _LRU(OrderedDict):
 class ChatTokenizer:
     """Renders contexts to token ids through a tokenizer's chat template, span by span."""
 
-    def __init__(self, tokenizer, capacity: int = 200_000):
+    def __init__(self, tokenizer, capacity: int = 50_000):
         if not getattr(tokenizer, "chat_template", None):
             raise TokenizationError(
                 "The tokenizer has no chat template; use an instruct/chat model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
-        self._spans = _LRU(capacity)
-        self._bound = _LRU(capacity)  # assistant spans holding the exact sampled tokens
+        self._spans = _LRU(capacity)  # rendered spans by (id, role, content, first); recomputable
         base = self._render([_ANCHOR], add_generation_prompt=False)
         with_prompt = self._render([_ANCHOR], add_generation_prompt=True)
         if not with_prompt.startswith(base):
@@ -116,39 +118,39 @@ class ChatTokenizer:
 
     def message_ids(self, message: Message, first: bool) -> tuple[int, ...]:
         key = self._key(message, first)
-        if not first:
-            bound = self._bound.get_fresh(key)
-            if bound is not None:
-                return bound
         span = self._spans.get_fresh(key)
         if span is None:
             span = tuple(self._encode(self.span_text(message, first)))
             self._spans.put(key, span)
         return span
 
-    def prompt_ids(self, context: Context) -> list[int]:
-        """Token ids fed to the model to produce the next assistant turn of ``context``."""
+    def prompt_ids(self, context: Context, sampled_spans: Mapping[str, Sequence[int]] | None = None) -> list[int]:
+        """Token ids fed to the model to produce the next assistant turn of ``context``.
+
+        ``sampled_spans`` maps the ids of this episode's sampled assistant messages to their exact
+        spans (from :meth:`assistant_span`); other messages are rendered through the template.
+        """
         ids: list[int] = []
         for position, message in enumerate(context.messages):
-            ids.extend(self.message_ids(message, first=position == 0))
+            exact = sampled_spans.get(message.id) if sampled_spans and position > 0 else None
+            if exact is not None and message.role == "assistant":
+                ids.extend(exact)
+            else:
+                ids.extend(self.message_ids(message, first=position == 0))
         ids.extend(self.generation_prompt_ids)
         return ids
 
-    def bind_assistant(self, message: Message, sampled_ids: Sequence[int]) -> tuple[int, ...]:
-        """Remember that ``message`` was produced by sampling exactly ``sampled_ids``.
-
-        The span becomes: generation prompt + sampled tokens + whatever the template writes after
-        the content, minus a stop token the model already sampled.
-        """
+    def assistant_span(self, message: Message, sampled_ids: Sequence[int]) -> tuple[int, ...]:
+        """The exact span of an assistant ``message`` that was produced by sampling ``sampled_ids``:
+        generation prompt + sampled tokens + whatever the template writes after the content, minus
+        a stop token the model already sampled."""
         if message.role != "assistant":
             raise ValueError(f"only assistant messages are bound to sampled tokens, got {message.role}")
         closing = self._encode(self.closing_text(message.content))
         sampled = list(sampled_ids)
         if sampled and closing and sampled[-1] in self.stop_ids and closing[0] == sampled[-1]:
             closing = closing[1:]
-        span = tuple(self.generation_prompt_ids) + tuple(sampled) + tuple(closing)
-        self._bound.put(self._key(message, False), span)
-        return span
+        return tuple(self.generation_prompt_ids) + tuple(sampled) + tuple(closing)
 
     def decode_reply(self, sampled_ids: Sequence[int]) -> str:
         """The assistant text for sampled tokens: everything before a final stop token."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..core.errors import ConfigError, require
 from ..core.messages import Context, Message
@@ -68,6 +68,13 @@ class HFPolicy(Agent):
         if self.sampling.seed is not None:
             self._generator.manual_seed(self.sampling.seed)
 
+    def _sampling_generator(self):
+        # The model may have moved (e.g. to a GPU) since construction; keep the seed stream.
+        if self._generator.device != self.device:
+            state_seed = int(self.torch.randint(0, 2**62, (1,), generator=self._generator))
+            self._generator = self.torch.Generator(device=self.device).manual_seed(state_seed)
+        return self._generator
+
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, sampling: SamplingConfig | None = None,
                         device: str | None = None, dtype: str | None = None) -> "HFPolicy":
@@ -84,13 +91,18 @@ class HFPolicy(Agent):
 
     # ------------------------------------------------------------------ Agent API
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
-        prompts = [self.chat.prompt_ids(c) for c in contexts]
-        return self.generate(prompts)
+    token_level = True
 
-    def on_assistant_message(self, message: Message, reply: AgentReply) -> None:
-        if reply.sampled_ids is not None:
-            self.chat.bind_assistant(message, reply.sampled_ids)
+    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+        return self.generate([self.chat.prompt_ids(c) for c in contexts])
+
+    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]]) -> list[AgentReply]:
+        return self.generate([self.chat.prompt_ids(c, spans) for c, spans in zip(contexts, sampled_spans, strict=True)])
+
+    def assistant_span(self, message: Message, reply: AgentReply) -> tuple[int, ...] | None:
+        if reply.sampled_ids is None:
+            return None
+        return self.chat.assistant_span(message, reply.sampled_ids)
 
     # ------------------------------------------------------------------ generation
 
@@ -193,7 +205,7 @@ class HFPolicy(Agent):
                 drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
                 filtered = filtered.masked_fill(drop, float("-inf"))
             probs = torch.softmax(filtered, dim=-1)
-            token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+            token = torch.multinomial(probs, 1, generator=self._sampling_generator()).squeeze(-1)
         return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
     # ------------------------------------------------------------------ scoring

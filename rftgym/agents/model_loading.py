@@ -8,6 +8,7 @@ cache; later loads read that directory (a second or two).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -45,15 +46,30 @@ def _fingerprint(path: Path) -> dict:
 
 
 def default_model_dir() -> Path:
-    """A Hugging Face model directory holding the default model, converted on first use."""
+    """A Hugging Face model directory holding the default model, converted on first use.
+
+    Several processes (e.g. torchrun ranks) may ask at once: a file lock lets one convert while
+    the others wait, and the marker is written inside the staging directory before it is renamed
+    into place, so a directory with a valid marker is always complete.
+    """
     gguf = default_gguf_path()
     target = cache_root() / "models" / DEFAULT_MODEL_NAME
-    marker = target / "rftgym_source.json"
-    if marker.is_file() and json.loads(marker.read_text()) == _fingerprint(gguf):
+    if _is_current(target, gguf):
         return target
-    _convert_gguf(gguf, target)
-    marker.write_text(json.dumps(_fingerprint(gguf)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_current(target, gguf):  # another process may have converted it meanwhile
+            _convert_gguf(gguf, target)
     return target
+
+
+def _is_current(target: Path, gguf: Path) -> bool:
+    marker = target / "rftgym_source.json"
+    try:
+        return json.loads(marker.read_text()) == _fingerprint(gguf)
+    except (OSError, ValueError):
+        return False
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -81,6 +97,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        (staging / "rftgym_source.json").write_text(json.dumps(_fingerprint(gguf)))
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -32,6 +32,7 @@ class Turn:
     sampled_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None
+    message_id: str | None = None  # id of the assistant message the env made from ``action``
 
     @property
     def has_tokens(self) -> bool:

@@ -14,6 +14,10 @@ ENVS: dict[str, tuple[str, str]] = {
         "rftgym.envs.search.env:SearchEvalQAEnv",
         "multi-hop QA over a corpus; every <search> must be followed at once by an <evaluate> score (EvalAct)",
     ),
+    "rftgym/MemoryQA-v0": (
+        "rftgym.envs.memory.env:MemoryQAEnv",
+        "multi-objective QA over a context budget; <prune ids=...>note</prune> deletes old results (MemAct)",
+    ),
 }
 
 

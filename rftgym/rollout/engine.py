@@ -3,8 +3,9 @@
 Each round, the engine collects the current context of every active environment, asks the agent
 for all replies in one batched call, steps every environment with its reply and records the
 turn. A finished episode's slot takes the next seed at once, so the batch stays full until the
-seeds run out. Token-level agents are told which message id the env gave each reply, so their
-token cache keeps the exact sampled tokens for later turns.
+seeds run out. For token-level agents the engine keeps, per episode, the exact token span of each
+sampled assistant message under the id the env gave it, and hands them back with the next
+contexts, so later prompts hold exactly the sampled tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Slot:
     context: Context = field(default_factory=Context)
     messages: dict[str, Message] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
+    spans: dict[str, tuple[int, ...]] = field(default_factory=dict)  # exact assistant spans, by id
     reset_info: dict[str, Any] = field(default_factory=dict)
     active: bool = False
 
@@ -85,7 +87,7 @@ def run_episodes(
         context, info = slot.env.reset(seed=seed, options=opts)
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
-        slot.turns, slot.reset_info, slot.active = [], dict(info), True
+        slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, dict(info), True
         owner[slot_index] = episode_index
 
     def finish(slot_index: int) -> None:
@@ -101,7 +103,11 @@ def run_episodes(
             start(i)
         while any(slot.active for slot in slots):
             active = [i for i, slot in enumerate(slots) if slot.active]
-            replies = agent.act([slots[i].context for i in active])
+            contexts = [slots[i].context for i in active]
+            if agent.token_level:
+                replies = agent.act_tokens(contexts, [slots[i].spans for i in active])
+            else:
+                replies = agent.act(contexts)
             if len(replies) != len(active):
                 raise RuntimeError(f"agent {agent.name!r} returned {len(replies)} replies for {len(active)} contexts")
             for i, reply in zip(active, replies):
@@ -124,6 +130,9 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         info = {**info, "rollout_truncated": True}
     message = _new_assistant_message(before, context, reply.text)
     if message is not None:
+        span = agent.assistant_span(message, reply) if agent.token_level else None
+        if span is not None:
+            slot.spans[message.id] = span
         agent.on_assistant_message(message, reply)
     slot.turns.append(Turn(
         index=len(slot.turns),
@@ -137,6 +146,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         sampled_ids=reply.sampled_ids,
         logprobs=reply.logprobs,
         finish_reason=reply.finish_reason,
+        message_id=message.id if message is not None else None,
     ))
     for m in context:
         slot.messages.setdefault(m.id, m)

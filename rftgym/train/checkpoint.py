@@ -47,13 +47,24 @@ def save_checkpoint(output_dir: Path, *, model, optimizer, step: int, rng_states
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _checkpoint_path(output_dir: Path) -> Path | None:
+    # A crash between the two renames of a save leaves only the previous checkpoint, under its
+    # temporary name: it is still a complete checkpoint.
+    for name in (CHECKPOINT_DIR, ".checkpoint-old"):
+        if (output_dir / name / "state.json").is_file():
+            return output_dir / name
+    return None
+
+
 def has_checkpoint(output_dir: Path) -> bool:
-    return (output_dir / CHECKPOINT_DIR / "state.json").is_file()
+    return _checkpoint_path(output_dir) is not None
 
 
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
     """Restore weights and optimizer in place; return (step, rng states, saved config)."""
-    path = output_dir / CHECKPOINT_DIR
+    path = _checkpoint_path(output_dir)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
     weights = torch.load(path / "trainable.pt", map_location="cpu")
     params = dict(model.named_parameters())

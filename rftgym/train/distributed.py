@@ -5,7 +5,8 @@ the process group (NCCL on GPUs, gloo on CPU). Every rank draws the same task se
 out its own share of the tasks; after each backward pass the gradients are averaged across ranks
 with ``all_reduce``, so every rank applies the same update and the weights stay identical.
 Ranks may hold different numbers of samples (groups are filtered locally), so each epoch runs
-the largest rank's minibatch count; a rank that has run out contributes zero gradients.
+the largest rank's minibatch count; a rank that has run out contributes nothing, and the average
+is over the ranks that did contribute (so an empty rank does not halve the step).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ class Distributed:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls) -> "Distributed":
+    def from_env(cls, device: str | None = None) -> "Distributed":
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
-            use_cuda = torch.cuda.is_available()
+            use_cuda = torch.cuda.is_available() and not (device or "").startswith("cpu")
             if use_cuda:
                 torch.cuda.set_device(local_rank)
             dist.init_process_group(backend="nccl" if use_cuda else "gloo")
@@ -66,13 +67,16 @@ class Distributed:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+    def average_gradients(self, parameters: list[torch.nn.Parameter], contributed: bool = True) -> None:
         if not self.enabled:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        grads = [p.grad if p.grad is not None and contributed else torch.zeros_like(p) for p in parameters]
+        # The last element counts the contributing ranks, summed in the same collective.
+        flat = torch.cat([g.reshape(-1).float() for g in grads]
+                         + [torch.ones(1, device=parameters[0].device) * float(contributed)])
         dist.all_reduce(flat)
-        flat /= self.world_size
+        contributors = max(1.0, float(flat[-1]))
+        flat = flat[:-1] / contributors
         offset = 0
         for p, g in zip(parameters, grads):
             n = g.numel()

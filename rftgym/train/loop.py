@@ -31,7 +31,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
           make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
     out = Path(config.output_dir)
-    ranks = Distributed.from_env()  # one process unless started by torchrun / accelerate launch
+    ranks = Distributed.from_env(config.device)  # one process unless started by torchrun / accelerate launch
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
@@ -40,7 +40,14 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
                           "or choose another output directory")
     torch.manual_seed(config.seed)
     make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
-    policy = policy or HFPolicy.from_pretrained(config.model, device=ranks.device(config.device), dtype=config.dtype)
+    device = ranks.device(config.device) or ("cuda" if torch.cuda.is_available() else "cpu")
+    # On a GPU the default is mixed precision: float32 master weights (AdamW steps of ~1e-5 vanish
+    # in bfloat16) with bfloat16 autocast for rollouts and updates alike, so old and new log-probs
+    # are computed the same way.
+    mixed = device.startswith("cuda") and config.dtype is None
+    policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
+    mixed = mixed and policy.device.type == "cuda"
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mixed else nullcontext
     model = prepare_model(policy, config)
     reference = make_reference(model, config)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
@@ -70,7 +77,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
         model.eval()
-        episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size))
+        with autocast():
+            episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size))
         rollout_seconds = time.perf_counter() - started
 
         # 3. Advantages -> per-token training samples.
@@ -78,7 +86,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
         # 4. Update: epochs of minibatches over the samples.
         model.train()
-        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks)
+        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
 
         # Episode statistics over all ranks; loss statistics are this rank's.
         rewards = [e.total_reward for e in episodes]
@@ -120,9 +128,25 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
 # ---------------------------------------------------------------- model plumbing
 
+UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
+
+
 def prepare_model(policy: HFPolicy, config: TrainConfig):
     """Apply LoRA and gradient checkpointing as configured; return the model to train."""
     model = policy.model
+    # Training log-probs are hidden @ lm_head.weight (in chunks); models whose logits get more
+    # than that would train against other numbers than the rollout sampled from.
+    for name in UNSUPPORTED_LOGIT_TRANSFORMS:
+        if getattr(model.config, name, None) not in (None, 0, 1, 1.0):
+            raise ConfigError(f"the model's config sets {name}={getattr(model.config, name)}; rftgym's chunked "
+                              "log-probs do not apply it yet, so training would use the wrong probabilities")
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ConfigError("the model's output layer has a bias, which rftgym's chunked log-probs do not apply yet")
+    # Rollouts run in eval mode; dropout during the update would make first-epoch ratios noisy.
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     if config.lora_rank:
         peft = require("peft", "train", "LoRA training")
         lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
@@ -175,7 +199,7 @@ def reference_logprobs(model, reference, batch, config: TrainConfig):
 # ---------------------------------------------------------------- one optimisation pass
 
 def optimise(model, reference, optimizer, samples: list[TrainSample], config: TrainConfig, pad_id: int,
-             generator: torch.Generator, ranks: Distributed | None = None) -> dict[str, float]:
+             generator: torch.Generator, ranks: Distributed | None = None, autocast=nullcontext) -> dict[str, float]:
     """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats.
 
     With several ranks, every rank runs the largest rank's number of minibatches (a rank that
@@ -195,13 +219,15 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             chunk = [samples[i] for i in order[index * config.minibatch_size:(index + 1) * config.minibatch_size]]
             optimizer.zero_grad(set_to_none=True)
             if not chunk:  # this rank has no more samples; it still joins the gradient average
-                ranks.average_gradients(trainable)
+                ranks.average_gradients(trainable, contributed=False)
                 torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
                 optimizer.step()
                 updates += 1
                 continue
             batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
-            logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
+            with autocast():
+                logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
+                ref_logp = reference_logprobs(model, reference, batch, config)
             mask = batch["loss_mask"]
             if config.algo == "rft":
                 loss = aggregate("token_mean", -logp, mask)
@@ -211,11 +237,10 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
                 loss, stats = policy_loss(
                     logp, batch["old_logprobs"], batch["advantages"], mask,
                     clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
-                    normalizer=normalizer, ref_logp=reference_logprobs(model, reference, batch, config),
-                    kl_coef=config.kl_coef, entropy=entropy.detach(),
+                    normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
                 )
             loss.backward()
-            ranks.average_gradients(trainable)
+            ranks.average_gradients(trainable, contributed=True)
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             updates += 1

@@ -18,9 +18,9 @@ def test_bound_assistant_message_keeps_non_canonical_tokens(default_policy):
     question = Message("user", "greet me", "q")
     answer = Message("assistant", text, "a")
     follow_up = Message("user", "thanks", "f")
-    chat.bind_assistant(answer, spelled + [stop])
+    span = chat.assistant_span(answer, spelled + [stop])
     context = Context((question, answer, follow_up))
-    ids = chat.prompt_ids(context)
+    ids = chat.prompt_ids(context, {answer.id: span})
 
     head = chat.prompt_ids(Context((question,)))  # ends with the generation prompt
     assert ids[: len(head)] == head
@@ -43,7 +43,26 @@ def test_length_cut_assistant_gets_template_closing(default_policy):
     chat, tokenizer = default_policy.chat, default_policy.tokenizer
     sampled = tokenizer("partial ans", add_special_tokens=False)["input_ids"]  # no stop token: cut by length
     message = Message("assistant", "partial ans", "p")
-    span = chat.bind_assistant(message, sampled)
+    span = chat.assistant_span(message, sampled)
     closing = tokenizer(chat.closing_text("partial ans"), add_special_tokens=False)["input_ids"]
     assert list(span) == list(chat.generation_prompt_ids) + sampled + closing
     assert closing[0] in chat.stop_ids  # the template closes the turn the model never closed
+
+
+def test_spans_are_per_episode_even_when_ids_and_text_collide(default_policy):
+    """Two episodes of one group share their seed, hence message ids, and may say the same text
+    with different tokens; each must get its own tokens back."""
+    chat, tokenizer = default_policy.chat, default_policy.tokenizer
+    question = Message("user", "greet me", "q")
+    answer = Message("assistant", "hello world", "a")  # same id and text in both episodes
+    follow_up = Message("user", "thanks", "f")
+    canonical = tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    spelled = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(ch))[0] for ch in "hello"]
+    spelled += tokenizer(" world", add_special_tokens=False)["input_ids"]
+    context = Context((question, answer, follow_up))
+    episode_a = {answer.id: chat.assistant_span(answer, canonical)}
+    episode_b = {answer.id: chat.assistant_span(answer, spelled)}
+    ids_a, ids_b = chat.prompt_ids(context, episode_a), chat.prompt_ids(context, episode_b)
+    head = len(chat.prompt_ids(Context((question,))))
+    assert ids_a[head: head + len(canonical)] == canonical
+    assert ids_b[head: head + len(spelled)] == spelled

@@ -110,7 +110,9 @@ def test_context_edit_starts_a_new_segment_with_the_edited_prompt(tiny_policy):
     # The new segment's prompt is exactly the edited context the model saw, all mask 0.
     assert second.token_ids[: second.prompt_length] == third_turn.prompt_ids
     assert second.loss_mask == [0] * len(third_turn.prompt_ids) + [1] * len(third_turn.sampled_ids)
-    assert second.token_ids == tiny_policy.chat.prompt_ids(episode.context(2)) + third_turn.sampled_ids
+    chat = tiny_policy.chat
+    spans = {t.message_id: chat.assistant_span(episode.messages[t.message_id], t.sampled_ids) for t in episode.turns}
+    assert second.token_ids == chat.prompt_ids(episode.context(2), spans) + third_turn.sampled_ids
     # The first segment trains turns 0 and 1 only: mask-1 tokens are exactly their samples.
     first = segments[0]
     sampled = [t for i, t in enumerate(first.token_ids) if first.loss_mask[i]]

@@ -66,6 +66,6 @@ def test_tasks_must_split_evenly_across_ranks(tmp_path, monkeypatch, make_char_p
     from rftgym.train.distributed import Distributed
     from rftgym.train.loop import train
 
-    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls: cls(rank=0, world_size=2)))
+    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls, device=None: cls(rank=0, world_size=2)))
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
         train(TrainConfig(tasks_per_step=3, output_dir=str(tmp_path)), policy=make_char_policy(), make_env=SayAEnv)

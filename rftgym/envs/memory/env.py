@@ -1,0 +1,594 @@
+"""MemoryQA: long-horizon multi-objective QA under a context budget, with memory as an action
+(after Memory-as-Action / MemAct).
+
+Observation
+    A :class:`~rftgym.core.messages.Context` the env owns and may edit: an optional system
+    message (the protocol and the budget), then the task message listing the objectives::
+
+        Task: answer all 3 questions below.
+        1. What is the currency of the country of the birthplace of Alda Mertz?
+        2. …
+
+    After each turn the env (a) deletes the messages that this turn's valid prunes named, then
+    (b) appends, in this order: the assistant's turn; one message per tool call, in the order of
+    the tags (a search batch for each ``<search>``, a memory note for each ``<prune>`` that has a
+    note); and, only when the turn had problems or notes (an answer recorded, a prune without a
+    note, a refused prune, a tool-call limit) or the context reached 3/4 of its budget, one status
+    message ``[env] …`` (those, then "Context: N of B tokens" counted WITHOUT the status message,
+    turns and tool calls left, questions answered). So the observation after a prune is exactly:
+    the previous observation minus the pruned messages, plus the new messages above.
+    Assistant turns, the task, the system message and status messages are never deleted.
+    Message formats and the prune rule are in :mod:`.context_ops`.
+
+Action
+    The text of one assistant turn, with these tags (reasoning may go in ``<think>…</think>``;
+    tool tags inside ``<think>`` are not run):
+
+    ``<search>query</search>``
+        Runs the query (top ``top_k`` documents). Results come back as one message; each hit has a
+        short id unique in the episode: ``[r12] Title: text`` (text cut to ``max_doc_chars``).
+    ``<prune ids="r12,r13,m2">note</prune>``
+        Deletes the WHOLE message holding each named id (naming one hit of a batch deletes the
+        batch) and, if the note is not empty, adds ``[memory m<n>] note`` (cut to
+        ``max_note_chars``) at the end of this turn's messages. Memory notes can be pruned too.
+        Only ids shown in the observation this turn answered count. A prune whose ``ids`` is
+        missing or empty, or names anything else (unknown or already pruned ids, the task, an
+        objective number, a message id) deletes nothing, keeps no note, and is reported in the
+        status message and ``info["prune_error"]``. With ``allow_prune=False`` (the no-memory
+        baseline) the system prompt does not mention pruning and every prune is refused so.
+    ``<answer id="K">text</answer>``
+        Answers objective K (1-based; ``id`` may be left out when the task has one objective).
+        Objectives may be answered in any turns; an objective's first answer is final (a repeat is
+        reported and ignored). Answers are not tool calls.
+
+    Every non-empty search and every prune (valid or not, except when refused for being turned
+    off) is a tool call; beyond ``max_tool_calls`` a call is not run and the status message says
+    so. Baselines (no memory, heuristic pruning) are in :mod:`rftgym.agents.memory_baselines`.
+
+Reward
+    On the turn that ends the episode: the score of the answers given, ``fraction`` (default:
+    share of objectives answered correctly) or ``all_or_nothing`` (1 only if all are correct).
+    An answer is correct when its exact match is 1 (``answer_metric="em"``) or its token F1
+    against the gold answers is at least ``f1_threshold`` (``"f1"``, default), scored with
+    :mod:`rftgym.envs.search.scoring`. On every turn whose returned observation exceeds
+    ``max_context_tokens``, ``overflow_penalty`` is subtracted. Rewards lie in
+    [-overflow_penalty, 1] per turn.
+
+Episode end
+    ``terminated`` once every objective has an answer. ``truncated`` after ``max_turns`` turns,
+    or, with ``on_context_overflow="truncate"`` (default), on the first turn whose observation
+    exceeds the context budget (with ``"penalize"`` the episode goes on and the status message
+    warns). Answers given before truncation still score.
+
+Context tokens
+    ``count_tokens(context) -> int`` when given (e.g. :func:`.budget.policy_token_counter` for
+    the policy's exact prompt length), else :func:`.budget.estimate_tokens` (4 tokens per message
+    plus one per 4 characters). ``max_context_tokens=None`` turns the budget off. The budget is
+    checked on each observation as it is made; ``context_tokens`` is measured again when the next
+    turn begins. With the policy's counter, sampled assistant turns are counted by their text (the
+    exact sampled spans live with the rollout engine), so the count can differ from the prompt the
+    policy was fed by the few tokens of a non-canonical spelling.
+
+Info keys
+    ``task_id``, ``objectives`` (count), ``hops`` (per objective), ``turn``,
+    ``context_tokens`` (tokens of the context this turn answered; 0 at reset),
+    ``observation_tokens`` (tokens of the returned observation), ``peak_context_tokens`` (max of
+    ``context_tokens`` so far), ``total_tokens`` (sum of ``context_tokens`` over the turns: the
+    tokens processed), ``context_budget``, ``over_budget`` (the returned observation exceeds it),
+    ``overflows`` (turns over budget so far), ``searches``, ``tool_calls``, ``queries`` and
+    ``result_ids`` (this turn's), ``prunes`` (valid prunes so far), ``pruned`` (this turn's valid
+    prunes: ``named`` ids, ``removed_ids`` (every id that left the context), ``message_ids``,
+    ``note_id``, ``note``), ``pruned_ids`` (every id pruned this episode), ``memory_notes``
+    (notes in the context now), ``prune_error`` (None or what was wrong), ``format_error``
+    (None or this turn's problems: tag problems, refused prunes and
+    answers), ``answers`` ({"1": text, …}), ``answered``, ``correct``
+    (counts), ``score``, ``success`` (all objectives correct), and ``expected``
+    ({"1": [gold, …], …}) once the episode has ended.
+
+Options to ``reset``
+    ``objectives`` and ``hops`` override the generator's draw; with a dataset,
+    ``question_indices`` picks the questions of the task.
+
+Data
+    With no files, tasks come from the search env's seeded world (``world_seed``, ``world_size``;
+    ``objectives`` and ``hops`` are the difficulty). ``dataset_path`` (HotpotQA JSON) composes
+    tasks of ``objectives`` questions; the corpus is its paragraphs plus the distractor corpus
+    ``corpus_path`` (first ``max_distractors`` documents). ``retriever`` is ``bm25``, ``dense`` or
+    any :class:`~rftgym.envs.search.retrievers.Retriever` object.
+
+Version history
+    v0: first version.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from ...core.errors import ConfigError
+from ...core.messages import Context, Message, MessageIds
+from ...core.spaces import AssistantText, ContextSpace
+from ...core.tags import parse_tags
+from ..search.retrievers import Retriever, make_retriever
+from ..search.scoring import best_score
+from ..search.world import MAX_HOPS, World
+from . import context_ops
+from .budget import estimate_tokens
+from .tasks import MemoryTask, build_corpus, compose_task, draw_indices, generate_task, load_question_pool
+
+PROMPT_WITH_MEMORY = (
+    "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
+    "has an id such as [r3]. Your context holds at most about {budget} tokens, so delete results you no longer "
+    "need with <prune ids=\"r3,r4\">a short note of the facts to keep</prune>: the messages holding those ids "
+    "are removed and the note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
+    "</answer>; you may answer the questions one at a time. The task ends when all are answered."
+)
+PROMPT_WITHOUT_MEMORY = (
+    "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
+    "has an id such as [r3]. Your context holds at most about {budget} tokens. Answer question N with "
+    "<answer id=\"N\">short answer</answer>; you may answer the questions one at a time. The task ends when "
+    "all are answered."
+)
+AUTO = "auto"
+MAX_QUERY_CHARS = 300
+MAX_REPORTED_PROBLEMS = 3
+WARN_FRACTION = 0.75  # a status message reports the context size from this share of the budget on
+RETRIEVER_NAMES = ("bm25", "dense")
+
+
+@dataclass(frozen=True)
+class MemoryQAConfig:
+    objectives: tuple[int, ...] = (2, 3)
+    hops: tuple[int, ...] = (2, 3)
+    world_seed: int = 0
+    world_size: int = 60
+    dataset_path: str | None = None
+    corpus_path: str | None = None
+    max_distractors: int | None = None
+    retriever: Any = "bm25"  # a name in RETRIEVER_NAMES or a Retriever object
+    top_k: int = 5
+    max_doc_chars: int = 300
+    max_context_tokens: int | None = 1024
+    count_tokens: Callable[[Context], int] | None = None
+    on_context_overflow: str = "truncate"  # or "penalize"
+    overflow_penalty: float = 0.1
+    max_turns: int = 24
+    max_tool_calls: int = 24
+    allow_prune: bool = True
+    max_note_chars: int = 500
+    answer_metric: str = "f1"  # or "em"
+    f1_threshold: float = 0.8
+    reward_mode: str = "fraction"  # or "all_or_nothing"
+    system_prompt: str | None = AUTO  # AUTO: the default prompt for allow_prune; None: no system message
+    max_action_chars: int = 32_000
+    tags: tuple[str, ...] = field(default=("search", "prune", "answer", "think"), init=False)
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("objectives", 1, 20), ("hops", 1, MAX_HOPS)):
+            raw = getattr(self, name)
+            values = (raw,) if isinstance(raw, (int, str)) else raw
+            try:
+                values = tuple(int(v) for v in values)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{name} must be a list of ints in [{low}, {high}], got {raw!r}") from exc
+            if not values or not all(low <= v <= high for v in values):
+                raise ConfigError(f"{name} must be a non-empty list of ints in [{low}, {high}], got {raw!r}")
+            object.__setattr__(self, name, values)
+        for name, low in (("world_seed", 0), ("world_size", 2), ("top_k", 1), ("max_doc_chars", 20),
+                          ("max_turns", 1), ("max_tool_calls", 0), ("max_note_chars", 1), ("max_action_chars", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
+        for name in ("max_context_tokens", "max_distractors"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
+        for name in ("dataset_path", "corpus_path"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+        if self.corpus_path is not None and self.dataset_path is None:
+            raise ConfigError("corpus_path (distractors) needs dataset_path (the questions); "
+                              "without both, the generated world is used")
+        if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
+            raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
+        if self.count_tokens is not None and not callable(self.count_tokens):
+            raise ConfigError("count_tokens must be a function context -> int (e.g. budget.policy_token_counter(policy))")
+        if self.on_context_overflow not in ("truncate", "penalize"):
+            raise ConfigError(f"on_context_overflow must be 'truncate' or 'penalize', got {self.on_context_overflow!r}")
+        for name, high in (("overflow_penalty", None), ("f1_threshold", 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                    or (high is not None and value > high):
+                raise ConfigError(f"{name} must be a number in [0, {high or 'inf'}], got {value!r}")
+        if not isinstance(self.allow_prune, bool):
+            raise ConfigError(f"allow_prune must be true or false, got {self.allow_prune!r}")
+        if self.answer_metric not in ("f1", "em"):
+            raise ConfigError(f"answer_metric must be 'f1' or 'em', got {self.answer_metric!r}")
+        if self.reward_mode not in ("fraction", "all_or_nothing"):
+            raise ConfigError(f"reward_mode must be 'fraction' or 'all_or_nothing', got {self.reward_mode!r}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"system_prompt must be a string, 'auto' or None, got {type(self.system_prompt).__name__}")
+
+    def prompt(self) -> str | None:
+        if self.system_prompt != AUTO:
+            return self.system_prompt
+        template = PROMPT_WITH_MEMORY if self.allow_prune else PROMPT_WITHOUT_MEMORY
+        budget = self.max_context_tokens if self.max_context_tokens is not None else "unlimited"
+        return template.format(budget=budget)
+
+
+@dataclass
+class _Turn:
+    """What one turn did, collected while its tags are applied."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    new_messages: list[Message] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # message ids
+    queries: list[str] = field(default_factory=list)
+    result_ids: list[str] = field(default_factory=list)
+    pruned: list[dict[str, Any]] = field(default_factory=list)
+    prune_errors: list[str] = field(default_factory=list)
+
+
+class MemoryQAEnv(gym.Env[Context, str]):
+    """Several questions in one episode; evidence overflows the context unless the agent prunes."""
+
+    metadata = {
+        "render_modes": ["ansi", "human"],
+        "render_fps": 4,
+        # Columns `rftgym eval` adds for this env: (column, info key, reducer in rollout.metrics).
+        "eval_metrics": (("ctx_tok_mean", "context_tokens", "turn_mean"),
+                         ("ctx_tok_max", "context_tokens", "turn_max"),
+                         ("total_tok/ep", "total_tokens", "final_mean"),
+                         ("prunes/ep", "prunes", "final_mean"),
+                         ("correct/ep", "correct", "final_mean"),
+                         ("overflow_rate", "overflows", "final_rate")),
+    }
+
+    def __init__(self, render_mode: str | None = None, **config: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        given = config.pop("config", None)
+        if given is not None and not isinstance(given, MemoryQAConfig):
+            raise ConfigError(f"config must be a MemoryQAConfig, got {type(given).__name__}; "
+                              "or pass its fields as keywords")
+        if given is not None and config:
+            raise ConfigError(f"pass either config=MemoryQAConfig(...) or its fields as keywords, not both "
+                              f"(got config= and {', '.join(sorted(config))})")
+        self.config = cfg = given or MemoryQAConfig(**config)
+        self.render_mode = render_mode
+        self.count_tokens = cfg.count_tokens or estimate_tokens
+        self.world: World | None = None
+        self.pool = None
+        if cfg.dataset_path is None:
+            self.world = World(cfg.world_seed, cfg.world_size)
+            documents = self.world.documents
+        else:
+            self.pool = load_question_pool(cfg.dataset_path)
+            if max(cfg.objectives) > len(self.pool):
+                raise ConfigError(f"objectives={list(cfg.objectives)} but {cfg.dataset_path} has {len(self.pool)} "
+                                  "answerable questions")
+            documents = build_corpus(cfg.dataset_path, cfg.corpus_path, cfg.max_distractors)
+        if isinstance(cfg.retriever, Retriever):
+            self.retriever, self._owns_retriever = cfg.retriever, False  # the caller closes it
+        else:
+            self.retriever, self._owns_retriever = make_retriever(cfg.retriever, documents), True
+        longest_title = max(len(d.title) for d in documents)
+        longest_task = 100 + max(cfg.objectives) * (2_000 if self.pool is not None else 300)
+        self.observation_space = ContextSpace(
+            max_messages=max(512, 2 + 2 * cfg.max_turns + cfg.max_tool_calls),
+            max_message_chars=max(200_000, cfg.max_action_chars, len(cfg.prompt() or ""), longest_task,
+                                  MAX_QUERY_CHARS + 100 + cfg.top_k * (longest_title + cfg.max_doc_chars + 24)),
+            roles=("system", "user", "assistant"),
+        )
+        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.task: MemoryTask | None = None
+        self._context = Context()
+        self._ids: MessageIds | None = None
+        self._done = False
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.task = self._draw_task(dict(options or {}))
+        self._ids = MessageIds.from_rng(self.np_random)
+        messages = []
+        prompt = self.config.prompt()
+        if prompt:
+            messages.append(self._ids.message("system", prompt))
+        messages.append(self._ids.message("user", self.task.prompt()))
+        self._context = Context(tuple(messages))
+        self._task_message_ids = tuple(m.id for m in messages)
+        self._prunable: dict[str, str] = {}  # result / memory id -> id of the message holding it
+        self._next_result = self._next_memory = 1
+        self._turn = self._searches = self._tool_calls = self._prunes = self._overflows = 0
+        self._total_tokens = self._peak_tokens = 0
+        self._pruned_ids: list[str] = []
+        self._answers: dict[int, str] = {}
+        self._correct: dict[int, bool] = {}
+        self._done = False
+        self._observation_tokens = self.count_tokens(self._context)
+        if self.render_mode == "human":
+            self.render()
+        return self._context, self._info(_Turn(), context_tokens=0)
+
+    def step(self, action: str):
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        self._turn += 1
+        # Measured again now rather than reusing the last step's count, so that a counter whose
+        # result changes once the agent has seen its reply (a cache, a binding) is honoured.
+        context_tokens = self.count_tokens(self._context)
+        self._total_tokens += context_tokens
+        self._peak_tokens = max(self._peak_tokens, context_tokens)
+        action = action[: self.config.max_action_chars]
+        assistant = self._ids.message("assistant", action)
+        turn = self._play(action)
+
+        terminated = len(self._answers) == len(self.task.objectives)
+        context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)
+        before_status = self.count_tokens(context)
+        budget = self.config.max_context_tokens
+        near_budget = budget is not None and before_status >= WARN_FRACTION * budget
+        if turn.notes or turn.problems or near_budget:
+            # The status states the count without itself; the budget checks the whole observation.
+            context = context.appended(self._ids.message("user", self._status(turn, before_status, terminated)))
+        observation_tokens = self.count_tokens(context)
+        over_budget = budget is not None and observation_tokens > budget
+        reward = 0.0
+        if over_budget:
+            self._overflows += 1
+            reward -= float(self.config.overflow_penalty)
+        truncated = not terminated and (
+            self._turn >= self.config.max_turns
+            or (over_budget and self.config.on_context_overflow == "truncate"))
+        if terminated or truncated:
+            reward += self._score()
+        self._context = context
+        self._observation_tokens = observation_tokens
+        self._done = terminated or truncated
+        info = self._info(turn, context_tokens=context_tokens, over_budget=over_budget)
+        if self.render_mode == "human":
+            self.render()
+        return self._context, float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        text = "\n".join(f"[{m.role}] {m.content}" for m in self._context)
+        if self.render_mode == "ansi":
+            return text
+        if self.render_mode == "human":
+            print(text)
+        return None
+
+    def close(self) -> None:
+        if self._owns_retriever and self.retriever is not None:
+            self.retriever.close()
+        self._context = Context()
+
+    # ------------------------------------------------------------------ the protocol
+
+    def _play(self, action: str) -> _Turn:
+        turn = _Turn()
+        parsed = parse_tags(action, self.config.tags)
+        turn.problems.extend(dict.fromkeys(parsed.problems))
+        visible = dict(self._prunable)  # what the observation showed: prunes can name only these
+        for tag in parsed.tags:
+            if tag.name == "think" or not tag.closed:
+                continue  # unclosed tags are already reported by the parser and never run
+            if tag.parent == "think":
+                turn.problems.append(f"a <{tag.name}> inside <think> was not run")
+            elif tag.name == "search":
+                self._search(tag.text, turn)
+            elif tag.name == "prune":
+                self._prune(tag, visible, turn)
+            else:
+                self._answer(tag, turn)
+        return turn
+
+    def _take_tool_call(self, kind: str, turn: _Turn) -> bool:
+        if self._tool_calls >= self.config.max_tool_calls:
+            turn.notes.append(f"Tool call limit reached ({self.config.max_tool_calls}); a {kind} was not run. "
+                              "Answer the remaining questions.")
+            return False
+        self._tool_calls += 1
+        return True
+
+    def _search(self, query: str, turn: _Turn) -> None:
+        if not query:
+            turn.problems.append("an empty <search> was not run")
+            return
+        if not self._take_tool_call("search", turn):
+            return
+        query = query[:MAX_QUERY_CHARS]
+        hits = self.retriever.search([query], self.config.top_k)[0]
+        ids = [f"r{self._next_result + i}" for i in range(max(1, len(hits)))]
+        self._next_result += len(ids)
+        message = self._ids.message("user", context_ops.format_results(query, hits, ids, self.config.max_doc_chars))
+        self._searches += 1
+        for rid in ids:
+            self._prunable[rid] = message.id
+        turn.new_messages.append(message)
+        turn.queries.append(query)
+        turn.result_ids.extend(ids)
+
+    def _prune(self, tag, visible: dict[str, str], turn: _Turn) -> None:
+        if not self.config.allow_prune:
+            self._prune_error("pruning is turned off in this environment; the <prune> was ignored", turn)
+            return
+        if not self._take_tool_call("prune", turn):
+            return
+        named = context_ops.parse_prune_ids(tag.attr("ids"))
+        # Ids already pruned earlier in this turn are no longer there to prune.
+        still_visible = {k: v for k, v in visible.items() if k in self._prunable}
+        check = context_ops.check_prune(named, still_visible, self._protected())
+        if check.error is not None:
+            self._prune_error(check.error, turn)
+            return
+        doomed = set(check.message_ids)
+        removed = [k for k, v in self._prunable.items() if v in doomed]
+        for key in removed:
+            del self._prunable[key]
+        turn.deleted.extend(check.message_ids)
+        self._pruned_ids.extend(removed)
+        self._prunes += 1
+        note = tag.text[: self.config.max_note_chars]
+        note_id = None
+        if note:
+            note_id = f"m{self._next_memory}"
+            self._next_memory += 1
+            message = self._ids.message("user", context_ops.format_memory(note_id, note))
+            self._prunable[note_id] = message.id
+            turn.new_messages.append(message)
+        turn.pruned.append({"named": named, "removed_ids": removed, "message_ids": list(check.message_ids),
+                            "note_id": note_id, "note": note or None})
+        if note_id is None:  # a note is its own confirmation
+            turn.notes.append(f"Pruned {', '.join(removed)}; no note was kept.")
+
+    def _prune_error(self, error: str, turn: _Turn) -> None:
+        turn.prune_errors.append(error)
+        turn.problems.append(f"prune refused: {error}")
+
+    def _protected(self) -> dict[str, str]:
+        protected = {"task": "the task", "question": "the task", "system": "the system message"}
+        for k in range(1, len(self.task.objectives) + 1):
+            protected[str(k)] = protected[f"q{k}"] = f"objective {k} of the task"
+        for message in self._context:
+            what = "the task" if message.id in self._task_message_ids else f"a {message.role} message"
+            protected[message.id.lower()] = what
+        return protected
+
+    def _answer(self, tag, turn: _Turn) -> None:
+        k = self._objective_number(tag.attr("id"))
+        count = len(self.task.objectives)
+        if k is None:
+            turn.problems.append(f'an <answer> needs id="N" with N from 1 to {count}; it was not recorded')
+        elif not tag.text:
+            turn.problems.append(f"the answer to objective {k} is empty; it was not recorded")
+        elif k in self._answers:
+            turn.problems.append(f"objective {k} was already answered; the first answer stands")
+        else:
+            self._answers[k] = tag.text
+            golds = self.task.objectives[k - 1].answers
+            if self.config.answer_metric == "em":
+                self._correct[k] = best_score("em", tag.text, golds) == 1.0
+            else:
+                self._correct[k] = best_score("f1", tag.text, golds) >= self.config.f1_threshold
+            turn.notes.append(f"Answer to question {k} recorded.")
+
+    def _objective_number(self, raw: str | None) -> int | None:
+        count = len(self.task.objectives)
+        if raw is None or not raw.strip():
+            return 1 if count == 1 else None
+        text = raw.strip().lower().lstrip("q#")
+        if text.isdigit() and 1 <= int(text) <= count:
+            return int(text)
+        return None
+
+    def _score(self) -> float:
+        correct = sum(self._correct.values())
+        count = len(self.task.objectives)
+        if self.config.reward_mode == "all_or_nothing":
+            return float(correct == count)
+        return correct / count
+
+    def _status(self, turn: _Turn, tokens: int, terminated: bool) -> str:
+        lines = list(dict.fromkeys(turn.notes))
+        if turn.problems:
+            distinct = list(dict.fromkeys(turn.problems))
+            text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
+            if len(distinct) > MAX_REPORTED_PROBLEMS:
+                text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
+            lines.append(f"Problems: {text}.")
+        budget = self.config.max_context_tokens
+        count = len(self.task.objectives)
+        lines.append(f"Context: {tokens} of {budget if budget is not None else 'unlimited'} tokens. "
+                     f"Turn {self._turn} of {self.config.max_turns}; "
+                     f"{self.config.max_tool_calls - self._tool_calls} tool calls left. "
+                     f"Answered {len(self._answers)} of {count} questions.")
+        if terminated:
+            lines.append("All questions are answered; the task is over.")
+        elif budget is not None and tokens > budget:
+            lines.append("The context is over its budget: prune results you no longer need."
+                         if self.config.allow_prune else "The context is over its budget.")
+        return "[env] " + "\n".join(lines)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _draw_task(self, options: dict[str, Any]) -> MemoryTask:
+        if self.pool is not None:
+            indices = options.get("question_indices")
+            if indices is None:
+                objectives = self._option_int(options, "objectives", self.config.objectives, 1, 20)
+                indices = draw_indices(self.np_random, len(self.pool), objectives)
+            return compose_task(self.pool, indices)
+        objectives = self._option_int(options, "objectives", self.config.objectives, 1, 20)
+        hops = options.get("hops")
+        if hops is None:
+            hops = self.config.hops
+        hops = (hops,) if isinstance(hops, numbers.Integral) and not isinstance(hops, bool) else tuple(hops)
+        if not hops or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool) and 1 <= h <= MAX_HOPS
+                               for h in hops):
+            raise ValueError(f"hops must be an int (or ints) in [1, {MAX_HOPS}], got {options.get('hops')!r}")
+        return generate_task(self.world, self.np_random, objectives, hops)
+
+    def _option_int(self, options, name, choices, low, high) -> int:
+        value = options.get(name)
+        if value is None:
+            return int(choices[int(self.np_random.integers(len(choices)))])
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+        return int(value)
+
+    def _info(self, turn: _Turn, *, context_tokens: int, over_budget: bool = False) -> dict[str, Any]:
+        info = {
+            "task_id": self.task.id,
+            "objectives": len(self.task.objectives),
+            "hops": list(self.task.hops),
+            "turn": self._turn,
+            "context_tokens": int(context_tokens),
+            "observation_tokens": int(self._observation_tokens),
+            "peak_context_tokens": int(self._peak_tokens),
+            "total_tokens": int(self._total_tokens),
+            "context_budget": self.config.max_context_tokens,
+            "over_budget": bool(over_budget),
+            "overflows": self._overflows,
+            "searches": self._searches,
+            "tool_calls": self._tool_calls,
+            "queries": list(turn.queries),
+            "result_ids": list(turn.result_ids),
+            "prunes": self._prunes,
+            "pruned": [dict(p) for p in turn.pruned],
+            "pruned_ids": list(self._pruned_ids),
+            "memory_notes": sum(1 for key in self._prunable if key.startswith("m")),
+            "prune_error": "; ".join(turn.prune_errors) or None,
+            "format_error": _summarize(turn.problems),
+            "answers": {str(k): v for k, v in sorted(self._answers.items())},
+            "answered": len(self._answers),
+            "correct": sum(self._correct.values()),
+            "score": self._score(),
+            "success": len(self._correct) == len(self.task.objectives) and all(self._correct.values()),
+        }
+        if self._done:
+            info["expected"] = {str(k): list(q.answers) for k, q in enumerate(self.task.objectives, start=1)}
+        return info
+
+
+def _summarize(problems: list[str]) -> str | None:
+    distinct = list(dict.fromkeys(problems))
+    if not distinct:
+        return None
+    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
+    if len(distinct) > MAX_REPORTED_PROBLEMS:
+        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
+    return text

@@ -1,0 +1,297 @@
+"""rftgym/MemoryQA-v0: prunes edit the context exactly as documented, bad prunes are observations,
+budgets, rewards, datasets and fuzzing with arbitrary assistant text."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rftgym  # noqa: F401  (registers the envs)
+from rftgym.agents.memory_baselines import WorldOracleAgent
+from rftgym.core.errors import ConfigError
+from rftgym.envs.memory import env as env_module
+from rftgym.envs.memory.budget import estimate_tokens
+from rftgym.envs.memory.env import MemoryQAEnv
+
+ENV_ID = "rftgym/MemoryQA-v0"
+QA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "qa"
+needs_qa_data = pytest.mark.skipif(
+    not (QA_DIR / "hotpotqa_100.json").is_file() or not (QA_DIR / "2wiki_corpus_6119.json").is_file(),
+    reason=f"the shared QA data is not at {QA_DIR}")
+INFO_KEYS = {"task_id", "objectives", "hops", "turn", "context_tokens", "observation_tokens", "peak_context_tokens",
+             "total_tokens", "context_budget", "over_budget", "overflows", "searches", "tool_calls", "queries",
+             "result_ids", "prunes", "pruned", "pruned_ids", "memory_notes", "prune_error", "format_error", "answers",
+             "answered", "correct", "score", "success"}
+
+
+def small_env(**kwargs):
+    kwargs.setdefault("world_size", 30)
+    return MemoryQAEnv(**kwargs)
+
+
+def two_searches(env):
+    """Reset, then two searches in two turns; return the observation and the two batches' ids."""
+    env.reset(seed=0, options={"objectives": 2, "hops": 2})
+    q = env.task.objectives[0]
+    env.step(f"<search>{q.gold_titles[0]}</search>")
+    obs, _, _, _, info = env.step(f"<search>{q.gold_titles[1]}</search>")
+    first = [m for m in obs if m.content.startswith("[search results")][0]
+    return obs, re.findall(r"^\[(r\d+)\]", first.content, re.M), info
+
+
+def test_check_env_passes():
+    for kwargs in ({}, {"allow_prune": False, "on_context_overflow": "penalize", "reward_mode": "all_or_nothing"}):
+        env = gym.make(ENV_ID, world_size=30, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped)
+        assert [str(w.message) for w in caught] == []
+
+
+def test_info_keys_match_the_docstring():
+    env = small_env()
+    _, info = env.reset(seed=1)
+    assert set(info) == INFO_KEYS
+    documented = set(re.findall(r"``(\w+)``", env_module.__doc__.split("Info keys")[1].split("Options to")[0]))
+    assert INFO_KEYS | {"expected"} <= documented
+    *_, info = env.step("<answer id='1'>x</answer>" + "".join(f"<answer id='{k}'>x</answer>" for k in range(2, 9)))
+    assert set(info) == INFO_KEYS | {"expected"}
+
+
+def test_results_carry_unique_ids_and_each_batch_is_one_message():
+    env = small_env()
+    obs, batch_ids, info = two_searches(env)
+    batches = [m for m in obs if m.content.startswith("[search results for: ")]
+    assert len(batches) == 2
+    all_ids = [rid for m in batches for rid in re.findall(r"^\[(r\d+)\]", m.content, re.M)]
+    assert len(all_ids) == len(set(all_ids)) and batch_ids == all_ids[: len(batch_ids)]
+    assert info["result_ids"] == all_ids[len(batch_ids):] and info["searches"] == info["tool_calls"] == 2
+
+
+def test_context_after_a_prune_is_exactly_the_documented_edit():
+    env = small_env()
+    obs, batch_ids, _ = two_searches(env)
+    batch = next(m for m in obs if f"[{batch_ids[0]}]" in m.content)
+    # Naming ONE id of a batch deletes the whole batch message; the note is appended after the turn.
+    action = f'<think>old</think><prune ids="{batch_ids[-1]}">Alda was born in Veloria</prune>'
+    new, reward, terminated, truncated, info = env.step(action)
+    expected_prefix = [m for m in obs if m.id != batch.id]
+    assert list(new.messages[: len(expected_prefix)]) == expected_prefix
+    tail = new.messages[len(expected_prefix):]
+    assert [m.role for m in tail[:2]] == ["assistant", "user"]
+    assert tail[0].content == action
+    assert tail[1].content == "[memory m1] Alda was born in Veloria"
+    assert len(tail) == 2 or tail[2].content.startswith("[env] ")  # a status only near the budget
+    assert not terminated and not truncated and reward == 0.0
+    assert info["prunes"] == 1 and info["memory_notes"] == 1 and info["prune_error"] is None
+    assert info["pruned"] == [{"named": [batch_ids[-1]], "removed_ids": batch_ids, "message_ids": [batch.id],
+                               "note_id": "m1", "note": "Alda was born in Veloria"}]
+    assert info["pruned_ids"] == batch_ids
+    # The note is prunable too; a prune without a note keeps no memory message and says so.
+    new2, *_, info2 = env.step('<prune ids="M1"></prune>')
+    assert all(not m.content.startswith("[memory") for m in new2)
+    assert "no note was kept" in new2[-1].content and info2["memory_notes"] == 0 and info2["prunes"] == 2
+
+
+@pytest.mark.parametrize("make_action, message", [
+    (lambda ids, task_id: '<prune ids="r99">x</prune>', "not a search result or memory id"),
+    (lambda ids, task_id: '<prune ids="task">x</prune>', "'task' is the task"),
+    (lambda ids, task_id: f'<prune ids="{task_id}">x</prune>', "is the task"),
+    (lambda ids, task_id: '<prune ids="2">x</prune>', "objective 2 of the task"),
+    (lambda ids, task_id: f'<prune ids="{ids[0]},r99">x</prune>', "nothing was pruned"),
+    (lambda ids, task_id: '<prune ids="">x</prune>', "needs ids="),
+    (lambda ids, task_id: '<prune>x</prune>', "needs ids="),
+    (lambda ids, task_id: '<prune ids=" , ">x</prune>', "needs ids="),
+])
+def test_bad_prunes_change_nothing_and_say_why(make_action, message):
+    env = small_env()
+    obs, ids, _ = two_searches(env)
+    task_id = obs[1].id
+    action = make_action(ids, task_id)
+    new, reward, terminated, truncated, info = env.step(action)
+    assert list(new.messages[: len(obs)]) == list(obs.messages)  # nothing deleted
+    assert [m.role for m in new.messages[len(obs):]] == ["assistant", "user"]
+    assert message in new[-1].content and message in info["prune_error"]
+    assert info["prunes"] == 0 and info["pruned"] == [] and info["memory_notes"] == 0
+
+
+def test_unclosed_prune_and_prune_inside_think_are_not_run():
+    env = small_env()
+    obs, ids, _ = two_searches(env)
+    for action in (f'<prune ids="{ids[0]}">note', f'<think><prune ids="{ids[0]}">n</prune></think>'):
+        new, *_, info = env.step(action)
+        assert set(obs.ids) <= set(new.ids) and info["prunes"] == 0 and info["format_error"]
+        obs = new
+
+
+def test_a_prune_cannot_name_a_result_of_the_same_turn_or_one_already_pruned():
+    env = small_env()
+    obs, ids, _ = two_searches(env)
+    *_, info = env.step(f'<search>Veloria</search><prune ids="r{int(ids[-1][1:]) + 100}">x</prune>')
+    assert info["prune_error"]
+    new_ids = info["result_ids"]
+    *_, info = env.step(f'<search>zzz</search><prune ids="{new_ids[0]}">a</prune><prune ids="{new_ids[0]}">b</prune>')
+    assert info["prunes"] == 1 and "already pruned" in info["prune_error"]
+
+
+def test_no_memory_configuration_hides_and_refuses_prune():
+    env = small_env(allow_prune=False)
+    obs, ids, _ = two_searches(env)
+    assert "prune" not in obs[0].content
+    new, *_, info = env.step(f'<prune ids="{ids[0]}">x</prune>')
+    assert set(obs.ids) <= set(new.ids) and "turned off" in info["prune_error"] and info["tool_calls"] == 2
+
+
+def test_rewards_fraction_all_or_nothing_and_answer_rules():
+    env = small_env()
+    env.reset(seed=3, options={"objectives": 3, "hops": 1})
+    golds = [q.answers[0] for q in env.task.objectives]
+    _, reward, terminated, _, info = env.step(f'<answer id="1">{golds[0]}</answer><answer>{golds[1]}</answer>'
+                                              f'<answer id="1">wrong</answer>')
+    assert not terminated and reward == 0.0 and info["answers"] == {"1": golds[0]} and info["answered"] == 1
+    assert "needs id=" in info["format_error"] and "already answered" in info["format_error"]
+    _, reward, terminated, _, info = env.step(f'<answer id="q2">{golds[1]} extra words here</answer>'
+                                              f'<answer id="3">{golds[2]}</answer>')
+    # F1 of "gold + 3 words" is below 0.8: objective 2 is wrong.
+    assert terminated and reward == pytest.approx(2 / 3) and info["correct"] == 2 and not info["success"]
+    assert info["expected"] == {str(k): [g] for k, g in enumerate(golds, start=1)}
+
+    env = small_env(reward_mode="all_or_nothing", answer_metric="em")
+    env.reset(seed=3, options={"objectives": 2, "hops": 1})
+    golds = [q.answers[0] for q in env.task.objectives]
+    *_, info = env.step(f'<answer id="1">{golds[0]}.</answer>')
+    _, reward, terminated, _, info = env.step(f'<answer id="2">The {golds[1]}</answer>')
+    assert terminated and reward == 1.0 and info["success"]
+    env.reset(seed=3, options={"objectives": 1, "hops": 1})
+    _, reward, terminated, *_ = env.step("<answer>nope</answer>")  # one objective: the id may be left out
+    assert terminated and reward == 0.0
+
+
+def oracle_run(env, seed, objectives=3, hops=3):
+    context, _ = env.reset(seed=seed, options={"objectives": objectives, "hops": hops})
+    agent = WorldOracleAgent(env.world)
+    steps = []
+    while True:
+        steps.append(env.step(agent.reply(context)))
+        context = steps[-1][0]
+        if steps[-1][2] or steps[-1][3]:
+            return steps
+
+
+def test_context_budget_truncates_and_penalizes():
+    env = small_env(max_context_tokens=600, overflow_penalty=0.25)
+    steps = oracle_run(env, seed=0)
+    obs, reward, terminated, truncated, info = steps[-1]
+    assert truncated and not terminated and info["over_budget"] and info["overflows"] == 1
+    assert info["observation_tokens"] > 600 == info["context_budget"]
+    assert estimate_tokens(obs) == info["observation_tokens"]
+    assert reward == pytest.approx(info["score"] - 0.25)
+    assert all(s[4]["observation_tokens"] <= 600 for s in steps[:-1])
+
+    env = small_env(max_context_tokens=600, overflow_penalty=0.25, on_context_overflow="penalize")
+    steps = oracle_run(env, seed=0)
+    rewards = [s[1] for s in steps]
+    overflowing = [s for s in steps if s[4]["over_budget"]]
+    assert steps[-1][2] and len(overflowing) == steps[-1][4]["overflows"] >= 2
+    assert all(s[1] == -0.25 for s in overflowing[:-1]) and sum(rewards) == pytest.approx(
+        steps[-1][4]["score"] - 0.25 * len(overflowing))
+    assert "over its budget" in overflowing[0][0][-1].content
+
+
+def test_tokens_are_counted_with_the_given_counter_and_summed():
+    env = small_env(count_tokens=lambda context: 10 * len(context), max_context_tokens=None)
+    obs, _ = env.reset(seed=0, options={"objectives": 2, "hops": 2})
+    seen, total = [], 0
+    steps = oracle_run(env, seed=0, objectives=2, hops=2)
+    context, _ = env.reset(seed=0, options={"objectives": 2, "hops": 2})
+    for _, _, _, _, info in steps:
+        seen.append(info["context_tokens"])
+    assert seen[0] == 10 * len(obs) and steps[-1][4]["total_tokens"] == sum(seen)
+    assert steps[-1][4]["peak_context_tokens"] == max(seen)
+    assert steps[-1][2] and steps[-1][4]["success"]
+
+
+def test_turn_and_tool_call_budgets():
+    env = small_env(max_turns=2)
+    env.reset(seed=0)
+    assert not env.step("hello")[3]
+    assert env.step("hello")[3]
+    env = small_env(max_tool_calls=1)
+    env.reset(seed=0)
+    *_, info = env.step("<search>a</search><search>b</search>")
+    assert info["searches"] == 1 and "Tool call limit reached (1)" in env._context[-1].content
+
+
+def test_seeding_and_ids_are_deterministic():
+    a, b = small_env(), small_env()
+    assert a.reset(seed=5)[0] == b.reset(seed=5)[0]
+    assert a.step("<search>x</search>")[0] == b.step("<search>x</search>")[0]
+    assert a.reset(seed=6)[0].ids != b.reset(seed=5)[0].ids
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"objectives": 0}, "objectives"), ({"hops": 9}, "hops"), ({"on_context_overflow": "x"}, "on_context_overflow"),
+    ({"count_tokens": 3}, "count_tokens"), ({"corpus_path": "x.json"}, "dataset_path"),
+    ({"reward_mode": "sum"}, "reward_mode"), ({"max_context_tokens": 0}, "max_context_tokens"),
+    ({"allow_prune": "no"}, "allow_prune"), ({"f1_threshold": 2}, "f1_threshold"),
+])
+def test_bad_config_raises_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        MemoryQAEnv(**kwargs)
+
+
+@needs_qa_data
+def test_hotpotqa_tasks_over_a_distractor_corpus():
+    env = MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),
+                      max_distractors=1000, objectives=3, max_context_tokens=None)
+    assert len(env.retriever.documents) > 1000
+    context, info = env.reset(seed=0)
+    assert info["objectives"] == 3 and context[1].content.count("\n") == 3
+    objectives = env.task.objectives
+    for question in objectives:
+        obs, *_, info = env.step("".join(f"<search>{t}</search>" for t in question.gold_titles))
+        assert len(info["result_ids"]) >= len(question.gold_titles)
+        titles = [m.content for m in obs if m.content.startswith("[search results")]
+        assert all(any(f"] {t}:" in c for c in titles) for t in question.gold_titles)
+    answers = "".join(f'<answer id="{k}">{q.answers[0]}</answer>' for k, q in enumerate(objectives, start=1))
+    _, reward, terminated, _, info = env.step(answers)
+    assert terminated and reward == 1.0 and info["success"]
+    fixed, _ = env.reset(seed=1, options={"question_indices": [4, 7]})
+    assert env.task.objectives == (env.pool[4], env.pool[7])
+
+
+action_text = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.sampled_from(['<search>', '</search>', '<prune ids="', 'r1', 'r2,r3', 'm1', '">', '</prune>',
+                              '<answer id="1">', '<answer id="9">', '</answer>', '<think>', '</think>', 'Alda',
+                              '<prune>', "ids='task'", ' ', '\n', '<answer>']), max_size=25).map("".join),
+)
+FUZZ_ENV = small_env(max_turns=5, max_tool_calls=4, max_context_tokens=400, on_context_overflow="penalize")
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**16), turns=st.lists(action_text, min_size=1, max_size=5))
+def test_env_never_raises_on_arbitrary_text(seed, turns):
+    obs, info = FUZZ_ENV.reset(seed=seed)
+    assert FUZZ_ENV.observation_space.contains(obs)
+    for action in turns:
+        obs, reward, terminated, truncated, info = FUZZ_ENV.step(action)
+        assert FUZZ_ENV.observation_space.contains(obs) and set(info) <= INFO_KEYS | {"expected"}
+        assert -FUZZ_ENV.config.overflow_penalty <= reward <= 1.0
+        assert obs[0].role == "system" and obs[1].content.startswith("Task:")  # never pruned
+        if terminated or truncated:
+            break
+
+
+def test_a_huge_bad_id_gives_a_short_refusal():
+    env = small_env()
+    two_searches(env)
+    *_, info = env.step(f'<prune ids="{"x" * 5000}">n</prune>')
+    assert "nothing was pruned" in info["prune_error"] and len(info["prune_error"]) < 300
