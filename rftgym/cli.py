@@ -56,11 +56,14 @@ def _env_options_hint(env_id: str) -> str:
     return f"Valid options: {', '.join(names)}"
 
 
-def _eval_metric_spec(env_id: str):
-    """The env class's extra evaluation columns (``metadata["eval_metrics"]``), without making an env."""
-    module_name, class_name = env_registry.ENVS[env_id][0].split(":")
-    env_class = getattr(__import__(module_name, fromlist=[class_name]), class_name)
-    return env_class.metadata.get("eval_metrics", ())
+def _load_object(path: str):
+    module_name, name = path.split(":")
+    return getattr(__import__(module_name, fromlist=[name]), name)
+
+
+def _env_class(env_id: str):
+    """The env's class, for its metadata (eval columns and baselines), without making an env."""
+    return _load_object(env_registry.ENVS[env_id][0])
 
 
 def _build_agent(args: argparse.Namespace):
@@ -142,11 +145,8 @@ def _read_turn() -> str | None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from .core.records import write_episodes_jsonl
-    from .rollout import RolloutConfig, format_table, run_episodes, summarize
-    from .rollout.metrics import env_metrics
+    from .rollout import format_table
 
     if args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
@@ -154,30 +154,58 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
     env_kwargs = _parse_env_args(args.env_arg)
     _make_env(args.env, env_kwargs).close()  # fail fast on a bad env id or option
+    env_class = _env_class(args.env)
+    baselines = env_class.metadata.get("eval_baselines", ()) if args.baselines else ()
+    if args.baselines and not baselines:
+        raise UsageError(f"{args.env} declares no evaluation baselines; drop --baselines")
     agent = _build_agent(args)
     seeds = [args.seed + i for i in range(args.episodes)]
-    started = time.perf_counter()
-    with tqdm(total=args.episodes, desc=f"eval {args.env}", unit="ep", file=sys.stderr) as bar:
-        episodes = run_episodes(lambda: gym.make(args.env, **env_kwargs), agent, seeds,
-                                config=RolloutConfig(num_envs=args.num_envs), on_episode=lambda e: bar.update(1))
-    elapsed = time.perf_counter() - started
-    agent.close()
-
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{args.env.split('/')[-1]}-{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_episodes_jsonl(out, episodes)
+
+    # The agent as it is, then each baseline the env declares (the same agent under other env
+    # options, or wrapped), all on the same seeds, one row each.
+    runs = [("", agent, env_kwargs)]
+    for label, overrides, wrapper in baselines:
+        runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
+    rows, headers, written = [], [], []
+    for label, run_agent, run_kwargs in runs:
+        episodes, elapsed = _evaluate(args, run_agent, run_kwargs, seeds, label)
+        path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
+        write_episodes_jsonl(path, episodes)
+        written.append(path)
+        headers, row = _eval_row(args.env, env_class, label or getattr(run_agent, "name", args.agent), episodes, elapsed)
+        rows.append(row)
+    agent.close()
+    print(format_table(rows, headers))
+    print("episodes written to " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _evaluate(args, agent, env_kwargs, seeds, label):
+    from tqdm import tqdm
+
+    from .rollout import RolloutConfig, run_episodes
+
+    started = time.perf_counter()
+    desc = f"eval {args.env}" + (f" ({label})" if label else "")
+    with tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
+        episodes = run_episodes(lambda: gym.make(args.env, **env_kwargs), agent, seeds,
+                                config=RolloutConfig(num_envs=args.num_envs), on_episode=lambda e: bar.update(1))
+    return episodes, time.perf_counter() - started
+
+
+def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
+    from .rollout import summarize
+    from .rollout.metrics import env_metrics
 
     s = summarize(episodes)
     headers = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok", "ep/s"]
-    row = [args.env, getattr(agent, "name", args.agent), s["episodes"], s["reward"], s["success"], s["turns"],
+    row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
            s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
-    extra = env_metrics(episodes, _eval_metric_spec(args.env))
-    headers += list(extra)
-    row += ["-" if v is None else v for v in extra.values()]
-    print(format_table([row], headers))
-    print(f"episodes written to {out}")
-    return 0
+    extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
+    return headers + list(extra), row + ["-" if v is None else v for v in extra.values()]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -264,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--baselines", action="store_true",
+                   help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)
 
     from .train.config import ALGORITHMS

@@ -281,3 +281,20 @@ def test_env_metric_reducers():
                                  ("tm", "x", "turn_mean"), ("tx", "x", "turn_max")])
     # finals 3, 2, 5 -> mean 10/3, all positive -> rate 1; turns 1,3,0,0,2,5 -> mean 11/6, max 5
     assert got == pytest.approx({"fm": 10 / 3, "fr": 1.0, "tm": 11 / 6, "tx": 5})
+
+
+def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):
+    out = tmp_path / "mem.jsonl"
+    assert main(["eval", "rftgym/MemoryQA-v0", "--agent", "adversarial", "--episodes", "3", "--baselines",
+                 "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines[2:5]] == ["adversarial", "no-memory", "heuristic-prune"]
+    assert "prunes/ep" in lines[0] and "ctx_tok_max" in lines[0]
+    files = [out, tmp_path / "mem-no-memory.jsonl", tmp_path / "mem-heuristic-prune.jsonl"]
+    seeds = [[e.seed for e in read_episodes_jsonl(f)] for f in files]
+    assert seeds == [[0, 1, 2]] * 3
+
+
+def test_baselines_flag_on_an_env_without_baselines(capsys):
+    assert exit_code(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--baselines"]) == 2
+    assert "declares no evaluation baselines" in capsys.readouterr().err

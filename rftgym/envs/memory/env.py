@@ -249,6 +249,9 @@ class MemoryQAEnv(gym.Env[Context, str]):
                          ("prunes/ep", "prunes", "final_mean"),
                          ("correct/ep", "correct", "final_mean"),
                          ("overflow_rate", "overflows", "final_rate")),
+        # `rftgym eval --baselines` runs these beside the agent: (label, env options, agent wrapper).
+        "eval_baselines": (("no-memory", {"allow_prune": False}, None),
+                           ("heuristic-prune", {}, "rftgym.agents.memory_baselines:HeuristicPruner")),
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
