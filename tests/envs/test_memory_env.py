@@ -208,7 +208,7 @@ def test_context_budget_truncates_and_penalizes():
 def test_tokens_are_counted_with_the_given_counter_and_summed():
     env = small_env(count_tokens=lambda context: 10 * len(context), max_context_tokens=None)
     obs, _ = env.reset(seed=0, options={"objectives": 2, "hops": 2})
-    seen, total = [], 0
+    seen = []
     steps = oracle_run(env, seed=0, objectives=2, hops=2)
     context, _ = env.reset(seed=0, options={"objectives": 2, "hops": 2})
     for _, _, _, _, info in steps:

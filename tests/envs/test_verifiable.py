@@ -21,7 +21,7 @@ from rftgym.envs import ENVS, env_ids
 from rftgym.envs.verifiable import VerifiableQAConfig, VerifiableQAEnv
 from rftgym.envs.verifiable import env as env_module
 from rftgym.envs.verifiable.env import DEFAULT_SYSTEM_PROMPT
-from rftgym.envs.verifiable.tasks import DIFFICULTIES, GENERATORS, LETTERS
+from rftgym.envs.verifiable.tasks import DIFFICULTIES, GENERATORS
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 INFO_KEYS = {"task_id", "kind", "difficulty", "turn", "attempts", "answer", "correct", "format_ok",

@@ -88,6 +88,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
+from ..common import check_render_mode, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -186,16 +187,8 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        given = config.pop("config", None)
-        if given is not None and not isinstance(given, SearchEvalQAConfig):
-            raise ConfigError(f"config must be a SearchEvalQAConfig, got {type(given).__name__}; "
-                              "or pass its fields as keywords")
-        if given is not None and config:
-            raise ConfigError(f"pass either config=SearchEvalQAConfig(...) or its fields as keywords, not both "
-                              f"(got config= and {', '.join(sorted(config))})")
-        self.config = cfg = given or SearchEvalQAConfig(**config)
+        check_render_mode(render_mode, self.metadata)
+        self.config = cfg = resolve_config(SearchEvalQAConfig, config)
         self.render_mode = render_mode
         self.world: World | None = None
         self.questions: list[Question] | None = None

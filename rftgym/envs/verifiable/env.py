@@ -46,6 +46,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
+from ..common import check_render_mode, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -114,16 +115,8 @@ class VerifiableQAEnv(gym.Env[Context, str]):
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
 
     def __init__(self, render_mode: str | None = None, **config: Any):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        given = config.pop("config", None)
-        if given is not None and not isinstance(given, VerifiableQAConfig):
-            raise ConfigError(f"config must be a VerifiableQAConfig, got {type(given).__name__}; "
-                              "or pass its fields as keywords")
-        if given is not None and config:
-            raise ConfigError(f"pass either config=VerifiableQAConfig(...) or its fields as keywords, not both "
-                              f"(got config= and {', '.join(sorted(config))})")
-        self.config = given or VerifiableQAConfig(**config)
+        check_render_mode(render_mode, self.metadata)
+        self.config = resolve_config(VerifiableQAConfig, config)
         self.render_mode = render_mode
         self.dataset: list[Task] | None = (
             load_tasks_jsonl(self.config.dataset_path) if self.config.dataset_path else None

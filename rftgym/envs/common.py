@@ -1,0 +1,27 @@
+"""Constructor plumbing every rftgym env shares: render-mode and config checks."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from ..core.errors import ConfigError
+
+ConfigT = TypeVar("ConfigT")
+
+
+def check_render_mode(render_mode: str | None, metadata: dict) -> None:
+    if render_mode is not None and render_mode not in metadata["render_modes"]:
+        raise ConfigError(f"render_mode must be one of {metadata['render_modes']} or None, got {render_mode!r}")
+
+
+def resolve_config(config_class: type[ConfigT], options: dict[str, Any]) -> ConfigT:
+    """The env's config from ``config=ConfigClass(...)`` or from its fields as keywords (not both)."""
+    options = dict(options)
+    given = options.pop("config", None)
+    name = config_class.__name__
+    if given is not None and not isinstance(given, config_class):
+        raise ConfigError(f"config must be a {name}, got {type(given).__name__}; or pass its fields as keywords")
+    if given is not None and options:
+        raise ConfigError(f"pass either config={name}(...) or its fields as keywords, not both "
+                          f"(got config= and {', '.join(sorted(options))})")
+    return given if given is not None else config_class(**options)
