@@ -159,6 +159,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baselines and not baselines:
         raise UsageError(f"{args.env} declares no evaluation baselines; drop --baselines")
     agent = _build_agent(args)
+    env_kwargs = _with_policy_token_counter(env_class, env_kwargs, agent)
     seeds = [args.seed + i for i in range(args.episodes)]
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{args.env.split('/')[-1]}-{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
@@ -181,6 +182,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(format_table(rows, headers))
     print("episodes written to " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _with_policy_token_counter(env_class, env_kwargs, agent):
+    """An env with a token budget names its counter option in ``metadata["token_counter_option"]``;
+    with a local policy as the agent, the budget is measured with the policy's own tokenizer and
+    chat template (otherwise the env uses its documented estimate)."""
+    option = env_class.metadata.get("token_counter_option")
+    if option is None or option in env_kwargs or not hasattr(agent, "chat"):
+        return env_kwargs
+    return {**env_kwargs, option: lambda context: len(agent.chat.prompt_ids(context))}
 
 
 def _evaluate(args, agent, env_kwargs, seeds, label):

@@ -250,6 +250,8 @@ class MemoryQAEnv(gym.Env[Context, str]):
                          ("prunes/ep", "prunes", "final_mean"),
                          ("correct/ep", "correct", "final_mean"),
                          ("overflow_rate", "overflows", "final_rate")),
+        # `rftgym eval` passes a local policy's token counter through this option.
+        "token_counter_option": "count_tokens",
         # `rftgym eval --baselines` runs these beside the agent: (label, env options, agent wrapper).
         "eval_baselines": (("no-memory", {"allow_prune": False}, None),
                            ("heuristic-prune", {}, "rftgym.agents.memory_baselines:HeuristicPruner")),
