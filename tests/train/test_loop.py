@@ -82,3 +82,13 @@ def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_po
     checkpointed = train(config(tmp_path, "b", steps=1, gradient_checkpointing=True), policy=make_char_policy(),
                          make_env=SayAEnv)
     assert checkpointed[0]["loss"] == pytest.approx(plain[0]["loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("env_id, algo", [("rftgym/SearchEvalQA-v0", "pcar"), ("rftgym/MemoryQA-v0", "dcpo")])
+def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, algo):
+    # Zero-variance filtering off, so that the update runs even when every tiny-model reply fails.
+    cfg = config(tmp_path, steps=1, env_id=env_id, algo=algo, group_size=2, tasks_per_step=1, max_new_tokens=6,
+                 filter_zero_variance=False)
+    history = train(cfg, policy=make_char_policy())
+    assert history[0]["updates"] >= 1 and history[0]["trained_tokens"] > 0
+    assert history[0]["loss"] == history[0]["loss"]  # not NaN
