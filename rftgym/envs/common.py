@@ -25,3 +25,13 @@ def resolve_config(config_class: type[ConfigT], options: dict[str, Any]) -> Conf
         raise ConfigError(f"pass either config={name}(...) or its fields as keywords, not both "
                           f"(got config= and {', '.join(sorted(options))})")
     return given if given is not None else config_class(**options)
+
+
+def render_context(context, render_mode: str | None) -> str | None:
+    """``ansi``: the context as text; ``human``: print it. One line head per message."""
+    text = "\n".join(f"[{m.role}] {m.content}" for m in context)
+    if render_mode == "ansi":
+        return text
+    if render_mode == "human":
+        print(text)
+    return None

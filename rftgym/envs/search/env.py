@@ -88,7 +88,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, resolve_config
+from ..common import check_render_mode, render_context, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -276,12 +276,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         return self._context, float(reward), bool(outcome.terminated), bool(truncated), info
 
     def render(self) -> str | None:
-        text = "\n".join(f"[{m.role}] {m.content}" for m in self._context)
-        if self.render_mode == "ansi":
-            return text
-        if self.render_mode == "human":
-            print(text)
-        return None
+        return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
         if self._owns_retriever and self.retriever is not None:

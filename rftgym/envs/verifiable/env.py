@@ -46,7 +46,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, resolve_config
+from ..common import check_render_mode, render_context, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -212,12 +212,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         return self._context, float(reward), terminated, truncated, info
 
     def render(self) -> str | None:
-        text = "\n".join(f"[{m.role}] {m.content}" for m in self._context)
-        if self.render_mode == "ansi":
-            return text
-        if self.render_mode == "human":
-            print(text)
-        return None
+        return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
         # Nothing external is held; safe to call any number of times.
