@@ -35,3 +35,13 @@ def render_context(context, render_mode: str | None) -> str | None:
     if render_mode == "human":
         print(text)
     return None
+
+
+def check_step_call(started: bool, done: bool, action) -> None:
+    """Misuse of ``step`` (not of the protocol: bad agent text is an observation, never this)."""
+    if not started:
+        raise RuntimeError("call reset() before step()")
+    if done:
+        raise RuntimeError("the episode has ended; call reset() to start a new one")
+    if not isinstance(action, str):
+        raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")

@@ -110,7 +110,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config
 from ...core.messages import Context, Message, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -318,12 +318,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
         return self._context, self._info(_Turn(), context_tokens=0)
 
     def step(self, action: str):
-        if self.task is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended; call reset() to start a new one")
-        if not isinstance(action, str):
-            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        check_step_call(self.task is not None, self._done, action)
         self._turn += 1
         # Measured again now rather than reusing the last step's count, so that a counter whose
         # result changes once the agent has seen its reply (a cache, a binding) is honoured.

@@ -88,7 +88,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -249,12 +249,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         return self._context, self._info(_TurnOutcome())
 
     def step(self, action: str):
-        if self.question is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended; call reset() to start a new one")
-        if not isinstance(action, str):
-            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        check_step_call(self.question is not None, self._done, action)
         self._turn += 1
         action = action[: self.config.max_action_chars]
         context = self._context.appended(self._ids.message("assistant", action))

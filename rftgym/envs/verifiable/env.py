@@ -46,7 +46,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -158,12 +158,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         return self._context, self._info(answer=None, correct=False, format_ok=False, format_error=None)
 
     def step(self, action: str):
-        if self.task is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended; call reset() to start a new one")
-        if not isinstance(action, str):
-            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        check_step_call(self.task is not None, self._done, action)
         self._turn += 1
         if len(action) > self.config.max_action_chars:
             action = action[: self.config.max_action_chars]
