@@ -45,3 +45,18 @@ def check_step_call(started: bool, done: bool, action) -> None:
         raise RuntimeError("the episode has ended; call reset() to start a new one")
     if not isinstance(action, str):
         raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+
+
+MAX_REPORTED_PROBLEMS = 3
+
+
+def summarize_problems(problems) -> str | None:
+    """The distinct problems, at most a few, or None if there are none: a reply with thousands of
+    stray tags must not become a feedback message thousands of lines long."""
+    distinct = list(dict.fromkeys(problems))
+    if not distinct:
+        return None
+    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
+    if len(distinct) > MAX_REPORTED_PROBLEMS:
+        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
+    return text

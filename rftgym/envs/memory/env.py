@@ -110,7 +110,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
 from ...core.messages import Context, Message, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -136,7 +136,6 @@ PROMPT_WITHOUT_MEMORY = (
 )
 AUTO = "auto"
 MAX_QUERY_CHARS = 300
-MAX_REPORTED_PROBLEMS = 3
 WARN_FRACTION = 0.75  # a status message reports the context size from this share of the budget on
 RETRIEVER_NAMES = ("bm25", "dense")
 
@@ -493,11 +492,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
     def _status(self, turn: _Turn, tokens: int, terminated: bool) -> str:
         lines = list(dict.fromkeys(turn.notes))
         if turn.problems:
-            distinct = list(dict.fromkeys(turn.problems))
-            text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
-            if len(distinct) > MAX_REPORTED_PROBLEMS:
-                text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
-            lines.append(f"Problems: {text}.")
+            lines.append(f"Problems: {summarize_problems(turn.problems)}.")
         budget = self.config.max_context_tokens
         count = len(self.task.objectives)
         lines.append(f"Context: {tokens} of {budget if budget is not None else 'unlimited'} tokens. "
@@ -560,7 +555,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
             "pruned_ids": list(self._pruned_ids),
             "memory_notes": sum(1 for key in self._prunable if key.startswith("m")),
             "prune_error": "; ".join(turn.prune_errors) or None,
-            "format_error": _summarize(turn.problems),
+            "format_error": summarize_problems(turn.problems),
             "answers": {str(k): v for k, v in sorted(self._answers.items())},
             "answered": len(self._answers),
             "correct": sum(self._correct.values()),
@@ -570,13 +565,3 @@ class MemoryQAEnv(gym.Env[Context, str]):
         if self._done:
             info["expected"] = {str(k): list(q.answers) for k, q in enumerate(self.task.objectives, start=1)}
         return info
-
-
-def _summarize(problems: list[str]) -> str | None:
-    distinct = list(dict.fromkeys(problems))
-    if not distinct:
-        return None
-    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
-    if len(distinct) > MAX_REPORTED_PROBLEMS:
-        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
-    return text

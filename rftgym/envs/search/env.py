@@ -88,7 +88,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -410,7 +410,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             "em": out.em,
             "f1": out.f1,
             "gated": out.gated,
-            "format_error": _summarize(out.problems),
+            "format_error": summarize_problems(out.problems),
             "success": out.success,
         }
         if self._done:
@@ -449,23 +449,10 @@ class _TurnOutcome:
         parts = [protocol.violation_message(kind) for kind in self.violation_kinds]
         parts += self.notes
         if self.problems:
-            parts.append(f"Format problems: {_summarize(self.problems)}.")
+            parts.append(f"Format problems: {summarize_problems(self.problems)}.")
         if self.results is not None:
             parts += [self.results, protocol.EVALUATE_REMINDER]
         else:
             parts.append(protocol.CONTINUE_PROMPT)
         return "\n\n".join(parts)
 
-
-MAX_REPORTED_PROBLEMS = 3
-
-
-def _summarize(problems: list[str]) -> str | None:
-    """The distinct problems, at most a few, so a reply with thousands of stray tags gets a short reply."""
-    distinct = list(dict.fromkeys(problems))
-    if not distinct:
-        return None
-    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
-    if len(distinct) > MAX_REPORTED_PROBLEMS:
-        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
-    return text

@@ -46,7 +46,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config
+from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
 from ...core.messages import Context, MessageIds
 from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
@@ -167,7 +167,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         parsed = parse_tags(action, self.config.tags)
         answers = [t for t in parsed.find("answer") if t.closed]
         format_error = None
-        problems = _summarize_problems(parsed.problems)
+        problems = summarize_problems(parsed.problems)
         if not answers:
             format_error = "no <answer>…</answer> tag" + (f" ({problems})" if problems else "")
         elif len(answers) > 1 or parsed.problems:
@@ -252,15 +252,3 @@ class VerifiableQAEnv(gym.Env[Context, str]):
             info["expected"] = self.task.answer
         return info
 
-
-MAX_REPORTED_PROBLEMS = 3
-
-
-def _summarize_problems(problems) -> str:
-    """The distinct parse problems, at most a few: a reply with thousands of stray tags must not
-    become a feedback message thousands of lines long."""
-    distinct = list(dict.fromkeys(problems))
-    text = "; ".join(distinct[:MAX_REPORTED_PROBLEMS])
-    if len(distinct) > MAX_REPORTED_PROBLEMS:
-        text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
-    return text
