@@ -234,6 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         epochs_per_step=args.epochs, minibatch_size=args.minibatch_size, kl_coef=args.kl_coef,
         lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing, device=args.device,
         seed=args.seed, save_every=args.save_every, rollout_batch_size=args.rollout_batch_size,
+        parallelism=args.parallelism,
     )
     try:
         config = TrainConfig(**settings)
@@ -307,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)
 
-    from .train.config import ALGORITHMS
+    from .train.config import ALGORITHMS, PARALLELISM
 
     p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)")
     env_args(p)
@@ -329,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--parallelism", choices=PARALLELISM, default="ddp",
+                   help="under torchrun / accelerate launch: ddp replicates the model on every process, fsdp shards "
+                        "parameters, gradients and optimizer state across them (default ddp)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")

@@ -17,19 +17,49 @@ from typing import Any
 
 import torch
 
+from .distributed import ShardedModel, full_tensor, shard_like
+
 CHECKPOINT_DIR = "checkpoint"
 
 
-def trainable_state(model) -> dict[str, torch.Tensor]:
-    return {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+def _unwrap(model):
+    # The FSDP root wraps the model; checkpoints name parameters as the model itself does.
+    return model.model if isinstance(model, ShardedModel) else model
 
 
-def save_checkpoint(output_dir: Path, *, model, optimizer, step: int, rng_states: dict[str, Any], config: dict) -> Path:
+def _whole(tensor: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
+    # One tensor at a time, straight to CPU: a sharded optimizer state never exists whole on a GPU.
+    whole = full_tensor(tensor.detach())
+    return whole.cpu().clone() if keep else None
+
+
+def trainable_state(model, keep: bool = True) -> dict[str, torch.Tensor]:
+    """The trainable weights, whole, on CPU (a collective when sharded; ``keep=False`` on ranks
+    that only take part in the gathering)."""
+    return {name: _whole(p, keep) for name, p in _unwrap(model).named_parameters() if p.requires_grad}
+
+
+def optimizer_state(optimizer, keep: bool = True) -> dict:
+    state = optimizer.state_dict()
+    state["state"] = {index: {key: _whole(value, keep) if isinstance(value, torch.Tensor) else value
+                              for key, value in entry.items()} for index, entry in state["state"].items()}
+    return state
+
+
+def checkpoint_state(model, optimizer, keep: bool = True) -> dict[str, Any]:
+    """What :func:`save_checkpoint` writes of the model and optimizer. With FSDP every rank must
+    call it (the shards are gathered); only the writing rank needs ``keep=True``."""
+    return {"weights": trainable_state(model, keep), "optimizer": optimizer_state(optimizer, keep)}
+
+
+def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
+                    config: dict) -> Path:
+    """Write ``state`` (from :func:`checkpoint_state`), the step, the random states and the config."""
     output_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=output_dir))
     try:
-        torch.save(trainable_state(model), staging / "trainable.pt")
-        torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(state["weights"], staging / "trainable.pt")
+        torch.save(state["optimizer"], staging / "optimizer.pt")
         torch.save(rng_states, staging / "rng.pt")
         (staging / "state.json").write_text(json.dumps({"step": step, "config": config}, indent=2, default=str))
         target = output_dir / CHECKPOINT_DIR
@@ -61,20 +91,33 @@ def has_checkpoint(output_dir: Path) -> bool:
 
 
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
-    """Restore weights and optimizer in place; return (step, rng states, saved config)."""
+    """Restore weights and optimizer in place; return (step, rng states, saved config).
+
+    Sharded (FSDP) parameters and optimizer states get this rank's shard of the saved tensors."""
     path = _checkpoint_path(output_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
     weights = torch.load(path / "trainable.pt", map_location="cpu")
-    params = dict(model.named_parameters())
+    params = dict(_unwrap(model).named_parameters())
     missing = [name for name in weights if name not in params]
     if missing:
         raise ValueError(f"checkpoint in {path} does not match the model (unknown parameters {missing[:3]}…); "
                          "resume with the same model and LoRA settings")
     with torch.no_grad():
         for name, tensor in weights.items():
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu"))
+            params[name].copy_(shard_like(tensor, params[name]).to(params[name].device, params[name].dtype))
+    saved = torch.load(path / "optimizer.pt", map_location="cpu")
+    # Saved indices follow the optimizer's parameter order; per-parameter states (AdamW's
+    # moments) are laid out like their parameter, scalars (the step count) are left as they are.
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    indices = [i for group in saved["param_groups"] for i in group["params"]]
+    owner = dict(zip(indices, ordered))
+    for index, entry in saved["state"].items():
+        param = owner.get(index)
+        for key, value in entry.items():
+            if param is not None and isinstance(value, torch.Tensor) and value.shape == param.shape:
+                entry[key] = shard_like(value, param)
+    optimizer.load_state_dict(saved)
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
     return int(state["step"]), rng, state["config"]

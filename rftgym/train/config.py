@@ -10,6 +10,7 @@ from ..core.errors import ConfigError
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
 # PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
+PARALLELISM = ("ddp", "fsdp")
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
 
 
@@ -53,6 +54,10 @@ class TrainConfig:
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: float = 16.0
     gradient_checkpointing: bool = False
+    # Across processes (torchrun / accelerate launch): "ddp" replicates the model on every rank;
+    # "fsdp" shards parameters, gradients and optimizer state (FSDP2) for models whose training
+    # state does not fit one GPU. One process without a launcher is "ddp".
+    parallelism: str = "ddp"
     device: str | None = None  # default: cuda if available, else cpu
     dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
     seed: int = 0
@@ -90,6 +95,10 @@ class TrainConfig:
             raise ConfigError(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
         if self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        if self.parallelism not in PARALLELISM:
+            raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
+                              f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "
+                              f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}")
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("env_kwargs must be a dict of environment options")
 

@@ -7,12 +7,21 @@ with ``all_reduce``, so every rank applies the same update and the weights stay 
 Ranks may hold different numbers of samples (groups are filtered locally), so each epoch runs
 the largest rank's minibatch count; a rank that has run out contributes nothing, and the average
 is over the ranks that did contribute (so an empty rank does not halve the step).
+
+With ``parallelism="fsdp"`` the model is sharded by PyTorch's FSDP2 (``fully_shard``, one unit
+per decoder layer, then a root): each rank holds 1/N of the parameters, gradients and optimizer
+state. Gradients are averaged by FSDP's reduce-scatter, so :func:`shard_model` replaces
+``average_gradients``; the root is a :class:`ShardedModel` whose forward computes the chunked
+log-probs, so that the root's hooks gather the embeddings, final norm and head read outside any
+layer. Rollouts run with the parameters gathered (:func:`full_parameters`).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,9 +42,11 @@ class Distributed:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, device: str | None = None) -> "Distributed":
+    def from_env(cls, device: str | None = None, process_group_for_one: bool = False) -> "Distributed":
+        """Join the launcher's process group. One process needs none, except FSDP (which shards
+        over a process group even of one, e.g. ``torchrun --nproc_per_node=1``)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
+        if world <= 1 and not (process_group_for_one and "RANK" in os.environ):
             return cls()
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
@@ -96,3 +107,103 @@ class Distributed:
 
     def _comm_device(self):
         return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+# ---------------------------------------------------------------- FSDP (parallelism="fsdp")
+
+class ShardedModel(torch.nn.Module):
+    """FSDP's root module: ``forward`` is ``logprobs(model, *args)``, so that the root's hooks
+    gather (and, in backward, reduce-scatter) the parameters that the log-prob computation reads
+    outside the decoder layers: embeddings, final norm and the (possibly tied) output head."""
+
+    def __init__(self, model: torch.nn.Module, logprobs: Callable):
+        super().__init__()
+        self.model = model
+        self._logprobs = logprobs
+
+    def forward(self, *args, **kwargs):
+        # FSDP attaches its backward hook to the outputs, and warns that an in-place op on a view
+        # would drop it; the log-probs are small (batch x tokens), so hand back copies.
+        return tuple(t.clone() if isinstance(t, torch.Tensor) and t._is_view() else t
+                     for t in self._logprobs(self.model, *args, **kwargs))
+
+    def disable_adapter(self):
+        # The LoRA reference ("adapters-off") switches the wrapped peft model's adapters off.
+        return self.model.disable_adapter()
+
+
+def shard_model(model: torch.nn.Module, logprobs: Callable, mixed_precision: bool) -> ShardedModel:
+    """Shard ``model`` in place with FSDP2 and return its root (a :class:`ShardedModel`).
+
+    One FSDP unit per decoder layer (the classes named by the model's ``_no_split_modules``, as
+    accelerate does), so that only one layer's full parameters exist at a time in forward and
+    backward; with LoRA the peft-wrapped model is sharded, and its frozen base weights simply get
+    no gradients. ``mixed_precision`` (CUDA): layers compute in bfloat16 while the sharded master
+    weights, and the gradient reduce-scatter, stay in float32.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if mixed_precision else MixedPrecisionPolicy())
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layer_classes = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        from ..core.errors import ConfigError
+
+        raise ConfigError(f"{type(base).__name__} names no decoder-layer classes (_no_split_modules), so FSDP "
+                          "cannot shard it layer by layer; use parallelism='ddp' for this model")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    root = ShardedModel(model, logprobs)
+    fully_shard(root, mesh=mesh, mp_policy=policy)
+    return root
+
+
+@contextmanager
+def full_parameters(model):
+    """Gather every FSDP unit's full parameters for a rollout, and free them afterwards.
+
+    A rollout calls the inner model token by token, and ranks generate different numbers of
+    tokens, so per-forward all-gathers could not be matched across ranks; instead each unit is
+    gathered once (one all-gather per unit per step), generation then runs collective-free, and
+    the cost is the full model's parameters (in the compute dtype) held for the rollout's
+    duration. Not sharded: nothing to do.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)  # the layers' forward hooks must not free them
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            # Layers free their parameters after forward in training; the root keeps its own
+            # (FSDP's default: backward needs them at once).
+            unit.set_reshard_after_forward(unit is not model, recurse=False)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a (possibly sharded) tensor; a collective for a sharded one."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` laid out as ``like`` is: this rank's shard if ``like`` is sharded, else as is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor):
+        return full
+    # Every rank read the same checkpoint, so each cuts its own shard without communication.
+    return distribute_tensor(full.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None)

@@ -7,6 +7,7 @@ plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pas
 from __future__ import annotations
 
 import copy
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -20,9 +21,9 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
 from .batching import TrainSample, build_samples, collate, group_episodes
-from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .distributed import Distributed
+from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, chunked_token_logprobs, policy_loss
 from .metrics_log import MetricsLog, plot_learning_curve
 
@@ -31,7 +32,12 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
           make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
     out = Path(config.output_dir)
-    ranks = Distributed.from_env(config.device)  # one process unless started by torchrun / accelerate launch
+    fsdp = config.parallelism == "fsdp"
+    if fsdp and "RANK" not in os.environ:
+        raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
+                          "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
+    # One process unless started by torchrun / accelerate launch.
+    ranks = Distributed.from_env(config.device, process_group_for_one=fsdp)
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
@@ -49,7 +55,19 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     mixed = mixed and policy.device.type == "cuda"
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mixed else nullcontext
     model = prepare_model(policy, config)
-    reference = make_reference(model, config)
+    reference = make_reference(model, config)  # copied before sharding: FSDP modules cannot be deep-copied
+    if fsdp:
+        # From here on ``model`` is FSDP's root (forward = the chunked log-probs) and the policy's
+        # own model, inside it, holds parameter shards; rollouts gather them (full_parameters).
+        model = shard_model(model, _logprobs, mixed_precision=mixed)
+        if isinstance(reference, torch.nn.Module):
+            reference = shard_model(reference, _logprobs, mixed_precision=mixed)
+            reference.set_reshard_after_forward(True)  # used only in forward: free everything after it
+        # FSDP's root is the first module to run forward; rollouts call inner modules directly,
+        # so run one (tiny, gradient-free) forward through the root before the first rollout.
+        with torch.no_grad(), autocast():
+            batch_logprobs(model, {k: v.to(policy.device) for k, v in padding_batch(policy.pad_id).items()}, config)
+        model.reshard()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.learning_rate, weight_decay=config.weight_decay)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -77,7 +95,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
         model.eval()
-        with autocast():
+        with autocast(), full_parameters(model):
             episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size))
         rollout_seconds = time.perf_counter() - started
 
@@ -114,8 +132,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             per_rank = ranks.gather_objects({"sampling": policy._generator.get_state(),
                                              "segments": segment_rng.get_state()})
+            state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
             if ranks.is_main:
-                save_checkpoint(out, model=model, optimizer=optimizer, step=step + 1, config=config.to_dict(),
+                save_checkpoint(out, state=state, step=step + 1, config=config.to_dict(),
                                 rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(),
                                             "ranks": per_rank})
             ranks.barrier()
@@ -179,12 +198,24 @@ def make_reference(model, config: TrainConfig):
 
 def batch_logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
     """Log-probs of each next token, computed from the final hidden states in vocabulary chunks."""
+    if isinstance(model, ShardedModel):  # FSDP: through the root's forward, whose hooks gather parameters
+        return model(batch, config, with_entropy)
+    return _logprobs(model, batch, config, with_entropy)
+
+
+def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                 use_cache=False).last_hidden_state
     weight = base.get_output_embeddings().weight
     return chunked_token_logprobs(hidden[:, :-1], weight, batch["targets"], temperature=config.temperature,
                                   chunk_size=config.logprob_chunk_size, with_entropy=with_entropy)
+
+
+def padding_batch(pad_id: int) -> dict[str, torch.Tensor]:
+    """A two-token batch that trains nothing (its loss mask is zero): FSDP's stand-in minibatch."""
+    return collate([TrainSample(token_ids=[pad_id, pad_id], loss_mask=[0, 0], old_logprobs=[0.0, 0.0],
+                                advantages=[0.0, 0.0], group=-1, episode=-1)], pad_id)
 
 
 def reference_logprobs(model, reference, batch, config: TrainConfig):
@@ -203,12 +234,18 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats.
 
     With several ranks, every rank runs the largest rank's number of minibatches (a rank that
-    has run out contributes zero gradients), and gradients are averaged before each step.
+    has run out contributes zero gradients), and gradients are averaged before each step over
+    the ranks that contributed. Under FSDP (``model`` a :class:`ShardedModel`) the forward and
+    backward passes hold the collectives, so a rank that has run out runs a zero-weighted
+    padding minibatch, and FSDP's reduce-scatter does the averaging.
     """
     ranks = ranks or Distributed()
+    sharded = isinstance(model, ShardedModel)
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
-    minibatches = ranks.max_int(-(-len(samples) // config.minibatch_size))
+    local_minibatches = -(-len(samples) // config.minibatch_size)
+    per_rank = ranks.gather_objects(local_minibatches) if sharded else None
+    minibatches = max(per_rank) if sharded else ranks.max_int(local_minibatches)
     if minibatches == 0:
         return {"loss": None, "updates": 0}
     totals: dict[str, float] = {}
@@ -218,13 +255,13 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
         for index in range(minibatches):
             chunk = [samples[i] for i in order[index * config.minibatch_size:(index + 1) * config.minibatch_size]]
             optimizer.zero_grad(set_to_none=True)
-            if not chunk:  # this rank has no more samples; it still joins the gradient average
+            if not chunk and not sharded:  # this rank has no more samples; it still joins the gradient average
                 ranks.average_gradients(trainable, contributed=False)
                 torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
                 optimizer.step()
                 updates += 1
                 continue
-            batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+            batch = {k: v.to(device) for k, v in (collate(chunk, pad_id) if chunk else padding_batch(pad_id)).items()}
             with autocast():
                 logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
                 ref_logp = reference_logprobs(model, reference, batch, config)
@@ -239,11 +276,22 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
                     clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
                     normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
                 )
-            loss.backward()
-            ranks.average_gradients(trainable, contributed=True)
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            if sharded:
+                # FSDP's reduce-scatter divides the summed gradients by the world size; weight this
+                # rank's loss so that the result is the mean over the ranks that contributed (as
+                # average_gradients does). A padding minibatch adds zeros: logp times zero, since
+                # the loss of a fully masked batch need not be finite.
+                contributors = sum(n > index for n in per_rank)
+                (loss * (ranks.world_size / contributors) if chunk else (logp * 0.0).sum()).backward()
+            else:
+                loss.backward()
+                ranks.average_gradients(trainable, contributed=True)
+            # Sharded gradients: the norm is a DTensor over all shards, so every rank clips alike.
+            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             updates += 1
+            if not chunk:
+                continue
             local_updates += 1
             for key, value in {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}.items():
                 if isinstance(value, (int, float)):

@@ -1,4 +1,5 @@
-"""The data-parallel path: two CPU processes (gloo) started by torchrun train in lockstep."""
+"""The distributed paths: two CPU processes (gloo) started by torchrun train in lockstep, with
+the model replicated (DDP-style gradient averaging) or sharded (FSDP2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
@@ -32,15 +34,19 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_two_processes_stay_in_lockstep(tmp_path):
+def torchrun(script_text: str, tmp_path: Path, *args: str) -> None:
     script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(script), str(tmp_path / "run"), str(tmp_path)]
+               str(script), *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_two_processes_stay_in_lockstep(tmp_path):
+    torchrun(SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path))
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
     # The same averaged gradients on both ranks: identical weights after three steps.
@@ -66,6 +72,122 @@ def test_tasks_must_split_evenly_across_ranks(tmp_path, monkeypatch, make_char_p
     from rftgym.train.distributed import Distributed
     from rftgym.train.loop import train
 
-    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls, device=None: cls(rank=0, world_size=2)))
+    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls, *args, **kwargs: cls(rank=0, world_size=2)))
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
         train(TrainConfig(tasks_per_step=3, output_dir=str(tmp_path)), policy=make_char_policy(), make_env=SayAEnv)
+
+
+# Several runs in one launch (starting torchrun costs more than a 3-step run of the tiny model).
+# Every rank returns its history and its weights, gathered whole from the shards.
+FSDP_SCRIPT = textwrap.dedent('''
+    import sys, torch, torch.distributed as dist
+    from support import SayAEnv, make_char_policy
+    from rftgym.train import TrainConfig
+    from rftgym.train.loop import train
+    from rftgym.train.distributed import full_tensor
+
+    out, result_dir = sys.argv[1], sys.argv[2]
+
+    class IdleOnRank1(SayAEnv):
+        """Rank 1's groups all score 0, so zero-variance filtering leaves that rank no samples."""
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, (0.0 if dist.get_rank() == 1 else reward), terminated, truncated, info
+
+    def run(name, parallelism, steps, env=SayAEnv, resume=False, **extra):
+        policy = make_char_policy(seed=0)
+        config = TrainConfig(steps=steps, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
+                             minibatch_size=4, output_dir=f"{out}/{name}", seed=0, save_every=2,
+                             parallelism=parallelism, **extra)
+        history = train(config, policy=policy, make_env=env, resume=resume)
+        weights = {n: full_tensor(p.detach()).clone() for n, p in policy.model.named_parameters()}
+        return history, weights
+
+    results = {"ddp": run("ddp", "ddp", 3), "fsdp": run("fsdp", "fsdp", 3)}
+    run("resumed", "fsdp", 2)  # interrupted after its step-2 checkpoint ...
+    results["resumed"] = run("resumed", "fsdp", 3, resume=True)  # ... and continued by a fresh start
+    results["idle_ddp"] = run("idle_ddp", "ddp", 2, env=IdleOnRank1)
+    results["idle_fsdp"] = run("idle_fsdp", "fsdp", 2, env=IdleOnRank1)
+    results["lora_kl"] = run("lora_kl", "fsdp", 2, lora_rank=4, kl_coef=0.1)
+    results["full_kl"] = run("full_kl", "fsdp", 2, kl_coef=0.1)
+    torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
+''')
+
+
+def assert_same_run(a, b, rel=1e-4):
+    (history_a, weights_a), (history_b, weights_b) = a, b
+    assert [h["reward_mean"] for h in history_a] == [h["reward_mean"] for h in history_b]
+    for x, y in zip(history_a, history_b):
+        assert (x["loss"] is None) == (y["loss"] is None)
+        if x["loss"] is not None:
+            assert y["loss"] == pytest.approx(x["loss"], rel=rel, abs=1e-6)
+            assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=rel)
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        torch.testing.assert_close(weights_b[name], weights_a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("fsdp")
+    torchrun(FSDP_SCRIPT, tmp_path, str(tmp_path / "runs"), str(tmp_path))
+    return tmp_path, [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def test_fsdp_trains_like_data_parallel(fsdp_runs):
+    _, ranks = fsdp_runs
+    for rank in ranks:
+        # Same rollouts (same seeds, same weights), so sharding must not change the numbers: the
+        # same losses, gradient norms (clipped over all shards) and weights as replicated training.
+        assert_same_run(rank["ddp"], rank["fsdp"])
+        assert rank["fsdp"][0][0]["updates"] > 0
+    # Every rank gathers the same parameters from the shards.
+    for name, tensor in ranks[0]["fsdp"][1].items():
+        assert torch.equal(tensor, ranks[1]["fsdp"][1][name]), name
+    # The ranks rolled out different tasks, so the lockstep is not an accident of identical data.
+    assert [h["loss"] for h in ranks[0]["fsdp"][0]] != [h["loss"] for h in ranks[1]["fsdp"][0]]
+
+
+def test_fsdp_rank_without_samples_still_joins(fsdp_runs):
+    _, ranks = fsdp_runs
+    # Rank 1 has nothing to train on; it runs zero-weighted padding minibatches so that the
+    # collectives match, and the update is rank 0's alone (averaged over contributing ranks).
+    assert all(h["loss"] is None and h["updates"] > 0 for h in ranks[1]["idle_fsdp"][0])
+    assert all(h["loss"] is not None for h in ranks[0]["idle_fsdp"][0])
+    for rank in ranks:
+        assert_same_run(rank["idle_ddp"], rank["idle_fsdp"])
+
+
+def test_fsdp_resume_is_exact(fsdp_runs):
+    _, ranks = fsdp_runs
+    for rank in ranks:
+        history, weights = rank["resumed"]
+        assert [h["step"] for h in history] == [2]
+        assert_same_run((rank["fsdp"][0][2:], rank["fsdp"][1]), (history, weights), rel=1e-5)
+
+
+def test_fsdp_lora_trains_adapters_only_and_kl_references_work(fsdp_runs, make_char_policy):
+    _, ranks = fsdp_runs
+    initial = dict(make_char_policy(seed=0).model.named_parameters())
+    history, weights = ranks[0]["lora_kl"]
+    assert all("kl_ref" in h for h in history if h["loss"] is not None)
+    base = {n.replace("base_model.model.", "").replace(".base_layer", ""): w for n, w in weights.items()
+            if "lora_" not in n}
+    assert base.keys() == initial.keys()
+    assert all(torch.equal(w, initial[n].detach()) for n, w in base.items())  # frozen base weights
+    assert any(w.abs().sum() > 0 for n, w in weights.items() if "lora_B" in n)  # B starts at zero
+    history, _ = ranks[0]["full_kl"]  # a sharded frozen copy as the reference
+    assert any(h.get("kl_ref", 0) > 0 for h in history)
+
+
+def test_fsdp_checkpoint_loads_in_one_process(fsdp_runs, make_char_policy):
+    from rftgym.train.checkpoint import load_checkpoint
+
+    tmp_path, ranks = fsdp_runs
+    policy = make_char_policy(seed=0)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+    step, rng, _ = load_checkpoint(tmp_path / "runs" / "fsdp", model=policy.model, optimizer=optimizer)
+    assert step == 3 and len(rng["ranks"]) == 2
+    for name, p in policy.model.named_parameters():
+        assert torch.equal(p.detach(), ranks[0]["fsdp"][1][name]), name
+        assert optimizer.state[p]["exp_avg"].shape == p.shape  # whole moments, not one rank's shard

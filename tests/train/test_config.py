@@ -1,0 +1,49 @@
+"""TrainConfig's validation of the parallelism choice, and its path from the CLI to the loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from rftgym.core.errors import ConfigError
+from rftgym.train import TrainConfig
+
+
+def test_parallelism_defaults_to_ddp_and_accepts_fsdp():
+    assert TrainConfig().parallelism == "ddp"
+    assert TrainConfig(parallelism="fsdp").parallelism == "fsdp"
+    assert TrainConfig.from_dict(TrainConfig(parallelism="fsdp").to_dict()).parallelism == "fsdp"
+
+
+def test_unknown_parallelism_says_what_is_allowed_and_what_fsdp_needs():
+    with pytest.raises(ConfigError, match="'ddp'.*'fsdp'.*torchrun or accelerate launch.*'zero3'"):
+        TrainConfig(parallelism="zero3")
+
+
+def test_fsdp_without_a_launcher_explains(tmp_path, monkeypatch, make_char_policy):
+    from support import SayAEnv
+
+    from rftgym.train.loop import train
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="needs a distributed launch, e.g. torchrun"):
+        train(TrainConfig(parallelism="fsdp", output_dir=str(tmp_path)), policy=make_char_policy(), make_env=SayAEnv)
+
+
+def test_cli_passes_parallelism_through(tmp_path, monkeypatch, capsys):
+    from rftgym import cli
+
+    seen = {}
+
+    def fake_train(config, resume=False):
+        seen["config"] = config
+        return []
+
+    monkeypatch.setattr("rftgym.train.loop.train", fake_train)
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run"),
+                     "--parallelism", "fsdp"]) == 0
+    assert seen["config"].parallelism == "fsdp"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "x"), "--parallelism", "zero3"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
