@@ -5,6 +5,10 @@ It renders contexts through the tokenizer's chat template with an exact-token ca
 KV-cached decode loop, temperature / top-k / top-p sampling, stop at end of turn), and returns
 for each reply the exact prompt tokens, sampled tokens and their log-probabilities.
 
+On CUDA, Llama-family models decode through :mod:`rftgym.agents.fast_decode` (static KV cache,
+one CUDA graph per decode step) with the same reply contract; ``HFPolicy(..., fast_decode=False)``
+keeps the generic loop, which any causal LM can use.
+
 Log-probabilities are those of the sampling distribution before top-k/top-p truncation, i.e.
 ``log_softmax(logits / temperature)`` (temperature 1 when decoding greedily); the trainer uses
 the same temperature so that importance ratios compare like with like.
@@ -13,6 +17,7 @@ the same temperature so that importance ratios compare like with like.
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -54,8 +59,14 @@ class SamplingConfig:
 class HFPolicy(Agent):
     """A transformers causal LM that acts on batches of contexts and records exact tokens."""
 
-    def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None, name: str = "hf"):
+    def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None, name: str = "hf",
+                 fast_decode: bool | None = None):
+        """``fast_decode``: None (default) uses :mod:`rftgym.agents.fast_decode` (static KV cache,
+        one CUDA graph per decode step) on CUDA when the model qualifies; True also uses it,
+        eagerly, on CPU; False always uses the generic transformers loop."""
         self.torch = require("torch", "hf", "The Hugging Face policy")
+        self.fast_decode = fast_decode
+        self._fast: tuple | None = None  # (model it was built for, FastDecoder or None, reason)
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
@@ -70,8 +81,9 @@ class HFPolicy(Agent):
 
     def _sampling_generator(self):
         # The model may have moved (e.g. to a GPU) since construction; keep the seed stream.
-        if self._generator.device != self.device:
-            state_seed = int(self.torch.randint(0, 2**62, (1,), generator=self._generator))
+        if not _same_device(self._generator.device, self.device):
+            state_seed = int(self.torch.randint(0, 2**62, (1,), generator=self._generator,
+                                                device=self._generator.device))
             self._generator = self.torch.Generator(device=self.device).manual_seed(state_seed)
         return self._generator
 
@@ -127,7 +139,42 @@ class HFPolicy(Agent):
                 replies[index] = reply
         return replies  # type: ignore[return-value]
 
+    def _fast_decoder(self, length: int):
+        """The fast decoder for the current model, or None when it is off or does not apply."""
+        if self.fast_decode is False or (self.fast_decode is None and self.device.type != "cuda"):
+            return None
+        if self._fast is None or self._fast[0] is not self.model:  # e.g. prepare_model wrapped it in LoRA
+            from .fast_decode import FastDecoder, unsupported_reason
+
+            reason = unsupported_reason(self.model)
+            self._fast = (self.model, None if reason else FastDecoder(self.model), reason)
+            if reason and self.fast_decode:
+                warnings.warn(f"fast_decode=True but {reason}; using the generic decode loop", stacklevel=3)
+        fast = self._fast[1]
+        return fast if fast is not None and fast.supports_length(length) else None
+
+    @property
+    def fast_decode_reason(self) -> str | None:
+        """Why the last generation did not use the fast path (None if it did or was not asked)."""
+        return None if self._fast is None else self._fast[2]
+
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[AgentReply]:
+        width = max(len(p) for p in prompts)
+        fast = self._fast_decoder(width + sampling.max_new_tokens)
+        if fast is not None:
+            from .fast_decode import DecodeSettings
+
+            settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
+            with self.torch.inference_mode():
+                sampled, logprobs, lengths, stopped = fast.generate(
+                    prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id,
+                    generator=None if sampling.greedy else self._sampling_generator())
+        else:
+            sampled, logprobs, lengths, stopped = self._generic_decode(prompts, sampling)
+        return self._replies(prompts, sampled, logprobs, lengths, stopped)
+
+    def _generic_decode(self, prompts: list[list[int]], sampling: SamplingConfig):
+        """The plain transformers loop (dynamic cache), for any causal LM."""
         torch = self.torch
         device = self.device
         batch = len(prompts)
@@ -171,8 +218,10 @@ class HFPolicy(Agent):
                 cache = _output_cache(out)
                 logits = out.logits[:, -1, :]
 
+        return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
+
+    def _replies(self, prompts, sampled, logprobs, lengths, stopped) -> list[AgentReply]:
         replies = []
-        sampled, logprobs, lengths, stopped = sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
         for row, prompt in enumerate(prompts):
             n = int(lengths[row])
             ids = sampled[row, :n].tolist()
@@ -237,3 +286,10 @@ def _cache_kwarg(model) -> str:
 def _output_cache(output):
     cache = getattr(output, "cache", None)
     return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def _same_device(a, b) -> bool:
+    """"cuda" and "cuda:0" are one device (a generator made for "cuda" reports no index)."""
+    if a.type != b.type:
+        return False
+    return a.index is None or b.index is None or a.index == b.index

@@ -58,6 +58,10 @@ class TrainConfig:
     # "fsdp" shards parameters, gradients and optimizer state (FSDP2) for models whose training
     # state does not fit one GPU. One process without a launcher is "ddp".
     parallelism: str = "ddp"
+    # Update-phase speed (rftgym/train/speed.py): compile each decoder layer (None = on CUDA, off
+    # on CPU, where compiling costs more than it saves), and optionally recompute MLPs to save memory.
+    compile: bool | None = None
+    checkpoint_mlp: bool = False
     device: str | None = None  # default: cuda if available, else cpu
     dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
     seed: int = 0
@@ -99,6 +103,12 @@ class TrainConfig:
             raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
                               f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "
                               f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}")
+        if self.compile not in (None, True, False) or not isinstance(self.checkpoint_mlp, bool):
+            raise ConfigError(f"compile must be True, False or None (auto: on CUDA) and checkpoint_mlp a bool; "
+                              f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
+        if self.parallelism == "fsdp" and (self.compile or self.checkpoint_mlp):
+            raise ConfigError("compile and checkpoint_mlp are not supported with parallelism='fsdp' yet; "
+                              "leave compile unset (auto skips it under FSDP) and checkpoint_mlp off")
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("env_kwargs must be a dict of environment options")
 

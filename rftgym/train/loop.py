@@ -26,6 +26,7 @@ from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, chunked_token_logprobs, policy_loss
 from .metrics_log import MetricsLog, plot_learning_curve
+from .speed import SpeedConfig, apply_training_speedups, make_optimizer
 
 
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
@@ -68,8 +69,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         with torch.no_grad(), autocast():
             batch_logprobs(model, {k: v.to(policy.device) for k, v in padding_batch(policy.pad_id).items()}, config)
         model.reshard()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=config.learning_rate, weight_decay=config.weight_decay)
+    else:
+        # After make_reference: compiled layers must not be deep-copied into the reference.
+        speedups = apply_training_speedups(model, SpeedConfig(
+            compile_layers=policy.device.type == "cuda" if config.compile is None else config.compile,
+            checkpoint_mlp=config.checkpoint_mlp))
+        if ranks.is_main and any(v != "on" for v in speedups.values()):
+            print(f"update speed-ups: {speedups}")
+    optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
+                               fused=not fsdp)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                      top_p=config.top_p, max_batch_size=config.rollout_batch_size)
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks

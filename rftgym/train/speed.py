@@ -1,0 +1,149 @@
+"""Training-speed switches for the update phase, applied to the model in place.
+
+The update runs through :func:`rftgym.train.loop.batch_logprobs` (the HF decoder, then chunked
+log-probs) whatever is switched on here; these switches only change how fast and how lean it is:
+
+* ``compile_layers``: ``torch.compile`` each decoder layer (not the whole model: the HF model's
+  mask and output plumbing would break the graph). Identical layers share one compiled graph, and
+  the compiler fuses norms, RoPE, SiLU and residual adds, recomputing those cheap elementwise
+  results in the backward pass instead of saving them.
+* ``causal_without_mask``: training batches are right-padded (:func:`~rftgym.train.batching.collate`),
+  so under a causal mask no real token ever sees padding: the padding mask changes nothing for
+  real tokens. Dropping it lets SDPA use its flash kernel (``is_causal``) instead of the masked
+  memory-efficient one. A decoder call with any other mask (e.g. left padding) keeps its mask.
+* ``checkpoint_mlp``: recompute each layer's MLP in the backward pass (its 3 x intermediate-size
+  activations dominate memory) at the cost of one extra MLP forward.
+* ``memory_budget``: the compiler's activation-memory budget (0..1) for choosing what to recompute.
+
+:func:`make_optimizer` gives a fused AdamW on CUDA (one kernel for all parameters).
+
+Wiring (for :mod:`rftgym.train.loop`): call ``apply_training_speedups(model, SpeedConfig(...))`` at
+the end of ``prepare_model`` and build the optimizer with :func:`make_optimizer`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    compile_layers: bool = True
+    causal_without_mask: bool = True
+    checkpoint_mlp: bool = False
+    fused_optimizer: bool = True
+    memory_budget: float | None = None  # None: the compiler's default (save what is not cheap to recompute)
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is not None and not 0 < self.memory_budget <= 1:
+            raise ConfigError(f"memory_budget must be in (0, 1] (share of activations kept), got {self.memory_budget}")
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@functools.lru_cache(maxsize=None)
+def compile_works(device_type: str) -> str | None:
+    """None if ``torch.compile`` can build and run a kernel on ``device_type``; else why not
+    (e.g. no C compiler for Triton's launcher). Checked once per process."""
+    try:
+        def probe(x):
+            return torch.nn.functional.silu(x) * 2 + 1
+
+        x = torch.randn(8, device=device_type)
+        torch.testing.assert_close(torch.compile(probe)(x), probe(x))
+        return None
+    except Exception as exc:  # the compiler raises many types; any means "do not compile"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def is_right_padded(mask: torch.Tensor) -> bool:
+    """Whether every row of a ``[B, T]`` 0/1 mask is ones followed by zeros (one host sync)."""
+    if mask.dim() != 2:
+        return False
+    ones_first = mask[:, 0].bool().all() & (mask[:, 1:] <= mask[:, :-1]).all()
+    return bool(ones_first)
+
+
+def _drop_right_padding_mask(module, args, kwargs):
+    mask = kwargs.get("attention_mask")
+    if mask is not None and torch.is_grad_enabled() and is_right_padded(mask):
+        kwargs = {**kwargs, "attention_mask": None}
+    return args, kwargs
+
+
+def _checkpointed(forward):
+    @functools.wraps(forward)
+    def run(x):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return checkpoint(forward, x, use_reentrant=False, preserve_rng_state=False)
+        return forward(x)
+    return run
+
+
+def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str, str]:
+    """Apply ``speed`` to ``model`` in place; return what was applied or skipped, and why."""
+    speed = speed or SpeedConfig()
+    base = _base(model)
+    decoder = base.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    report: dict[str, str] = {}
+    if speed.causal_without_mask:
+        if getattr(decoder, "_rftgym_mask_hook", None) is None:
+            decoder._rftgym_mask_hook = decoder.register_forward_pre_hook(_drop_right_padding_mask, with_kwargs=True)
+        report["causal_without_mask"] = "on"
+    if speed.checkpoint_mlp:
+        if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
+            report["checkpoint_mlp"] = "skipped: the decoder has no layers[i].mlp"
+        else:
+            for layer in layers:
+                if not getattr(layer.mlp, "_rftgym_checkpointed", False):
+                    layer.mlp.forward = _checkpointed(layer.mlp.forward)
+                    layer.mlp._rftgym_checkpointed = True
+            report["checkpoint_mlp"] = "on"
+    if speed.compile_layers:
+        device_type = next(model.parameters()).device.type
+        problem = compile_works(device_type) if layers is not None else "the decoder has no .layers"
+        if problem:
+            report["compile_layers"] = f"skipped: {problem}"
+        else:
+            if speed.memory_budget is not None:
+                torch._functorch.config.activation_memory_budget = speed.memory_budget
+            # Identical layers share one compiled graph; leave room in the guard cache anyway,
+            # and compile for any sequence length at once (each training batch has its own).
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            for layer in layers:
+                layer.compile(dynamic=True)
+            report["compile_layers"] = "on"
+    return report
+
+
+def make_optimizer(parameters, *, lr: float, weight_decay: float = 0.0, fused: bool = True) -> torch.optim.Optimizer:
+    """AdamW over the trainable ``parameters``, fused into one kernel when they are all on CUDA."""
+    parameters = [p for p in parameters if p.requires_grad]
+    on_cuda = bool(parameters) and all(p.is_cuda for p in parameters)
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=fused and on_cuda)
+
+
+# ---------------------------------------------------------------- accounting
+
+def parameter_count(model) -> int:
+    """Parameters of the model, tied weights counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def update_flops(parameters: int, sequence_lengths: list[int], layers: int, attention_width: int) -> float:
+    """Model FLOPs of one forward+backward over sequences of the given lengths::
+
+        6 * N * sum(s)  +  12 * layers * attention_width * sum(s^2)
+
+    (dense matmuls, then QK^T and AV at full, non-causal cost as in PaLM's MFU; recomputation
+    is not counted: MFU measures useful work)."""
+    return 6.0 * parameters * sum(sequence_lengths) + 12.0 * layers * attention_width * sum(s * s for s in sequence_lengths)

@@ -1,0 +1,92 @@
+"""Speed switches must not change the numbers: log-probs and gradients stay those of the plain model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rftgym.core.errors import ConfigError
+from rftgym.train.batching import TrainSample, collate
+from rftgym.train.config import TrainConfig
+from rftgym.train.loop import batch_logprobs
+from rftgym.train.speed import (
+    SpeedConfig,
+    apply_training_speedups,
+    is_right_padded,
+    make_optimizer,
+    parameter_count,
+    update_flops,
+)
+
+
+def tiny_llama(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
+    return LlamaForCausalLM(config)
+
+
+def batch():
+    lengths = [9, 5, 7]
+    samples = [TrainSample(list(range(3, 3 + n)), [0, 0] + [1] * (n - 2), [0.0] * n, [0.0] * n, 0, i)
+               for i, n in enumerate(lengths)]
+    return collate(samples, pad_id=0)
+
+
+def logprobs_and_grads(model, data):
+    model.zero_grad()
+    logp, _ = batch_logprobs(model, data, TrainConfig())
+    (logp * data["loss_mask"]).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), grads
+
+
+def test_right_padding_check():
+    assert is_right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert not is_right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding
+    assert not is_right_padded(torch.tensor([[1, 0, 1]]))
+    assert not is_right_padded(torch.ones(1, 1, 2, 2))
+
+
+@pytest.mark.parametrize("speed", [SpeedConfig(compile_layers=False),
+                                   SpeedConfig(compile_layers=False, checkpoint_mlp=True)])
+def test_speedups_keep_logprobs_and_gradients_on_real_tokens(speed):
+    data = batch()
+    plain, fast = tiny_llama(), tiny_llama()
+    expected_logp, expected_grads = logprobs_and_grads(plain, data)
+    report = apply_training_speedups(fast, speed)
+    assert report["causal_without_mask"] == "on"
+    logp, grads = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def test_left_padded_calls_keep_their_mask():
+    model = tiny_llama()
+    apply_training_speedups(model, SpeedConfig(compile_layers=False))
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    seen = {}
+
+    def record(module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+
+    model.model.register_forward_pre_hook(record, with_kwargs=True)
+    model(input_ids=ids, attention_mask=attention)
+    assert seen["mask"] is attention
+
+
+def test_optimizer_and_flops():
+    model = tiny_llama()
+    optimizer = make_optimizer(model.parameters(), lr=1e-3)
+    assert isinstance(optimizer, torch.optim.AdamW) and not optimizer.defaults["fused"]  # CPU: not fused
+    n = parameter_count(model)
+    assert n == sum(p.numel() for p in model.parameters())  # parameters() already yields tied ones once
+    assert update_flops(n, [4, 2], layers=2, attention_width=32) == 6 * n * 6 + 12 * 2 * 32 * (16 + 4)
+    with pytest.raises(ConfigError, match="memory_budget"):
+        SpeedConfig(memory_budget=1.5)
