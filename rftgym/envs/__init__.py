@@ -6,6 +6,10 @@ import gymnasium as gym
 
 # id -> (entry point, one-line description). `rftgym envs` prints this table.
 ENVS: dict[str, tuple[str, str]] = {
+    "rftgym/CodeTCG-v0": (
+        "rftgym.envs.code.env:CodeTCGEnv",
+        "write a program from a spec; tests from a Test Case Generator, run in a sandbox (O1-CODER)",
+    ),
     "rftgym/VerifiableQA-v0": (
         "rftgym.envs.verifiable.env:VerifiableQAEnv",
         "arithmetic and multiple-choice questions with one checkable answer in <answer> tags",

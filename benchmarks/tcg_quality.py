@@ -1,0 +1,116 @@
+"""Test Case Generator quality: dataset tests alone against dataset + TCG tests, side by side.
+
+What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit N`` first tasks)
+------------------------------------------------------------------------------------------------
+* tests per task by origin (example, dataset, edge, random) after the TCG (reference run twice in
+  the sandbox, failing/nondeterministic inputs dropped, capped at ``--max-tests``);
+* reference pass %: the share of tasks whose reference passes all its tests (must be 100, minus
+  tasks left with no tests: "untestable");
+* a wrong solution (``return None``) must fail: share of tasks where it does;
+* mutation score: AST mutants of the reference (see ``rftgym.envs.code.mutants``; at most
+  ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
+  dataset ships) against the whole TCG suite (ours);
+* agreement with the dataset's own tests (HumanEval ``check``, MBPP asserts) for the reference.
+
+The last line is one JSON object with the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rftgym.envs.code.harness import grade_many, run_dataset_tests_many
+from rftgym.envs.code.mutants import quality_report, summarize
+from rftgym.envs.code.sandbox import make_sandbox
+from rftgym.envs.code.tcg import TCGConfig, build_tests_many
+
+# The shared data folder beside the checkout.
+DEFAULT_MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "code" / "mbpp.jsonl"
+
+
+def load(args):
+    from rftgym.envs.code import datasets
+    from rftgym.envs.code.tasks import generate_tasks
+
+    if args.dataset == "humaneval":
+        tasks = datasets.load_humaneval()
+    elif args.dataset == "mbpp":
+        tasks = datasets.load_mbpp(args.path or DEFAULT_MBPP)
+    else:
+        tasks = generate_tasks(args.limit or 45, seed=args.seed, difficulty=2)
+    return tasks[: args.limit] if args.limit else tasks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=("humaneval", "mbpp", "generated"), default="mbpp")
+    parser.add_argument("--path", default=None, help="MBPP JSONL file")
+    parser.add_argument("--limit", type=int, default=None, help="first N tasks only")
+    parser.add_argument("--mutants", type=int, default=20, help="max mutants per task")
+    parser.add_argument("--max-tests", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-mutants", action="store_true")
+    args = parser.parse_args()
+
+    tasks = load(args)
+    sandbox = make_sandbox()
+    config = TCGConfig(max_tests=args.max_tests, seed=args.seed, cache_dir=tempfile.mkdtemp(prefix="rftgym-tcg-"))
+    t0 = time.perf_counter()
+    built = build_tests_many(tasks, config, sandbox)
+    t_build = time.perf_counter() - t0
+    refs = grade_many([(t, t.reference) for t in built], sandbox)
+    wrong = grade_many([(t, f"def {t.entry_point}(*args, **kwargs):\n    return None\n" if t.style == "function"
+                         else "pass\n") for t in built], sandbox)
+    t_grade = time.perf_counter() - t0 - t_build
+    ref_fail = [(t.task_id, r.status, r.passed, r.total) for t, r in zip(built, refs) if r.pass_rate < 1.0]
+    wrong_pass = [t.task_id for t, r in zip(built, wrong) if r.total and r.pass_rate == 1.0]
+    checks = run_dataset_tests_many([(t, t.reference) for t in built], sandbox)
+    with_checks = [c for c in checks if c.passed is not None]
+    dataset_ok = sum(bool(c.passed) for c in with_checks)
+    dataset_fail = [(t.task_id, c.error) for t, c in zip(built, checks) if c.passed is False]
+
+    summary = {"tasks": len(built), "tests_per_task": sum(len(t.tests) for t in built) / max(1, len(built))}
+    if not args.skip_mutants:
+        t1 = time.perf_counter()
+        summary = summarize(quality_report(built, sandbox, max_mutants=args.mutants, seed=args.seed))
+        summary["mutant_seconds"] = round(time.perf_counter() - t1, 1)
+    testable = [r for r in refs if r.total]
+    print(f"TCG quality on {args.dataset} ({len(built)} tasks{', first ' + str(args.limit) if args.limit else ''}; "
+          f"sandbox: {sandbox.isolation})")
+    print(f"{'':44s}{'dataset tests only':>20s}{'dataset + TCG':>16s}")
+    by_origin = summary.get("tests_per_task_by_origin", {})
+    dataset_tests = by_origin.get("example", 0) + by_origin.get("dataset", 0)
+    print(f"{'tests per task':44s}{dataset_tests:>20.1f}{summary['tests_per_task']:>16.1f}")
+    print(f"{'  by origin':44s}{'':>20s}{json.dumps(by_origin):>16s}")
+    if "mutation_score_tcg_pct" in summary:
+        print(f"{'mutation score % (' + str(summary['mutants']) + ' mutants)':44s}"
+              f"{summary['mutation_score_dataset_pct']:>20.1f}{summary['mutation_score_tcg_pct']:>16.1f}")
+    print(f"{'reference passes all its tests (testable)':44s}{'':>20s}"
+          f"{sum(r.pass_rate == 1.0 for r in testable):>10d}/{len(testable)}")
+    print(f"{'untestable (no test input survived)':44s}{'':>20s}{len(built) - len(testable):>16d}")
+    print(f"{'return-None solution fails':44s}{'':>20s}{len(testable) - len(wrong_pass):>10d}/{len(testable)}")
+    print(f"{'reference passes the dataset own tests':44s}{dataset_ok:>14d}/{len(with_checks)}")
+    print(f"{'seconds: build tests / grade ref+wrong':44s}{t_build:>20.1f}{t_grade:>16.1f}")
+    for task_id, status, passed, total in ref_fail:
+        print(f"  reference failure: {task_id}: {status} {passed}/{total}")
+    for task_id, error in dataset_fail:
+        print(f"  dataset-test failure: {task_id}: {error}")
+    headline = {"bench": "tcg_quality", "dataset": args.dataset, "tasks": len(built), "limit": args.limit,
+                "tests_per_task": round(summary["tests_per_task"], 2),
+                "reference_pass_testable": sum(r.pass_rate == 1.0 for r in testable), "testable": len(testable),
+                "wrong_fails": len(testable) - len(wrong_pass), "dataset_check_pass": dataset_ok,
+                "build_seconds": round(t_build, 1)}
+    if "mutation_score_tcg_pct" in summary:
+        headline.update(mutants=summary["mutants"],
+                        peer_mutation_score=round(summary["mutation_score_dataset_pct"], 1),
+                        ours_mutation_score=round(summary["mutation_score_tcg_pct"], 1),
+                        mutant_seconds=summary["mutant_seconds"])
+    print(json.dumps(headline))
+
+
+if __name__ == "__main__":
+    main()

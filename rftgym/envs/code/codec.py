@@ -1,0 +1,180 @@
+"""A small type-tagged JSON codec for values returned by code under test, and their comparison.
+
+Values are encoded *inside* the sandbox (the encoder's source, :data:`ENCODER_SOURCE`, is pasted
+into every harness program) and decoded and compared on the host, so that expected outputs never
+enter the sandbox and a returned object cannot fake equality with a custom ``__eq__``.
+
+Encoding: ``["i", 3]``, ``["f", 0.5]`` (``"nan"``, ``"inf"``, ``"-inf"`` as strings), ``["s", "x"]``,
+``["b", true]``, ``["n"]``, ``["l", [...]]``, ``["t", [...]]``, ``["d", [[k, v], ...]]``,
+``["set", [...]]``, ``["fs", [...]]``, and ``["r", "repr(x)"]`` for anything else. Subclasses of
+the builtin types encode as their base type (a namedtuple is a tuple, a Counter a dict), as
+Python's ``==`` would treat them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Runs inside the sandbox (stdlib only) and on the host; keep it self-contained.
+ENCODER_SOURCE = r'''
+def _rft_encode(value, depth=0):
+    if depth > 60:
+        return ["r", "<too deep>"]
+    if value is None:
+        return ["n"]
+    if isinstance(value, bool):
+        return ["b", bool(value)]
+    if isinstance(value, int):
+        return ["i", int.__int__(value)]
+    if isinstance(value, float):
+        value = float.__float__(value)
+        if value != value:
+            return ["f", "nan"]
+        if value in (float("inf"), float("-inf")):
+            return ["f", "inf" if value > 0 else "-inf"]
+        return ["f", value]
+    if isinstance(value, str):
+        return ["s", str.__str__(value)]
+    if isinstance(value, list):
+        return ["l", [_rft_encode(v, depth + 1) for v in list.__iter__(value)]]
+    if isinstance(value, tuple):
+        return ["t", [_rft_encode(v, depth + 1) for v in tuple.__iter__(value)]]
+    if isinstance(value, dict):
+        return ["d", [[_rft_encode(k, depth + 1), _rft_encode(v, depth + 1)] for k, v in dict.items(value)]]
+    if isinstance(value, frozenset):
+        return ["fs", [_rft_encode(v, depth + 1) for v in frozenset.__iter__(value)]]
+    if isinstance(value, set):
+        return ["set", [_rft_encode(v, depth + 1) for v in set.__iter__(value)]]
+    try:
+        text = repr(value)
+    except BaseException as exc:
+        text = "<unrepresentable %s>" % type(exc).__name__
+    return ["r", str(text)[:10000]]
+
+
+def _rft_dumps(value):
+    import json
+    return json.dumps(_rft_encode(value), allow_nan=False, separators=(",", ":"))
+'''
+
+_namespace: dict[str, Any] = {}
+exec(compile(ENCODER_SOURCE, "<rftgym-encoder>", "exec"), _namespace)  # our own source, see above
+
+
+def encode(value: Any) -> str:
+    """The JSON text of ``value`` under the type-tagged encoding (what the sandbox reports)."""
+    return _namespace["_rft_dumps"](value)
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value that had no JSON form; it equals only an Opaque with the same repr."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def decode(text: str) -> Any:
+    """Inverse of :func:`encode` (``["r", ...]`` becomes :class:`Opaque`)."""
+    return _from_tagged(json.loads(text))
+
+
+def _from_tagged(node: Any) -> Any:
+    if not isinstance(node, list) or not node or not isinstance(node[0], str):
+        raise ValueError(f"not a tagged value: {node!r}")
+    tag = node[0]
+    if tag == "n":
+        return None
+    if tag in ("i", "b", "s"):
+        return node[1]
+    if tag == "f":
+        return float(node[1])
+    if tag == "l":
+        return [_from_tagged(v) for v in node[1]]
+    if tag == "t":
+        return tuple(_from_tagged(v) for v in node[1])
+    if tag == "d":
+        out = {}
+        for k, v in node[1]:
+            key = _from_tagged(k)
+            out[_hashable(key)] = _from_tagged(v)
+        return out
+    if tag == "set":
+        return {_hashable(_from_tagged(v)) for v in node[1]}
+    if tag == "fs":
+        return frozenset(_hashable(_from_tagged(v)) for v in node[1])
+    if tag == "r":
+        return Opaque(node[1])
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _hashable(value: Any) -> Any:
+    # A dict key or set member decoded as a list can only come from a tampered stream.
+    return Opaque(repr(value)) if isinstance(value, (list, dict, set)) else value
+
+
+FLOAT_TOLERANCE = 1e-6
+
+
+def values_equal(expected: Any, got: Any, tol: float = FLOAT_TOLERANCE) -> bool:
+    """Python's ``==`` on decoded values, except that floats match within ``tol`` (absolute or
+    relative, like HumanEval's ``abs(a - b) < 1e-6``) and nan equals nan."""
+    if isinstance(expected, float) or isinstance(got, float):
+        if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+            a, b = float(expected), float(got)
+            if math.isnan(a) or math.isnan(b):
+                return math.isnan(a) and math.isnan(b)
+            if math.isinf(a) or math.isinf(b):
+                return a == b
+            return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+        return False
+    if isinstance(expected, (list, tuple)) or isinstance(got, (list, tuple)):
+        # list != tuple, as in Python.
+        if type(expected) is not type(got) or len(expected) != len(got):
+            return False
+        return all(values_equal(a, b, tol) for a, b in zip(expected, got))
+    if isinstance(expected, dict) or isinstance(got, dict):
+        if not (isinstance(expected, dict) and isinstance(got, dict)) or expected.keys() != got.keys():
+            return False
+        return all(values_equal(expected[k], got[k], tol) for k in expected)
+    if isinstance(expected, (set, frozenset)) or isinstance(got, (set, frozenset)):
+        return isinstance(expected, (set, frozenset)) and isinstance(got, (set, frozenset)) and expected == got
+    if isinstance(expected, Opaque) or isinstance(got, Opaque):
+        return expected == got
+    return type(expected) in (int, bool, str, type(None)) and expected == got
+
+
+def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE) -> bool:
+    """Compare two encodings; a missing or undecodable ``got`` never matches."""
+    if got is None:
+        return False
+    try:
+        return values_equal(decode(expected), decode(got), tol)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return False
+
+
+def normalize_stdout(text: str) -> str:
+    """Stdout as compared: line endings unified, trailing spaces and trailing blank lines dropped."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "\n".join(line.rstrip() for line in lines).rstrip("\n")
+
+
+def stdout_equal(expected: str, got: str | None) -> bool:
+    return got is not None and normalize_stdout(expected) == normalize_stdout(got)
+
+
+def display(encoded: str | None, limit: int = 200) -> str:
+    """A short human-readable form of an encoded value (for info dicts and prompts)."""
+    if encoded is None:
+        return "<none>"
+    try:
+        text = repr(decode(encoded))
+    except (ValueError, TypeError, KeyError, IndexError):
+        text = encoded
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,384 @@
+"""CodeTCG: write a program from a spec; a Test Case Generator's tests grade it (after O1-CODER).
+
+Observation
+    A :class:`~rftgym.core.messages.Context`: an optional system message, then the user's task
+    (the spec, the function signature or the stdin/stdout contract, and examples). After a turn
+    that does not end the episode, the env appends the assistant's turn and a user message with
+    feedback (what was wrong with the format, or which tests failed and how).
+
+Action
+    The text of one assistant turn. Code is submitted in a fenced block (```python … ```; the last
+    closed ``python``/``py`` block counts, else the last closed block without a language). With
+    ``pseudocode=True`` the first turn must instead hold numbered steps inside
+    ``<pseudocode>…</pseudocode>`` and no code (O1-CODER's pseudocode-then-code protocol); the
+    code follows in the next turn.
+
+Tests
+    Built per task by :mod:`rftgym.envs.code.tcg` from the reference solution (examples, the
+    dataset's own asserts, type-driven random and edge-case inputs; expected outputs come from
+    running the reference in the sandbox), cached on disk. Candidate code runs in the sandbox
+    (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``); expected outputs never enter
+    it: the program reports what it returned and the host compares.
+
+Reward (paid on the turn that ends the episode)
+    ``(1 - format_weight) * pass_rate + format_weight * well_formatted``: ``pass_rate`` is the
+    fraction of the task's tests passed by the last submission (0 for a syntax error or a missing
+    entry point, which are told apart in ``info["status"]``), ``well_formatted`` is 1 when the
+    turn held exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
+    pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
+    (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0.
+
+Episode end
+    ``terminated`` when a submission passes every test or ``max_attempts`` submissions were graded;
+    ``truncated`` when ``max_turns`` assistant turns passed without that. With ``max_attempts > 1``
+    a failing submission is answered with up to ``feedback_tests`` failing tests (input, expected,
+    got or error) and the agent tries again.
+
+Info keys
+    ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code"),
+    ``status`` (``"ok"``, ``"syntax_error"``, ``"missing_entry_point"``, ``"timeout"``,
+    ``"crashed"``, ``"no_code"``...), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
+    input, expected, got, error, seconds, passed, origin), ``format_ok``, ``format_error``,
+    ``success`` (every test passed), ``step_scores`` (pseudocode turns), ``sandbox`` (its
+    isolation, one line).
+
+Options to ``reset``
+    ``task_index`` picks a task of the dataset. Otherwise, with ``task_selection="seed"`` (the
+    default) ``reset(seed=i)`` gives task ``i % len(dataset)``, so ``rftgym eval --episodes 164``
+    covers HumanEval exactly once; without a seed the task is drawn from ``self.np_random``.
+    With ``dataset="generated"`` each reset generates a fresh task from the env's RNG.
+
+Version history
+    v0: first version.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+
+from ...core.errors import ConfigError
+from ...core.messages import Context, MessageIds
+from ...core.spaces import AssistantText, ContextSpace
+from ...core.tags import parse_tags
+from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
+from .feedback import describe_failures, extract_code, parse_pseudocode
+from .sandbox import SandboxLimits, make_sandbox
+from .tasks import CodeTask
+
+DATASETS = ("humaneval", "mbpp", "generated")
+SANDBOXES = ("local", "docker", "auto")
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an expert Python programmer. Solve the task. Reply with the complete solution "
+    "in one fenced code block:\n```python\n...\n```"
+)
+PSEUDOCODE_SYSTEM_PROMPT = (
+    "You are an expert Python programmer. Solve the task in two turns. First reply with a plan as "
+    "numbered pseudocode steps inside <pseudocode></pseudocode> tags, and no code. Then, when "
+    "asked, reply with the complete solution in one fenced code block:\n```python\n...\n```"
+)
+
+# (task, steps) -> one score in [0, 1] per step; see RolloutStepScorer.
+StepScorer = Callable[[CodeTask, Sequence[str]], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class CodeTCGConfig:
+    dataset: str = "humaneval"
+    dataset_path: str | None = None
+    task_selection: str = "seed"
+    difficulties: tuple[int, ...] = (1, 2, 3)
+    tcg: Any = None  # a tcg.TCGConfig; None = its defaults
+    sandbox: str = "local"
+    timeout_seconds: float = 10.0
+    memory_mb: int = 512
+    max_attempts: int = 1
+    max_turns: int | None = None
+    feedback_tests: int = 3
+    format_weight: float = 0.1
+    pseudocode: bool = False
+    step_scorer: StepScorer | None = None
+    process_weight: float = 1.0
+    system_prompt: str | None = None  # None = the protocol's default prompt
+    max_action_chars: int = 32_000
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.dataset == "mbpp" and not self.dataset_path:
+            raise ConfigError("dataset='mbpp' needs dataset_path=<MBPP JSONL file> "
+                              "(the standard {task_id, text, code, test_list, ...} records)")
+        if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
+            raise ConfigError(f"dataset_path must be a path, got {self.dataset_path!r}")
+        if self.task_selection not in ("seed", "random"):
+            raise ConfigError(f"task_selection must be 'seed' or 'random', got {self.task_selection!r}")
+        difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
+        try:
+            object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"difficulties must be a list of ints, got {self.difficulties!r}") from exc
+        if self.sandbox not in SANDBOXES:
+            raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
+        for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "feedback_tests" else 1):
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        turns_needed = self.max_attempts + int(self.pseudocode)
+        if self.max_turns is None:
+            object.__setattr__(self, "max_turns", turns_needed + 1)
+        if not isinstance(self.max_turns, int) or self.max_turns < turns_needed:
+            raise ConfigError(f"max_turns must be an int of at least max_attempts (+1 with pseudocode) = "
+                              f"{turns_needed}; got {self.max_turns!r}")
+        if isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float)) \
+                or self.timeout_seconds <= 0:
+            raise ConfigError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
+        for name in ("format_weight",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
+        if isinstance(self.process_weight, bool) or not isinstance(self.process_weight, (int, float)) \
+                or self.process_weight < 0:
+            raise ConfigError(f"process_weight must be a non-negative number, got {self.process_weight!r}")
+        if self.step_scorer is not None and not callable(self.step_scorer):
+            raise ConfigError("step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent)")
+        if self.step_scorer is not None and not self.pseudocode:
+            raise ConfigError("step_scorer scores pseudocode steps; set pseudocode=True or drop it")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
+
+    @property
+    def prompt(self) -> str:
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return PSEUDOCODE_SYSTEM_PROMPT if self.pseudocode else DEFAULT_SYSTEM_PROMPT
+
+
+class CodeTCGEnv(gym.Env[Context, str]):
+    """Programming tasks graded by generated tests in a sandbox."""
+
+    metadata = {
+        "render_modes": ["ansi", "human"],
+        "render_fps": 4,
+        "eval_metrics": (("pass@1", "success", "final_rate"), ("test_pass_rate", "pass_rate", "final_mean"),
+                         ("syntax_err", "syntax_error", "final_rate")),
+    }
+
+    def __init__(self, render_mode: str | None = None, **config: Any):
+        check_render_mode(render_mode, self.metadata)
+        self.config = cfg = resolve_config(CodeTCGConfig, config)
+        self.render_mode = render_mode
+        from .tcg import TCGConfig
+
+        self.tcg_config = cfg.tcg if cfg.tcg is not None else TCGConfig()
+        if not isinstance(self.tcg_config, TCGConfig):
+            raise ConfigError(f"tcg must be a TCGConfig, got {type(self.tcg_config).__name__}")
+        self.dataset: list[CodeTask] | None = self._load_dataset()
+        self.sandbox = make_sandbox(cfg.sandbox, limits=SandboxLimits(
+            wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
+        self._tested: dict[str, CodeTask] = {}  # task id -> the task with its generated tests
+        self.observation_space = ContextSpace(
+            max_messages=max(64, 2 + 2 * cfg.max_turns),
+            max_message_chars=max(200_000, cfg.max_action_chars, len(cfg.prompt)),
+            roles=("system", "user", "assistant"),
+        )
+        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.task: CodeTask | None = None
+        self._context = Context()
+        self._ids: MessageIds | None = None
+        self._turn = self._attempts = 0
+        self._phase = "code"
+        self._done = False
+        self._last: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.task = self.tested_task(self._draw_task(seed, dict(options or {})))
+        self._ids = MessageIds.from_rng(self.np_random)
+        messages = [self._ids.message("system", self.config.prompt)] if self.config.prompt else []
+        messages.append(self._ids.message("user", self.task.prompt))
+        self._context = Context(tuple(messages))
+        self._turn = self._attempts = 0
+        self._phase = "pseudocode" if self.config.pseudocode else "code"
+        self._done = False
+        self._last = {"status": None, "passed": 0, "total": len(self.task.tests), "pass_rate": 0.0, "tests": [],
+                      "format_ok": False, "format_error": None, "step_scores": None, "syntax_error": False}
+        if self.render_mode == "human":
+            self.render()
+        return self._context, self._info()
+
+    def step(self, action: str):
+        check_step_call(self.task is not None, self._done, action)
+        self._turn += 1
+        action = action[: self.config.max_action_chars]
+        context = self._context.appended(self._ids.message("assistant", action))
+        if self._phase == "pseudocode":
+            reward, terminated, feedback = self._pseudocode_turn(action)
+        else:
+            reward, terminated, feedback = self._code_turn(action)
+        truncated = not terminated and self._turn >= self.config.max_turns
+        if truncated and self._phase == "code" and self._attempts:
+            reward = self._outcome_reward()  # the last graded submission is paid when turns run out
+        if feedback is not None and not (terminated or truncated):
+            context = context.appended(self._ids.message("user", feedback))
+        self._context = context
+        self._done = terminated or truncated
+        if self.render_mode == "human":
+            self.render()
+        return self._context, float(reward), terminated, truncated, self._info()
+
+    def render(self) -> str | None:
+        return render_context(self._context, self.render_mode)
+
+    def close(self) -> None:
+        # The sandbox owns worker threads and, for docker, a client; closing it twice is safe.
+        sandbox = getattr(self, "sandbox", None)
+        if sandbox is not None:
+            sandbox.close()
+        self._context = Context()
+
+    # ------------------------------------------------------------------ tasks
+
+    def tested_task(self, task: CodeTask) -> CodeTask:
+        """``task`` with its TCG tests (built once per task, cached in memory and on disk)."""
+        from .tcg import build_tests
+
+        if self.dataset is None:  # a generated task is new on every reset: nothing to keep
+            return build_tests(task, self.tcg_config, self.sandbox)
+        if task.task_id not in self._tested:
+            self._tested[task.task_id] = build_tests(task, self.tcg_config, self.sandbox)
+        return self._tested[task.task_id]
+
+    def prepare(self, indices: Sequence[int] | None = None) -> None:
+        """Build the tests of many dataset tasks at once (concurrently in the sandbox)."""
+        from .tcg import build_tests_many
+
+        if self.dataset is None:
+            return
+        chosen = [self.dataset[i] for i in (indices if indices is not None else range(len(self.dataset)))]
+        missing = [t for t in chosen if t.task_id not in self._tested]
+        for task in build_tests_many(missing, self.tcg_config, self.sandbox):
+            self._tested[task.task_id] = task
+
+    def _load_dataset(self) -> list[CodeTask] | None:
+        from . import datasets
+
+        if self.config.dataset == "humaneval":
+            return datasets.load_humaneval()
+        if self.config.dataset == "mbpp":
+            return datasets.load_mbpp(self.config.dataset_path)
+        return None
+
+    def _draw_task(self, seed: int | None, options: dict[str, Any]) -> CodeTask:
+        if self.dataset is None:
+            from .tasks import generate_task
+
+            difficulties = self.config.difficulties
+            difficulty = options.get("difficulty", difficulties[int(self.np_random.integers(len(difficulties)))])
+            return generate_task(self.np_random, difficulty=int(difficulty))
+        index = options.get("task_index")
+        if index is None and seed is not None and self.config.task_selection == "seed":
+            index = seed % len(self.dataset)
+        if index is None:
+            index = int(self.np_random.integers(len(self.dataset)))
+        if not isinstance(index, numbers.Integral) or isinstance(index, bool) or not 0 <= index < len(self.dataset):
+            raise ValueError(f"task_index must be an int in [0, {len(self.dataset)}), got {index!r}")
+        return self.dataset[int(index)]
+
+    # ------------------------------------------------------------------ turns
+
+    def _pseudocode_turn(self, action: str):
+        parsed = parse_tags(action, ("pseudocode", "think"))
+        steps, format_error = parse_pseudocode(parsed, action)
+        problems = summarize_problems(parsed.problems)
+        if problems and format_error is None:
+            format_error = problems
+        self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)
+        if not steps:
+            return 0.0, False, (f"Your plan was not understood: {format_error}. Reply with numbered steps inside "
+                                "<pseudocode></pseudocode> tags (1. ..., 2. ...), and no code yet.")
+        self._phase = "code"
+        reward = 0.0
+        if self.config.step_scorer is not None:
+            scores = [min(1.0, max(0.0, float(s))) for s in self.config.step_scorer(self.task, steps)]
+            self._last["step_scores"] = scores
+            reward = self.config.process_weight * (sum(scores) / len(scores) if scores else 0.0)
+        return reward, False, "Now write the complete solution in one fenced code block: ```python ... ```"
+
+    def _code_turn(self, action: str):
+        from .harness import grade
+
+        parsed = parse_tags(action, ("think", "pseudocode"))
+        code, format_error = extract_code(parsed)
+        problems = summarize_problems(parsed.problems)
+        if problems:
+            format_error = f"{format_error}; {problems}" if format_error else problems
+        self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)
+        if code is None:
+            self._last.update(status="no_code", passed=0, pass_rate=0.0, tests=[], syntax_error=False)
+            return 0.0, False, (f"No code was submitted: {format_error}. Reply with the complete solution in "
+                                "one fenced code block: ```python ... ```")
+        self._attempts += 1
+        if not self.task.tests and self.task.dataset_tests:
+            result = self._grade_by_dataset_tests(code)
+        else:
+            result = grade(self.task, code, self.sandbox)
+        self._last.update(status=result.status, passed=result.passed, total=result.total,
+                          pass_rate=result.pass_rate, syntax_error=result.status == "syntax_error",
+                          tests=[_test_record(r) for r in result.results])
+        solved = result.total > 0 and result.passed == result.total
+        if solved or self._attempts >= self.config.max_attempts:
+            return self._outcome_reward(), True, None
+        left = self.config.max_attempts - self._attempts
+        return 0.0, False, describe_failures(result, self.config.feedback_tests, left)
+
+    def _grade_by_dataset_tests(self, code: str):
+        """For the few tasks whose tests cannot be generated (arguments that are not literals, e.g.
+        MBPP's tree tasks): the dataset's own asserts, as one test. Weaker than TCG grading: the
+        expected values are inside the program, so it checks, it does not guard against tampering."""
+        from .harness import GradeResult, TestResult, check_syntax, run_dataset_tests
+
+        syntax = check_syntax(code)
+        if syntax:
+            return GradeResult("syntax_error", 0, 1, (), message=syntax)
+        check = run_dataset_tests(self.task, code, self.sandbox)
+        result = TestResult(input="(the dataset's own tests)", expected="all asserts hold",
+                            got="all asserts hold" if check.passed else None, error=check.error,
+                            seconds=0.0, passed=bool(check.passed), origin="dataset")
+        return GradeResult("ok", int(result.passed), 1, (result,))
+
+    def _outcome_reward(self) -> float:
+        weight = self.config.format_weight
+        return (1 - weight) * float(self._last["pass_rate"]) + weight * float(self._last["format_ok"])
+
+    def _info(self) -> dict[str, Any]:
+        last = self._last
+        return {
+            "task_id": self.task.task_id,
+            "source": self.task.source,
+            "turn": self._turn,
+            "attempts": self._attempts,
+            "phase": self._phase,
+            "status": last["status"],
+            "passed": last["passed"],
+            "total": last["total"],
+            "pass_rate": last["pass_rate"],
+            "tests": last["tests"],
+            "format_ok": bool(last["format_ok"]),
+            "format_error": last["format_error"],
+            "syntax_error": bool(last["syntax_error"]),
+            "success": bool(last["total"] and last["passed"] == last["total"]),
+            "step_scores": last["step_scores"],
+            "sandbox": self.sandbox.isolation,
+        }
+
+
+def _test_record(result) -> dict[str, Any]:
+    return {"input": result.input, "expected": result.expected, "got": result.got, "error": result.error,
+            "seconds": result.seconds, "passed": bool(result.passed), "origin": result.origin}

@@ -1,0 +1,83 @@
+"""Reading the agent's turn (code blocks, pseudocode steps) and writing feedback about it.
+
+Everything here turns agent text into data or data into text; nothing raises on bad text.
+"""
+
+from __future__ import annotations
+
+import re
+
+PYTHON_LANGUAGES = ("python", "py", "python3")
+_STEP = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
+MAX_SHOWN_CHARS = 300
+
+
+def extract_code(parsed) -> tuple[str | None, str | None]:
+    """The submitted code and what was wrong with the format (None when clean).
+
+    The last closed python block counts; without one, the last closed block with no language.
+    """
+    closed = [b for b in parsed.code_blocks if b.closed]
+    python = [b for b in closed if b.language.lower() in PYTHON_LANGUAGES]
+    bare = [b for b in closed if not b.language]
+    chosen = python or bare
+    problems = []
+    if not chosen:
+        if any(not b.closed for b in parsed.code_blocks):
+            return None, "the code block is not closed (end it with ```)"
+        if closed:
+            return None, f"no python code block (found a ```{closed[-1].language} block)"
+        return None, "no fenced code block"
+    if len(chosen) > 1:
+        problems.append(f"{len(chosen)} code blocks; the last one was graded")
+    code = chosen[-1].code
+    if not code.strip():
+        return None, "the code block is empty"
+    return code, "; ".join(problems) or None
+
+
+def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
+    """The numbered steps inside ``<pseudocode>`` and what was wrong (None when clean)."""
+    blocks = [t for t in parsed.find("pseudocode") if t.closed]
+    if not blocks:
+        return [], "no <pseudocode>…</pseudocode> block"
+    problems = []
+    if len(blocks) > 1:
+        problems.append("more than one <pseudocode> block; the last one was used")
+    if parsed.code_blocks:
+        problems.append("code was written in the planning turn; it was ignored")
+    steps = []
+    for line in blocks[-1].text.splitlines():
+        match = _STEP.match(line)
+        if match:
+            steps.append(match.group(2))
+        elif line.strip() and steps:
+            steps[-1] += " " + line.strip()  # a step continued on the next line
+    if not steps:
+        return [], "the <pseudocode> block has no numbered steps (write 1. ..., 2. ...)"
+    return steps, "; ".join(problems) or None
+
+
+def describe_failures(result, shown: int, attempts_left: int) -> str:
+    """Feedback after a failing submission: the status and up to ``shown`` failing tests."""
+    plural = "s" if attempts_left != 1 else ""
+    head = {
+        "syntax_error": "Your code has a syntax error",
+        "missing_entry_point": "Your code does not define the required function",
+        "timeout": "Your code ran out of time",
+        "crashed": "Your code crashed",
+    }.get(result.status, f"Your code passed {result.passed} of {result.total} tests")
+    lines = [f"{head}. Fix it and submit the whole solution again ({attempts_left} attempt{plural} left)."]
+    failing = [r for r in result.results if not r.passed][:shown]
+    for r in failing:
+        outcome = f"error: {r.error}" if r.error else f"got: {r.got}"
+        lines.append(f"- input: {_clip(r.input)}\n  expected: {_clip(r.expected)}\n  {_clip(outcome)}")
+    detail = getattr(result, "message", None)
+    if detail and not failing:
+        lines.append(_clip(str(detail)))
+    return "\n".join(lines)
+
+
+def _clip(text) -> str:
+    text = str(text)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + f"… ({len(text)} chars)"

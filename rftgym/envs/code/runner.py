@@ -1,0 +1,179 @@
+"""The source of the test-runner program that runs inside the sandbox (stdlib only).
+
+One process runs a candidate against many test inputs. It reads ``tests.json`` (code, setup code,
+entry point, inputs and per-test time limit: never expected outputs) and writes one JSON record
+per test to the original stdout, between a random per-run marker, as soon as the test ends, so a
+run killed midway still reports the tests it finished. Candidate output goes elsewhere: function
+style sends fd 1/2 to /dev/null; stdio style points fd 0/1 at per-test files (so ``input()``,
+``sys.stdin.buffer``, ``open(0)`` and ``os.write(1, ...)`` all work) and runs the code in a fresh
+``__main__`` namespace per test.
+
+Records: ``{"phase": "import"|"entry"|"fatal", "error", "message"}`` for a failure before the
+tests, ``{"i", "got", "error", "message", "s"}`` per test, ``{"done": true}`` at the end.
+"""
+
+from __future__ import annotations
+
+from .codec import ENCODER_SOURCE
+
+RUNNER_TEMPLATE = r'''
+import builtins, io, json, math, os, signal, sys, time
+MARK = __MARK__
+__ENCODER__
+_channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+_MAX_GOT = 1000000
+
+def _emit(record):
+    _channel.write(MARK + json.dumps(record, separators=(",", ":")) + MARK + "\n")
+    _channel.flush()
+
+class _Timeout(BaseException):
+    pass
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+def _describe(exc):
+    try:
+        return type(exc).__name__, str(exc)[:500]
+    except BaseException:
+        return type(exc).__name__, ""
+
+def _arm(seconds):
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+def _disarm():
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+def _redirect(fd, path, mode):
+    flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    handle = os.open(path, flags, 0o600)
+    if handle != fd:  # the candidate may have closed fd (e.g. open(0) garbage-collected)
+        os.dup2(handle, fd)
+        os.close(handle)
+
+def _null():
+    return os.devnull if os.path.exists(os.devnull) else "rft_null.txt"
+
+def _eval_input(source):
+    return eval(source, {"__builtins__": builtins, "math": math})
+
+def _function_style(cfg):
+    _redirect(1, _null(), "w")
+    _redirect(2, _null(), "w")
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    sys.stdin = io.StringIO("")
+    namespace = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        _arm(cfg["import_seconds"])
+        exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
+        exec(compile(cfg["code"], "solution.py", "exec"), namespace)
+        _disarm()
+    except _Timeout:
+        _emit({"phase": "import", "error": "Timeout", "message": "defining the code took too long"})
+        return
+    except BaseException as exc:
+        _disarm()
+        error, message = _describe(exc)
+        _emit({"phase": "import", "error": error, "message": message})
+        return
+    fn = namespace.get(cfg["entry"])
+    if not callable(fn):
+        _emit({"phase": "entry", "error": "MissingEntryPoint", "message": "no function named %r" % cfg["entry"]})
+        return
+    timeouts = 0
+    for i, source in enumerate(cfg["inputs"]):
+        if cfg.get("max_timeouts") and timeouts >= cfg["max_timeouts"]:
+            _emit({"i": i, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
+            continue
+        got = error = message = None
+        start = time.perf_counter()
+        try:
+            args = _eval_input(source)
+            _arm(cfg["per_test"])
+            value = fn(*args)
+            _disarm()
+            got = _rft_dumps(value)
+            if len(got) > _MAX_GOT:
+                got, error, message = None, "OutputTooLarge", "the returned value is too large"
+        except _Timeout:
+            error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
+            timeouts += 1
+        except BaseException as exc:
+            _disarm()
+            error, message = _describe(exc)
+        _disarm()
+        _emit({"i": i, "got": got, "error": error, "message": message, "s": time.perf_counter() - start})
+
+def _stdio_style(cfg):
+    _redirect(2, _null(), "w")
+    sys.stderr = open(2, "w", closefd=False)
+    try:
+        code = compile(cfg["code"], "solution.py", "exec")
+    except BaseException as exc:
+        error, message = _describe(exc)
+        _emit({"phase": "import", "error": error, "message": message})
+        return
+    timeouts = 0
+    for i, data in enumerate(cfg["inputs"]):
+        if cfg.get("max_timeouts") and timeouts >= cfg["max_timeouts"]:
+            _emit({"i": i, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
+            continue
+        with open("rft_stdin.txt", "w", encoding="utf-8") as handle:
+            handle.write(data)
+        _redirect(0, "rft_stdin.txt", "r")
+        _redirect(1, "rft_stdout.txt", "w")
+        sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        error = message = None
+        start = time.perf_counter()
+        try:
+            _arm(cfg["per_test"])
+            namespace = {"__name__": "__main__", "__builtins__": builtins}
+            exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
+            exec(code, namespace)
+            _disarm()
+        except _Timeout:
+            error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
+            timeouts += 1
+        except SystemExit as exc:
+            _disarm()
+            if exc.code not in (None, 0):
+                error, message = "SystemExit", "exit status %r" % (exc.code,)
+        except BaseException as exc:
+            _disarm()
+            error, message = _describe(exc)
+        _disarm()
+        seconds = time.perf_counter() - start
+        try:
+            sys.stdout.flush()
+        except BaseException:
+            pass
+        with open("rft_stdout.txt", "rb") as handle:
+            raw = handle.read(_MAX_GOT + 1)
+        got = raw[:_MAX_GOT].decode("utf-8", "replace")
+        if len(raw) > _MAX_GOT:
+            error, message = "OutputTooLarge", "more than %d bytes on stdout" % _MAX_GOT
+        _emit({"i": i, "got": got, "error": error, "message": message, "s": seconds})
+
+try:
+    with open("tests.json", encoding="utf-8") as _handle:
+        _cfg = json.load(_handle)
+    if _cfg["style"] == "function":
+        _function_style(_cfg)
+    else:
+        _stdio_style(_cfg)
+    _emit({"done": True})
+except BaseException as _exc:
+    _error, _message = _describe(_exc)
+    _emit({"phase": "fatal", "error": _error, "message": _message})
+_channel.flush()
+os._exit(0)
+'''
+
+
+def runner_source(marker: str) -> str:
+    """The runner program for one run, with its random marker."""
+    return RUNNER_TEMPLATE.replace("__MARK__", repr(marker)).replace("__ENCODER__", ENCODER_SOURCE)

@@ -1,0 +1,231 @@
+"""The docker sandbox backend: one container per run, through the ``docker`` SDK.
+
+Each run is a fresh container from the locally built image (:func:`.docker_image.ensure_image`):
+no network (``network_mode="none"``), read-only root fs, size-capped tmpfs work dir, /tmp and
+/dev/shm, uid/gid 65534, all capabilities dropped, no-new-privileges, memory (no swap), pids and
+CPU-quota limits from the cgroup, rlimits (cpu, address space, file size, open files), no log
+driver (output never reaches the engine's disk). The program's files and stdin go in on the
+attach stream: a tiny bootstrap writes the files into /work and execs the argv, whose stdin is
+the rest of the stream. Wall timeout, output cap and every exit remove the container.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import socket
+import struct
+import time
+
+from ...core.errors import require
+from .docker_image import base_python, ensure_image
+from .sandbox import PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result
+
+MB = 1 << 20
+ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
+               "or use the local backend: make_sandbox('local')")
+# Reads a length-prefixed JSON header from stdin (files, argv), writes the files, runs the argv;
+# the program's stdin is the rest of the stream (read byte-exact so that nothing is consumed).
+BOOTSTRAP = r"""
+import os, json
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+size = b""
+while not size.endswith(b"\n"):
+    c = os.read(0, 1)
+    if not c:
+        raise SystemExit("sandbox bootstrap: no header on stdin")
+    size += c
+spec = json.loads(read(int(size)))
+for path, text in spec["files"].items():
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+# Stay pid 1 (which ignores default-action signals such as SIGXCPU) and run the program as a child.
+child = os.fork()
+if child == 0:
+    try:
+        os.execvp(spec["argv"][0], spec["argv"])
+    except OSError as e:
+        os.write(2, ("sandbox: cannot run %r: %s\n" % (spec["argv"][0], e)).encode())
+    os._exit(127)
+while True:
+    pid, status = os.wait()
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+"""
+
+
+def docker_reachable(timeout: float = 2.0) -> bool:
+    """Whether the docker SDK is installed and an engine answers a ping."""
+    try:
+        import docker
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:   # no SDK, no socket, no permission: all mean "not reachable"
+        return False
+
+
+class DockerSandbox(Sandbox):
+    """Runs each program in a fresh, network-less, read-only container."""
+
+    name = "docker"
+
+    def __init__(self, *, limits: SandboxLimits | None = None, workers: int | None = None,
+                 image: str | None = None, cpus: float = 1.0, client=None, base_url: str | None = None):
+        super().__init__(limits=limits, workers=workers)
+        docker = require("docker", "docker", "The docker sandbox backend")
+        self._errors = docker.errors
+        self._ulimit = docker.types.Ulimit
+        self._own_client = client is None
+        self.client = None
+        try:
+            if client is None:
+                client = docker.DockerClient(base_url=base_url, timeout=60) if base_url else docker.from_env(timeout=60)
+            self.client = client
+            self.client.ping()
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"no docker engine is reachable ({exc}); {ENGINE_HINT}") from exc
+        self.image = image or ensure_image(self.client)
+        self.python = base_python().executable
+        self.cpus = cpus
+        self.isolation = (f"docker ({self.image}): network none, read-only root, tmpfs /work and /tmp, uid 65534, "
+                          "no capabilities, memory/pids/cpu cgroup limits, rlimits")
+
+    def close(self) -> None:
+        super().close()
+        if self._own_client and self.client is not None:
+            self.client.close()
+        self.client = None
+
+    def run(self, program: Program) -> ExecResult:
+        if self.client is None:
+            raise SandboxError("this docker sandbox is closed; make a new one with make_sandbox('docker')")
+        limits = self.limits_for(program)
+        argv = list(program.argv)
+        if argv[0] in PYTHON_NAMES:
+            argv = [self.python, "-E", "-s", *argv[1:]]
+        header = json.dumps({"files": dict(program.files), "argv": argv}).encode()
+        payload = b"%d\n" % len(header) + header + program.stdin.encode()
+        try:
+            container = self.client.containers.create(self.image, **self._container_options(limits))
+        except self._errors.DockerException as exc:
+            raise SandboxError(f"docker could not create a sandbox container ({exc}); {ENGINE_HINT}") from exc
+        try:
+            return self._run_in(container, payload, limits)
+        except (self._errors.DockerException, OSError) as exc:
+            raise SandboxError(f"the docker engine failed during a sandbox run ({exc}); {ENGINE_HINT}") from exc
+        finally:
+            try:
+                container.remove(force=True)
+            except self._errors.DockerException:
+                pass
+
+    def _container_options(self, limits: SandboxLimits) -> dict:
+        disk = f"size={limits.disk_mb}m"
+        cpu = max(1, int(limits.cpu_seconds + 0.999))
+        Ulimit = self._ulimit
+        return dict(
+            command=[self.python, "-E", "-s", "-c", BOOTSTRAP], user="65534:65534", working_dir=WORK_DIR,
+            stdin_open=True, detach=False, tty=False,   # detach=False: StdinOnce network_mode="none", read_only=True,
+            tmpfs={WORK_DIR: f"{disk},mode=1777", "/tmp": f"{disk},mode=1777"}, shm_size=limits.disk_mb * MB,
+            mem_limit=limits.memory_mb * MB, memswap_limit=limits.memory_mb * MB,
+            pids_limit=limits.processes + 1,   # + the bootstrap (pid 1) nano_cpus=int(self.cpus * 1e9),
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config={"type": "none"},
+            environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "TMPDIR": "/tmp",
+                         "LANG": "C.UTF-8"},
+            ulimits=[Ulimit(name="cpu", soft=cpu, hard=cpu + 1),
+                     Ulimit(name="fsize", soft=limits.file_size_mb * MB, hard=limits.file_size_mb * MB),
+                     Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),
+                     Ulimit(name="core", soft=0, hard=0)],
+        )
+
+    def _run_in(self, container, payload: bytes, limits: SandboxLimits) -> ExecResult:
+        stream = self.client.api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stderr": 1,
+                                                                     "stream": 1})
+        sock = getattr(stream, "_sock", stream)
+        try:
+            started = time.monotonic()
+            container.start()
+            out, err, timed_out, truncated = pump(sock, payload, limits, started)
+        finally:
+            sock.close()
+            stream.close()
+        if timed_out or truncated:
+            container.kill()
+        status = container.wait(timeout=max(5.0, limits.wall_seconds))
+        wall = time.monotonic() - started
+        code = int(status.get("StatusCode", -1))
+        container.reload()
+        oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+        term = code - 128 if code > 128 and code - 128 in _SIGNALS else None
+        if timed_out or truncated:
+            term = signal.SIGKILL
+        return make_result(returncode=code, term_signal=term, stdout=out, stderr=err, timed_out=timed_out,
+                           truncated=truncated, wall=wall, oom_killed=oom)
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
+
+
+def pump(sock: socket.socket, payload: bytes, limits: SandboxLimits, started: float):
+    """Send ``payload`` (then half-close) while reading the multiplexed stdout/stderr frames of a
+    docker attach stream. Returns (stdout, stderr, timed_out, truncated)."""
+    sock.setblocking(False)
+    pending = memoryview(payload)
+    streams = {1: bytearray(), 2: bytearray()}
+    raw = bytearray()
+    deadline = started + limits.wall_seconds
+    cap = limits.output_bytes
+    timed_out = truncated = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        readable, writable, _ = select.select([sock], [sock] if pending else [], [], remaining)
+        if writable:
+            try:
+                pending = pending[sock.send(pending[:1 << 16]):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                pending = memoryview(b"")   # the program is gone; it no longer reads stdin
+            if not pending:
+                try:
+                    sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        if readable:
+            try:
+                chunk = sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            raw += chunk
+            while len(raw) >= 8:   # frame: stream id, 3 zero bytes, big-endian uint32 size
+                kind, size = raw[0], struct.unpack(">I", raw[4:8])[0]
+                if len(raw) < 8 + size:
+                    break
+                if kind in streams:
+                    streams[kind] += raw[8:8 + size]
+                del raw[:8 + size]
+            if len(streams[1]) > cap or len(streams[2]) > cap:
+                truncated = True
+                break
+    return bytes(streams[1][:cap]), bytes(streams[2][:cap]), timed_out, truncated

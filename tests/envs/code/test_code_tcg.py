@@ -1,0 +1,160 @@
+"""The Test Case Generator: sources, drop-on-reference-error, dedup, cap, cache, LLM proposals,
+and the full HumanEval / an MBPP subset (reference passes, a wrong solution fails)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+
+from rftgym.agents.base import Agent, AgentReply
+from rftgym.core.errors import ConfigError
+from rftgym.envs.code.codec import decode
+from rftgym.envs.code.datasets import load_humaneval, load_mbpp
+from rftgym.envs.code.harness import grade_many
+from rftgym.envs.code.sandbox import make_sandbox
+from rftgym.envs.code.tasks import CodeTask, TestCase, generate_tasks
+from rftgym.envs.code.tcg import TCGConfig, build_tests, build_tests_many, cache_key, candidate_inputs
+from rftgym.envs.code.tcg_llm import parse_proposals, propose_tests, with_llm_tests
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with make_sandbox() as box:
+        yield box
+
+
+@pytest.fixture
+def config(tmp_path):
+    return TCGConfig(cache_dir=str(tmp_path), n_random=15, n_edge=6, max_tests=25)
+
+
+# Raises for negative n: such inputs must be dropped, never become tests.
+SQRT = CodeTask("t-isqrt", "unit", "function", "isqrt", "isqrt",
+                "def isqrt(n: int) -> int:\n    if n < 0:\n        raise ValueError(n)\n    return int(n ** 0.5)\n",
+                examples=(TestCase("(9,)", None, "example"),),
+                tests=(TestCase("(9,)", None, "example"), TestCase("(-4,)", None, "dataset"), TestCase("(16,)", None, "dataset"),
+                       TestCase("(16,)", None, "dataset")))
+
+
+def test_config_errors_say_what_is_allowed():
+    with pytest.raises(ConfigError, match="sources"):
+        TCGConfig(sources=("random", "magic"))
+    with pytest.raises(ConfigError, match="max_tests"):
+        TCGConfig(max_tests=0)
+    with pytest.raises(ConfigError, match="per_test_seconds"):
+        TCGConfig(per_test_seconds=-1)
+
+
+def test_build_drops_reference_errors_dedups_and_orders(sandbox, config):
+    built = build_tests(SQRT, config, sandbox)
+    inputs = [t.input for t in built.tests]
+    assert "(-4,)" not in inputs and len(inputs) == len(set(inputs))
+    assert inputs[:2] == ["(9,)", "(16,)"] and [t.origin for t in built.tests[:2]] == ["example", "dataset"]
+    assert {"edge", "random"} <= {t.origin for t in built.tests}
+    for test in built.tests:  # expected output is the reference's
+        n = eval(test.input)[0]
+        assert decode(test.expected) == int(n ** 0.5)
+    assert grade_many([(built, built.reference)], sandbox)[0].pass_rate == 1.0
+
+
+def test_cap_and_sources(sandbox, tmp_path):
+    capped = build_tests(SQRT, TCGConfig(cache_dir=str(tmp_path), max_tests=3), sandbox)
+    assert [t.origin for t in capped.tests] == ["example", "dataset", "edge"]
+    only = build_tests(SQRT, TCGConfig(cache_dir=str(tmp_path), sources=("example",)), sandbox)
+    assert [t.input for t in only.tests] == ["(9,)"]
+
+
+def test_random_inputs_stay_near_the_examples(config):
+    task = CodeTask("t-len", "unit", "function", "", "f", "def f(xs, s):\n    return len(xs)\n",
+                    examples=(TestCase("([3, 5, 8], 'ab')", None, "example"),))
+    for source, origin in candidate_inputs(task, config):
+        if origin == "random":
+            xs, s = eval(source)
+            assert all(isinstance(x, int) and x >= 0 for x in xs) and set(s) <= {"a", "b"}
+
+
+def test_nondeterministic_reference_outputs_are_dropped(sandbox, config):
+    task = CodeTask("t-obj", "unit", "function", "", "f", "def f(x):\n    return object() if x else 1\n",
+                    examples=(TestCase("(0,)", None, "example"), TestCase("(1,)", None, "example")))
+    built = build_tests(task, TCGConfig(cache_dir=config.cache_dir, sources=("example",)), sandbox)
+    assert [t.input for t in built.tests] == ["(0,)"]
+
+
+def test_cache_is_used_and_keyed_by_config(sandbox, config):
+    first = build_tests(SQRT, config, sandbox)
+    assert len(list(__import__("pathlib").Path(config.cache_dir, "tcg").glob("*.json"))) == 1
+    class NoSandbox:
+        limits = sandbox.limits
+        def run_many(self, programs):
+            assert not programs, "a cached suite must not run anything"
+            return []
+    assert build_tests(SQRT, config, NoSandbox()).tests == first.tests
+    assert cache_key(SQRT, config) != cache_key(SQRT, TCGConfig(cache_dir=config.cache_dir, seed=1))
+
+
+def test_generated_tasks_use_their_samplers(sandbox, config):
+    tasks = generate_tasks(15, seed=3, difficulty=2)
+    built = build_tests_many(tasks, config, sandbox)
+    assert all(len(t.tests) >= 5 for t in built)
+    results = grade_many([(t, t.reference) for t in built], sandbox)
+    assert all(r.pass_rate == 1.0 for r in results)
+
+
+class FakeTCGAgent(Agent):
+    """Replies with a fixed test-proposal text, and records the prompts it saw."""
+
+    def __init__(self, text):
+        self.text, self.prompts = text, []
+
+    def act(self, contexts):
+        self.prompts += [c[-1].content for c in contexts]
+        return [AgentReply(self.text) for _ in contexts]
+
+
+def test_llm_proposals_are_validated_by_the_reference(sandbox, config):
+    reply = ("Here you go:\n```python\nisqrt(25)\nisqrt(-1)\nisqrt(25)\nisqrt(n)\nisqrt(9)\nisqrt(10**2)\n"
+             "isqrt('x')\n```")
+    agent = FakeTCGAgent(reply)
+    tests = propose_tests(agent, SQRT, 5, sandbox, config)
+    assert "write 5 diverse test inputs" in agent.prompts[0].lower() and "isqrt" in agent.prompts[0]
+    assert [t.input for t in tests] == ["(25,)"]  # -1 and 'x' raise, duplicates, names and 9 (known) dropped
+    assert tests[0].origin == "llm" and decode(tests[0].expected) == 5
+    merged = with_llm_tests(build_tests(SQRT, config, sandbox), tests)
+    assert "(25,)" in [t.input for t in merged.tests]
+
+
+def test_llm_stdio_proposals(sandbox, config):
+    echo = CodeTask("t-echo", "unit", "stdio", "double n", None, "print(2 * int(input()))\n")
+    assert parse_proposals(echo, "```text\n3\n```\n```\n4\n```\n```text\n3\n```") == ["3\n", "4\n"]
+    tests = propose_tests(FakeTCGAgent("```text\n3\n```\n```text\nabc\n```"), echo, 2, sandbox, config)
+    assert [(t.input, t.expected) for t in tests] == [("3\n", "6\n")]
+
+
+def _check_dataset(tasks, sandbox, config):
+    built = build_tests_many(tasks, config, sandbox)
+    testable = [t for t in built if t.tests]
+    refs = grade_many([(t, t.reference) for t in testable], sandbox)
+    wrong = grade_many([(t, f"def {t.entry_point}(*args, **kwargs):\n    return None\n") for t in testable], sandbox)
+    return built, testable, refs, wrong
+
+
+def test_all_humaneval_references_pass_and_wrong_solutions_fail(sandbox, tmp_path):
+    start = time.perf_counter()
+    built, testable, refs, wrong = _check_dataset(load_humaneval(), sandbox, TCGConfig(cache_dir=str(tmp_path)))
+    assert len(testable) == 164
+    assert [t.task_id for t, r in zip(testable, refs) if r.pass_rate < 1.0] == []
+    assert [t.task_id for t, r in zip(testable, wrong) if r.pass_rate == 1.0] == []
+    origins = collections.Counter(x.origin for t in built for x in t.tests)
+    assert origins["random"] > 0 and origins["edge"] > 0 and origins["dataset"] > 0
+    print(f"HumanEval check: {time.perf_counter() - start:.1f} s")
+
+
+def test_mbpp_subset_references_pass_and_wrong_solutions_fail(sandbox, tmp_path):
+    tasks = load_mbpp(Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "code" / "mbpp.jsonl")[:120]
+    built, testable, refs, wrong = _check_dataset(tasks, sandbox, TCGConfig(cache_dir=str(tmp_path)))
+    assert len(testable) == 120
+    assert [t.task_id for t, r in zip(testable, refs) if r.pass_rate < 1.0] == []
+    assert [t.task_id for t, r in zip(testable, wrong) if r.pass_rate == 1.0] == []
