@@ -97,8 +97,13 @@ class DockerSandbox(Sandbox):
             self.client = client
             self.client.ping()
         except docker.errors.DockerException as exc:
+            self.close()   # a client made here would otherwise leave its connection pool open
             raise SandboxError(f"no docker engine is reachable ({exc}); {ENGINE_HINT}") from exc
-        self.image = image or ensure_image(self.client)
+        try:
+            self.image = image or ensure_image(self.client)
+        except BaseException:
+            self.close()
+            raise
         self.python = base_python().executable
         self.cpus = cpus
         self.isolation = (f"docker ({self.image}): network none, read-only root, tmpfs /work and /tmp, uid 65534, "

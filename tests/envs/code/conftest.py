@@ -27,22 +27,27 @@ def unavailable(reason: str):
 
 def _ping(timeout: float = 2.0):
     import docker
+    client = None
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
         return client
     except docker.errors.DockerException:
+        if client is not None:
+            client.close()
         return None
 
 
 def _start_dockerd(log_path: str, extra: list[str]) -> subprocess.Popen | None:
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", *extra], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "ab") as log:  # the daemon keeps its own copy of the descriptor
+        proc = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", *extra], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(120):
         if proc.poll() is not None:
             return None
-        if _ping():
+        probe = _ping()
+        if probe is not None:
+            probe.close()
             return proc
         time.sleep(0.5)
     proc.terminate()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -102,6 +104,37 @@ def test_per_program_limits_override_the_default(sandbox):
     tight = SandboxLimits(wall_seconds=20, output_bytes=5)
     result = sandbox.run(Program({"main.py": "print('0123456789')"}, limits=tight))
     assert result.output_truncated and result.limit_hit == "output" and len(result.stdout) <= 5
+
+
+def leaked_resources(action) -> list[str]:
+    """The ResourceWarnings (unclosed files, sockets, running subprocesses) while ``action`` runs."""
+    gc.collect()   # what earlier code left for the collector is not this action's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_runs_close_everything_they_open(sandbox):
+    short = replace(sandbox.limits, wall_seconds=1)
+    programs = [Program({"main.py": "print(input())"}, stdin="hi\n"),
+                Program({"main.py": "import time\ntime.sleep(60)"}, limits=short),
+                Program({"main.py": "while True: print('x' * 1000)"})]
+
+    def run_them():
+        normal, slow, flood = [sandbox.run(p) for p in programs]
+        assert normal.ok and slow.timed_out and flood.output_truncated, (normal, slow, flood)
+        assert [r.limit_hit for r in sandbox.run_many(programs)] == [None, "wall", "output"]   # worker threads
+    assert leaked_resources(run_them) == []
+
+
+@pytest.mark.parametrize("warm_jails", [True, False], ids=["warm", "cold"])
+def test_making_and_closing_a_local_sandbox_leaks_nothing(warm_jails):
+    def make_use_close():
+        with make_sandbox("local", limits=HOSTILE_LIMITS, workers=2, warm_jails=warm_jails) as sandbox:
+            assert sandbox.run_many([Program({"main.py": "print(1)"})] * 3)[2].stdout == "1\n"
+    assert leaked_resources(make_use_close) == []
 
 
 def test_limits_validation_says_what_is_allowed():

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from rftgym.envs.code import sandbox_local
+from rftgym.envs.code import sandbox_warm
 from rftgym.envs.code.sandbox import Program, make_sandbox
 
 
@@ -246,8 +246,8 @@ def warm(local_sandbox):
 
 def jail(sandbox):
     """The sandbox's idle warm jail (white box: tests tell jails apart by their bwrap process)."""
-    assert len(sandbox._idle) == 1, sandbox._idle
-    return sandbox._idle[0]
+    assert len(sandbox.jails.idle) == 1, sandbox.jails.idle
+    return sandbox.jails.idle[0]
 
 
 def run_in(sandbox, source: str, **kw):
@@ -394,10 +394,10 @@ def test_a_dirty_run_recycles_the_jail(warm, source):
 
 
 def test_jails_are_recycled_every_n_runs(warm, monkeypatch):
-    monkeypatch.setattr(sandbox_local, "RECYCLE_AFTER", 3)
+    monkeypatch.setattr(sandbox_warm, "RECYCLE_AFTER", 3)
     idle_after = []
     for _ in range(7):
         assert run_in(warm, "print(1)").ok
-        idle_after.append(warm._idle[0] if warm._idle else None)   # None: the jail was just replaced
+        idle_after.append(warm.jails.idle[0] if warm.jails.idle else None)   # None: the jail was just replaced
     served = Counter(j for j in idle_after if j is not None)
     assert idle_after.count(None) >= 2 and len(served) >= 2 and max(served.values()) <= 2, idle_after

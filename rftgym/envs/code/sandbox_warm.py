@@ -1,0 +1,380 @@
+"""The host side of the local sandbox's warm jails: a pool of long-lived bubblewrap jails.
+
+Each :class:`WarmJail` is one bwrap jail whose pid 1 is the zygote (:mod:`.jail_server`). Per run
+the host sends a request (files, argv, rlimits) over a unix socket, with the run's stdin, stdout
+and stderr fds attached, and reads the outputs (capped) and the zygote's one-line report. The
+host keeps the wall-clock limit and the output caps. :class:`WarmJails` keeps at most one idle
+jail per worker and replaces a jail when the zygote dies or does not report in time, when a run
+hits the wall, output, memory or disk limit, when the zygote's clean-up finds anything off, and
+every ``RECYCLE_AFTER`` runs.
+
+:class:`~.sandbox_local.LocalSandbox` builds the bwrap command line (it knows the mounts and the
+user to run as) and hands this module a ``spawn`` function. The fd and process helpers at the
+bottom are shared with its cold path, which imports them from here (this module imports nothing
+from :mod:`.sandbox_local`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .sandbox import PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result
+
+log = logging.getLogger(__name__)
+MB = 1 << 20
+RECYCLE_AFTER = 200   # runs per warm jail before it is replaced anyway
+START_SECONDS = 30.0  # for a warm jail to start and report ready
+DRAIN_SECONDS = 0.5   # for the output pipes to close once the zygote has reported a clean jail
+ZYGOTE_SOURCE = (Path(__file__).parent / "jail_server.py").read_text(encoding="utf-8")
+
+# spawn(disk_mb, keep, zygote_fd, info_fd) -> the started bwrap process. ``keep`` holds fds the
+# command passes to bwrap (memfds); the pool closes them, and the two fds, once bwrap has started.
+Spawn = Callable[[int, list, int, int], subprocess.Popen]
+
+
+class JailBroken(Exception):
+    """A warm jail stopped working before a program started in it (internal: the caller retries)."""
+
+
+@dataclass(frozen=True)
+class WarmOutcome:
+    status: int | None     # the run's wait status; None when the jail was killed or died
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    dirty: str | None      # why the jail must be replaced, if it must
+    wall: float
+
+
+class WarmJails:
+    """The warm jails of one sandbox: takes an idle one (or starts one) per run, and keeps at
+    most ``capacity`` idle, each for the disk size it was made with. Thread-safe."""
+
+    def __init__(self, spawn: Spawn, capacity: int, python: str):
+        self.spawn, self.capacity, self.python = spawn, capacity, python
+        self.idle: list[WarmJail] = []   # the most recently used last
+        self._lock = threading.Lock()
+        self._closed = False
+        # A sandbox dropped without close() still ends its jails (and closes their sockets).
+        self._finalizer = weakref.finalize(self, _kill_all, self.idle)
+
+    def run(self, program: Program, limits: SandboxLimits) -> ExecResult:
+        argv = list(program.argv)
+        script = argv[0] in PYTHON_NAMES and len(argv) > 1 and not argv[1].startswith("-")
+        if argv[0] in PYTHON_NAMES and not script:
+            argv = [self.python, "-E", "-s", *argv[1:]]
+        request = {"files": dict(program.files), "argv": argv, "script": script,
+                   # no POSIX message queues: they would outlive the run in the jail's ipc namespace
+                   "rlimits": {**rlimits(limits, nproc_extra=1), "msgqueue": (0, 0)}}
+        for attempt in range(2):
+            jail = self._take(limits.disk_mb)
+            try:
+                outcome = jail.run(request, program.stdin.encode(), limits)
+                break
+            except JailBroken as exc:   # it died while idle: a fresh one, once
+                jail.kill()
+                if attempt:
+                    raise SandboxError(f"a fresh warm jail broke before the program started ({exc}); "
+                                       "pass warm_jails=False to use one jail per run") from exc
+            except BaseException:   # an OSError, an interrupt: the jail's state is unknown
+                jail.kill()
+                raise
+        killed = outcome.status is None or outcome.timed_out or outcome.truncated
+        returncode = -signal.SIGKILL if killed else os.waitstatus_to_exitcode(outcome.status)
+        result = make_result(returncode=returncode, term_signal=-returncode if returncode < 0 else None,
+                             stdout=outcome.stdout, stderr=outcome.stderr, timed_out=outcome.timed_out,
+                             truncated=outcome.truncated, wall=outcome.wall)
+        # A limit that may leave the jail strained (memory, disk) or anything unusual: a fresh jail.
+        recycle = (killed or outcome.dirty is not None or result.limit_hit in ("memory", "file_size")
+                   or jail.runs >= RECYCLE_AFTER)
+        if outcome.dirty:
+            log.debug("warm jail replaced: %s", outcome.dirty)
+        self._release(jail, recycle)
+        return result
+
+    def _take(self, disk_mb: int) -> WarmJail:
+        while True:
+            with self._lock:
+                jail = next((j for j in self.idle if j.disk_mb == disk_mb), None)
+                if jail is not None:
+                    self.idle.remove(jail)
+            if jail is None:
+                return self._start(disk_mb)
+            if jail.alive():
+                return jail
+            jail.kill()
+
+    def _release(self, jail: WarmJail, recycle: bool) -> None:
+        evicted = jail
+        with self._lock:
+            if not recycle and not self._closed:
+                self.idle.append(jail)
+                evicted = self.idle.pop(0) if len(self.idle) > self.capacity else None
+        if evicted is not None:
+            evicted.kill()
+
+    def _start(self, disk_mb: int) -> WarmJail:
+        keep: list[int] = []   # fds to close here whatever happens (bwrap has its own copies)
+        host_end = info_r = None
+        try:
+            host_end, jail_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            keep.append(jail_end.detach())
+            info_r, info_w = os.pipe()
+            keep.append(info_w)
+            proc = self.spawn(disk_mb, keep, keep[0], info_w)
+        except BaseException:
+            if host_end is not None:
+                host_end.close()
+            close_fd(info_r)
+            raise
+        finally:
+            for fd in keep:
+                close_fd(fd)
+        jail = WarmJail(proc, host_end, disk_mb)
+        try:
+            jail.wait_ready(info_r)
+        except BaseException as exc:
+            jail.kill()
+            if isinstance(exc, (JailBroken, OSError)):
+                raise SandboxError(f"a warm jail did not start ({exc}); pass warm_jails=False to use one "
+                                   "jail per run") from exc
+            raise
+        finally:
+            close_fd(info_r)
+        return jail
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = self.idle[:]
+            self.idle.clear()
+        for jail in idle:
+            jail.kill()
+
+
+def _kill_all(jails: list[WarmJail]) -> None:
+    for jail in jails[:]:
+        jail.kill()
+    jails.clear()
+
+
+class WarmJail:
+    """One long-lived bwrap jail whose zygote (:mod:`.jail_server`, pid 1 there) forks each run.
+
+    Used by one thread at a time. The program's stdout and stderr are pipes read here; the jail
+    is killed when a limit is hit or the zygote does not report in time."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, disk_mb: int):
+        self.proc, self.sock, self.disk_mb = proc, sock, disk_mb
+        sock.settimeout(START_SECONDS)   # for sends; the fd stays non-blocking, reads are polled
+        self.pidfd: int | None = None   # of the zygote, the namespace's init
+        self.runs = 0
+        self._report = bytearray()
+
+    def wait_ready(self, info_fd: int) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        info = b""
+        while self.pidfd is None:
+            ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(info_fd, 4096) if ready else b""
+            if not chunk:
+                raise JailBroken("bwrap exited or timed out before reporting its child")
+            info += chunk
+            self.pidfd = init_pidfd(info)
+        report = self._read_report(deadline)
+        if report != {"ready": True}:
+            raise JailBroken(f"the zygote said {report!r} instead of ready")
+
+    def _read_report(self, deadline: float):
+        while b"\n" not in self._report:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = self.sock.recv(4096) if ready else b""
+            if not chunk:
+                raise JailBroken("the zygote hung up or did not answer in time")
+            self._report += chunk
+        line, _, rest = bytes(self._report).partition(b"\n")
+        self._report = bytearray(rest)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    def alive(self) -> bool:
+        return self.pidfd is not None and not select.select([self.pidfd], [], [], 0)[0]
+
+    def run(self, request: dict, stdin: bytes, limits: SandboxLimits) -> WarmOutcome:
+        keep: list[int] = []
+        try:
+            stdin_fd = memfd(stdin, keep)
+            out_r, out_w = pipe(keep)
+            err_r, err_w = pipe(keep)
+            payload = json.dumps(request).encode()
+            data = struct.pack("!I", len(payload)) + payload
+            started = time.monotonic()
+            try:
+                sent = socket.send_fds(self.sock, [data[:1 << 16]], [stdin_fd, out_w, err_w])
+                self.sock.sendall(data[sent:])
+            except OSError as exc:
+                raise JailBroken(f"could not send the program: {exc}") from exc
+            self.runs += 1
+            for fd in (stdin_fd, out_w, err_w):   # the zygote has its own copies now
+                keep.remove(fd)
+                close_fd(fd)
+            return self._collect(out_r, err_r, limits, started)
+        finally:
+            for fd in keep:
+                close_fd(fd)
+
+    def _collect(self, out_r: int, err_r: int, limits: SandboxLimits, started: float) -> WarmOutcome:
+        """Read both outputs (capped) and the zygote's report, until both pipes close after the
+        report, or the wall limit, or the cap."""
+        streams = {out_r: bytearray(), err_r: bytearray()}
+        sock = self.sock.fileno()
+        poller = select.poll()
+        for fd in (out_r, err_r, sock):
+            if fd != sock:
+                os.set_blocking(fd, False)
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        open_fds = {out_r, err_r, sock}
+        deadline = started + limits.wall_seconds
+        cap = limits.output_bytes
+        status = dirty = reported_at = None
+        timed_out = truncated = False
+        while open_fds - {sock} or (reported_at is None and sock in open_fds):
+            now = time.monotonic()
+            if reported_at is not None and now - reported_at > DRAIN_SECONDS:
+                dirty = dirty or "the output pipes stayed open after the run"
+                break
+            if reported_at is None and now >= deadline:
+                timed_out = True
+                break
+            for fd, _ in poller.poll(max(1, int(min(deadline - now, 0.05) * 1000))):
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    if fd == sock and reported_at is None:   # the zygote died: the namespace with it
+                        reported_at, dirty = time.monotonic(), "the zygote died"
+                elif fd == sock:
+                    self._report += chunk
+                    if b"\n" in self._report:
+                        reported_at = time.monotonic()
+                        status, dirty = _parse_report(self._read_report(reported_at))
+                else:
+                    streams[fd] += chunk
+                    truncated = truncated or len(streams[fd]) > cap
+            if truncated:
+                break
+        wall = (reported_at or time.monotonic()) - started
+        out, err = (bytes(b[:cap]) for b in streams.values())
+        return WarmOutcome(status, out, err, timed_out, truncated, dirty, wall)
+
+    def kill(self) -> None:
+        """End the jail: SIGKILL to its init ends the whole pid namespace; bwrap then exits.
+        Safe to call twice; always closes the socket and the pidfd."""
+        if self.proc.returncode is None:   # once reaped, bwrap's pid may belong to someone else
+            if self.pidfd is not None:
+                kill_and_wait(self.pidfd)
+            else:
+                kill_group(self.proc.pid)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock.close()   # a zygote that somehow survived exits on hang-up
+        if self.pidfd is not None:
+            close_fd(self.pidfd)
+            self.pidfd = None
+
+
+def _parse_report(report) -> tuple[int | None, str | None]:
+    """(wait status, why the jail is dirty or None), distrusting the zygote's JSON."""
+    if not isinstance(report, dict) or not isinstance(report.get("status"), int) or isinstance(
+            report.get("status"), bool):
+        return None, f"bad report {str(report)[:200]}"
+    dirty = report.get("dirty")
+    return report["status"], dirty if dirty is None else str(dirty)[:500]
+
+
+# -- fd and process helpers, shared with the cold path ---------------------------------------
+def rlimits(limits: SandboxLimits, nproc_extra: int = 0) -> dict[str, tuple[int, int]]:
+    """prlimit names -> (soft, hard). The CPU soft limit sends SIGXCPU a second before SIGKILL."""
+    cpu = max(1, math.ceil(limits.cpu_seconds))
+    nproc = limits.processes + nproc_extra
+    return {"cpu": (cpu, cpu + 1), "as": (limits.memory_mb * MB,) * 2, "fsize": (limits.file_size_mb * MB,) * 2,
+            "nofile": (limits.open_files,) * 2, "nproc": (nproc, nproc), "core": (0, 0)}
+
+
+def memfd(data: bytes, keep: list[int]) -> int:
+    """A close-on-exec memfd holding ``data``, rewound; added to ``keep`` (the caller closes it)."""
+    fd = os.memfd_create("rftgym-sandbox", os.MFD_CLOEXEC)
+    keep.append(fd)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def pipe(keep: list[int]) -> tuple[int, int]:
+    """os.pipe(), both ends added to ``keep`` at once (so no error path can lose one)."""
+    read_end, write_end = os.pipe()
+    keep += [read_end, write_end]
+    return read_end, write_end
+
+
+def close_fd(fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_and_wait(pidfd: int, timeout: float = 5.0) -> None:
+    """SIGKILL bwrap's namespace init and wait until it (hence its whole pid namespace) is gone."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    select.select([pidfd], [], [], timeout)
+
+
+def init_pidfd(info: bytes) -> int | None:
+    """A pidfd of the namespace init named in bwrap's --info-fd JSON, opened as soon as it is
+    known (bwrap, its parent, is alive then and has not reaped it, so the pid is not reused)."""
+    child = re.search(rb'"child-pid"\s*:\s*(\d+)', info)
+    if child is None:
+        return None
+    try:
+        return os.pidfd_open(int(child.group(1)))
+    except OSError:
+        return None
