@@ -200,20 +200,27 @@ def sample_tokens(logits: torch.Tensor, settings: DecodeSettings, noise: torch.T
     if settings.greedy:
         token = logp.argmax(dim=-1)
     else:
-        filtered = logp
-        if settings.top_k:
-            kth = torch.topk(filtered, min(settings.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
-            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-        if settings.top_p < 1.0:
-            sorted_logp, sorted_index = torch.sort(filtered, descending=True, dim=-1)
-            probs = sorted_logp.exp()
-            # Drop a token when the mass before it already reaches top_p (keeps at least one).
-            drop_sorted = (probs.cumsum(dim=-1) - probs) >= settings.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
-            filtered = filtered.masked_fill(drop, float("-inf"))
+        filtered = filter_logprobs(logp, settings.top_k, settings.top_p)
         gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20)))
         token = (filtered + gumbel).argmax(dim=-1)
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+def filter_logprobs(logp: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """``logp`` with the tokens outside top-k and outside the top-p nucleus set to -inf (static
+    shapes, no host sync: usable inside a CUDA graph). Both decode paths sample from this."""
+    filtered = logp
+    if top_k:
+        kth = torch.topk(filtered, min(top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logp, sorted_index = torch.sort(filtered, descending=True, dim=-1)
+        probs = sorted_logp.exp()
+        # Drop a token when the mass before it already reaches top_p (keeps at least one).
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    return filtered
 
 
 def record_sample(state: DecodeState, token: torch.Tensor, token_logprob: torch.Tensor) -> None:

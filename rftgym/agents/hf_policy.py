@@ -242,17 +242,9 @@ class HFPolicy(Agent):
         if sampling.greedy:
             token = logp.argmax(dim=-1)
         else:
-            filtered = logp
-            if sampling.top_k:
-                kth = torch.topk(filtered, min(sampling.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
-                filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-            if sampling.top_p < 1.0:
-                sorted_logp, sorted_index = torch.sort(filtered, descending=True, dim=-1)
-                cumulative = sorted_logp.exp().cumsum(dim=-1)
-                # Drop a token when the mass before it already reaches top_p (keeps at least one).
-                drop_sorted = (cumulative - sorted_logp.exp()) >= sampling.top_p
-                drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
-                filtered = filtered.masked_fill(drop, float("-inf"))
+            from .fast_decode import filter_logprobs
+
+            filtered = filter_logprobs(logp, sampling.top_k, sampling.top_p)
             probs = torch.softmax(filtered, dim=-1)
             token = torch.multinomial(probs, 1, generator=self._sampling_generator()).squeeze(-1)
         return token, logp.gather(-1, token[:, None]).squeeze(-1)

@@ -99,7 +99,15 @@ def docker_sandbox(docker_engine):
         yield sandbox
 
 
-@pytest.fixture(params=["local", "docker"])
+@pytest.fixture(scope="session")
+def cold_local_sandbox(local_sandbox):
+    """The local backend with one jail per run (warm_jails=False)."""
+    with make_sandbox("local", limits=local_sandbox.limits, workers=2, warm_jails=False) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(params=["local", "local-cold", "docker"])
 def sandbox(request):
-    """Each backend in turn, with small limits (a session-wide instance per backend)."""
-    return request.getfixturevalue(f"{request.param}_sandbox")
+    """Each backend in turn (local: warm jails, and one jail per run), with small limits."""
+    name = {"local": "local_sandbox", "local-cold": "cold_local_sandbox", "docker": "docker_sandbox"}
+    return request.getfixturevalue(name[request.param])

@@ -18,20 +18,6 @@ HOSTILE_LIMITS = SandboxLimits(wall_seconds=4, cpu_seconds=1, memory_mb=128, fil
                                processes=8, output_bytes=20_000, disk_mb=8)
 
 
-@pytest.fixture(scope="module")
-def cold_local_sandbox(local_sandbox):
-    """The local backend with one jail per run (warm_jails=False)."""
-    with make_sandbox("local", limits=local_sandbox.limits, workers=2, warm_jails=False) as sandbox:
-        yield sandbox
-
-
-@pytest.fixture(params=["local", "local-cold", "docker"])
-def sandbox(request):
-    """Each backend in turn (local: warm jails, and one jail per run), with small limits."""
-    name = {"local": "local_sandbox", "local-cold": "cold_local_sandbox", "docker": "docker_sandbox"}
-    return request.getfixturevalue(name[request.param])
-
-
 def test_stdout_stdin_and_exit_code(sandbox):
     result = sandbox.run(Program({"main.py": "import sys\nprint(input()[::-1])\nsys.exit(3)"}, stdin="abc\n"))
     assert (result.exit_code, result.signal, result.stdout, result.limit_hit) == (3, None, "cba\n", None)

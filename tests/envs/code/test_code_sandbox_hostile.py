@@ -22,20 +22,6 @@ from rftgym.envs.code import sandbox_warm
 from rftgym.envs.code.sandbox import Program, make_sandbox
 
 
-@pytest.fixture(scope="module")
-def cold_local_sandbox(local_sandbox):
-    """The local backend with one jail per run (warm_jails=False)."""
-    with make_sandbox("local", limits=local_sandbox.limits, workers=2, warm_jails=False) as sandbox:
-        yield sandbox
-
-
-@pytest.fixture(params=["local", "local-cold", "docker"])
-def sandbox(request):
-    """Each backend in turn (local: warm jails, and one jail per run), with small limits."""
-    name = {"local": "local_sandbox", "local-cold": "cold_local_sandbox", "docker": "docker_sandbox"}
-    return request.getfixturevalue(name[request.param])
-
-
 def run(sandbox, source: str, wall: float | None = None):
     limits = replace(sandbox.limits, wall_seconds=wall) if wall else None
     result = sandbox.run(Program({"main.py": source}, limits=limits))
@@ -68,14 +54,8 @@ while True:
         pass
 """
 
-
-def test_fork_bomb(sandbox):
-    result = run(sandbox, FORK_BOMB, wall=2)
-    assert not result.ok and result.limit_hit in ("cpu", "wall"), result
-
-
-def test_process_limit_bites(sandbox):
-    source = """
+# Forks sleeping children until fork fails; prints how many it started.
+COUNT_FORKS = """
 import os, time
 started = 0
 for _ in range(50):
@@ -88,6 +68,15 @@ for _ in range(50):
         break
 print(started)
 """
+
+
+def test_fork_bomb(sandbox):
+    result = run(sandbox, FORK_BOMB, wall=2)
+    assert not result.ok and result.limit_hit in ("cpu", "wall"), result
+
+
+def test_process_limit_bites(sandbox):
+    source = COUNT_FORKS
     result = run(sandbox, source)
     assert result.exit_code == 0 and 0 < int(result.stdout) < sandbox.limits.processes, result
 
@@ -333,19 +322,7 @@ def test_zygote_killed_while_idle_costs_nothing(warm):
 def test_fork_bomb_in_run_1_does_not_starve_run_2(warm):
     bomb = run_in(warm, FORK_BOMB, limits=replace(warm.limits, wall_seconds=2))
     assert not bomb.ok, bomb
-    source = """
-import os, time
-started = 0
-for _ in range(50):
-    try:
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        started += 1
-    except OSError:
-        break
-print(started)
-"""
+    source = COUNT_FORKS
     for _ in range(2):   # the process limit bites per run, at the same count each time
         result = run_in(warm, source)
         assert result.ok and int(result.stdout) == warm.limits.processes - 1, result
