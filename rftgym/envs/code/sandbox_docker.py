@@ -144,10 +144,12 @@ class DockerSandbox(Sandbox):
         Ulimit = self._ulimit
         return dict(
             command=[self.python, "-E", "-s", "-c", BOOTSTRAP], user="65534:65534", working_dir=WORK_DIR,
-            stdin_open=True, detach=False, tty=False,   # detach=False: StdinOnce network_mode="none", read_only=True,
+            stdin_open=True, detach=False, tty=False,   # detach=False: StdinOnce
+            network_mode="none", read_only=True,
             tmpfs={WORK_DIR: f"{disk},mode=1777", "/tmp": f"{disk},mode=1777"}, shm_size=limits.disk_mb * MB,
             mem_limit=limits.memory_mb * MB, memswap_limit=limits.memory_mb * MB,
-            pids_limit=limits.processes + 1,   # + the bootstrap (pid 1) nano_cpus=int(self.cpus * 1e9),
+            pids_limit=limits.processes + 1,   # + the bootstrap (pid 1)
+            nano_cpus=int(self.cpus * 1e9),
             cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config={"type": "none"},
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "TMPDIR": "/tmp",
                          "LANG": "C.UTF-8"},
@@ -169,7 +171,11 @@ class DockerSandbox(Sandbox):
             sock.close()
             stream.close()
         if timed_out or truncated:
-            container.kill()
+            try:
+                container.kill()
+            except self._errors.APIError as exc:
+                if exc.status_code != 409:  # 409: it exited on its own meanwhile, which is all we wanted
+                    raise
         status = container.wait(timeout=max(5.0, limits.wall_seconds))
         wall = time.monotonic() - started
         code = int(status.get("StatusCode", -1))

@@ -378,3 +378,29 @@ def test_jails_are_recycled_every_n_runs(warm, monkeypatch):
         idle_after.append(warm.jails.idle[0] if warm.jails.idle else None)   # None: the jail was just replaced
     served = Counter(j for j in idle_after if j is not None)
     assert idle_after.count(None) >= 2 and len(served) >= 2 and max(served.values()) <= 2, idle_after
+
+
+def test_root_filesystem_is_read_only_and_only_loopback_exists(sandbox):
+    """What the program sees of its jail: '/' mounted read-only (not just unwritable for its uid)
+    and no network interface but loopback."""
+    source = """
+import os
+print(bool(os.statvfs("/").f_flag & os.ST_RDONLY))
+with open("/proc/net/dev") as handle:
+    print(sorted(line.split(":")[0].strip() for line in handle.readlines()[2:]))
+"""
+    result = run(sandbox, source)
+    assert result.ok, result
+    read_only, interfaces = result.stdout.splitlines()
+    assert read_only == "True"
+    assert interfaces == "['lo']"
+
+
+def test_docker_container_options_isolate(docker_sandbox):
+    """The engine is asked for what the isolation line promises (a dropped option is invisible to
+    the behavioural tests when the daemon runs with --bridge=none, so check the request too)."""
+    options = docker_sandbox._container_options(docker_sandbox.limits)
+    assert options["network_mode"] == "none" and options["read_only"] is True
+    assert options["cap_drop"] == ["ALL"] and "no-new-privileges" in options["security_opt"]
+    assert options["nano_cpus"] > 0 and options["pids_limit"] == docker_sandbox.limits.processes + 1
+    assert options["user"] == "65534:65534" and options["mem_limit"] == options["memswap_limit"]
