@@ -37,6 +37,9 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
     return kwargs
 
 
+DEFAULT_EVAL_EPISODES = 32
+
+
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     if env_id not in env_registry.ENVS:
         raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())}")
@@ -148,12 +151,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .core.records import write_episodes_jsonl
     from .rollout import format_table
 
-    if args.episodes < 1:
+    if args.episodes is not None and args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
     env_kwargs = _parse_env_args(args.env_arg)
-    _make_env(args.env, env_kwargs).close()  # fail fast on a bad env id or option
+    probe = _make_env(args.env, env_kwargs)  # fail fast on a bad env id or option
+    if args.episodes is None:
+        # An env over a fixed benchmark (e.g. HumanEval) names its size, so that the default
+        # evaluation covers each task once; others get DEFAULT_EVAL_EPISODES seeded episodes.
+        args.episodes = getattr(probe.unwrapped, "eval_episodes", None) or DEFAULT_EVAL_EPISODES
+    probe.close()
     env_class = _env_class(args.env)
     baselines = env_class.metadata.get("eval_baselines", ()) if args.baselines else ()
     if args.baselines and not baselines:
@@ -295,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", choices=AGENTS, default="default",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text")
-    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--episodes", type=int, default=None,
+                   help=f"episodes, with seeds --seed, --seed+1, ... (default: every task once for an env over a "
+                        f"fixed benchmark such as CodeTCG's HumanEval, else {DEFAULT_EVAL_EPISODES})")
     p.add_argument("--num-envs", type=int, default=16, help="episodes run side by side (the agent's batch)")
     p.add_argument("--out", help="episodes JSONL path (default runs/eval/<env>-<agent>-<time>.jsonl)")
     p.add_argument("--model", help="local Hugging Face model directory for --agent hf")

@@ -6,6 +6,7 @@ Only the scripted agents (random, adversarial) are run; `default`/`hf` would loa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -298,3 +299,25 @@ def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):
 def test_baselines_flag_on_an_env_without_baselines(capsys):
     assert exit_code(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--baselines"]) == 2
     assert "declares no evaluation baselines" in capsys.readouterr().err
+
+
+def test_eval_covers_a_fixed_benchmark_once_by_default(tmp_path, capsys, monkeypatch):
+    """Without --episodes, an env over a fixed dataset (CodeTCG on MBPP here) is evaluated on
+    each of its tasks once: seeds 0..n-1 are tasks 0..n-1."""
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path / "cache"))
+    records = [
+        {"task_id": i, "text": f"Write a function that adds {i}.", "code": f"def add_{i}(x):\n    return x + {i}",
+         "test_list": [f"assert add_{i}(1) == {1 + i}", f"assert add_{i}(5) == {5 + i}"], "test_setup_code": "",
+         "challenge_test_list": []}
+        for i in range(3)
+    ]
+    data = tmp_path / "mini_mbpp.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    out = tmp_path / "code.jsonl"
+    code = main(["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg", "dataset=mbpp",
+                 "--env-arg", f"dataset_path={data}", "--out", str(out)])
+    assert code == 0
+    episodes = list(read_episodes_jsonl(out))
+    assert [e.seed for e in episodes] == [0, 1, 2]
+    assert [e.turns[0].info["task_id"] for e in episodes] == ["mbpp/0", "mbpp/1", "mbpp/2"]
+    assert "pass@1" in capsys.readouterr().out

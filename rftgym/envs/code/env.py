@@ -243,6 +243,14 @@ class CodeTCGEnv(gym.Env[Context, str]):
             sandbox.close()
         self._context = Context()
 
+    @property
+    def eval_episodes(self) -> int | None:
+        """Episodes that cover each dataset task once under ``reset(seed=i)`` (``rftgym eval``'s
+        default), or None for the generator."""
+        if self.dataset is None or self.config.task_selection != "seed":
+            return None
+        return len(self.dataset)
+
     # ------------------------------------------------------------------ tasks
 
     def tested_task(self, task: CodeTask) -> CodeTask:
