@@ -155,7 +155,7 @@ def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE) 
         return False
     try:
         return values_equal(decode(expected), decode(got), tol)
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return False
 
 
@@ -175,6 +175,6 @@ def display(encoded: str | None, limit: int = 200) -> str:
         return "<none>"
     try:
         text = repr(decode(encoded))
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         text = encoded
     return text if len(text) <= limit else text[: limit - 3] + "..."

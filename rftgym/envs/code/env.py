@@ -16,7 +16,9 @@ Action
 Tests
     Built per task by :mod:`rftgym.envs.code.tcg` from the reference solution (examples, the
     dataset's own asserts, type-driven random and edge-case inputs; expected outputs come from
-    running the reference in the sandbox), cached on disk. Candidate code runs in the sandbox
+    running the reference in the sandbox), cached on disk. A task the TCG can make no tests for
+    (5 of MBPP's 974: arguments that are not literals) has status ``"untestable"`` and reward 0
+    (its dataset asserts could be faked from inside the program). Candidate code runs in the sandbox
     (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``); expected outputs never enter
     it: the program reports what it returned and the host compares.
 
@@ -37,7 +39,8 @@ Episode end
 Info keys
     ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code"),
     ``status`` (``"ok"``, ``"syntax_error"``, ``"missing_entry_point"``, ``"timeout"``,
-    ``"crashed"``, ``"no_code"``...), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
+    ``"crashed"``, ``"import_error"``, ``"no_code"``, ``"untestable"``; one test over its time
+    limit is an error of that test), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
     input, expected, got, error, seconds, passed, origin), ``format_ok``, ``format_error``,
     ``success`` (every test passed), ``step_scores`` (pseudocode turns), ``sandbox`` (its
     isolation, one line).
@@ -333,33 +336,26 @@ class CodeTCGEnv(gym.Env[Context, str]):
             return 0.0, False, (f"No code was submitted: {format_error}. Reply with the complete solution in "
                                 "one fenced code block: ```python ... ```")
         self._attempts += 1
-        if not self.task.tests and self.task.dataset_tests:
-            result = self._grade_by_dataset_tests(code)
+        if not self.task.tests:
+            result = self._untestable()
         else:
             result = grade(self.task, code, self.sandbox)
         self._last.update(status=result.status, passed=result.passed, total=result.total,
                           pass_rate=result.pass_rate, syntax_error=result.status == "syntax_error",
                           tests=[_test_record(r) for r in result.results])
         solved = result.total > 0 and result.passed == result.total
-        if solved or self._attempts >= self.config.max_attempts:
+        if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
         left = self.config.max_attempts - self._attempts
         return 0.0, False, describe_failures(result, self.config.feedback_tests, left)
 
-    def _grade_by_dataset_tests(self, code: str):
-        """For the few tasks whose tests cannot be generated (arguments that are not literals, e.g.
-        MBPP's tree tasks): the dataset's own asserts, as one test. Weaker than TCG grading: the
-        expected values are inside the program, so it checks, it does not guard against tampering."""
-        from .harness import GradeResult, TestResult, check_syntax, run_dataset_tests
+    def _untestable(self):
+        """A task the TCG could make no tests for (arguments that are not literals, e.g. MBPP's
+        tree tasks). Its dataset asserts are not used for reward: they hold the expected values
+        inside the program, where the candidate could read them or fake the result."""
+        from .harness import GradeResult
 
-        syntax = check_syntax(code)
-        if syntax:
-            return GradeResult("syntax_error", 0, 1, (), message=syntax)
-        check = run_dataset_tests(self.task, code, self.sandbox)
-        result = TestResult(input="(the dataset's own tests)", expected="all asserts hold",
-                            got="all asserts hold" if check.passed else None, error=check.error,
-                            seconds=0.0, passed=bool(check.passed), origin="dataset")
-        return GradeResult("ok", int(result.passed), 1, (result,))
+        return GradeResult("untestable", 0, 0, (), message="no tests could be generated for this task")
 
     def _outcome_reward(self) -> float:
         weight = self.config.format_weight

@@ -14,6 +14,7 @@ with the reason in ``error``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 from dataclasses import dataclass, replace
@@ -28,6 +29,9 @@ from .tasks import CodeTask, TestCase
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
 PER_TEST_SECONDS = 2.0
 MAX_TOTAL_SECONDS = 120.0
+MAX_GOT_CHARS = 1_000_000  # the runner's own cap on one encoded return value
+REPORT_BYTES_PER_TEST = 256 * 1024
+MAX_RUN_OUTPUT_BYTES = 64 * 1024 * 1024
 _SHOWN = 2000  # chars of expected/got kept for display
 
 
@@ -105,7 +109,10 @@ def run_limits(base: SandboxLimits, n_tests: int, per_test_seconds: float,
     """The sandbox limits for one run of ``n_tests``: enough wall/CPU time for all of them."""
     budget = min(max_total_seconds, 3.0 + 2 * float(per_test_seconds) + n_tests * float(per_test_seconds))
     budget = max(budget, base.wall_seconds)
-    return replace(base, wall_seconds=budget, cpu_seconds=max(base.cpu_seconds, budget))
+    # Every test's report shares one stdout: leave room for a fair-sized value per test, so that
+    # a correct solution with big outputs is not cut off as "crashed".
+    output = max(base.output_bytes, min(n_tests * REPORT_BYTES_PER_TEST, MAX_RUN_OUTPUT_BYTES))
+    return replace(base, wall_seconds=budget, cpu_seconds=max(base.cpu_seconds, budget), output_bytes=output)
 
 
 def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
@@ -113,9 +120,11 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
     records: dict[int, RunRecord] = {}
     status, message, done = "ok", None, False
     for chunk in re.findall(re.escape(marker) + r"(.*?)" + re.escape(marker), result.stdout):
+        # The candidate runs in the runner's process and can emit records itself: a malformed one
+        # (huge ints, deep nesting, wrong types) is dropped, never an exception in the trainer.
         try:
             record = json.loads(chunk)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(record, dict):
             continue
@@ -126,13 +135,8 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
             status = {"import": "import_error", "entry": "missing_entry_point"}.get(phase, "crashed")
             message = f"{record.get('error')}: {record.get('message')}"
             done = True
-        elif isinstance(record.get("i"), int) and 0 <= record["i"] < n_inputs:
-            got = record.get("got")
-            error = record.get("error")
-            if error:
-                error = f"{error}: {record.get('message')}" if record.get("message") else str(error)
-            records[record["i"]] = RunRecord(got if isinstance(got, str) else None, error,
-                                             float(record.get("s") or 0.0))
+        elif type(record.get("i")) is int and 0 <= record["i"] < n_inputs:
+            records[record["i"]] = _test_record(record)
     if not done:
         if result.timed_out or result.limit_hit in ("wall", "cpu"):
             status, reason = "timeout", f"the run hit the sandbox time limit ({result.limit_hit or 'wall'})"
@@ -142,6 +146,22 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         message = message or reason + (f"; stderr: {result.stderr[-300:]}" if result.stderr.strip() else "")
     missing = RunRecord(None, message or "not run", 0.0)
     return RunOutcome(status, tuple(records.get(i, missing) for i in range(n_inputs)), message)
+
+
+def _test_record(record: dict) -> RunRecord:
+    """One test's record, with every field checked (anything else reads as a failed test)."""
+    got = record.get("got")
+    if not isinstance(got, str) or len(got) > MAX_GOT_CHARS:
+        got = None
+    error, message = record.get("error"), record.get("message")
+    if error is not None:
+        error = str(error)[:500] + (f": {str(message)[:500]}" if message else "")
+    elif got is None:
+        error = "no valid result was reported"
+    seconds = record.get("s")
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+        seconds = 0.0
+    return RunRecord(got, error, float(seconds))
 
 
 def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: Sandbox,

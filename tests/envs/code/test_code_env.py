@@ -192,8 +192,9 @@ def test_mbpp_dataset_from_path(tmp_path):
     env.close()
 
 
-def test_task_without_generated_tests_is_graded_by_its_dataset_asserts(tmp_path):
-    """MBPP 367-style tasks take objects no literal can write; their own asserts grade them."""
+def test_task_without_generated_tests_is_untestable_not_graded_by_forgeable_asserts(tmp_path):
+    """MBPP 367-style tasks take objects no literal can write. Their own asserts hold the expected
+    values inside the program, so a candidate could print a fake pass: no reward comes from them."""
     from rftgym.envs.code.tasks import CodeTask
     from rftgym.envs.code.tcg import TCGConfig
 
@@ -206,9 +207,7 @@ def test_task_without_generated_tests_is_graded_by_its_dataset_asserts(tmp_path)
     env.dataset = [task]
     env.reset(seed=0, options={"task_index": 0})
     assert env.task.tests == ()
-    _, reward, _, _, info = env.step(fenced(reference))
-    assert reward == pytest.approx(1.0) and info["total"] == 1 and info["success"]
-    env.reset(seed=0, options={"task_index": 0})
-    _, reward, _, _, info = env.step(fenced(reference.replace("return b.v", "return None")))
-    assert reward == pytest.approx(0.1) and not info["success"] and info["tests"][0]["error"]
+    _, reward, terminated, _, info = env.step(fenced(reference))
+    assert terminated and info["status"] == "untestable" and not info["success"]
+    assert info["total"] == 0 and reward == pytest.approx(0.1)  # the format component only
     env.close()

@@ -134,3 +134,32 @@ def test_dataset_tests_check(sandbox):
     assert run_dataset_tests(task, ADD.reference, sandbox).passed is True
     assert run_dataset_tests(task, "def add(a, b):\n    return 3\n", sandbox).passed is False
     assert math.isnan(float("nan"))
+
+
+@pytest.mark.parametrize("forged", [
+    '{"i": 0, "got": "[\\"i\\", 1]", "s": "x"}',            # seconds not a number
+    '{"i": 0, "got": "[\\"i\\", 1]", "s": [1]}',
+    '{"i": 0, "got": ' + "1" * 5000 + '}',                  # over Python's int-digit limit
+    '[' * 100000,                                           # nesting past the recursion limit
+    '{"i": 0, "got": "' + '[' * 100000 + '"}',              # a "got" that cannot be decoded
+    '{"i": true, "got": "[\\"i\\", 1]"}',                   # a bool is not an index
+    '{"i": 0, "got": 7, "error": null}',                    # got must be an encoding (str)
+])
+def test_forged_or_malformed_records_fail_the_test_and_never_raise(forged):
+    """Candidate code shares the runner's process and can print records between the marker:
+    whatever it prints, grading does not raise and a forged record cannot pass a test."""
+    from rftgym.envs.code.harness import RunRecord, parse_run
+    from rftgym.envs.code.sandbox import ExecResult
+
+    marker = "@@M@@"
+    stdout = f"{marker}{forged}{marker}\n{marker}" + '{"done": true}' + f"{marker}\n"
+    result = ExecResult(exit_code=0, signal=None, stdout=stdout, stderr="", timed_out=False,
+                        output_truncated=False, wall_seconds=0.1, limit_hit=None)
+    outcome = parse_run(result, marker, 1)
+    record = outcome.records[0]
+    assert isinstance(record, RunRecord) and isinstance(record.seconds, float)
+    task = CodeTask(task_id="t", source="generated", style="function", prompt="", entry_point="f",
+                    reference="def f():\n    return 2\n", tests=(TestCase("()", '["i", 2]', "dataset"),))
+    from rftgym.envs.code.harness import _compare
+
+    assert not _compare(task, task.tests[0], record).passed
