@@ -4,23 +4,30 @@
 ``python -E -s -c <this source> <fd>``, where ``fd`` is a unix stream socket to the host. It
 pre-imports common stdlib modules, then serves one run at a time:
 
-- host -> zygote: a 4-byte big-endian length and a JSON request ``{"files", "argv", "script",
-  "rlimits"}``, with the run's stdin, stdout and stderr fds attached to its first bytes (SCM_RIGHTS).
-- zygote -> host: one JSON line per run, ``{"status": wait status, "dirty": null or why}``, sent
-  once the jail is clean again; ``{"ready": true}`` once at start.
+- host -> zygote: the one byte ``CONTROL`` with four fds attached (SCM_RIGHTS): a sealed memfd
+  holding the JSON request ``{"files", "argv", "script", "rlimits"}``, then the run's stdin (a
+  memfd), stdout and stderr.
+- zygote -> host: one fixed-size ``REPORT`` per run, ``(DONE, wait status, dirty)``, sent once
+  the jail is clean again (``dirty`` indexes ``DIRTY``; 0: clean); ``(READY, 0, 0)`` once at start.
 
-Per run it writes the files into the empty /work and forks a child that starts a new session,
-takes the three fds as 0/1/2 (and closes everything else, the socket included), applies the
-rlimits, and runs the program: ``script`` runs ``argv[1]`` in the forked interpreter with
-``__main__`` semantics (exit code and traceback as CPython gives them), else ``argv`` is exec'd.
-When the child is gone it kills every other process of the namespace (``kill(-1)`` from pid 1
-reaches them all), reaps them, wipes /work, /tmp and /dev/shm, and checks that the jail is as it
-started (only pid 1 left, the tmpfs's empty with their free space back, no SysV IPC objects, no
-new keys); anything else is reported as dirty and the host replaces the whole jail.
+The zygote never holds a run's data: every later run is forked from it, and freed memory is not
+zeroed, so whatever it had read (say the reference solution) a later run could find in its own
+heap. Per run it forks first and closes its copies of the fds; only the child reads the request,
+writes the files into the empty /work, starts a new session, takes stdin/stdout/stderr as 0/1/2
+(closing everything else, the socket included), applies the rlimits and runs the program:
+``script`` runs ``argv[1]`` in the forked interpreter with ``__main__`` semantics (exit code and
+traceback as CPython gives them), else ``argv`` is exec'd. All the zygote learns of a run is its
+wait status. When the child is gone the zygote kills every other process of the namespace
+(``kill(-1)`` from pid 1 reaches them all) and reaps them; a forked cleaner (so that the names it
+reads stay out of the zygote too) wipes /work, /tmp and /dev/shm and checks that the jail is as it
+started (the tmpfs's empty with their free space back, no SysV IPC objects, no new keys), and
+says what is off as its exit code; anything off is reported as dirty and the host replaces the
+whole jail.
 
 Integrity: the zygote is non-dumpable, so runs (same uid, no capabilities) can neither ptrace it
 nor reach its memory or fds through /proc; as the namespace's init it installs no signal handlers,
-so signals from runs do not reach it; it exits when the host's end of the socket closes.
+so signals from runs do not reach it; it exits when the host's end of the socket closes, or on
+anything but ``CONTROL`` with four fds.
 """
 
 import builtins
@@ -45,6 +52,12 @@ RLIMITS = {"cpu": "RLIMIT_CPU", "as": "RLIMIT_AS", "fsize": "RLIMIT_FSIZE", "nof
            "nproc": "RLIMIT_NPROC", "core": "RLIMIT_CORE", "msgqueue": "RLIMIT_MSGQUEUE"}
 PR_SET_DUMPABLE = 4
 CLEAN_SECONDS = 2.0
+CONTROL = b"R"                    # host -> zygote, with the request, stdin, stdout and stderr fds
+REPORT = struct.Struct("!4sii")   # zygote -> host: tag, wait status, index into DIRTY
+READY, DONE = b"redy", b"done"
+DIRTY = (None, "processes survive the run", "a writable dir is not clean after the wipe",
+         "could not wipe a writable dir", "SysV IPC objects left", "keys were added",
+         "the wipe did not finish in time", "the wipe failed")
 
 
 def main(control_fd: int) -> None:
@@ -59,48 +72,38 @@ def main(control_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)   # pid 1 without a handler: runs cannot signal it
     sock = socket.socket(fileno=control_fd)
     baseline = snapshot()
-    send(sock, {"ready": True})
+    send(sock, READY, 0, 0)
     while True:
-        request = receive(sock)
-        if request is None:
+        fds = receive(sock)
+        if fds is None:
             return   # the host closed the socket (or died): the namespace dies with us
-        message, fds = request
-        status = run_one(message, fds, sock, libc)
-        send(sock, {"status": status, "dirty": clean(baseline)})
+        status = run_one(fds, sock, libc)
+        send(sock, DONE, status, clean(baseline))
 
 
-def send(sock: socket.socket, message: dict) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
+def send(sock: socket.socket, tag: bytes, status: int, dirty: int) -> None:
+    sock.sendall(REPORT.pack(tag, status, dirty))
 
 
 def receive(sock: socket.socket):
-    """(request, [stdin, stdout, stderr]) or None when the host is gone."""
-    data, fds, flags, _ = socket.recv_fds(sock, 1 << 16, 3)
+    """[request, stdin, stdout, stderr] fds, or None when the host is gone. Only the fixed control
+    byte is read here: the request itself is for the forked child alone."""
+    data, fds, flags, _ = socket.recv_fds(sock, len(CONTROL), 4)
+    if data == CONTROL and len(fds) == 4 and not flags & socket.MSG_CTRUNC:
+        return fds
+    for fd in fds:
+        os.close(fd)
     if not data:
         return None
-    if flags & socket.MSG_CTRUNC or len(fds) != 3:
-        raise RuntimeError(f"expected 3 fds with the request, got {len(fds)} (flags {flags})")
-    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            return None
-        data += chunk
-    return json.loads(data[4:]), fds
+    raise RuntimeError(f"expected the control byte with 4 fds, got {len(data)} bytes, {len(fds)} fds (flags {flags})")
 
 
-def run_one(request: dict, fds: list, sock: socket.socket, libc) -> int:
-    """Write the files, fork the run, wait for it (or for the host to go away); its wait status."""
-    try:
-        write_files(request["files"])
-    except OSError as exc:
-        os.write(fds[2], f"rftgym jail: could not write the program files: {exc}\n".encode())
-        for fd in fds:
-            os.close(fd)
-        return 1 << 8
+def run_one(fds: list, sock: socket.socket, libc) -> int:
+    """Fork the run, wait for it (or for the host to go away); its wait status."""
     pid = os.fork()
     if pid == 0:
-        child(request, fds, libc)   # never returns
-    for fd in fds:
+        child(fds, libc)   # never returns
+    for fd in fds:   # the request memfd above all: never read here
         os.close(fd)
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
@@ -115,6 +118,18 @@ def run_one(request: dict, fds: list, sock: socket.socket, libc) -> int:
     return os.waitpid(pid, 0)[1]
 
 
+def read_request(fd: int) -> dict:
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return json.loads(b"".join(chunks))
+
+
 def write_files(files: dict) -> None:
     for path, text in files.items():
         target = os.path.join(ROOTS[0], path)
@@ -123,11 +138,18 @@ def write_files(files: dict) -> None:
             f.write(text)
 
 
-def child(request: dict, fds: list, libc) -> None:
+def child(fds: list, libc) -> None:
+    request_fd, *stdio = fds
     try:
         libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)   # its own /proc entries behave as in a fresh process
+        try:
+            request = read_request(request_fd)
+            write_files(request["files"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            os.write(stdio[2], f"rftgym jail: could not write the program files: {exc}\n".encode())
+            os._exit(1)
         os.setsid()
-        for target, fd in enumerate(fds):
+        for target, fd in enumerate(stdio):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.chdir(ROOTS[0])
@@ -231,8 +253,9 @@ def snapshot() -> dict:
     return {"roots": roots, "keys": key_ids()}
 
 
-def clean(baseline: dict) -> str | None:
-    """Kill everything but pid 1, wipe the writable dirs, and say what is still off (None: clean)."""
+def clean(baseline: dict) -> int:
+    """Kill everything but pid 1, then wipe and check the jail in a forked cleaner; the index in
+    DIRTY of what is still off (0: clean)."""
     deadline = time.monotonic() + CLEAN_SECONDS
     while True:
         try:
@@ -240,12 +263,32 @@ def clean(baseline: dict) -> str | None:
         except ProcessLookupError:
             pass
         reap()
-        others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
-        if not others:
+        if not [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]:
             break
         if time.monotonic() > deadline:
-            return f"processes survive: {others[:5]}"
+            return DIRTY.index("processes survive the run")
         time.sleep(0.001)
+    pid = os.fork()
+    if pid == 0:
+        code = DIRTY.index("the wipe failed")
+        try:
+            code = wipe(baseline)
+        finally:
+            os._exit(code)
+    pidfd = os.pidfd_open(pid)
+    finished = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]
+    os.close(pidfd)
+    if not finished:
+        os.kill(pid, signal.SIGKILL)
+    status = os.waitpid(pid, 0)[1]
+    if not finished:
+        return DIRTY.index("the wipe did not finish in time")
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return code if 0 <= code < len(DIRTY) else DIRTY.index("the wipe failed")
+
+
+def wipe(baseline: dict) -> int:
+    """(In the cleaner.) Empty the writable dirs and check the jail; the index in DIRTY."""
     for root, (mode, bfree, ffree) in baseline["roots"].items():
         try:
             os.chmod(root, mode)
@@ -253,19 +296,19 @@ def clean(baseline: dict) -> str | None:
                 remove(os.path.join(root, name))
             vfs = os.statvfs(root)
             if os.listdir(root) or (vfs.f_bfree, vfs.f_ffree) != (bfree, ffree):
-                return f"{root} not clean after the wipe"
-        except (OSError, RecursionError) as exc:
-            return f"could not wipe {root}: {exc!r}"
+                return DIRTY.index("a writable dir is not clean after the wipe")
+        except (OSError, RecursionError):
+            return DIRTY.index("could not wipe a writable dir")
     for kind in ("shm", "msg", "sem"):
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 if len(f.read().splitlines()) > 1:
-                    return f"SysV IPC {kind} objects left"
+                    return DIRTY.index("SysV IPC objects left")
         except OSError:
             pass
     if key_ids() != baseline["keys"]:
-        return "keys were added"
-    return None
+        return DIRTY.index("keys were added")
+    return 0
 
 
 def reap() -> None:

@@ -10,9 +10,11 @@ init ends its pid namespace, so nothing outlives the jail.
 
 Warm jails (``warm_jails=True``, the default with bwrap; :mod:`.sandbox_warm`): each worker
 keeps one such jail, set up the same way, whose pid 1 is a small non-dumpable supervisor
-(:mod:`.jail_server`, the stdlib pre-imported). Per run it writes the files into the empty /work
-and forks a fresh process that applies the rlimits (RLIMIT_NPROC counts per user namespace, i.e.
-per jail, and nothing of an earlier run is left to count) and runs the program. When it exits,
+(:mod:`.jail_server`, the stdlib pre-imported). Per run it forks a fresh process that reads the
+request (from a memfd the supervisor never reads: no run's data is left in the memory later runs
+are forked from), writes the files into the empty /work, applies the rlimits (RLIMIT_NPROC counts
+per user namespace, i.e. per jail, and nothing of an earlier run is left to count) and runs the
+program. When it exits,
 every other process in the jail is killed and /work, /tmp and /dev/shm are wiped and checked; the
 host replaces the whole jail on anything unusual. ``warm_jails=False`` starts one jail (and
 interpreter) per run: slower. This module builds the bwrap command lines for both and runs the

@@ -1,9 +1,11 @@
 """The host side of the local sandbox's warm jails: a pool of long-lived bubblewrap jails.
 
 Each :class:`WarmJail` is one bwrap jail whose pid 1 is the zygote (:mod:`.jail_server`). Per run
-the host sends a request (files, argv, rlimits) over a unix socket, with the run's stdin, stdout
-and stderr fds attached, and reads the outputs (capped) and the zygote's one-line report. The
-host keeps the wall-clock limit and the output caps. :class:`WarmJails` keeps at most one idle
+the host writes the request (files, argv, rlimits) into a sealed memfd and sends it over a unix
+socket as an fd, with the run's stdin, stdout and stderr fds, attached to one control byte (the
+zygote only forks; the forked child reads the request, so no run's data is ever in the memory
+later runs are forked from). It then reads the outputs (capped) and the zygote's fixed-size
+report (wait status, dirty or not). The host keeps the wall-clock limit and the output caps. :class:`WarmJails` keeps at most one idle
 jail per worker and replaces a jail when the zygote dies or does not report in time, when a run
 hits the wall, output, memory or disk limit, when the zygote's clean-up finds anything off, and
 every ``RECYCLE_AFTER`` runs.
@@ -16,6 +18,7 @@ from :mod:`.sandbox_local`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -24,7 +27,6 @@ import re
 import select
 import signal
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .jail_server import CONTROL, DIRTY, DONE, READY, REPORT
 from .sandbox import PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result
 
 log = logging.getLogger(__name__)
@@ -197,23 +200,22 @@ class WarmJail:
                 raise JailBroken("bwrap exited or timed out before reporting its child")
             info += chunk
             self.pidfd = init_pidfd(info)
-        report = self._read_report(deadline)
-        if report != {"ready": True}:
-            raise JailBroken(f"the zygote said {report!r} instead of ready")
-
-    def _read_report(self, deadline: float):
-        while b"\n" not in self._report:
+        while (report := self._take_report()) is None:
             ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
             chunk = self.sock.recv(4096) if ready else b""
             if not chunk:
                 raise JailBroken("the zygote hung up or did not answer in time")
             self._report += chunk
-        line, _, rest = bytes(self._report).partition(b"\n")
-        self._report = bytearray(rest)
-        try:
-            return json.loads(line)
-        except ValueError:
+        if report != REPORT.pack(READY, 0, 0):
+            raise JailBroken(f"the zygote said {report!r} instead of ready")
+
+    def _take_report(self) -> bytes | None:
+        """The next whole fixed-size report received, if any."""
+        if len(self._report) < REPORT.size:
             return None
+        report = bytes(self._report[:REPORT.size])
+        del self._report[:REPORT.size]
+        return report
 
     def alive(self) -> bool:
         return self.pidfd is not None and not select.select([self.pidfd], [], [], 0)[0]
@@ -221,19 +223,19 @@ class WarmJail:
     def run(self, request: dict, stdin: bytes, limits: SandboxLimits) -> WarmOutcome:
         keep: list[int] = []
         try:
+            request_fd = memfd(json.dumps(request).encode(), keep, seal=True)
             stdin_fd = memfd(stdin, keep)
             out_r, out_w = pipe(keep)
             err_r, err_w = pipe(keep)
-            payload = json.dumps(request).encode()
-            data = struct.pack("!I", len(payload)) + payload
             started = time.monotonic()
             try:
-                sent = socket.send_fds(self.sock, [data[:1 << 16]], [stdin_fd, out_w, err_w])
-                self.sock.sendall(data[sent:])
+                sent = socket.send_fds(self.sock, [CONTROL], [request_fd, stdin_fd, out_w, err_w])
             except OSError as exc:
                 raise JailBroken(f"could not send the program: {exc}") from exc
+            if sent != len(CONTROL):
+                raise JailBroken("could not send the program: the socket took nothing")
             self.runs += 1
-            for fd in (stdin_fd, out_w, err_w):   # the zygote has its own copies now
+            for fd in (request_fd, stdin_fd, out_w, err_w):   # the zygote has its own copies now
                 keep.remove(fd)
                 close_fd(fd)
             return self._collect(out_r, err_r, limits, started)
@@ -276,9 +278,10 @@ class WarmJail:
                         reported_at, dirty = time.monotonic(), "the zygote died"
                 elif fd == sock:
                     self._report += chunk
-                    if b"\n" in self._report:
+                    report = self._take_report()
+                    if report is not None and reported_at is None:
                         reported_at = time.monotonic()
-                        status, dirty = _parse_report(self._read_report(reported_at))
+                        status, dirty = _parse_report(report)
                 else:
                     streams[fd] += chunk
                     truncated = truncated or len(streams[fd]) > cap
@@ -307,13 +310,16 @@ class WarmJail:
             self.pidfd = None
 
 
-def _parse_report(report) -> tuple[int | None, str | None]:
-    """(wait status, why the jail is dirty or None), distrusting the zygote's JSON."""
-    if not isinstance(report, dict) or not isinstance(report.get("status"), int) or isinstance(
-            report.get("status"), bool):
-        return None, f"bad report {str(report)[:200]}"
-    dirty = report.get("dirty")
-    return report["status"], dirty if dirty is None else str(dirty)[:500]
+def _parse_report(report: bytes) -> tuple[int | None, str | None]:
+    """(wait status, why the jail is dirty or None), distrusting the zygote."""
+    tag, status, dirty = REPORT.unpack(report)
+    try:
+        os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return None, f"bad report {report!r}"
+    if tag != DONE or not 0 <= dirty < len(DIRTY):
+        return None, f"bad report {report!r}"
+    return status, DIRTY[dirty]
 
 
 # -- fd and process helpers, shared with the cold path ---------------------------------------
@@ -325,14 +331,18 @@ def rlimits(limits: SandboxLimits, nproc_extra: int = 0) -> dict[str, tuple[int,
             "nofile": (limits.open_files,) * 2, "nproc": (nproc, nproc), "core": (0, 0)}
 
 
-def memfd(data: bytes, keep: list[int]) -> int:
-    """A close-on-exec memfd holding ``data``, rewound; added to ``keep`` (the caller closes it)."""
-    fd = os.memfd_create("rftgym-sandbox", os.MFD_CLOEXEC)
+def memfd(data: bytes, keep: list[int], seal: bool = False) -> int:
+    """A close-on-exec memfd holding ``data``, rewound; added to ``keep`` (the caller closes it).
+    ``seal``: sealed against any change, so that what the reader sees is what was written."""
+    fd = os.memfd_create("rftgym-sandbox", os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if seal else 0))
     keep.append(fd)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
     os.lseek(fd, 0, os.SEEK_SET)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
     return fd
 
 

@@ -4,6 +4,8 @@ does reaches a later run in the same jail, and a jail that may be dirty is repla
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import signal
@@ -19,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from rftgym.envs.code import sandbox_warm
-from rftgym.envs.code.sandbox import Program, make_sandbox
+from rftgym.envs.code.sandbox import Program, SandboxLimits, make_sandbox
 
 
 def run(sandbox, source: str, wall: float | None = None):
@@ -222,6 +224,52 @@ def test_signal_death_is_reported(sandbox):
     assert result.exit_code is None and result.signal == signal.SIGTERM, result
 
 
+def test_rlimits_seen_inside_are_the_limits(sandbox):
+    limits, mb = sandbox.limits, 1 << 20
+    source = ("import json, resource\nprint(json.dumps({n: resource.getrlimit(getattr(resource, 'RLIMIT_' + n))"
+              " for n in ('CPU', 'NOFILE', 'FSIZE', 'CORE', 'AS')}))")
+    result = run(sandbox, source)
+    assert result.ok, result
+    seen = {name: tuple(pair) for name, pair in json.loads(result.stdout).items()}
+    cpu = math.ceil(limits.cpu_seconds)
+    expected = {"CPU": (cpu, cpu + 1), "NOFILE": (limits.open_files,) * 2, "FSIZE": (limits.file_size_mb * mb,) * 2,
+                "CORE": (0, 0)}
+    if sandbox.name == "local":   # docker caps memory with its cgroup instead
+        expected["AS"] = (limits.memory_mb * mb,) * 2
+    assert {name: seen[name] for name in expected} == expected, seen
+
+
+@pytest.mark.parametrize("backend", ["local", "local-cold", "docker"])
+def test_host_environment_is_not_visible(request, monkeypatch, backend):
+    name, value = f"RFTGYM_HOST_SECRET_{uuid.uuid4().hex}", f"value-{uuid.uuid4().hex}"
+    monkeypatch.setenv(name, value)   # before the sandbox (and its warm jail) is made
+    options = ({"client": request.getfixturevalue("docker_engine")} if backend == "docker"
+               else {"warm_jails": backend == "local"})
+    source = ("import json, os\nprint(json.dumps(dict(os.environ)))\n"
+              "print(open('/proc/self/environ', 'rb').read().decode('latin-1'))")
+    with make_sandbox("docker" if backend == "docker" else "local", limits=SandboxLimits(wall_seconds=20),
+                      workers=1, **options) as sandbox:
+        result = sandbox.run(Program({"main.py": source}))
+    assert result.ok and "PATH" in json.loads(result.stdout.splitlines()[0]), result
+    assert name not in result.stdout and value not in result.stdout, result
+
+
+def test_no_capabilities_no_new_privileges_no_nested_user_namespace_own_session(sandbox):
+    source = """
+import ctypes, os
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+libc = ctypes.CDLL(None, use_errno=True)
+nested = libc.unshare(0x10000000)   # CLONE_NEWUSER (os.unshare needs Python 3.12)
+# The session's leader is the program or the jail's init: in the jail's pid namespace, so not a host
+# process (getsid gives 0 for a leader outside the namespace).
+print([int(status[k], 16) for k in ("CapEff", "CapPrm", "CapAmb")], int(status["NoNewPrivs"]), nested,
+      os.getsid(0) in (os.getpid(), 1))
+"""
+    result = run(sandbox, source)
+    assert result.ok, result
+    assert result.stdout == "[0, 0, 0] 1 -1 True\n", result
+
+
 # -- warm jails: one jail, many runs ---------------------------------------------------------
 @pytest.fixture
 def warm(local_sandbox):
@@ -370,6 +418,15 @@ def test_a_dirty_run_recycles_the_jail(warm, source):
     assert jail(warm) is not before, "the jail should have been replaced"
 
 
+def test_a_garbled_zygote_report_means_no_status_and_a_new_jail():
+    from rftgym.envs.code.jail_server import DONE, REPORT
+    assert sandbox_warm._parse_report(REPORT.pack(DONE, 3 << 8, 0)) == (3 << 8, None)
+    assert sandbox_warm._parse_report(REPORT.pack(DONE, 0, 4)) == (0, "SysV IPC objects left")
+    for garbled in (REPORT.pack(b"redy", 0, 0), REPORT.pack(DONE, 0, 99), REPORT.pack(DONE, -1, 0)):
+        status, dirty = sandbox_warm._parse_report(garbled)
+        assert status is None and dirty.startswith("bad report"), garbled
+
+
 def test_jails_are_recycled_every_n_runs(warm, monkeypatch):
     monkeypatch.setattr(sandbox_warm, "RECYCLE_AFTER", 3)
     idle_after = []
@@ -404,3 +461,55 @@ def test_docker_container_options_isolate(docker_sandbox):
     assert options["cap_drop"] == ["ALL"] and "no-new-privileges" in options["security_opt"]
     assert options["nano_cpus"] > 0 and options["pids_limit"] == docker_sandbox.limits.processes + 1
     assert options["user"] == "65534:65534" and options["mem_limit"] == options["memswap_limit"]
+
+
+# Scans the run's own readable mappings for each secret, given as two halves that are joined
+# only inside the memory being scanned (so the scanner never holds a secret itself). A canary
+# the scanner does build proves that the scan sees the heap.
+SCAN_MEMORY = """
+import json, sys
+CHUNK, OVERLAP = 1 << 20, 256
+def count(head, tail):
+    head, tail = head.encode(), tail.encode()
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    hits = 0
+    with open("/proc/self/mem", "rb", buffering=0) as mem:
+        for fields in regions:
+            if not fields[1].startswith("r"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            for pos in range(start, end, CHUNK):
+                try:
+                    mem.seek(pos)
+                    data = mem.read(min(end, pos + CHUNK + OVERLAP) - pos)
+                except (OSError, OverflowError, ValueError):
+                    break
+                i = data.find(head)
+                while 0 <= i < CHUNK:
+                    hits += data[i + len(head):i + len(head) + len(tail)] == tail
+                    i = data.find(head, i + 1)
+    return hits
+canary = CANARY[0] + CANARY[1]
+print(json.dumps({"canary": count(*CANARY), **{name: count(*halves) for name, halves in SECRETS.items()}}))
+"""
+
+
+def test_a_run_cannot_read_an_earlier_runs_program_stdin_or_argv_from_memory(warm):
+    """The zygote forks every run, so anything of run A in its heap (even freed) is readable by
+    run B: the reference solution must not be recoverable by the candidate run after it."""
+    secrets = {name: (f"rftgym-{name}-", uuid.uuid4().hex) for name in ("file", "stdin", "argv")}
+    joined = {name: head + tail for name, (head, tail) in secrets.items()}
+    reference = (f"# {joined['file']}\nimport sys\nSECRET = {joined['file']!r}\n"
+                 "print(len(input()), len(sys.argv), len(SECRET))\n")
+    first = warm.run(Program({"main.py": reference, "data/extra.txt": joined["file"] * 50},
+                             argv=("python", "main.py", joined["argv"]), stdin=joined["stdin"] + "\n"))
+    assert first.ok, first
+    before = jail(warm)
+    source = f"CANARY = {('rftgym-canary-', uuid.uuid4().hex)!r}\nSECRETS = {secrets!r}\n" + SCAN_MEMORY
+    second = run_in(warm, source, limits=replace(warm.limits, cpu_seconds=10, wall_seconds=20))
+    assert jail(warm) is before, "both runs must share the jail for this test to mean anything"
+    assert second.ok, second
+    found = json.loads(second.stdout)
+    assert found["canary"] >= 1, f"the scan did not see its own heap: {found}"
+    assert (found["file"], found["stdin"], found["argv"]) == (0, 0, 0), f"run A's data is in run B's memory: {found}"
