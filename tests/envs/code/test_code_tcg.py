@@ -158,3 +158,14 @@ def test_mbpp_subset_references_pass_and_wrong_solutions_fail(sandbox, tmp_path)
     assert len(testable) == 120
     assert [t.task_id for t, r in zip(testable, refs) if r.pass_rate < 1.0] == []
     assert [t.task_id for t, r in zip(testable, wrong) if r.pass_rate == 1.0] == []
+
+
+def test_inputs_the_reference_barely_finishes_in_time_are_dropped(sandbox, tmp_path):
+    """A test the reference needs most of the time limit for would fail correct candidates on a
+    busy machine; the TCG keeps only inputs with headroom (at most a quarter of the limit)."""
+    slow = CodeTask("t-slow", "unit", "function", "wait", "wait",
+                    "import time\n\ndef wait(s: float) -> float:\n    time.sleep(s)\n    return s\n",
+                    tests=(TestCase("(0.0,)", None, "dataset"), TestCase("(0.7,)", None, "dataset")))
+    config = TCGConfig(cache_dir=str(tmp_path), sources=("dataset",), per_test_seconds=1.0)
+    built = build_tests(slow, config, sandbox)
+    assert [t.input for t in built.tests] == ["(0.0,)"]
