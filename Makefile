@@ -1,4 +1,4 @@
-# rftgym: `make demo` sets everything up and evaluates the default agent;
+# rftgym: `make demo` sets everything up and evaluates the default agent on two envs;
 # `make test` sets everything up and runs the test suite.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/rftgym eval rftgym/VerifiableQA-v0 --agent default --episodes 32 --num-envs 16
+	$(BIN)/rftgym eval rftgym/VerifiableQA-v0 rftgym/CodeTCG-v0 --agent default --episodes 16 --num-envs 16
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -38,6 +38,12 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 DEFAULT_EVAL_EPISODES = 32
+EVAL_COLUMNS = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok",
+                "ep/s"]
+
+
+def _cell(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
@@ -148,48 +154,75 @@ def _read_turn() -> str | None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .core.records import write_episodes_jsonl
     from .rollout import format_table
 
     if args.episodes is not None and args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
+    env_ids = list(dict.fromkeys(args.env))
     env_kwargs = _parse_env_args(args.env_arg)
-    probe = _make_env(args.env, env_kwargs)  # fail fast on a bad env id or option
-    if args.episodes is None:
+    episodes_per_env = {}
+    for env_id in env_ids:
+        probe = _make_env(env_id, env_kwargs)  # fail fast on a bad env id or option, before loading a model
         # An env over a fixed benchmark (e.g. HumanEval) names its size, so that the default
         # evaluation covers each task once; others get DEFAULT_EVAL_EPISODES seeded episodes.
-        args.episodes = getattr(probe.unwrapped, "eval_episodes", None) or DEFAULT_EVAL_EPISODES
-    probe.close()
-    env_class = _env_class(args.env)
-    baselines = env_class.metadata.get("eval_baselines", ()) if args.baselines else ()
-    if args.baselines and not baselines:
-        raise UsageError(f"{args.env} declares no evaluation baselines; drop --baselines")
+        episodes_per_env[env_id] = args.episodes or getattr(probe.unwrapped, "eval_episodes", None) \
+            or DEFAULT_EVAL_EPISODES
+        probe.close()
+    if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
+        raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
+                         "baselines; drop --baselines")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if args.out and len(env_ids) > 1 and Path(args.out).suffix == ".jsonl":
+        raise UsageError("with several environments --out is a directory (one JSONL per environment), "
+                         f"not a file; got {args.out}")
     agent = _build_agent(args)
-    env_kwargs = _with_policy_token_counter(env_class, env_kwargs, agent)
-    seeds = [args.seed + i for i in range(args.episodes)]
-    out = Path(args.out) if args.out else Path("runs") / "eval" / (
-        f"{args.env.split('/')[-1]}-{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    # The agent as it is, then each baseline the env declares (the same agent under other env
-    # options, or wrapped), all on the same seeds, one row each.
-    runs = [("", agent, env_kwargs)]
-    for label, overrides, wrapper in baselines:
-        runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
-    rows, headers, written = [], [], []
-    for label, run_agent, run_kwargs in runs:
-        episodes, elapsed = _evaluate(args, run_agent, run_kwargs, seeds, label)
-        path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
-        write_episodes_jsonl(path, episodes)
-        written.append(path)
-        headers, row = _eval_row(args.env, env_class, label or getattr(run_agent, "name", args.agent), episodes, elapsed)
-        rows.append(row)
+    rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
+    for env_id in env_ids:
+        if len(env_ids) == 1 and args.out:
+            out = Path(args.out)
+        else:
+            out = (Path(args.out) if args.out else Path("runs") / "eval") / \
+                f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl"
+        env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], out)
+        rows += env_rows
+        written += paths
     agent.close()
-    print(format_table(rows, headers))
+    if len(env_ids) == 1:
+        print(format_table([row for _, row in rows], rows[0][0]))
+    else:
+        # Envs have different own columns: the shared ones, then each env's as key=value text.
+        shared = len(EVAL_COLUMNS)
+        table = [row[:shared] + [" ".join(f"{h}={_cell(v)}" for h, v in zip(row_headers[shared:], row[shared:]))]
+                 for row_headers, row in rows]
+        print(format_table(table, EVAL_COLUMNS + ["env metrics"]))
     print("episodes written to " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):
+    """One env: the agent as it is, then each baseline the env declares (the same agent under other
+    env options, or wrapped), all on the same seeds; one row each."""
+    from .core.records import write_episodes_jsonl
+
+    env_class = _env_class(env_id)
+    env_kwargs = _with_policy_token_counter(env_class, env_kwargs, agent)
+    seeds = [args.seed + i for i in range(episodes)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs = [("", agent, env_kwargs)]
+    for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
+        runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
+    rows, written = [], []
+    for label, run_agent, run_kwargs in runs:
+        run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label)
+        path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
+        write_episodes_jsonl(path, run_episodes_)
+        written.append(path)
+        headers, row = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
+                                 run_episodes_, elapsed)
+        rows.append((headers, row))
+    return rows, written
 
 
 def _with_policy_token_counter(env_class, env_kwargs, agent):
@@ -202,15 +235,15 @@ def _with_policy_token_counter(env_class, env_kwargs, agent):
     return {**env_kwargs, option: lambda context: len(agent.chat.prompt_ids(context))}
 
 
-def _evaluate(args, agent, env_kwargs, seeds, label):
+def _evaluate(args, env_id, agent, env_kwargs, seeds, label):
     from tqdm import tqdm
 
     from .rollout import RolloutConfig, run_episodes
 
     started = time.perf_counter()
-    desc = f"eval {args.env}" + (f" ({label})" if label else "")
+    desc = f"eval {env_id}" + (f" ({label})" if label else "")
     with tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
-        episodes = run_episodes(lambda: gym.make(args.env, **env_kwargs), agent, seeds,
+        episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
                                 config=RolloutConfig(num_envs=args.num_envs), on_episode=lambda e: bar.update(1))
     return episodes, time.perf_counter() - started
 
@@ -220,7 +253,7 @@ def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
     from .rollout.metrics import env_metrics
 
     s = summarize(episodes)
-    headers = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok", "ep/s"]
+    headers = list(EVAL_COLUMNS)
     row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
            s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
     extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
@@ -298,8 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=1)
     p.set_defaults(func=cmd_play)
 
-    p = sub.add_parser("eval", help="evaluate an agent and print a table")
-    env_args(p)
+    p = sub.add_parser("eval", help="evaluate an agent on one or more environments and print a table")
+    p.add_argument("env", nargs="+", help="environment id(s), e.g. rftgym/VerifiableQA-v0 (see `rftgym envs`); with "
+                                          "several, --env-arg applies to each and --out is a directory")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment option (JSON value or bare string); repeatable")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
     p.add_argument("--agent", choices=AGENTS, default="default",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text")

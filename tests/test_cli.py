@@ -321,3 +321,23 @@ def test_eval_covers_a_fixed_benchmark_once_by_default(tmp_path, capsys, monkeyp
     assert [e.seed for e in episodes] == [0, 1, 2]
     assert [e.turns[0].info["task_id"] for e in episodes] == ["mbpp/0", "mbpp/1", "mbpp/2"]
     assert "pass@1" in capsys.readouterr().out
+
+
+def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
+    """`rftgym eval A B` runs the same agent on each env and prints one row per env (shared
+    columns, then each env's own metrics as key=value); --out is then a directory."""
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path / "cache"))
+    out_dir = tmp_path / "evals"
+    code = main(["eval", "rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random",
+                 "--episodes", "3", "--out", str(out_dir)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    header, rule, *rows = [line for line in printed.splitlines() if line.strip()][:4]
+    assert header.split()[-2:] == ["env", "metrics"] and header.split()[0] == "env"
+    assert rows[0].startswith("rftgym/VerifiableQA-v0") and rows[1].startswith("rftgym/SearchEvalQA-v0")
+    assert "em=" in rows[1] and "f1=" in rows[1]
+    files = sorted(p.name.split("-random-")[0] for p in out_dir.glob("*.jsonl"))
+    assert files == ["SearchEvalQA-v0", "VerifiableQA-v0"]
+    assert all(len(list(read_episodes_jsonl(p))) == 3 for p in out_dir.glob("*.jsonl"))
+    assert exit_code(["eval", "rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random",
+                      "--out", str(tmp_path / "x.jsonl")]) == 2
