@@ -42,7 +42,7 @@ from .docker_image import base_python, readable_by_others, runtime_tree
 from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits,
                       make_result)
 from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, kill_and_wait, kill_group, memfd,
-                           pipe, rlimits)
+                           pipe, read_ready, rlimits)
 
 log = logging.getLogger(__name__)
 NOBODY = 65534
@@ -311,15 +311,10 @@ def drive(proc: subprocess.Popen, limits: SandboxLimits, started: float, info_fd
             break
         if exited_at is not None and now - exited_at > 0.2:
             break   # the program is gone; something it left behind still holds the pipes
-        for fd, _ in poller.poll(max(1, int(min(deadline - now, 0.05) * 1000))):
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
+        for fd, chunk in read_ready(poller, open_fds, min(deadline - now, 0.05)):
             if not chunk:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-            elif fd == info_fd:
+                continue
+            if fd == info_fd:
                 info += chunk
                 if not init_pidfds:
                     _append(init_pidfds, init_pidfd(bytes(info)))

@@ -266,14 +266,8 @@ class WarmJail:
             if reported_at is None and now >= deadline:
                 timed_out = True
                 break
-            for fd, _ in poller.poll(max(1, int(min(deadline - now, 0.05) * 1000))):
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    continue
+            for fd, chunk in read_ready(poller, open_fds, min(deadline - now, 0.05)):
                 if not chunk:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
                     if fd == sock and reported_at is None:   # the zygote died: the namespace with it
                         reported_at, dirty = time.monotonic(), "the zygote died"
                 elif fd == sock:
@@ -323,6 +317,20 @@ def _parse_report(report: bytes) -> tuple[int | None, str | None]:
 
 
 # -- fd and process helpers, shared with the cold path ---------------------------------------
+def read_ready(poller, open_fds: set[int], timeout: float):
+    """``(fd, chunk)`` for each registered non-blocking fd with data within ``timeout`` seconds;
+    ``chunk`` is ``b""`` at end of file, and that fd is then unregistered and dropped from ``open_fds``."""
+    for fd, _ in poller.poll(max(1, int(timeout * 1000))):
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            poller.unregister(fd)
+            open_fds.discard(fd)
+        yield fd, chunk
+
+
 def rlimits(limits: SandboxLimits, nproc_extra: int = 0) -> dict[str, tuple[int, int]]:
     """prlimit names -> (soft, hard). The CPU soft limit sends SIGXCPU a second before SIGKILL."""
     cpu = max(1, math.ceil(limits.cpu_seconds))
