@@ -33,6 +33,7 @@ import tempfile
 import time
 import traceback
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,11 @@ UPDATE_VARIANTS = {
     "eager": None,  # the product without speed.py: HF decoder as is, plain AdamW
     "compiled": SpeedConfig(),
     "compiled+ckpt_mlp": SpeedConfig(checkpoint_mlp=True),
+    # Gradient accumulation (TrainConfig.microbatch_size): the same update in microbatches.
+    "compiled+micro16": SpeedConfig(),
+    "compiled+micro8": SpeedConfig(),
 }
+MICROBATCH = {"compiled+micro16": 16, "compiled+micro8": 8}
 
 
 # ---------------------------------------------------------------- helpers
@@ -344,7 +349,8 @@ def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
         n = args.update_seq - prompt
         samples.append(TrainSample(ids, [0] * prompt + [1] * n, [0.0] * prompt + (-rng.random(n) * 5).tolist(),
                                    [0.0] * prompt + [float(rng.normal())] * n, index // 8, index % 8))
-    config = train_config(args, len(samples), args.update_seq - prompt)
+    config = replace(train_config(args, len(samples), args.update_seq - prompt),
+                     microbatch_size=MICROBATCH.get(variant, 0))
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, fused=speed is not None)
     flops = update_flops(parameter_count(model), [args.update_seq] * args.update_batch,
                          model.config.num_hidden_layers, model.config.num_attention_heads * (

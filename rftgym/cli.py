@@ -276,7 +276,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing, device=args.device,
         seed=args.seed, save_every=args.save_every, rollout_batch_size=args.rollout_batch_size,
         parallelism=args.parallelism, compile={"auto": None, "on": True, "off": False}[args.compile],
-        checkpoint_mlp=args.checkpoint_mlp,
+        checkpoint_mlp={"auto": None, "on": True, "off": False}[args.checkpoint_mlp],
+        microbatch_size=args.microbatch_size,
     )
     try:
         config = TrainConfig(**settings)
@@ -372,14 +373,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--epochs", type=int, default=1, help="passes over each step's samples")
     p.add_argument("--minibatch-size", type=int, default=16)
+    p.add_argument("--microbatch-size", type=int, default=0,
+                   help="gradient accumulation: forward/backward this many samples at a time (0 = the whole minibatch)")
     p.add_argument("--rollout-batch-size", type=int, default=32)
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0, help="0 = full fine-tuning")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile each decoder layer for the update (auto: on CUDA only)")
-    p.add_argument("--checkpoint-mlp", action="store_true",
-                   help="recompute each MLP in the backward pass (less activation memory, ~3%% slower)")
+    p.add_argument("--checkpoint-mlp", choices=("auto", "on", "off"), default="auto",
+                   help="recompute each MLP in the backward pass: about half the activation memory "
+                        "(auto: on CUDA only)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--parallelism", choices=PARALLELISM, default="ddp",

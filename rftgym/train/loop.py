@@ -71,9 +71,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         model.reshard()
     else:
         # After make_reference: compiled layers must not be deep-copied into the reference.
+        on_cuda = policy.device.type == "cuda"
         speedups = apply_training_speedups(model, SpeedConfig(
-            compile_layers=policy.device.type == "cuda" if config.compile is None else config.compile,
-            checkpoint_mlp=config.checkpoint_mlp))
+            compile_layers=on_cuda if config.compile is None else config.compile,
+            checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
         if ranks.is_main and any(v != "on" for v in speedups.values()):
             print(f"update speed-ups: {speedups}")
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
@@ -220,6 +221,64 @@ def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_e
                                   chunk_size=config.logprob_chunk_size, with_entropy=with_entropy)
 
 
+def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
+    """The minibatch's loss (aggregated over its own tokens), its stats, and the log-probs."""
+    with autocast():
+        logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
+        ref_logp = reference_logprobs(model, reference, batch, config)
+    mask = batch["loss_mask"]
+    if config.algo == "rft":
+        loss = aggregate("token_mean", -logp, mask)
+        return loss, {"pg_loss": float(loss.detach()), "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}, logp
+    normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
+    loss, stats = policy_loss(
+        logp, batch["old_logprobs"], batch["advantages"], mask,
+        clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
+        normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
+    )
+    return loss, stats, logp
+
+
+def microbatch_weights(samples: list[TrainSample], sizes: list[int], aggregation: str) -> list[float]:
+    """How much each microbatch's own aggregated loss weighs in the minibatch's: its share of the
+    trained tokens (token_mean), of the sequences with trained tokens (sequence_mean), or 1
+    (constant_normalizer, a plain sum over a fixed normalizer)."""
+    if aggregation == "constant_normalizer":
+        return [1.0] * len(sizes)
+    if aggregation == "token_mean":
+        counts = [sum(sum(s.loss_mask) for s in part) for part in _split(samples, sizes)]
+    else:
+        counts = [sum(1 for s in part if any(s.loss_mask)) for part in _split(samples, sizes)]
+    total = sum(counts)
+    return [c / total if total else 0.0 for c in counts]
+
+
+def _split(items: list, sizes: list[int]) -> list[list]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(items[start:start + size])
+        start += size
+    return out
+
+
+def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig, pad_id: int, device, autocast):
+    """Backward over ``chunk`` in microbatches of ``config.microbatch_size``; the minibatch's loss
+    and stats (stats weighted like the loss)."""
+    sizes = [min(config.microbatch_size, len(chunk) - i) for i in range(0, len(chunk), config.microbatch_size)]
+    aggregation = "token_mean" if config.algo == "rft" else config.aggregation
+    weights = microbatch_weights(chunk, sizes, aggregation)
+    total_loss, stats = 0.0, {}
+    for part, weight in zip(_split(chunk, sizes), weights):
+        batch = {k: v.to(device) for k, v in collate(part, pad_id).items()}
+        loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
+        (loss * weight).backward()
+        total_loss += float(loss.detach()) * weight
+        for key, value in part_stats.items():
+            if isinstance(value, (int, float)):
+                stats[key] = stats.get(key, 0.0) + float(value) * weight
+    return total_loss, stats
+
+
 def padding_batch(pad_id: int) -> dict[str, torch.Tensor]:
     """A two-token batch that trains nothing (its loss mask is zero): FSDP's stand-in minibatch."""
     return collate([TrainSample(token_ids=[pad_id, pad_id], loss_mask=[0, 0], old_logprobs=[0.0, 0.0],
@@ -269,21 +328,21 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
                 optimizer.step()
                 updates += 1
                 continue
+            if not sharded and config.microbatch_size and len(chunk) > config.microbatch_size:
+                # Gradient accumulation: the same gradient as one pass over the minibatch, with
+                # the activations of one microbatch at a time.
+                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast)
+                ranks.average_gradients(trainable, contributed=True)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+                optimizer.step()
+                updates += 1
+                local_updates += 1
+                for key, value in {"loss": float(loss), "grad_norm": float(grad_norm), **stats}.items():
+                    if isinstance(value, (int, float)):
+                        totals[key] = totals.get(key, 0.0) + float(value)
+                continue
             batch = {k: v.to(device) for k, v in (collate(chunk, pad_id) if chunk else padding_batch(pad_id)).items()}
-            with autocast():
-                logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
-                ref_logp = reference_logprobs(model, reference, batch, config)
-            mask = batch["loss_mask"]
-            if config.algo == "rft":
-                loss = aggregate("token_mean", -logp, mask)
-                stats = {"pg_loss": float(loss), "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}
-            else:
-                normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
-                loss, stats = policy_loss(
-                    logp, batch["old_logprobs"], batch["advantages"], mask,
-                    clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
-                    normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
-                )
+            loss, stats, logp = _batch_loss(model, reference, batch, config, autocast)
             if sharded:
                 # FSDP's reduce-scatter divides the summed gradients by the world size; weight this
                 # rank's loss so that the result is the mean over the ranks that contributed (as
