@@ -64,3 +64,14 @@ class SayAEnv(gym.Env):
         share = action.count("a") / 8
         done = Context((self.ids.message("user", "done"),))
         return done, float(share), True, False, {"success": share >= 0.5}
+
+
+def tiny_llama(seed: int = 0):
+    """A 2-layer random Llama over a 40-token vocabulary (pad id 0) for update-math tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
+    return LlamaForCausalLM(config)

@@ -11,15 +11,7 @@ from rftgym.core.errors import ConfigError
 from rftgym.train.batching import TrainSample
 from rftgym.train.config import TrainConfig
 from rftgym.train.loop import microbatch_weights, optimise
-
-
-def tiny_llama(seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
-    return LlamaForCausalLM(config)
+from support import tiny_llama
 
 
 def samples():
