@@ -229,7 +229,7 @@ def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
     mask = batch["loss_mask"]
     if config.algo == "rft":
         loss = aggregate("token_mean", -logp, mask)
-        return loss, {"pg_loss": float(loss.detach()), "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}, logp
+        return loss, {"pg_loss": float(loss.detach()), "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}, logp
     normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
     loss, stats = policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
