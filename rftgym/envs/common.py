@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, TypeVar
 
 from ..core.errors import ConfigError
+from ..core.spaces import AssistantText, ContextSpace
 
 ConfigT = TypeVar("ConfigT")
 
@@ -60,3 +62,24 @@ def summarize_problems(problems) -> str | None:
     if len(distinct) > MAX_REPORTED_PROBLEMS:
         text += f"; and {len(distinct) - MAX_REPORTED_PROBLEMS} more"
     return text
+
+
+def chat_spaces(*, max_messages: int, longest_message: int, max_action_chars: int):
+    """``(observation_space, action_space)`` of a chat env. Every observation must lie in the
+    space, so the limits follow what the config allows (``max_messages`` messages, none longer
+    than ``longest_message`` or an action); the floors keep ordinary contexts well inside."""
+    observation = ContextSpace(max_messages=max(512, max_messages),
+                               max_message_chars=max(200_000, max_action_chars, longest_message),
+                               roles=("system", "user", "assistant"))
+    return observation, AssistantText(max_chars=max_action_chars)
+
+
+def dataset_index(options: dict[str, Any], size: int, np_random, default: int | None = None) -> int:
+    """The dataset item for this episode: ``options["task_index"]``, else ``default``, else a draw
+    from the env's RNG. A bad index is the caller's mistake (ValueError), not the agent's."""
+    index = options.get("task_index", default)
+    if index is None:
+        index = int(np_random.integers(size))
+    if not isinstance(index, numbers.Integral) or isinstance(index, bool) or not 0 <= index < size:
+        raise ValueError(f"task_index must be an int in [0, {size}), got {index!r}")
+    return int(index)

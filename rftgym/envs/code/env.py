@@ -57,7 +57,6 @@ Version history
 
 from __future__ import annotations
 
-import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -66,9 +65,9 @@ import gymnasium as gym
 
 from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
-from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
-from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
+from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+                      resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits, make_sandbox
 from .tasks import CodeTask
@@ -184,12 +183,9 @@ class CodeTCGEnv(gym.Env[Context, str]):
         self.sandbox = make_sandbox(cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
         self._tested: dict[str, CodeTask] = {}  # task id -> the task with its generated tests
-        self.observation_space = ContextSpace(
-            max_messages=max(64, 2 + 2 * cfg.max_turns),
-            max_message_chars=max(200_000, cfg.max_action_chars, len(cfg.prompt)),
-            roles=("system", "user", "assistant"),
-        )
-        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.observation_space, self.action_space = chat_spaces(
+            max_messages=2 + 2 * cfg.max_turns, max_action_chars=cfg.max_action_chars,
+            longest_message=max([len(cfg.prompt)] + [len(t.prompt) for t in self.dataset or ()]))
         self.task: CodeTask | None = None
         self._context = Context()
         self._ids: MessageIds | None = None
@@ -293,14 +289,8 @@ class CodeTCGEnv(gym.Env[Context, str]):
             difficulties = self.config.difficulties
             difficulty = options.get("difficulty", difficulties[int(self.np_random.integers(len(difficulties)))])
             return generate_task(self.np_random, difficulty=int(difficulty))
-        index = options.get("task_index")
-        if index is None and seed is not None and self.config.task_selection == "seed":
-            index = seed % len(self.dataset)
-        if index is None:
-            index = int(self.np_random.integers(len(self.dataset)))
-        if not isinstance(index, numbers.Integral) or isinstance(index, bool) or not 0 <= index < len(self.dataset):
-            raise ValueError(f"task_index must be an int in [0, {len(self.dataset)}), got {index!r}")
-        return self.dataset[int(index)]
+        by_seed = seed % len(self.dataset) if seed is not None and self.config.task_selection == "seed" else None
+        return self.dataset[dataset_index(options, len(self.dataset), self.np_random, default=by_seed)]
 
     # ------------------------------------------------------------------ turns
 

@@ -110,9 +110,9 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
+from ..common import (chat_spaces, check_render_mode, check_step_call, render_context, resolve_config,
+                      summarize_problems)
 from ...core.messages import Context, Message, MessageIds
-from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
@@ -278,13 +278,10 @@ class MemoryQAEnv(gym.Env[Context, str]):
             self.retriever, self._owns_retriever = make_retriever(cfg.retriever, documents), True
         longest_title = max(len(d.title) for d in documents)
         longest_task = 100 + max(cfg.objectives) * (2_000 if self.pool is not None else 300)
-        self.observation_space = ContextSpace(
-            max_messages=max(512, 2 + 2 * cfg.max_turns + cfg.max_tool_calls),
-            max_message_chars=max(200_000, cfg.max_action_chars, len(cfg.prompt() or ""), longest_task,
-                                  MAX_QUERY_CHARS + 100 + cfg.top_k * (longest_title + cfg.max_doc_chars + 24)),
-            roles=("system", "user", "assistant"),
-        )
-        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.observation_space, self.action_space = chat_spaces(
+            max_messages=2 + 2 * cfg.max_turns + cfg.max_tool_calls, max_action_chars=cfg.max_action_chars,
+            longest_message=max(len(cfg.prompt() or ""), longest_task,
+                                MAX_QUERY_CHARS + 100 + cfg.top_k * (longest_title + cfg.max_doc_chars + 24)))
         self.task: MemoryTask | None = None
         self._context = Context()
         self._ids: MessageIds | None = None

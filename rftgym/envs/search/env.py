@@ -88,9 +88,9 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
+from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+                      resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
-from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
 from . import protocol
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
@@ -205,13 +205,10 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         # capped documents with titles), a question or the system prompt.
         longest_title = max(len(d.title) for d in documents)
         longest_question = max((len(q.question) for q in self.questions or ()), default=0)
-        self.observation_space = ContextSpace(
-            max_messages=max(512, 2 + 2 * cfg.max_turns),
-            max_message_chars=max(200_000, cfg.max_action_chars, longest_question, len(cfg.system_prompt or ""),
-                                  2_000 + cfg.top_k * (longest_title + cfg.max_doc_chars + 64)),
-            roles=("system", "user", "assistant"),
-        )
-        self.action_space = AssistantText(max_chars=cfg.max_action_chars)
+        self.observation_space, self.action_space = chat_spaces(
+            max_messages=2 + 2 * cfg.max_turns, max_action_chars=cfg.max_action_chars,
+            longest_message=max(longest_question, len(cfg.system_prompt or ""),
+                                2_000 + cfg.top_k * (longest_title + cfg.max_doc_chars + 64)))
         self.question: Question | None = None
         self._context = Context()
         self._ids: MessageIds | None = None
@@ -374,13 +371,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
 
     def _draw_question(self, options: dict[str, Any]) -> Question:
         if self.questions is not None:
-            index = options.get("task_index")
-            if index is None:
-                index = int(self.np_random.integers(len(self.questions)))
-            if not isinstance(index, numbers.Integral) or isinstance(index, bool) \
-                    or not 0 <= index < len(self.questions):
-                raise ValueError(f"task_index must be an int in [0, {len(self.questions)}), got {index!r}")
-            return self.questions[int(index)]
+            return self.questions[dataset_index(options, len(self.questions), self.np_random)]
         hops = options.get("hops")
         if hops is None:
             hops = self.config.hops[int(self.np_random.integers(len(self.config.hops)))]

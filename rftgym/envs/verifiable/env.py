@@ -46,9 +46,9 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import check_render_mode, check_step_call, render_context, resolve_config, summarize_problems
+from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+                      resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
-from ...core.spaces import AssistantText, ContextSpace
 from ...core.tags import parse_tags
 from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
 
@@ -124,13 +124,9 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         # Every observation must lie in the space, so its limits follow the config: a system and a
         # user message, then at most an assistant turn and a feedback message per turn.
         longest_prompt = max((len(t.prompt()) for t in self.dataset or ()), default=0)
-        self.observation_space = ContextSpace(
-            max_messages=max(512, 2 + 2 * self.config.max_turns),
-            max_message_chars=max(200_000, self.config.max_action_chars, longest_prompt,
-                                  len(self.config.system_prompt or "")),
-            roles=("system", "user", "assistant"),
-        )
-        self.action_space = AssistantText(max_chars=self.config.max_action_chars)
+        self.observation_space, self.action_space = chat_spaces(
+            max_messages=2 + 2 * self.config.max_turns, max_action_chars=self.config.max_action_chars,
+            longest_message=max(longest_prompt, len(self.config.system_prompt or "")))
         self.task: Task | None = None
         self._context = Context()
         self._ids: MessageIds | None = None
@@ -217,13 +213,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
 
     def _draw_task(self, options: dict[str, Any]) -> Task:
         if self.dataset is not None:
-            index = options.get("task_index")
-            if index is None:
-                index = int(self.np_random.integers(len(self.dataset)))
-            if not isinstance(index, numbers.Integral) or isinstance(index, bool) \
-                    or not 0 <= index < len(self.dataset):
-                raise ValueError(f"task_index must be an int in [0, {len(self.dataset)}), got {index!r}")
-            return self.dataset[int(index)]
+            return self.dataset[dataset_index(options, len(self.dataset), self.np_random)]
         kinds, difficulties = self.config.kinds, self.config.difficulties
         kind = options.get("kind")
         if kind is None:

@@ -12,7 +12,7 @@ import pytest
 
 from rftgym.core.errors import ConfigError, RftgymError
 from rftgym.envs.code import sandbox_local
-from rftgym.envs.code.sandbox import ExecResult, Program, SandboxError, SandboxLimits, make_sandbox
+from rftgym.envs.code.sandbox import WORK_DIR, ExecResult, Program, SandboxError, SandboxLimits, make_sandbox
 
 HOSTILE_LIMITS = SandboxLimits(wall_seconds=4, cpu_seconds=1, memory_mb=128, file_size_mb=2, open_files=32,
                                processes=8, output_bytes=20_000, disk_mb=8)
@@ -28,7 +28,7 @@ def test_normal_program_is_ok_and_runs_as_nobody(sandbox):
     result = sandbox.run(Program({"main.py": "import os, sys\nprint(os.getuid(), os.getgid(), os.getcwd(), exit)"}))
     assert result.ok, result
     uid, gid, cwd, _ = result.stdout.split(" ", 3)
-    assert (uid, gid, cwd) == ("65534", "65534", "/work")
+    assert (uid, gid, cwd) == ("65534", "65534", WORK_DIR)
 
 
 def test_syntax_error_and_exception_are_results(sandbox):
@@ -46,7 +46,8 @@ def test_python_main_semantics(sandbox):
               "    print(sys.argv, __file__, end=' ')\n"
               "    sys.exit('bye')\n")
     result = sandbox.run(Program({"main.py": source}, argv=("python", "main.py", "x")))
-    assert result.stdout == "['main.py', 'x'] /work/main.py thread\natexit\n", result
+    # __file__ is absolute, inside the sandbox's own work dir (its cwd), as CPython gives it.
+    assert result.stdout == f"['main.py', 'x'] {WORK_DIR}/main.py thread\natexit\n", result
     assert (result.exit_code, result.stderr) == (1, "bye\n"), result
     interrupted = sandbox.run(Program({"main.py": "raise KeyboardInterrupt"}))
     assert interrupted.signal == 2 and "KeyboardInterrupt" in interrupted.stderr, interrupted

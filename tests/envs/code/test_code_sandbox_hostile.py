@@ -294,7 +294,7 @@ def run_in(sandbox, source: str, **kw):
 LIST_JAIL = """
 import os
 print(sorted(p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())))
-print(sorted(os.listdir("/work")), sorted(os.listdir("/tmp")), sorted(os.listdir("/dev/shm")))
+print(sorted(os.listdir(".")), sorted(os.listdir("/tmp")), sorted(os.listdir("/dev/shm")))  # "." = its work dir
 """
 
 
@@ -302,10 +302,10 @@ def test_daemon_and_files_of_run_1_are_gone_before_run_2(warm):
     marker = f"rftgym-daemon-{uuid.uuid4().hex}"
     first = run_in(warm, f"""
 import os, sys, time
-for path in ("/work/left.txt", "/tmp/left.txt", "/dev/shm/left.txt"):
+for path in ("left.txt", "/tmp/left.txt", "/dev/shm/left.txt"):  # the first in its work dir (cwd)
     open(path, "w").write("left")
-os.makedirs("/work/locked/deeper")
-os.chmod("/work/locked", 0)
+os.makedirs("locked/deeper")
+os.chmod("locked", 0)
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
