@@ -24,7 +24,8 @@ from .batching import TrainSample, build_samples, collate, group_episodes
 from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
-from .losses import aggregate, chunked_token_logprobs, policy_loss
+from .losses import aggregate, policy_loss
+from .token_logprobs import chunked_token_logprobs
 from .metrics_log import MetricsLog, plot_learning_curve
 from .speed import SpeedConfig, apply_training_speedups, make_optimizer
 

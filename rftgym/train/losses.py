@@ -8,8 +8,8 @@ even when they hold garbage (a masked ``inf`` or ``nan`` is dropped, not multipl
 Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (as verl does),
 so one wild token cannot produce ``inf`` ratios, or ``nan`` gradients through ``inf * 0``.
 
-:func:`chunked_token_logprobs` computes the log-probabilities of target tokens from final hidden
-states chunk by chunk, so no float32 ``[batch, seq, vocab]`` tensor ever exists.
+The log-probabilities these losses take come from
+:func:`rftgym.train.token_logprobs.chunked_token_logprobs`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..core.errors import ConfigError
 
@@ -205,86 +203,3 @@ def policy_loss(
         if entropy is not None:
             stats["entropy"] = masked_mean(entropy)
     return loss, stats
-
-
-def _chunk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if hidden.dtype != weight.dtype:
-        hidden = hidden.to(weight.dtype)  # cast the small chunk, never the [V, H] weight
-    logits = hidden @ weight.t()
-    # Upcast only this chunk's [chunk, V] logits (float64 inputs stay float64).
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = F.log_softmax(logits, dim=-1)
-    token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if with_entropy:
-        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    else:
-        entropy = token_logprobs.new_zeros(())
-    return token_logprobs, entropy
-
-
-def chunked_token_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of ``targets`` (and optionally the entropy) without a full-vocab fp32 tensor.
-
-    ::
-
-        logits_bt  = hidden_bt @ weight.T / temperature               (float32 per chunk)
-        logprob_bt = log_softmax(logits_bt)[targets_bt]
-        entropy_bt = -sum_v softmax(logits_bt)_v * log_softmax(logits_bt)_v
-
-    ``hidden`` is ``[B, T, H]`` (final, already normed hidden states), ``weight`` the ``[V, H]``
-    lm_head weight, ``targets`` ``[B, T]`` valid token ids (masked positions may hold any valid id,
-    e.g. the pad id). The B*T tokens are processed ``chunk_size`` at a time: the matmul runs in the
-    weight's dtype (a chunk of ``hidden`` in another dtype is cast to it), and only the chunk's
-    logits are upcast to float32 (float64 stays float64). When gradients are on, each chunk runs
-    under ``torch.utils.checkpoint`` (non-reentrant), so autograd saves no ``[chunk, V]`` tensor
-    and the backward pass recomputes one chunk's logits at a time.
-
-    Returns ``(logprobs [B, T], entropy [B, T] or None)`` in float32 (float64 for float64 inputs).
-    """
-    if not temperature > 0:
-        raise ConfigError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
-    if hidden.dim() != 3 or targets.shape != hidden.shape[:2] or weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
-        raise ValueError(
-            f"expected hidden [B, T, H], weight [V, H], targets [B, T]; got {tuple(hidden.shape)}, "
-            f"{tuple(weight.shape)}, {tuple(targets.shape)}"
-        )
-    batch, seq, _ = hidden.shape
-    out_dtype = torch.promote_types(weight.dtype, torch.float32)
-    if batch * seq == 0:
-        empty = hidden.new_zeros((batch, seq), dtype=out_dtype)
-        return empty, (empty.clone() if with_entropy else None)
-
-    flat_hidden = hidden.reshape(batch * seq, -1)
-    flat_targets = targets.reshape(-1).long()
-    use_checkpoint = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    logprob_chunks, entropy_chunks = [], []
-    # torch.split (not slicing) so the backward is one concatenation, not a full-size zero
-    # tensor per chunk.
-    for h, t in zip(torch.split(flat_hidden, chunk_size), torch.split(flat_targets, chunk_size)):
-        if use_checkpoint:
-            # preserve_rng_state=False: the recomputation draws no random numbers.
-            lp, ent = checkpoint(
-                _chunk_logprobs, h, weight, t, temperature, with_entropy,
-                use_reentrant=False, preserve_rng_state=False,
-            )
-        else:
-            lp, ent = _chunk_logprobs(h, weight, t, temperature, with_entropy)
-        logprob_chunks.append(lp)
-        entropy_chunks.append(ent)
-    logprobs = torch.cat(logprob_chunks).view(batch, seq)
-    entropy = torch.cat(entropy_chunks).view(batch, seq) if with_entropy else None
-    return logprobs, entropy

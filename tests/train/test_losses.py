@@ -6,13 +6,11 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from rftgym.core.errors import ConfigError
 from rftgym.train.losses import (
     AGGREGATIONS,
     aggregate,
-    chunked_token_logprobs,
     constant_normalizer,
     kl_k3,
     policy_loss,
@@ -240,121 +238,3 @@ def test_policy_loss_kl_needs_ref():
     z = torch.zeros(1, 2)
     with pytest.raises(ConfigError, match="ref_logp"):
         policy_loss(z, z, z, torch.ones(1, 2), clip_low=0.2, clip_high=0.2, kl_coef=0.1)
-
-
-# --- chunked log-probs -----------------------------------------------------------------------
-
-def test_chunked_logprobs_two_tokens_by_hand():
-    # V = 3, H = 2, W = [[1, 0], [0, 1], [0, 0]] -> logits = [h0, h1, 0]
-    # token 1: h = [ln 2, 0] -> logits [ln 2, 0, 0] -> probs [2, 1, 1] / 4; target 0 -> ln(1/2) = -0.693147
-    #   entropy = 1/2 ln 2 + 2 * 1/4 ln 4 = 1.5 ln 2 = 1.039721
-    # token 2: h = [0, ln 3] -> logits [0, ln 3, 0] -> probs [1, 3, 1] / 5; target 2 -> ln(1/5) = -1.609438
-    #   entropy = 2 * 1/5 ln 5 + 3/5 ln(5/3) = 0.950271
-    # temperature 2, token 1: logits [ln 2 / 2, 0, 0] -> p0 = sqrt2 / (sqrt2 + 2) = sqrt2 - 1 -> ln = -0.881374
-    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
-    hidden = torch.tensor([[[LN(2), 0.0], [0.0, LN(3)]]])
-    targets = torch.tensor([[0, 2]])
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, chunk_size=1, with_entropy=True)
-    close(lp, [[-0.693147, -1.609438]])
-    close(ent, [[1.039721, 0.950271]])
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature=2.0)
-    assert ent is None
-    close(lp[:, :1], [[-0.881374]])
-
-
-def naive(hidden, weight, targets, temperature):
-    logits = hidden.double() @ weight.double().T / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
-
-
-@pytest.mark.parametrize("chunk_size", [1, 5, 7, 24, 1000])
-def test_chunked_logprobs_match_naive_values_and_gradients(chunk_size):
-    torch.manual_seed(0)
-    B, T, H, V = 3, 8, 6, 11  # 24 tokens; 5 and 7 do not divide 24
-    hidden = torch.randn(B, T, H, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(V, H, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, V, (B, T))
-    coef = torch.randn(B, T, dtype=torch.float64)
-
-    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature=0.7, chunk_size=chunk_size, with_entropy=True)
-    ref_lp, ref_ent = naive(hidden, weight, targets, 0.7)
-    assert lp.dtype == torch.float64
-    assert torch.allclose(lp, ref_lp, atol=1e-10)
-    assert torch.allclose(ent, ref_ent, atol=1e-10)
-
-    gh, gw = torch.autograd.grad((lp * coef).sum() + 0.3 * ent.sum(), (hidden, weight))
-    rh, rw = torch.autograd.grad((ref_lp * coef).sum() + 0.3 * ref_ent.sum(), (hidden, weight))
-    assert torch.allclose(gh, rh, atol=1e-10)
-    assert torch.allclose(gw, rw, atol=1e-10)
-
-
-def test_chunked_logprobs_float32_without_grad():
-    torch.manual_seed(1)
-    hidden, weight = torch.randn(2, 5, 4), torch.randn(9, 4)
-    targets = torch.randint(0, 9, (2, 5))
-    with torch.no_grad():
-        lp, _ = chunked_token_logprobs(hidden, weight, targets, chunk_size=3)
-    assert lp.dtype == torch.float32 and lp.shape == (2, 5)
-    assert torch.allclose(lp.double(), naive(hidden, weight, targets, 1.0)[0], atol=1e-5)
-
-
-def test_chunked_logprobs_bf16_hidden():
-    torch.manual_seed(2)
-    hidden = torch.randn(2, 6, 8).to(torch.bfloat16)
-    targets = torch.randint(0, 13, (2, 6))
-    for weight in (torch.randn(13, 8).to(torch.bfloat16), torch.randn(13, 8)):
-        h = hidden.clone().requires_grad_(True)
-        lp, ent = chunked_token_logprobs(h, weight, targets, chunk_size=5, with_entropy=True)
-        assert lp.dtype == torch.float32 and ent.dtype == torch.float32  # upcast per chunk
-        ref_lp, ref_ent = naive(h.detach(), weight, targets, 1.0)
-        # bf16 has ~3 significant digits, and the matmul runs in the weight's dtype
-        assert torch.allclose(lp.double(), ref_lp, atol=0.1)
-        assert torch.allclose(ent.double(), ref_ent, atol=0.1)
-        lp.sum().backward()
-        assert h.grad.dtype == torch.bfloat16 and torch.isfinite(h.grad.float()).all()
-
-
-class _RowsOfVocabTensors(TorchDispatchMode):
-    """Records the row count of every tensor an op creates whose last dimension is the vocab."""
-
-    def __init__(self, vocab):
-        super().__init__()
-        self.vocab, self.rows = vocab, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor) and o.dim() >= 2 and o.shape[-1] == self.vocab:
-                self.rows.append(o.numel() // self.vocab)
-        return out
-
-
-def test_chunked_logprobs_never_materialize_full_vocab_tensor():
-    B, T, H, V, chunk = 2, 16, 4, 37, 8
-    hidden = torch.randn(B, T, H, requires_grad=True)
-    weight = torch.randn(V, H, requires_grad=True)
-    targets = torch.randint(0, V, (B, T))
-    saved = []
-    tracker = _RowsOfVocabTensors(V)
-    with tracker, torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x):
-        lp, ent = chunked_token_logprobs(hidden, weight, targets, chunk_size=chunk, with_entropy=True)
-    with tracker:
-        (lp.sum() + ent.sum()).backward()
-    # forward and backward create vocab-wide tensors, but never more than one chunk's rows
-    assert tracker.rows and max(tracker.rows) <= chunk
-    # and autograd keeps none between forward and backward (checkpointing recomputes them)
-    assert not any(len(s) >= 2 and s[-1] == V for s in saved), saved
-
-
-def test_chunked_logprobs_validation():
-    h, w, t = torch.zeros(1, 2, 3), torch.zeros(4, 3), torch.zeros(1, 2, dtype=torch.long)
-    with pytest.raises(ConfigError, match="temperature"):
-        chunked_token_logprobs(h, w, t, temperature=0.0)
-    with pytest.raises(ConfigError, match="chunk_size"):
-        chunked_token_logprobs(h, w, t, chunk_size=0)
-    with pytest.raises(ValueError, match="hidden"):
-        chunked_token_logprobs(h, torch.zeros(4, 5), t)
-    lp, ent = chunked_token_logprobs(torch.zeros(0, 2, 3), w, torch.zeros(0, 2, dtype=torch.long), with_entropy=True)
-    assert lp.shape == (0, 2) and ent.shape == (0, 2)
