@@ -111,9 +111,6 @@ class TrainConfig:
                 or self.microbatch_size < 0:
             raise ConfigError(f"microbatch_size must be an int >= 0 (0 = the whole minibatch at once), "
                               f"got {self.microbatch_size!r}")
-        if self.parallelism == "fsdp" and 0 < self.microbatch_size < self.minibatch_size:
-            raise ConfigError("microbatch_size is not supported with parallelism='fsdp' yet (every rank must run "
-                              "the same number of passes); set it to 0")
         if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
             raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                               f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")

@@ -262,22 +262,39 @@ def _split(items: list, sizes: list[int]) -> list[list]:
     return out
 
 
-def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig, pad_id: int, device, autocast):
-    """Backward over ``chunk`` in microbatches of ``config.microbatch_size``; the minibatch's loss
-    and stats (stats weighted like the loss)."""
-    sizes = [min(config.microbatch_size, len(chunk) - i) for i in range(0, len(chunk), config.microbatch_size)]
+def microbatch_sizes(samples: int, microbatch_size: int) -> list[int]:
+    """How ``samples`` samples split into microbatches of ``microbatch_size`` (0: one pass)."""
+    if samples == 0:
+        return []
+    if not microbatch_size or samples <= microbatch_size:
+        return [samples]
+    return [min(microbatch_size, samples - i) for i in range(0, samples, microbatch_size)]
+
+
+def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig, pad_id: int, device, autocast,
+                *, passes: int = 0, scale: float = 1.0):
+    """Backward over ``chunk`` in microbatches of ``config.microbatch_size`` (gradient accumulation:
+    the same gradient as one pass, with one microbatch's activations at a time), each loss times
+    ``scale``; then zero-weighted padding passes up to ``passes`` in all (FSDP: every rank must run
+    as many forward/backward passes, since those hold the collectives). Returns the minibatch's
+    loss and stats (stats weighted like the loss), or ``(None, {})`` for an empty chunk."""
+    sizes = microbatch_sizes(len(chunk), config.microbatch_size)
     aggregation = "token_mean" if config.algo == "rft" else config.aggregation
-    weights = microbatch_weights(chunk, sizes, aggregation)
     total_loss, stats = 0.0, {}
-    for part, weight in zip(_split(chunk, sizes), weights):
+    for part, weight in zip(_split(chunk, sizes), microbatch_weights(chunk, sizes, aggregation)):
         batch = {k: v.to(device) for k, v in collate(part, pad_id).items()}
         loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
-        (loss * weight).backward()
+        (loss * (weight * scale)).backward()
         total_loss += float(loss.detach()) * weight
         for key, value in part_stats.items():
             if isinstance(value, (int, float)):
                 stats[key] = stats.get(key, 0.0) + float(value) * weight
-    return total_loss, stats
+    for _ in range(len(sizes), passes):
+        batch = {k: v.to(device) for k, v in padding_batch(pad_id).items()}
+        _, _, logp = _batch_loss(model, reference, batch, config, autocast)
+        # logp times zero, not the loss: the loss of a fully masked batch need not be finite.
+        (logp * 0.0).sum().backward()
+    return (total_loss, stats) if sizes else (None, {})
 
 
 def padding_batch(pad_id: int) -> dict[str, torch.Tensor]:
@@ -304,16 +321,18 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     With several ranks, every rank runs the largest rank's number of minibatches (a rank that
     has run out contributes zero gradients), and gradients are averaged before each step over
     the ranks that contributed. Under FSDP (``model`` a :class:`ShardedModel`) the forward and
-    backward passes hold the collectives, so a rank that has run out runs a zero-weighted
-    padding minibatch, and FSDP's reduce-scatter does the averaging.
+    backward passes hold the collectives, so every rank runs the largest rank's number of passes
+    (zero-weighted padding passes where it has fewer microbatches, or none), and FSDP's
+    reduce-scatter does the averaging.
     """
     ranks = ranks or Distributed()
     sharded = isinstance(model, ShardedModel)
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
-    local_minibatches = -(-len(samples) // config.minibatch_size)
-    per_rank = ranks.gather_objects(local_minibatches) if sharded else None
-    minibatches = max(per_rank) if sharded else ranks.max_int(local_minibatches)
+    size = config.minibatch_size
+    # Every rank's sample count: under FSDP each rank derives every rank's number of passes from it.
+    counts = ranks.gather_objects(len(samples)) if sharded else None
+    minibatches = max(-(-n // size) for n in counts) if sharded else ranks.max_int(-(-len(samples) // size))
     if minibatches == 0:
         return {"loss": None, "updates": 0}
     totals: dict[str, float] = {}
@@ -321,47 +340,28 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     for _ in range(config.epochs_per_step):
         order = torch.randperm(len(samples), generator=generator).tolist()
         for index in range(minibatches):
-            chunk = [samples[i] for i in order[index * config.minibatch_size:(index + 1) * config.minibatch_size]]
+            chunk = [samples[i] for i in order[index * size:(index + 1) * size]]
             optimizer.zero_grad(set_to_none=True)
-            if not chunk and not sharded:  # this rank has no more samples; it still joins the gradient average
-                ranks.average_gradients(trainable, contributed=False)
-                torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-                optimizer.step()
-                updates += 1
-                continue
-            if not sharded and config.microbatch_size and len(chunk) > config.microbatch_size:
-                # Gradient accumulation: the same gradient as one pass over the minibatch, with
-                # the activations of one microbatch at a time.
-                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast)
-                ranks.average_gradients(trainable, contributed=True)
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-                optimizer.step()
-                updates += 1
-                local_updates += 1
-                for key, value in {"loss": float(loss), "grad_norm": float(grad_norm), **stats}.items():
-                    if isinstance(value, (int, float)):
-                        totals[key] = totals.get(key, 0.0) + float(value)
-                continue
-            batch = {k: v.to(device) for k, v in (collate(chunk, pad_id) if chunk else padding_batch(pad_id)).items()}
-            loss, stats, logp = _batch_loss(model, reference, batch, config, autocast)
             if sharded:
-                # FSDP's reduce-scatter divides the summed gradients by the world size; weight this
-                # rank's loss so that the result is the mean over the ranks that contributed (as
-                # average_gradients does). A padding minibatch adds zeros: logp times zero, since
-                # the loss of a fully masked batch need not be finite.
-                contributors = sum(n > index for n in per_rank)
-                (loss * (ranks.world_size / contributors) if chunk else (logp * 0.0).sum()).backward()
+                chunk_sizes = [min(size, max(0, n - index * size)) for n in counts]
+                contributors = sum(n > 0 for n in chunk_sizes)
+                passes = max(len(microbatch_sizes(n, config.microbatch_size)) for n in chunk_sizes)
+                # FSDP's reduce-scatter divides the summed gradients by the world size; scaling
+                # each rank's loss makes the result the mean over the ranks that contributed.
+                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast,
+                                          passes=passes, scale=ranks.world_size / contributors)
             else:
-                loss.backward()
-                ranks.average_gradients(trainable, contributed=True)
+                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast)
+                # A rank that has run out still joins the average (with zero gradients).
+                ranks.average_gradients(trainable, contributed=bool(chunk))
             # Sharded gradients: the norm is a DTensor over all shards, so every rank clips alike.
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             updates += 1
-            if not chunk:
+            if loss is None:
                 continue
             local_updates += 1
-            for key, value in {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **stats}.items():
+            for key, value in {"loss": loss, "grad_norm": float(grad_norm), **stats}.items():
                 if isinstance(value, (int, float)):
                     totals[key] = totals.get(key, 0.0) + float(value)
     if not local_updates:

@@ -110,6 +110,9 @@ FSDP_SCRIPT = textwrap.dedent('''
     results["idle_fsdp"] = run("idle_fsdp", "fsdp", 2, env=IdleOnRank1)
     results["lora_kl"] = run("lora_kl", "fsdp", 2, lora_rank=4, kl_coef=0.1)
     results["full_kl"] = run("full_kl", "fsdp", 2, kl_coef=0.1)
+    results["fsdp_micro"] = run("fsdp_micro", "fsdp", 3, microbatch_size=3)
+    results["fsdp_checkpointing"] = run("fsdp_checkpointing", "fsdp", 3, gradient_checkpointing=True)
+    results["idle_fsdp_micro"] = run("idle_fsdp_micro", "fsdp", 2, env=IdleOnRank1, microbatch_size=3)
     torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
 ''')
 
@@ -156,6 +159,22 @@ def test_fsdp_rank_without_samples_still_joins(fsdp_runs):
     assert all(h["loss"] is not None for h in ranks[0]["idle_fsdp"][0])
     for rank in ranks:
         assert_same_run(rank["idle_ddp"], rank["idle_fsdp"])
+
+
+def test_fsdp_microbatches_give_the_same_training(fsdp_runs):
+    # Minibatches of 4 in microbatches of 3 and 1: the same gradients, so the same run. Where rank
+    # 1 has no samples it runs as many padding passes as rank 0 has microbatches.
+    _, ranks = fsdp_runs
+    for rank in ranks:
+        assert_same_run(rank["fsdp"], rank["fsdp_micro"])
+        assert_same_run(rank["idle_ddp"], rank["idle_fsdp_micro"])
+    assert all(h["loss"] is None and h["updates"] > 0 for h in ranks[1]["idle_fsdp_micro"][0])
+
+
+def test_fsdp_with_gradient_checkpointing_trains_alike(fsdp_runs):
+    _, ranks = fsdp_runs
+    for rank in ranks:
+        assert_same_run(rank["fsdp"], rank["fsdp_checkpointing"])
 
 
 def test_fsdp_resume_is_exact(fsdp_runs):

@@ -10,7 +10,7 @@ import torch
 from rftgym.core.errors import ConfigError
 from rftgym.train.batching import TrainSample
 from rftgym.train.config import TrainConfig
-from rftgym.train.loop import microbatch_weights, optimise
+from rftgym.train.loop import microbatch_sizes, microbatch_weights, optimise
 from support import tiny_llama
 
 
@@ -59,5 +59,11 @@ def test_microbatches_give_the_same_update_as_one_pass(algo, aggregation):
 def test_config_checks():
     with pytest.raises(ConfigError, match="microbatch_size"):
         TrainConfig(microbatch_size=-1)
-    with pytest.raises(ConfigError, match="fsdp"):
-        TrainConfig(parallelism="fsdp", minibatch_size=16, microbatch_size=4)
+    TrainConfig(parallelism="fsdp", minibatch_size=16, microbatch_size=4)  # supported (tests/train/test_distributed.py)
+
+
+def test_microbatch_sizes():
+    assert microbatch_sizes(0, 4) == []
+    assert microbatch_sizes(3, 0) == [3]  # 0: the whole minibatch in one pass
+    assert microbatch_sizes(4, 4) == [4]
+    assert microbatch_sizes(10, 4) == [4, 4, 2]
