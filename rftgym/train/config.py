@@ -114,9 +114,9 @@ class TrainConfig:
         if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
             raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                               f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
-        if self.parallelism == "fsdp" and (self.compile or self.checkpoint_mlp):
-            raise ConfigError("compile and checkpoint_mlp are not supported with parallelism='fsdp' yet; "
-                              "leave both unset (auto skips them under FSDP)")
+        if self.parallelism == "fsdp" and self.compile:
+            raise ConfigError("compile is not supported with parallelism='fsdp' yet; leave it unset "
+                              "(auto skips it under FSDP) or set it to False")
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("env_kwargs must be a dict of environment options")
 

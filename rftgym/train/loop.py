@@ -58,6 +58,13 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mixed else nullcontext
     model = prepare_model(policy, config)
     reference = make_reference(model, config)  # copied before sharding: FSDP modules cannot be deep-copied
+    # After make_reference: compiled or patched layers must not be deep-copied into the reference.
+    on_cuda = policy.device.type == "cuda"
+    speedups = apply_training_speedups(model, SpeedConfig(
+        compile_layers=(on_cuda if config.compile is None else config.compile) and not fsdp,
+        checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
+    if ranks.is_main and any(v != "on" for v in speedups.values()):
+        print(f"update speed-ups: {speedups}")
     if fsdp:
         # From here on ``model`` is FSDP's root (forward = the chunked log-probs) and the policy's
         # own model, inside it, holds parameter shards; rollouts gather them (full_parameters).
@@ -70,14 +77,6 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         with torch.no_grad(), autocast():
             batch_logprobs(model, {k: v.to(policy.device) for k, v in padding_batch(policy.pad_id).items()}, config)
         model.reshard()
-    else:
-        # After make_reference: compiled layers must not be deep-copied into the reference.
-        on_cuda = policy.device.type == "cuda"
-        speedups = apply_training_speedups(model, SpeedConfig(
-            compile_layers=on_cuda if config.compile is None else config.compile,
-            checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
-        if ranks.is_main and any(v != "on" for v in speedups.values()):
-            print(f"update speed-ups: {speedups}")
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
                                fused=not fsdp)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,

@@ -19,6 +19,12 @@ def test_unknown_parallelism_says_what_is_allowed_and_what_fsdp_needs():
         TrainConfig(parallelism="zero3")
 
 
+def test_fsdp_refuses_compile_but_takes_mlp_recompute():
+    with pytest.raises(ConfigError, match="compile is not supported with parallelism='fsdp'"):
+        TrainConfig(parallelism="fsdp", compile=True)
+    assert TrainConfig(parallelism="fsdp", checkpoint_mlp=True, compile=False).checkpoint_mlp
+
+
 def test_fsdp_without_a_launcher_explains(tmp_path, monkeypatch, make_char_policy):
     from support import SayAEnv
 

@@ -112,6 +112,7 @@ FSDP_SCRIPT = textwrap.dedent('''
     results["full_kl"] = run("full_kl", "fsdp", 2, kl_coef=0.1)
     results["fsdp_micro"] = run("fsdp_micro", "fsdp", 3, microbatch_size=3)
     results["fsdp_checkpointing"] = run("fsdp_checkpointing", "fsdp", 3, gradient_checkpointing=True)
+    results["fsdp_mlp_recompute"] = run("fsdp_mlp_recompute", "fsdp", 3, checkpoint_mlp=True)
     results["idle_fsdp_micro"] = run("idle_fsdp_micro", "fsdp", 2, env=IdleOnRank1, microbatch_size=3)
     torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
 ''')
@@ -171,10 +172,12 @@ def test_fsdp_microbatches_give_the_same_training(fsdp_runs):
     assert all(h["loss"] is None and h["updates"] > 0 for h in ranks[1]["idle_fsdp_micro"][0])
 
 
-def test_fsdp_with_gradient_checkpointing_trains_alike(fsdp_runs):
+def test_fsdp_with_recomputation_trains_alike(fsdp_runs):
+    # Whole-layer gradient checkpointing, or recomputing only the MLPs, inside FSDP units.
     _, ranks = fsdp_runs
     for rank in ranks:
         assert_same_run(rank["fsdp"], rank["fsdp_checkpointing"])
+        assert_same_run(rank["fsdp"], rank["fsdp_mlp_recompute"])
 
 
 def test_fsdp_resume_is_exact(fsdp_runs):
