@@ -25,7 +25,7 @@ from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss
-from .token_logprobs import chunked_token_logprobs
+from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
 from .speed import SpeedConfig, apply_training_speedups, make_optimizer
 
@@ -156,25 +156,14 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
 # ---------------------------------------------------------------- model plumbing
 
-UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
-
-
 def prepare_model(policy: HFPolicy, config: TrainConfig):
     """Apply LoRA and gradient checkpointing as configured; return the model to train."""
     model = policy.model
-    # Training log-probs are hidden @ lm_head.weight (in chunks); models whose logits get more
-    # than that would train against other numbers than the rollout sampled from.
-    for name in UNSUPPORTED_LOGIT_TRANSFORMS:
-        if getattr(model.config, name, None) not in (None, 0, 1, 1.0):
-            raise ConfigError(f"the model's config sets {name}={getattr(model.config, name)}; rftgym's chunked "
-                              "log-probs do not apply it yet, so training would use the wrong probabilities")
-    head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise ConfigError("the model's output layer has a bias, which rftgym's chunked log-probs do not apply yet")
     # Rollouts run in eval mode; dropout during the update would make first-epoch ratios noisy.
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+    check_training_logprobs(model)
     if config.lora_rank:
         peft = require("peft", "train", "LoRA training")
         lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
@@ -190,6 +179,35 @@ def prepare_model(policy: HFPolicy, config: TrainConfig):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+def check_training_logprobs(model) -> None:
+    """Refuse a model whose own next-token log-probs differ from the ones training computes.
+
+    Training computes log-probs from the final hidden states (``hidden @ lm_head.weight`` through
+    the config's :class:`~rftgym.train.token_logprobs.LogitTransform`), while rollouts sample from
+    the model's own logits; a model that does more to its logits (an output bias, a transform
+    rftgym does not know) would be trained on other probabilities than it sampled from. One
+    forward pass over a few tokens compares the two.
+    """
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ConfigError("the model's output layer has a bias, which rftgym's chunked log-probs do not apply yet")
+    weight = head.weight
+    ids = (torch.arange(6, device=weight.device) * 7 + 3).remainder(weight.shape[0]).unsqueeze(0)
+    with torch.no_grad():
+        theirs = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[:, :-1].double(), dim=-1)
+        theirs = theirs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
+        ours, _ = chunked_token_logprobs(hidden, weight, ids[:, 1:], transform=logit_transform(model.config))
+    tolerance = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 5e-2
+    gap = float((ours.double() - theirs).abs().max())
+    if not gap <= tolerance:
+        raise ConfigError(
+            f"the model's own log-probs differ from rftgym's training log-probs by up to {gap:.3g} (tolerance "
+            f"{tolerance}): its logits are more than hidden @ lm_head.weight with the transform its config names "
+            f"({logit_transform(model.config)}). Training it would use other probabilities than it samples from; "
+            "rftgym supports a logit scale and a soft cap (final_logit_softcapping, logit_scale, logits_scaling)")
 
 
 def make_reference(model, config: TrainConfig):
@@ -218,7 +236,8 @@ def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_e
                                 use_cache=False).last_hidden_state
     weight = base.get_output_embeddings().weight
     return chunked_token_logprobs(hidden[:, :-1], weight, batch["targets"], temperature=config.temperature,
-                                  chunk_size=config.logprob_chunk_size, with_entropy=with_entropy)
+                                  chunk_size=config.logprob_chunk_size, with_entropy=with_entropy,
+                                  transform=logit_transform(base.config))
 
 
 def _batch_loss(model, reference, batch, config: TrainConfig, autocast):

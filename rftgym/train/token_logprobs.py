@@ -19,6 +19,11 @@ linear + log-softmax autograd function:
   (``dH/ds_j = -p_j (log p_j + H)`` follows from ``H = lse(s) - sum_i p_i s_i``), then two
   matmuls give the gradients of ``h`` and of ``W``.
 
+Models whose logits are more than ``h @ W.T`` are covered by a :class:`LogitTransform` (read from
+the model's config by :func:`logit_transform`): a scale (Cohere's ``logit_scale``, Granite's
+``1 / logits_scaling``) and a soft cap (Gemma 2/3's ``cap * tanh(logits / cap)``), both applied
+inside the two fused passes.
+
 Compared with checkpointing the chunk's autograd graph (what this replaced), the backward pass
 no longer re-runs the forward's float32 elementwise chain, and on CUDA the two elementwise
 passes are compiled into fused kernels, so each chunk's vocabulary-wide work is a few reads and
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -36,30 +42,84 @@ from ..core.errors import ConfigError
 
 # ---------------------------------------------------------------- the two elementwise passes
 
-def _scaled(logits: torch.Tensor, inv_temperature: float) -> torch.Tensor:
-    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return scaled if inv_temperature == 1.0 else scaled * inv_temperature
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model does to ``hidden @ W.T`` before its softmax: ``scale * l``, then, with a
+    ``softcap``, ``softcap * tanh(scale * l / softcap)``."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise ConfigError(f"a logit scale must be > 0, got {self.scale}")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ConfigError(f"a logit soft cap must be > 0 (or None), got {self.softcap}")
+
+    def score_coefficients(self, temperature: float) -> tuple[float, float]:
+        """``(inner, outer)`` such that the sampling scores are ``s = outer * tanh(inner * l)``
+        with the cap, or ``s = inner * outer * l`` without."""
+        if self.softcap is None:
+            return self.scale, 1.0 / temperature
+        return self.scale / self.softcap, self.softcap / temperature
 
 
-def logit_statistics(logits: torch.Tensor, targets: torch.Tensor, inv_temperature: float,
+IDENTITY = LogitTransform()
+
+
+def logit_transform(model_config) -> LogitTransform:
+    """The :class:`LogitTransform` a Hugging Face model config asks for (identity for most models).
+
+    Read from ``final_logit_softcapping`` (Gemma 2/3 and others: ``cap * tanh(l / cap)``),
+    ``logit_scale`` (Cohere: ``l * logit_scale``) and ``logits_scaling`` (Granite: ``l /
+    logits_scaling``; HyperCLOVA X multiplies by it instead). Training checks the result against
+    the model's own logits once (:func:`rftgym.train.loop.prepare_model`), so a family that reads
+    these names differently is refused rather than trained on the wrong probabilities.
+    """
+    def number(name):
+        value = getattr(model_config, name, None)
+        return None if value is None or isinstance(value, bool) else float(value)
+
+    softcap = number("final_logit_softcapping") or None  # 0 means off in some configs
+    scale = number("logit_scale") or 1.0
+    scaling = number("logits_scaling")
+    if scaling:
+        multiplies = getattr(model_config, "model_type", "") == "hyperclovax"
+        scale *= scaling if multiplies else 1.0 / scaling
+    return LogitTransform(scale=scale, softcap=softcap)
+
+
+def _scores(logits: torch.Tensor, inner: float, outer: float, capped: bool) -> torch.Tensor:
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if capped:
+        return torch.tanh(scores * inner) * outer
+    factor = inner * outer
+    return scores if factor == 1.0 else scores * factor
+
+
+def logit_statistics(logits: torch.Tensor, targets: torch.Tensor, inner: float, outer: float, capped: bool,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(log p[target], log-sum-exp, entropy)`` of ``softmax(logits * inv_temperature)``, per row,
-    computed in float32 (float64 stays float64)."""
-    scaled = _scaled(logits, inv_temperature)
-    logp = torch.log_softmax(scaled, dim=-1)
+    """``(log p[target], log-sum-exp, entropy)`` of ``softmax(s)``, ``s = _scores(logits, ...)``
+    (see :meth:`LogitTransform.score_coefficients`), per row, in float32 (float64 stays float64)."""
+    scores = _scores(logits, inner, outer, capped)
+    logp = torch.log_softmax(scores, dim=-1)
     index = targets.unsqueeze(-1)
     target_logp = logp.gather(-1, index).squeeze(-1)
-    lse = scaled.gather(-1, index).squeeze(-1) - target_logp  # log p_t = s_t - lse, for any column t
+    lse = scores.gather(-1, index).squeeze(-1) - target_logp  # log p_t = s_t - lse, for any column t
     # H = -sum_v p_v log p_v, as a batched dot product (no third [rows, V] temporary)
     entropy = -torch.bmm(torch.exp(logp).unsqueeze(1), logp.unsqueeze(2)).view(-1)
     return target_logp, lse, entropy
 
 
 def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
-                   grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None, inv_temperature: float) -> torch.Tensor:
+                   grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None, inner: float, outer: float,
+                   capped: bool) -> torch.Tensor:
     """``dL/dlogits`` (in the logits' dtype) from the upstream gradients of the target log-probs
-    and of the entropies (``None``: the entropies are not in the loss). See the module docstring."""
-    logp = _scaled(logits, inv_temperature) - lse.unsqueeze(-1)
+    and of the entropies (``None``: the entropies are not in the loss). See the module docstring;
+    the chain rule through the scores adds ``ds/dl = inner * outer`` (times ``1 - tanh^2`` with
+    the cap)."""
+    scores = _scores(logits, inner, outer, capped)
+    logp = scores - lse.unsqueeze(-1)
     if grad_entropy is None:
         weight = grad_logp.unsqueeze(-1)  # dL/ds = g * (onehot - p)
     else:
@@ -67,8 +127,11 @@ def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tenso
         weight = torch.addcmul((grad_logp + grad_entropy * entropy).unsqueeze(-1), grad_entropy.unsqueeze(-1), logp)
     grad = logp.exp_().mul_(weight).neg_()  # logp's storage becomes -p * weight
     grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1).to(grad.dtype))
-    if inv_temperature != 1.0:
-        grad.mul_(inv_temperature)
+    if capped:
+        tanh = scores / outer
+        grad.mul_(1.0 - tanh * tanh).mul_(inner * outer)
+    elif inner * outer != 1.0:
+        grad.mul_(inner * outer)
     return grad.to(logits.dtype)
 
 
@@ -115,19 +178,19 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 class _FusedTokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temperature: float, chunk_size: int):
+    def forward(ctx, hidden, weight, targets, coefficients: tuple[float, float, bool], chunk_size: int):
         compute_dtype = _compute_dtype(hidden, weight)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             results = [
-                _pass("statistics", hidden.device, h.to(compute_dtype) @ w.t(), t, inv_temperature)
+                _pass("statistics", hidden.device, h.to(compute_dtype) @ w.t(), t, *coefficients)
                 for h, t in zip(torch.split(hidden, chunk_size), torch.split(targets, chunk_size))
             ]
         logp, lse, entropy = (torch.cat(parts) for parts in zip(*results))
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         # An unused entropy then arrives as None, and its gradient term is skipped.
         ctx.set_materialize_grads(False)
-        ctx.inv_temperature, ctx.chunk_size, ctx.compute_dtype = inv_temperature, chunk_size, compute_dtype
+        ctx.coefficients, ctx.chunk_size, ctx.compute_dtype = coefficients, chunk_size, compute_dtype
         return logp, entropy
 
     @staticmethod
@@ -148,7 +211,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
                 h = hidden[rows].to(dtype)
                 grad_logits = _pass("gradient", hidden.device, h @ w.t(), targets[rows], lse[rows], entropy[rows],
                                     grad_logp[rows], None if grad_entropy is None else grad_entropy[rows],
-                                    ctx.inv_temperature)
+                                    *ctx.coefficients)
                 if need_hidden:
                     grad_hidden[rows] = grad_logits @ w
                 if need_weight:
@@ -169,12 +232,13 @@ def chunked_token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    transform: LogitTransform = IDENTITY,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of ``targets`` (and optionally the entropy) without a full-vocab tensor.
 
     ::
 
-        logits_bt  = hidden_bt @ weight.T / temperature
+        logits_bt  = transform(hidden_bt @ weight.T) / temperature
         logprob_bt = log_softmax(logits_bt)[targets_bt]
         entropy_bt = -sum_v softmax(logits_bt)_v * log_softmax(logits_bt)_v
 
@@ -203,5 +267,7 @@ def chunked_token_logprobs(
         return empty, (empty.clone() if with_entropy else None)
     flat_hidden = hidden.reshape(batch * seq, -1)
     flat_targets = targets.reshape(-1).long()
-    logp, entropy = _FusedTokenLogprobs.apply(flat_hidden, weight, flat_targets, 1.0 / temperature, chunk_size)
+    inner, outer = transform.score_coefficients(temperature)
+    coefficients = (inner, outer, transform.softcap is not None)
+    logp, entropy = _FusedTokenLogprobs.apply(flat_hidden, weight, flat_targets, coefficients, chunk_size)
     return logp.view(batch, seq), (entropy.view(batch, seq) if with_entropy else None)

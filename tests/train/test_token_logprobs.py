@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rftgym.core.errors import ConfigError
-from rftgym.train.token_logprobs import chunked_token_logprobs
+from rftgym.train.token_logprobs import LogitTransform, chunked_token_logprobs, logit_transform
 
 LN = math.log
 
@@ -38,8 +38,13 @@ def test_chunked_logprobs_two_tokens_by_hand():
     close(lp[:, :1], [[-0.881374]])
 
 
-def naive(hidden, weight, targets, temperature):
-    logits = hidden.double() @ weight.double().T / temperature
+def naive(hidden, weight, targets, temperature, transform=None):
+    logits = hidden.double() @ weight.double().T
+    if transform is not None:
+        logits = logits * transform.scale
+        if transform.softcap is not None:
+            logits = transform.softcap * torch.tanh(logits / transform.softcap)
+    logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
@@ -187,14 +192,14 @@ def test_compiled_passes_match_eager():
     for rows, dtype in ((5, torch.float32), (12, torch.bfloat16)):
         logits = (3 * torch.randn(rows, 23)).to(dtype)
         targets = torch.randint(0, 23, (rows,))
-        eager = tl.logit_statistics(logits, targets, 1 / 0.7)
+        eager = tl.logit_statistics(logits, targets, 1.0, 1 / 0.7, False)
         # entropy = lse - E[s] cancels: float32 rounding alone moves it by ~1e-5 either way
-        for got, want in zip(statistics(logits, targets, 1 / 0.7), eager):
+        for got, want in zip(statistics(logits, targets, 1.0, 1 / 0.7, False), eager):
             assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-4)
         _, lse, entropy = eager
         for upstream in ((torch.randn(rows), torch.randn(rows)), (torch.randn(rows), None)):
-            got = gradient(logits, targets, lse, entropy, *upstream, 1 / 0.7)
-            want = tl.logit_gradient(logits, targets, lse, entropy, *upstream, 1 / 0.7)
+            got = gradient(logits, targets, lse, entropy, *upstream, 1.0, 1 / 0.7, False)
+            want = tl.logit_gradient(logits, targets, lse, entropy, *upstream, 1.0, 1 / 0.7, False)
             assert got.dtype == dtype
             assert torch.allclose(got.float(), want.float(), atol=1e-5 if dtype == torch.float32 else 2e-2)
 
@@ -212,12 +217,12 @@ def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
     logits, targets = torch.randn(3, 7), torch.randint(0, 7, (3,))
     cuda = torch.device("cuda")  # only selects the compiled route; the tensors stay on the CPU
     with pytest.warns(UserWarning, match="could not compile the fused log-prob statistics pass"):
-        first = tl._pass("statistics", cuda, logits, targets, 1.0)
+        first = tl._pass("statistics", cuda, logits, targets, 1.0, 1.0, False)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        second = tl._pass("statistics", cuda, logits, targets, 1.0)
-    for a, b, c in zip(first, second, tl.logit_statistics(logits, targets, 1.0)):
+        second = tl._pass("statistics", cuda, logits, targets, 1.0, 1.0, False)
+    for a, b, c in zip(first, second, tl.logit_statistics(logits, targets, 1.0, 1.0, False)):
         assert torch.equal(a, c) and torch.equal(b, c)
 
 
@@ -239,3 +244,55 @@ def test_cuda_compiled_path_matches_float64_autograd():
     for got, want in ((gh, rh), (gw, rw)):
         relative = (got.double() - want).norm() / want.norm()
         assert relative < 0.02, relative  # bf16 matmuls
+
+
+# --- logit transforms (soft cap, scale) ------------------------------------------------------
+
+def test_soft_capped_logprob_by_hand():
+    # cap 1, logits [atanh(1/2), 0] -> scores [1/2, 0] -> p0 = e^0.5 / (e^0.5 + 1) = 0.622459
+    #   log p0 = -0.474077; entropy = -(0.622459 ln 0.622459 + 0.377541 ln 0.377541) = 0.662847
+    # with scale 2 as well: scores [tanh(2 atanh(1/2)), 0] = [0.8, 0] -> p0 = e^0.8 / (e^0.8 + 1)
+    #   = 0.689974 -> log p0 = -0.371101
+    weight = torch.eye(2, dtype=torch.float64)
+    hidden = torch.tensor([[[math.atanh(0.5), 0.0]]], dtype=torch.float64)
+    lp, ent = chunked_token_logprobs(hidden, weight, torch.tensor([[0]]), with_entropy=True,
+                                     transform=LogitTransform(softcap=1.0))
+    close(lp, [[-0.474077]])
+    close(ent, [[0.662847]])
+    lp, _ = chunked_token_logprobs(hidden, weight, torch.tensor([[0]]), transform=LogitTransform(scale=2.0, softcap=1.0))
+    close(lp, [[-0.371101]])
+
+
+@pytest.mark.parametrize("transform", [LogitTransform(scale=0.25), LogitTransform(softcap=3.0),
+                                       LogitTransform(scale=1.7, softcap=2.0)])
+def test_transformed_logprobs_match_naive_values_and_gradients(transform):
+    torch.manual_seed(7)
+    hidden = (2 * torch.randn(2, 6, 5, dtype=torch.float64)).requires_grad_(True)
+    weight = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 9, (2, 6))
+    coef = torch.randn(2, 6, dtype=torch.float64)
+    lp, ent = chunked_token_logprobs(hidden, weight, targets, temperature=0.8, chunk_size=5, with_entropy=True,
+                                     transform=transform)
+    ref_lp, ref_ent = naive(hidden, weight, targets, 0.8, transform)
+    assert torch.allclose(lp, ref_lp, atol=1e-10) and torch.allclose(ent, ref_ent, atol=1e-10)
+    got = torch.autograd.grad((lp * coef).sum() + 0.3 * ent.sum(), (hidden, weight))
+    want = torch.autograd.grad((ref_lp * coef).sum() + 0.3 * ref_ent.sum(), (hidden, weight))
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-10)
+
+
+def test_logit_transform_read_from_model_configs():
+    from transformers import CohereConfig, Gemma2Config, GraniteConfig, LlamaConfig
+
+    assert logit_transform(LlamaConfig()) == LogitTransform()
+    assert logit_transform(Gemma2Config(final_logit_softcapping=30.0)) == LogitTransform(softcap=30.0)
+    assert logit_transform(Gemma2Config(final_logit_softcapping=None)) == LogitTransform()
+    assert logit_transform(CohereConfig(logit_scale=0.0625)) == LogitTransform(scale=0.0625)
+    assert logit_transform(GraniteConfig(logits_scaling=8.0)) == LogitTransform(scale=0.125)
+
+
+def test_logit_transform_validation():
+    with pytest.raises(ConfigError, match="logit scale"):
+        LogitTransform(scale=0.0)
+    with pytest.raises(ConfigError, match="soft cap"):
+        LogitTransform(softcap=-1.0)
