@@ -19,8 +19,9 @@ Tests
     running the reference in the sandbox), cached on disk. A task the TCG can make no tests for
     (5 of MBPP's 974: arguments that are not literals) has status ``"untestable"`` and reward 0
     (its dataset asserts could be faked from inside the program). Candidate code runs in the sandbox
-    (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``); expected outputs never enter
-    it: the program reports what it returned and the host compares.
+    (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``; one per process, shared by
+    its envs, each with its own limits); expected outputs never enter it: the program reports
+    what it returned and the host compares.
 
 Reward (paid on the turn that ends the episode)
     ``(1 - format_weight) * pass_rate + format_weight * well_formatted``: ``pass_rate`` is the
@@ -69,7 +70,8 @@ from ...core.tags import parse_tags
 from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
                       resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
-from .sandbox import SandboxLimits, make_sandbox
+from .sandbox import SandboxLimits
+from .sandbox_shared import shared_sandbox
 from .tasks import CodeTask
 
 DATASETS = ("humaneval", "mbpp", "generated")
@@ -180,7 +182,8 @@ class CodeTCGEnv(gym.Env[Context, str]):
         if not isinstance(self.tcg_config, TCGConfig):
             raise ConfigError(f"tcg must be a TCGConfig, got {type(self.tcg_config).__name__}")
         self.dataset: list[CodeTask] | None = self._load_dataset()
-        self.sandbox = make_sandbox(cfg.sandbox, limits=SandboxLimits(
+        # One sandbox per backend per process, shared by the envs in it; this env's share has its limits.
+        self.sandbox = shared_sandbox(cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
         self._tested: dict[str, CodeTask] = {}  # task id -> the task with its generated tests
         self.observation_space, self.action_space = chat_spaces(
@@ -236,7 +239,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
-        # The sandbox owns worker threads and, for docker, a client; closing it twice is safe.
+        # Releases this env's share of the process's sandbox (the last share closes it); twice is safe.
         sandbox = getattr(self, "sandbox", None)
         if sandbox is not None:
             sandbox.close()

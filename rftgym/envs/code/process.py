@@ -37,9 +37,9 @@ class RolloutStepScorer:
     @property
     def sandbox(self):
         if self._sandbox is None:
-            from .sandbox import make_sandbox
+            from .sandbox_shared import shared_sandbox
 
-            self._sandbox = make_sandbox("local")
+            self._sandbox = shared_sandbox("local")  # a share of the process's sandbox
         return self._sandbox
 
     def __call__(self, task, steps: Sequence[str]) -> list[float]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal as signals
+import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -166,6 +167,7 @@ class Sandbox(ABC):
         self.limits = limits or SandboxLimits()
         self.workers = workers or default_workers()
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._closed = False
 
     def limits_for(self, program: Program) -> SandboxLimits:
@@ -181,9 +183,11 @@ class Sandbox(ABC):
             return [self.run(p) for p in programs]
         if self._closed:
             raise SandboxError(f"this {self.name} sandbox is closed; make a new one with make_sandbox()")
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"rftgym-sandbox-{self.name}")
-        return list(self._pool.map(self.run, programs))
+        with self._pool_lock:  # envs sharing this sandbox may call in from several threads
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"rftgym-sandbox-{self.name}")
+            pool = self._pool
+        return list(pool.map(self.run, programs))
 
     def close(self) -> None:
         self._closed = True
