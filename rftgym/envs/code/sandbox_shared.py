@@ -19,7 +19,14 @@ import os
 import threading
 from collections.abc import Sequence
 
-from .sandbox import ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_sandbox
+from .sandbox import (
+    ExecResult,
+    Program,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    make_sandbox,
+)
 
 _lock = threading.Lock()
 _shared: dict[tuple[int, str], list] = {}  # (pid, backend) -> [sandbox, number of open views]
