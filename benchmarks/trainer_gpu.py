@@ -12,7 +12,9 @@ Phases, each guarded so that one failure still leaves the others' numbers:
 2. ours: whole GRPO steps (generate -> rewards/advantages -> update through
    ``rftgym.train.loop.optimise``), the first (warm-up: graph capture, compilation) excluded;
 3. trl: ``GRPOTrainer`` steps, the first excluded, its ``generate`` calls timed separately;
-4. update-only: ``optimise`` at a fixed batch (default 64 x 384 tokens) for several speed settings.
+4. update-only: ``optimise`` at a fixed batch (default 64 x 384 tokens) for several speed settings;
+   ``--profile-variants`` profiles one more update of the named ones (device time by kind of
+   kernel, how busy the device was, the top kernels), to show where the time goes.
 
 Both trainers keep float32 master weights and run under bfloat16 autocast on CUDA.
 
@@ -369,9 +371,62 @@ def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
         optimise(model, None, optimizer, samples, config, 0, generator, None, autocast)
         times.append(clock.now() - started)
     seconds = float(np.median(times))
-    return {"batch": args.update_batch, "seq": args.update_seq, "warmup_s": warmup, "update_s": seconds,
-            "tflops": flops / seconds / 1e12, "mfu": flops / seconds / PEAK_FLOPS[args.device],
-            "peak_gb": peak_gb(args.device), "applied": applied}
+    result = {"batch": args.update_batch, "seq": args.update_seq, "warmup_s": warmup, "update_s": seconds,
+              "tflops": flops / seconds / 1e12, "mfu": flops / seconds / PEAK_FLOPS[args.device],
+              "peak_gb": peak_gb(args.device), "applied": applied}
+    if variant in args.profile_variants:
+        result["profile"] = profile_update(
+            args.device, lambda: optimise(model, None, optimizer, samples, config, 0, generator, None, autocast))
+    return result
+
+
+KERNEL_KINDS = (  # first match wins; matched against lower-cased kernel (or, on CPU, op) names
+    ("matmul", ("gemm", "cutlass", "cublas", "matmul", "aten::mm", "aten::addmm", "aten::bmm", "sm90_xmma",
+                "nvjet")),
+    ("attention", ("flash", "fmha", "attention", "efficient_attention")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("compiled (triton)", ("triton",)),
+    ("copy / cast", ("copy", "memcpy", "memset", "to_copy", "aten::to", "fill")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in lowered for k in keys)), "other")
+
+
+def profile_update(device: str, step) -> dict:
+    """One update under torch.profiler: device time by kind of kernel, the share of the step's wall
+    time the device was busy (low: launch-bound, the host is the bottleneck), the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    clock = Clock(device)
+    with profile(activities=activities) as prof:
+        started = clock.now()
+        step()
+        wall = clock.now() - started
+    rows = []
+    for event in prof.key_averages():
+        if device == "cuda":
+            if str(getattr(event, "device_type", "")).split(".")[-1] != "CUDA":
+                continue
+            busy = getattr(event, "self_device_time_total", None)
+            busy = getattr(event, "self_cuda_time_total", 0) if busy is None else busy
+        else:
+            if not event.key.startswith("aten::"):
+                continue
+            busy = event.self_cpu_time_total
+        if busy > 0:
+            rows.append((event.key, busy / 1e6, event.count))
+    total = sum(r[1] for r in rows)
+    by_kind: dict[str, float] = {}
+    for name, busy, _ in rows:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + busy
+    top = sorted(rows, key=lambda r: -r[1])[:12]
+    return {"wall_s": wall, "busy_s": total, "busy_share": total / wall if wall else None,
+            "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": n[:90], "s": b, "calls": c} for n, b, c in top]}
 
 
 # ---------------------------------------------------------------- report
@@ -414,6 +469,16 @@ def print_table(args, results: dict) -> None:
               f"{fmt(100 * u['mfu'] if 'mfu' in u else None):>7}%{fmt(u.get('peak_gb'), 2):>9}  {u.get('applied')}")
     print("* MFU = (6*N*tokens + 12*layers*heads*head_dim*sum(seq^2)) / update seconds / "
           f"{PEAK_FLOPS[args.device] / 1e12:.0f} TFLOP/s (N = all parameters, tied counted once; recompute not counted)")
+    for variant in args.update_variants:
+        profiled = results.get(f"update:{variant}", {}).get("profile")
+        if not profiled:
+            continue
+        unit = "kernel" if args.device == "cuda" else "op (CPU self time)"
+        print(f"Profile of one update, {variant}: wall {profiled['wall_s']:.3f} s, {unit} time "
+              f"{profiled['busy_s']:.3f} s (busy {100 * (profiled['busy_share'] or 0):.0f}% of the wall time)")
+        print("  " + ", ".join(f"{kind} {busy:.3f} s" for kind, busy in profiled["by_kind_s"].items()))
+        for row in profiled["top"]:
+            print(f"  {row['s']:8.4f} s {row['calls']:6d}x  {row['name']}")
     for name, value in results.items():
         if isinstance(value, dict) and "error" in value:
             print(f"ERROR in {name}: {value['error']}")
@@ -452,6 +517,8 @@ def main() -> None:
     parser.add_argument("--update-seq", type=int, default=None, help="update-only tokens per sample (default 384; cpu 24)")
     parser.add_argument("--update-repeats", type=int, default=3)
     parser.add_argument("--update-variants", default=",".join(UPDATE_VARIANTS))
+    parser.add_argument("--profile-variants", default="",
+                        help="comma list of update variants to profile once more (where the time goes)")
     parser.add_argument("--no-speed", dest="speed", action="store_false", help="our GRPO step without speed.py")
     parser.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer files and config.json")
     parser.add_argument("--time-budget", type=float, default=330.0, help="skip update variants after this many s")
@@ -460,6 +527,9 @@ def main() -> None:
     args.update_batch = args.update_batch or (2 if cpu else 64)
     args.update_seq = args.update_seq or (24 if cpu else 384)
     args.update_variants = [v for v in args.update_variants.split(",") if v]
+    args.profile_variants = [v for v in args.profile_variants.split(",") if v]
+    if set(args.profile_variants) - set(args.update_variants):
+        parser.error("--profile-variants must be among --update-variants")
     unknown = set(args.update_variants) - set(UPDATE_VARIANTS)
     if unknown:
         parser.error(f"unknown update variants {sorted(unknown)}; choose from {list(UPDATE_VARIANTS)}")
