@@ -112,6 +112,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
     seen: set[str] = set()
+    if hasattr(sys.stdin, "reconfigure"):
+        # Undecodable bytes reach _valid_text (as U+FFFD) instead of failing a whole buffered read.
+        sys.stdin.reconfigure(errors="surrogateescape")
     try:
         for episode in range(args.episodes):
             context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
@@ -142,15 +145,27 @@ def _read_turn() -> str | None:
     prompt = "assistant> "
     while True:
         try:
-            line = input(prompt)
+            line = _valid_text(input(prompt))
         except EOFError:
             return None
+        except UnicodeDecodeError as exc:  # stdin decoded strictly (e.g. PYTHONIOENCODING=utf-8)
+            print(f"\n(that line was not valid {exc.encoding}; type it again)", file=sys.stderr)
+            continue
         if line.endswith("\\"):
             lines.append(line[:-1])
             prompt = "........> "
             continue
         lines.append(line)
         return "\n".join(lines)
+
+
+def _valid_text(line: str) -> str:
+    """The line with any undecodable input bytes as U+FFFD: stdin decoded with surrogateescape (a
+    C or UTF-8 locale) keeps them as lone surrogates, which no encoder, tokenizer or file accepts."""
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate that is not an escaped byte
+        return line.encode("utf-8", "replace").decode("utf-8")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

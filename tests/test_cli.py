@@ -244,6 +244,21 @@ def test_subprocess_play_over_stdin():
     assert proc.stdout.rstrip().endswith("bye")  # stdin ran out in the second episode
 
 
+@pytest.mark.parametrize("environment", [{"PYTHONIOENCODING": "utf-8"}, {"LC_ALL": "C.UTF-8"}])
+def test_subprocess_play_takes_bytes_that_are_not_utf8(environment):
+    # Strict decoding (PYTHONIOENCODING=utf-8) used to crash on the line; a surrogateescape
+    # locale passed lone surrogates on to the env. Now the bad bytes arrive as U+FFFD.
+    answer = answer_for_seed(1)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "LC_ALL")}
+    stdin = b"<answer>ab\xff\xfe</answer>\n<answer>" + answer.encode() + b"</answer>\n"
+    proc = subprocess.run([sys.executable, "-m", "rftgym", "play", ENV_ID, "--seed", "0", "--episodes", "2"],
+                          input=stdin, capture_output=True, timeout=120, env={**env, **environment})
+    out = proc.stdout.decode("utf-8", "replace")
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+    assert "'answer': 'ab\ufffd\ufffd'" in out  # the first episode got the line, marked
+    assert "reward=1.000 terminated=True" in out  # and the next line still reached the second
+
+
 def test_console_script_lists_envs_and_reports_usage_errors():
     script = Path(sys.executable).with_name("rftgym")
     if not script.exists():
