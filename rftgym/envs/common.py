@@ -74,6 +74,23 @@ def chat_spaces(*, max_messages: int, longest_message: int, max_action_chars: in
     return observation, AssistantText(max_chars=max_action_chars)
 
 
+def check_reset_options(options: dict[str, Any], *, from_dataset: bool, dataset_options: tuple[str, ...] = ("task_index",),
+                        generator_options: tuple[str, ...] = ()) -> None:
+    """Refuse reset options the env would not read: an unknown name (a typo would otherwise be
+    ignored without a word) or one that does not apply to where its tasks come from (e.g. a
+    generator's ``difficulty`` while the env serves a dataset). The caller's mistake: ValueError."""
+    known = set(dataset_options) | set(generator_options)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown reset option(s) {unknown}; this env reads {sorted(known)}")
+    usable = set(dataset_options) if from_dataset else set(generator_options)
+    misplaced = sorted(set(options) - usable)
+    if misplaced:
+        source = "serves a dataset" if from_dataset else "generates its tasks"
+        raise ValueError(f"reset option(s) {misplaced} do not apply here: this env {source}, so it reads "
+                         f"{sorted(usable) or 'no options'}")
+
+
 def dataset_index(options: dict[str, Any], size: int, np_random, default: int | None = None) -> int:
     """The dataset item for this episode: ``options["task_index"]``, else ``default``, else a draw
     from the env's RNG. A bad index is the caller's mistake (ValueError), not the agent's."""

@@ -265,6 +265,8 @@ def test_hotpotqa_tasks_over_a_distractor_corpus():
     assert terminated and reward == 1.0 and info["success"]
     fixed, _ = env.reset(seed=1, options={"question_indices": [4, 7]})
     assert env.task.objectives == (env.pool[4], env.pool[7])
+    with pytest.raises(ValueError, match=r"\['hops'\] do not apply here: this env serves a dataset"):
+        env.reset(seed=1, options={"hops": 2})  # a generated world's option
 
 
 action_text = st.one_of(

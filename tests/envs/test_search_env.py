@@ -289,6 +289,8 @@ def test_hotpotqa_dataset(capsys):
     assert reward == 1.0 and terminated and info["segments"][0]["score"] == 8
     with pytest.raises(ValueError, match=r"task_index must be an int in \[0, 100\)"):
         env.reset(options={"task_index": 100})
+    with pytest.raises(ValueError, match=r"\['answerable', 'hops'\] do not apply here: this env serves a dataset"):
+        env.reset(options={"hops": 2, "answerable": False})
 
 
 @needs_qa_data

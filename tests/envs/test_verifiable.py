@@ -315,6 +315,18 @@ def test_bad_options_raise(options, message):
         make().reset(seed=0, options=options)
 
 
+def test_options_that_do_not_apply_or_do_not_exist_are_refused(dataset):
+    # Silently ignored before: a generator's kind/difficulty with a dataset, task_index without one, typos.
+    with pytest.raises(ValueError, match=r"\['difficulty', 'kind'\] do not apply here: this env serves a dataset, "
+                                         r"so it reads \['task_index'\]"):
+        make(dataset_path=dataset).reset(seed=0, options={"kind": "arithmetic", "difficulty": 2})
+    with pytest.raises(ValueError, match=r"\['task_index'\] do not apply here: this env generates its tasks"):
+        make().reset(seed=0, options={"task_index": 0})
+    with pytest.raises(ValueError, match=r"unknown reset option\(s\) \['difficuly'\]; this env reads "
+                                         r"\['difficulty', 'kind', 'task_index'\]"):
+        make().reset(seed=0, options={"difficuly": 3})
+
+
 def test_task_index_option_with_a_dataset(dataset):
     env = make(dataset_path=dataset)
     for index, task_id in enumerate(["mul", "cap", "big"]):

@@ -11,7 +11,7 @@ import pytest
 
 from rftgym.core.errors import DataFormatError
 from rftgym.envs.verifiable.tasks import (
-    DIFFICULTIES, GENERATORS, LETTERS, Task, generate_task, is_correct, load_tasks_jsonl, normalize_text,
+    COMPARISON_SIZES, DIFFICULTIES, GENERATORS, LETTERS, Task, generate_task, is_correct, load_tasks_jsonl, normalize_text,
     parse_number,
 )
 
@@ -64,7 +64,7 @@ def test_choices_are_unique_and_distractors_differ_from_the_answer():
     for t in (t for t in TASKS if t.choices):
         assert len(set(t.choices)) == len(t.choices), t
         assert t.choices.count(t.answer) == 1, t
-        expected = 3 + min(t.difficulty, 2) if t.kind == "comparison" else 4
+        expected = COMPARISON_SIZES[t.difficulty] if t.kind == "comparison" else 4
         assert len(t.choices) == expected, t
 
 
@@ -128,6 +128,17 @@ def test_comparison_answers_are_the_extreme_value():
         assert len(set(values.values())) == len(values), t  # no two choices with the same value
         pick = max if "largest" in t.question else min
         assert t.answer == pick(values, key=values.get), t
+
+
+def test_comparison_difficulties_differ():
+    # Difficulties 3-5 once drew the same numbers for the same seed.
+    for seed in range(10):
+        tasks = [generate_task(np.random.default_rng(seed), "comparison", d) for d in range(1, 6)]
+        assert len({t.choices for t in tasks}) == 5, tasks
+        assert [len(t.choices) for t in tasks] == [COMPARISON_SIZES[d] for d in range(1, 6)]
+    hardest = [generate_task(np.random.default_rng(s), "comparison", 5) for s in range(30)]
+    assert any(Fraction(c) < 0 for t in hardest for c in t.choices)  # signed at 5
+    assert all(abs(Fraction(c)) <= 2 for t in hardest for c in t.choices)  # and close together
 
 
 def test_generation_is_deterministic_under_the_seed():

@@ -67,7 +67,7 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
-from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
                       resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -286,6 +286,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         return None
 
     def _draw_task(self, seed: int | None, options: dict[str, Any]) -> CodeTask:
+        check_reset_options(options, from_dataset=self.dataset is not None, generator_options=("difficulty",))
         if self.dataset is None:
             from .tasks import generate_task
 

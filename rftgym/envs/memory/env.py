@@ -110,7 +110,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_step_call, render_context, resolve_config,
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, render_context, resolve_config,
                       summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
@@ -506,6 +506,8 @@ class MemoryQAEnv(gym.Env[Context, str]):
     # ------------------------------------------------------------------ helpers
 
     def _draw_task(self, options: dict[str, Any]) -> MemoryTask:
+        check_reset_options(options, from_dataset=self.pool is not None,
+                            dataset_options=("question_indices", "objectives"), generator_options=("objectives", "hops"))
         if self.pool is not None:
             indices = options.get("question_indices")
             if indices is None:

@@ -88,7 +88,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
                       resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
@@ -370,6 +370,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
     # ------------------------------------------------------------------ helpers
 
     def _draw_question(self, options: dict[str, Any]) -> Question:
+        check_reset_options(options, from_dataset=self.questions is not None, generator_options=("hops", "answerable"))
         if self.questions is not None:
             return self.questions[dataset_index(options, len(self.questions), self.np_random)]
         hops = options.get("hops")

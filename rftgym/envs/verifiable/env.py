@@ -30,7 +30,8 @@ Info keys
 
 Options to ``reset``
     ``task_index`` picks a task of a loaded dataset; ``kind`` and ``difficulty`` override the
-    generator's draw for this episode.
+    generator's draw for this episode. An option that does not apply to where the tasks come
+    from, or an unknown one, raises ValueError.
 
 Version history
     v0: first version.
@@ -46,7 +47,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_step_call, dataset_index, render_context,
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
                       resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
@@ -212,6 +213,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
     # ------------------------------------------------------------------ helpers
 
     def _draw_task(self, options: dict[str, Any]) -> Task:
+        check_reset_options(options, from_dataset=self.dataset is not None, generator_options=("kind", "difficulty"))
         if self.dataset is not None:
             return self.dataset[dataset_index(options, len(self.dataset), self.np_random)]
         kinds, difficulties = self.config.kinds, self.config.difficulties

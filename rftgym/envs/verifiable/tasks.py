@@ -206,14 +206,23 @@ def _weekday(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple
     return question, answer, choices
 
 
+# Per difficulty: how many numbers to compare, and for 3-5 the fractions they are drawn from
+# (largest denominator; numerators span +-spread around 0, or 1..spread when positive only).
+COMPARISON_SIZES = {1: 3, 2: 4, 3: 4, 4: 5, 5: 6}
+_FRACTIONS = {3: (8, 15, False), 4: (12, 25, False), 5: (16, 2, True)}
+
+
 def _comparison(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
-    n = 3 + min(difficulty, 2)
+    n = COMPARISON_SIZES[max(1, min(difficulty, 5))]
     if difficulty >= 3:
         # Fractions and decimals make the comparison non-trivial; values are read back from the
-        # labels so that a rounded decimal is compared as shown.
+        # labels so that a rounded decimal is compared as shown. At 5 the values are signed and
+        # lie within 2 of 0, so they are close together.
+        max_den, spread, signed = _FRACTIONS[min(difficulty, 5)]
         labels: list[str] = []
         while len(labels) < n:
-            num, den = int(rng.integers(1, 20)), int(rng.integers(2, 12))
+            den = int(rng.integers(2, max_den + 1))
+            num = int(rng.integers(-spread * den, spread * den + 1)) if signed else int(rng.integers(1, spread + 1))
             if num % den == 0:
                 continue
             label = f"{num}/{den}" if rng.random() < 0.6 else f"{num / den:.3f}".rstrip("0").rstrip(".")
