@@ -7,8 +7,9 @@ pre-imports common stdlib modules, then serves one run at a time:
 - host -> zygote: the one byte ``CONTROL`` with four fds attached (SCM_RIGHTS): a sealed memfd
   holding the JSON request ``{"files", "argv", "script", "rlimits"}``, then the run's stdin (a
   memfd), stdout and stderr.
-- zygote -> host: one fixed-size ``REPORT`` per run, ``(DONE, wait status, dirty)``, sent once
-  the jail is clean again (``dirty`` indexes ``DIRTY``; 0: clean); ``(READY, 0, 0)`` once at start.
+- zygote -> host: two fixed-size ``REPORT``s per run: ``(EXITED, wait status, 0)`` as soon as the
+  program has exited (the run's wall time ends there), then ``(CLEANED, 0, dirty)`` once the jail
+  is clean again (``dirty`` indexes ``DIRTY``; 0: clean); ``(READY, 0, 0)`` once at start.
 
 The zygote never holds a run's data: every later run is forked from it, and freed memory is not
 zeroed, so whatever it had read (say the reference solution) a later run could find in its own
@@ -54,7 +55,7 @@ PR_SET_DUMPABLE = 4
 CLEAN_SECONDS = 2.0
 CONTROL = b"R"                    # host -> zygote, with the request, stdin, stdout and stderr fds
 REPORT = struct.Struct("!4sii")   # zygote -> host: tag, wait status, index into DIRTY
-READY, DONE = b"redy", b"done"
+READY, EXITED, CLEANED = b"redy", b"exit", b"done"
 DIRTY = (None, "processes survive the run", "a writable dir is not clean after the wipe",
          "could not wipe a writable dir", "SysV IPC objects left", "keys were added",
          "the wipe did not finish in time", "the wipe failed")
@@ -77,8 +78,8 @@ def main(control_fd: int) -> None:
         fds = receive(sock)
         if fds is None:
             return   # the host closed the socket (or died): the namespace dies with us
-        status = run_one(fds, sock, libc)
-        send(sock, DONE, status, clean(baseline))
+        send(sock, EXITED, run_one(fds, sock, libc), 0)
+        send(sock, CLEANED, 0, clean(baseline))
 
 
 def send(sock: socket.socket, tag: bytes, status: int, dirty: int) -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .jail_server import CONTROL, DIRTY, DONE, READY, REPORT
+from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT
 from .sandbox import PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ MB = 1 << 20
 RECYCLE_AFTER = 200   # runs per warm jail before it is replaced anyway
 START_SECONDS = 30.0  # for a warm jail to start and report ready
 DRAIN_SECONDS = 0.5   # for the output pipes to close once the zygote has reported a clean jail
+# After the program exits, how long the zygote may take to clean the jail (its own limit is
+# CLEAN_SECONDS); not part of the run's wall time.
+CLEANUP_WAIT_SECONDS = CLEAN_SECONDS + 3.0
 ZYGOTE_SOURCE = (Path(__file__).parent / "jail_server.py").read_text(encoding="utf-8")
 
 # spawn(disk_mb, keep, zygote_fd, info_fd) -> the started bwrap process. ``keep`` holds fds the
@@ -244,8 +247,9 @@ class WarmJail:
                 close_fd(fd)
 
     def _collect(self, out_r: int, err_r: int, limits: SandboxLimits, started: float) -> WarmOutcome:
-        """Read both outputs (capped) and the zygote's report, until both pipes close after the
-        report, or the wall limit, or the cap."""
+        """Read both outputs (capped) and the zygote's two reports, until both pipes close after the
+        jail is reported clean, or the wall limit (which ends when the program exits, not when the
+        jail is clean), or the cap."""
         streams = {out_r: bytearray(), err_r: bytearray()}
         sock = self.sock.fileno()
         poller = select.poll()
@@ -254,34 +258,49 @@ class WarmJail:
                 os.set_blocking(fd, False)
             poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         open_fds = {out_r, err_r, sock}
-        deadline = started + limits.wall_seconds
         cap = limits.output_bytes
-        status = dirty = reported_at = None
+        status = dirty = exited_at = cleaned_at = None
         timed_out = truncated = False
-        while open_fds - {sock} or (reported_at is None and sock in open_fds):
+        while open_fds - {sock} or (cleaned_at is None and sock in open_fds):
             now = time.monotonic()
-            if reported_at is not None and now - reported_at > DRAIN_SECONDS:
-                dirty = dirty or "the output pipes stayed open after the run"
-                break
-            if reported_at is None and now >= deadline:
-                timed_out = True
-                break
-            for fd, chunk in read_ready(poller, open_fds, min(deadline - now, 0.05)):
+            if exited_at is None:
+                until = started + limits.wall_seconds
+                if now >= until:
+                    timed_out = True
+                    break
+            elif cleaned_at is None:
+                until = exited_at + CLEANUP_WAIT_SECONDS
+                if now >= until:
+                    dirty = dirty or "the jail was not reported clean in time"
+                    break
+            else:
+                until = cleaned_at + DRAIN_SECONDS
+                if now >= until:
+                    dirty = dirty or "the output pipes stayed open after the run"
+                    break
+            for fd, chunk in read_ready(poller, open_fds, min(until - now, 0.05)):
                 if not chunk:
-                    if fd == sock and reported_at is None:   # the zygote died: the namespace with it
-                        reported_at, dirty = time.monotonic(), "the zygote died"
+                    if fd == sock and cleaned_at is None:   # the zygote died: the namespace with it
+                        exited_at = exited_at or time.monotonic()
+                        cleaned_at, dirty = time.monotonic(), dirty or "the zygote died"
                 elif fd == sock:
                     self._report += chunk
-                    report = self._take_report()
-                    if report is not None and reported_at is None:
-                        reported_at = time.monotonic()
-                        status, dirty = _parse_report(report)
+                    while (report := self._take_report()) is not None:
+                        if exited_at is None:
+                            exited_at = time.monotonic()
+                            status, problem = _parse_report(report, EXITED)
+                        else:
+                            _, problem = _parse_report(report, CLEANED if cleaned_at is None else b"")
+                            cleaned_at = cleaned_at or time.monotonic()
+                        dirty = dirty or problem
+                        if problem:   # a zygote that breaks protocol is not waited for
+                            cleaned_at = cleaned_at or time.monotonic()
                 else:
                     streams[fd] += chunk
                     truncated = truncated or len(streams[fd]) > cap
             if truncated:
                 break
-        wall = (reported_at or time.monotonic()) - started
+        wall = (exited_at or time.monotonic()) - started
         out, err = (bytes(b[:cap]) for b in streams.values())
         return WarmOutcome(status, out, err, timed_out, truncated, dirty, wall)
 
@@ -304,16 +323,17 @@ class WarmJail:
             self.pidfd = None
 
 
-def _parse_report(report: bytes) -> tuple[int | None, str | None]:
-    """(wait status, why the jail is dirty or None), distrusting the zygote."""
+def _parse_report(report: bytes, expected: bytes) -> tuple[int | None, str | None]:
+    """(wait status, why the jail is dirty or None) from an ``expected`` report (EXITED: the
+    program's wait status; CLEANED: what is off), distrusting the zygote."""
     tag, status, dirty = REPORT.unpack(report)
     try:
         os.waitstatus_to_exitcode(status)
     except ValueError:
         return None, f"bad report {report!r}"
-    if tag != DONE or not 0 <= dirty < len(DIRTY):
+    if tag != expected or not 0 <= dirty < len(DIRTY) or (tag == EXITED and dirty):
         return None, f"bad report {report!r}"
-    return status, DIRTY[dirty]
+    return (status if tag == EXITED else None), DIRTY[dirty]
 
 
 # -- fd and process helpers, shared with the cold path ---------------------------------------

@@ -419,12 +419,98 @@ def test_a_dirty_run_recycles_the_jail(warm, source):
 
 
 def test_a_garbled_zygote_report_means_no_status_and_a_new_jail():
-    from rftgym.envs.code.jail_server import DONE, REPORT
-    assert sandbox_warm._parse_report(REPORT.pack(DONE, 3 << 8, 0)) == (3 << 8, None)
-    assert sandbox_warm._parse_report(REPORT.pack(DONE, 0, 4)) == (0, "SysV IPC objects left")
-    for garbled in (REPORT.pack(b"redy", 0, 0), REPORT.pack(DONE, 0, 99), REPORT.pack(DONE, -1, 0)):
-        status, dirty = sandbox_warm._parse_report(garbled)
+    from rftgym.envs.code.jail_server import CLEANED, EXITED, REPORT
+    assert sandbox_warm._parse_report(REPORT.pack(EXITED, 3 << 8, 0), EXITED) == (3 << 8, None)
+    assert sandbox_warm._parse_report(REPORT.pack(CLEANED, 0, 0), CLEANED) == (None, None)
+    assert sandbox_warm._parse_report(REPORT.pack(CLEANED, 0, 4), CLEANED) == (None, "SysV IPC objects left")
+    for garbled, expected in ((REPORT.pack(b"redy", 0, 0), EXITED), (REPORT.pack(CLEANED, 0, 0), EXITED),
+                              (REPORT.pack(EXITED, 0, 0), CLEANED), (REPORT.pack(EXITED, 0, 3), EXITED),
+                              (REPORT.pack(CLEANED, 0, 99), CLEANED), (REPORT.pack(EXITED, -1, 0), EXITED)):
+        status, dirty = sandbox_warm._parse_report(garbled, expected)
         assert status is None and dirty.startswith("bad report"), garbled
+
+
+class FakeZygote:
+    """The zygote's end of a warm jail's socket, driven by the test: the host side is a real
+    WarmJail, collecting a run whose reports arrive when the test sends them."""
+
+    def __init__(self):
+        self.host_end, self.end = socket.socketpair()
+        self.host_end.setblocking(False)
+        self.jail = sandbox_warm.WarmJail(proc=None, sock=self.host_end, disk_mb=16)
+        self.out_r, self.out_w = os.pipe()
+        self.err_r, self.err_w = os.pipe()
+
+    def collect_in_background(self, wall_seconds: float):
+        result = {}
+        started = time.monotonic()
+        thread = threading.Thread(target=lambda: result.update(outcome=self.jail._collect(
+            self.out_r, self.err_r, SandboxLimits(wall_seconds=wall_seconds, cpu_seconds=wall_seconds), started)))
+        thread.start()
+        return thread, result
+
+    def report(self, tag: bytes, status: int = 0, dirty: int = 0) -> None:
+        from rftgym.envs.code.jail_server import REPORT
+        self.end.sendall(REPORT.pack(tag, status, dirty))
+
+    def close_pipes(self) -> None:
+        os.close(self.out_w)
+        os.close(self.err_w)
+
+    def close(self) -> None:
+        for fd in (self.out_r, self.err_r):
+            os.close(fd)
+        self.end.close()
+        self.host_end.close()
+
+
+def test_the_wall_limit_ends_when_the_program_exits_not_when_the_jail_is_clean():
+    # The program exits after 0.2 s; the cleanup takes 1.3 s more, past the 1 s wall limit. That
+    # used to be reported as a timeout; the run's wall time is 0.2 s and it finished.
+    from rftgym.envs.code.jail_server import CLEANED, EXITED
+    fake = FakeZygote()
+    try:
+        thread, result = fake.collect_in_background(wall_seconds=1.0)
+        os.write(fake.out_w, b"done\n")
+        time.sleep(0.2)
+        fake.report(EXITED, 0)
+        time.sleep(1.3)
+        fake.close_pipes()  # the cleanup killed whatever still held the pipes
+        fake.report(CLEANED, 0, 0)
+        thread.join(10)
+        outcome = result["outcome"]
+        assert not outcome.timed_out and outcome.status == 0 and outcome.dirty is None, outcome
+        assert outcome.stdout == b"done\n" and 0.15 < outcome.wall < 0.6, outcome
+    finally:
+        fake.close()
+
+
+def test_a_program_still_running_at_the_wall_limit_times_out():
+    fake = FakeZygote()
+    try:
+        thread, result = fake.collect_in_background(wall_seconds=0.5)
+        thread.join(10)
+        outcome = result["outcome"]
+        assert outcome.timed_out and outcome.status is None and outcome.wall >= 0.5, outcome
+    finally:
+        fake.close_pipes()
+        fake.close()
+
+
+def test_a_jail_never_reported_clean_is_dirty_but_the_run_counts(monkeypatch):
+    from rftgym.envs.code.jail_server import EXITED
+    monkeypatch.setattr(sandbox_warm, "CLEANUP_WAIT_SECONDS", 0.5)
+    fake = FakeZygote()
+    try:
+        thread, result = fake.collect_in_background(wall_seconds=5.0)
+        fake.report(EXITED, 1 << 8)
+        thread.join(10)
+        outcome = result["outcome"]
+        assert not outcome.timed_out and outcome.status == 1 << 8, outcome
+        assert outcome.dirty == "the jail was not reported clean in time", outcome
+    finally:
+        fake.close_pipes()
+        fake.close()
 
 
 def test_jails_are_recycled_every_n_runs(warm, monkeypatch):
