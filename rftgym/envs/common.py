@@ -78,7 +78,9 @@ def check_reset_options(options: dict[str, Any], *, from_dataset: bool, dataset_
                         generator_options: tuple[str, ...] = ()) -> None:
     """Refuse reset options the env would not read: an unknown name (a typo would otherwise be
     ignored without a word) or one that does not apply to where its tasks come from (e.g. a
-    generator's ``difficulty`` while the env serves a dataset). The caller's mistake: ValueError."""
+    generator's ``difficulty`` while the env serves a dataset). An option set to None counts as
+    absent (the env draws it). The caller's mistake: ValueError."""
+    options = {name: value for name, value in options.items() if value is not None}
     known = set(dataset_options) | set(generator_options)
     unknown = sorted(set(options) - known)
     if unknown:

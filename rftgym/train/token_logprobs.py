@@ -20,9 +20,10 @@ linear + log-softmax autograd function:
   matmuls give the gradients of ``h`` and of ``W``.
 
 Models whose logits are more than ``h @ W.T`` are covered by a :class:`LogitTransform` (read from
-the model's config by :func:`logit_transform`): a scale (Cohere's ``logit_scale``, Granite's
-``1 / logits_scaling``) and a soft cap (Gemma 2/3's ``cap * tanh(logits / cap)``), both applied
-inside the two fused passes.
+the model's config by :func:`logit_transform`): a scale (Cohere's ``logit_scale``), a divisor
+(Granite's ``logits_scaling``) and a soft cap (Gemma 2/3's ``cap * tanh(logits / cap)``), applied
+to each chunk's logits op for op as the model does (in bfloat16 under autocast, so the numbers
+round alike), with the chain rule through it in the backward pass.
 
 Compared with checkpointing the chunk's autograd graph (what this replaced), the backward pass
 no longer re-runs the forward's float32 elementwise chain, and on CUDA the two elementwise
@@ -44,24 +45,43 @@ from ..core.errors import ConfigError
 
 @dataclass(frozen=True)
 class LogitTransform:
-    """What a model does to ``hidden @ W.T`` before its softmax: ``scale * l``, then, with a
-    ``softcap``, ``softcap * tanh(scale * l / softcap)``."""
+    """What a model does to ``l = hidden @ W.T`` before its softmax, in this order and, as the
+    model does it, in the logits' own dtype: ``l * scale``, ``/ divisor``, then with a ``softcap``
+    ``softcap * tanh(z / softcap)``."""
 
     scale: float = 1.0
+    divisor: float = 1.0
     softcap: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.scale > 0:
-            raise ConfigError(f"a logit scale must be > 0, got {self.scale}")
+        if not self.scale > 0 or not self.divisor > 0:
+            raise ConfigError(f"a logit scale and divisor must be > 0, got {self.scale} and {self.divisor}")
         if self.softcap is not None and not self.softcap > 0:
             raise ConfigError(f"a logit soft cap must be > 0 (or None), got {self.softcap}")
 
-    def score_coefficients(self, temperature: float) -> tuple[float, float]:
-        """``(inner, outer)`` such that the sampling scores are ``s = outer * tanh(inner * l)``
-        with the cap, or ``s = inner * outer * l`` without."""
+    @property
+    def is_identity(self) -> bool:
+        return self.scale == 1.0 and self.divisor == 1.0 and self.softcap is None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The transformed logits, op for op as the model computes them (so in bfloat16 they round
+        the same way, and training sees the probabilities the rollout sampled from)."""
+        z = logits
+        if self.scale != 1.0:
+            z = z * self.scale
+        if self.divisor != 1.0:
+            z = z / self.divisor
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+    def derivative(self, transformed: torch.Tensor) -> torch.Tensor | float:
+        """``dz/dl`` (float32), from the transformed logits ``z``; a number when it is constant."""
+        factor = self.scale / self.divisor
         if self.softcap is None:
-            return self.scale, 1.0 / temperature
-        return self.scale / self.softcap, self.softcap / temperature
+            return factor
+        tanh = transformed.float() / self.softcap
+        return (1.0 - tanh * tanh) * factor
 
 
 IDENTITY = LogitTransform()
@@ -73,8 +93,8 @@ def logit_transform(model_config) -> LogitTransform:
     Read from ``final_logit_softcapping`` (Gemma 2/3 and others: ``cap * tanh(l / cap)``),
     ``logit_scale`` (Cohere: ``l * logit_scale``) and ``logits_scaling`` (Granite: ``l /
     logits_scaling``; HyperCLOVA X multiplies by it instead). Training checks the result against
-    the model's own logits once (:func:`rftgym.train.loop.prepare_model`), so a family that reads
-    these names differently is refused rather than trained on the wrong probabilities.
+    the model's own logits once (:func:`rftgym.train.loop.check_training_logprobs`), so a family
+    that reads these names differently is refused rather than trained on the wrong probabilities.
     """
     def number(name):
         value = getattr(model_config, name, None)
@@ -82,44 +102,37 @@ def logit_transform(model_config) -> LogitTransform:
 
     softcap = number("final_logit_softcapping") or None  # 0 means off in some configs
     scale = number("logit_scale") or 1.0
-    scaling = number("logits_scaling")
-    if scaling:
-        multiplies = getattr(model_config, "model_type", "") == "hyperclovax"
-        scale *= scaling if multiplies else 1.0 / scaling
-    return LogitTransform(scale=scale, softcap=softcap)
+    divisor = number("logits_scaling") or 1.0
+    if getattr(model_config, "model_type", "") == "hyperclovax":
+        scale, divisor = scale * divisor, 1.0
+    return LogitTransform(scale=scale, divisor=divisor, softcap=softcap)
 
 
-def _scores(logits: torch.Tensor, inner: float, outer: float, capped: bool) -> torch.Tensor:
+def _scores(logits: torch.Tensor, inv_temperature: float) -> torch.Tensor:
     scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if capped:
-        return torch.tanh(scores * inner) * outer
-    factor = inner * outer
-    return scores if factor == 1.0 else scores * factor
+    return scores if inv_temperature == 1.0 else scores * inv_temperature
 
 
-def logit_statistics(logits: torch.Tensor, targets: torch.Tensor, inner: float, outer: float, capped: bool,
+def logit_statistics(logits: torch.Tensor, targets: torch.Tensor, inv_temperature: float,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(log p[target], log-sum-exp, entropy)`` of ``softmax(s)``, ``s = _scores(logits, ...)``
-    (see :meth:`LogitTransform.score_coefficients`), per row, in float32 (float64 stays float64)."""
-    scores = _scores(logits, inner, outer, capped)
+    """``(log p[target], log-sum-exp, entropy)`` of ``softmax(logits * inv_temperature)``, per
+    row, in float32 (float64 stays float64)."""
+    scores = _scores(logits, inv_temperature)
     logp = torch.log_softmax(scores, dim=-1)
-    index = targets.unsqueeze(-1)
-    target_logp = logp.gather(-1, index).squeeze(-1)
-    lse = scores.gather(-1, index).squeeze(-1) - target_logp  # log p_t = s_t - lse, for any column t
+    target_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # log p_v = s_v - lse in every column; the most likely one has log p near 0, so nothing cancels.
+    lse = scores.amax(dim=-1) - logp.amax(dim=-1)
     # H = -sum_v p_v log p_v, as a batched dot product (no third [rows, V] temporary)
     entropy = -torch.bmm(torch.exp(logp).unsqueeze(1), logp.unsqueeze(2)).view(-1)
     return target_logp, lse, entropy
 
 
 def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
-                   grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None, inner: float, outer: float,
-                   capped: bool) -> torch.Tensor:
+                   grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None, inv_temperature: float,
+                   ) -> torch.Tensor:
     """``dL/dlogits`` (in the logits' dtype) from the upstream gradients of the target log-probs
-    and of the entropies (``None``: the entropies are not in the loss). See the module docstring;
-    the chain rule through the scores adds ``ds/dl = inner * outer`` (times ``1 - tanh^2`` with
-    the cap)."""
-    scores = _scores(logits, inner, outer, capped)
-    logp = scores - lse.unsqueeze(-1)
+    and of the entropies (``None``: the entropies are not in the loss). See the module docstring."""
+    logp = _scores(logits, inv_temperature) - lse.unsqueeze(-1)
     if grad_entropy is None:
         weight = grad_logp.unsqueeze(-1)  # dL/ds = g * (onehot - p)
     else:
@@ -127,11 +140,8 @@ def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tenso
         weight = torch.addcmul((grad_logp + grad_entropy * entropy).unsqueeze(-1), grad_entropy.unsqueeze(-1), logp)
     grad = logp.exp_().mul_(weight).neg_()  # logp's storage becomes -p * weight
     grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1).to(grad.dtype))
-    if capped:
-        tanh = scores / outer
-        grad.mul_(1.0 - tanh * tanh).mul_(inner * outer)
-    elif inner * outer != 1.0:
-        grad.mul_(inner * outer)
+    if inv_temperature != 1.0:
+        grad.mul_(inv_temperature)
     return grad.to(logits.dtype)
 
 
@@ -178,22 +188,24 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 class _FusedTokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, coefficients: tuple[float, float, bool], chunk_size: int):
+    def forward(ctx, hidden, weight, targets, transform: LogitTransform, inv_temperature: float, chunk_size: int):
         compute_dtype = _compute_dtype(hidden, weight)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             results = [
-                _pass("statistics", hidden.device, h.to(compute_dtype) @ w.t(), t, *coefficients)
+                _pass("statistics", hidden.device, transform.apply(h.to(compute_dtype) @ w.t()), t, inv_temperature)
                 for h, t in zip(torch.split(hidden, chunk_size), torch.split(targets, chunk_size))
             ]
         logp, lse, entropy = (torch.cat(parts) for parts in zip(*results))
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         # An unused entropy then arrives as None, and its gradient term is skipped.
         ctx.set_materialize_grads(False)
-        ctx.coefficients, ctx.chunk_size, ctx.compute_dtype = coefficients, chunk_size, compute_dtype
+        ctx.transform, ctx.inv_temperature = transform, inv_temperature
+        ctx.chunk_size, ctx.compute_dtype = chunk_size, compute_dtype
         return logp, entropy
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -209,9 +221,12 @@ class _FusedTokenLogprobs(torch.autograd.Function):
             for start in range(0, hidden.shape[0], size):
                 rows = slice(start, start + size)
                 h = hidden[rows].to(dtype)
-                grad_logits = _pass("gradient", hidden.device, h @ w.t(), targets[rows], lse[rows], entropy[rows],
+                transformed = ctx.transform.apply(h @ w.t())
+                grad_logits = _pass("gradient", hidden.device, transformed, targets[rows], lse[rows], entropy[rows],
                                     grad_logp[rows], None if grad_entropy is None else grad_entropy[rows],
-                                    *ctx.coefficients)
+                                    ctx.inv_temperature)
+                if not ctx.transform.is_identity:  # the chain rule through the model's transform
+                    grad_logits = (grad_logits.float() * ctx.transform.derivative(transformed)).to(dtype)
                 if need_hidden:
                     grad_hidden[rows] = grad_logits @ w
                 if need_weight:
@@ -221,7 +236,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
                         grad_weight += grad_logits.t() @ h
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -267,7 +282,6 @@ def chunked_token_logprobs(
         return empty, (empty.clone() if with_entropy else None)
     flat_hidden = hidden.reshape(batch * seq, -1)
     flat_targets = targets.reshape(-1).long()
-    inner, outer = transform.score_coefficients(temperature)
-    coefficients = (inner, outer, transform.softcap is not None)
-    logp, entropy = _FusedTokenLogprobs.apply(flat_hidden, weight, flat_targets, coefficients, chunk_size)
+    logp, entropy = _FusedTokenLogprobs.apply(flat_hidden, weight, flat_targets, transform, 1.0 / temperature,
+                                              chunk_size)
     return logp.view(batch, seq), (entropy.view(batch, seq) if with_entropy else None)

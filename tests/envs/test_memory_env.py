@@ -267,6 +267,8 @@ def test_hotpotqa_tasks_over_a_distractor_corpus():
     assert env.task.objectives == (env.pool[4], env.pool[7])
     with pytest.raises(ValueError, match=r"\['hops'\] do not apply here: this env serves a dataset"):
         env.reset(seed=1, options={"hops": 2})  # a generated world's option
+    with pytest.raises(ValueError, match="question_indices .* or objectives .*, not both"):
+        env.reset(seed=1, options={"question_indices": [4, 7], "objectives": 3})
 
 
 action_text = st.one_of(

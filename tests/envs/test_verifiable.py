@@ -325,6 +325,8 @@ def test_options_that_do_not_apply_or_do_not_exist_are_refused(dataset):
     with pytest.raises(ValueError, match=r"unknown reset option\(s\) \['difficuly'\]; this env reads "
                                          r"\['difficulty', 'kind', 'task_index'\]"):
         make().reset(seed=0, options={"difficuly": 3})
+    # None means "draw it", as before
+    assert make(dataset_path=dataset).reset(seed=0, options={"kind": None, "difficulty": None})[1]["task_id"]
 
 
 def test_task_index_option_with_a_dataset(dataset):

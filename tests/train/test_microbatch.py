@@ -50,6 +50,10 @@ def test_microbatches_give_the_same_update_as_one_pass(algo, aggregation):
     assert full_stats["updates"] == micro_stats["updates"] == 1
     assert micro_stats["loss"] == pytest.approx(full_stats["loss"], rel=1e-4, abs=1e-6)
     assert micro_stats["grad_norm"] == pytest.approx(full_stats["grad_norm"], rel=1e-4)
+    # The reported means are the minibatch's too (they were summed under constant_normalizer).
+    for key in ("pg_loss", "entropy", "clip_fraction", "approx_kl", "ratio_mean"):
+        if key in full_stats:
+            assert micro_stats[key] == pytest.approx(full_stats[key], rel=1e-4, abs=1e-6), key
     moved = max((full[n] - base.state_dict()[n]).abs().max() for n in full)
     assert moved > 0  # the update did something, so the comparison below means something
     for name in full:

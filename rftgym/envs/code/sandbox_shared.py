@@ -5,11 +5,12 @@ warm jail per worker; the docker backend holds a client and an image. ``rftgym e
 16`` makes 16 envs, and with a sandbox each that was 16 probes and up to 32 idle jails competing
 for the same cores. :func:`shared_sandbox` instead hands each env a :class:`SandboxView` of one
 sandbox per backend: the view carries the env's own limits (every program it runs gets them,
-unless the program names its own) and closing it releases the env's share. The last release
-closes the sandbox, and the next env makes a fresh one.
+unless the program names its own) and closing it (or dropping it) releases the env's share. The
+last release closes the sandbox, and the next env makes a fresh one.
 
 A forked child (e.g. a subprocess vector env) never uses the parent's sandbox: its jails' sockets
-and threads belong to the parent. The registry is keyed by process id.
+and threads belong to the parent. The registry is keyed by process id and starts afresh in a
+child (with a fresh lock, in case another thread held it at the fork).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 
+from ...core.errors import ConfigError
 from .sandbox import (
     ExecResult,
     Program,
@@ -32,13 +35,41 @@ _lock = threading.Lock()
 _shared: dict[tuple[int, str], list] = {}  # (pid, backend) -> [sandbox, number of open views]
 
 
+def _forget_after_fork() -> None:
+    # A child forked while another thread held the lock (say, starting a sandbox) would wait for
+    # it forever; and the parent's sandboxes are not the child's to use. Start afresh.
+    global _lock
+    _lock = threading.Lock()
+    _shared.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _release(key: tuple[int, str], inner: Sandbox) -> None:
+    """Give back one share of ``inner``; the last one closes it."""
+    with _lock:
+        entry = _shared.get(key)
+        if entry is None or entry[0] is not inner:
+            return
+        entry[1] -= 1
+        last = entry[1] == 0
+        if last:
+            del _shared[key]
+    if last:
+        inner.close()
+
+
 class SandboxView(Sandbox):
-    """A share of a process-wide sandbox, with its own limits. Closing it releases the share."""
+    """A share of a process-wide sandbox, with its own limits. Closing it (or dropping it)
+    releases the share."""
 
     def __init__(self, inner: Sandbox, key: tuple[int, str], limits: SandboxLimits | None):
         super().__init__(limits=limits, workers=inner.workers)
-        self.inner, self._key = inner, key
+        self.inner = inner
         self.name, self.isolation = inner.name, inner.isolation
+        # Runs once: on close(), or when the view is garbage-collected without one.
+        self._release = weakref.finalize(self, _release, key, inner)
 
     def _limited(self, program: Program) -> Program:
         return program if program.limits is not None else dataclasses.replace(program, limits=self.limits)
@@ -56,18 +87,8 @@ class SandboxView(Sandbox):
             raise SandboxError(f"this {self.name} sandbox is closed; make a new one")
 
     def close(self) -> None:
-        with _lock:
-            if self._closed:
-                return
-            self._closed = True
-            entry = _shared.get(self._key)
-            last = entry is not None and entry[0] is self.inner and entry[1] == 1
-            if entry is not None and entry[0] is self.inner:
-                entry[1] -= 1
-                if last:
-                    del _shared[self._key]
-        if last:
-            self.inner.close()
+        self._closed = True
+        self._release()
 
 
 def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None) -> SandboxView:
@@ -76,6 +97,8 @@ def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = Non
         from .sandbox_docker import docker_reachable
 
         backend = "docker" if docker_reachable() else "local"
+    if limits is not None and not isinstance(limits, SandboxLimits):
+        raise ConfigError(f"limits must be a SandboxLimits or None, got {limits!r}")
     key = (os.getpid(), backend)
     with _lock:
         entry = _shared.get(key)
@@ -83,7 +106,11 @@ def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = Non
             # Made under the lock so that envs built on several threads at once share one.
             entry = _shared[key] = [make_sandbox(backend), 0]
         entry[1] += 1
+    try:
         return SandboxView(entry[0], key, limits)
+    except BaseException:
+        _release(key, entry[0])
+        raise
 
 
 def open_shares(backend: str) -> int:

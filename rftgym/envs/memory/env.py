@@ -510,6 +510,9 @@ class MemoryQAEnv(gym.Env[Context, str]):
                             dataset_options=("question_indices", "objectives"), generator_options=("objectives", "hops"))
         if self.pool is not None:
             indices = options.get("question_indices")
+            if indices is not None and options.get("objectives") is not None:
+                raise ValueError("give question_indices (the questions themselves) or objectives (how many to "
+                                 "draw), not both")
             if indices is None:
                 objectives = self._option_int(options, "objectives", self.config.objectives, 1, 20)
                 indices = draw_indices(self.np_random, len(self.pool), objectives)

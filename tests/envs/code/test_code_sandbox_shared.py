@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import gymnasium as gym
 import pytest
 
 import rftgym  # noqa: F401  (registers the envs)
+from rftgym.core.errors import ConfigError
 from rftgym.envs.code import sandbox_shared
 from rftgym.envs.code.sandbox import Program, SandboxError, SandboxLimits
 from rftgym.envs.code.sandbox_shared import open_shares, shared_sandbox
@@ -74,3 +79,58 @@ def test_code_envs_share_one_sandbox(monkeypatch):
         for env in envs:
             env.close()
     assert open_shares("local") == 0
+
+
+def test_bad_limits_take_no_share():
+    with pytest.raises(ConfigError, match="limits must be a SandboxLimits"):
+        shared_sandbox("local", limits={"wall_seconds": 1})
+    assert open_shares("local") == 0
+
+
+def test_a_dropped_view_gives_its_share_back():
+    import gc
+
+    view = shared_sandbox("local")
+    inner = view.inner
+    assert open_shares("local") == 1
+    del view
+    gc.collect()
+    assert open_shares("local") == 0 and inner._closed
+
+
+def test_a_child_forked_while_a_sandbox_starts_can_make_its_own(monkeypatch):
+    # Another thread holds the registry's lock (starting a sandbox) when this one forks.
+    started, release = threading.Event(), threading.Event()
+    real = sandbox_shared.make_sandbox
+
+    def slow(backend):
+        started.set()
+        release.wait(10)
+        return real(backend)
+
+    monkeypatch.setattr(sandbox_shared, "make_sandbox", slow)
+    thread = threading.Thread(target=lambda: shared_sandbox("local").close())
+    thread.start()
+    try:
+        assert started.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: a fresh registry and lock, so this returns instead of hanging
+            code = 1
+            try:
+                monkeypatch.undo()
+                view = shared_sandbox("local")
+                code = 0 if view.run(Program(files={"main.py": "print(2)"})).ok else 2
+                view.close()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the registry's lock")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        thread.join(30)
