@@ -292,7 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed, save_every=args.save_every, rollout_batch_size=args.rollout_batch_size,
         parallelism=args.parallelism, compile={"auto": None, "on": True, "off": False}[args.compile],
         checkpoint_mlp={"auto": None, "on": True, "off": False}[args.checkpoint_mlp],
-        microbatch_size=args.microbatch_size,
+        microbatch_size=args.microbatch_size, dtype=None if args.dtype == "auto" else args.dtype,
     )
     try:
         config = TrainConfig(**settings)
@@ -388,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--epochs", type=int, default=1, help="passes over each step's samples")
     p.add_argument("--minibatch-size", type=int, default=16)
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="the model's weights (auto: float32, with bfloat16 autocast on CUDA; a 16-bit dtype "
+                        "keeps float32 master weights in the optimizer)")
     p.add_argument("--microbatch-size", type=int, default=0,
                    help="gradient accumulation: forward/backward this many samples at a time (0 = the whole minibatch)")
     p.add_argument("--rollout-batch-size", type=int, default=32)

@@ -77,8 +77,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         with torch.no_grad(), autocast():
             batch_logprobs(model, {k: v.to(policy.device) for k, v in padding_batch(policy.pad_id).items()}, config)
         model.reshard()
+    # 16-bit weights get float32 master copies in the optimizer (FSDP has its own mixed precision).
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
-                               fused=not fsdp)
+                               fused=not fsdp, master_weights=not fsdp)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                      top_p=config.top_p, max_batch_size=config.rollout_batch_size)
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks

@@ -30,6 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..core.errors import ConfigError
+from .master_weights import MasterWeights, needs_master_weights
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,20 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
     return report
 
 
-def make_optimizer(parameters, *, lr: float, weight_decay: float = 0.0, fused: bool = True) -> torch.optim.Optimizer:
-    """AdamW over the trainable ``parameters``, fused into one kernel when they are all on CUDA."""
+def make_optimizer(parameters, *, lr: float, weight_decay: float = 0.0, fused: bool = True,
+                   master_weights: bool = True) -> torch.optim.Optimizer:
+    """AdamW over the trainable ``parameters``, fused into one kernel when they are all on CUDA;
+    stepped on float32 master copies (:class:`~rftgym.train.master_weights.MasterWeights`) when
+    some are 16-bit floats and ``master_weights`` is on."""
     parameters = [p for p in parameters if p.requires_grad]
     on_cuda = bool(parameters) and all(p.is_cuda for p in parameters)
-    return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=fused and on_cuda)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused and on_cuda)
+
+    if master_weights and needs_master_weights(parameters):
+        return MasterWeights(parameters, adamw)
+    return adamw(parameters)
 
 
 # ---------------------------------------------------------------- accounting

@@ -49,6 +49,11 @@ def test_cli_passes_parallelism_through(tmp_path, monkeypatch, capsys):
     assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run"),
                      "--parallelism", "fsdp"]) == 0
     assert seen["config"].parallelism == "fsdp"
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "bf16"),
+                     "--dtype", "bfloat16"]) == 0
+    assert seen["config"].dtype == "bfloat16"
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "auto")]) == 0
+    assert seen["config"].dtype is None
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "x"), "--parallelism", "zero3"])
     assert exit_info.value.code == 2

@@ -1,0 +1,91 @@
+"""Float32 master weights for a model held in 16-bit floats.
+
+AdamW steps on bfloat16 weights lose every update smaller than about 0.4% of the weight (bf16
+keeps 8 significant bits): at a learning rate of 1e-6 nearly all of them, so training would run
+and change nothing. :class:`MasterWeights` keeps a float32 copy of every trainable 16-bit
+parameter, steps the wrapped optimizer on the copies (with the model's gradients upcast), and
+writes the rounded result back into the model, as mixed-precision trainers do (FSDP's
+``MixedPrecisionPolicy`` plays this part under ``parallelism="fsdp"``).
+
+It is an ``Optimizer`` whose ``param_groups`` are the inner optimizer's (the float32 copies, laid
+out like the model's trainable parameters), so a checkpoint maps states to parameters as for any
+optimizer; ``state_dict`` adds each copy as a per-parameter state ``"master"``, so a resumed run
+continues from the float32 values, not from their bf16 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+def needs_master_weights(parameters) -> bool:
+    """Whether any trainable parameter is a 16-bit float."""
+    return any(p.requires_grad and p.dtype in SIXTEEN_BIT for p in parameters)
+
+
+class MasterWeights(torch.optim.Optimizer):
+    """``make_inner(float32 copies)`` stepped on float32 copies of ``parameters``."""
+
+    def __init__(self, parameters, make_inner: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
+        self.params = [p for p in parameters if p.requires_grad]
+        if not self.params:
+            raise ValueError("MasterWeights got no trainable parameters")
+        self.masters = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
+        self.inner = make_inner(self.masters)
+        # Deliberately not Optimizer.__init__: the inner optimizer owns groups, state and hooks.
+        self.defaults = self.inner.defaults
+
+    # The inner optimizer's groups and state are this optimizer's (checkpoints, LR schedules).
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("MasterWeights.step takes no closure")
+        for param, master in zip(self.params, self.masters):
+            master.grad = None if param.grad is None else param.grad.to(torch.float32)
+        self.inner.step()
+        for param, master in zip(self.params, self.masters):
+            param.copy_(master)  # rounded to the model's dtype
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.inner.state_dict()
+        index_of = {id(m): i for i, m in enumerate(p for g in self.inner.param_groups for p in g["params"])}
+        entries = {index: dict(entry) for index, entry in state["state"].items()}
+        for master in self.masters:
+            entries.setdefault(index_of[id(master)], {})["master"] = master.detach()
+        return {**state, "state": entries}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        entries = {index: dict(entry) for index, entry in state_dict["state"].items()}
+        ordered = [p for g in self.inner.param_groups for p in g["params"]]
+        indices = [i for g in state_dict["param_groups"] for i in g["params"]]
+        with torch.no_grad():
+            for index, master in zip(indices, ordered):
+                saved = entries.get(index, {}).pop("master", None)
+                if saved is not None:
+                    master.copy_(saved)
+            for param, master in zip(self.params, self.masters):
+                param.copy_(master)
+        # Entries left with only a master (no step taken yet) are no optimizer state.
+        entries = {index: entry for index, entry in entries.items() if entry}
+        self.inner.load_state_dict({**state_dict, "state": entries})
