@@ -68,6 +68,9 @@ UPDATE_VARIANTS = {
     "eager": None,  # the product without speed.py: HF decoder as is, plain AdamW
     "compiled": SpeedConfig(),
     "compiled+ckpt_mlp": SpeedConfig(checkpoint_mlp=True),
+    # The model held in bf16 (no autocast: bf16 activations throughout), fp32 master weights in
+    # the optimizer (rftgym.train.master_weights), as `rftgym train --dtype bfloat16` runs.
+    "bf16+compiled+ckpt_mlp": SpeedConfig(checkpoint_mlp=True),
     # Gradient accumulation (TrainConfig.microbatch_size): the same update in microbatches.
     "compiled+micro16": SpeedConfig(),
     "compiled+micro8": SpeedConfig(),
@@ -340,6 +343,9 @@ def phase_trl(args, tokenizer, tokenizer_dir) -> dict:
 def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
     clock = Clock(args.device)
     model = make_model(args, tokenizer_dir, seed=4)
+    bf16_weights = variant.startswith("bf16+")
+    if bf16_weights:
+        model.to(torch.bfloat16)
     speed = UPDATE_VARIANTS[variant]
     applied = apply_training_speedups(model, speed) if speed else {}
     prompt = args.update_seq // 3
@@ -359,7 +365,7 @@ def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
                              getattr(model.config, "head_dim", None)
                              or model.config.hidden_size // model.config.num_attention_heads))
     generator = torch.Generator().manual_seed(0)
-    autocast = autocast_for(args.device)
+    autocast = nullcontext if bf16_weights else autocast_for(args.device)
     model.train()
     started = clock.now()
     optimise(model, None, optimizer, samples, config, 0, generator, None, autocast)  # warm-up (compiles)
