@@ -302,6 +302,10 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     as many forward/backward passes, since those hold the collectives). Returns the minibatch's
     loss and stats (stats weighted like the loss), or ``(None, {})`` for an empty chunk."""
     sizes = microbatch_sizes(len(chunk), config.microbatch_size)
+    if len(sizes) > 1:
+        # Samples of like length share a microbatch, so less of each is padding; the minibatch's
+        # gradient is a sum over its samples, whichever microbatch each lands in.
+        chunk = sorted(chunk, key=lambda sample: len(sample.token_ids))
     aggregation = "token_mean" if config.algo == "rft" else config.aggregation
     # The loss (and pg_loss) combine as the aggregation does; the other stats are token means.
     loss_weights = microbatch_weights(chunk, sizes, aggregation)

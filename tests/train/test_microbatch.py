@@ -71,3 +71,17 @@ def test_microbatch_sizes():
     assert microbatch_sizes(3, 0) == [3]  # 0: the whole minibatch in one pass
     assert microbatch_sizes(4, 4) == [4]
     assert microbatch_sizes(10, 4) == [4, 4, 2]
+
+
+def test_microbatches_group_samples_of_like_length(monkeypatch):
+    from rftgym.train import loop
+
+    seen = []
+    real = loop.collate
+    monkeypatch.setattr(loop, "collate", lambda part, pad: seen.append([len(s.token_ids) for s in part])
+                        or real(part, pad))
+    config = TrainConfig(minibatch_size=5, microbatch_size=2, max_new_tokens=8, group_size=2, learning_rate=1e-2)
+    model = tiny_llama()
+    optimise(model, None, torch.optim.SGD(model.parameters(), lr=1e-2), samples(), config, 0,
+             torch.Generator().manual_seed(0))
+    assert seen == [[4, 5], [7, 8], [9]]  # 35 padded positions, against up to 45 in draw order
