@@ -388,9 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--epochs", type=int, default=1, help="passes over each step's samples")
     p.add_argument("--minibatch-size", type=int, default=16)
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="the model's weights (auto: float32, with bfloat16 autocast on CUDA; a 16-bit dtype "
-                        "keeps float32 master weights in the optimizer)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="the model's weights (auto: float32, with bfloat16 autocast on CUDA; bfloat16 keeps "
+                        "float32 master weights in the optimizer)")
     p.add_argument("--microbatch-size", type=int, default=0,
                    help="gradient accumulation: forward/backward this many samples at a time (0 = the whole minibatch)")
     p.add_argument("--rollout-batch-size", type=int, default=32)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .distributed import ShardedModel, full_tensor, shard_like
+from .master_weights import MasterWeights
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -118,6 +119,16 @@ def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[st
         for key, value in entry.items():
             if param is not None and isinstance(value, torch.Tensor) and value.shape == param.shape:
                 entry[key] = shard_like(value, param)
+    if not isinstance(optimizer, MasterWeights):
+        # A bf16 run resumed without 16-bit weights: its float32 masters are the better weights
+        # (those loaded above are their rounding), and plain AdamW keeps no masters.
+        with torch.no_grad():
+            for index, entry in saved["state"].items():
+                master, param = entry.get("master"), owner.get(index)
+                if master is not None and param is not None and master.shape == param.shape:
+                    param.copy_(master.to(param.device, param.dtype))
+        saved["state"] = {index: rest for index, entry in saved["state"].items()
+                          if (rest := {k: v for k, v in entry.items() if k != "master"})}
     optimizer.load_state_dict(saved)
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
     return int(state["step"]), rng, state["config"]

@@ -67,8 +67,8 @@ class TrainConfig:
     compile: bool | None = None
     checkpoint_mlp: bool | None = None
     device: str | None = None  # default: cuda if available, else cpu
-    # None: on CUDA float32 weights with bfloat16 autocast, on CPU float32. A 16-bit dtype holds
-    # the model in it, with float32 master copies in the optimizer.
+    # None: on CUDA float32 weights with bfloat16 autocast, on CPU float32. "bfloat16" holds the
+    # model in bf16, with float32 master copies in the optimizer.
     dtype: str | None = None
     seed: int = 0
     save_every: int = 10
@@ -116,9 +116,10 @@ class TrainConfig:
         if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
             raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                               f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be None (auto), 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
-        if self.parallelism == "fsdp" and self.dtype in ("bfloat16", "float16"):
+        if self.dtype not in (None, "float32", "bfloat16"):
+            raise ConfigError(f"dtype must be None (auto), 'float32' or 'bfloat16', got {self.dtype!r} (float16 "
+                              "would need loss scaling, which rftgym does not do)")
+        if self.parallelism == "fsdp" and self.dtype == "bfloat16":
             raise ConfigError(f"dtype={self.dtype!r} with parallelism='fsdp' would step the optimizer on 16-bit "
                               "weights; leave dtype unset (on CUDA FSDP then computes in bfloat16 over float32 "
                               "master weights)")

@@ -37,8 +37,12 @@ class MasterWeights(torch.optim.Optimizer):
             raise ValueError("MasterWeights got no trainable parameters")
         self.masters = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
         self.inner = make_inner(self.masters)
-        # Deliberately not Optimizer.__init__: the inner optimizer owns groups, state and hooks.
+        # Deliberately not Optimizer.__init__: the inner optimizer owns the groups and the state.
+        # Optimizer hooks, add_param_group and pickling are not supported.
         self.defaults = self.inner.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise NotImplementedError("MasterWeights keeps the parameters it was made with; make a new one")
 
     # The inner optimizer's groups and state are this optimizer's (checkpoints, LR schedules).
     @property
@@ -66,6 +70,7 @@ class MasterWeights(torch.optim.Optimizer):
         self.inner.step()
         for param, master in zip(self.params, self.masters):
             param.copy_(master)  # rounded to the model's dtype
+            master.grad = None  # a float32 copy of every gradient need not outlive the step
 
     def state_dict(self) -> dict[str, Any]:
         state = self.inner.state_dict()
@@ -76,16 +81,29 @@ class MasterWeights(torch.optim.Optimizer):
         return {**state, "state": entries}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        entries = {index: dict(entry) for index, entry in state_dict["state"].items()}
+        """Restore the inner optimizer, then the masters: from the model's (just loaded) weights,
+        overlaid by the saved float32 masters where the checkpoint has them (a checkpoint of a
+        float32 run has none)."""
+        saved_masters = {}
+        entries = {}
+        for index, entry in state_dict["state"].items():
+            entry = dict(entry)
+            if "master" in entry:
+                saved_masters[index] = entry.pop("master")
+            if entry:  # an entry with only a master (no step taken yet) is no optimizer state
+                entries[index] = entry
+        self.inner.load_state_dict({**state_dict, "state": entries})  # checks the groups match
         ordered = [p for g in self.inner.param_groups for p in g["params"]]
         indices = [i for g in state_dict["param_groups"] for i in g["params"]]
         with torch.no_grad():
+            for param, master in zip(self.params, self.masters):
+                master.copy_(param)
             for index, master in zip(indices, ordered):
-                saved = entries.get(index, {}).pop("master", None)
+                saved = saved_masters.get(index)
                 if saved is not None:
+                    if saved.shape != master.shape:
+                        raise ValueError(f"the saved master weight {index} has shape {tuple(saved.shape)}, the "
+                                         f"parameter {tuple(master.shape)}; resume with the same model")
                     master.copy_(saved)
             for param, master in zip(self.params, self.masters):
                 param.copy_(master)
-        # Entries left with only a master (no step taken yet) are no optimizer state.
-        entries = {index: entry for index, entry in entries.items() if entry}
-        self.inner.load_state_dict({**state_dict, "state": entries})

@@ -76,11 +76,12 @@ class LogitTransform:
         return z
 
     def derivative(self, transformed: torch.Tensor) -> torch.Tensor | float:
-        """``dz/dl`` (float32), from the transformed logits ``z``; a number when it is constant."""
+        """``dz/dl`` (float32, float64 for float64), from the transformed logits ``z``; a number
+        when it is constant."""
         factor = self.scale / self.divisor
         if self.softcap is None:
             return factor
-        tanh = transformed.float() / self.softcap
+        tanh = transformed.to(torch.promote_types(transformed.dtype, torch.float32)) / self.softcap
         return (1.0 - tanh * tanh) * factor
 
 
@@ -226,7 +227,8 @@ class _FusedTokenLogprobs(torch.autograd.Function):
                                     grad_logp[rows], None if grad_entropy is None else grad_entropy[rows],
                                     ctx.inv_temperature)
                 if not ctx.transform.is_identity:  # the chain rule through the model's transform
-                    grad_logits = (grad_logits.float() * ctx.transform.derivative(transformed)).to(dtype)
+                    wide = grad_logits.to(torch.promote_types(dtype, torch.float32))
+                    grad_logits = (wide * ctx.transform.derivative(transformed)).to(dtype)
                 if need_hidden:
                     grad_hidden[rows] = grad_logits @ w
                 if need_weight:

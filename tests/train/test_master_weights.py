@@ -127,3 +127,54 @@ def test_a_bf16_model_trains_and_resumes_exactly(tmp_path, make_char_policy):
         assert (a["loss"] is None) == (b["loss"] is None)
         if a["loss"] is not None:
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_the_float32_copies_of_gradients_do_not_outlive_the_step():
+    model = tiny_net(torch.bfloat16)
+    optimizer = make_optimizer(model.parameters(), lr=1e-3)
+    set_grads(model, 0)
+    optimizer.step()
+    assert all(master.grad is None for master in optimizer.masters)
+    with pytest.raises(NotImplementedError, match="make a new one"):
+        optimizer.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+
+
+def save(tmp_path, model, optimizer):
+    from rftgym.train.checkpoint import checkpoint_state, save_checkpoint
+
+    save_checkpoint(tmp_path, state=checkpoint_state(model, optimizer), step=1, rng_states={}, config={})
+
+
+def test_resume_a_float32_checkpoint_in_bf16_starts_from_its_weights(tmp_path):
+    from rftgym.train.checkpoint import load_checkpoint
+
+    trained = tiny_net(torch.float32)
+    optimizer = make_optimizer(trained.parameters(), lr=1e-2)
+    set_grads(trained, 0)
+    optimizer.step()
+    save(tmp_path, trained, optimizer)
+    model = tiny_net(torch.bfloat16)  # the starting weights again
+    resumed = make_optimizer(model.parameters(), lr=1e-2)
+    load_checkpoint(tmp_path, model=model, optimizer=resumed)
+    for master, param, want in zip(resumed.masters, model.parameters(), trained.parameters()):
+        assert torch.equal(master, want.detach().to(torch.bfloat16).float())  # not the starting weights
+        assert torch.equal(param.detach(), want.detach().to(torch.bfloat16))
+
+
+def test_resume_a_bf16_checkpoint_in_float32_takes_its_masters_as_weights(tmp_path):
+    from rftgym.train.checkpoint import load_checkpoint
+
+    model = tiny_net(torch.bfloat16)
+    optimizer = make_optimizer(model.parameters(), lr=1e-2)
+    set_grads(model, 0)
+    next(model.parameters()).grad = None  # one parameter without a step: its entry holds only a master
+    optimizer.step()
+    save(tmp_path, model, optimizer)
+    plain_model = tiny_net(torch.float32)
+    plain = make_optimizer(plain_model.parameters(), lr=1e-2)
+    load_checkpoint(tmp_path, model=plain_model, optimizer=plain)
+    assert all("master" not in entry for entry in plain.state.values())
+    for param, master in zip(plain_model.parameters(), optimizer.masters):
+        assert torch.equal(param.detach(), master)  # the float32 values, not their bf16 rounding
+    set_grads(plain_model, 1)
+    plain.step()  # and it steps on

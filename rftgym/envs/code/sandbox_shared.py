@@ -31,7 +31,8 @@ from .sandbox import (
     make_sandbox,
 )
 
-_lock = threading.Lock()
+# Reentrant: a view's finalizer (which takes it) may run from a garbage collection in this thread.
+_lock = threading.RLock()
 _shared: dict[tuple[int, str], list] = {}  # (pid, backend) -> [sandbox, number of open views]
 
 
@@ -39,7 +40,7 @@ def _forget_after_fork() -> None:
     # A child forked while another thread held the lock (say, starting a sandbox) would wait for
     # it forever; and the parent's sandboxes are not the child's to use. Start afresh.
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _shared.clear()
 
 
