@@ -25,6 +25,7 @@ from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss
+from .master_weights import needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
 from .speed import SpeedConfig, apply_training_speedups, make_optimizer
@@ -55,6 +56,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     mixed = device.startswith("cuda") and config.dtype is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
+    if fsdp and needs_master_weights(policy.model.parameters()):
+        raise ConfigError("the policy's weights are 16-bit, and FSDP would step the optimizer on them; pass a "
+                          "float32 policy (on CUDA FSDP then computes in bfloat16 over float32 weights)")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mixed else nullcontext
     model = prepare_model(policy, config, autocast)
     reference = make_reference(model, config)  # copied before sharding: FSDP modules cannot be deep-copied

@@ -96,6 +96,21 @@ def test_float32_models_get_plain_adamw():
     assert not needs_master_weights(frozen.parameters())
 
 
+def test_fsdp_refuses_a_16_bit_policy(tmp_path, monkeypatch, make_char_policy):
+    from support import SayAEnv
+
+    from rftgym.train.distributed import Distributed
+    from rftgym.train.loop import train
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls, *args, **kwargs: cls(rank=0, world_size=1)))
+    policy = make_char_policy()
+    policy.model.to(torch.bfloat16)
+    with pytest.raises(ConfigError, match="16-bit, and FSDP would step the optimizer on them"):
+        train(TrainConfig(parallelism="fsdp", output_dir=str(tmp_path), device="cpu"), policy=policy,
+              make_env=SayAEnv)
+
+
 def test_dtype_checks():
     with pytest.raises(ConfigError, match="leave dtype unset"):
         TrainConfig(parallelism="fsdp", dtype="bfloat16")
