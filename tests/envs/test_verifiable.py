@@ -162,6 +162,20 @@ def test_format_weight_scales_the_rewards():
     assert rewards == pytest.approx([1.0, 0.7, 0.3])
 
 
+@pytest.mark.parametrize("empty", ["<answer></answer>", "<answer>  \n </answer>", "<answer>4</answer><answer></answer>"])
+def test_an_empty_answer_is_no_answer(empty):
+    # It used to be graded (wrong) and paid the format reward: 0.1 for answering nothing.
+    env = make(max_turns=2)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(empty)
+    assert reward == 0.0 and not terminated and not truncated
+    assert info["format_error"].startswith("the <answer> tag is empty") and info["answer"] is None
+    assert info["attempts"] == 0 and not info["format_ok"]
+    assert obs[-1].content.startswith("Your reply was not understood: the <answer> tag is empty")
+    _, reward, terminated, truncated, info = env.step(empty)
+    assert reward == 0.0 and truncated and not terminated
+
+
 def test_no_tag_gets_a_format_reminder_then_truncation():
     env = make(max_turns=3)
     context, _ = env.reset(seed=0)

@@ -13,7 +13,8 @@ Action
 Reward (paid on the turn that ends the episode; 0 on other turns)
     ``(1 - format_weight) * correct + format_weight * well_formatted`` where ``correct`` is 1 if
     the answer is right and ``well_formatted`` is 1 if the turn holds exactly one closed
-    ``<answer>`` tag and no malformed tags. With the default ``format_weight=0.1`` a right,
+    ``<answer>`` tag and no malformed tags. An empty ``<answer></answer>`` is no answer: it gets
+    a format reminder, like a turn without the tag. With the default ``format_weight=0.1`` a right,
     clean answer gets 1.0, a right but sloppy one 0.9, a wrong but clean one 0.1. Rewards lie in
     [0, 1].
 
@@ -172,6 +173,9 @@ class VerifiableQAEnv(gym.Env[Context, str]):
                 (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else [])
                 + ([problems] if problems else [])
             )
+        if answers and not answers[-1].text.strip():
+            # An empty answer is no answer: it is not graded, and earns no format reward.
+            answers, format_error = [], "the <answer> tag is empty" + (f" ({problems})" if problems else "")
         format_ok = format_error is None
         answer_text = answers[-1].text if answers else None
         correct = answer_text is not None and is_correct(self.task, answer_text)
