@@ -31,19 +31,23 @@ def char_tokenizer():
                                    eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML)
 
 
-def make_char_policy(seed: int = 0):
-    """A 2-layer random Llama over the character tokenizer; the same seed gives the same weights."""
+def make_char_policy(seed: int = 0, model_class=None, config_class=None, **config_options):
+    """A 2-layer random model (a Llama unless ``model_class``/``config_class`` name another
+    family, with ``config_options`` added to its config) over the character tokenizer; the same
+    seed gives the same weights."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rftgym.agents.hf_policy import HFPolicy
 
+    model_class, config_class = model_class or LlamaForCausalLM, config_class or LlamaConfig
     tokenizer = char_tokenizer()
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
-    return HFPolicy(LlamaForCausalLM(config), tokenizer, name="char-tiny")
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **config_options)
+    name = "char-tiny" if model_class is LlamaForCausalLM else f"char-{config.model_type}"
+    return HFPolicy(model_class(config), tokenizer, name=name)
 
 
 class SayAEnv(gym.Env):

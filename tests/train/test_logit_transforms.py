@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import make_char_policy
 
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 from rftgym.train.batching import TrainSample, collate
 from rftgym.train.loop import _logprobs, check_training_logprobs, prepare_model, train
-
-
-def char_policy_of(model_class, config_class, seed=0, **extra):
-    from support import char_tokenizer
-
-    from rftgym.agents.hf_policy import HFPolicy
-
-    tokenizer = char_tokenizer()
-    torch.manual_seed(seed)
-    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **extra)
-    return HFPolicy(model_class(config), tokenizer, name=f"char-{config.model_type}")
 
 
 def model_logprobs(model, batch):
@@ -44,9 +32,9 @@ def test_training_logprobs_equal_the_models_own(family):
 
     # Caps and scales small enough to change every probability noticeably.
     policy = {
-        "gemma2": lambda: char_policy_of(Gemma2ForCausalLM, Gemma2Config, final_logit_softcapping=0.05),
-        "cohere": lambda: char_policy_of(CohereForCausalLM, CohereConfig, logit_scale=3.0),
-        "granite": lambda: char_policy_of(GraniteForCausalLM, GraniteConfig, logits_scaling=0.25),
+        "gemma2": lambda: make_char_policy(0, Gemma2ForCausalLM, Gemma2Config, final_logit_softcapping=0.05),
+        "cohere": lambda: make_char_policy(0, CohereForCausalLM, CohereConfig, logit_scale=3.0),
+        "granite": lambda: make_char_policy(0, GraniteForCausalLM, GraniteConfig, logits_scaling=0.25),
     }[family]()
     config = TrainConfig(temperature=1.0)
     model = prepare_model(policy, config)  # runs check_training_logprobs
@@ -70,14 +58,14 @@ def test_a_soft_capped_model_trains(tmp_path):
     from support import SayAEnv
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    policy = char_policy_of(Gemma2ForCausalLM, Gemma2Config, final_logit_softcapping=5.0)
+    policy = make_char_policy(0, Gemma2ForCausalLM, Gemma2Config, final_logit_softcapping=5.0)
     config = TrainConfig(steps=1, tasks_per_step=1, group_size=4, max_new_tokens=4, learning_rate=1e-3,
                          minibatch_size=4, output_dir=str(tmp_path), seed=0, device="cpu")
     history = train(config, policy=policy, make_env=SayAEnv)
     assert len(history) == 1 and history[0]["updates"] > 0 and history[0]["loss"] is not None
 
 
-def test_unknown_logit_transform_is_refused(make_char_policy):
+def test_unknown_logit_transform_is_refused():
     policy = make_char_policy()
     # A Llama ignores logit_scale, so reading it would train on probabilities it never samples from.
     policy.model.config.logit_scale = 2.0
@@ -85,7 +73,7 @@ def test_unknown_logit_transform_is_refused(make_char_policy):
         check_training_logprobs(policy.model)
 
 
-def test_output_bias_is_refused(make_char_policy):
+def test_output_bias_is_refused():
     policy = make_char_policy()
     head = policy.model.get_output_embeddings()
     head.bias = torch.nn.Parameter(torch.zeros(head.weight.shape[0]))
