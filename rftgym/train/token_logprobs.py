@@ -146,34 +146,27 @@ def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tenso
     return grad.to(logits.dtype)
 
 
-_EAGER = {"statistics": logit_statistics, "gradient": logit_gradient}
-
-
 @functools.cache
-def _compiled(name: str):
-    return torch.compile(_EAGER[name], dynamic=True)
+def _compiled(function):
+    return torch.compile(function, dynamic=True)
 
 
-_compile_failed: set[str] = set()
+_compile_failed: set = set()
 
 
-def _pass(name: str, device: torch.device, *args):
-    """Run one elementwise pass, compiled on CUDA (fused kernels) and eager elsewhere. A compile
-    failure is reported once and that pass then runs eagerly: same numbers, more memory traffic."""
-    if device.type != "cuda" or name in _compile_failed or not _compile_allowed():
-        return _EAGER[name](*args)
+def _pass(function, device: torch.device, *args):
+    """Run one elementwise pass, compiled on CUDA (fused kernels) and eager elsewhere (also inside
+    an outer compiled region, whose compiler then traces it). A compile failure is reported once
+    and that pass then runs eagerly: same numbers, more memory traffic."""
+    if device.type != "cuda" or function in _compile_failed or torch.compiler.is_compiling():
+        return function(*args)
     try:
-        return _compiled(name)(*args)
+        return _compiled(function)(*args)
     except Exception as exc:  # the compiler raises many types; any means "run it eagerly"
-        _compile_failed.add(name)
-        warnings.warn(f"could not compile the fused log-prob {name} pass ({type(exc).__name__}: "
+        _compile_failed.add(function)
+        warnings.warn(f"could not compile the fused log-prob pass {function.__name__} ({type(exc).__name__}: "
                       f"{str(exc).splitlines()[0] if str(exc) else ''}); running it eagerly", stacklevel=2)
-        return _EAGER[name](*args)
-
-
-def _compile_allowed() -> bool:
-    # Inside an outer torch.compile region the outer compiler traces the eager pass itself.
-    return not torch.compiler.is_compiling()
+        return function(*args)
 
 
 # ---------------------------------------------------------------- the autograd function
@@ -194,7 +187,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             results = [
-                _pass("statistics", hidden.device, transform.apply(h.to(compute_dtype) @ w.t()), t, inv_temperature)
+                _pass(logit_statistics, hidden.device, transform.apply(h.to(compute_dtype) @ w.t()), t, inv_temperature)
                 for h, t in zip(torch.split(hidden, chunk_size), torch.split(targets, chunk_size))
             ]
         logp, lse, entropy = (torch.cat(parts) for parts in zip(*results))
@@ -223,7 +216,7 @@ class _FusedTokenLogprobs(torch.autograd.Function):
                 rows = slice(start, start + size)
                 h = hidden[rows].to(dtype)
                 transformed = ctx.transform.apply(h @ w.t())
-                grad_logits = _pass("gradient", hidden.device, transformed, targets[rows], lse[rows], entropy[rows],
+                grad_logits = _pass(logit_gradient, hidden.device, transformed, targets[rows], lse[rows], entropy[rows],
                                     grad_logp[rows], None if grad_entropy is None else grad_entropy[rows],
                                     ctx.inv_temperature)
                 if not ctx.transform.is_identity:  # the chain rule through the model's transform

@@ -207,7 +207,7 @@ def test_compiled_passes_match_eager():
 def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
     from rftgym.train import token_logprobs as tl
 
-    def broken(name):
+    def broken(function):
         def fail(*_):
             raise RuntimeError("no compiler here")
         return fail
@@ -216,12 +216,12 @@ def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
     monkeypatch.setattr(tl, "_compile_failed", set())
     logits, targets = torch.randn(3, 7), torch.randint(0, 7, (3,))
     cuda = torch.device("cuda")  # only selects the compiled route; the tensors stay on the CPU
-    with pytest.warns(UserWarning, match="could not compile the fused log-prob statistics pass"):
-        first = tl._pass("statistics", cuda, logits, targets, 1.0)
+    with pytest.warns(UserWarning, match="could not compile the fused log-prob pass logit_statistics"):
+        first = tl._pass(tl.logit_statistics, cuda, logits, targets, 1.0)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        second = tl._pass("statistics", cuda, logits, targets, 1.0)
+        second = tl._pass(tl.logit_statistics, cuda, logits, targets, 1.0)
     for a, b, c in zip(first, second, tl.logit_statistics(logits, targets, 1.0)):
         assert torch.equal(a, c) and torch.equal(b, c)
 
