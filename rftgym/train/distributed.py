@@ -86,8 +86,8 @@ class Distributed:
         flat = torch.cat([g.reshape(-1).float() for g in grads]
                          + [torch.ones(1, device=parameters[0].device) * float(contributed)])
         dist.all_reduce(flat)
-        contributors = max(1.0, float(flat[-1]))
-        flat = flat[:-1] / contributors
+        # Divided on the device (no read-back, so the host need not wait for the all-reduce).
+        flat = flat[:-1] / flat[-1:].clamp(min=1.0)
         offset = 0
         for p, g in zip(parameters, grads):
             n = g.numel()

@@ -24,11 +24,11 @@ from .batching import TrainSample, build_samples, collate, group_episodes
 from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
-from .losses import aggregate, policy_loss
+from .losses import aggregate, policy_loss, token_mean
 from .master_weights import needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
-from .speed import SpeedConfig, apply_training_speedups, make_optimizer
+from .speed import SpeedConfig, apply_training_speedups, is_right_padded, make_optimizer, tag_right_padding
 
 
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
@@ -79,7 +79,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         # FSDP's root is the first module to run forward; rollouts call inner modules directly,
         # so run one (tiny, gradient-free) forward through the root before the first rollout.
         with torch.no_grad(), autocast():
-            batch_logprobs(model, {k: v.to(policy.device) for k, v in padding_batch(policy.pad_id).items()}, config)
+            batch_logprobs(model, to_device(padding_batch(policy.pad_id), policy.device), config)
         model.reshard()
     # 16-bit weights get float32 master copies in the optimizer (FSDP has its own mixed precision).
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
@@ -250,14 +250,15 @@ def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_e
 
 
 def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
-    """The minibatch's loss (aggregated over its own tokens), its stats, and the log-probs."""
+    """The minibatch's loss (aggregated over its own tokens), its stats (0-dim tensors, still on
+    the device), and the log-probs."""
     with autocast():
         logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
         ref_logp = reference_logprobs(model, reference, batch, config)
     mask = batch["loss_mask"]
     if config.algo == "rft":
         loss = aggregate("token_mean", -logp, mask)
-        return loss, {"pg_loss": float(loss.detach()), "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}, logp
+        return loss, {"pg_loss": loss.detach(), "entropy": token_mean(entropy.detach(), mask)}, logp
     normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
     loss, stats = policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
@@ -304,7 +305,8 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     the same gradient as one pass, with one microbatch's activations at a time), each loss times
     ``scale``; then zero-weighted padding passes up to ``passes`` in all (FSDP: every rank must run
     as many forward/backward passes, since those hold the collectives). Returns the minibatch's
-    loss and stats (stats weighted like the loss), or ``(None, {})`` for an empty chunk."""
+    loss and stats (stats weighted like the loss; 0-dim tensors, nothing is read back from the
+    device), or ``(None, {})`` for an empty chunk."""
     sizes = microbatch_sizes(len(chunk), config.microbatch_size)
     if len(sizes) > 1:
         # Samples of like length share a microbatch, so less of each is padding; the minibatch's
@@ -316,20 +318,37 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     token_weights = microbatch_weights(chunk, sizes, "token_mean")
     total_loss, stats = 0.0, {}
     for part, weight, token_weight in zip(_split(chunk, sizes), loss_weights, token_weights):
-        batch = {k: v.to(device) for k, v in collate(part, pad_id).items()}
+        batch = to_device(collate(part, pad_id), device)
         loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
         (loss * (weight * scale)).backward()
-        total_loss += float(loss.detach()) * weight
+        total_loss = total_loss + loss.detach() * weight
         for key, value in part_stats.items():
-            if isinstance(value, (int, float)):
-                share = weight if key == "pg_loss" else token_weight
-                stats[key] = stats.get(key, 0.0) + float(value) * share
+            share = weight if key == "pg_loss" else token_weight
+            stats[key] = stats.get(key, 0.0) + value * share
     for _ in range(len(sizes), passes):
-        batch = {k: v.to(device) for k, v in padding_batch(pad_id).items()}
+        batch = to_device(padding_batch(pad_id), device)
         _, _, logp = _batch_loss(model, reference, batch, config, autocast)
         # logp times zero, not the loss: the loss of a fully masked batch need not be finite.
         (logp * 0.0).sum().backward()
     return (total_loss, stats) if sizes else (None, {})
+
+
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """A collated (host) batch on ``device``, copied without waiting for the device.
+
+    A plain copy from pageable memory to a GPU waits until the device has finished all work
+    queued before it (the previous microbatch's backward pass), and then the host has nothing
+    queued while it prepares the next pass. From pinned memory the copy is queued like a kernel.
+    The attention mask is checked for right padding here, on the host, and tagged
+    (:func:`~rftgym.train.speed.tag_right_padding`), so the decoder's mask hook need not read
+    the mask back from the device.
+    """
+    device = torch.device(device)
+    pin = device.type == "cuda"
+    moved = {key: (value.pin_memory() if pin else value).to(device, non_blocking=pin) for key, value in batch.items()}
+    if "attention_mask" in moved:
+        tag_right_padding(moved["attention_mask"], is_right_padded(batch["attention_mask"]))
+    return moved
 
 
 def padding_batch(pad_id: int) -> dict[str, torch.Tensor]:
@@ -359,6 +378,10 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     backward passes hold the collectives, so every rank runs the largest rank's number of passes
     (zero-weighted padding passes where it has fewer microbatches, or none), and FSDP's
     reduce-scatter does the averaging.
+
+    Nothing is read back from the device until every minibatch has been queued (the stats stay
+    0-dim device tensors until then), so on a GPU the host prepares the next kernels while the
+    device runs the previous ones; the stats are read back at once at the end.
     """
     ranks = ranks or Distributed()
     sharded = isinstance(model, ShardedModel)
@@ -370,7 +393,7 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     minibatches = max(-(-n // size) for n in counts) if sharded else ranks.max_int(-(-len(samples) // size))
     if minibatches == 0:
         return {"loss": None, "updates": 0}
-    totals: dict[str, float] = {}
+    totals: dict[str, torch.Tensor] = {}
     updates = local_updates = 0
     for _ in range(config.epochs_per_step):
         order = torch.randperm(len(samples), generator=generator).tolist()
@@ -396,9 +419,19 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             if loss is None:
                 continue
             local_updates += 1
-            for key, value in {"loss": loss, "grad_norm": float(grad_norm), **stats}.items():
-                if isinstance(value, (int, float)):
-                    totals[key] = totals.get(key, 0.0) + float(value)
+            for key, value in {"loss": loss, "grad_norm": grad_norm, **stats}.items():
+                totals[key] = totals.get(key, 0.0) + value
     if not local_updates:
         return {"loss": None, "updates": updates}
-    return {**{k: v / local_updates for k, v in totals.items()}, "updates": updates}
+    return {**read_back(totals, divisor=local_updates), "updates": updates}
+
+
+def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:
+    """``values / divisor`` as Python floats, read from the device in one transfer (one wait)."""
+    keys = list(values)
+    tensors = [torch.as_tensor(values[key]).detach() for key in keys]
+    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+    # float64 where the device has it, so that float64 runs report their full precision.
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    stacked = torch.stack([t.reshape(()).to(device=device, dtype=dtype) for t in tensors])
+    return dict(zip(keys, (stacked / divisor).tolist()))

@@ -158,7 +158,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar policy-gradient loss and its diagnostics.
 
     ::
@@ -168,7 +168,9 @@ def policy_loss(
     both aggregated with the same ``aggregation`` over ``mask``. The KL term needs ``ref_logp``
     when ``kl_coef > 0``; with ``kl_coef == 0`` a given ``ref_logp`` is only reported.
 
-    Stats (Python floats; means are token means over ``mask`` whatever the aggregation):
+    Stats (detached 0-dim tensors on the loss's device, so that computing them never waits for
+    the device: the training loop reads all of an update's stats back at once; means are token
+    means over ``mask`` whatever the aggregation):
     ``pg_loss`` (the aggregated clipped loss), ``clip_fraction`` (share of clipped tokens),
     ``approx_kl`` (k3 estimate of KL(old || current) from ``r = exp(logp - old_logp)``:
     ``r - 1 - log r``), ``ratio_mean``, ``kl_ref`` (if ``ref_logp``), ``entropy`` (if given;
@@ -188,12 +190,12 @@ def policy_loss(
             loss = loss + kl_coef * aggregate(aggregation, kl, mask, normalizer)
 
     with torch.no_grad():
-        def masked_mean(values: torch.Tensor) -> float:
-            return float(token_mean(values.detach().to(torch.float32), mask))
+        def masked_mean(values: torch.Tensor) -> torch.Tensor:
+            return token_mean(values.detach().to(torch.float32), mask)
 
         log_ratio = _log_ratio(logp.detach(), old_logp)
         stats = {
-            "pg_loss": float(pg_loss.detach()),
+            "pg_loss": pg_loss.detach(),
             "clip_fraction": masked_mean(clipped),
             "approx_kl": masked_mean(kl_k3(old_logp, logp.detach())),
             "ratio_mean": masked_mean(torch.exp(log_ratio)),

@@ -68,8 +68,9 @@ class MasterWeights(torch.optim.Optimizer):
         for param, master in zip(self.params, self.masters):
             master.grad = None if param.grad is None else param.grad.to(torch.float32)
         self.inner.step()
-        for param, master in zip(self.params, self.masters):
-            param.copy_(master)  # rounded to the model's dtype
+        # One multi-tensor copy (rounding to the model's dtype), not a kernel launch per parameter.
+        torch._foreach_copy_(self.params, self.masters)
+        for master in self.masters:
             master.grad = None  # a float32 copy of every gradient need not outlive the step
 
     def state_dict(self) -> dict[str, Any]:

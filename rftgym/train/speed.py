@@ -66,17 +66,35 @@ def compile_works(device_type: str) -> str | None:
 
 
 def is_right_padded(mask: torch.Tensor) -> bool:
-    """Whether every row of a ``[B, T]`` 0/1 mask is ones followed by zeros (one host sync)."""
+    """Whether every row of a ``[B, T]`` mask is nonzeros followed by zeros. A mask in host memory
+    is checked there; one on an accelerator is read back once, which waits for the device."""
     if mask.dim() != 2:
         return False
-    ones_first = mask[:, 0].bool().all() & (mask[:, 1:] <= mask[:, :-1]).all()
-    return bool(ones_first)
+    nonzero = mask.detach().ne(0)
+    if nonzero.device.type == "cpu":
+        return bool(_ones_then_zeros(nonzero.numpy()))
+    return bool(_ones_then_zeros(nonzero))
+
+
+def _ones_then_zeros(values):
+    """For a ``[B, T]`` boolean numpy array or tensor: every row is True up to some point, then False."""
+    return values[:, 0].all() & (values[:, 1:] <= values[:, :-1]).all()
+
+
+def tag_right_padding(mask: torch.Tensor, right_padded: bool) -> torch.Tensor:
+    """Record on ``mask`` whether it is right-padded, as checked on the host before it moved to
+    the device; the mask hook then trusts the tag instead of reading the mask back (which would
+    make the host wait for the device). Returns ``mask``."""
+    mask._rftgym_right_padded = bool(right_padded)
+    return mask
 
 
 def _drop_right_padding_mask(module, args, kwargs):
     mask = kwargs.get("attention_mask")
-    if mask is not None and torch.is_grad_enabled() and is_right_padded(mask):
-        kwargs = {**kwargs, "attention_mask": None}
+    if mask is not None and torch.is_grad_enabled():
+        right_padded = getattr(mask, "_rftgym_right_padded", None)
+        if right_padded if right_padded is not None else is_right_padded(mask):
+            kwargs = {**kwargs, "attention_mask": None}
     return args, kwargs
 
 

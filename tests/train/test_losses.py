@@ -197,6 +197,9 @@ def test_policy_loss_by_hand():
         logp, old, torch.tensor([[1.0]], dtype=torch.float64), mask,
         clip_low=0.2, clip_high=0.2, ref_logp=ref, kl_coef=0.1, entropy=entropy,
     )
+    # Stats stay on the device (0-dim tensors, no gradient): reading them would wait for it.
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in stats.values())
+    stats = {key: float(value) for key, value in stats.items()}
     assert loss.dim() == 0
     close(loss, -1.15 + 0.1 * math.exp(-1) / 2)
     assert stats["pg_loss"] == pytest.approx(-1.15)
@@ -206,7 +209,6 @@ def test_policy_loss_by_hand():
     assert stats["approx_kl"] == pytest.approx(0.0496124, abs=1e-6)
     assert stats["kl_ref"] == pytest.approx(math.exp(-1) / 2, rel=1e-5)
     assert stats["entropy"] == pytest.approx(3.0)  # (2 + 4) / 2
-    assert all(isinstance(v, float) for v in stats.values())
 
 
 def test_policy_loss_without_ref_and_with_other_aggregations():
@@ -217,7 +219,7 @@ def test_policy_loss_without_ref_and_with_other_aggregations():
     loss, stats = policy_loss(logp, logp, adv, MASK, clip_low=0.2, clip_high=0.2)
     close(loss, 0.0)
     assert set(stats) == {"pg_loss", "clip_fraction", "approx_kl", "ratio_mean"}
-    assert stats["approx_kl"] == 0.0 and stats["ratio_mean"] == 1.0
+    assert float(stats["approx_kl"]) == 0.0 and float(stats["ratio_mean"]) == 1.0
     loss, _ = policy_loss(logp, logp, adv, MASK, clip_low=0.2, clip_high=0.2, aggregation="sequence_mean")
     close(loss, 0.5)
     loss, _ = policy_loss(logp, logp, adv, MASK, clip_low=0.2, clip_high=0.2,
@@ -231,7 +233,7 @@ def test_policy_loss_ref_reported_but_unused_at_zero_coef():
     loss, stats = policy_loss(logp, logp, torch.tensor([[1.0]]), torch.ones(1, 2),
                               clip_low=0.2, clip_high=0.2, ref_logp=ref)
     close(loss, -1.0)  # -r * A = -1, no KL term
-    assert stats["kl_ref"] == pytest.approx(math.exp(-1), rel=1e-5)
+    assert float(stats["kl_ref"]) == pytest.approx(math.exp(-1), rel=1e-5)
 
 
 def test_policy_loss_kl_needs_ref():

@@ -11,6 +11,7 @@ from rftgym.train.config import TrainConfig
 from rftgym.train.loop import batch_logprobs
 from rftgym.train.speed import (
     SpeedConfig,
+    _ones_then_zeros,
     apply_training_speedups,
     is_right_padded,
     make_optimizer,
@@ -37,9 +38,13 @@ def logprobs_and_grads(model, data):
 
 def test_right_padding_check():
     assert is_right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert is_right_padded(torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16))
     assert not is_right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding
     assert not is_right_padded(torch.tensor([[1, 0, 1]]))
     assert not is_right_padded(torch.ones(1, 1, 2, 2))
+    # The tensor form (used for a mask on an accelerator) agrees with the host's.
+    for rows, expected in [([[1, 1, 0], [1, 0, 0]], True), ([[0, 1, 1]], False), ([[1, 0, 1]], False)]:
+        assert bool(_ones_then_zeros(torch.tensor(rows).ne(0))) is expected
 
 
 @pytest.mark.parametrize("speed", [SpeedConfig(compile_layers=False),
