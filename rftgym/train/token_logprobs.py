@@ -109,6 +109,10 @@ def logit_transform(model_config) -> LogitTransform:
     return LogitTransform(scale=scale, divisor=divisor, softcap=softcap)
 
 
+# Far below any log-probability whose probability is not 0 in float32 (or float64: exp(-1e4) is 0).
+LOGP_FLOOR = -1e4
+
+
 def _scores(logits: torch.Tensor, inv_temperature: float) -> torch.Tensor:
     scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return scores if inv_temperature == 1.0 else scores * inv_temperature
@@ -123,6 +127,9 @@ def logit_statistics(logits: torch.Tensor, targets: torch.Tensor, inv_temperatur
     target_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     # log p_v = s_v - lse in every column; the most likely one has log p near 0, so nothing cancels.
     lse = scores.amax(dim=-1) - logp.amax(dim=-1)
+    # A -inf logit (a masked token) has p = 0 and log p = -inf, and 0 * -inf is nan; raised to the
+    # floor its term is 0 * floor = 0, as for any log p below ~-104, where exp underflows to 0.
+    logp.clamp_(min=LOGP_FLOOR)
     # H = -sum_v p_v log p_v, as a batched dot product (no third [rows, V] temporary)
     entropy = -torch.bmm(torch.exp(logp).unsqueeze(1), logp.unsqueeze(2)).view(-1)
     return target_logp, lse, entropy
@@ -133,7 +140,7 @@ def logit_gradient(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tenso
                    ) -> torch.Tensor:
     """``dL/dlogits`` (in the logits' dtype) from the upstream gradients of the target log-probs
     and of the entropies (``None``: the entropies are not in the loss). See the module docstring."""
-    logp = _scores(logits, inv_temperature) - lse.unsqueeze(-1)
+    logp = (_scores(logits, inv_temperature) - lse.unsqueeze(-1)).clamp_(min=LOGP_FLOOR)  # see logit_statistics
     if grad_entropy is None:
         weight = grad_logp.unsqueeze(-1)  # dL/ds = g * (onehot - p)
     else:

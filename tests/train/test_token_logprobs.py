@@ -331,3 +331,28 @@ def test_gradients_stay_accurate_for_very_unlikely_targets():
     want = torch.autograd.grad(ref_lp.sum(), (hidden, weight))
     for g, w in zip(got, want):
         assert ((g.double() - w).norm() / w.norm()) < 1e-5
+
+
+def test_masked_logits_give_finite_entropy_and_gradients():
+    # A -inf logit (a masked token) has probability 0: the statistics and gradient must equal
+    # those over the remaining tokens, not nan from 0 * -inf. Both dtypes, with and without
+    # the entropy in the loss.
+    from rftgym.train import token_logprobs as tl
+
+    torch.manual_seed(4)
+    for dtype in (torch.float32, torch.float64):
+        finite = torch.randn(3, 5, dtype=dtype)
+        logits = torch.full((3, 8), float("-inf"), dtype=dtype)
+        logits[:, [0, 2, 3, 5, 7]] = finite
+        targets_full, targets_finite = torch.tensor([0, 3, 7]), torch.tensor([0, 2, 4])
+        got = tl.logit_statistics(logits, targets_full, 1 / 0.7)
+        want = tl.logit_statistics(finite, targets_finite, 1 / 0.7)
+        for g, w in zip(got, want):
+            assert torch.isfinite(g).all()
+            torch.testing.assert_close(g, w)
+        _, lse, entropy = want
+        for grad_entropy in (torch.randn(3, dtype=dtype), None):
+            grad = tl.logit_gradient(logits, targets_full, lse, entropy, torch.randn(3, dtype=dtype).abs() + 1,
+                                     grad_entropy, 1 / 0.7)
+            assert torch.isfinite(grad).all()
+            assert (grad[:, [1, 4, 6]] == 0).all()
