@@ -275,29 +275,108 @@ def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
     return headers + list(extra), row + ["-" if v is None else v for v in extra.values()]
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+AUTO_SWITCH = {"auto": None, "on": True, "off": False}
+
+
+def _train_flags() -> list[tuple[str, str, dict]]:
+    """``(flag, TrainConfig field, argparse options)`` for ``rftgym train``; defaults are TrainConfig's.
+    The env id, ``--env-arg``, ``--seed`` and ``--output-dir``'s default are set apart."""
+    from .train.config import AGGREGATION_NAMES, ALGORITHMS, PARALLELISM, TrainConfig
+    from .train.schedule import LR_SCHEDULES
+
+    d = TrainConfig  # the dataclass's defaults
+    run, sampling, optim, algo, model = ("run", "sampling", "optimisation", "algorithm-specific", "model and runtime")
+
+    def opt(group, default, help_text, **options):
+        kind = {"type": type(default)} if isinstance(default, (int, float)) and not isinstance(default, bool) else {}
+        shown = "" if default is None else " (default: %(default)s)"
+        return {"group": group, "default": default, "help": help_text + shown, **kind, **options}
+
+    return [
+        ("--algo", "algo", opt(run, d.algo, "algorithm", choices=ALGORITHMS)),
+        ("--model", "model", opt(run, d.model, "local Hugging Face model directory (default model: SmolLM2-135M-Instruct)")),
+        ("--output-dir", "output_dir", opt(run, None, "where metrics, the PNG and checkpoints go "
+                                                      "(runs/train/<env>-<algo> when unset)")),
+        ("--steps", "steps", opt(run, d.steps, "training steps")),
+        ("--save-every", "save_every", opt(run, d.save_every, "checkpoint every N steps (and after the last)")),
+        ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
+        ("--tasks-per-step", "tasks_per_step", opt(sampling, d.tasks_per_step, "tasks sampled per step")),
+        ("--group-size", "group_size", opt(sampling, d.group_size, "samples per task (G)")),
+        ("--max-new-tokens", "max_new_tokens", opt(sampling, d.max_new_tokens, "token limit of one assistant turn")),
+        ("--temperature", "temperature", opt(sampling, d.temperature, "sampling temperature")),
+        ("--top-p", "top_p", opt(sampling, d.top_p, "nucleus sampling threshold")),
+        ("--rollout-batch-size", "rollout_batch_size", opt(sampling, d.rollout_batch_size,
+                                                           "episodes run side by side")),
+        ("--lr", "learning_rate", opt(optim, d.learning_rate, "peak learning rate")),
+        ("--lr-schedule", "lr_schedule", opt(optim, d.lr_schedule, "after the warm-up", choices=LR_SCHEDULES)),
+        ("--warmup-steps", "warmup_steps", opt(optim, d.warmup_steps, "linear warm-up steps")),
+        ("--min-lr-ratio", "min_lr_ratio", opt(optim, d.min_lr_ratio, "a decaying schedule's final rate, as a "
+                                                                     "share of --lr")),
+        ("--weight-decay", "weight_decay", opt(optim, d.weight_decay, "AdamW weight decay")),
+        ("--epochs", "epochs_per_step", opt(optim, d.epochs_per_step, "passes over each step's samples")),
+        ("--minibatch-size", "minibatch_size", opt(optim, d.minibatch_size, "samples per optimizer step")),
+        ("--microbatch-size", "microbatch_size", opt(optim, d.microbatch_size, "gradient accumulation: forward/"
+                                                     "backward this many samples at a time (0 = the whole minibatch)")),
+        ("--max-grad-norm", "max_grad_norm", opt(optim, d.max_grad_norm, "gradient clipping norm")),
+        ("--clip-low", "clip_low", opt(optim, d.clip_low, "PPO ratio clipped below at 1 - clip_low")),
+        ("--clip-high", "clip_high", opt(optim, d.clip_high, "PPO ratio clipped above at 1 + clip_high "
+                                                             "(> clip-low: DAPO's clip-higher)")),
+        ("--aggregation", "aggregation", opt(optim, d.aggregation, "how token losses reduce to one",
+                                             choices=AGGREGATION_NAMES)),
+        ("--kl-coef", "kl_coef", opt(optim, d.kl_coef, "k3 KL to the initial model (0: no reference)")),
+        ("--filter-zero-variance", "filter_zero_variance", opt(
+            optim, d.filter_zero_variance, "skip groups whose rewards are all equal (DAPO dynamic sampling)",
+            action=argparse.BooleanOptionalAction)),
+        ("--filter-overlong", "filter_overlong", opt(
+            optim, d.filter_overlong, "mask replies cut by --max-new-tokens (DAPO overlong filtering)",
+            action=argparse.BooleanOptionalAction)),
+        ("--logprob-chunk-size", "logprob_chunk_size", opt(optim, d.logprob_chunk_size,
+                                                           "tokens per chunk of the vocabulary projection")),
+        ("--pcar-lambda", "pcar_lambda", opt(algo, d.pcar_lambda, "PCAR: weight of the segment's evaluation score")),
+        ("--pcar-delta", "pcar_delta", opt(algo, d.pcar_delta, "PCAR: floor of a segment's advantage scale")),
+        ("--dcpo-segment-budget", "dcpo_segment_budget", opt(algo, d.dcpo_segment_budget,
+                                                             "DCPO: segments trained per group (0 = all)")),
+        ("--lora-rank", "lora_rank", opt(model, d.lora_rank, "LoRA rank (0 = full fine-tuning)")),
+        ("--lora-alpha", "lora_alpha", opt(model, d.lora_alpha, "LoRA alpha")),
+        ("--gradient-checkpointing", "gradient_checkpointing", opt(
+            model, d.gradient_checkpointing, "recompute each decoder layer in the backward pass", action="store_true")),
+        ("--compile", "compile", opt(model, "auto", "torch.compile each decoder layer for the update "
+                                                    "(auto: on CUDA only)", choices=tuple(AUTO_SWITCH))),
+        ("--checkpoint-mlp", "checkpoint_mlp", opt(model, "auto", "recompute each MLP in the backward pass: about "
+                                                   "half the activation memory (auto: on CUDA only)",
+                                                   choices=tuple(AUTO_SWITCH))),
+        ("--dtype", "dtype", opt(model, "auto", "the model's weights (auto: float32, with bfloat16 autocast on CUDA; "
+                                                "bfloat16 keeps float32 master weights in the optimizer)",
+                                 choices=("auto", "float32", "bfloat16"))),
+        ("--device", "device", opt(model, d.device, "torch device (unset: cuda if available, else cpu)")),
+        ("--parallelism", "parallelism", opt(model, d.parallelism, "under torchrun / accelerate launch: ddp "
+                                             "replicates the model on every process, fsdp shards parameters, "
+                                             "gradients and optimizer state", choices=PARALLELISM)),
+    ]
+
+
+def train_config_from_args(args: argparse.Namespace):
+    """The :class:`~rftgym.train.TrainConfig` that ``rftgym train``'s arguments describe."""
     from .core.errors import ConfigError
     from .train import TrainConfig
-    from .train.loop import train
 
-    env_kwargs = _parse_env_args(args.env_arg)
-    _make_env(args.env, env_kwargs).close()  # fail fast on a bad env id or option
     output_dir = args.output_dir or str(Path("runs") / "train" / f"{args.env.split('/')[-1]}-{args.algo}")
-    settings = dict(
-        env_id=args.env, env_kwargs=env_kwargs, algo=args.algo, model=args.model, output_dir=output_dir,
-        steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, learning_rate=args.lr,
-        epochs_per_step=args.epochs, minibatch_size=args.minibatch_size, kl_coef=args.kl_coef,
-        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing, device=args.device,
-        seed=args.seed, save_every=args.save_every, rollout_batch_size=args.rollout_batch_size,
-        parallelism=args.parallelism, compile={"auto": None, "on": True, "off": False}[args.compile],
-        checkpoint_mlp={"auto": None, "on": True, "off": False}[args.checkpoint_mlp],
-        microbatch_size=args.microbatch_size, dtype=None if args.dtype == "auto" else args.dtype,
-    )
+    settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
+    settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
+                    **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
+                    dtype=None if args.dtype == "auto" else args.dtype)
     try:
-        config = TrainConfig(**settings)
+        return TrainConfig(**settings)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train.loop import train
+
+    config = train_config_from_args(args)
+    _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
+    output_dir = config.output_dir
     from .train.checkpoint import has_checkpoint
 
     if has_checkpoint(Path(output_dir)) and not args.resume:
@@ -307,8 +386,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .rollout.metrics import format_table
 
     rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",
-             h.get("kl_ref", "-"), h["step_seconds"]] for h in history]
-    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "seconds"]))
+             h.get("kl_ref", "-"), f"{h['learning_rate']:.3g}", h["step_seconds"]] for h in history]
+    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]))
     print(f"metrics: {output_dir}/metrics.jsonl  curve: {output_dir}/learning_curve.png  "
           f"checkpoint: {output_dir}/checkpoint")
     return 0
@@ -327,6 +406,9 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- parser
+
+TRAIN_FLAGS = _train_flags()
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
@@ -372,41 +454,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)
 
-    from .train.config import ALGORITHMS, PARALLELISM
-
-    p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)")
+    p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
+                       description="Train a local model on an environment. Every TrainConfig field has a flag "
+                                   "(defaults shown); see rftgym/train/config.py.")
     env_args(p)
-    p.add_argument("--algo", choices=ALGORITHMS, default="grpo")
-    p.add_argument("--model", help="local Hugging Face model directory (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--output-dir", help="where metrics, the PNG and checkpoints go (default runs/train/<env>-<algo>)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--tasks-per-step", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8, help="samples per task (G)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--epochs", type=int, default=1, help="passes over each step's samples")
-    p.add_argument("--minibatch-size", type=int, default=16)
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="the model's weights (auto: float32, with bfloat16 autocast on CUDA; bfloat16 keeps "
-                        "float32 master weights in the optimizer)")
-    p.add_argument("--microbatch-size", type=int, default=0,
-                   help="gradient accumulation: forward/backward this many samples at a time (0 = the whole minibatch)")
-    p.add_argument("--rollout-batch-size", type=int, default=32)
-    p.add_argument("--kl-coef", type=float, default=0.0)
-    p.add_argument("--lora-rank", type=int, default=0, help="0 = full fine-tuning")
-    p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile each decoder layer for the update (auto: on CUDA only)")
-    p.add_argument("--checkpoint-mlp", choices=("auto", "on", "off"), default="auto",
-                   help="recompute each MLP in the backward pass: about half the activation memory "
-                        "(auto: on CUDA only)")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--parallelism", choices=PARALLELISM, default="ddp",
-                   help="under torchrun / accelerate launch: ddp replicates the model on every process, fsdp shards "
-                        "parameters, gradients and optimizer state across them (default ddp)")
+    groups = {}
+    for flag, field_name, options in TRAIN_FLAGS:
+        options = dict(options)
+        group = options.pop("group")
+        if group not in groups:
+            groups[group] = p.add_argument_group(group)
+        groups[group].add_argument(flag, dest=field_name, **options)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigError
+from .schedule import LR_SCHEDULES
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
@@ -33,6 +34,11 @@ class TrainConfig:
 
     # optimisation
     learning_rate: float = 1e-5
+    # The rate of each step (rftgym/train/schedule.py): linear warm-up over warmup_steps steps,
+    # then constant, or a linear or cosine decay to learning_rate * min_lr_ratio.
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     epochs_per_step: int = 1
     minibatch_size: int = 16  # sequences (segments) per optimizer step
@@ -72,7 +78,7 @@ class TrainConfig:
     dtype: str | None = None
     seed: int = 0
     save_every: int = 10
-    log_every: int = 1
+    log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
 
     def __post_init__(self) -> None:
         if self.algo not in ALGORITHMS:
@@ -89,6 +95,14 @@ class TrainConfig:
             raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
+                or not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
+                              f"got {self.min_lr_ratio}")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive for RL sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:

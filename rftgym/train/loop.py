@@ -28,6 +28,7 @@ from .losses import aggregate, policy_loss, token_mean
 from .master_weights import needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
+from .schedule import learning_rate_at
 from .speed import SpeedConfig, apply_training_speedups, is_right_padded, make_optimizer, tag_right_padding
 
 
@@ -116,8 +117,13 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         # 3. Advantages -> per-token training samples.
         samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config, segment_rng)
 
-        # 4. Update: epochs of minibatches over the samples.
+        # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
         model.train()
+        learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
+                                         schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                                         min_ratio=config.min_lr_ratio)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
         update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
 
         # Episode statistics over all ranks; loss statistics are this rank's.
@@ -136,10 +142,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
             "trained_tokens": int(n_tokens),
             "rollout_seconds": rollout_seconds,
             "step_seconds": time.perf_counter() - started,
+            "learning_rate": learning_rate,
             **update,
         }
         history.append({"step": step, **metrics})
-        if log is not None:
+        if log is not None and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             log.write(step, metrics)
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.

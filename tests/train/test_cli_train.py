@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rftgym.cli import main
+from rftgym.cli import TRAIN_FLAGS, build_parser, main, train_config_from_args
+from rftgym.train import TrainConfig
 
 
 def test_train_default_model_writes_metrics_png_and_checkpoint(tmp_path, capsys):
@@ -36,9 +37,44 @@ def test_train_refuses_to_overwrite_and_explains(tmp_path, capsys):
     (["--algo", "ppo"], "invalid choice"),
     (["--group-size", "1"], "group_size must be at least 2"),
     (["--lr", "0"], "learning_rate must be positive"),
+    (["--steps", "4", "--warmup-steps", "5"], "warmup_steps must be an int in [0, steps]"),
+    (["--lr-schedule", "step"], "invalid choice"),
+    (["--aggregation", "mean"], "invalid choice"),
+    (["--min-lr-ratio", "2"], "min_lr_ratio must be in [0, 1]"),
 ])
 def test_train_bad_arguments_say_what_is_valid(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "x"), *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_train_config_field_has_a_flag():
+    covered = {field_name for _, field_name, _ in TRAIN_FLAGS} | {"env_id", "env_kwargs", "seed"}
+    assert covered == set(TrainConfig.__dataclass_fields__)
+
+
+def test_train_defaults_are_the_configs():
+    args = build_parser().parse_args(["train", "rftgym/VerifiableQA-v0"])
+    assert train_config_from_args(args) == TrainConfig(env_id="rftgym/VerifiableQA-v0",
+                                                       output_dir="runs/train/VerifiableQA-v0-grpo")
+
+
+def test_train_flags_reach_the_config():
+    args = build_parser().parse_args([
+        "train", "rftgym/SearchEvalQA-v0", "--algo", "pcar", "--lr", "3e-6", "--lr-schedule", "cosine",
+        "--warmup-steps", "2", "--min-lr-ratio", "0.1", "--weight-decay", "0.01", "--clip-low", "0.1",
+        "--clip-high", "0.3", "--aggregation", "sequence_mean", "--no-filter-zero-variance", "--filter-overlong",
+        "--pcar-lambda", "0.7", "--pcar-delta", "0.2", "--dcpo-segment-budget", "3", "--lora-rank", "8",
+        "--lora-alpha", "32", "--compile", "off", "--checkpoint-mlp", "on", "--dtype", "bfloat16", "--log-every", "3",
+        "--top-p", "0.9", "--max-grad-norm", "0.5", "--logprob-chunk-size", "256", "--env-arg", "max_searches=2",
+        "--seed", "5", "--epochs", "2", "--microbatch-size", "4", "--gradient-checkpointing"])
+    config = train_config_from_args(args)
+    expected = dict(algo="pcar", learning_rate=3e-6, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1,
+                    weight_decay=0.01, clip_low=0.1, clip_high=0.3, aggregation="sequence_mean",
+                    filter_zero_variance=False, filter_overlong=True, pcar_lambda=0.7, pcar_delta=0.2,
+                    dcpo_segment_budget=3, lora_rank=8, lora_alpha=32.0, compile=False, checkpoint_mlp=True,
+                    dtype="bfloat16", log_every=3, top_p=0.9, max_grad_norm=0.5, logprob_chunk_size=256,
+                    env_kwargs={"max_searches": 2}, seed=5, epochs_per_step=2, microbatch_size=4,
+                    gradient_checkpointing=True, output_dir="runs/train/SearchEvalQA-v0-pcar")
+    assert {name: getattr(config, name) for name in expected} == expected
