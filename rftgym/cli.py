@@ -317,6 +317,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--minibatch-size", "minibatch_size", opt(optim, d.minibatch_size, "samples per optimizer step")),
         ("--microbatch-size", "microbatch_size", opt(optim, d.microbatch_size, "gradient accumulation: forward/"
                                                      "backward this many samples at a time (0 = the whole minibatch)")),
+        ("--pack-sequences", "pack_sequences", opt(
+            optim, d.pack_sequences, "several samples per row, so the update computes no padding (the same "
+                                     "gradient)", action=argparse.BooleanOptionalAction)),
         ("--max-grad-norm", "max_grad_norm", opt(optim, d.max_grad_norm, "gradient clipping norm")),
         ("--clip-low", "clip_low", opt(optim, d.clip_low, "PPO ratio clipped below at 1 - clip_low")),
         ("--clip-high", "clip_high", opt(optim, d.clip_high, "PPO ratio clipped above at 1 + clip_high "

@@ -45,6 +45,9 @@ class TrainConfig:
     # Gradient accumulation inside a minibatch: forward/backward this many samples at a time
     # (0 = the whole minibatch at once). Same gradient, less activation memory.
     microbatch_size: int = 0
+    # Pack several samples into each row (rftgym/train/packing.py), so the update computes no
+    # padding; the same loss and gradient. Checked once per run against the model's attention.
+    pack_sequences: bool = False
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28  # > clip_low is DAPO's clip-higher

@@ -28,6 +28,7 @@ from .losses import aggregate, policy_loss, token_mean
 from .master_weights import needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
+from .packing import collate_packed
 from .schedule import learning_rate_at
 from .speed import SpeedConfig, apply_training_speedups, is_right_padded, make_optimizer, tag_right_padding
 
@@ -177,6 +178,8 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     check_training_logprobs(model, autocast)
+    if config.pack_sequences:
+        check_packed_attention(model, autocast)
     if config.lora_rank:
         peft = require("peft", "train", "LoRA training")
         lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
@@ -226,6 +229,32 @@ def check_training_logprobs(model, autocast=nullcontext) -> None:
             "rftgym supports a logit scale and a soft cap (final_logit_softcapping, logit_scale, logits_scaling)")
 
 
+def check_packed_attention(model, autocast=nullcontext) -> None:
+    """Refuse packing (``pack_sequences``) for a model that does not keep packed samples apart.
+
+    Packed rows (:mod:`rftgym.train.packing`) rely on the decoder reading position ids that
+    restart at 0 as the start of a new sample and masking attention across samples, as
+    Hugging Face's shared mask code does; a model with attention code of its own may attend across
+    samples instead, silently. Two short samples packed in one row must give the log-probs they
+    give alone."""
+    weight = model.get_output_embeddings().weight
+    vocab = weight.shape[0]
+    first = (torch.arange(5, device=weight.device) * 5 + 2).remainder(vocab)
+    second = (torch.arange(4, device=weight.device) * 3 + 1).remainder(vocab)
+    decoder = model.get_decoder()
+    with torch.no_grad(), autocast():
+        alone = [decoder(input_ids=ids.unsqueeze(0), use_cache=False).last_hidden_state[0] for ids in (first, second)]
+        packed = decoder(input_ids=torch.cat([first, second]).unsqueeze(0),
+                         position_ids=torch.cat([torch.arange(5), torch.arange(4)]).to(weight.device).unsqueeze(0),
+                         use_cache=False).last_hidden_state[0]
+    gap = float((packed - torch.cat(alone)).abs().max())
+    scale = float(torch.cat(alone).abs().max())
+    if not gap <= 2e-2 * max(scale, 1.0):
+        raise ConfigError(f"this model attends across packed samples (hidden states differ by {gap:.3g} from the "
+                          "samples run alone): its attention ignores restarting position ids. Train it without "
+                          "pack_sequences (--no-pack-sequences)")
+
+
 def make_reference(model, config: TrainConfig):
     """The frozen reference for the KL term: None when unused; with LoRA, the same model with
     its adapters switched off (no second copy); otherwise a frozen copy of the initial model."""
@@ -248,8 +277,10 @@ def batch_logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, w
 
 def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                use_cache=False).last_hidden_state
+    # Packed rows (rftgym.train.packing) carry position ids that restart at each sample, and no
+    # padding mask; the decoder then attends within each sample only.
+    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                                position_ids=batch.get("position_ids"), use_cache=False).last_hidden_state
     weight = base.get_output_embeddings().weight
     return chunked_token_logprobs(hidden[:, :-1], weight, batch["targets"], temperature=config.temperature,
                                   chunk_size=config.logprob_chunk_size, with_entropy=with_entropy,
@@ -271,6 +302,7 @@ def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
         normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
+        sequence_ids=batch.get("sequence_ids"),
     )
     return loss, stats, logp
 
@@ -325,7 +357,7 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     token_weights = microbatch_weights(chunk, sizes, "token_mean")
     total_loss, stats = 0.0, {}
     for part, weight, token_weight in zip(_split(chunk, sizes), loss_weights, token_weights):
-        batch = to_device(collate(part, pad_id), device)
+        batch = to_device(collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id), device)
         loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
         (loss * (weight * scale)).backward()
         total_loss = total_loss + loss.detach() * weight

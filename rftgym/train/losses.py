@@ -86,17 +86,32 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _safe_divide(_masked(loss, mask).sum(), mask.sum().to(loss.dtype))
 
 
-def sequence_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sequence_mean(loss: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``mean over sequences b with n_b > 0 of (sum_t loss_bt * mask_bt / n_b)``, ``n_b = sum_t mask_bt``.
 
     Each sequence weighs the same whatever its length (the original GRPO aggregation). Sequences
-    with no trained token are skipped; if there are none, the result is 0.
+    with no trained token are skipped; if there are none, the result is 0. A sequence is a row,
+    or, with ``sequence_ids`` (packed rows, :mod:`rftgym.train.packing`), the positions sharing an
+    id >= 0 (-1: padding, which must be masked).
     """
+    if sequence_ids is not None:
+        return _sequence_mean_by_id(loss, mask, sequence_ids)
     per_sequence_sum = _masked(loss, mask).sum(dim=-1)
     counts = torch.broadcast_to(mask, loss.shape).sum(dim=-1).to(loss.dtype)
     has_tokens = counts > 0
     per_sequence = _safe_divide(per_sequence_sum, counts)
     return _safe_divide(per_sequence.sum(), has_tokens.sum().to(loss.dtype))
+
+
+def _sequence_mean_by_id(loss: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    values = _masked(loss, mask).reshape(-1)
+    weights = torch.broadcast_to(mask, loss.shape).reshape(-1).to(loss.dtype)
+    # Ids index a sum per sequence; there are at most as many sequences as positions, so that many
+    # slots need no read of the largest id from the device. Padding (-1) goes to an extra slot.
+    slots = torch.where(sequence_ids >= 0, sequence_ids, sequence_ids.numel()).reshape(-1)
+    sums = values.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, values)[:-1]
+    counts = weights.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, weights)[:-1]
+    return _safe_divide(_safe_divide(sums, counts).sum(), (counts > 0).sum().to(loss.dtype))
 
 
 def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
@@ -115,10 +130,12 @@ AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def aggregate(name: str, loss: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+def aggregate(name: str, loss: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None,
+              sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a per-token loss to a scalar with ``AGGREGATIONS[name]``.
 
-    ``normalizer`` is required by (and only used by) ``"constant_normalizer"``.
+    ``normalizer`` is required by (and only used by) ``"constant_normalizer"``; ``sequence_ids``
+    (packed rows) by ``"sequence_mean"``, the only aggregation that depends on where sequences are.
     """
     if name not in AGGREGATIONS:
         raise ConfigError(f"unknown loss aggregation {name!r}; choose one of {sorted(AGGREGATIONS)}")
@@ -129,6 +146,8 @@ def aggregate(name: str, loss: torch.Tensor, mask: torch.Tensor, normalizer: flo
                 "(e.g. max_response_length * batch_size); set one or choose 'token_mean'"
             )
         return constant_normalizer(loss, mask, normalizer)
+    if name == "sequence_mean":
+        return sequence_mean(loss, mask, sequence_ids)
     return AGGREGATIONS[name](loss, mask)
 
 
@@ -158,6 +177,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar policy-gradient loss and its diagnostics.
 
@@ -165,7 +185,8 @@ def policy_loss(
 
         loss = aggregate(ppo_clip_token_losses(logp, old_logp, A)) + kl_coef * aggregate(kl_k3(logp, ref_logp))
 
-    both aggregated with the same ``aggregation`` over ``mask``. The KL term needs ``ref_logp``
+    both aggregated with the same ``aggregation`` over ``mask`` (``sequence_ids``: packed rows,
+    see :func:`sequence_mean`). The KL term needs ``ref_logp``
     when ``kl_coef > 0``; with ``kl_coef == 0`` a given ``ref_logp`` is only reported.
 
     Stats (detached 0-dim tensors on the loss's device, so that computing them never waits for
@@ -181,13 +202,13 @@ def policy_loss(
     if kl_coef > 0 and ref_logp is None:
         raise ConfigError(f"kl_coef={kl_coef} needs reference log-probs (ref_logp); pass them or set kl_coef=0")
     per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high)
-    pg_loss = aggregate(aggregation, per_token, mask, normalizer)
+    pg_loss = aggregate(aggregation, per_token, mask, normalizer, sequence_ids)
     loss = pg_loss
     kl = None
     if ref_logp is not None:
         kl = kl_k3(logp, ref_logp)
         if kl_coef > 0:
-            loss = loss + kl_coef * aggregate(aggregation, kl, mask, normalizer)
+            loss = loss + kl_coef * aggregate(aggregation, kl, mask, normalizer, sequence_ids)
 
     with torch.no_grad():
         def masked_mean(values: torch.Tensor) -> torch.Tensor:

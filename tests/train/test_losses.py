@@ -136,6 +136,28 @@ def test_sequence_mean_skips_sequences_without_tokens():
     close(token_mean(loss, mask), 3.0)
 
 
+def test_sequence_mean_of_packed_rows_by_hand():
+    # One row holding three sequences: ids [0, 0, 1, 1, -1, 2] (-1: padding), mask [1, 1, 0, 1, 0, 1]
+    # seq 0: (1 + 2) / 2 = 1.5; seq 1: 4 / 1 = 4; seq 2: 6 / 1 = 6  ->  (1.5 + 4 + 6) / 3 = 23/6
+    loss = torch.tensor([[1.0, 2.0, 3.0, 4.0, 99.0, 6.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0, 1.0]])
+    ids = torch.tensor([[0, 0, 1, 1, -1, 2]])
+    value = sequence_mean(loss, mask, ids)
+    close(value, 23 / 6)
+    value.backward()
+    # d/d loss_t = 1 / (n_b * sequences): seq 0 tokens 1/6 each, seq 1 and 2 tokens 1/3
+    close(loss.grad, [[1 / 6, 1 / 6, 0.0, 1 / 3, 0.0, 1 / 3]])
+    # The same sequences laid out one per row give the same number.
+    rows = torch.tensor([[1.0, 2.0], [3.0, 4.0], [6.0, 0.0]])
+    close(sequence_mean(rows, torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])), 23 / 6)
+    # Ids spread over two rows, one sequence without trained tokens (id 3): skipped.
+    two_rows = sequence_mean(torch.tensor([[1.0, 2.0, 5.0], [4.0, 6.0, 7.0]]),
+                             torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]), torch.tensor([[0, 0, 3], [1, 2, -1]]))
+    close(two_rows, 23 / 6)
+    close(aggregate("sequence_mean", loss.detach(), mask, sequence_ids=ids), 23 / 6)
+    close(sequence_mean(loss.detach(), torch.zeros(1, 6), ids), 0.0)
+
+
 def test_constant_normalizer():
     # (1 + 2 + 4) / 6 = 7/6  (e.g. max length 3 * 2 sequences)
     close(constant_normalizer(LOSS, MASK, 6), 7 / 6)

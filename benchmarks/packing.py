@@ -1,0 +1,129 @@
+"""One update over samples of varied length, padded rows against packed rows, side by side.
+
+A GRPO step's samples differ in length: prompts of different sizes, replies from a few tokens to
+the ``max_new_tokens`` cap. Padded rows (``rftgym.train.batching.collate``, what TRL's
+GRPOTrainer does by default) compute every row at the longest sample's length; packed rows
+(``--pack-sequences``, :mod:`rftgym.train.packing`) place samples one after another. This times
+``rftgym.train.loop.optimise`` both ways on the same samples and the same initial weights, and
+checks that both give the same loss.
+
+The model is SmolLM2-135M-Instruct's architecture (random weights: the time does not depend on
+them), with ``--layers`` decoder layers. Sample lengths are drawn (seeded): prompt 60-140 tokens,
+reply 8-``new-tokens`` tokens, a quarter of the replies cut at the cap.
+
+    python benchmarks/packing.py                     # CPU: 16 samples, 6 layers
+    python benchmarks/packing.py --device cuda --samples 64 --layers 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rftgym.train.batching import TrainSample, collate  # noqa: E402
+from rftgym.train.config import TrainConfig  # noqa: E402
+from rftgym.train.loop import optimise  # noqa: E402
+from rftgym.train.packing import collate_packed  # noqa: E402
+from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimizer  # noqa: E402
+
+
+def make_model(args):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rftgym.agents.model_loading import default_model_dir
+
+    config = AutoConfig.from_pretrained(default_model_dir())
+    if args.layers:
+        config.num_hidden_layers = args.layers
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def make_samples(args, vocab: int) -> list[TrainSample]:
+    rng = np.random.default_rng(args.seed)
+    samples = []
+    for index in range(args.samples):
+        prompt = int(rng.integers(60, 141))
+        reply = args.new_tokens if rng.random() < 0.25 else int(rng.integers(8, args.new_tokens + 1))
+        ids = rng.integers(3, vocab, size=prompt + reply).tolist()
+        samples.append(TrainSample(ids, [0] * prompt + [1] * reply, [0.0] * prompt + (-rng.random(reply) * 4).tolist(),
+                                   [0.0] * prompt + [float(rng.normal())] * reply, index // 8, index % 8))
+    return samples
+
+
+def timed_updates(args, model, samples, pack: bool) -> dict:
+    on_cuda = args.device == "cuda"
+    model = copy.deepcopy(model)
+    if on_cuda:
+        apply_training_speedups(model, SpeedConfig(checkpoint_mlp=True))
+    model.train()
+    config = TrainConfig(minibatch_size=len(samples), max_new_tokens=args.new_tokens, group_size=8, kl_coef=0.0,
+                         pack_sequences=pack, learning_rate=1e-6)
+    optimizer = make_optimizer(model.parameters(), lr=1e-6)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else nullcontext
+
+    def update():
+        return optimise(model, None, optimizer, samples, config, 0, torch.Generator().manual_seed(0), None, autocast)
+
+    def sync():
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    first = update()  # warm-up (compilation on CUDA); its loss is compared across the two layouts
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.repeats):
+        sync()
+        started = time.perf_counter()
+        update()
+        sync()
+        times.append(time.perf_counter() - started)
+    batch = collate_packed(samples, 0) if pack else collate(samples, 0)
+    rows, width = batch["input_ids"].shape
+    return {"update_s": float(np.median(times)), "rows": rows, "width": width, "positions": rows * width,
+            "first_loss": first["loss"], "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if on_cuda else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=6, help="decoder layers (0: the model's 30)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    model = make_model(args)
+    samples = make_samples(args, model.config.vocab_size)
+    tokens = sum(len(s.token_ids) for s in samples)
+    results = {name: timed_updates(args, model, samples, pack) for name, pack in (("padded", False), ("packed", True))}
+    print(f"device: {args.device}  torch {torch.__version__}  layers {model.config.num_hidden_layers}  "
+          f"{args.samples} samples, {tokens} tokens, lengths {min(len(s.token_ids) for s in samples)}-"
+          f"{max(len(s.token_ids) for s in samples)}")
+    print(f"{'rows':<8}{'update s':>10}{'rows x width':>16}{'positions':>11}{'padding':>9}{'peak GB':>9}  first loss")
+    for name, r in results.items():
+        peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
+        print(f"{name:<8}{r['update_s']:>10.3f}{r['rows']:>8} x {r['width']:<5}{r['positions']:>11}"
+              f"{1 - tokens / r['positions']:>9.1%}{peak:>9}  {r['first_loss']:.6f}")
+    speedup = results["padded"]["update_s"] / results["packed"]["update_s"]
+    print(f"packed / padded: {speedup:.2f}x faster; same loss: "
+          f"{abs(results['packed']['first_loss'] - results['padded']['first_loss']) < 1e-4}")
+    print(json.dumps({"device": args.device, "tokens": tokens, "speedup": speedup, **results}))
+
+
+if __name__ == "__main__":
+    main()
