@@ -125,6 +125,17 @@ def make_model(args, tokenizer_dir: Path, seed: int):
     return model.eval()
 
 
+def model_flops(model, samples: list[TrainSample]) -> float:
+    """FLOPs of one update over ``samples`` (speed.update_flops), the output layer counted at the
+    trained positions, where the update runs it (as TRL computes logits for completions only)."""
+    config = model.config
+    return update_flops(parameter_count(model), [len(s.token_ids) for s in samples], config.num_hidden_layers,
+                        config.num_attention_heads * (getattr(config, "head_dim", None)
+                                                      or config.hidden_size // config.num_attention_heads),
+                        head_parameters=model.get_output_embeddings().weight.numel(),
+                        head_positions=sum(sum(s.loss_mask[1:]) for s in samples))
+
+
 def autocast_for(device: str):
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
 
@@ -257,10 +268,7 @@ def phase_ours(args, tokenizer, tokenizer_dir) -> dict:
         model.train()
         optimise(model, None, optimizer, samples, config, policy.pad_id, generator, None, autocast)
         done = clock.now()
-        flops = update_flops(parameter_count(model), [len(s.token_ids) for s in samples],
-                             model.config.num_hidden_layers, model.config.num_attention_heads * (
-                                 getattr(model.config, "head_dim", None)
-                                 or model.config.hidden_size // model.config.num_attention_heads))
+        flops = model_flops(model, samples)
         steps.append({"step_s": done - started, "generate_s": generated - started, "score_s": scored - generated,
                       "update_s": done - scored, "update_flops": flops, "peak_gb": peak_gb(args.device)})
     timed = steps[1:] if len(steps) > 1 else steps
@@ -360,10 +368,7 @@ def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
     config = replace(train_config(args, len(samples), args.update_seq - prompt),
                      microbatch_size=MICROBATCH.get(variant, 0))
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, fused=speed is not None)
-    flops = update_flops(parameter_count(model), [args.update_seq] * args.update_batch,
-                         model.config.num_hidden_layers, model.config.num_attention_heads * (
-                             getattr(model.config, "head_dim", None)
-                             or model.config.hidden_size // model.config.num_attention_heads))
+    flops = model_flops(model, samples)
     generator = torch.Generator().manual_seed(0)
     autocast = nullcontext if bf16_weights else autocast_for(args.device)
     model.train()
@@ -473,8 +478,10 @@ def print_table(args, results: dict) -> None:
             continue
         print(f"  {variant:22}{fmt(u.get('update_s'), 3):>10}{fmt(u.get('tflops')):>9}"
               f"{fmt(100 * u['mfu'] if 'mfu' in u else None):>7}%{fmt(u.get('peak_gb'), 2):>9}  {u.get('applied')}")
-    print("* MFU = (6*N*tokens + 12*layers*heads*head_dim*sum(seq^2)) / update seconds / "
-          f"{PEAK_FLOPS[args.device] / 1e12:.0f} TFLOP/s (N = all parameters, tied counted once; recompute not counted)")
+    print("* MFU = (6*(N-N_head)*tokens + 6*N_head*trained positions + 12*layers*heads*head_dim*sum(seq^2)) / update "
+          f"seconds / {PEAK_FLOPS[args.device] / 1e12:.0f} TFLOP/s (N = all parameters, tied counted once; N_head = "
+          "vocab x hidden, run at trained positions only; recompute not counted). Results before 2026-11-30's "
+          "trained-positions change counted the head at every token.")
     for variant in args.update_variants:
         profiled = results.get(f"update:{variant}", {}).get("profile")
         if not profiled:

@@ -178,8 +178,15 @@ def _finish(samples: list[TrainSample], stats: BatchStats) -> tuple[list[TrainSa
     return samples, stats
 
 
+def trained_index(loss_mask: torch.Tensor) -> torch.Tensor:
+    """The flat indices of the positions a ``[rows, L - 1]`` loss mask trains; the update computes
+    log-probs there only (built on the host, so the device never has to report the count)."""
+    return torch.nonzero(loss_mask.reshape(-1)).view(-1)
+
+
 def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad samples into tensors; targets are the next tokens (shifted by one)."""
+    """Right-pad samples into tensors; targets are the next tokens (shifted by one);
+    ``trained_index``: see :func:`trained_index`."""
     width = max(len(s.token_ids) for s in samples)
     batch = len(samples)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -196,4 +203,4 @@ def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
         old[row, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
         adv[row, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
     return {"input_ids": input_ids, "attention_mask": attention, "targets": input_ids[:, 1:],
-            "loss_mask": mask, "old_logprobs": old, "advantages": adv}
+            "loss_mask": mask, "old_logprobs": old, "advantages": adv, "trained_index": trained_index(mask)}

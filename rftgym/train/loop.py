@@ -282,9 +282,24 @@ def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_e
     hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                                 position_ids=batch.get("position_ids"), use_cache=False).last_hidden_state
     weight = base.get_output_embeddings().weight
-    return chunked_token_logprobs(hidden[:, :-1], weight, batch["targets"], temperature=config.temperature,
-                                  chunk_size=config.logprob_chunk_size, with_entropy=with_entropy,
-                                  transform=logit_transform(base.config))
+    options = dict(temperature=config.temperature, chunk_size=config.logprob_chunk_size, with_entropy=with_entropy,
+                   transform=logit_transform(base.config))
+    targets, index = batch["targets"], batch.get("trained_index")
+    if index is None or index.numel() == 0:  # every position (e.g. a padding pass that trains nothing)
+        return chunked_token_logprobs(hidden[:, :-1], weight, targets, **options)
+    # The loss, the KL term and the reported entropy are all taken over the loss mask, so only
+    # trained positions need the vocabulary projection: prompts, tool output and padding skip it.
+    # Position t of row b is index b * (T - 1) + t of the targets and b * T + t of the hidden states.
+    width = targets.shape[1]
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index + index // width)
+    logp, entropy = chunked_token_logprobs(rows.unsqueeze(0), weight, targets.reshape(-1)[index].unsqueeze(0),
+                                           **options)
+    return _spread(logp, index, targets.shape), (None if entropy is None else _spread(entropy, index, targets.shape))
+
+
+def _spread(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``values`` ``[1, K]`` placed at the flat positions ``index`` of a zero tensor of ``shape``."""
+    return values.new_zeros(shape.numel()).index_copy(0, index, values[0]).view(shape)
 
 
 def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
@@ -307,16 +322,24 @@ def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
     return loss, stats, logp
 
 
+def normalizer_count(samples: list[TrainSample], aggregation: str) -> int:
+    """What ``aggregation``'s mean divides by over ``samples``: trained tokens (token_mean), sequences
+    with a trained token (sequence_mean), or the sample count (constant_normalizer). A sample's
+    first token is never predicted, so its mask counts from the second token."""
+    if aggregation == "token_mean":
+        return sum(sum(s.loss_mask[1:]) for s in samples)
+    if aggregation == "sequence_mean":
+        return sum(1 for s in samples if any(s.loss_mask[1:]))
+    return len(samples)
+
+
 def microbatch_weights(samples: list[TrainSample], sizes: list[int], aggregation: str) -> list[float]:
     """How much each microbatch's own aggregated loss weighs in the minibatch's: its share of the
     trained tokens (token_mean), of the sequences with trained tokens (sequence_mean), or 1
     (constant_normalizer, a plain sum over a fixed normalizer)."""
     if aggregation == "constant_normalizer":
         return [1.0] * len(sizes)
-    if aggregation == "token_mean":
-        counts = [sum(sum(s.loss_mask) for s in part) for part in _split(samples, sizes)]
-    else:
-        counts = [sum(1 for s in part if any(s.loss_mask)) for part in _split(samples, sizes)]
+    counts = [normalizer_count(part, aggregation) for part in _split(samples, sizes)]
     total = sum(counts)
     return [c / total if total else 0.0 for c in counts]
 
@@ -412,8 +435,9 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats.
 
     With several ranks, every rank runs the largest rank's number of minibatches (a rank that
-    has run out contributes zero gradients), and gradients are averaged before each step over
-    the ranks that contributed. Under FSDP (``model`` a :class:`ShardedModel`) the forward and
+    has run out contributes zero gradients), and each minibatch's loss is the aggregation over
+    all ranks' samples together (a token mean weighs every token of every rank alike), as one
+    process would compute it over the union; gradients are averaged before each step. Under FSDP (``model`` a :class:`ShardedModel`) the forward and
     backward passes hold the collectives, so every rank runs the largest rank's number of passes
     (zero-weighted padding passes where it has fewer microbatches, or none), and FSDP's
     reduce-scatter does the averaging.
@@ -427,28 +451,39 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
     size = config.minibatch_size
-    # Every rank's sample count: under FSDP each rank derives every rank's number of passes from it.
-    counts = ranks.gather_objects(len(samples)) if sharded else None
-    minibatches = max(-(-n // size) for n in counts) if sharded else ranks.max_int(-(-len(samples) // size))
+    aggregation = "token_mean" if config.algo == "rft" else config.aggregation
+    orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
+    # Every rank's sample count and, per minibatch, what its loss is a mean over (trained tokens or
+    # sequences): a minibatch's loss is one mean over all ranks' samples, as in one process, so
+    # each rank weighs its share by its own count over the total.
+    own = (len(samples), [[normalizer_count([samples[i] for i in order[k:k + size]], aggregation)
+                           for k in range(0, len(samples), size)] for order in orders])
+    per_rank = ranks.gather_objects(own)
+    minibatches = max(-(-n // size) for n, _ in per_rank)
     if minibatches == 0:
         return {"loss": None, "updates": 0}
     totals: dict[str, torch.Tensor] = {}
     updates = local_updates = 0
-    for _ in range(config.epochs_per_step):
-        order = torch.randperm(len(samples), generator=generator).tolist()
+    for epoch, order in enumerate(orders):
         for index in range(minibatches):
             chunk = [samples[i] for i in order[index * size:(index + 1) * size]]
             optimizer.zero_grad(set_to_none=True)
-            if sharded:
-                chunk_sizes = [min(size, max(0, n - index * size)) for n in counts]
-                contributors = sum(n > 0 for n in chunk_sizes)
-                passes = max(len(microbatch_sizes(n, config.microbatch_size)) for n in chunk_sizes)
-                # FSDP's reduce-scatter divides the summed gradients by the world size; scaling
-                # each rank's loss makes the result the mean over the ranks that contributed.
-                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast,
-                                          passes=passes, scale=ranks.world_size / contributors)
+            chunk_sizes = [min(size, max(0, n - index * size)) for n, _ in per_rank]
+            contributors = sum(n > 0 for n in chunk_sizes)
+            if aggregation == "constant_normalizer":  # a sum over a fixed normalizer of world x minibatch
+                share = 1.0 / ranks.world_size
             else:
-                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast)
+                counts = [c[epoch][index] if index < len(c[epoch]) else 0 for _, c in per_rank]
+                share = counts[ranks.rank] / sum(counts) if sum(counts) else 0.0
+            # The gradients are then divided by the contributing ranks (DDP) or by all of them
+            # (FSDP's reduce-scatter); scaled by that divisor, this rank's loss enters as its share.
+            scale = share * (ranks.world_size if sharded else contributors)
+            if sharded:
+                passes = max(len(microbatch_sizes(n, config.microbatch_size)) for n in chunk_sizes)
+                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast,
+                                          passes=passes, scale=scale)
+            else:
+                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast, scale=scale)
                 # A rank that has run out still joins the average (with zero gradients).
                 ranks.average_gradients(trainable, contributed=bool(chunk))
             # Sharded gradients: the norm is a DTensor over all shards, so every rank clips alike.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .batching import TrainSample
+from .batching import TrainSample, trained_index
 
 
 def pack_rows(lengths: list[int], row_length: int) -> list[list[int]]:
@@ -44,7 +44,8 @@ def collate_packed(samples: list[TrainSample], pad_id: int, row_length: int | No
 
     Returns ``input_ids`` and ``position_ids`` ``[rows, L]``; ``targets``, ``loss_mask``,
     ``old_logprobs``, ``advantages`` and ``sequence_ids`` ``[rows, L - 1]`` (as ``collate``'s, plus
-    the index in ``samples`` of the sample each position belongs to, -1 on padding). Padding
+    the index in ``samples`` of the sample each position belongs to, -1 on padding) and
+    ``trained_index`` (:func:`~rftgym.train.batching.trained_index`). Padding
     after a row's last sample continues its positions, so it joins that sample's block, after it,
     where causal attention keeps it from every real token.
     """
@@ -76,4 +77,5 @@ def collate_packed(samples: list[TrainSample], pad_id: int, row_length: int | No
             last = int(positions[row, start - 1])
             positions[row, start:] = torch.arange(last + 1, last + 1 + width - start)
     return {"input_ids": input_ids, "position_ids": positions, "targets": input_ids[:, 1:], "loss_mask": mask,
-            "old_logprobs": old, "advantages": adv, "sequence_ids": sequence_ids}
+            "old_logprobs": old, "advantages": adv, "sequence_ids": sequence_ids,
+            "trained_index": trained_index(mask)}

@@ -167,11 +167,17 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def update_flops(parameters: int, sequence_lengths: list[int], layers: int, attention_width: int) -> float:
+def update_flops(parameters: int, sequence_lengths: list[int], layers: int, attention_width: int, *,
+                 head_parameters: int = 0, head_positions: int | None = None) -> float:
     """Model FLOPs of one forward+backward over sequences of the given lengths::
 
-        6 * N * sum(s)  +  12 * layers * attention_width * sum(s^2)
+        6 * (N - N_head) * sum(s)  +  6 * N_head * head_positions  +  12 * layers * attention_width * sum(s^2)
 
     (dense matmuls, then QK^T and AV at full, non-causal cost as in PaLM's MFU; recomputation
-    is not counted: MFU measures useful work)."""
-    return 6.0 * parameters * sum(sequence_lengths) + 12.0 * layers * attention_width * sum(s * s for s in sequence_lengths)
+    is not counted: MFU measures useful work). The update runs the output layer (``N_head =
+    vocab x hidden`` parameters) only at trained positions (``head_positions``); by default it is
+    counted at every token, as a plain forward pass would run it."""
+    tokens = sum(sequence_lengths)
+    head_positions = tokens if head_positions is None else head_positions
+    return (6.0 * (parameters - head_parameters) * tokens + 6.0 * head_parameters * head_positions
+            + 12.0 * layers * attention_width * sum(s * s for s in sequence_lengths))

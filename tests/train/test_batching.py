@@ -134,5 +134,8 @@ def test_collate_shifts_targets_and_masks_by_one():
     assert batch["input_ids"][0].tolist() == [900, 901, 1, 2, 0]
     assert batch["targets"][0].tolist() == [901, 1, 2, 0]
     assert batch["loss_mask"][0].tolist() == [0, 1, 1, 0]
+    # Flat positions with loss_mask 1, over [2 rows, 4 positions]: the update computes only these.
+    assert batch["trained_index"].tolist() == [i for i, m in enumerate(batch["loss_mask"].reshape(-1)) if m]
+    assert batch["trained_index"].tolist() == [1, 2, 5, 6, 7]
     assert batch["attention_mask"][0].tolist() == [1, 1, 1, 1, 0]
     assert batch["advantages"][1].tolist() == pytest.approx([0, -SQRT_HALF, -SQRT_HALF, -SQRT_HALF], abs=1e-5)

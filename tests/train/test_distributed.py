@@ -213,3 +213,61 @@ def test_fsdp_checkpoint_loads_in_one_process(fsdp_runs, make_char_policy):
     for name, p in policy.model.named_parameters():
         assert torch.equal(p.detach(), ranks[0]["fsdp"][1][name]), name
         assert optimizer.state[p]["exp_avg"].shape == p.shape  # whole moments, not one rank's shard
+
+
+# Each rank updates on its own samples (rank 0: two short ones; rank 1: four long ones, one with
+# nothing trained); one process updates on all six. A token mean (or sequence mean) over the
+# minibatch is then the same number either way, so the weights must match.
+GLOBAL_MEAN_SCRIPT = textwrap.dedent('''
+    import sys, torch, torch.distributed as dist
+    from support import tiny_llama
+    from rftgym.train import TrainConfig
+    from rftgym.train.batching import TrainSample
+    from rftgym.train.distributed import Distributed, full_tensor, shard_model
+    from rftgym.train.loop import _logprobs, optimise
+
+    result_dir = sys.argv[1]
+    ranks = Distributed.from_env(process_group_for_one=True)
+
+    def sample(n, prompt, value, seed):
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(3, 40, (n,), generator=g).tolist()
+        return TrainSample(ids, [0] * prompt + [1] * (n - prompt), (-torch.rand(n, generator=g)).tolist(),
+                           [0.0] * prompt + [value] * (n - prompt), 0, seed)
+
+    per_rank = [[sample(4, 2, 1.0, 1), sample(5, 3, -0.5, 2)],
+                [sample(12, 2, 0.7, 3), sample(11, 1, -1.2, 4), sample(9, 9, 0.3, 5), sample(10, 4, 0.4, 6)]]
+    results = {}
+    for aggregation in ("token_mean", "sequence_mean", "constant_normalizer"):
+        config = TrainConfig(minibatch_size=4, aggregation=aggregation, max_new_tokens=12, group_size=2, kl_coef=0.0)
+        single = TrainConfig(minibatch_size=8, aggregation=aggregation, max_new_tokens=12, group_size=2, kl_coef=0.0)
+        for mode in ("ddp", "fsdp", "one"):
+            model = tiny_llama()
+            trained = model
+            if mode == "fsdp":
+                trained = shard_model(model, _logprobs, mixed_precision=False)
+            optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+            if mode == "one":
+                if ranks.rank == 0:
+                    optimise(model, None, optimizer, per_rank[0] + per_rank[1], single, 0,
+                             torch.Generator().manual_seed(0))
+            else:
+                optimise(trained, None, optimizer, per_rank[ranks.rank], config, 0, torch.Generator().manual_seed(0),
+                         ranks)
+            results[(aggregation, mode)] = {n: full_tensor(p.detach()).clone() for n, p in model.named_parameters()}
+    torch.save(results, f"{result_dir}/rank{ranks.rank}.pt")
+''')
+
+
+def test_a_minibatch_mean_spans_all_ranks(tmp_path):
+    torchrun(GLOBAL_MEAN_SCRIPT, tmp_path, str(tmp_path))
+    results = torch.load(tmp_path / "rank0.pt")
+    start = __import__("support").tiny_llama().state_dict()
+    for aggregation in ("token_mean", "sequence_mean", "constant_normalizer"):
+        one = results[(aggregation, "one")]
+        assert max((one[n] - start[n]).abs().max() for n in one) > 0
+        for mode in ("ddp", "fsdp"):
+            got = results[(aggregation, mode)]
+            for name in one:
+                torch.testing.assert_close(got[name], one[name], rtol=1e-4, atol=1e-6,
+                                           msg=f"{aggregation} {mode} {name}")

@@ -85,5 +85,31 @@ def test_optimizer_and_flops():
     n = parameter_count(model)
     assert n == sum(p.numel() for p in model.parameters())  # parameters() already yields tied ones once
     assert update_flops(n, [4, 2], layers=2, attention_width=32) == 6 * n * 6 + 12 * 2 * 32 * (16 + 4)
+    # An output layer of 1000 parameters run at 3 of the 6 positions: 6 * (n - 1000) * 6 + 6 * 1000 * 3 + ...
+    assert update_flops(n, [4, 2], layers=2, attention_width=32, head_parameters=1000, head_positions=3) == \
+        6 * (n - 1000) * 6 + 6 * 1000 * 3 + 12 * 2 * 32 * (16 + 4)
     with pytest.raises(ConfigError, match="memory_budget"):
         SpeedConfig(memory_budget=1.5)
+
+
+def test_logprobs_only_at_trained_positions_equal_the_full_computation():
+    # Only loss-masked positions go through the vocabulary projection; their values and the
+    # gradients of a loss over them equal the all-positions computation's, the rest are 0.
+    model = tiny_llama()
+    data = batch()
+    full = {k: v for k, v in data.items() if k != "trained_index"}
+    selected_logp, selected_grads = logprobs_and_grads(model, data)
+    full_logp, full_grads = logprobs_and_grads(model, full)
+    mask = data["loss_mask"].bool()
+    torch.testing.assert_close(selected_logp[mask], full_logp[mask])
+    assert (selected_logp[~mask] == 0).all() and (full_logp[~mask] != 0).all()
+    assert selected_grads.keys() == full_grads.keys()
+    for name in full_grads:
+        torch.testing.assert_close(selected_grads[name], full_grads[name], rtol=1e-5, atol=1e-7)
+    # With entropy, and a batch that trains nothing (every position is computed then).
+    _, entropy = batch_logprobs(model, data, TrainConfig(), with_entropy=True)
+    _, full_entropy = batch_logprobs(model, full, TrainConfig(), with_entropy=True)
+    torch.testing.assert_close(entropy[mask], full_entropy[mask])
+    nothing = {**data, "loss_mask": torch.zeros_like(data["loss_mask"]), "trained_index": data["trained_index"][:0]}
+    logp, _ = batch_logprobs(model, nothing, TrainConfig())
+    torch.testing.assert_close(logp, full_logp)
