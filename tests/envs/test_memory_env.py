@@ -157,6 +157,9 @@ def test_rewards_fraction_all_or_nothing_and_answer_rules():
                                               f'<answer id="1">wrong</answer>')
     assert not terminated and reward == 0.0 and info["answers"] == {"1": golds[0]} and info["answered"] == 1
     assert "needs id=" in info["format_error"] and "already answered" in info["format_error"]
+    # A digit int() cannot read ("²") is a bad id, an observation like any other.
+    _, reward, terminated, _, info = env.step(f'<answer id="²">{golds[1]}</answer>')
+    assert not terminated and info["answered"] == 1 and "needs id=" in info["format_error"]
     _, reward, terminated, _, info = env.step(f'<answer id="q2">{golds[1]} extra words here</answer>'
                                               f'<answer id="3">{golds[2]}</answer>')
     # F1 of "gold + 3 words" is below 0.8: objective 2 is wrong.

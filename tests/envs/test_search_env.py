@@ -276,6 +276,21 @@ def test_scoring_follows_squad():
     assert token_f1("river Seine in France", "the Seine river") == pytest.approx(2 * 0.5 * 1.0 / 1.5)
     assert token_f1("yes it is", "yes") == 0.0 and token_f1("no", "no") == 1.0
     assert is_refusal("It cannot be determined.") and not is_refusal("Paris")
+    for refusal in ("unknown", "I don't know.", "The answer is unknown", "I cannot answer this question."):
+        assert is_refusal(refusal), refusal
+    # A guess hedged with a refusal phrase, or a word that only contains one, is no refusal.
+    for guess in ("Tulen unknown", "unknownium", "engineer (cannot answer for sure)", "unknown: Veloria or Tulen"):
+        assert not is_refusal(guess), guess
+
+
+def test_generated_currencies_share_no_word():
+    # A shared word ("... crown") would earn token-F1 credit on every currency question by itself.
+    from rftgym.envs.search.world import World
+
+    world = World(seed=3)
+    currencies = [e.attributes["currency"] for e in world.entities.values() if e.kind == "country"]
+    words = [w for c in currencies for w in normalize_answer(c).split()]
+    assert len(currencies) >= 3 and len(words) == len(set(words))
 
 
 @needs_qa_data

@@ -26,7 +26,8 @@ Tests
 Reward (paid on the turn that ends the episode)
     ``(1 - format_weight) * pass_rate + format_weight * well_formatted``: ``pass_rate`` is the
     fraction of the task's tests passed by the last submission (0 for a syntax error or a missing
-    entry point, which are told apart in ``info["status"]``), ``well_formatted`` is 1 when the
+    entry point, which are told apart in ``info["status"]``; after ``max_timeouts`` tests over
+    their time limit the rest count as failed, unrun), ``well_formatted`` is 1 when the
     turn held exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
     pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
     (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0.
@@ -104,6 +105,10 @@ class CodeTCGConfig:
     max_attempts: int = 1
     max_turns: int | None = None
     feedback_tests: int = 3
+    # A submission's remaining tests are failed without running after this many of its tests
+    # hit the per-test time limit (None: run them all), so one looping sample costs a few
+    # seconds, not one time limit per test (a whole rollout batch waits for its slowest grade).
+    max_timeouts: int | None = 3
     format_weight: float = 0.1
     pseudocode: bool = False
     step_scorer: StepScorer | None = None
@@ -132,6 +137,9 @@ class CodeTCGConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "feedback_tests" else 1):
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.max_timeouts is not None and (not isinstance(self.max_timeouts, int)
+                                              or isinstance(self.max_timeouts, bool) or self.max_timeouts < 1):
+            raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {self.max_timeouts!r}")
         turns_needed = self.max_attempts + int(self.pseudocode)
         if self.max_turns is None:
             object.__setattr__(self, "max_turns", turns_needed + 1)
@@ -333,7 +341,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         if not self.task.tests:
             result = self._untestable()
         else:
-            result = grade(self.task, code, self.sandbox)
+            result = grade(self.task, code, self.sandbox, max_timeouts=self.config.max_timeouts)
         self._last.update(status=result.status, passed=result.passed, total=result.total,
                           pass_rate=result.pass_rate, syntax_error=result.status == "syntax_error",
                           tests=[_test_record(r) for r in result.results])

@@ -475,7 +475,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
         if raw is None or not raw.strip():
             return 1 if count == 1 else None
         text = raw.strip().lower().lstrip("q#")
-        if text.isdigit() and 1 <= int(text) <= count:
+        if text.isdecimal() and 1 <= int(text) <= count:  # not isdigit: "²" is a digit int() refuses
             return int(text)
         return None
 

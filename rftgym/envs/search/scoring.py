@@ -54,6 +54,19 @@ def best_score(metric: str, prediction: str, golds: Iterable[str]) -> float:
     return max((function(prediction, gold) for gold in golds), default=0.0)
 
 
+# Words a refusal may carry besides its phrase ("it cannot be determined", "the answer is unknown").
+_REFUSAL_FILLER = frozenset("it is this that answer question im i am sorry so to be from with given which there here "
+                            "are was on based documents information".split())
+
+
 def is_refusal(answer: str) -> bool:
-    normalized = normalize_answer(answer)
-    return any(phrase in normalized for phrase in REFUSAL_PHRASES)
+    """Whether the answer is a refusal and nothing else: a refusal phrase (as whole words), with at
+    most filler words around it. "Tulen unknown" or "engineer (cannot answer for sure)" hedge a
+    guess and are not refusals; "unknownium" holds no phrase."""
+    text = f" {normalize_answer(answer)} "
+    found = False
+    for phrase in REFUSAL_PHRASES:
+        if f" {phrase} " in text:
+            found = True
+            text = text.replace(f" {phrase} ", " ")
+    return found and all(word in _REFUSAL_FILLER for word in text.split())

@@ -91,7 +91,9 @@ class World:
         def pick(kind_entities: list[Entity]) -> str:
             return kind_entities[int(rng.integers(len(kind_entities)))].id
 
-        countries = [add("country", names.word(2), currency=f"{names.word(2).lower()} crown")
+        # One invented word per currency: a shared word ("... crown") would give every currency
+        # question partial token-F1 credit for answering that word alone.
+        countries = [add("country", names.word(2), currency=f"{names.word(2).lower()}crown")
                      for _ in range(max(3, people // 8))]
         cities = [add("city", names.word(2) + names.word(1).lower(), river=names.word(2)) for _ in range(max(4, people // 3))]
         companies = [add("company", f"{names.word(2)} {rng.choice(_COMPANY_SUFFIXES)}",

@@ -115,6 +115,20 @@ def test_hostile_submission_is_contained_and_env_serves_next_episode(generated_e
     assert reward == pytest.approx(1.0)
 
 
+def test_a_looping_submission_stops_after_max_timeouts(generated_env):
+    # Every call loops: after max_timeouts (3) tests hit their time limit the rest are failed
+    # unrun, so the grade costs about three time limits, not one per test.
+    seed = next(s for s in range(50) if generated_env.reset(seed=s) and generated_env.unwrapped.task.style == "function")
+    generated_env.reset(seed=seed)
+    task = generated_env.unwrapped.task
+    assert len(task.tests) > 3
+    _, reward, terminated, _, info = generated_env.step(fenced(
+        f"def {task.entry_point}(*args, **kwargs):\n    while True:\n        pass"))
+    errors = [t["error"].split(":")[0] for t in info["tests"]]
+    assert terminated and info["pass_rate"] == 0.0
+    assert errors[:3] == ["Timeout"] * 3 and set(errors[3:]) == {"Skipped"}, errors
+
+
 def test_pseudocode_protocol_and_rollout_process_reward(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
@@ -170,6 +184,8 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(max_attempts=3, max_turns=2), "max_turns"),
     (dict(step_scorer=lambda t, s: [1.0]), "pseudocode=True"),
     (dict(format_weight=1.5), "format_weight"),
+    (dict(max_timeouts=0), "max_timeouts"),
+    (dict(max_timeouts=2.5), "max_timeouts"),
 ])
 def test_bad_config_says_what_to_do(bad, message):
     with pytest.raises(ConfigError, match=message):
