@@ -8,6 +8,11 @@ the same task), and their total rewards:
 * PCAR: the GRPO advantage, rescaled per Search->Evaluate span by the standardized evaluation
   score (:func:`~rftgym.train.advantages.pcar_segment_advantages`). A span ends at a turn whose
   ``info`` carries ``evaluation_score``; turns after the last scored one keep the plain advantage.
+  A turn that evaluates and then searches again (``<evaluate>…</evaluate><search>…</search>``)
+  belongs to two spans: when its ``info`` has ``evaluation_end`` (the character offset just after
+  the evaluation) and a ``split_tokens`` function is given (the trainer maps the offset to
+  sampled tokens with the policy's tokenizer), its tokens up to there close the span and the
+  rest, the next query, open the next one. Without them the whole turn closes the span.
 * DCPO: the episode's advantage broadcast to each of its segments (split at context edits), with
   at most ``dcpo_segment_budget`` segments per group chosen by
   :func:`~rftgym.train.advantages.sample_segments`. Each segment is trained with its own prompt
@@ -37,6 +42,7 @@ from .advantages import (
 from .config import BASE_ESTIMATOR, TrainConfig
 
 PROCESS_SCORE_KEY = "evaluation_score"
+PROCESS_SPLIT_KEY = "evaluation_end"  # character offset in the action just after the evaluation
 
 
 @dataclass
@@ -88,21 +94,46 @@ def _uniform(segment: Segment, value: float) -> list[float]:
     return [value * m for m in segment.loss_mask]
 
 
-def _pcar_spans(episode: Episode) -> tuple[list[list[int]], list[float]]:
-    """Turn indices of each scored Search->Evaluate span, and the spans' scores."""
+# A piece of a span: (turn index, first sampled token, end token or None for the turn's end).
+Piece = tuple[int, int, "int | None"]
+
+
+def tokens_covering(decode, token_ids: list[int], chars: int) -> int:
+    """The fewest leading tokens whose decoded text has at least ``chars`` characters (binary
+    search over prefixes; ``len(token_ids)`` if the whole text is shorter)."""
+    low, high = 0, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(decode(token_ids[:middle])) >= chars:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]], list[float]]:
+    """The pieces of each scored Search->Evaluate span, and the spans' scores (see the module
+    docstring for turns split after their evaluation)."""
     spans, scores, current = [], [], []
     for turn in episode.turns:
-        current.append(turn.index)
         score = turn.info.get(PROCESS_SCORE_KEY)
-        if score is not None:
-            spans.append(current)
-            scores.append(float(score))
-            current = []
+        if score is None:
+            current.append((turn.index, 0, None))
+            continue
+        split = split_tokens(turn) if split_tokens is not None else None
+        if split is not None and not 0 < split < len(turn.sampled_ids or ()):
+            split = None  # nothing after the evaluation (or nothing before it): the whole turn
+        current.append((turn.index, 0, split))
+        spans.append(current)
+        scores.append(float(score))
+        current = [] if split is None else [(turn.index, split, None)]
     return spans, scores
 
 
-def build_samples(groups: list[list[Episode]], config: TrainConfig,
-                  generator: torch.Generator | None = None) -> tuple[list[TrainSample], BatchStats]:
+def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: torch.Generator | None = None,
+                  split_tokens=None) -> tuple[list[TrainSample], BatchStats]:
+    """One group of episodes per task -> training samples. ``split_tokens(turn) -> int | None``
+    (PCAR): how many of a scored turn's sampled tokens belong to its evaluation."""
     stats = BatchStats(groups=len(groups))
     if not groups:
         return [], stats
@@ -135,7 +166,7 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig,
         if config.algo == "dcpo":
             samples += _dcpo_group(group, gi, group_adv, keep_episode[gi], config, generator)
         elif config.algo == "pcar":
-            samples += _pcar_group(group, gi, group_adv, keep_episode[gi], config)
+            samples += _pcar_group(group, gi, group_adv, keep_episode[gi], config, split_tokens)
         else:
             for ei, episode in enumerate(group):
                 if keep_episode[gi, ei]:
@@ -152,22 +183,26 @@ def _dcpo_group(group, gi, group_adv, keep, config, generator) -> list[TrainSamp
             for ei, si in sorted(picks)]
 
 
-def _pcar_group(group, gi, group_adv, keep, config) -> list[TrainSample]:
-    spans_and_scores = [_pcar_spans(e) for e in group]
+def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None) -> list[TrainSample]:
+    spans_and_scores = [_pcar_spans(e, split_tokens) for e in group]
     scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
     rescaled = pcar_segment_advantages(group_adv, scores, config.pcar_lambda, config.pcar_delta)
     samples = []
     for ei, episode in enumerate(group):
         if not keep[ei]:
             continue
-        value_of_turn = {t.index: float(group_adv[ei]) for t in episode.turns}
+        # Per turn: (first token, end token or None, value) pieces over the plain advantage.
+        pieces: dict[int, list[tuple[int, int | None, float]]] = {}
         for span, value in zip(spans_and_scores[ei][0], rescaled[ei].tolist()):
-            for turn_index in span:
-                value_of_turn[turn_index] = value
+            for turn_index, first, end in span:
+                pieces.setdefault(turn_index, []).append((first, end, value))
         for segment in episode.segments:
             token_adv = [0.0] * len(segment.token_ids)
             for turn_index, start, end in turn_spans(episode, segment):
-                token_adv[start:end] = [value_of_turn[turn_index]] * (end - start)
+                token_adv[start:end] = [float(group_adv[ei])] * (end - start)
+                for first, last, value in pieces.get(turn_index, ()):
+                    stop = end if last is None else start + last
+                    token_adv[start + first:stop] = [value] * (stop - start - first)
             samples.append(_sample(segment, token_adv, gi, ei))
     return samples
 

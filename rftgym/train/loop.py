@@ -20,7 +20,7 @@ import torch
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
-from .batching import TrainSample, build_samples, collate, group_episodes
+from .batching import PROCESS_SPLIT_KEY, TrainSample, build_samples, collate, group_episodes, tokens_covering
 from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
@@ -116,7 +116,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         rollout_seconds = time.perf_counter() - started
 
         # 3. Advantages -> per-token training samples.
-        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config, segment_rng)
+        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config, segment_rng,
+                                             split_tokens=evaluation_split(policy))
 
         # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
         model.train()
@@ -195,6 +196,17 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+def evaluation_split(policy: HFPolicy) -> Callable:
+    """PCAR's ``split_tokens``: how many of a turn's sampled tokens its evaluation spans (the
+    env's ``evaluation_end`` character offset, mapped through the policy's tokenizer), or None."""
+    def split_tokens(turn) -> int | None:
+        end = turn.info.get(PROCESS_SPLIT_KEY)
+        if not isinstance(end, int) or not turn.sampled_ids:
+            return None
+        return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), end)
+    return split_tokens
 
 
 def check_training_logprobs(model, autocast=nullcontext) -> None:

@@ -356,3 +356,18 @@ def test_env_never_raises_on_arbitrary_text(seed, turns):
     for action in turns:
         if check_step(FUZZ_ENV, action):
             break
+
+
+def test_evaluation_end_marks_where_the_evaluation_stops():
+    # PCAR splits a turn that evaluates and searches again at this offset: the query after it
+    # belongs to the next Search->Evaluate span.
+    env = gym.make(ENV_ID)
+    env.reset(seed=0)
+    *_, info = env.step("<search>first query</search>")
+    assert info["evaluation_end"] is None
+    action = "  <evaluate>score: 6 partly useful</evaluate> then <search>second query</search>"
+    *_, info = env.step(action)
+    assert info["evaluation_score"] == 6
+    assert info["evaluation_end"] == action.index("</evaluate>") + len("</evaluate>")
+    *_, info = env.step("<evaluate>no score here</evaluate><answer>x</answer>")  # malformed: no span closed
+    assert info["evaluation_score"] is None and info["evaluation_end"] is None

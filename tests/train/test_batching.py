@@ -10,7 +10,7 @@ import torch
 from rftgym.core.messages import Message
 from rftgym.core.records import Episode, Turn
 from rftgym.train import TrainConfig
-from rftgym.train.batching import build_samples, collate, turn_spans
+from rftgym.train.batching import build_samples, collate, tokens_covering, turn_spans
 
 SQRT_HALF = 1 / math.sqrt(2)  # GRPO advantage of rewards [1, 0]: (1 - 0.5) / std_unbiased(=0.7071)
 
@@ -92,6 +92,41 @@ def test_pcar_clamps_the_factor_at_delta():
     ep1 = episode([(1, 0, {"evaluation_score": 5}), (1, 0.0, {})])
     samples, _ = build_samples([[ep0, ep1]], TrainConfig(algo="pcar", pcar_lambda=2.0, pcar_delta=0.1))
     assert advantages_by_turn(samples[0], ep0) == pytest.approx({0: 3 * SQRT_HALF, 1: 0.1 * SQRT_HALF, 2: SQRT_HALF}, abs=1e-5)
+
+
+def test_tokens_covering_by_hand():
+    pieces = {1: "<evaluate>", 2: "score: 8", 3: "</evalu", 4: "ate>", 5: "<search>", 6: "x", 7: "</search>"}
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    text = decode(list(pieces))
+    end = text.index("</evaluate>") + len("</evaluate>")  # 29 characters: tokens 1-4
+    assert tokens_covering(decode, list(pieces), end) == 4
+    assert tokens_covering(decode, list(pieces), end - 1) == 4  # inside token 4
+    assert tokens_covering(decode, list(pieces), 0) == 0
+    assert tokens_covering(decode, list(pieces), len(text) + 5) == 7
+
+
+def test_pcar_splits_a_turn_that_evaluates_then_searches():
+    # Episode 0: t0 search (2 tokens); t1 = evaluate(8) [2 tokens] + search [2 tokens];
+    #            t2 = evaluate(2) [1 token] + answer [2 tokens] (reward 1).
+    # Episode 1: t0 search; t1 evaluate(5) + answer (reward 0), split after 1 of its 2 tokens.
+    # Scores [8, 2, 5] -> z [1, -1, 0] -> factors (lambda 0.5) [1.5, 0.5, 1.0]; A = +-0.7071.
+    # Span 1 of episode 0 is t0 and t1's first 2 tokens; span 2 is t1's last 2 tokens (the query
+    # the next evaluation rates) and t2's first token; t2's answer comes after every span: plain A.
+    a = SQRT_HALF
+    ep0 = episode([(2, 0, {}), (4, 0, {"evaluation_score": 8, "split": 2}),
+                   (3, 1.0, {"evaluation_score": 2, "split": 1})])
+    ep1 = episode([(2, 0, {}), (2, 0.0, {"evaluation_score": 5, "split": 1})])
+    config = TrainConfig(algo="pcar", pcar_lambda=0.5, pcar_delta=0.1)
+    samples, _ = build_samples([[ep0, ep1]], config, split_tokens=lambda turn: turn.info.get("split"))
+    sampled0 = [v for v, m in zip(samples[0].advantages, samples[0].loss_mask) if m]
+    assert sampled0 == pytest.approx([1.5 * a, 1.5 * a, 1.5 * a, 1.5 * a, 0.5 * a, 0.5 * a, 0.5 * a, a, a], abs=1e-5)
+    sampled1 = [v for v, m in zip(samples[1].advantages, samples[1].loss_mask) if m]
+    assert sampled1 == pytest.approx([-a, -a, -a, -a], abs=1e-5)  # factor 1.0 everywhere
+    # Without a split function (or with a split at 0 or at the end) a scored turn closes its span whole.
+    whole, _ = build_samples([[ep0, ep1]], config)
+    assert advantages_by_turn(whole[0], ep0) == pytest.approx({0: 1.5 * a, 1: 1.5 * a, 2: 0.5 * a}, abs=1e-5)
+    edge, _ = build_samples([[ep0, ep1]], config, split_tokens=lambda turn: len(turn.sampled_ids))
+    assert advantages_by_turn(edge[0], ep0) == pytest.approx({0: 1.5 * a, 1: 1.5 * a, 2: 0.5 * a}, abs=1e-5)
 
 
 def test_dcpo_broadcasts_the_trajectory_advantage_to_each_segment():

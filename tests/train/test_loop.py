@@ -92,3 +92,21 @@ def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, a
     history = train(cfg, policy=make_char_policy())
     assert history[0]["updates"] >= 1 and history[0]["trained_tokens"] > 0
     assert history[0]["loss"] == history[0]["loss"]  # not NaN
+
+
+def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_policy):
+    from rftgym.core.records import Turn
+    from rftgym.train.loop import evaluation_split
+
+    policy = make_char_policy()
+    text = "evaluate score six. search next"  # the character tokenizer's alphabet: letters, space, dot
+    ids = policy.chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert policy.chat.decode_reply(ids) == text
+    end = text.index(".") + 1
+    turn = Turn(index=1, context_ids=(), action=text, reward=0.0, terminated=False, truncated=False,
+                info={"evaluation_score": 6, "evaluation_end": end}, prompt_ids=[1], sampled_ids=ids,
+                logprobs=[0.0] * len(ids))
+    split = evaluation_split(policy)(turn)
+    assert policy.chat.decode_reply(ids[:split]) == text[:end]  # one character per token here
+    assert evaluation_split(policy)(Turn(index=0, context_ids=(), action="", reward=0.0, terminated=False,
+                                         truncated=False, info={}, sampled_ids=ids)) is None

@@ -54,7 +54,9 @@ Episode end
 Info keys
     ``question_id``, ``hops``, ``answerable``, ``turn``, ``searches``, ``query`` and ``doc_ids``
     (this turn's search, or None and []), ``evaluation_score`` (the 0-10 score on the turn whose
-    evaluation closes a Search->Evaluate span, else None; PCAR reads it), ``confidence`` (low /
+    evaluation closes a Search->Evaluate span, else None; PCAR reads it), ``evaluation_end``
+    (on that turn: the character offset in the action just after ``</evaluate>``, where the next
+    span's tokens begin if the turn searches again; PCAR splits the turn there), ``confidence`` (low /
     medium / high, or None), ``evaluation_note``, ``protocol_violation`` (this turn's first
     violation kind, or None), ``protocol_violations`` (episode count of violating turns),
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
@@ -289,6 +291,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             if first is not None and first.name == "evaluate" and not action[:first.start].strip():
                 calls = calls[1:]
                 self._evaluate(first.body, out)
+                out.evaluation_end = first.end
             else:
                 kind = {"search": "double_search", "answer": "answer_before_evaluation"}.get(
                     first.name if first else "", "skipped_evaluation")
@@ -395,6 +398,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             "evaluation_score": out.evaluation_score,
             "confidence": None if out.evaluation_score is None else protocol.confidence(out.evaluation_score),
             "evaluation_note": out.evaluation_note,
+            "evaluation_end": out.evaluation_end if out.evaluation_score is not None else None,
             "protocol_violation": out.violation,
             "protocol_violations": self._violations,
             "segments": [dict(s) for s in self._segments],
@@ -418,6 +422,7 @@ class _TurnOutcome:
     violation_kinds: list[str] = field(default_factory=list)
     evaluation_score: int | None = None
     evaluation_note: str | None = None
+    evaluation_end: int | None = None
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     query: str | None = None
