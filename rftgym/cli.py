@@ -281,7 +281,7 @@ AUTO_SWITCH = {"auto": None, "on": True, "off": False}
 def _train_flags() -> list[tuple[str, str, dict]]:
     """``(flag, TrainConfig field, argparse options)`` for ``rftgym train``; defaults are TrainConfig's.
     The env id, ``--env-arg``, ``--seed`` and ``--output-dir``'s default are set apart."""
-    from .train.config import AGGREGATION_NAMES, ALGORITHMS, PARALLELISM, TrainConfig
+    from .train.config import AGGREGATION_NAMES, ALGORITHMS, OLD_LOGPROBS, PARALLELISM, TrainConfig
     from .train.schedule import LR_SCHEDULES
 
     d = TrainConfig  # the dataclass's defaults
@@ -333,6 +333,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--filter-overlong", "filter_overlong", opt(
             optim, d.filter_overlong, "mask replies cut by --max-new-tokens (DAPO overlong filtering)",
             action=argparse.BooleanOptionalAction)),
+        ("--old-logprobs", "old_logprobs", opt(optim, d.old_logprobs, "the PPO ratio's old log-probs: as sampled, or "
+                                               "recomputed by the training forward pass", choices=OLD_LOGPROBS)),
         ("--logprob-chunk-size", "logprob_chunk_size", opt(optim, d.logprob_chunk_size,
                                                            "tokens per chunk of the vocabulary projection")),
         ("--pcar-lambda", "pcar_lambda", opt(algo, d.pcar_lambda, "PCAR: weight of the segment's evaluation score")),

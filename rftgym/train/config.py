@@ -12,6 +12,7 @@ ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
 # PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
 PARALLELISM = ("ddp", "fsdp")
+OLD_LOGPROBS = ("rollout", "recompute")
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
 
 
@@ -54,6 +55,10 @@ class TrainConfig:
     aggregation: str = "token_mean"
     kl_coef: float = 0.0  # > 0 adds k3 KL to a frozen reference (the base model when LoRA is on)
     logprob_chunk_size: int = 1024
+    # The PPO ratio's old log-probs: "rollout" (recorded while sampling) or "recompute" (the
+    # training forward pass before the update, as verl does; removes the decode/training kernel
+    # gap from the ratio, at one extra forward pass per step).
+    old_logprobs: str = "rollout"
     filter_zero_variance: bool = True  # DAPO dynamic sampling: groups with equal rewards are skipped
     filter_overlong: bool = False  # DAPO overlong filtering: replies cut by max_new_tokens are masked
 
@@ -133,6 +138,8 @@ class TrainConfig:
         if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
             raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                               f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}")
         if self.dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"dtype must be None (auto), 'float32' or 'bfloat16', got {self.dtype!r} (float16 "
                               "would need loss scaling, which rftgym does not do)")

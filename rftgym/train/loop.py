@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import replace
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -121,6 +122,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
         # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
         model.train()
+        recomputed = {}
+        if config.old_logprobs == "recompute":
+            samples, recomputed = recompute_old_logprobs(model, samples, config, policy.pad_id, ranks, autocast)
         learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
                                          schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
                                          min_ratio=config.min_lr_ratio)
@@ -145,6 +149,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
             "rollout_seconds": rollout_seconds,
             "step_seconds": time.perf_counter() - started,
             "learning_rate": learning_rate,
+            **recomputed,
             **update,
         }
         history.append({"step": step, **metrics})
@@ -510,6 +515,56 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     if not local_updates:
         return {"loss": None, "updates": updates}
     return {**read_back(totals, divisor=local_updates), "updates": updates}
+
+
+def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfig, pad_id: int,
+                           ranks: Distributed | None = None, autocast=nullcontext) -> tuple[list[TrainSample], dict]:
+    """``samples`` with the PPO ratio's old log-probs recomputed by the model as the update computes
+    them (``old_logprobs="recompute"``, as verl does), and how far the rollout's were from them.
+
+    The rollout's log-probs come from the decode kernels (a KV cache, CUDA graphs, bf16 in another
+    order); the update's from the training forward pass. Their gap makes the first ratio differ
+    from 1 by noise alone, which the clip then treats as a policy change. The recomputed ones are
+    the update's own numbers before its first step. Reported: ``old_logprob_gap`` (mean absolute
+    difference over trained tokens) and ``old_logprob_gap_max``.
+    """
+    ranks = ranks or Distributed()
+    device = next(model.parameters()).device
+    sharded = isinstance(model, ShardedModel)
+    sizes = microbatch_sizes(len(samples), config.microbatch_size or config.minibatch_size)
+    # FSDP's forward holds collectives: every rank runs the largest rank's number of passes.
+    passes = max(len(microbatch_sizes(n, config.microbatch_size or config.minibatch_size))
+                 for n in ranks.gather_objects(len(samples))) if sharded else len(sizes)
+    values, gaps = [], []
+    with torch.no_grad():
+        for index in range(passes):
+            part = _split(samples, sizes)[index] if index < len(sizes) else None
+            batch = to_device(collate(part, pad_id) if part else padding_batch(pad_id), device)
+            with autocast():
+                logp, _ = batch_logprobs(model, batch, config)
+            if part:
+                mask = batch["loss_mask"] != 0
+                gaps.append(((logp - batch["old_logprobs"]).abs() * mask, mask.sum()))
+                values.append(logp.float())
+    if sharded:
+        # A forward without gradients leaves the root's parameters gathered (no backward pass
+        # reshards them), and the update's backward would then reduce the wrong tensors.
+        model.reshard()
+    rows = [row for part in values for row in part.cpu().tolist()]  # the pass's one read-back
+    out = []
+    for sample, row in zip(samples, rows):
+        n = len(sample.token_ids)
+        # Position p of a row predicts token p + 1: token t's log-prob is row[t - 1].
+        old = [sample.old_logprobs[0]] + [row[t - 1] if sample.loss_mask[t] else sample.old_logprobs[t]
+                                           for t in range(1, n)]
+        out.append(replace(sample, old_logprobs=old))
+    if not gaps:
+        return out, {}
+    total = sum(g.sum() for g, _ in gaps)
+    count = sum(c for _, c in gaps).clamp(min=1)
+    largest = torch.stack([g.max() for g, _ in gaps]).max()
+    gap = read_back({"old_logprob_gap": total / count, "old_logprob_gap_max": largest})
+    return out, gap
 
 
 def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:

@@ -109,11 +109,15 @@ FSDP_SCRIPT = textwrap.dedent('''
     results["idle_ddp"] = run("idle_ddp", "ddp", 2, env=IdleOnRank1)
     results["idle_fsdp"] = run("idle_fsdp", "fsdp", 2, env=IdleOnRank1)
     results["lora_kl"] = run("lora_kl", "fsdp", 2, lora_rank=4, kl_coef=0.1)
+    results["lora_kl_ddp"] = run("lora_kl_ddp", "ddp", 2, lora_rank=4, kl_coef=0.1)
     results["full_kl"] = run("full_kl", "fsdp", 2, kl_coef=0.1)
+    results["full_kl_ddp"] = run("full_kl_ddp", "ddp", 2, kl_coef=0.1)
     results["fsdp_micro"] = run("fsdp_micro", "fsdp", 3, microbatch_size=3)
     results["fsdp_checkpointing"] = run("fsdp_checkpointing", "fsdp", 3, gradient_checkpointing=True)
     results["fsdp_mlp_recompute"] = run("fsdp_mlp_recompute", "fsdp", 3, checkpoint_mlp=True)
     results["idle_fsdp_micro"] = run("idle_fsdp_micro", "fsdp", 2, env=IdleOnRank1, microbatch_size=3)
+    results["idle_ddp_recompute"] = run("idle_ddp_recompute", "ddp", 2, env=IdleOnRank1, old_logprobs="recompute")
+    results["idle_fsdp_recompute"] = run("idle_fsdp_recompute", "fsdp", 2, env=IdleOnRank1, old_logprobs="recompute")
     torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
 ''')
 
@@ -180,6 +184,13 @@ def test_fsdp_with_recomputation_trains_alike(fsdp_runs):
         assert_same_run(rank["fsdp"], rank["fsdp_mlp_recompute"])
 
 
+def test_fsdp_recomputes_old_logprobs_like_data_parallel(fsdp_runs):
+    # Rank 1 has no samples: it still joins every recomputing forward pass (FSDP's collectives).
+    _, (rank0, _) = fsdp_runs
+    assert_same_run(rank0["idle_ddp_recompute"], rank0["idle_fsdp_recompute"])
+    assert all(h["old_logprob_gap"] < 1e-4 for h in rank0["idle_fsdp_recompute"][0])
+
+
 def test_fsdp_resume_is_exact(fsdp_runs):
     _, ranks = fsdp_runs
     for rank in ranks:
@@ -200,6 +211,11 @@ def test_fsdp_lora_trains_adapters_only_and_kl_references_work(fsdp_runs, make_c
     assert any(w.abs().sum() > 0 for n, w in weights.items() if "lora_B" in n)  # B starts at zero
     history, _ = ranks[0]["full_kl"]  # a sharded frozen copy as the reference
     assert any(h.get("kl_ref", 0) > 0 for h in history)
+    # Both reference forms (adapters off: a forward through the trained model itself; a frozen
+    # copy) give the numbers replicated training gives.
+    for rank in ranks:
+        assert_same_run(rank["lora_kl_ddp"], rank["lora_kl"])
+        assert_same_run(rank["full_kl_ddp"], rank["full_kl"])
 
 
 def test_fsdp_checkpoint_loads_in_one_process(fsdp_runs, make_char_policy):

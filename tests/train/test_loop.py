@@ -110,3 +110,41 @@ def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_polic
     assert policy.chat.decode_reply(ids[:split]) == text[:end]  # one character per token here
     assert evaluation_split(policy)(Turn(index=0, context_ids=(), action="", reward=0.0, terminated=False,
                                          truncated=False, info={}, sampled_ids=ids)) is None
+
+
+def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy):
+    from dataclasses import replace
+
+    from rftgym.train.batching import TrainSample, collate
+    from rftgym.train.loop import batch_logprobs, optimise, recompute_old_logprobs
+
+    policy = make_char_policy()
+    model = policy.model
+    ids = [[5, 9, 11, 4, 7, 8], [6, 8, 3], [7, 7, 9, 10]]
+    samples = [TrainSample(t, [0, 0] + [1] * (len(t) - 2), [-5.0] * len(t), [0.0, 0.0] + [1.0] * (len(t) - 2), 0, i)
+               for i, t in enumerate(ids)]
+    config = TrainConfig(minibatch_size=3, microbatch_size=2, group_size=2, kl_coef=0.0, old_logprobs="recompute")
+    fresh, gap = recompute_old_logprobs(model, samples, config, policy.pad_id)
+    with torch.no_grad():
+        want, _ = batch_logprobs(model, collate(samples, policy.pad_id), config)
+    for row, (old, new) in enumerate(zip(samples, fresh)):
+        n = len(old.token_ids)
+        assert new.old_logprobs[:2] == [-5.0, -5.0]  # untrained positions keep what they had
+        assert new.old_logprobs[2:] == pytest.approx(want[row, 1:n - 1].tolist(), abs=1e-6)
+        assert replace(new, old_logprobs=old.old_logprobs) == old  # nothing else changed
+    trained = [abs(-5.0 - v) for row, s in enumerate(samples) for v in want[row, 1:len(s.token_ids) - 1].tolist()]
+    assert gap["old_logprob_gap"] == pytest.approx(sum(trained) / len(trained), rel=1e-5)
+    assert gap["old_logprob_gap_max"] == pytest.approx(max(trained), rel=1e-5)
+    # The first update then starts from ratio 1 exactly, whatever the rollout recorded.
+    stats = optimise(model, None, torch.optim.SGD(model.parameters(), lr=1e-3), fresh, config, policy.pad_id,
+                     torch.Generator().manual_seed(0))
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_training_with_recomputed_old_logprobs(tmp_path, make_char_policy):
+    # On the CPU in float32 the rollout's log-probs already match the training pass closely.
+    history = train(config(tmp_path, steps=2, old_logprobs="recompute"), policy=make_char_policy(), make_env=SayAEnv)
+    assert all(h["old_logprob_gap"] < 1e-4 for h in history)
+    assert all(h["ratio_mean"] == pytest.approx(1.0, abs=1e-4) for h in history)
+    with pytest.raises(ConfigError, match="old_logprobs"):
+        TrainConfig(old_logprobs="current")
