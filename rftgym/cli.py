@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,50 @@ def _build_agent(args: argparse.Namespace):
     return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
 
 
+def _check_common(args: argparse.Namespace) -> None:
+    """Arguments every command that has them gets wrong the same way; refused before any work."""
+    seed = getattr(args, "seed", 0)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be in [0, 2^63), got {seed}")
+    device = getattr(args, "device", None)
+    if device:
+        import torch
+
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise UsageError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+        if parsed.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
+        if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
+            raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
+    episodes = getattr(args, "episodes", None)
+    if episodes is not None and episodes < 1:
+        raise UsageError(f"--episodes must be at least 1, got {episodes}")
+
+
+def _writable_file(path: Path, what: str) -> None:
+    """Refuse an output file path that cannot be written, before any episode runs."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new directory "
+                         "with several environments")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot create {path.parent} ({exc.strerror or exc})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{what} {path}: {path.parent} is not writable")
+
+
+def _unique(path: Path) -> Path:
+    """``path``, or ``stem-2``, ``stem-3``... beside it if it exists (two runs in one second)."""
+    candidate, number = path, 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+        number += 1
+    return candidate
+
+
 # ---------------------------------------------------------------- commands
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -115,6 +160,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     if hasattr(sys.stdin, "reconfigure"):
         # Undecodable bytes reach _valid_text (as U+FFFD) instead of failing a whole buffered read.
         sys.stdin.reconfigure(errors="surrogateescape")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a terminal that is not UTF-8 shows '?' for '…'
+
     try:
         for episode in range(args.episodes):
             context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
@@ -192,15 +240,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out and len(env_ids) > 1 and Path(args.out).suffix == ".jsonl":
         raise UsageError("with several environments --out is a directory (one JSONL per environment), "
                          f"not a file; got {args.out}")
+    outs = {}
+    for env_id in env_ids:
+        if len(env_ids) == 1 and args.out and not args.out.endswith(("/", os.sep)):
+            outs[env_id] = Path(args.out)
+        else:
+            outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
+                                   / f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl")
+        _writable_file(outs[env_id], "--out")
     agent = _build_agent(args)
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     for env_id in env_ids:
-        if len(env_ids) == 1 and args.out:
-            out = Path(args.out)
-        else:
-            out = (Path(args.out) if args.out else Path("runs") / "eval") / \
-                f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl"
-        env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], out)
+        env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], outs[env_id])
         rows += env_rows
         written += paths
     agent.close()
@@ -230,9 +281,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     rows, written = [], []
     for label, run_agent, run_kwargs in runs:
-        run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label)
         path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
-        write_episodes_jsonl(path, run_episodes_)
+        run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
+        write_episodes_jsonl(path, run_episodes_)  # complete: rewritten in seed order
         written.append(path)
         headers, row = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                  run_episodes_, elapsed)
@@ -250,16 +301,31 @@ def _with_policy_token_counter(env_class, env_kwargs, agent):
     return {**env_kwargs, option: lambda context: len(agent.chat.prompt_ids(context))}
 
 
-def _evaluate(args, env_id, agent, env_kwargs, seeds, label):
+def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
+    """Run the episodes; each finished one is appended to ``path`` at once, so an interrupted
+    evaluation keeps what it finished."""
     from tqdm import tqdm
 
+    from .core.records import append_episode_jsonl
     from .rollout import RolloutConfig, run_episodes
 
     started = time.perf_counter()
     desc = f"eval {env_id}" + (f" ({label})" if label else "")
-    with tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
-        episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
-                                config=RolloutConfig(num_envs=args.num_envs), on_episode=lambda e: bar.update(1))
+    finished = 0
+    with open(path, "w", encoding="utf-8") as handle, \
+            tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
+        def done(episode):
+            nonlocal finished
+            append_episode_jsonl(handle, episode)
+            finished += 1
+            bar.update(1)
+
+        try:
+            episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
+                                    config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the {finished} finished episodes are in {path}", file=sys.stderr)
+            raise
     return episodes, time.perf_counter() - started
 
 
@@ -382,11 +448,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = train_config_from_args(args)
     _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
     output_dir = config.output_dir
-    from .train.checkpoint import has_checkpoint
+    from .train.checkpoint import has_checkpoint, has_checkpoint_files
 
-    if has_checkpoint(Path(output_dir)) and not args.resume:
+    if has_checkpoint_files(Path(output_dir)) and not args.resume:
         raise UsageError(f"{output_dir} already holds a checkpoint; pass --resume to continue it, "
                          "or choose another --output-dir")
+    if args.resume and not has_checkpoint(Path(output_dir)):
+        raise UsageError(f"--resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is missing); "
+                         "drop --resume and choose a new --output-dir")
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise UsageError(f"--output-dir {output_dir} is a file; choose a directory")
     history = train(config, resume=args.resume)
     from .rollout.metrics import format_table
 
@@ -406,7 +477,11 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
                          "(HotpotQA JSON, {title: [sentences]} JSON, [{title, text}] JSON, FlashRAG {id, contents} JSONL)")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
-    serve(args.corpus, args.index, args.host, args.port)
+    try:
+        serve(args.corpus, args.index, args.host, args.port)
+    except OSError as exc:  # the address: unknown host, not this machine's, port in use
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}. Use a host name or address "
+                         "of this machine (e.g. 127.0.0.1) and a free --port (0 picks one)") from None
     return 0
 
 
@@ -487,6 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_common(args)
         return args.func(args)
     except UsageError as exc:
         parser.exit(2, f"rftgym {args.command}: error: {exc}\n")

@@ -356,3 +356,92 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     assert all(len(list(read_episodes_jsonl(p))) == 3 for p in out_dir.glob("*.jsonl"))
     assert exit_code(["eval", "rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random",
                       "--out", str(tmp_path / "x.jsonl")]) == 2
+
+
+# ---------------------------------------------------------------- bad input, found by fuzzing the CLI
+
+@pytest.mark.parametrize("argv, message", [
+    (["play", ENV_ID, "--episodes", "0"], "--episodes must be at least 1"),
+    (["play", ENV_ID, "--seed", "-1"], "--seed must be in [0, 2^63)"),
+    (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
+    (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
+    (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
+    (["train", ENV_ID, "--lr", "nan"], "learning_rate must be a finite number"),
+    (["train", ENV_ID, "--lr", "inf"], "learning_rate must be a finite number"),
+    (["train", ENV_ID, "--weight-decay", "-1"], "weight_decay must be >= 0"),
+    (["train", ENV_ID, "--lora-alpha", "0"], "lora_alpha must be positive"),
+    (["train", ENV_ID, "--clip-high", "nan"], "clip_high must be a finite number"),
+])
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    assert exit_code(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_eval_out_that_is_a_directory_is_refused_before_running(tmp_path, capsys):
+    (tmp_path / "existing").mkdir()
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(tmp_path / "existing")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    # A trailing slash names a directory to create, with the usual file name inside.
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(tmp_path / "new") + "/"]) == 0
+    assert len(list((tmp_path / "new").glob("VerifiableQA-v0-random-*.jsonl"))) == 1
+
+
+def test_eval_default_names_never_overwrite(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda *_: "20261130-000000")  # two runs in the same second
+    for _ in range(2):
+        assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1"]) == 0
+    names = sorted(p.name for p in (tmp_path / "runs" / "eval").iterdir())
+    assert names == ["VerifiableQA-v0-random-20261130-000000-2.jsonl", "VerifiableQA-v0-random-20261130-000000.jsonl"]
+
+
+def test_an_interrupted_eval_keeps_its_finished_episodes(tmp_path, monkeypatch, capsys):
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:2], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) == 130
+    assert len(list(read_episodes_jsonl(out))) == 2
+    assert "the 2 finished episodes are in" in capsys.readouterr().err
+
+
+def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
+    base = ["train", ENV_ID, "--steps", "1", "--device", "cpu"]
+    # --resume with nothing to resume
+    assert exit_code(base + ["--resume", "--output-dir", str(tmp_path / "empty")]) == 2
+    assert "holds no complete checkpoint" in capsys.readouterr().err
+    # a partial checkpoint (state.json lost) is not overwritten by a new run
+    partial = tmp_path / "partial"
+    (partial / "checkpoint").mkdir(parents=True)
+    (partial / "checkpoint" / "trainable.pt").write_bytes(b"weights")
+    assert exit_code(base + ["--output-dir", str(partial)]) == 2
+    assert "already holds a checkpoint" in capsys.readouterr().err
+    assert (partial / "checkpoint" / "trainable.pt").read_bytes() == b"weights"
+    # an output directory that is a file
+    (tmp_path / "afile").write_text("x")
+    assert exit_code(base + ["--output-dir", str(tmp_path / "afile")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_generated_world_size_is_bounded(capsys):
+    assert main(["play", "rftgym/SearchEvalQA-v0", "--env-arg", "world_size=5000"]) == 1
+    assert "world_size must be at most" in capsys.readouterr().err
+
+
+def test_serve_retriever_on_a_busy_port_says_so(tmp_path, capsys):
+    import socket
+
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps({"Veloria": ["Veloria is a city on the river Tulen."]}))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert exit_code(["serve-retriever", "--corpus", str(corpus), "--port", str(port)]) == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -182,10 +182,17 @@ def write_episodes_jsonl(path, episodes: Iterable[Episode]) -> int:
     count = 0
     with open(path, "w", encoding="utf-8") as handle:
         for episode in episodes:
-            handle.write(json.dumps(episode.to_json(), default=_json_default))  # ASCII: lone surrogates in agent text stay valid JSON
-            handle.write("\n")
+            append_episode_jsonl(handle, episode)
             count += 1
     return count
+
+
+def append_episode_jsonl(handle, episode: Episode) -> None:
+    """One episode as one JSON line on an open text file, flushed (so a reader, or an interrupted
+    run, has every finished line)."""
+    handle.write(json.dumps(episode.to_json(), default=_json_default))  # ASCII: lone surrogates in agent text stay valid JSON
+    handle.write("\n")
+    handle.flush()
 
 
 def read_episodes_jsonl(path) -> Iterator[Episode]:

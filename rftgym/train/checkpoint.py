@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..core.errors import ConfigError
+
 from .distributed import ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
 
@@ -91,7 +93,26 @@ def has_checkpoint(output_dir: Path) -> bool:
     return _checkpoint_path(output_dir) is not None
 
 
+def has_checkpoint_files(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds any checkpoint folder, complete or not (a new run there would
+    overwrite it)."""
+    return any((output_dir / name).exists() for name in (CHECKPOINT_DIR, ".checkpoint-old"))
+
+
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
+    """:func:`_load_checkpoint`, with any unreadable or mismatched file reported as a ConfigError
+    that names it (the files are left as they are)."""
+    try:
+        return _load_checkpoint(output_dir, model=model, optimizer=optimizer)
+    except ConfigError:
+        raise
+    except Exception as exc:  # torch.load, json and load_state_dict raise many types
+        raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}. Resume with the model and LoRA settings "
+                          "that wrote it, or start a new output directory (the checkpoint is left as it is)") from exc
+
+
+def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
     """Restore weights and optimizer in place; return (step, rng states, saved config).
 
     Sharded (FSDP) parameters and optimizer states get this rank's shard of the saved tensors."""
@@ -99,6 +120,8 @@ def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[st
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{path / 'state.json'} is not a checkpoint state (it needs an int 'step' and a 'config')")
     weights = torch.load(path / "trainable.pt", map_location="cpu")
     params = dict(_unwrap(model).named_parameters())
     missing = [name for name in weights if name not in params]

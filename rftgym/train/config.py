@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -101,8 +102,18 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.group_size < 2 and self.algo != "rft":
             raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
+        numbers = ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm", "clip_low",
+                   "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha")
+        for name in numbers:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}")
         if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \

@@ -22,7 +22,7 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
 from .batching import PROCESS_SPLIT_KEY, TrainSample, build_samples, collate, group_episodes, tokens_covering
-from .checkpoint import checkpoint_state, has_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_state, has_checkpoint, has_checkpoint_files, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss, token_mean
@@ -47,9 +47,16 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
-    if has_checkpoint(out) and not resume:
+    if has_checkpoint_files(out) and not resume:
         raise ConfigError(f"{out} already holds a checkpoint; pass resume=True (--resume) to continue it, "
                           "or choose another output directory")
+    if resume and not has_checkpoint(out):
+        raise ConfigError(f"nothing to resume: {out} holds no complete checkpoint (checkpoint/state.json is "
+                          "missing); drop --resume to start a new run in another output directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the output directory {out}: {exc.strerror or exc}") from exc
     torch.manual_seed(config.seed)
     make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
     device = ranks.device(config.device) or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,7 +101,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
     start = 0
     if resume and has_checkpoint(out):
-        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
+        start, rng, saved_config = load_checkpoint(out, model=model, optimizer=optimizer)
+        if start >= config.steps:
+            raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
+                              f"steps; pass more steps (e.g. --steps {start + config.steps}) to continue it")
+        changed = sorted(k for k, v in config.to_dict().items()
+                         if k not in ("steps", "save_every", "log_every", "output_dir")
+                         and k in saved_config and str(saved_config[k]) != str(v))
+        if changed and ranks.is_main:
+            print(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
         if len(rng["ranks"]) != ranks.world_size:
             raise ConfigError(f"the checkpoint was written by {len(rng['ranks'])} processes; resume with as many")
         task_rng.bit_generator.state = rng["tasks"]

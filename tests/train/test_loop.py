@@ -148,3 +148,25 @@ def test_training_with_recomputed_old_logprobs(tmp_path, make_char_policy):
     assert all(h["ratio_mean"] == pytest.approx(1.0, abs=1e-4) for h in history)
     with pytest.raises(ConfigError, match="old_logprobs"):
         TrainConfig(old_logprobs="current")
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
+    run = config(tmp_path, "run", steps=1)
+    train(run, policy=make_char_policy(), make_env=SayAEnv)
+    checkpoint = tmp_path / "run" / "checkpoint"
+    # Already at the last step: say how to continue.
+    with pytest.raises(ConfigError, match="already at step 1 and this run has 1 steps"):
+        train(run, policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    # A damaged file is named, and the checkpoint is left as it was.
+    for name, damage in (("state.json", b"{not json"), ("trainable.pt", b""), ("optimizer.pt", b"garbage")):
+        original = (checkpoint / name).read_bytes()
+        (checkpoint / name).write_bytes(damage)
+        with pytest.raises(ConfigError, match="cannot resume from the checkpoint"):
+            train(config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+        assert (checkpoint / name).read_bytes() == damage
+        (checkpoint / name).write_bytes(original)
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        train(config(tmp_path, "other", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    # Restored, it resumes.
+    history = train(config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [h["step"] for h in history] == [1]

@@ -84,6 +84,9 @@ class BM25Retriever(Retriever):
         self.documents = _check_documents(documents)
         corpus = [f"{d.title}\n{d.text}" for d in self.documents]
         tokens = self.bm25s.tokenize(corpus, stopwords="en", show_progress=False)
+        if not tokens.vocab:
+            raise ConfigError("the corpus has no word BM25 can index (every title and text is empty, a stop word or "
+                              "a single character); give documents with text")
         self.index = self.bm25s.BM25(k1=k1, b=b, method="lucene")
         self.index.index(tokens, show_progress=False)
         self._vocab = self.index.vocab_dict

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...core.errors import ConfigError
 from .corpora import Document, Question
 
 MAX_HOPS = 4
@@ -76,8 +77,15 @@ class _Names:
                 return word
 
 
+# Cities take one-syllable name suffixes, of which there are about 1,200: a larger world would
+# run out of unused names.
+MAX_PEOPLE = 2000
+
+
 class World:
     def __init__(self, seed: int = 0, people: int = 30):
+        if not 2 <= people <= MAX_PEOPLE:
+            raise ConfigError(f"a generated world has 2 to {MAX_PEOPLE} people (world_size), got {people}")
         rng = np.random.default_rng(seed)
         self.seed = seed
         self._names = names = _Names(rng)
