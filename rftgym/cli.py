@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,10 +51,17 @@ def _cell(value) -> str:
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     if env_id not in env_registry.ENVS:
         raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())}")
+    # gymnasium's own make() options, checked here: its errors are not about the env.
+    steps = kwargs.get("max_episode_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UsageError(f"--env-arg max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
     try:
         return gym.make(env_id, **kwargs)
     except TypeError as exc:
-        raise UsageError(f"bad --env-arg for {env_id}: {exc}. {_env_options_hint(env_id)}") from exc
+        unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+        what = f"unknown option {unknown.group(1)!r}" if unknown else str(exc)
+        raise UsageError(f"bad --env-arg for {env_id}: {what}. {_env_options_hint(env_id)} (and gymnasium's "
+                         "max_episode_steps)") from exc
 
 
 def _env_options_hint(env_id: str) -> str:

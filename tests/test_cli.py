@@ -429,6 +429,13 @@ def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
+def test_env_arg_messages_name_the_option(capsys):
+    assert exit_code(["play", ENV_ID, "--env-arg", "foo=1"]) == 2
+    assert "unknown option 'foo'" in capsys.readouterr().err
+    assert exit_code(["play", ENV_ID, "--env-arg", "max_episode_steps=0"]) == 2
+    assert "max_episode_steps must be a positive int" in capsys.readouterr().err
+
+
 def test_generated_world_size_is_bounded(capsys):
     assert main(["play", "rftgym/SearchEvalQA-v0", "--env-arg", "world_size=5000"]) == 1
     assert "world_size must be at most" in capsys.readouterr().err

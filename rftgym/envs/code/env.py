@@ -149,6 +149,11 @@ class CodeTCGConfig:
         if isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float)) \
                 or self.timeout_seconds <= 0:
             raise ConfigError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
+        if not 0.01 <= self.timeout_seconds <= 3600:
+            raise ConfigError(f"timeout_seconds must be in [0.01, 3600] (a submission's base wall and CPU limit), "
+                              f"got {self.timeout_seconds!r}")
+        if self.memory_mb < 64:
+            raise ConfigError(f"memory_mb must be at least 64 (Python itself needs about that), got {self.memory_mb}")
         for name in ("format_weight",):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -185,6 +185,9 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(step_scorer=lambda t, s: [1.0]), "pseudocode=True"),
     (dict(format_weight=1.5), "format_weight"),
     (dict(max_timeouts=0), "max_timeouts"),
+    (dict(memory_mb=1), "memory_mb must be at least 64"),
+    (dict(timeout_seconds=1e308), r"timeout_seconds must be in \[0.01, 3600\]"),
+    (dict(timeout_seconds=1e-9), "timeout_seconds must be in"),
     (dict(max_timeouts=2.5), "max_timeouts"),
 ])
 def test_bad_config_says_what_to_do(bad, message):
