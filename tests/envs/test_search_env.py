@@ -27,8 +27,8 @@ QA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "qa"
 needs_qa_data = pytest.mark.skipif(not (QA_DIR / "hotpotqa_100.json").is_file(),
                                    reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"question_id", "hops", "answerable", "turn", "searches", "query", "doc_ids", "evaluation_score",
-             "confidence", "evaluation_note", "protocol_violation", "protocol_violations", "segments", "answer",
-             "em", "f1", "gated", "format_error", "success"}
+             "confidence", "evaluation_note", "evaluation_end", "protocol_violation", "protocol_violations", "segments",
+             "answer", "em", "f1", "gated", "format_error", "success"}
 
 
 def run_episode(env, actions):
