@@ -219,23 +219,34 @@ def trained_index(loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(loss_mask.reshape(-1)).view(-1)
 
 
+def empty_rows(rows: int, width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` ``[rows, width]`` of padding, and zero ``loss_mask``, ``old_logprobs`` and
+    ``advantages`` ``[rows, width - 1]``, for :func:`place_sample` to fill."""
+    return {"input_ids": torch.full((rows, width), pad_id, dtype=torch.long),
+            **{key: torch.zeros((rows, width - 1)) for key in ("loss_mask", "old_logprobs", "advantages")}}
+
+
+def place_sample(tensors: dict[str, torch.Tensor], row: int, start: int, sample: TrainSample) -> slice:
+    """Write ``sample`` into ``row`` from position ``start``. Position p predicts token p + 1, so
+    per-token values move one place left; the sample's last position predicts whatever follows
+    it and stays masked. Returns the positions that predict the sample's own tokens."""
+    n = len(sample.token_ids)
+    tensors["input_ids"][row, start:start + n] = torch.tensor(sample.token_ids)
+    span = slice(start, start + n - 1)
+    tensors["loss_mask"][row, span] = torch.tensor(sample.loss_mask[1:], dtype=torch.float32)
+    tensors["old_logprobs"][row, span] = torch.tensor(sample.old_logprobs[1:], dtype=torch.float32)
+    tensors["advantages"][row, span] = torch.tensor(sample.advantages[1:], dtype=torch.float32)
+    return span
+
+
 def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad samples into tensors; targets are the next tokens (shifted by one);
     ``trained_index``: see :func:`trained_index`."""
     width = max(len(s.token_ids) for s in samples)
-    batch = len(samples)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    mask = torch.zeros((batch, width - 1))
-    old = torch.zeros((batch, width - 1))
-    adv = torch.zeros((batch, width - 1))
-    for row, s in enumerate(samples):
-        n = len(s.token_ids)
-        input_ids[row, :n] = torch.tensor(s.token_ids)
-        attention[row, :n] = 1
-        # Position p predicts token p+1, so per-token values move one place left.
-        mask[row, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-        old[row, : n - 1] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
-        adv[row, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention, "targets": input_ids[:, 1:],
-            "loss_mask": mask, "old_logprobs": old, "advantages": adv, "trained_index": trained_index(mask)}
+    tensors = empty_rows(len(samples), width, pad_id)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        place_sample(tensors, row, 0, sample)
+        attention[row, :len(sample.token_ids)] = 1
+    return {**tensors, "attention_mask": attention, "targets": tensors["input_ids"][:, 1:],
+            "trained_index": trained_index(tensors["loss_mask"])}

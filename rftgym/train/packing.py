@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .batching import TrainSample, trained_index
+from .batching import TrainSample, empty_rows, place_sample, trained_index
 
 
 def pack_rows(lengths: list[int], row_length: int) -> list[list[int]]:
@@ -51,31 +51,19 @@ def collate_packed(samples: list[TrainSample], pad_id: int, row_length: int | No
     """
     width = row_length or max(len(s.token_ids) for s in samples)
     layout = pack_rows([len(s.token_ids) for s in samples], width)
-    rows = len(layout)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    positions = torch.zeros((rows, width), dtype=torch.long)
-    mask = torch.zeros((rows, width - 1))
-    old = torch.zeros((rows, width - 1))
-    adv = torch.zeros((rows, width - 1))
-    sequence_ids = torch.full((rows, width - 1), -1, dtype=torch.long)
+    tensors = empty_rows(len(layout), width, pad_id)
+    positions = torch.zeros((len(layout), width), dtype=torch.long)
+    sequence_ids = torch.full((len(layout), width - 1), -1, dtype=torch.long)
     for row, members in enumerate(layout):
         start = 0
         for index in members:
-            s = samples[index]
-            n = len(s.token_ids)
-            input_ids[row, start:start + n] = torch.tensor(s.token_ids)
+            n = len(samples[index].token_ids)
+            # The sample's last position would predict the next sample's first token: masked.
+            sequence_ids[row, place_sample(tensors, row, start, samples[index])] = index
             positions[row, start:start + n] = torch.arange(n)
-            # Positions start .. start+n-2 predict this sample's tokens 1..n-1; start+n-1 would
-            # predict the next sample's first token and stays masked.
-            span = slice(start, start + n - 1)
-            mask[row, span] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-            old[row, span] = torch.tensor(s.old_logprobs[1:], dtype=torch.float32)
-            adv[row, span] = torch.tensor(s.advantages[1:], dtype=torch.float32)
-            sequence_ids[row, span] = index
             start += n
         if start < width:  # padding continues the last sample's positions
             last = int(positions[row, start - 1])
             positions[row, start:] = torch.arange(last + 1, last + 1 + width - start)
-    return {"input_ids": input_ids, "position_ids": positions, "targets": input_ids[:, 1:], "loss_mask": mask,
-            "old_logprobs": old, "advantages": adv, "sequence_ids": sequence_ids,
-            "trained_index": trained_index(mask)}
+    return {**tensors, "position_ids": positions, "targets": tensors["input_ids"][:, 1:],
+            "sequence_ids": sequence_ids, "trained_index": trained_index(tensors["loss_mask"])}
