@@ -15,13 +15,18 @@ from typing import Iterator
 from .errors import DataFormatError
 
 
+def missing_file(path: Path) -> str:
+    """Why ``path`` is not a readable file, in a few words ("no such file", "a directory, not a file")."""
+    return "a directory, not a file" if path.is_dir() else "no such file"
+
+
 def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for each non-blank line; ``shape`` says what a line must be
     (e.g. ``"one {question, answer} object per line"``) and ends every error message.
     ``.gz`` files are read through gzip."""
     path = Path(path)
     if not path.is_file():
-        raise DataFormatError(f"{path}: no such file; expected {shape}")
+        raise DataFormatError(f"{path}: {missing_file(path)}; expected {shape}")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):

@@ -260,6 +260,7 @@ def test_seeding_and_ids():
     ({"hops": (0,)}, "hops must be a non-empty list"), ({"hops": ["x"]}, "hops must be a list of ints"),
     ({"top_k": 0}, "top_k must be an int of at least 1"), ({"max_turns": 0}, "max_turns must be an int"),
     ({"retriever": "tfidf"}, "retriever must be one of"), ({"retriever": "remote"}, "needs retriever_url"),
+    ({"retriever_url": "http://127.0.0.1:9/retrieve"}, "only used with retriever=.remote."),
     ({"violation_gate": 2}, "violation_gate must be 'zero' or a multiplier"),
     ({"violation_gate": "half"}, "violation_gate must be"), ({"reward_metric": "bleu"}, "reward_metric must be"),
     ({"on_search_limit": "stop"}, "on_search_limit must be"), ({"unanswerable_rate": 1.5}, "unanswerable_rate"),

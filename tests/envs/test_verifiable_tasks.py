@@ -324,5 +324,5 @@ def test_loader_rejects_a_file_without_tasks(tmp_path, content):
 def test_loader_rejects_a_missing_file_or_a_directory(tmp_path):
     with pytest.raises(DataFormatError, match="no such file"):
         load_tasks_jsonl(tmp_path / "missing.jsonl")
-    with pytest.raises(DataFormatError, match="no such file"):
+    with pytest.raises(DataFormatError, match="a directory, not a file"):
         load_tasks_jsonl(tmp_path)

@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from ...core.errors import DataFormatError, MissingDependencyError
-from ...core.jsonl import read_jsonl
+from ...core.jsonl import missing_file, read_jsonl
 from .parsing import called_names, calls_with_literal_args, example_calls, signature_of, top_level_functions
 from .tasks import CodeTask, TestCase
 
@@ -81,7 +81,7 @@ def load_mbpp(path: str | Path) -> list[CodeTask]:
     """Standard MBPP JSONL: ``{task_id, text, code, test_list, test_setup_code, challenge_test_list}``."""
     path = Path(path)
     if not path.is_file():
-        raise DataFormatError(f"{path}: no such file; pass the MBPP JSONL (e.g. mbpp.jsonl from "
+        raise DataFormatError(f"{path}: {missing_file(path)}; pass the MBPP JSONL (e.g. mbpp.jsonl from "
                               "google-research/mbpp)")
     tasks = [_mbpp_task(record, f"{path}:{number}") for number, record in read_jsonl(path, MBPP_SHAPE)]
     if not tasks:

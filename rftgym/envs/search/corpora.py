@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import DataFormatError
-from ...core.jsonl import read_jsonl
+from ...core.jsonl import missing_file, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def _read_json(path: Path, shape: str) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except FileNotFoundError:
-        raise DataFormatError(f"{path}: no such file; expected {shape}") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataFormatError(f"{path}: {missing_file(Path(path))}; expected {shape}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataFormatError(f"{path}: not valid JSON ({exc}); expected {shape}") from exc
 

@@ -157,6 +157,9 @@ class SearchEvalQAConfig:
             raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
         if self.retriever == "remote" and not self.retriever_url:
             raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
+        if self.retriever_url and self.retriever != "remote":
+            raise ConfigError(f"retriever_url is only used with retriever='remote' (got retriever={self.retriever!r}); "
+                              "add retriever=remote, or drop retriever_url")
         if self.on_search_limit not in ("truncate", "message"):
             raise ConfigError(f"on_search_limit must be 'truncate' or 'message', got {self.on_search_limit!r}")
         if self.reward_metric not in ("f1", "em"):
