@@ -7,6 +7,9 @@ What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit
 * reference pass %: the share of tasks whose reference passes all its tests (must be 100, minus
   tasks left with no tests: "untestable");
 * a wrong solution (``return None``) must fail: share of tasks where it does;
+* the best constant: per function task, the highest pass rate of ``return C`` for C in
+  ``CONSTANTS`` (a reward a policy gets without solving anything), with the dataset's tests alone
+  and with the TCG suite: the mean, and the tasks where it reaches 0.5 and 0.8;
 * mutation score: AST mutants of the reference (see ``rftgym.envs.code.mutants``; at most
   ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
   dataset ships) against the whole TCG suite (ours);
@@ -30,6 +33,15 @@ from rftgym.envs.code.tcg import TCGConfig, build_tests_many
 
 # The shared data folder beside the checkout.
 DEFAULT_MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "code" / "mbpp.jsonl"
+CONSTANTS = ("False", "True", "0", "1", "[]", "''", "None")
+
+
+def best_constant(tasks, sandbox) -> list[float]:
+    """Per function task with tests: the best pass rate of a function returning a constant."""
+    tasks = [t for t in tasks if t.style == "function" and t.tests]
+    results = grade_many([(t, f"def {t.entry_point}(*args, **kwargs):\n    return {c}\n") for t in tasks
+                          for c in CONSTANTS], sandbox)
+    return [max(r.pass_rate for r in results[i * len(CONSTANTS):(i + 1) * len(CONSTANTS)]) for i in range(len(tasks))]
 
 
 def load(args):
@@ -66,6 +78,8 @@ def main() -> None:
     wrong = grade_many([(t, f"def {t.entry_point}(*args, **kwargs):\n    return None\n" if t.style == "function"
                          else "pass\n") for t in built], sandbox)
     t_grade = time.perf_counter() - t0 - t_build
+    dataset_only = [t.with_tests(tuple(x for x in t.tests if x.origin in ("example", "dataset"))) for t in built]
+    constants = {"dataset": best_constant(dataset_only, sandbox), "tcg": best_constant(built, sandbox)}
     ref_fail = [(t.task_id, r.status, r.passed, r.total) for t, r in zip(built, refs) if r.pass_rate < 1.0]
     wrong_pass = [t.task_id for t, r in zip(built, wrong) if r.total and r.pass_rate == 1.0]
     checks = run_dataset_tests_many([(t, t.reference) for t in built], sandbox)
@@ -93,6 +107,12 @@ def main() -> None:
           f"{sum(r.pass_rate == 1.0 for r in testable):>10d}/{len(testable)}")
     print(f"{'untestable (no test input survived)':44s}{'':>20s}{len(built) - len(testable):>16d}")
     print(f"{'return-None solution fails':44s}{'':>20s}{len(testable) - len(wrong_pass):>10d}/{len(testable)}")
+    means = {k: sum(v) / max(1, len(v)) for k, v in constants.items()}
+    print(f"{'best constant: mean pass rate':44s}{means['dataset']:>20.3f}{means['tcg']:>16.3f}")
+    for level in (0.5, 0.8):
+        print(f"{'best constant: tasks passing >= ' + str(level):44s}"
+              f"{sum(b >= level for b in constants['dataset']):>14d}/{len(constants['dataset'])}"
+              f"{sum(b >= level for b in constants['tcg']):>10d}/{len(constants['tcg'])}")
     print(f"{'reference passes the dataset own tests':44s}{dataset_ok:>14d}/{len(with_checks)}")
     print(f"{'seconds: build tests / grade ref+wrong':44s}{t_build:>20.1f}{t_grade:>16.1f}")
     for task_id, status, passed, total in ref_fail:
@@ -103,6 +123,8 @@ def main() -> None:
                 "tests_per_task": round(summary["tests_per_task"], 2),
                 "reference_pass_testable": sum(r.pass_rate == 1.0 for r in testable), "testable": len(testable),
                 "wrong_fails": len(testable) - len(wrong_pass), "dataset_check_pass": dataset_ok,
+                "best_constant_mean": {k: round(v, 3) for k, v in means.items()},
+                "best_constant_ge_0.8": {k: sum(b >= 0.8 for b in v) for k, v in constants.items()},
                 "build_seconds": round(t_build, 1)}
     if "mutation_score_tcg_pct" in summary:
         headline.update(mutants=summary["mutants"],

@@ -210,6 +210,47 @@ def random_inputs(models: list[ValueModel], rng: random.Random, n: int) -> list[
     return [args_source(tuple(m.sample(rng) for m in models)) for _ in range(n)]
 
 
+def _mutate_value(value: Any, rng: random.Random) -> Any:
+    """A small change of one value that keeps its type: a list or string reordered, an element
+    repeated or dropped; a number moved a little; anything else as it is."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value + rng.choice((-2, -1, 1, 2))
+    if isinstance(value, float):
+        return value * rng.choice((0.9, 1.1)) if value else rng.choice((-0.5, 0.5))
+    if isinstance(value, (list, str)) and len(value) > 0:
+        items = list(value)
+        move = rng.randrange(3)
+        if move == 0:
+            rng.shuffle(items)
+        elif move == 1:
+            items.insert(rng.randrange(len(items) + 1), rng.choice(items))
+        elif len(items) > 1:
+            del items[rng.randrange(len(items))]
+        return "".join(items) if isinstance(value, str) else items
+    return value
+
+
+def neighbour_inputs(bases: list[tuple], rng: random.Random, n: int) -> list[str]:
+    """``n`` inputs near ``bases``: each one base with one argument changed by
+    :func:`_mutate_value`, or two changes in a row (deduplicated; may return fewer)."""
+    out: list[str] = []
+    for _ in range(n * 2):
+        if len(out) >= n or not bases:
+            break
+        args = list(rng.choice(bases))
+        if not args:
+            break
+        for _ in range(rng.choice((1, 1, 2))):
+            position = rng.randrange(len(args))
+            args[position] = _mutate_value(args[position], rng)
+        source = args_source(tuple(args))
+        if source not in out:
+            out.append(source)
+    return out
+
+
 def edge_inputs(models: list[ValueModel], base: tuple | None, rng: random.Random) -> list[str]:
     """Each argument in turn set to each of its edge values, the others from ``base`` (the first
     example) or sampled; then all arguments at their first edge value."""

@@ -5,12 +5,17 @@ Inputs come from the spec's examples, the dataset's own tests, type-driven rando
 them in the sandbox, twice (in two processes, so that output that depends on hash seeds or
 addresses is caught); inputs where it raises, times out or disagrees with itself are dropped.
 Tests are deduplicated by input and capped, example- and dataset-derived tests first.
+When one expected output dominates a function's tests (a predicate that random inputs almost
+always make False, a filter they leave empty), a constant would pass most of them: a second
+round mutates the inputs whose outputs are rare (:func:`~.inputs.neighbour_inputs`) and adds the
+mutants that keep a rare output, as random tests ahead of the others.
 Built suites are cached on disk (``$RFTGYM_CACHE`` or ``~/.cache/rftgym``, under ``tcg/``).
 LLM-proposed tests live in :mod:`.tcg_llm`.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -22,11 +27,12 @@ from typing import Sequence
 
 from ...core.errors import ConfigError
 from .harness import RunOutcome, execute_many
-from .inputs import argument_models, edge_inputs, random_inputs
+from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import Sandbox
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
 
-CACHE_VERSION = 2  # 2: inputs slow for the reference are dropped
+CACHE_VERSION = 3  # 2: inputs slow for the reference are dropped; 3: rare outputs searched for
+MAJORITY_SHARE = 0.6  # above this share of one expected output, search for inputs with other outputs
 REFERENCE_TIME_SHARE = 0.25  # the reference may use at most this share of a test's time limit
 ORDER = ("example", "dataset", "llm", "edge", "random")  # what the cap keeps first
 
@@ -59,8 +65,8 @@ class TCGConfig:
 
 # ---------------------------------------------------------------- candidate inputs
 
-def _rng(config: TCGConfig, task: CodeTask) -> random.Random:
-    digest = hashlib.sha256(f"{config.seed}:{task.task_id}".encode()).digest()
+def _rng(config: TCGConfig, task: CodeTask, purpose: str = "") -> random.Random:
+    digest = hashlib.sha256(f"{config.seed}:{task.task_id}{purpose}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
@@ -198,13 +204,48 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     repeats = 2 if config.check_determinism else 1
     runs = run_reference_many([tasks[i] for i in todo], [[s for s, _ in candidates[i]] for i in todo], sandbox,
                               config.per_test_seconds, repeats)
-    for i, task_runs in zip(todo, runs):
-        tests = select_tests(tasks[i], candidates[i], task_runs, config)
-        complete = all(run.status == "ok" for run in task_runs)
-        if complete:  # a run cut short by the sandbox is not cached, so a later build retries
-            _cache_write(tasks[i], config, tests)
-        out[i] = tasks[i].with_tests(tests)
+    built = {i: select_tests(tasks[i], candidates[i], task_runs, config) for i, task_runs in zip(todo, runs)}
+    complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in zip(todo, runs)}
+    # Second round, for tasks whose tests one output dominates: inputs near the rare-output ones.
+    skewed = {i: rare for i in todo if (rare := _rare_outputs(tasks[i], built[i])) is not None}
+    near = {i: [s for s in neighbour_inputs(bases, _rng(config, tasks[i], ":neighbours"), config.n_random)
+                if s not in {c for c, _ in candidates[i]}] for i, (_, bases) in skewed.items()}
+    near = {i: sources for i, sources in near.items() if sources}
+    if near:
+        order = list(near)
+        second = run_reference_many([tasks[i] for i in order], [near[i] for i in order], sandbox,
+                                    config.per_test_seconds, repeats)
+        for i, task_runs in zip(order, second):
+            found = select_tests(tasks[i], [(s, "random") for s in near[i]], task_runs,
+                                 dataclasses.replace(config, max_tests=len(near[i])))
+            majority = skewed[i][0]
+            rare = [t for t in found if t.expected != majority]
+            kept = [t for t in built[i] if t.origin != "random"] + rare + [t for t in built[i] if t.origin == "random"]
+            built[i] = tuple(kept[: config.max_tests])
+            complete[i] = complete[i] and all(run.status == "ok" for run in task_runs)
+    for i in todo:
+        if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
+            _cache_write(tasks[i], config, built[i])
+        out[i] = tasks[i].with_tests(built[i])
     return out  # type: ignore[return-value]
+
+
+def _rare_outputs(task: CodeTask, tests: Sequence[TestCase]) -> tuple[str, list[tuple]] | None:
+    """``(the dominant expected output, the arguments of the tests with other outputs)`` when one
+    output is over ``MAJORITY_SHARE`` of a function's tests and others exist; else None."""
+    if task.style != "function" or len(tests) < 4:
+        return None
+    majority, count = collections.Counter(t.expected for t in tests).most_common(1)[0]
+    if count <= MAJORITY_SHARE * len(tests):
+        return None
+    bases = []
+    for test in tests:
+        if test.expected != majority:
+            try:
+                bases.append(parse_args_source(test.input))
+            except (ValueError, SyntaxError):
+                continue
+    return (majority, bases) if bases else None
 
 
 def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:

@@ -169,3 +169,29 @@ def test_inputs_the_reference_barely_finishes_in_time_are_dropped(sandbox, tmp_p
     config = TCGConfig(cache_dir=str(tmp_path), sources=("dataset",), per_test_seconds=1.0)
     built = build_tests(slow, config, sandbox)
     assert [t.input for t in built.tests] == ["(0.0,)"]
+
+
+def test_neighbours_of_rare_outputs_are_added_when_one_output_dominates(sandbox, tmp_path, monkeypatch):
+    # Random lists near the examples almost never hold a pair summing to zero, so nearly every
+    # random test expects False and "return False" would pass most of the suite. The second round
+    # mutates the True inputs (reorder, repeat or drop an element) and keeps mutants still True.
+    from rftgym.envs.code import tcg
+
+    task = CodeTask("t-pairs", "unit", "function", "", "f",
+                    "def f(xs):\n    return any(a + b == 0 for i, a in enumerate(xs) for b in xs[i + 1:])\n",
+                    examples=(TestCase("([3, -3, 7],)", None, "example"), TestCase("([1, 2, 9],)", None, "example"),
+                              TestCase("([5, 8, 1, 4],)", None, "example")))
+
+    def suite(cache):
+        built = build_tests(task, TCGConfig(cache_dir=str(tmp_path / cache), n_random=12, n_edge=0), sandbox)
+        return built, collections.Counter(decode(t.expected) for t in built.tests)
+
+    monkeypatch.setattr(tcg, "MAJORITY_SHARE", 1.0)  # no second round
+    _, before = suite("without")
+    monkeypatch.undo()
+    built, after = suite("with")
+    assert before[False] / sum(before.values()) > 0.75, before  # the skew the second round is for
+    assert after[True] >= before[True] + 3 and after[False] / sum(after.values()) <= 0.75, (before, after)
+    # Every added test is a real one: the reference passes them; "return False" no longer passes most.
+    reference, constant = grade_many([(built, task.reference), (built, "def f(xs):\n    return False\n")], sandbox)
+    assert reference.pass_rate == 1.0 and constant.pass_rate <= 0.75
