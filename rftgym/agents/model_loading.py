@@ -106,6 +106,10 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def resolve_model_dir(model: str | None) -> Path:
     """``None`` or ``"default"`` gives the default model; anything else must be a local directory."""
     if model in (None, "default", DEFAULT_MODEL_NAME):
@@ -116,6 +120,15 @@ def resolve_model_dir(model: str | None) -> Path:
             f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights). "
             "rftgym never downloads from a hub at run time: pass a directory, or 'default'."
         )
+    # Name what is missing before transformers tries (its messages then speak of sentencepiece).
+    missing = []
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        missing.append("weights (model.safetensors, pytorch_model.bin or their shards)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    if missing:
+        raise ModelLoadError(f"{model!r} has config.json but no {' and no '.join(missing)}; save the model and its "
+                             "tokenizer there with save_pretrained, or pass 'default'")
     return path
 
 

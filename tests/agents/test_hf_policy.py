@@ -35,6 +35,14 @@ def test_default_model_is_cached_as_plain_hf_directory():
 def test_unknown_model_path_says_what_to_pass(tmp_path):
     with pytest.raises(ModelLoadError, match="local Hugging Face model directory"):
         HFPolicy.from_pretrained(str(tmp_path / "missing"))
+    # config.json alone: say that weights and a tokenizer are missing (transformers' own message
+    # speaks of sentencepiece), before anything is loaded.
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="has config.json but no weights .* and no tokenizer"):
+        HFPolicy.from_pretrained(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="has config.json but no tokenizer"):
+        HFPolicy.from_pretrained(str(tmp_path))
 
 
 def test_default_model_answers_simple_question(default_policy):
