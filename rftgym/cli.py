@@ -456,16 +456,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = train_config_from_args(args)
     _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
     output_dir = config.output_dir
-    from .train.checkpoint import has_checkpoint, has_checkpoint_files
+    from .core.errors import ConfigError
+    from .train.checkpoint import check_output_dir
 
-    if has_checkpoint_files(Path(output_dir)) and not args.resume:
-        raise UsageError(f"{output_dir} already holds a checkpoint; pass --resume to continue it, "
-                         "or choose another --output-dir")
-    if args.resume and not has_checkpoint(Path(output_dir)):
-        raise UsageError(f"--resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is missing); "
-                         "drop --resume and choose a new --output-dir")
-    if Path(output_dir).exists() and not Path(output_dir).is_dir():
-        raise UsageError(f"--output-dir {output_dir} is a file; choose a directory")
+    try:  # before the model loads
+        check_output_dir(Path(output_dir), args.resume)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
     history = train(config, resume=args.resume)
     from .rollout.metrics import format_table
 

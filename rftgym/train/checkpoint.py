@@ -99,6 +99,19 @@ def has_checkpoint_files(output_dir: Path) -> bool:
     return any((output_dir / name).exists() for name in (CHECKPOINT_DIR, ".checkpoint-old"))
 
 
+def check_output_dir(output_dir: Path, resume: bool) -> None:
+    """Refuse a run that would overwrite a checkpoint (complete or not) without ``resume``, a
+    ``resume`` with no complete checkpoint, and an output directory that cannot be one."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
+    if has_checkpoint_files(output_dir) and not resume:
+        raise ConfigError(f"{output_dir} already holds a checkpoint; pass resume=True (--resume) to continue it, "
+                          "or choose another output directory")
+    if resume and not has_checkpoint(output_dir):
+        raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is "
+                          "missing); drop --resume to start a new run in another output directory")
+
+
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
     """:func:`_load_checkpoint`, with any unreadable or mismatched file reported as a ConfigError
     that names it (the files are left as they are)."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import replace
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -22,7 +22,7 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
 from .batching import PROCESS_SPLIT_KEY, TrainSample, build_samples, collate, group_episodes, tokens_covering
-from .checkpoint import checkpoint_state, has_checkpoint, has_checkpoint_files, load_checkpoint, save_checkpoint
+from .checkpoint import check_output_dir, checkpoint_state, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss, token_mean
@@ -47,12 +47,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
-    if has_checkpoint_files(out) and not resume:
-        raise ConfigError(f"{out} already holds a checkpoint; pass resume=True (--resume) to continue it, "
-                          "or choose another output directory")
-    if resume and not has_checkpoint(out):
-        raise ConfigError(f"nothing to resume: {out} holds no complete checkpoint (checkpoint/state.json is "
-                          "missing); drop --resume to start a new run in another output directory")
+    check_output_dir(out, resume)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -100,7 +95,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
     start = 0
-    if resume and has_checkpoint(out):
+    if resume:  # check_output_dir made sure there is a complete checkpoint
         start, rng, saved_config = load_checkpoint(out, model=model, optimizer=optimizer)
         if start >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
@@ -469,8 +464,9 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     With several ranks, every rank runs the largest rank's number of minibatches (a rank that
     has run out contributes zero gradients), and each minibatch's loss is the aggregation over
     all ranks' samples together (a token mean weighs every token of every rank alike), as one
-    process would compute it over the union; gradients are averaged before each step. Under FSDP (``model`` a :class:`ShardedModel`) the forward and
-    backward passes hold the collectives, so every rank runs the largest rank's number of passes
+    process would compute it over the union; gradients are averaged before each step. Under FSDP
+    (``model`` a :class:`ShardedModel`) the forward and backward passes hold the collectives, so
+    every rank runs the largest rank's number of passes
     (zero-weighted padding passes where it has fewer microbatches, or none), and FSDP's
     reduce-scatter does the averaging.
 
@@ -550,36 +546,33 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     # FSDP's forward holds collectives: every rank runs the largest rank's number of passes.
     passes = max(len(microbatch_sizes(n, config.microbatch_size or config.minibatch_size))
                  for n in ranks.gather_objects(len(samples))) if sharded else len(sizes)
-    values, gaps = [], []
+    parts = _split(samples, sizes)
+    values = []
     with torch.no_grad():
         for index in range(passes):
-            part = _split(samples, sizes)[index] if index < len(sizes) else None
+            part = parts[index] if index < len(parts) else None
             batch = to_device(collate(part, pad_id) if part else padding_batch(pad_id), device)
             with autocast():
                 logp, _ = batch_logprobs(model, batch, config)
             if part:
-                mask = batch["loss_mask"] != 0
-                gaps.append(((logp - batch["old_logprobs"]).abs() * mask, mask.sum()))
                 values.append(logp.float())
     if sharded:
         # A forward without gradients leaves the root's parameters gathered (no backward pass
         # reshards them), and the update's backward would then reduce the wrong tensors.
         model.reshard()
-    rows = [row for part in values for row in part.cpu().tolist()]  # the pass's one read-back
-    out = []
+    rows = [row for part in values for row in part.cpu().tolist()]  # the first .cpu() waits, once
+    out, gaps = [], []
     for sample, row in zip(samples, rows):
-        n = len(sample.token_ids)
         # Position p of a row predicts token p + 1: token t's log-prob is row[t - 1].
-        old = [sample.old_logprobs[0]] + [row[t - 1] if sample.loss_mask[t] else sample.old_logprobs[t]
-                                           for t in range(1, n)]
+        old = list(sample.old_logprobs)
+        for t in range(1, len(sample.token_ids)):
+            if sample.loss_mask[t]:
+                gaps.append(abs(row[t - 1] - old[t]))
+                old[t] = row[t - 1]
         out.append(replace(sample, old_logprobs=old))
     if not gaps:
         return out, {}
-    total = sum(g.sum() for g, _ in gaps)
-    count = sum(c for _, c in gaps).clamp(min=1)
-    largest = torch.stack([g.max() for g, _ in gaps]).max()
-    gap = read_back({"old_logprob_gap": total / count, "old_logprob_gap_max": largest})
-    return out, gap
+    return out, {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
 
 
 def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:

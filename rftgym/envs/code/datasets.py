@@ -12,12 +12,13 @@ import importlib.util
 from pathlib import Path
 
 from ...core.errors import DataFormatError, MissingDependencyError
-from ...core.jsonl import missing_file, read_jsonl
+from ...core.jsonl import read_jsonl
 from .parsing import called_names, calls_with_literal_args, example_calls, signature_of, top_level_functions
 from .tasks import CodeTask, TestCase
 
 HUMANEVAL_SHAPE = "one {task_id, prompt, canonical_solution, test, entry_point} object per line (HumanEval)"
-MBPP_SHAPE = "one {task_id, text, code, test_list, test_setup_code?, challenge_test_list?} object per line (MBPP)"
+MBPP_SHAPE = ("one {task_id, text, code, test_list, test_setup_code?, challenge_test_list?} object per line "
+              "(the MBPP JSONL, e.g. mbpp.jsonl from google-research/mbpp)")
 
 HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function (and any "
                          "imports or helpers it needs) in one ```python code block.")
@@ -80,9 +81,6 @@ def _humaneval_task(record: dict, where: str) -> CodeTask:
 def load_mbpp(path: str | Path) -> list[CodeTask]:
     """Standard MBPP JSONL: ``{task_id, text, code, test_list, test_setup_code, challenge_test_list}``."""
     path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(f"{path}: {missing_file(path)}; pass the MBPP JSONL (e.g. mbpp.jsonl from "
-                              "google-research/mbpp)")
     tasks = [_mbpp_task(record, f"{path}:{number}") for number, record in read_jsonl(path, MBPP_SHAPE)]
     if not tasks:
         raise DataFormatError(f"{path}: the file has no tasks")

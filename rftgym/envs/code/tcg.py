@@ -208,8 +208,11 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in zip(todo, runs)}
     # Second round, for tasks whose tests one output dominates: inputs near the rare-output ones.
     skewed = {i: rare for i in todo if (rare := _rare_outputs(tasks[i], built[i])) is not None}
-    near = {i: [s for s in neighbour_inputs(bases, _rng(config, tasks[i], ":neighbours"), config.n_random)
-                if s not in {c for c, _ in candidates[i]}] for i, (_, bases) in skewed.items()}
+    near = {}
+    for i, (_, bases) in skewed.items():
+        tried = {source for source, _ in candidates[i]}
+        near[i] = [s for s in neighbour_inputs(bases, _rng(config, tasks[i], ":neighbours"), config.n_random)
+                   if s not in tried]
     near = {i: sources for i, sources in near.items() if sources}
     if near:
         order = list(near)

@@ -116,7 +116,7 @@ from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
-from ..search.world import MAX_HOPS, MAX_PEOPLE, World
+from ..search.world import MAX_HOPS, World
 from . import context_ops
 from .budget import estimate_tokens
 from .tasks import MemoryTask, build_corpus, compose_task, draw_indices, generate_task, load_question_pool
@@ -183,9 +183,6 @@ class MemoryQAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
-        if self.world_size > MAX_PEOPLE:
-            raise ConfigError(f"world_size must be at most {MAX_PEOPLE} (the generated world runs out of names), "
-                              f"got {self.world_size}")
         for name in ("max_context_tokens", "max_distractors"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -98,7 +98,7 @@ from . import protocol
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, Retriever, make_retriever
 from .scoring import best_score, is_refusal
-from .world import MAX_HOPS, MAX_PEOPLE, World
+from .world import MAX_HOPS, World
 
 DEFAULT_SYSTEM_PROMPT = (
     "Answer the question using a search engine. Search with <search>query</search>; the results come back "
@@ -146,9 +146,6 @@ class SearchEvalQAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
-        if self.world_size > MAX_PEOPLE:
-            raise ConfigError(f"world_size must be at most {MAX_PEOPLE} (the generated world runs out of names), "
-                              f"got {self.world_size}")
         for name in ("dataset_path", "corpus_path"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):

@@ -85,7 +85,8 @@ MAX_PEOPLE = 2000
 class World:
     def __init__(self, seed: int = 0, people: int = 30):
         if not 2 <= people <= MAX_PEOPLE:
-            raise ConfigError(f"a generated world has 2 to {MAX_PEOPLE} people (world_size), got {people}")
+            raise ConfigError(f"world_size must be at most {MAX_PEOPLE} (a larger generated world runs out of "
+                              f"names) and at least 2, got {people}")
         rng = np.random.default_rng(seed)
         self.seed = seed
         self._names = names = _Names(rng)

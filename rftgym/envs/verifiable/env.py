@@ -166,16 +166,15 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         answers = [t for t in parsed.find("answer") if t.closed]
         format_error = None
         problems = summarize_problems(parsed.problems)
+        notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
+            + ([problems] if problems else [])
         if not answers:
             format_error = "no <answer>…</answer> tag" + (f" ({problems})" if problems else "")
-        elif len(answers) > 1 or parsed.problems:
-            format_error = "; ".join(
-                (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else [])
-                + ([problems] if problems else [])
-            )
-        if answers and not answers[-1].text.strip():
+        elif not answers[-1].text.strip():
             # An empty answer is no answer: it is not graded, and earns no format reward.
-            answers, format_error = [], "the <answer> tag is empty" + (f" ({problems})" if problems else "")
+            answers, format_error = [], "; ".join(["the <answer> tag is empty"] + notes)
+        elif notes:
+            format_error = "; ".join(notes)
         format_ok = format_error is None
         answer_text = answers[-1].text if answers else None
         correct = answer_text is not None and is_correct(self.task, answer_text)

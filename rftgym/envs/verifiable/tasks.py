@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...core.errors import DataFormatError
-from ...core.jsonl import missing_file, read_jsonl
+from ...core.jsonl import read_jsonl
 
 LETTERS = string.ascii_uppercase
 DIFFICULTIES = (1, 2, 3, 4, 5)
@@ -265,8 +265,6 @@ def load_tasks_jsonl(path: str | Path) -> list[Task]:
     """Load ``{"question", "choices"?, "answer", "id"?}`` lines. ``answer`` may be the text of a
     choice or its letter; errors name the file and line and say what each field must be."""
     path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(f"{path}: {missing_file(path)}; pass a JSONL file of {{question, choices?, answer}}")
     tasks: list[Task] = []
     for line_no, record in read_jsonl(path, "one {question, choices?, answer} object per line"):
         tasks.append(_task_from_record(record, f"{path}:{line_no}", default_id=f"{path.stem}-{line_no}"))
