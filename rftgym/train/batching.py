@@ -21,7 +21,10 @@ the same task), and their total rewards:
 
 Groups whose rewards are all equal carry no signal and are dropped when
 ``filter_zero_variance`` is on (DAPO dynamic sampling); with ``filter_overlong``, episodes whose
-last reply was cut by the token budget are masked out (DAPO overlong filtering).
+last reply was cut by the token budget are masked out (DAPO overlong filtering). Only the last
+reply counts: an earlier cut reply was answered by the env and the episode went on, so its reward
+judges the whole episode; a cut last reply ended the episode unfinished, which is DAPO's case of a
+reward that says more about the budget than about the answer.
 """
 
 from __future__ import annotations
@@ -184,6 +187,9 @@ def _dcpo_group(group, gi, group_adv, keep, config, generator) -> list[TrainSamp
 
 
 def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None) -> list[TrainSample]:
+    # Every episode's scores enter the group's standardization, overlong-masked ones too: the
+    # overlong filter masks an episode's loss, not its place in the group's statistics (its reward
+    # stays in the advantage baseline as well, as in DAPO).
     spans_and_scores = [_pcar_spans(e, split_tokens) for e in group]
     scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
     rescaled = pcar_segment_advantages(group_adv, scores, config.pcar_lambda, config.pcar_delta)

@@ -79,19 +79,35 @@ class Distributed:
         return tensor.tolist()
 
     def average_gradients(self, parameters: list[torch.nn.Parameter], contributed: bool = True) -> None:
+        """Each parameter's gradient becomes the mean over the ranks that contributed (ran samples
+        this minibatch); a rank without a gradient for a parameter adds zeros.
+
+        A parameter that has a gradient on no rank keeps ``grad = None``, as in one process, so
+        the optimizer skips it (AdamW would otherwise still move it, by weight decay and by its
+        moments). That takes knowing on the host whether any rank had one, which is read back
+        only when this rank lacks a gradient (an unused parameter, or no samples): in the usual
+        minibatch every rank has them all, and nothing is read back.
+        """
         if not self.enabled:
             return
-        grads = [p.grad if p.grad is not None and contributed else torch.zeros_like(p) for p in parameters]
-        # The last element counts the contributing ranks, summed in the same collective.
+        present = [p.grad is not None and contributed for p in parameters]
+        grads = [p.grad if has else torch.zeros_like(p) for p, has in zip(parameters, present)]
+        device = parameters[0].device
+        # Summed in the same collective: how many ranks had each parameter's gradient, then how
+        # many ranks contributed.
         flat = torch.cat([g.reshape(-1).float() for g in grads]
-                         + [torch.ones(1, device=parameters[0].device) * float(contributed)])
+                         + [torch.tensor(present + [contributed], dtype=torch.float32).to(device)])
         dist.all_reduce(flat)
+        counts = flat[-len(parameters) - 1:-1]
         # Divided on the device (no read-back, so the host need not wait for the all-reduce).
-        flat = flat[:-1] / flat[-1:].clamp(min=1.0)
+        averaged = flat[:-len(parameters) - 1] / flat[-1:].clamp(min=1.0)
+        unused = set()
+        if not all(present):
+            unused = {i for i, n in enumerate(counts.tolist()) if n == 0}
         offset = 0
-        for p, g in zip(parameters, grads):
+        for i, (p, g) in enumerate(zip(parameters, grads)):
             n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            p.grad = None if i in unused else averaged[offset:offset + n].view_as(p).to(p.dtype)
             offset += n
 
     def gather_objects(self, obj) -> list:

@@ -26,7 +26,7 @@ from .checkpoint import check_output_dir, checkpoint_state, load_checkpoint, sav
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss, token_mean
-from .master_weights import needs_master_weights
+from .master_weights import gradient_tensors, needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
 from .packing import collate_packed
@@ -477,7 +477,8 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     ranks = ranks or Distributed()
     sharded = isinstance(model, ShardedModel)
     device = next(model.parameters()).device
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    # The gradients to average and clip (float32 masters hold them for a 16-bit model).
+    trainable = gradient_tensors(optimizer, [p for p in model.parameters() if p.requires_grad])
     size = config.minibatch_size
     aggregation = "token_mean" if config.algo == "rft" else config.aggregation
     orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
@@ -547,23 +548,26 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     passes = max(len(microbatch_sizes(n, config.microbatch_size or config.minibatch_size))
                  for n in ranks.gather_objects(len(samples))) if sharded else len(sizes)
     parts = _split(samples, sizes)
-    values = []
+    values, owners = [], []
     with torch.no_grad():
         for index in range(passes):
             part = parts[index] if index < len(parts) else None
-            batch = to_device(collate(part, pad_id) if part else padding_batch(pad_id), device)
+            host = (collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id)) if part \
+                else padding_batch(pad_id)
             with autocast():
-                logp, _ = batch_logprobs(model, batch, config)
+                logp, _ = batch_logprobs(model, to_device(host, device), config)
             if part:
                 values.append(logp.float())
+                owners.append((host.get("sequence_ids"), len(part)))
     if sharded:
         # A forward without gradients leaves the root's parameters gathered (no backward pass
         # reshards them), and the update's backward would then reduce the wrong tensors.
         model.reshard()
-    rows = [row for part in values for row in part.cpu().tolist()]  # the first .cpu() waits, once
+    # The first .cpu() waits for the device, once.
+    predicted = [lp for part, owner in zip(values, owners) for lp in _per_sample(part.cpu(), *owner)]
     out, gaps = [], []
-    for sample, row in zip(samples, rows):
-        # Position p of a row predicts token p + 1: token t's log-prob is row[t - 1].
+    for sample, row in zip(samples, predicted):
+        # row[t - 1] is the log-prob of token t (position p predicts token p + 1).
         old = list(sample.old_logprobs)
         for t in range(1, len(sample.token_ids)):
             if sample.loss_mask[t]:
@@ -573,6 +577,15 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     if not gaps:
         return out, {}
     return out, {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
+
+
+def _per_sample(logp: torch.Tensor, sequence_ids: torch.Tensor | None, count: int) -> list[list[float]]:
+    """Each sample's log-probs, in order, from a padded batch (one sample per row) or a packed one
+    (``sequence_ids`` names the sample of each position; a sample's positions come in order)."""
+    if sequence_ids is None:
+        return logp.tolist()
+    flat, owner = logp.reshape(-1), sequence_ids.reshape(-1)
+    return [flat[owner == index].tolist() for index in range(count)]
 
 
 def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:

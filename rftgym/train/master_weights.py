@@ -7,6 +7,12 @@ parameter, steps the wrapped optimizer on the copies (with the model's gradients
 writes the rounded result back into the model, as mixed-precision trainers do (FSDP's
 ``MixedPrecisionPolicy`` plays this part under ``parallelism="fsdp"``).
 
+Gradients are summed in float32 too: a hook on each 16-bit parameter moves its gradient into the
+master's ``grad`` as soon as autograd has accumulated it, so the microbatches of a minibatch add
+up in float32, not in bf16 (where each addition would round to 8 significant bits). Between the
+backward passes and ``step``, the gradients are therefore on :attr:`MasterWeights.masters` (see
+:func:`gradient_tensors`), and the model's ``grad`` is None.
+
 It is an ``Optimizer`` whose ``param_groups`` are the inner optimizer's (the float32 copies, laid
 out like the model's trainable parameters), so a checkpoint maps states to parameters as for any
 optimizer; ``state_dict`` adds each copy as a per-parameter state ``"master"``, so a resumed run
@@ -23,6 +29,33 @@ import torch
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
+HOOK_ATTRIBUTE = "_rftgym_master_weights_hook"
+
+
+def _move_grad_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook: add the parameter's gradient to ``master.grad`` in float32,
+    and free the 16-bit one."""
+    @torch.no_grad()
+    def move(param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        if master.grad is None:
+            master.grad = param.grad.to(torch.float32)
+        else:
+            master.grad.add_(param.grad)
+        param.grad = None
+    return move
+
+
+def gradient_tensors(optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Where the gradients of ``parameters`` are after the backward passes, for clipping and
+    averaging: the float32 masters of a :class:`MasterWeights`, else the parameters themselves."""
+    if not isinstance(optimizer, MasterWeights):
+        return parameters
+    master_of = {id(param): master for param, master in zip(optimizer.params, optimizer.masters)}
+    return [master_of.get(id(p), p) for p in parameters]
+
+
 def needs_master_weights(parameters) -> bool:
     """Whether any trainable parameter is a 16-bit float."""
     return any(p.requires_grad and p.dtype in SIXTEEN_BIT for p in parameters)
@@ -37,6 +70,13 @@ class MasterWeights(torch.optim.Optimizer):
             raise ValueError("MasterWeights got no trainable parameters")
         self.masters = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
         self.inner = make_inner(self.masters)
+        for param, master in zip(self.params, self.masters):
+            # A parameter has one master at a time: a new MasterWeights for the same model takes
+            # the gradients over from an earlier one.
+            previous = getattr(param, HOOK_ATTRIBUTE, None)
+            if previous is not None:
+                previous.remove()
+            setattr(param, HOOK_ATTRIBUTE, param.register_post_accumulate_grad_hook(_move_grad_into(master)))
         # Deliberately not Optimizer.__init__: the inner optimizer owns the groups and the state.
         # Optimizer hooks, add_param_group and pickling are not supported.
         self.defaults = self.inner.defaults
@@ -66,7 +106,7 @@ class MasterWeights(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("MasterWeights.step takes no closure")
         for param, master in zip(self.params, self.masters):
-            master.grad = None if param.grad is None else param.grad.to(torch.float32)
+            _move_grad_into(master)(param)  # a gradient set on the parameter by hand
         self.inner.step()
         # One multi-tensor copy (rounding to the model's dtype), not a kernel launch per parameter.
         torch._foreach_copy_(self.params, self.masters)

@@ -86,6 +86,20 @@ def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():
     assert by_turn1 == pytest.approx({0: -SQRT_HALF, 1: -SQRT_HALF, 2: -SQRT_HALF}, abs=1e-5)
 
 
+def test_pcar_standardizes_over_the_whole_group_even_when_an_episode_is_masked_overlong():
+    # As DAPO masks a truncated sample's loss but keeps its reward in the group's baseline, an
+    # overlong-masked episode's evaluation scores stay in the group's standardization: episode 0
+    # gets the factors of scores [8, 2, 5] (z = [1, -1, 0]) whether or not episode 1 is trained.
+    ep0 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 8}), (2, 0, {}), (1, 0, {"evaluation_score": 2}), (1, 1.0, {})])
+    ep1 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 5}), (1, 0.0, {})])
+    ep1.turns[-1].finish_reason = "length"
+    samples, stats = build_samples([[ep0, ep1]], TrainConfig(algo="pcar", pcar_lambda=0.5, pcar_delta=0.1,
+                                                             filter_overlong=True))
+    assert len(samples) == 1 and stats.episodes_masked_overlong == 1
+    assert advantages_by_turn(samples[0], ep0) == pytest.approx(
+        {0: 1.5 * SQRT_HALF, 1: 1.5 * SQRT_HALF, 2: 0.5 * SQRT_HALF, 3: 0.5 * SQRT_HALF, 4: SQRT_HALF}, abs=1e-5)
+
+
 def test_pcar_clamps_the_factor_at_delta():
     # Scores [10, 0, 5]: z = [1, -1, 0] again (std 5); lambda 2 -> factors [3, clamp(-1, 0.1) = 0.1, 1].
     ep0 = episode([(1, 0, {"evaluation_score": 10}), (1, 0, {"evaluation_score": 0}), (1, 1.0, {})])

@@ -287,3 +287,36 @@ def test_a_minibatch_mean_spans_all_ranks(tmp_path):
             for name in one:
                 torch.testing.assert_close(got[name], one[name], rtol=1e-4, atol=1e-6,
                                            msg=f"{aggregation} {mode} {name}")
+
+
+AVERAGE_SCRIPT = textwrap.dedent('''
+    import json, sys, torch
+    from rftgym.train.distributed import Distributed
+
+    ranks = Distributed.from_env(process_group_for_one=True)
+    rank = ranks.rank
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+    # Parameter 0: both ranks have a gradient; 1: rank 0 only; 2: no rank.
+    params[0].grad = torch.tensor([1.0, 2.0]) * (rank + 1)
+    if rank == 0:
+        params[1].grad = torch.tensor([4.0, 8.0])
+    ranks.average_gradients(params)
+    first = [None if p.grad is None else p.grad.tolist() for p in params]
+    # Rank 1 ran no samples: it joins with zeros, and only rank 0 counts in the mean.
+    for p in params:
+        p.grad = torch.ones(2) * 6.0 if rank == 0 else None
+    params[2].grad = None
+    ranks.average_gradients(params, contributed=rank == 0)
+    second = [None if p.grad is None else p.grad.tolist() for p in params]
+    json.dump({"first": first, "second": second}, open(f"{sys.argv[1]}/avg{rank}.json", "w"))
+''')
+
+
+def test_gradient_averaging_leaves_parameters_no_rank_trained_without_a_gradient(tmp_path):
+    torchrun(AVERAGE_SCRIPT, tmp_path, str(tmp_path))
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"avg{rank}.json").read_text())
+        # Mean over the two contributing ranks; a rank without a gradient adds zeros.
+        assert result["first"] == [[1.5, 3.0], [2.0, 4.0], None]
+        # None, not zeros: AdamW skips it, as one process would (zeros would decay the weight).
+        assert result["second"] == [[6.0, 6.0], [6.0, 6.0], None]

@@ -112,25 +112,35 @@ def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_polic
                                          truncated=False, info={}, sampled_ids=ids)) is None
 
 
-def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy):
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy, pack, monkeypatch):
     from dataclasses import replace
+
+    from rftgym.train import loop
 
     from rftgym.train.batching import TrainSample, collate
     from rftgym.train.loop import batch_logprobs, optimise, recompute_old_logprobs
 
     policy = make_char_policy()
     model = policy.model
-    ids = [[5, 9, 11, 4, 7, 8], [6, 8, 3], [7, 7, 9, 10]]
+    ids = [[5, 9, 11, 4, 7, 8], [6, 8, 3], [7, 7, 9], [4, 5, 6, 7]]
     samples = [TrainSample(t, [0, 0] + [1] * (len(t) - 2), [-5.0] * len(t), [0.0, 0.0] + [1.0] * (len(t) - 2), 0, i)
                for i, t in enumerate(ids)]
-    config = TrainConfig(minibatch_size=3, microbatch_size=2, group_size=2, kl_coef=0.0, old_logprobs="recompute")
+    config = TrainConfig(minibatch_size=4, microbatch_size=3, group_size=2, kl_coef=0.0, old_logprobs="recompute",
+                         pack_sequences=pack)
+    rows = []
+    real_collate_packed = loop.collate_packed
+    monkeypatch.setattr(loop, "collate_packed", lambda *a: rows.append(real_collate_packed(*a)["input_ids"].shape[0])
+                        or real_collate_packed(*a))
     fresh, gap = recompute_old_logprobs(model, samples, config, policy.pad_id)
+    # Packed, the first microbatch's two 3-token samples share a row.
+    assert rows == ([2, 1] if pack else [])
     with torch.no_grad():
         want, _ = batch_logprobs(model, collate(samples, policy.pad_id), config)
     for row, (old, new) in enumerate(zip(samples, fresh)):
         n = len(old.token_ids)
         assert new.old_logprobs[:2] == [-5.0, -5.0]  # untrained positions keep what they had
-        assert new.old_logprobs[2:] == pytest.approx(want[row, 1:n - 1].tolist(), abs=1e-6)
+        assert new.old_logprobs[2:] == pytest.approx(want[row, 1:n - 1].tolist(), abs=1e-5)
         assert replace(new, old_logprobs=old.old_logprobs) == old  # nothing else changed
     trained = [abs(-5.0 - v) for row, s in enumerate(samples) for v in want[row, 1:len(s.token_ids) - 1].tolist()]
     assert gap["old_logprob_gap"] == pytest.approx(sum(trained) / len(trained), rel=1e-5)
@@ -138,6 +148,7 @@ def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy)
     # The first update then starts from ratio 1 exactly, whatever the rollout recorded.
     stats = optimise(model, None, torch.optim.SGD(model.parameters(), lr=1e-3), fresh, config, policy.pad_id,
                      torch.Generator().manual_seed(0))
+    monkeypatch.undo()
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-9)
 
 

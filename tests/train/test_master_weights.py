@@ -193,3 +193,34 @@ def test_resume_a_bf16_checkpoint_in_float32_takes_its_masters_as_weights(tmp_pa
         assert torch.equal(param.detach(), master)  # the float32 values, not their bf16 rounding
     set_grads(plain_model, 1)
     plain.step()  # and it steps on
+
+
+def test_microbatch_gradients_add_up_in_float32():
+    from rftgym.train.master_weights import gradient_tensors
+
+    # 64 microbatches each adding 1e-3 to a gradient of 1: bf16 (8 significant bits) rounds each
+    # addition away, 1 + 1e-3 == 1, so its sum stays 1; float32 reaches 1.064.
+    weight = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    optimizer = make_optimizer([weight], lr=1e-3)
+    (weight * 1.0).sum().backward()
+    for _ in range(64):
+        (weight * 1e-3).sum().backward()
+    assert weight.grad is None  # moved to the master as each backward pass finished
+    (held,) = gradient_tensors(optimizer, [weight])
+    assert held is optimizer.masters[0] and held.grad.dtype == torch.float32
+    assert held.grad.item() == pytest.approx(1.064, rel=1e-3)
+    bare = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    for scale in [1.0] + [1e-3] * 64:
+        (bare * scale).sum().backward()
+    assert bare.grad.item() == 1.0  # what accumulating in bf16 gives
+    optimizer.zero_grad()
+    assert held.grad is None
+
+
+def test_a_new_optimizer_takes_the_gradients_over():
+    model = tiny_net(torch.bfloat16)
+    first = make_optimizer(model.parameters(), lr=1e-3)
+    second = make_optimizer(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 6, dtype=torch.bfloat16)).sum().backward()
+    assert all(m.grad is None for m in first.masters)
+    assert all(m.grad is not None for m in second.masters)
