@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -91,6 +93,20 @@ def test_a_down_service_is_a_clear_error():
         remote.search(["q"], 1)
     with pytest.raises(RetrievalServiceError, match="must start with http"):
         RemoteRetriever("localhost:8000")
+    # The env probes the service when it is made, not at the agent's first search.
+    with pytest.raises(RetrievalServiceError, match="did not answer after 3 attempts"):
+        SearchEvalQAEnv(retriever="remote", retriever_url=url)
+
+
+def test_a_negative_content_length_is_named(service):
+    url = urllib.parse.urlsplit(service().url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+    connection.putrequest("POST", "/retrieve")
+    connection.putheader("Content-Length", "-5")
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 400 and "Content-Length must be a byte count, got -5" in response.read().decode()
+    connection.close()
 
 
 def test_the_env_with_a_remote_backend(service):

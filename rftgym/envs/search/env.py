@@ -226,7 +226,9 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         if choice == "remote":
             from .server import RemoteRetriever
 
-            return RemoteRetriever(self.config.retriever_url), True
+            remote = RemoteRetriever(self.config.retriever_url)
+            remote.probe()
+            return remote, True
         return make_retriever(choice, documents), True
 
     # ------------------------------------------------------------------ gymnasium API

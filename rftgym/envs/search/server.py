@@ -72,7 +72,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
-            if not 0 <= length <= MAX_BODY_BYTES:
+            if length < 0:
+                raise ValueError(f"Content-Length must be a byte count, got {length}")
+            if length > MAX_BODY_BYTES:
                 raise ValueError(f"the request body must be at most {MAX_BODY_BYTES} bytes")
             request = json.loads(self.rfile.read(length) or b"null")
             queries, topk, with_scores = _parse_request(request)
@@ -145,6 +147,12 @@ class RemoteRetriever(Retriever):
             raise RetrievalServiceError(f"the retrieval service URL must start with http:// or https://, got {url!r}")
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
+
+    def probe(self) -> None:
+        """One one-document search: a service that is down, or answers in another shape, is then
+        found when the env is made rather than at the agent's first search (``/health`` is this
+        project's own; other Search-R1-style services have only ``/retrieve``)."""
+        self.search(["probe"], 1)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
