@@ -391,6 +391,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--minibatch-size", "minibatch_size", opt(optim, d.minibatch_size, "samples per optimizer step")),
         ("--microbatch-size", "microbatch_size", opt(optim, d.microbatch_size, "gradient accumulation: forward/"
                                                      "backward this many samples at a time (0 = the whole minibatch)")),
+        ("--microbatch-tokens", "microbatch_tokens", opt(
+            optim, d.microbatch_tokens, "gradient accumulation by tokens: a forward/backward pass computes at most "
+                                        "this many tokens, padding included (0 = off; instead of --microbatch-size)")),
         ("--pack-sequences", "pack_sequences", opt(
             optim, d.pack_sequences, "several samples per row, so the update computes no padding (the same "
                                      "gradient)", action=argparse.BooleanOptionalAction)),

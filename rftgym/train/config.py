@@ -47,6 +47,9 @@ class TrainConfig:
     # Gradient accumulation inside a minibatch: forward/backward this many samples at a time
     # (0 = the whole minibatch at once). Same gradient, less activation memory.
     microbatch_size: int = 0
+    # Or by tokens (verl's dynamic batch size): a pass takes as many samples as fit this many
+    # tokens, padding included (0 = off). A sample longer than that gets a pass of its own.
+    microbatch_tokens: int = 0
     # Pack several samples into each row (rftgym/train/packing.py), so the update computes no
     # padding; the same loss and gradient. Checked once per run against the model's attention.
     pack_sequences: bool = False
@@ -146,6 +149,12 @@ class TrainConfig:
                 or self.microbatch_size < 0:
             raise ConfigError(f"microbatch_size must be an int >= 0 (0 = the whole minibatch at once), "
                               f"got {self.microbatch_size!r}")
+        if not isinstance(self.microbatch_tokens, int) or isinstance(self.microbatch_tokens, bool) \
+                or self.microbatch_tokens < 0:
+            raise ConfigError(f"microbatch_tokens must be an int >= 0 (0 = off), got {self.microbatch_tokens!r}")
+        if self.microbatch_size and self.microbatch_tokens:
+            raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
+                              "are two ways to size a forward/backward pass; set one of them")
         if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
             raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                               f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")

@@ -95,8 +95,10 @@ class Distributed:
         device = parameters[0].device
         # Summed in the same collective: how many ranks had each parameter's gradient, then how
         # many ranks contributed.
-        flat = torch.cat([g.reshape(-1).float() for g in grads]
-                         + [torch.tensor(present + [contributed], dtype=torch.float32).to(device)])
+        flags = torch.tensor(present + [contributed], dtype=torch.float32)
+        if device.type == "cuda":  # from pinned memory the copy is queued, not waited for
+            flags = flags.pin_memory().to(device, non_blocking=True)
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [flags.to(device)])
         dist.all_reduce(flat)
         counts = flat[-len(parameters) - 1:-1]
         # Divided on the device (no read-back, so the host need not wait for the all-reduce).

@@ -29,6 +29,7 @@ from .losses import aggregate, policy_loss, token_mean
 from .master_weights import gradient_tensors, needs_master_weights
 from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
+from .microbatches import plan_passes
 from .packing import collate_packed
 from .schedule import learning_rate_at
 from .speed import SpeedConfig, apply_training_speedups, is_right_padded, make_optimizer, tag_right_padding
@@ -360,32 +361,28 @@ def normalizer_count(samples: list[TrainSample], aggregation: str) -> int:
     return len(samples)
 
 
-def microbatch_weights(samples: list[TrainSample], sizes: list[int], aggregation: str) -> list[float]:
+def microbatch_weights(parts: list[list[TrainSample]], aggregation: str) -> list[float]:
     """How much each microbatch's own aggregated loss weighs in the minibatch's: its share of the
     trained tokens (token_mean), of the sequences with trained tokens (sequence_mean), or 1
     (constant_normalizer, a plain sum over a fixed normalizer)."""
     if aggregation == "constant_normalizer":
-        return [1.0] * len(sizes)
-    counts = [normalizer_count(part, aggregation) for part in _split(samples, sizes)]
+        return [1.0] * len(parts)
+    counts = [normalizer_count(part, aggregation) for part in parts]
     total = sum(counts)
     return [c / total if total else 0.0 for c in counts]
 
 
-def _split(items: list, sizes: list[int]) -> list[list]:
-    out, start = [], 0
-    for size in sizes:
-        out.append(items[start:start + size])
-        start += size
-    return out
+def microbatches(samples: list[TrainSample], config: TrainConfig) -> list[list[TrainSample]]:
+    """``samples`` split into forward/backward passes by ``microbatch_size`` or ``microbatch_tokens``
+    (:func:`~rftgym.train.microbatches.plan_passes`)."""
+    return [[samples[i] for i in indices] for indices in _pass_plan(samples, config)]
 
 
-def microbatch_sizes(samples: int, microbatch_size: int) -> list[int]:
-    """How ``samples`` samples split into microbatches of ``microbatch_size`` (0: one pass)."""
-    if samples == 0:
-        return []
-    if not microbatch_size or samples <= microbatch_size:
-        return [samples]
-    return [min(microbatch_size, samples - i) for i in range(0, samples, microbatch_size)]
+def _pass_plan(samples: list[TrainSample], config: TrainConfig, *, no_grad: bool = False) -> list[list[int]]:
+    # Without gradients (old_logprobs="recompute") and without a limit, a pass takes a minibatch.
+    per_pass = config.microbatch_size or (config.minibatch_size if no_grad and not config.microbatch_tokens else 0)
+    return plan_passes([len(s.token_ids) for s in samples], samples_per_pass=per_pass,
+                       tokens_per_pass=config.microbatch_tokens, packed=config.pack_sequences)
 
 
 def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig, pad_id: int, device, autocast,
@@ -396,17 +393,13 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     as many forward/backward passes, since those hold the collectives). Returns the minibatch's
     loss and stats (stats weighted like the loss; 0-dim tensors, nothing is read back from the
     device), or ``(None, {})`` for an empty chunk."""
-    sizes = microbatch_sizes(len(chunk), config.microbatch_size)
-    if len(sizes) > 1:
-        # Samples of like length share a microbatch, so less of each is padding; the minibatch's
-        # gradient is a sum over its samples, whichever microbatch each lands in.
-        chunk = sorted(chunk, key=lambda sample: len(sample.token_ids))
+    parts = microbatches(chunk, config)
     aggregation = "token_mean" if config.algo == "rft" else config.aggregation
     # The loss (and pg_loss) combine as the aggregation does; the other stats are token means.
-    loss_weights = microbatch_weights(chunk, sizes, aggregation)
-    token_weights = microbatch_weights(chunk, sizes, "token_mean")
+    loss_weights = microbatch_weights(parts, aggregation)
+    token_weights = microbatch_weights(parts, "token_mean")
     total_loss, stats = 0.0, {}
-    for part, weight, token_weight in zip(_split(chunk, sizes), loss_weights, token_weights):
+    for part, weight, token_weight in zip(parts, loss_weights, token_weights):
         batch = to_device(collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id), device)
         loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
         (loss * (weight * scale)).backward()
@@ -414,12 +407,12 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
         for key, value in part_stats.items():
             share = weight if key == "pg_loss" else token_weight
             stats[key] = stats.get(key, 0.0) + value * share
-    for _ in range(len(sizes), passes):
+    for _ in range(len(parts), passes):
         batch = to_device(padding_batch(pad_id), device)
         _, _, logp = _batch_loss(model, reference, batch, config, autocast)
         # logp times zero, not the loss: the loss of a fully masked batch need not be finite.
         (logp * 0.0).sum().backward()
-    return (total_loss, stats) if sizes else (None, {})
+    return (total_loss, stats) if parts else (None, {})
 
 
 def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
@@ -483,10 +476,12 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     aggregation = "token_mean" if config.algo == "rft" else config.aggregation
     orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
     # Every rank's sample count and, per minibatch, what its loss is a mean over (trained tokens or
-    # sequences): a minibatch's loss is one mean over all ranks' samples, as in one process, so
-    # each rank weighs its share by its own count over the total.
-    own = (len(samples), [[normalizer_count([samples[i] for i in order[k:k + size]], aggregation)
-                           for k in range(0, len(samples), size)] for order in orders])
+    # sequences) and its number of passes: a minibatch's loss is one mean over all ranks' samples,
+    # as in one process, so each rank weighs its share by its own count over the total; under FSDP
+    # every rank runs the most passes any rank has.
+    minibatch_plans = [[_plan([samples[i] for i in order[k:k + size]], aggregation, config)
+                        for k in range(0, len(samples), size)] for order in orders]
+    own = (len(samples), minibatch_plans)
     per_rank = ranks.gather_objects(own)
     minibatches = max(-(-n // size) for n, _ in per_rank)
     if minibatches == 0:
@@ -502,13 +497,13 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             if aggregation == "constant_normalizer":  # a sum over a fixed normalizer of world x minibatch
                 share = 1.0 / ranks.world_size
             else:
-                counts = [c[epoch][index] if index < len(c[epoch]) else 0 for _, c in per_rank]
+                counts = [c[epoch][index][0] if index < len(c[epoch]) else 0 for _, c in per_rank]
                 share = counts[ranks.rank] / sum(counts) if sum(counts) else 0.0
             # The gradients are then divided by the contributing ranks (DDP) or by all of them
             # (FSDP's reduce-scatter); scaled by that divisor, this rank's loss enters as its share.
             scale = share * (ranks.world_size if sharded else contributors)
             if sharded:
-                passes = max(len(microbatch_sizes(n, config.microbatch_size)) for n in chunk_sizes)
+                passes = max(c[epoch][index][1] if index < len(c[epoch]) else 0 for _, c in per_rank)
                 loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast,
                                           passes=passes, scale=scale)
             else:
@@ -543,15 +538,13 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     ranks = ranks or Distributed()
     device = next(model.parameters()).device
     sharded = isinstance(model, ShardedModel)
-    sizes = microbatch_sizes(len(samples), config.microbatch_size or config.minibatch_size)
+    plan = _pass_plan(samples, config, no_grad=True)
     # FSDP's forward holds collectives: every rank runs the largest rank's number of passes.
-    passes = max(len(microbatch_sizes(n, config.microbatch_size or config.minibatch_size))
-                 for n in ranks.gather_objects(len(samples))) if sharded else len(sizes)
-    parts = _split(samples, sizes)
+    passes = max(ranks.gather_objects(len(plan))) if sharded else len(plan)
     values, owners = [], []
     with torch.no_grad():
         for index in range(passes):
-            part = parts[index] if index < len(parts) else None
+            part = [samples[i] for i in plan[index]] if index < len(plan) else None
             host = (collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id)) if part \
                 else padding_batch(pad_id)
             with autocast():
@@ -565,8 +558,10 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
         model.reshard()
     # The first .cpu() waits for the device, once.
     predicted = [lp for part, owner in zip(values, owners) for lp in _per_sample(part.cpu(), *owner)]
+    row_of = dict(zip((i for indices in plan for i in indices), predicted))
     out, gaps = [], []
-    for sample, row in zip(samples, predicted):
+    for index, sample in enumerate(samples):
+        row = row_of[index]
         # row[t - 1] is the log-prob of token t (position p predicts token p + 1).
         old = list(sample.old_logprobs)
         for t in range(1, len(sample.token_ids)):
@@ -584,8 +579,15 @@ def _per_sample(logp: torch.Tensor, sequence_ids: torch.Tensor | None, count: in
     (``sequence_ids`` names the sample of each position; a sample's positions come in order)."""
     if sequence_ids is None:
         return logp.tolist()
-    flat, owner = logp.reshape(-1), sequence_ids.reshape(-1)
-    return [flat[owner == index].tolist() for index in range(count)]
+    owner = sequence_ids.reshape(-1)
+    order = torch.argsort(owner, stable=True)  # by sample, each sample's positions in order
+    lengths = torch.bincount(owner + 1, minlength=count + 1).tolist()  # padding (-1) first
+    return [part.tolist() for part in torch.split(logp.reshape(-1)[order], lengths)[1:]]
+
+
+def _plan(chunk: list[TrainSample], aggregation: str, config: TrainConfig) -> tuple[int, int]:
+    """A minibatch's normalizer count and its number of forward/backward passes."""
+    return normalizer_count(chunk, aggregation), len(microbatches(chunk, config))
 
 
 def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:

@@ -11,7 +11,8 @@ Gradients are summed in float32 too: a hook on each 16-bit parameter moves its g
 master's ``grad`` as soon as autograd has accumulated it, so the microbatches of a minibatch add
 up in float32, not in bf16 (where each addition would round to 8 significant bits). Between the
 backward passes and ``step``, the gradients are therefore on :attr:`MasterWeights.masters` (see
-:func:`gradient_tensors`), and the model's ``grad`` is None.
+:func:`gradient_tensors`), and the model's ``grad`` is None; clear them with the optimizer's
+``zero_grad`` (the model's own ``zero_grad`` does not reach the masters).
 
 It is an ``Optimizer`` whose ``param_groups`` are the inner optimizer's (the float32 copies, laid
 out like the model's trainable parameters), so a checkpoint maps states to parameters as for any
@@ -21,6 +22,7 @@ continues from the float32 values, not from their bf16 rounding.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,15 +31,22 @@ import torch
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
-HOOK_ATTRIBUTE = "_rftgym_master_weights_hook"
+# The gradient hook each parameter has, by id(parameter): a parameter has one master at a time, so
+# a new MasterWeights for the same model removes the hooks of an earlier one. (Kept here, not on the
+# parameter, so that a model stays picklable.)
+_HOOKS: dict[int, torch.utils.hooks.RemovableHandle] = {}
 
 
 def _move_grad_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
     """A post-accumulate-grad hook: add the parameter's gradient to ``master.grad`` in float32,
-    and free the 16-bit one."""
+    and free the 16-bit one. It holds the master weakly: once its MasterWeights is gone, the
+    hook does nothing and the gradient stays on the parameter, for whichever optimizer is next."""
+    master_ref = weakref.ref(master)
+
     @torch.no_grad()
     def move(param: torch.Tensor) -> None:
-        if param.grad is None:
+        master = master_ref()
+        if master is None or param.grad is None:
             return
         if master.grad is None:
             master.grad = param.grad.to(torch.float32)
@@ -71,12 +80,10 @@ class MasterWeights(torch.optim.Optimizer):
         self.masters = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
         self.inner = make_inner(self.masters)
         for param, master in zip(self.params, self.masters):
-            # A parameter has one master at a time: a new MasterWeights for the same model takes
-            # the gradients over from an earlier one.
-            previous = getattr(param, HOOK_ATTRIBUTE, None)
+            previous = _HOOKS.pop(id(param), None)
             if previous is not None:
                 previous.remove()
-            setattr(param, HOOK_ATTRIBUTE, param.register_post_accumulate_grad_hook(_move_grad_into(master)))
+            _HOOKS[id(param)] = param.register_post_accumulate_grad_hook(_move_grad_into(master))
         # Deliberately not Optimizer.__init__: the inner optimizer owns the groups and the state.
         # Optimizer hooks, add_param_group and pickling are not supported.
         self.defaults = self.inner.defaults

@@ -116,6 +116,10 @@ FSDP_SCRIPT = textwrap.dedent('''
     results["fsdp_checkpointing"] = run("fsdp_checkpointing", "fsdp", 3, gradient_checkpointing=True)
     results["fsdp_mlp_recompute"] = run("fsdp_mlp_recompute", "fsdp", 3, checkpoint_mlp=True)
     results["idle_fsdp_micro"] = run("idle_fsdp_micro", "fsdp", 2, env=IdleOnRank1, microbatch_size=3)
+    # Samples of 29-32 tokens: a 60-token pass holds one or two, so the ranks' pass counts differ.
+    results["fsdp_tokens"] = run("fsdp_tokens", "fsdp", 3, microbatch_tokens=60)
+    results["idle_fsdp_tokens"] = run("idle_fsdp_tokens", "fsdp", 2, env=IdleOnRank1, microbatch_tokens=60,
+                                      pack_sequences=True)
     results["idle_ddp_recompute"] = run("idle_ddp_recompute", "ddp", 2, env=IdleOnRank1, old_logprobs="recompute")
     results["idle_fsdp_recompute"] = run("idle_fsdp_recompute", "fsdp", 2, env=IdleOnRank1, old_logprobs="recompute")
     torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
@@ -174,6 +178,14 @@ def test_fsdp_microbatches_give_the_same_training(fsdp_runs):
         assert_same_run(rank["fsdp"], rank["fsdp_micro"])
         assert_same_run(rank["idle_ddp"], rank["idle_fsdp_micro"])
     assert all(h["loss"] is None and h["updates"] > 0 for h in ranks[1]["idle_fsdp_micro"][0])
+
+
+def test_fsdp_passes_sized_by_tokens_give_the_same_training(fsdp_runs):
+    # Each rank plans its own passes by length; every rank runs the most passes any rank has.
+    _, ranks = fsdp_runs
+    for rank in ranks:
+        assert_same_run(rank["fsdp"], rank["fsdp_tokens"])
+        assert_same_run(rank["idle_ddp"], rank["idle_fsdp_tokens"])
 
 
 def test_fsdp_with_recomputation_trains_alike(fsdp_runs):

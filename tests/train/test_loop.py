@@ -126,15 +126,15 @@ def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy,
     ids = [[5, 9, 11, 4, 7, 8], [6, 8, 3], [7, 7, 9], [4, 5, 6, 7]]
     samples = [TrainSample(t, [0, 0] + [1] * (len(t) - 2), [-5.0] * len(t), [0.0, 0.0] + [1.0] * (len(t) - 2), 0, i)
                for i, t in enumerate(ids)]
-    config = TrainConfig(minibatch_size=4, microbatch_size=3, group_size=2, kl_coef=0.0, old_logprobs="recompute",
+    config = TrainConfig(minibatch_size=4, group_size=2, kl_coef=0.0, old_logprobs="recompute",
                          pack_sequences=pack)
     rows = []
     real_collate_packed = loop.collate_packed
     monkeypatch.setattr(loop, "collate_packed", lambda *a: rows.append(real_collate_packed(*a)["input_ids"].shape[0])
                         or real_collate_packed(*a))
     fresh, gap = recompute_old_logprobs(model, samples, config, policy.pad_id)
-    # Packed, the first microbatch's two 3-token samples share a row.
-    assert rows == ([2, 1] if pack else [])
+    # Packed into rows of 6 tokens, the two 3-token samples share one.
+    assert rows == ([3] if pack else [])
     with torch.no_grad():
         want, _ = batch_logprobs(model, collate(samples, policy.pad_id), config)
     for row, (old, new) in enumerate(zip(samples, fresh)):

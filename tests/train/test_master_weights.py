@@ -224,3 +224,23 @@ def test_a_new_optimizer_takes_the_gradients_over():
     model(torch.ones(2, 6, dtype=torch.bfloat16)).sum().backward()
     assert all(m.grad is None for m in first.masters)
     assert all(m.grad is not None for m in second.masters)
+
+
+def test_a_discarded_optimizer_lets_go_of_the_model():
+    import gc
+    import pickle
+    import weakref
+
+    model = tiny_net(torch.bfloat16)
+    optimizer = make_optimizer(model.parameters(), lr=1e-3)
+    pickle.dumps(model)  # the hooks leave the model picklable
+    master = weakref.ref(optimizer.masters[0])
+    del optimizer
+    gc.collect()
+    assert master() is None  # the float32 copies are freed with their optimizer
+    plain = torch.optim.SGD(model.parameters(), lr=1e-1)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(2, 6, dtype=torch.bfloat16)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())  # left on the model for the next optimizer
+    plain.step()
+    assert all(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))

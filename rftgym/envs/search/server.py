@@ -137,6 +137,9 @@ def serve(corpus: str, index: str = "bm25", host: str = "127.0.0.1", port: int =
         server.retriever.close()
 
 
+_PROBED: set[str] = set()  # the URLs that have answered a probe in this process
+
+
 class RemoteRetriever(Retriever):
     """A :class:`Retriever` backed by a retrieval service in Search-R1's ``/retrieve`` shape."""
 
@@ -149,10 +152,13 @@ class RemoteRetriever(Retriever):
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
     def probe(self) -> None:
-        """One one-document search: a service that is down, or answers in another shape, is then
-        found when the env is made rather than at the agent's first search (``/health`` is this
-        project's own; other Search-R1-style services have only ``/retrieve``)."""
-        self.search(["probe"], 1)
+        """One one-document search, once per URL and process: a service that is down, or answers
+        in another shape, is then found when the first env is made rather than at the agent's
+        first search (``/health`` is this project's own; other Search-R1-style services have only
+        ``/retrieve``)."""
+        if self.url not in _PROBED:
+            self.search(["probe"], 1)
+            _PROBED.add(self.url)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
