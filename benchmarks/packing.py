@@ -7,11 +7,17 @@ GRPOTrainer does by default) compute every row at the longest sample's length; p
 ``rftgym.train.loop.optimise`` both ways on the same samples and the same initial weights, and
 checks that both give the same loss.
 
+With ``--pass-samples N`` it also times gradient accumulation two ways at about the same
+activation memory: N samples per forward/backward pass (``--microbatch-size``), against passes
+of at most N x the longest sample's tokens (``--microbatch-tokens``, verl's dynamic batch size),
+padded and packed.
+
 The model is SmolLM2-135M-Instruct's architecture (random weights: the time does not depend on
 them), with ``--layers`` decoder layers. Sample lengths are drawn (seeded): prompt 60-140 tokens,
 reply 8-``new-tokens`` tokens, a quarter of the replies cut at the cap.
 
     python benchmarks/packing.py                     # CPU: 16 samples, 6 layers
+    python benchmarks/packing.py --pass-samples 4    # and gradient accumulation by samples / tokens
     python benchmarks/packing.py --device cuda --samples 64 --layers 0
 """
 
@@ -33,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from rftgym.train.batching import TrainSample, collate  # noqa: E402
 from rftgym.train.config import TrainConfig  # noqa: E402
-from rftgym.train.loop import optimise  # noqa: E402
+from rftgym.train.loop import microbatches, optimise  # noqa: E402
 from rftgym.train.packing import collate_packed  # noqa: E402
 from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimizer  # noqa: E402
 
@@ -63,14 +69,14 @@ def make_samples(args, vocab: int) -> list[TrainSample]:
     return samples
 
 
-def timed_updates(args, model, samples, pack: bool) -> dict:
+def timed_updates(args, model, samples, options: dict) -> dict:
     on_cuda = args.device == "cuda"
     model = copy.deepcopy(model)
     if on_cuda:
         apply_training_speedups(model, SpeedConfig(checkpoint_mlp=True))
     model.train()
     config = TrainConfig(minibatch_size=len(samples), max_new_tokens=args.new_tokens, group_size=8, kl_coef=0.0,
-                         pack_sequences=pack, learning_rate=1e-6)
+                         learning_rate=1e-6, **options)
     optimizer = make_optimizer(model.parameters(), lr=1e-6)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else nullcontext
 
@@ -91,9 +97,11 @@ def timed_updates(args, model, samples, pack: bool) -> dict:
         update()
         sync()
         times.append(time.perf_counter() - started)
-    batch = collate_packed(samples, 0) if pack else collate(samples, 0)
-    rows, width = batch["input_ids"].shape
-    return {"update_s": float(np.median(times)), "rows": rows, "width": width, "positions": rows * width,
+    passes = microbatches(samples, config)
+    shapes = [(collate_packed(part, 0) if config.pack_sequences else collate(part, 0))["input_ids"].shape
+              for part in passes]
+    return {"update_s": float(np.median(times)), "passes": len(passes), "rows": sum(r for r, _ in shapes),
+            "largest_pass": max(r * w for r, w in shapes), "positions": sum(r * w for r, w in shapes),
             "first_loss": first["loss"], "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if on_cuda else None}
 
 
@@ -105,23 +113,41 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6, help="decoder layers (0: the model's 30)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pass-samples", type=int, default=0,
+                        help="also time gradient accumulation: N samples per pass against a token budget of N x "
+                             "the longest sample")
     args = parser.parse_args()
 
     model = make_model(args)
     samples = make_samples(args, model.config.vocab_size)
     tokens = sum(len(s.token_ids) for s in samples)
-    results = {name: timed_updates(args, model, samples, pack) for name, pack in (("padded", False), ("packed", True))}
+    variants = {"padded": {}, "packed": {"pack_sequences": True}}
+    if args.pass_samples:
+        budget = args.pass_samples * max(len(s.token_ids) for s in samples)
+        variants.update({
+            f"padded, {args.pass_samples} per pass": {"microbatch_size": args.pass_samples},
+            f"padded, <= {budget} tokens per pass": {"microbatch_tokens": budget},
+            f"packed, <= {budget} tokens per pass": {"microbatch_tokens": budget, "pack_sequences": True},
+        })
+    results = {name: timed_updates(args, model, samples, options) for name, options in variants.items()}
     print(f"device: {args.device}  torch {torch.__version__}  layers {model.config.num_hidden_layers}  "
           f"{args.samples} samples, {tokens} tokens, lengths {min(len(s.token_ids) for s in samples)}-"
           f"{max(len(s.token_ids) for s in samples)}")
-    print(f"{'rows':<8}{'update s':>10}{'rows x width':>16}{'positions':>11}{'padding':>9}{'peak GB':>9}  first loss")
+    name_width = max(len(name) for name in results) + 2
+    print(f"{'layout':<{name_width}}{'update s':>9}{'passes':>8}{'rows':>6}{'largest pass':>14}{'positions':>11}"
+          f"{'padding':>9}{'peak GB':>9}  first loss")
     for name, r in results.items():
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
-        print(f"{name:<8}{r['update_s']:>10.3f}{r['rows']:>8} x {r['width']:<5}{r['positions']:>11}"
-              f"{1 - tokens / r['positions']:>9.1%}{peak:>9}  {r['first_loss']:.6f}")
+        print(f"{name:<{name_width}}{r['update_s']:>9.3f}{r['passes']:>8}{r['rows']:>6}{r['largest_pass']:>14}"
+              f"{r['positions']:>11}{1 - tokens / r['positions']:>9.1%}{peak:>9}  {r['first_loss']:.6f}")
     speedup = results["padded"]["update_s"] / results["packed"]["update_s"]
-    print(f"packed / padded: {speedup:.2f}x faster; same loss: "
-          f"{abs(results['packed']['first_loss'] - results['padded']['first_loss']) < 1e-4}")
+    same = all(abs(r["first_loss"] - results["padded"]["first_loss"]) < 1e-4 for r in results.values())
+    print(f"packed / padded: {speedup:.2f}x faster; same loss in every layout: {same}")
+    if args.pass_samples:
+        by_count = results[f"padded, {args.pass_samples} per pass"]["update_s"]
+        print("by tokens / by samples per pass: " + ", ".join(
+            f"{name.split(',')[0]} {by_count / r['update_s']:.2f}x faster"
+            for name, r in results.items() if "tokens" in name))
     print(json.dumps({"device": args.device, "tokens": tokens, "speedup": speedup, **results}))
 
 
