@@ -47,9 +47,9 @@ from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimi
 def make_model(args):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rftgym.agents.model_loading import default_model_dir
+    from trainer_gpu import default_tokenizer_dir  # the carried config on a machine without the GGUF
 
-    config = AutoConfig.from_pretrained(default_model_dir())
+    config = AutoConfig.from_pretrained(default_tokenizer_dir())
     if args.layers:
         config.num_hidden_layers = args.layers
     torch.manual_seed(0)
