@@ -374,6 +374,11 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--steps", "steps", opt(run, d.steps, "training steps")),
         ("--save-every", "save_every", opt(run, d.save_every, "checkpoint every N steps (and after the last)")),
         ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
+        ("--eval-every", "eval_every", opt(run, d.eval_every, "every N steps (and after the last) play --eval-episodes "
+                                                             "greedy episodes and log eval_reward_mean (0 = never)")),
+        ("--eval-episodes", "eval_episodes", opt(run, d.eval_episodes, "episodes per evaluation")),
+        ("--eval-seed", "eval_seed", opt(run, d.eval_seed, "seed of the first evaluation episode (the same "
+                                                           "episodes as rftgym eval --seed N)")),
         ("--tasks-per-step", "tasks_per_step", opt(sampling, d.tasks_per_step, "tasks sampled per step")),
         ("--group-size", "group_size", opt(sampling, d.group_size, "samples per task (G)")),
         ("--max-new-tokens", "max_new_tokens", opt(sampling, d.max_new_tokens, "token limit of one assistant turn")),
@@ -470,8 +475,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .rollout.metrics import format_table
 
     rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",
-             h.get("kl_ref", "-"), f"{h['learning_rate']:.3g}", h["step_seconds"]] for h in history]
-    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]))
+             h.get("kl_ref", "-"), f"{h['learning_rate']:.3g}", h["step_seconds"]]
+            + ([h.get("eval_reward_mean", "-"), h.get("eval_success_rate", "-")] if config.eval_every else [])
+            for h in history]
+    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]
+                       + (["eval reward", "eval success"] if config.eval_every else [])))
     print(f"metrics: {output_dir}/metrics.jsonl  curve: {output_dir}/learning_curve.png  "
           f"checkpoint: {output_dir}/checkpoint")
     return 0

@@ -90,6 +90,13 @@ class TrainConfig:
     dtype: str | None = None
     seed: int = 0
     save_every: int = 10
+    # Evaluation during training: every eval_every steps (0 = never) and after the last, the
+    # policy plays eval_episodes episodes greedily, with seeds eval_seed, eval_seed + 1, ... (the
+    # episodes of `rftgym eval --seed eval_seed --episodes eval_episodes`), so that the curve
+    # follows the same tasks from step to step.
+    eval_every: int = 0
+    eval_episodes: int = 32
+    eval_seed: int = 0
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
 
     def __post_init__(self) -> None:
@@ -103,6 +110,17 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
+            raise ConfigError(f"eval_every must be an int >= 0 (0 = no evaluation), got {self.eval_every!r}")
+        if not isinstance(self.eval_episodes, int) or isinstance(self.eval_episodes, bool) or self.eval_episodes < 1:
+            raise ConfigError(f"eval_episodes must be a positive integer, got {self.eval_episodes!r}")
+        for name in ("seed", "eval_seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+                raise ConfigError(f"{name} must be an int in [0, 2**63), got {value!r}")
+        if self.eval_seed + self.eval_episodes > 2**63:
+            raise ConfigError(f"eval seeds run from eval_seed={self.eval_seed} for {self.eval_episodes} episodes, "
+                              "past 2**63 - 1; lower eval_seed")
         if self.group_size < 2 and self.algo != "rft":
             raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
         numbers = ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm", "clip_low",

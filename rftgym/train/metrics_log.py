@@ -46,7 +46,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_learning_curve(metrics_path: Path, png_path: Path,
-                        keys: tuple[str, ...] = ("reward_mean", "success_rate", "loss")) -> Path | None:
+                        keys: tuple[str, ...] = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
+                        ) -> Path | None:
     """Plot the given metrics against the step; returns None when matplotlib is missing."""
     try:
         import matplotlib

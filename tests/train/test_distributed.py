@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent('''
     out, result_dir = sys.argv[1], sys.argv[2]
     policy = make_char_policy(seed=0)
     config = TrainConfig(steps=3, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
-                         minibatch_size=4, output_dir=out, seed=0, save_every=100)
+                         minibatch_size=4, output_dir=out, seed=0, save_every=100, eval_every=3, eval_episodes=3)
     history = train(config, policy=policy, make_env=SayAEnv)
     rank = Distributed.from_env().rank
     weights = torch.cat([p.detach().reshape(-1) for p in policy.model.parameters()])
@@ -53,6 +53,9 @@ def test_two_processes_stay_in_lockstep(tmp_path):
     assert rank0["checksum"] == rank1["checksum"] and rank0["first"] == rank1["first"]
     # Episode metrics are over both ranks' rollouts (one task each), so both report the same numbers.
     assert [h["reward_mean"] for h in rank0["history"]] == [h["reward_mean"] for h in rank1["history"]]
+    # So are the evaluation's, over 3 episodes shared out unevenly (seeds 0 and 2 on rank 0, 1 on rank 1).
+    assert "eval_reward_mean" in rank0["history"][-1]
+    assert all(rank0["history"][-1][k] == rank1["history"][-1][k] for k in ("eval_reward_mean", "eval_success_rate"))
     # Only rank 0 writes the metrics and the checkpoint.
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]

@@ -46,6 +46,37 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, make_char_policy):
     assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3, 4]
 
 
+def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make_char_policy):
+    from rftgym.agents.hf_policy import SamplingConfig
+    from rftgym.rollout import RolloutConfig, run_episodes
+
+    plain = train(config(tmp_path, "plain", steps=4), policy=make_char_policy(), make_env=SayAEnv)
+    policy = make_char_policy()
+    evaluated = train(config(tmp_path, "evaluated", steps=4, eval_every=3, eval_episodes=5, eval_seed=7),
+                      policy=policy, make_env=SayAEnv)
+    for a, b in zip(plain, evaluated):  # the same rollouts and updates, step by step
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-8)
+    # After step 2 (every 3rd step) and after the last step only.
+    assert [("eval_reward_mean" in h) for h in evaluated] == [False, False, True, True]
+    # The last evaluation is the trained policy's greedy episodes on seeds 7..11.
+    policy.sampling = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    episodes = run_episodes(SayAEnv, policy, list(range(7, 12)), config=RolloutConfig(num_envs=32))
+    assert evaluated[-1]["eval_reward_mean"] == pytest.approx(sum(e.total_reward for e in episodes) / 5)
+    assert evaluated[-1]["eval_success_rate"] == pytest.approx(sum(e.success for e in episodes) / 5)
+    rows = [json.loads(line) for line in (tmp_path / "evaluated" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [2, 3]
+
+
+def test_evaluation_settings_are_checked():
+    for settings, message in [({"eval_every": -1}, "eval_every must be an int >= 0"),
+                              ({"eval_episodes": 0}, "eval_episodes must be a positive integer"),
+                              ({"eval_seed": -3}, r"eval_seed must be an int in \[0, 2\*\*63\)"),
+                              ({"eval_seed": 2**63 - 2, "eval_episodes": 5}, "lower eval_seed")]:
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(**settings)
+
+
 def test_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, make_char_policy):
     train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     with pytest.raises(ConfigError, match="--resume"):
