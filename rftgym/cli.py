@@ -471,7 +471,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_output_dir(Path(output_dir), args.resume)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    history = train(config, resume=args.resume)
+    try:
+        history = train(config, resume=args.resume)
+    except KeyboardInterrupt:
+        from .train.checkpoint import saved_state
+
+        try:
+            step = saved_state(Path(output_dir))["step"]
+        except ConfigError:
+            print(f"\ninterrupted before the first checkpoint, so there is nothing to resume; start again with "
+                  f"another --output-dir (or delete {output_dir})", file=sys.stderr)
+        else:
+            print(f"\ninterrupted: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
+                  "command with --resume to continue from there", file=sys.stderr)
+        return 130
     from .rollout.metrics import format_table
 
     rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",

@@ -125,6 +125,10 @@ class HFPolicy(Agent):
         back in the order of ``prompts``.
         """
         sampling = sampling or self.sampling
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(context, int) and sampling.max_new_tokens >= context:
+            raise ConfigError(f"max_new_tokens={sampling.max_new_tokens} does not fit the model's context of "
+                              f"{context} tokens (max_position_embeddings); ask for fewer new tokens")
         for i, prompt in enumerate(prompts):
             if len(prompt) > sampling.max_prompt_tokens:
                 raise ConfigError(

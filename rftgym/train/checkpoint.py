@@ -23,6 +23,7 @@ from .distributed import ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
 
 CHECKPOINT_DIR = "checkpoint"
+METRICS_FILE = "metrics.jsonl"
 
 
 def _unwrap(model):
@@ -60,6 +61,7 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states and the config."""
     output_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=output_dir))
+    staging.chmod(0o755)  # mkdtemp's 0700 would keep the checkpoint from the run's other readers
     try:
         torch.save(state["weights"], staging / "trainable.pt")
         torch.save(state["optimizer"], staging / "optimizer.pt")
@@ -100,8 +102,16 @@ def has_checkpoint_files(output_dir: Path) -> bool:
 
 
 def check_output_dir(output_dir: Path, resume: bool) -> None:
-    """Refuse a run that would overwrite a checkpoint (complete or not) without ``resume``, a
-    ``resume`` with no complete checkpoint, and an output directory that cannot be one."""
+    """Refuse a run that would overwrite a checkpoint (complete or not) or an earlier run's metrics
+    without ``resume``, a ``resume`` with no complete checkpoint, and an output directory that
+    cannot be one."""
+    try:
+        _check_output_dir(output_dir, resume)
+    except OSError as exc:  # a name too long, a folder that cannot be read
+        raise ConfigError(f"cannot use the output directory {output_dir}: {exc.strerror or exc}") from None
+
+
+def _check_output_dir(output_dir: Path, resume: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
     if has_checkpoint_files(output_dir) and not resume:
@@ -110,6 +120,78 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
     if resume and not has_checkpoint(output_dir):
         raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is "
                           "missing); drop --resume to start a new run in another output directory")
+    metrics = output_dir / METRICS_FILE
+    if not resume and metrics.is_file() and metrics.stat().st_size > 0:
+        raise ConfigError(f"{output_dir} holds the metrics of an earlier run ({METRICS_FILE}) and no checkpoint to "
+                          "resume; a new run would overwrite them. Choose another output directory, or move them "
+                          "away first")
+
+
+def saved_state(output_dir: Path) -> dict:
+    """The step and config of the checkpoint in ``output_dir`` (read before any model loads)."""
+    path = _checkpoint_path(output_dir)
+    if path is None:
+        raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint")
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
+                          f"({exc}); the checkpoint is left as it is") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{path / 'state.json'} is not a checkpoint state (it needs an int 'step' and a 'config')")
+    return state
+
+
+# A resumed run must continue the same experiment: these settings change what the checkpoint is
+# (another env, algorithm, model, or LoRA adapters of another shape).
+RESUME_FIXED = ("env_id", "algo", "model", "lora_rank")
+
+
+def resume_changes(saved: dict, config: dict) -> list[str]:
+    """The settings of ``config`` that differ from the checkpoint's ``saved`` ones (the length of
+    the run and how often it logs, saves and evaluates may change freely); a ConfigError for one
+    of :data:`RESUME_FIXED`."""
+    for key in RESUME_FIXED:
+        if key in saved and saved[key] != config.get(key):
+            raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
+                              f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
+                              "run in another output directory")
+    free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed")
+    return sorted(key for key, value in config.items()
+                  if key not in free and key in saved and str(saved[key]) != str(value))
+
+
+class OutputLock:
+    """An exclusive lock on an output directory, held while a run writes there, so that a second
+    run into the same directory is refused rather than mixing its metrics and checkpoints with
+    the first one's. The operating system releases it when the process ends, however it ends."""
+
+    def __init__(self, output_dir: Path):
+        self.path = output_dir / ".lock"
+        self._file = None
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise ConfigError(f"another run (process {owner}) is writing to {output_dir}; wait for it to end, or "
+                              "choose another output directory") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:

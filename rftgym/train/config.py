@@ -100,87 +100,112 @@ class TrainConfig:
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
 
     def __post_init__(self) -> None:
+        self._check_kinds()
+        self._check_ranges()
+        self._check_combinations()
+
+    def _check_kinds(self) -> None:
         if self.algo not in ALGORITHMS:
             raise ConfigError(f"algo must be one of {', '.join(ALGORITHMS)}; got {self.algo!r}")
         if self.aggregation not in AGGREGATION_NAMES:
             raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}")
-        positive = ("steps", "tasks_per_step", "group_size", "max_new_tokens", "rollout_batch_size",
-                    "epochs_per_step", "minibatch_size", "logprob_chunk_size", "save_every", "log_every")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
-            raise ConfigError(f"eval_every must be an int >= 0 (0 = no evaluation), got {self.eval_every!r}")
-        if not isinstance(self.eval_episodes, int) or isinstance(self.eval_episodes, bool) or self.eval_episodes < 1:
-            raise ConfigError(f"eval_episodes must be a positive integer, got {self.eval_episodes!r}")
-        for name in ("seed", "eval_seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-                raise ConfigError(f"{name} must be an int in [0, 2**63), got {value!r}")
-        if self.eval_seed + self.eval_episodes > 2**63:
-            raise ConfigError(f"eval seeds run from eval_seed={self.eval_seed} for {self.eval_episodes} episodes, "
-                              "past 2**63 - 1; lower eval_seed")
-        if self.group_size < 2 and self.algo != "rft":
-            raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
-        numbers = ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm", "clip_low",
-                   "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha")
-        for name in numbers:
+        for name in ("env_id", "output_dir"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}")
+        if not isinstance(self.env_kwargs, dict):
+            raise ConfigError("env_kwargs must be a dict of environment options")
+        for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("compile", "checkpoint_mlp"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
+                                  f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
+        for name, value in self.__dict__.items():
+            if self.__dataclass_fields__[name].type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+        for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
+                     "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.lora_alpha <= 0:
-            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
-                or not 0 <= self.warmup_steps <= self.steps:
-            raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
-                              f"got {self.min_lr_ratio}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be positive for RL sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            raise ConfigError(f"clip_low must be in [0, 1) and clip_high >= 0; got {self.clip_low}, {self.clip_high}")
-        if self.kl_coef < 0:
-            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.pcar_lambda < 0 or self.pcar_delta < 0:
-            raise ConfigError(f"pcar_lambda and pcar_delta must be >= 0; got {self.pcar_lambda}, {self.pcar_delta}")
-        if self.dcpo_segment_budget < 0:
-            raise ConfigError(f"dcpo_segment_budget must be >= 0 (0 = all segments), got {self.dcpo_segment_budget}")
-        if self.lora_rank < 0:
-            raise ConfigError(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
-        if self.max_grad_norm <= 0:
-            raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
-        if self.parallelism not in PARALLELISM:
-            raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
-                              f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "
-                              f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}")
-        if not isinstance(self.microbatch_size, int) or isinstance(self.microbatch_size, bool) \
-                or self.microbatch_size < 0:
-            raise ConfigError(f"microbatch_size must be an int >= 0 (0 = the whole minibatch at once), "
-                              f"got {self.microbatch_size!r}")
-        if not isinstance(self.microbatch_tokens, int) or isinstance(self.microbatch_tokens, bool) \
-                or self.microbatch_tokens < 0:
-            raise ConfigError(f"microbatch_tokens must be an int >= 0 (0 = off), got {self.microbatch_tokens!r}")
-        if self.microbatch_size and self.microbatch_tokens:
-            raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
-                              "are two ways to size a forward/backward pass; set one of them")
-        if self.compile not in (None, True, False) or self.checkpoint_mlp not in (None, True, False):
-            raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
-                              f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}")
         if self.dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"dtype must be None (auto), 'float32' or 'bfloat16', got {self.dtype!r} (float16 "
                               "would need loss scaling, which rftgym does not do)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}")
+        if self.parallelism not in PARALLELISM:
+            raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
+                              f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "
+                              f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}")
+
+    def _check_ranges(self) -> None:
+        for name in ("steps", "tasks_per_step", "group_size", "max_new_tokens", "rollout_batch_size",
+                     "epochs_per_step", "minibatch_size", "logprob_chunk_size", "save_every", "log_every",
+                     "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
+                                 ("microbatch_tokens", "off"), ("dcpo_segment_budget", "all segments"),
+                                 ("lora_rank", "full fine-tuning")):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be an int >= 0 (0 = {zero_means}), got {getattr(self, name)!r}")
+        for name in ("seed", "eval_seed"):
+            if not 0 <= getattr(self, name) < 2**63:
+                raise ConfigError(f"{name} must be an int in [0, 2**63), got {getattr(self, name)!r}")
+        if self.eval_seed + self.eval_episodes > 2**63:
+            raise ConfigError(f"eval seeds run from eval_seed={self.eval_seed} for {self.eval_episodes} episodes, "
+                              "past 2**63 - 1; lower eval_seed")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}")
+        # Upper bounds: past them a run fails or wrecks the weights at its first update (an AdamW
+        # rate above 1, lr x weight decay above 1, a ratio cap beyond float32's range).
+        if not 0 < self.learning_rate <= 1:
+            raise ConfigError(f"learning_rate must be positive and at most 1 (AdamW rates are ~1e-7..1e-3), "
+                              f"got {self.learning_rate}")
+        if not 0 <= self.weight_decay <= 1:
+            raise ConfigError(f"weight_decay must be >= 0 and at most 1 (AdamW shrinks weights by lr x weight_decay "
+                              f"per step), got {self.weight_decay}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
+                              f"got {self.min_lr_ratio}")
+        if not 1e-3 <= self.temperature <= 100:
+            raise ConfigError(f"temperature must be in [0.001, 100] for RL sampling (greedy decoding has no "
+                              f"log-probs to train on), got {self.temperature}")
+        if not 1e-6 <= self.top_p <= 1:
+            raise ConfigError(f"top_p must be in [1e-6, 1], got {self.top_p}")
+        if not 0 <= self.clip_low < 1 or not 0 <= self.clip_high <= 100:
+            raise ConfigError(f"clip_low must be in [0, 1) and clip_high in [0, 100]; got {self.clip_low}, "
+                              f"{self.clip_high}")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.pcar_lambda < 0 or self.pcar_delta < 0:
+            raise ConfigError(f"pcar_lambda and pcar_delta must be >= 0; got {self.pcar_lambda}, {self.pcar_delta}")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
+
+    def _check_combinations(self) -> None:
+        if self.group_size < 2 and self.algo != "rft":
+            raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
+        if self.algo == "rft":
+            # Rejection-sampling fine-tuning is supervised learning on the successful episodes:
+            # settings of the policy-gradient loss would be silently ignored.
+            ignored = [text for text, on in (
+                (f"kl_coef={self.kl_coef}", self.kl_coef > 0), ("filter_overlong=True", self.filter_overlong),
+                ("old_logprobs='recompute'", self.old_logprobs == "recompute")) if on]
+            if ignored:
+                raise ConfigError(f"algo='rft' maximises the successful episodes' log-likelihood, with no reference, "
+                                  f"ratio or advantage; it has no use for {', '.join(ignored)}: drop those "
+                                  "settings, or choose a policy-gradient algo")
+        if self.microbatch_size and self.microbatch_tokens:
+            raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
+                              "are two ways to size a forward/backward pass; set one of them")
         if self.parallelism == "fsdp" and self.dtype == "bfloat16":
             raise ConfigError(f"dtype={self.dtype!r} with parallelism='fsdp' would step the optimizer on 16-bit "
                               "weights; leave dtype unset (on CUDA FSDP then computes in bfloat16 over float32 "
@@ -188,8 +213,6 @@ class TrainConfig:
         if self.parallelism == "fsdp" and self.compile:
             raise ConfigError("compile is not supported with parallelism='fsdp' yet; leave it unset "
                               "(auto skips it under FSDP) or set it to False")
-        if not isinstance(self.env_kwargs, dict):
-            raise ConfigError("env_kwargs must be a dict of environment options")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

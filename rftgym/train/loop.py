@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -22,7 +23,15 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
 from .batching import PROCESS_SPLIT_KEY, TrainSample, build_samples, collate, group_episodes, tokens_covering
-from .checkpoint import check_output_dir, checkpoint_state, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    OutputLock,
+    check_output_dir,
+    checkpoint_state,
+    load_checkpoint,
+    resume_changes,
+    save_checkpoint,
+    saved_state,
+)
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
 from .losses import aggregate, policy_loss, token_mean
@@ -49,10 +58,49 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
     check_output_dir(out, resume)
+    notes = resume_notes(saved_state(out), config) if resume else []
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create the output directory {out}: {exc.strerror or exc}") from exc
+    lock = OutputLock(out) if ranks.is_main else None
+    try:
+        if ranks.is_main:
+            for note in notes:
+                print(note, file=sys.stderr)
+        return _train(config, policy, resume, make_env, ranks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
+    """What a resumed run changes from its checkpoint's settings (``saved``: the checkpoint's step
+    and config; a ConfigError for what it may not change, :data:`~rftgym.train.checkpoint.RESUME_FIXED`),
+    and where a longer or shorter run moves a decaying learning rate."""
+    settings, step = saved["config"], saved["step"]
+    notes = []
+    changed = resume_changes(settings, config.to_dict())
+    if changed:
+        notes.append(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
+    if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:
+        def rate(total_steps):
+            return learning_rate_at(step, base=config.learning_rate, total_steps=total_steps,
+                                    schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                                    min_ratio=config.min_lr_ratio)
+        try:
+            planned, now = rate(settings["steps"]), rate(config.steps)
+        except (ConfigError, ValueError):
+            return notes
+        notes.append(f"the {config.lr_schedule} learning-rate schedule now spans {config.steps} steps, not "
+                     f"{settings['steps']}: the run resumes at step {step} with a rate of {now:.3g}, where the "
+                     f"checkpoint's run would have had {planned:.3g}")
+    return notes
+
+
+def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env, ranks: Distributed) -> list[dict]:
+    out = Path(config.output_dir)
+    fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
     make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
     device = ranks.device(config.device) or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -62,6 +110,14 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     mixed = device.startswith("cuda") and config.dtype is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
+    weights_dtype = next(policy.model.parameters()).dtype
+    if config.dtype is not None and weights_dtype != getattr(torch, config.dtype):
+        raise ConfigError(f"dtype={config.dtype!r}, but the policy passed in holds {weights_dtype} weights; convert "
+                          f"it first (policy.model.to(torch.{config.dtype})) or leave dtype unset")
+    context = getattr(policy.model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and config.max_new_tokens >= context:
+        raise ConfigError(f"max_new_tokens={config.max_new_tokens} does not fit the model's context of {context} "
+                          "tokens (max_position_embeddings); ask for fewer new tokens")
     if fsdp and needs_master_weights(policy.model.parameters()):
         raise ConfigError("the policy's weights are 16-bit, and FSDP would step the optimizer on them; pass a "
                           "float32 policy (on CUDA FSDP then computes in bfloat16 over float32 weights)")
@@ -97,15 +153,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
     start = 0
     if resume:  # check_output_dir made sure there is a complete checkpoint
-        start, rng, saved_config = load_checkpoint(out, model=model, optimizer=optimizer)
+        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
         if start >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
                               f"steps; pass more steps (e.g. --steps {start + config.steps}) to continue it")
-        changed = sorted(k for k, v in config.to_dict().items()
-                         if k not in ("steps", "save_every", "log_every", "output_dir")
-                         and k in saved_config and str(saved_config[k]) != str(v))
-        if changed and ranks.is_main:
-            print(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
         if len(rng["ranks"]) != ranks.world_size:
             raise ConfigError(f"the checkpoint was written by {len(rng['ranks'])} processes; resume with as many")
         task_rng.bit_generator.state = rng["tasks"]
@@ -368,10 +419,10 @@ def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
         logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
         ref_logp = reference_logprobs(model, reference, batch, config)
     mask = batch["loss_mask"]
-    if config.algo == "rft":
-        loss = aggregate("token_mean", -logp, mask)
-        return loss, {"pg_loss": loss.detach(), "entropy": token_mean(entropy.detach(), mask)}, logp
     normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
+    if config.algo == "rft":  # supervised: the negative log-likelihood of the sampled tokens
+        loss = aggregate(config.aggregation, -logp, mask, normalizer=normalizer, sequence_ids=batch.get("sequence_ids"))
+        return loss, {"pg_loss": loss.detach(), "entropy": token_mean(entropy.detach(), mask)}, logp
     loss, stats = policy_loss(
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
@@ -425,7 +476,7 @@ def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig,
     loss and stats (stats weighted like the loss; 0-dim tensors, nothing is read back from the
     device), or ``(None, {})`` for an empty chunk."""
     parts = microbatches(chunk, config)
-    aggregation = "token_mean" if config.algo == "rft" else config.aggregation
+    aggregation = config.aggregation
     # The loss (and pg_loss) combine as the aggregation does; the other stats are token means.
     loss_weights = microbatch_weights(parts, aggregation)
     token_weights = microbatch_weights(parts, "token_mean")
@@ -504,7 +555,7 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     # The gradients to average and clip (float32 masters hold them for a 16-bit model).
     trainable = gradient_tensors(optimizer, [p for p in model.parameters() if p.requires_grad])
     size = config.minibatch_size
-    aggregation = "token_mean" if config.algo == "rft" else config.aggregation
+    aggregation = config.aggregation
     orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
     # Every rank's sample count and, per minibatch, what its loss is a mean over (trained tokens or
     # sequences) and its number of passes: a minibatch's loss is one mean over all ranks' samples,

@@ -42,7 +42,22 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a metrics file. A line that is not a JSON row with an int ``step`` (the half
+    line a kill or a full disk leaves at the end) is skipped with a warning that names it."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            warnings.warn(f"{path}:{number} is not a metrics row (a line cut short?); skipped: {line[:80]!r}",
+                          stacklevel=2)
+            continue
+        rows.append(row)
+    return rows
 
 
 def plot_learning_curve(metrics_path: Path, png_path: Path,

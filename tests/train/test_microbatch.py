@@ -4,6 +4,7 @@ minibatch."""
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -115,3 +116,22 @@ def test_microbatches_group_samples_of_like_length(monkeypatch):
     optimise(model, None, torch.optim.SGD(model.parameters(), lr=1e-2), samples(), config, 0,
              torch.Generator().manual_seed(0))
     assert seen == [[4, 5], [7, 8], [9]]  # 35 padded positions, against up to 45 in draw order
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_normalizer"])
+def test_rft_loss_follows_the_aggregation(aggregation):
+    from rftgym.train.batching import collate
+    from rftgym.train.loop import _batch_loss, batch_logprobs
+
+    model, data = tiny_llama(), samples()
+    config = TrainConfig(algo="rft", group_size=1, aggregation=aggregation, minibatch_size=5, max_new_tokens=8)
+    batch = collate(data, 0)
+    loss, _, _ = _batch_loss(model, None, batch, config, autocast=nullcontext)
+    with torch.no_grad():
+        logp, _ = batch_logprobs(model, batch, config)
+    nll = [(-logp[row] * batch["loss_mask"][row]).sum() for row in range(len(data))]
+    tokens = [batch["loss_mask"][row].sum() for row in range(len(data))]
+    want = {"token_mean": sum(nll) / sum(tokens),  # trained tokens: 7 + 1 + 4 + 0 + 7
+            "sequence_mean": sum(n / t for n, t in zip(nll, tokens) if t > 0) / 4,  # 4 sequences have tokens
+            "constant_normalizer": sum(nll) / (5 * 8)}[aggregation]
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)

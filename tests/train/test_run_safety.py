@@ -1,0 +1,143 @@
+"""What keeps a run's output and settings safe: one run per output directory, no silent overwrite of
+an earlier run's metrics, resumes that continue the same experiment, and settings refused before
+they can fail a run at its first update."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from support import SayAEnv
+
+from rftgym.core.errors import ConfigError
+from rftgym.train import TrainConfig
+from rftgym.train.checkpoint import OutputLock
+from rftgym.train.loop import train
+from rftgym.train.metrics_log import read_metrics
+
+
+def config(tmp_path, name="run", **overrides) -> TrainConfig:
+    settings = dict(steps=2, tasks_per_step=1, group_size=4, max_new_tokens=6, learning_rate=1e-2,
+                    minibatch_size=8, output_dir=str(tmp_path / name), seed=0, save_every=1)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_a_second_run_into_a_locked_output_directory_is_refused(tmp_path, make_char_policy):
+    (tmp_path / "run").mkdir()
+    first = OutputLock(tmp_path / "run")  # as a run in progress holds it
+    assert (tmp_path / "run" / ".lock").read_text() == str(os.getpid())
+    with pytest.raises(ConfigError, match=rf"another run \(process {os.getpid()}\) is writing to"):
+        train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing was written
+    first.release()
+    train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv)  # free again
+    OutputLock(tmp_path / "run").release()  # and the finished run let go of it
+
+
+def test_an_earlier_runs_metrics_are_not_overwritten(tmp_path, make_char_policy):
+    train(config(tmp_path, save_every=100, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    # A run interrupted before its first checkpoint would leave metrics and no checkpoint.
+    for path in sorted((tmp_path / "run" / "checkpoint").iterdir()):
+        path.unlink()
+    (tmp_path / "run" / "checkpoint").rmdir()
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="holds the metrics of an earlier run"):
+        train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == rows
+
+
+def test_resume_refuses_another_experiment_before_loading_a_model(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    for change, message in [({"algo": "rloo"}, "written with algo='grpo'; this run has algo='rloo'"),
+                            ({"lora_rank": 4}, "written with lora_rank=0; this run has lora_rank=4"),
+                            ({"env_id": "rftgym/MemoryQA-v0"}, "written with env_id='rftgym/VerifiableQA-v0'")]:
+        with pytest.raises(ConfigError, match=message):
+            # No policy: the check comes before the default model would load.
+            train(config(tmp_path, steps=2, **change), resume=True, make_env=SayAEnv)
+
+
+def test_resume_says_what_changed_and_where_a_longer_decay_moves_the_rate(tmp_path, make_char_policy, capsys):
+    train(config(tmp_path, steps=4, lr_schedule="linear"), policy=make_char_policy(), make_env=SayAEnv)
+    capsys.readouterr()
+    train(config(tmp_path, steps=8, lr_schedule="linear", clip_high=0.3), policy=make_char_policy(),
+          make_env=SayAEnv, resume=True)
+    err = capsys.readouterr().err
+    assert "differ from the checkpoint's: clip_high" in err
+    # Linear decay over 4 steps: step 4 is past the end (rate 0); over 8 steps it is 1e-2 * 4/8.
+    assert "now spans 8 steps, not 4: the run resumes at step 4 with a rate of 0.005, where the checkpoint's " \
+           "run would have had 0" in err
+
+
+def test_a_metrics_line_cut_short_is_skipped_on_resume(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv)
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 9, "rew')  # what a kill during a write leaves
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3 is not a metrics row"):
+        train(config(tmp_path, steps=3), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [row["step"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_the_checkpoint_is_readable_like_the_other_outputs(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert stat.S_IMODE((tmp_path / "run" / "checkpoint").stat().st_mode) == 0o755
+
+
+def test_an_output_directory_name_too_long_is_a_message(tmp_path, make_char_policy):
+    with pytest.raises(ConfigError, match="cannot use the output directory .*File name too long"):
+        train(config(tmp_path, "a" * 300), policy=make_char_policy(), make_env=SayAEnv)
+
+
+def test_settings_the_model_cannot_honour_are_refused(tmp_path, make_char_policy):
+    policy = make_char_policy()
+    context = policy.model.config.max_position_embeddings
+    with pytest.raises(ConfigError, match=f"max_new_tokens={context} does not fit the model's context of {context}"):
+        train(config(tmp_path, max_new_tokens=context), policy=policy, make_env=SayAEnv)
+    with pytest.raises(ConfigError, match=r"dtype='bfloat16', but the policy passed in holds torch.float32 weights"):
+        train(config(tmp_path, dtype="bfloat16"), policy=policy, make_env=SayAEnv)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"lora_rank": "8"}, "lora_rank must be an integer, got '8'"),
+    ({"dcpo_segment_budget": 0.5}, "dcpo_segment_budget must be an integer"),
+    ({"steps": True}, "steps must be an integer, got True"),
+    ({"filter_overlong": "no"}, "filter_overlong must be True or False, got 'no'"),
+    ({"compile": 1}, "compile and checkpoint_mlp must be True, False or None"),
+    ({"env_id": None}, "env_id must be a non-empty string"),
+    ({"model": 5}, "model must be a local model directory"),
+    ({"learning_rate": 1e300}, "learning_rate must be positive and at most 1"),
+    ({"weight_decay": 1e30}, "weight_decay must be >= 0 and at most 1"),
+    ({"clip_high": 1e300}, r"clip_high in \[0, 100\]"),
+    ({"top_p": 1e-300}, r"top_p must be in \[1e-6, 1\]"),
+    ({"temperature": 1e-300}, r"temperature must be in \[0.001, 100\]"),
+    ({"algo": "rft", "kl_coef": 0.1}, "algo='rft' .* no use for kl_coef=0.1"),
+    ({"algo": "rft", "filter_overlong": True, "kl_coef": 0.5}, "no use for kl_coef=0.5, filter_overlong=True"),
+    ({"algo": "rft", "old_logprobs": "recompute"}, "no use for old_logprobs='recompute'"),
+])
+def test_config_refuses(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**settings)
+
+
+def test_rft_takes_its_own_settings():
+    assert TrainConfig(algo="rft", group_size=1, microbatch_tokens=512, aggregation="sequence_mean").algo == "rft"
+
+
+def test_cli_interrupt_names_the_checkpoint_to_resume(tmp_path, monkeypatch, capsys):
+    from rftgym import cli
+    from rftgym.train import loop
+
+    out = tmp_path / "run"
+
+    def interrupted(config, resume=False):
+        (out / "checkpoint").mkdir(parents=True)
+        (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 3, "config": {}}))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out)]) == 130
+    assert f"the checkpoint in {out}/checkpoint is at step 3; run the same command with --resume" \
+           in capsys.readouterr().err
