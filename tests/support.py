@@ -79,3 +79,14 @@ def tiny_llama(seed: int = 0):
     config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
     return LlamaForCausalLM(config)
+
+
+def train_config(tmp_path, name: str = "run", **overrides):
+    """A TrainConfig for the tiny model on SayAEnv, writing to ``tmp_path / name``: 24 steps of 2
+    tasks x 8 samples of up to 8 tokens, which the tiny model learns from."""
+    from rftgym.train import TrainConfig
+
+    settings = dict(steps=24, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
+                    minibatch_size=16, output_dir=str(tmp_path / name), seed=0, save_every=100)
+    settings.update(overrides)
+    return TrainConfig(**settings)

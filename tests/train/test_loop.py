@@ -6,18 +6,14 @@ import json
 
 import pytest
 import torch
-from support import SayAEnv
+from support import SayAEnv, train_config
 
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 from rftgym.train.loop import train
 
 
-def config(tmp_path, name="run", **overrides) -> TrainConfig:
-    settings = dict(steps=24, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
-                    minibatch_size=16, output_dir=str(tmp_path / name), seed=0, save_every=100)
-    settings.update(overrides)
-    return TrainConfig(**settings)
+config = train_config
 
 
 def test_tiny_model_learns_the_task(tmp_path, make_char_policy):

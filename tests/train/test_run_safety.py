@@ -9,7 +9,7 @@ import os
 import stat
 
 import pytest
-from support import SayAEnv
+from support import SayAEnv, train_config
 
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
@@ -19,10 +19,9 @@ from rftgym.train.metrics_log import read_metrics
 
 
 def config(tmp_path, name="run", **overrides) -> TrainConfig:
-    settings = dict(steps=2, tasks_per_step=1, group_size=4, max_new_tokens=6, learning_rate=1e-2,
-                    minibatch_size=8, output_dir=str(tmp_path / name), seed=0, save_every=1)
-    settings.update(overrides)
-    return TrainConfig(**settings)
+    """Short runs that checkpoint every step."""
+    return train_config(tmp_path, name, **{"steps": 2, "tasks_per_step": 1, "group_size": 4, "max_new_tokens": 6,
+                                           "minibatch_size": 8, "save_every": 1, **overrides})
 
 
 def test_a_second_run_into_a_locked_output_directory_is_refused(tmp_path, make_char_policy):
