@@ -8,10 +8,12 @@ leaves half a checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from .master_weights import MasterWeights
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".lock"
 
 
 def _unwrap(model):
@@ -114,6 +117,9 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
 def _check_output_dir(output_dir: Path, resume: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
+    holder = lock_holder(output_dir)
+    if holder is not None:  # before what its files say: a live run's are not an earlier run's
+        raise ConfigError(_locked_message(output_dir, holder))
     if has_checkpoint_files(output_dir) and not resume:
         raise ConfigError(f"{output_dir} already holds a checkpoint; pass resume=True (--resume) to continue it, "
                           "or choose another output directory")
@@ -143,8 +149,9 @@ def saved_state(output_dir: Path) -> dict:
 
 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is
-# (another env, algorithm, model, or LoRA adapters of another shape).
-RESUME_FIXED = ("env_id", "algo", "model", "lora_rank")
+# (another env, algorithm, or LoRA adapters of another shape). The model may be given by another
+# path (a moved directory); loading the weights checks that they fit it.
+RESUME_FIXED = ("env_id", "algo", "lora_rank")
 
 
 def resume_changes(saved: dict, config: dict) -> list[str]:
@@ -152,7 +159,7 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
     the run and how often it logs, saves and evaluates may change freely); a ConfigError for one
     of :data:`RESUME_FIXED`."""
     for key in RESUME_FIXED:
-        if key in saved and saved[key] != config.get(key):
+        if key in saved and str(saved[key]) != str(config.get(key)):  # saved values may be strings
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
                               f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
                               "run in another output directory")
@@ -164,24 +171,30 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
 class OutputLock:
     """An exclusive lock on an output directory, held while a run writes there, so that a second
     run into the same directory is refused rather than mixing its metrics and checkpoints with
-    the first one's. The operating system releases it when the process ends, however it ends."""
+    the first one's. The operating system releases it when the process ends, however it ends.
+    On a file system without ``flock`` (some NFS and Lustre mounts) the run goes on unlocked,
+    with a warning."""
 
     def __init__(self, output_dir: Path):
-        self.path = output_dir / ".lock"
+        self.path = output_dir / LOCK_FILE
         self._file = None
         try:
             import fcntl
         except ImportError:  # not POSIX: no lock
             return
-        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            handle = open(self.path, "a+", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
+        except OSError as exc:
             handle.close()
-            raise ConfigError(f"another run (process {owner}) is writing to {output_dir}; wait for it to end, or "
-                              "choose another output directory") from None
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                raise ConfigError(_locked_message(output_dir, lock_holder(output_dir))) from None
+            warnings.warn(f"cannot lock {self.path} ({exc.strerror or exc}); nothing stops a second run from "
+                          "writing to the same output directory", stacklevel=2)
+            return
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -190,8 +203,34 @@ class OutputLock:
 
     def release(self) -> None:
         if self._file is not None:
+            self._file.truncate(0)  # no stale process id is left behind
             self._file.close()
             self._file = None
+
+
+def lock_holder(output_dir: Path) -> str | None:
+    """The process id written by the run that holds ``output_dir``'s lock ("unknown" if it wrote
+    none yet), or None when no run holds it."""
+    path = output_dir / LOCK_FILE
+    try:
+        import fcntl
+
+        handle = open(path, encoding="utf-8")
+    except (ImportError, OSError):
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                return handle.read().strip() or "unknown"
+            return None
+        return None  # the shared lock is dropped when the file closes
+
+
+def _locked_message(output_dir: Path, holder: str | None) -> str:
+    return (f"another run (process {holder or 'unknown'}) is writing to {output_dir}; wait for it to end, or choose "
+            "another output directory")
 
 
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:

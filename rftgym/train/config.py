@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,14 +124,20 @@ class TrainConfig:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
                                   f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
-        for name, value in self.__dict__.items():
-            if self.__dataclass_fields__[name].type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
+        # Integers and numbers of any kind (numpy's too) are stored as Python ints and floats, so the
+        # config compares, prints and saves as JSON alike.
+        for name, spec in self.__dataclass_fields__.items():
+            value = getattr(self, name)
+            if spec.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise ConfigError(f"{name} must be an integer, got {value!r}")
+                object.__setattr__(self, name, int(value))
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
                      "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}")
         if self.dtype not in (None, "float32", "bfloat16"):
@@ -162,25 +169,26 @@ class TrainConfig:
                               "past 2**63 - 1; lower eval_seed")
         if not 0 <= self.warmup_steps <= self.steps:
             raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}")
-        # Upper bounds: past them a run fails or wrecks the weights at its first update (an AdamW
-        # rate above 1, lr x weight decay above 1, a ratio cap beyond float32's range).
+        # Bounds past which a run fails or wrecks the weights at its first update: an AdamW rate
+        # above 1, lr x weight decay above 1 (each step would zero or flip every weight), numbers
+        # beyond float32's range in the sampler and the ratio clip.
         if not 0 < self.learning_rate <= 1:
             raise ConfigError(f"learning_rate must be positive and at most 1 (AdamW rates are ~1e-7..1e-3), "
                               f"got {self.learning_rate}")
-        if not 0 <= self.weight_decay <= 1:
-            raise ConfigError(f"weight_decay must be >= 0 and at most 1 (AdamW shrinks weights by lr x weight_decay "
-                              f"per step), got {self.weight_decay}")
+        if self.weight_decay < 0 or self.weight_decay * self.learning_rate > 1:
+            raise ConfigError(f"weight_decay must be >= 0, with learning_rate x weight_decay at most 1 (AdamW "
+                              f"shrinks every weight by that share per step), got {self.weight_decay}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
                               f"got {self.min_lr_ratio}")
-        if not 1e-3 <= self.temperature <= 100:
-            raise ConfigError(f"temperature must be in [0.001, 100] for RL sampling (greedy decoding has no "
+        if not 1e-6 <= self.temperature <= 1e6:
+            raise ConfigError(f"temperature must be in [1e-6, 1e6] for RL sampling (greedy decoding has no "
                               f"log-probs to train on), got {self.temperature}")
-        if not 1e-6 <= self.top_p <= 1:
-            raise ConfigError(f"top_p must be in [1e-6, 1], got {self.top_p}")
-        if not 0 <= self.clip_low < 1 or not 0 <= self.clip_high <= 100:
-            raise ConfigError(f"clip_low must be in [0, 1) and clip_high in [0, 100]; got {self.clip_low}, "
-                              f"{self.clip_high}")
+        if not 1e-30 <= self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] and at least 1e-30 (float32's range), got {self.top_p}")
+        if not 0 <= self.clip_low < 1 or not 0 <= self.clip_high <= 1e6:
+            raise ConfigError(f"clip_low must be in [0, 1) and clip_high in [0, 1e6] (1e6: no upper clip); got "
+                              f"{self.clip_low}, {self.clip_high}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.pcar_lambda < 0 or self.pcar_delta < 0:

@@ -57,14 +57,23 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
-    check_output_dir(out, resume)
-    notes = resume_notes(saved_state(out), config) if resume else []
+    # The writing rank checks the output directory and locks it; every rank then stops alike if
+    # it may not be used (a rank that went on alone would wait forever at its first collective).
+    lock, refusal = None, None
+    if ranks.is_main:
+        try:
+            check_output_dir(out, resume)
+            out.mkdir(parents=True, exist_ok=True)
+            lock = OutputLock(out)
+        except ConfigError as exc:
+            refusal = str(exc)
+        except OSError as exc:
+            refusal = f"cannot create the output directory {out}: {exc.strerror or exc}"
+    refusal = ranks.gather_objects(refusal)[0]
+    if refusal is not None:
+        raise ConfigError(refusal)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the output directory {out}: {exc.strerror or exc}") from exc
-    lock = OutputLock(out) if ranks.is_main else None
-    try:
+        notes = resume_notes(saved_state(out), config) if resume else []
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
@@ -84,13 +93,13 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
     if changed:
         notes.append(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
     if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:
-        def rate(total_steps):
-            return learning_rate_at(step, base=config.learning_rate, total_steps=total_steps,
-                                    schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-                                    min_ratio=config.min_lr_ratio)
-        try:
-            planned, now = rate(settings["steps"]), rate(config.steps)
-        except (ConfigError, ValueError):
+        def rate(c: dict) -> float:
+            return learning_rate_at(step, base=float(c["learning_rate"]), total_steps=int(c["steps"]),
+                                    schedule=c["lr_schedule"], warmup_steps=int(c["warmup_steps"]),
+                                    min_ratio=float(c["min_lr_ratio"]))
+        try:  # the checkpoint's run as it was set up (an older one may lack a setting: today's then)
+            planned, now = rate({**config.to_dict(), **settings}), rate(config.to_dict())
+        except (ConfigError, ValueError, KeyError, TypeError):
             return notes
         notes.append(f"the {config.lr_schedule} learning-rate schedule now spans {config.steps} steps, not "
                      f"{settings['steps']}: the run resumes at step {step} with a rate of {now:.3g}, where the "
@@ -217,7 +226,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
             metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
         history.append({"step": step, **metrics})
-        if log is not None and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
+        if log is not None and ((step + 1) % config.log_every == 0 or step + 1 == config.steps
+                                or "eval_reward_mean" in metrics):  # an evaluation is always logged
             log.write(step, metrics)
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.

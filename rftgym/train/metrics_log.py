@@ -44,7 +44,7 @@ class MetricsLog:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics file. A line that is not a JSON row with an int ``step`` (the half
     line a kill or a full disk leaves at the end) is skipped with a warning that names it."""
-    rows = []
+    rows, skipped = [], []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -52,11 +52,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except ValueError:
             row = None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            warnings.warn(f"{path}:{number} is not a metrics row (a line cut short?); skipped: {line[:80]!r}",
-                          stacklevel=2)
-            continue
-        rows.append(row)
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            skipped.append((number, line))
+    if skipped:
+        number, line = skipped[0]
+        warnings.warn(f"{path}:{number} is not a metrics row (a line cut short?): {line[:80]!r}; skipped"
+                      + (f", with {len(skipped) - 1} more such lines" if len(skipped) > 1 else ""), stacklevel=2)
     return rows
 
 

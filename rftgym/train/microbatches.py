@@ -33,8 +33,8 @@ def plan_passes(lengths: list[int], *, samples_per_pass: int = 0, tokens_per_pas
 
     With neither limit, or when every sample fits one pass of ``samples_per_pass``, one pass in
     the given order. Otherwise samples go shortest first (ties in the given order); a pass takes
-    ``samples_per_pass`` of them, or, with ``tokens_per_pass``, the next sample joins the pass
-    while :func:`pass_tokens` stays within the budget.
+    ``samples_per_pass`` of them, or, with ``tokens_per_pass``, as many of the next samples as
+    keep :func:`pass_tokens` within the budget.
     """
     if samples_per_pass and tokens_per_pass:
         raise ValueError("size passes by samples or by tokens, not both")
@@ -45,11 +45,21 @@ def plan_passes(lengths: list[int], *, samples_per_pass: int = 0, tokens_per_pas
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     if samples_per_pass:
         return [order[i:i + samples_per_pass] for i in range(0, len(order), samples_per_pass)]
-    passes: list[list[int]] = [[]]
-    for index in order:
-        grown = passes[-1] + [index]
-        if passes[-1] and pass_tokens([lengths[i] for i in grown], packed) > tokens_per_pass:
-            passes.append([index])
-        else:
-            passes[-1] = grown
+    passes: list[list[int]] = []
+    start = 0
+    while start < len(order):
+        # The longest run of the next samples whose pass fits the budget (at least one sample),
+        # found by bisection: a pass's tokens grow with the samples it takes, and packing a pass
+        # costs more than a comparison, so this packs O(log n) candidate passes, not n.
+        def fits(count: int) -> bool:
+            return pass_tokens([lengths[i] for i in order[start:start + count]], packed) <= tokens_per_pass
+        low, high = 1, len(order) - start
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+        passes.append(order[start:start + low])
+        start += low
     return passes

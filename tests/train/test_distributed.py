@@ -335,3 +335,37 @@ def test_gradient_averaging_leaves_parameters_no_rank_trained_without_a_gradient
         assert result["first"] == [[1.5, 3.0], [2.0, 4.0], None]
         # None, not zeros: AdamW skips it, as one process would (zeros would decay the weight).
         assert result["second"] == [[6.0, 6.0], [6.0, 6.0], None]
+
+
+LOCKED_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from support import SayAEnv, make_char_policy
+    from rftgym.core.errors import ConfigError
+    from rftgym.train import TrainConfig
+    from rftgym.train.loop import train
+    from rftgym.train.distributed import Distributed
+
+    out, result_dir = sys.argv[1], sys.argv[2]
+    rank = Distributed.from_env().rank
+    try:
+        train(TrainConfig(steps=1, tasks_per_step=2, group_size=2, max_new_tokens=4, output_dir=out),
+              policy=make_char_policy(seed=0), make_env=SayAEnv)
+        message = None
+    except ConfigError as exc:
+        message = str(exc)
+    json.dump({"message": message}, open(f"{result_dir}/locked{rank}.json", "w"))
+''')
+
+
+def test_a_locked_output_directory_stops_every_rank(tmp_path):
+    from rftgym.train.checkpoint import OutputLock
+
+    (tmp_path / "run").mkdir()
+    held = OutputLock(tmp_path / "run")  # another run, in this process
+    try:
+        torchrun(LOCKED_SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path))
+    finally:
+        held.release()
+    for rank in (0, 1):
+        message = json.loads((tmp_path / f"locked{rank}.json").read_text())["message"]
+        assert message is not None and "is writing to" in message, (rank, message)
