@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError
-
+from .config import TrainConfig
 from .distributed import ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
+from .schedule import learning_rate_at
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -289,3 +290,27 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
     optimizer.load_state_dict(saved)
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
     return int(state["step"]), rng, state["config"]
+
+
+def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
+    """What a resumed run changes from its checkpoint's settings (``saved``: the checkpoint's step
+    and config; a ConfigError for what it may not change, :data:`RESUME_FIXED`),
+    and where a longer or shorter run moves a decaying learning rate."""
+    settings, step = saved["config"], saved["step"]
+    notes = []
+    changed = resume_changes(settings, config.to_dict())
+    if changed:
+        notes.append(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
+    if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:
+        def rate(c: dict) -> float:
+            return learning_rate_at(step, base=float(c["learning_rate"]), total_steps=int(c["steps"]),
+                                    schedule=c["lr_schedule"], warmup_steps=int(c["warmup_steps"]),
+                                    min_ratio=float(c["min_lr_ratio"]))
+        try:  # the checkpoint's run as it was set up (an older one may lack a setting: today's then)
+            planned, now = rate({**config.to_dict(), **settings}), rate(config.to_dict())
+        except (ConfigError, ValueError, KeyError, TypeError):
+            return notes
+        notes.append(f"the {config.lr_schedule} learning-rate schedule now spans {config.steps} steps, not "
+                     f"{settings['steps']}: the run resumes at step {step} with a rate of {now:.3g}, where the "
+                     f"checkpoint's run would have had {planned:.3g}")
+    return notes

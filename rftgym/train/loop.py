@@ -10,10 +10,10 @@ import copy
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -22,26 +22,46 @@ import torch
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, require
 from ..rollout import RolloutConfig, run_episodes
-from .batching import PROCESS_SPLIT_KEY, TrainSample, build_samples, collate, group_episodes, tokens_covering
+from .batching import (
+    PROCESS_SPLIT_KEY,
+    TrainSample,
+    build_samples,
+    collate,
+    group_episodes,
+    tokens_covering,
+)
 from .checkpoint import (
     OutputLock,
     check_output_dir,
     checkpoint_state,
     load_checkpoint,
-    resume_changes,
+    resume_notes,
     save_checkpoint,
     saved_state,
 )
 from .config import TrainConfig
-from .distributed import Distributed, ShardedModel, full_parameters, full_tensor, shard_model
+from .distributed import (
+    Distributed,
+    ShardedModel,
+    full_parameters,
+    full_tensor,
+    shard_model,
+)
+from .evaluation import evaluate_policy
 from .losses import aggregate, policy_loss, token_mean
 from .master_weights import gradient_tensors, needs_master_weights
-from .token_logprobs import chunked_token_logprobs, logit_transform
 from .metrics_log import MetricsLog, plot_learning_curve
 from .microbatches import plan_passes
 from .packing import collate_packed
 from .schedule import learning_rate_at
-from .speed import SpeedConfig, apply_training_speedups, is_right_padded, make_optimizer, tag_right_padding
+from .speed import (
+    SpeedConfig,
+    apply_training_speedups,
+    is_right_padded,
+    make_optimizer,
+    tag_right_padding,
+)
+from .token_logprobs import chunked_token_logprobs, logit_transform
 
 
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
@@ -81,30 +101,6 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     finally:
         if lock is not None:
             lock.release()
-
-
-def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
-    """What a resumed run changes from its checkpoint's settings (``saved``: the checkpoint's step
-    and config; a ConfigError for what it may not change, :data:`~rftgym.train.checkpoint.RESUME_FIXED`),
-    and where a longer or shorter run moves a decaying learning rate."""
-    settings, step = saved["config"], saved["step"]
-    notes = []
-    changed = resume_changes(settings, config.to_dict())
-    if changed:
-        notes.append(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
-    if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:
-        def rate(c: dict) -> float:
-            return learning_rate_at(step, base=float(c["learning_rate"]), total_steps=int(c["steps"]),
-                                    schedule=c["lr_schedule"], warmup_steps=int(c["warmup_steps"]),
-                                    min_ratio=float(c["min_lr_ratio"]))
-        try:  # the checkpoint's run as it was set up (an older one may lack a setting: today's then)
-            planned, now = rate({**config.to_dict(), **settings}), rate(config.to_dict())
-        except (ConfigError, ValueError, KeyError, TypeError):
-            return notes
-        notes.append(f"the {config.lr_schedule} learning-rate schedule now spans {config.steps} steps, not "
-                     f"{settings['steps']}: the run resumes at step {step} with a rate of {now:.3g}, where the "
-                     f"checkpoint's run would have had {planned:.3g}")
-    return notes
 
 
 def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env, ranks: Distributed) -> list[dict]:
@@ -245,35 +241,6 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         log.close()
         plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
     return history
-
-
-def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, config: TrainConfig,
-                    ranks: Distributed, autocast=nullcontext) -> dict[str, float]:
-    """The policy's greedy episodes on the evaluation seeds (``eval_seed`` onwards, shared out over
-    the ranks): their mean reward, success rate and sampled tokens, over all ranks.
-
-    It leaves training as it was: the sampling settings and every random state (the policy's
-    sampler, torch's global ones) are restored, so a run with evaluation trains exactly as one
-    without, and a resumed run as an uninterrupted one."""
-    started = time.perf_counter()
-    seeds = ranks.shard(list(range(config.eval_seed, config.eval_seed + config.eval_episodes)))
-    sampling, sampler_state = policy.sampling, policy._generator.get_state()
-    devices = [policy.device] if policy.device.type == "cuda" else []
-    model.eval()
-    try:
-        policy.sampling = replace(sampling, temperature=0.0)
-        # FSDP: every rank gathers the parameters, also one without seeds.
-        with torch.random.fork_rng(devices=devices), autocast(), full_parameters(model):
-            episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size)) \
-                if seeds else []
-    finally:
-        policy.sampling = sampling
-        policy._generator.set_state(sampler_state)
-    n, reward, wins, tokens = ranks.sum_floats([len(episodes), sum(e.total_reward for e in episodes),
-                                                sum(e.success for e in episodes),
-                                                sum(e.num_sampled_tokens for e in episodes)])
-    return {"eval_reward_mean": reward / n, "eval_success_rate": wins / n, "eval_sampled_tokens_mean": tokens / n,
-            "eval_seconds": time.perf_counter() - started}
 
 
 # ---------------------------------------------------------------- model plumbing

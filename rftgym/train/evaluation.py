@@ -1,0 +1,45 @@
+"""Evaluation during training: the policy's greedy episodes on fixed seeds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
+
+import gymnasium as gym
+import torch
+
+from ..agents.hf_policy import HFPolicy
+from ..rollout import RolloutConfig, run_episodes
+from .config import TrainConfig
+from .distributed import Distributed, full_parameters
+
+
+def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, config: TrainConfig,
+                    ranks: Distributed, autocast=nullcontext) -> dict[str, float]:
+    """The policy's greedy episodes on the evaluation seeds (``eval_seed`` onwards, shared out over
+    the ranks): their mean reward, success rate and sampled tokens, over all ranks.
+
+    It leaves training as it was: the sampling settings and every random state (the policy's
+    sampler, torch's global ones) are restored, so a run with evaluation trains exactly as one
+    without, and a resumed run as an uninterrupted one."""
+    started = time.perf_counter()
+    seeds = ranks.shard(list(range(config.eval_seed, config.eval_seed + config.eval_episodes)))
+    sampling, sampler_state = policy.sampling, policy._generator.get_state()
+    devices = [policy.device] if policy.device.type == "cuda" else []
+    model.eval()
+    try:
+        policy.sampling = replace(sampling, temperature=0.0)
+        # FSDP: every rank gathers the parameters, also one without seeds.
+        with torch.random.fork_rng(devices=devices), autocast(), full_parameters(model):
+            episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size)) \
+                if seeds else []
+    finally:
+        policy.sampling = sampling
+        policy._generator.set_state(sampler_state)
+    n, reward, wins, tokens = ranks.sum_floats([len(episodes), sum(e.total_reward for e in episodes),
+                                                sum(e.success for e in episodes),
+                                                sum(e.num_sampled_tokens for e in episodes)])
+    return {"eval_reward_mean": reward / n, "eval_success_rate": wins / n, "eval_sampled_tokens_mean": tokens / n,
+            "eval_seconds": time.perf_counter() - started}
