@@ -119,10 +119,6 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     if config.dtype is not None and weights_dtype != getattr(torch, config.dtype):
         raise ConfigError(f"dtype={config.dtype!r}, but the policy passed in holds {weights_dtype} weights; convert "
                           f"it first (policy.model.to(torch.{config.dtype})) or leave dtype unset")
-    context = getattr(policy.model.config, "max_position_embeddings", None)
-    if isinstance(context, int) and config.max_new_tokens >= context:
-        raise ConfigError(f"max_new_tokens={config.max_new_tokens} does not fit the model's context of {context} "
-                          "tokens (max_position_embeddings); ask for fewer new tokens")
     if fsdp and needs_master_weights(policy.model.parameters()):
         raise ConfigError("the policy's weights are 16-bit, and FSDP would step the optimizer on them; pass a "
                           "float32 policy (on CUDA FSDP then computes in bfloat16 over float32 weights)")
@@ -444,18 +440,16 @@ def _pass_plan(samples: list[TrainSample], config: TrainConfig, *, no_grad: bool
                        tokens_per_pass=config.microbatch_tokens, packed=config.pack_sequences)
 
 
-def _accumulate(model, reference, chunk: list[TrainSample], config: TrainConfig, pad_id: int, device, autocast,
-                *, passes: int = 0, scale: float = 1.0):
-    """Backward over ``chunk`` in microbatches of ``config.microbatch_size`` (gradient accumulation:
-    the same gradient as one pass, with one microbatch's activations at a time), each loss times
-    ``scale``; then zero-weighted padding passes up to ``passes`` in all (FSDP: every rank must run
-    as many forward/backward passes, since those hold the collectives). Returns the minibatch's
-    loss and stats (stats weighted like the loss; 0-dim tensors, nothing is read back from the
-    device), or ``(None, {})`` for an empty chunk."""
-    parts = microbatches(chunk, config)
-    aggregation = config.aggregation
+def _accumulate(model, reference, parts: list[list[TrainSample]], config: TrainConfig, pad_id: int, device,
+                autocast, *, passes: int = 0, scale: float = 1.0):
+    """Backward over a minibatch split into forward/backward passes (``parts``, from
+    :func:`microbatches`: gradient accumulation, the same gradient as one pass with one part's
+    activations at a time), each loss times ``scale``; then zero-weighted padding passes up to
+    ``passes`` in all (FSDP: every rank must run as many forward/backward passes, since those hold
+    the collectives). Returns the minibatch's loss and stats (stats weighted like the loss; 0-dim
+    tensors, nothing is read back from the device), or ``(None, {})`` for no parts."""
     # The loss (and pg_loss) combine as the aggregation does; the other stats are token means.
-    loss_weights = microbatch_weights(parts, aggregation)
+    loss_weights = microbatch_weights(parts, config.aggregation)
     token_weights = microbatch_weights(parts, "token_mean")
     total_loss, stats = 0.0, {}
     for part, weight, token_weight in zip(parts, loss_weights, token_weights):
@@ -531,25 +525,26 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     device = next(model.parameters()).device
     # The gradients to average and clip (float32 masters hold them for a 16-bit model).
     trainable = gradient_tensors(optimizer, [p for p in model.parameters() if p.requires_grad])
-    size = config.minibatch_size
-    aggregation = config.aggregation
+    size, aggregation = config.minibatch_size, config.aggregation
     orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
+    # Each epoch's minibatches, each split into its forward/backward passes.
+    planned = [[microbatches([samples[i] for i in order[k:k + size]], config) for k in range(0, len(samples), size)]
+               for order in orders]
     # Every rank's sample count and, per minibatch, what its loss is a mean over (trained tokens or
     # sequences) and its number of passes: a minibatch's loss is one mean over all ranks' samples,
     # as in one process, so each rank weighs its share by its own count over the total; under FSDP
     # every rank runs the most passes any rank has.
-    minibatch_plans = [[_plan([samples[i] for i in order[k:k + size]], aggregation, config)
-                        for k in range(0, len(samples), size)] for order in orders]
-    own = (len(samples), minibatch_plans)
+    own = (len(samples), [[(normalizer_count([s for part in parts for s in part], aggregation), len(parts))
+                           for parts in epoch] for epoch in planned])
     per_rank = ranks.gather_objects(own)
     minibatches = max(-(-n // size) for n, _ in per_rank)
     if minibatches == 0:
         return {"loss": None, "updates": 0}
     totals: dict[str, torch.Tensor] = {}
     updates = local_updates = 0
-    for epoch, order in enumerate(orders):
+    for epoch in range(len(orders)):
         for index in range(minibatches):
-            chunk = [samples[i] for i in order[index * size:(index + 1) * size]]
+            parts = planned[epoch][index] if index < len(planned[epoch]) else []
             optimizer.zero_grad(set_to_none=True)
             chunk_sizes = [min(size, max(0, n - index * size)) for n, _ in per_rank]
             contributors = sum(n > 0 for n in chunk_sizes)
@@ -563,12 +558,12 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             scale = share * (ranks.world_size if sharded else contributors)
             if sharded:
                 passes = max(c[epoch][index][1] if index < len(c[epoch]) else 0 for _, c in per_rank)
-                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast,
+                loss, stats = _accumulate(model, reference, parts, config, pad_id, device, autocast,
                                           passes=passes, scale=scale)
             else:
-                loss, stats = _accumulate(model, reference, chunk, config, pad_id, device, autocast, scale=scale)
+                loss, stats = _accumulate(model, reference, parts, config, pad_id, device, autocast, scale=scale)
                 # A rank that has run out still joins the average (with zero gradients).
-                ranks.average_gradients(trainable, contributed=bool(chunk))
+                ranks.average_gradients(trainable, contributed=bool(parts))
             # Sharded gradients: the norm is a DTensor over all shards, so every rank clips alike.
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
@@ -642,11 +637,6 @@ def _per_sample(logp: torch.Tensor, sequence_ids: torch.Tensor | None, count: in
     order = torch.argsort(owner, stable=True)  # by sample, each sample's positions in order
     lengths = torch.bincount(owner + 1, minlength=count + 1).tolist()  # padding (-1) first
     return [part.tolist() for part in torch.split(logp.reshape(-1)[order], lengths)[1:]]
-
-
-def _plan(chunk: list[TrainSample], aggregation: str, config: TrainConfig) -> tuple[int, int]:
-    """A minibatch's normalizer count and its number of forward/backward passes."""
-    return normalizer_count(chunk, aggregation), len(microbatches(chunk, config))
 
 
 def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:
