@@ -382,6 +382,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--tasks-per-step", "tasks_per_step", opt(sampling, d.tasks_per_step, "tasks sampled per step")),
         ("--group-size", "group_size", opt(sampling, d.group_size, "samples per task (G)")),
         ("--max-new-tokens", "max_new_tokens", opt(sampling, d.max_new_tokens, "token limit of one assistant turn")),
+        ("--max-prompt-tokens", "max_prompt_tokens", opt(sampling, d.max_prompt_tokens, "the longest prompt answered; "
+                                                         "a longer one ends its episode as truncated (0 = room for "
+                                                         "a reply in the model's context)")),
         ("--temperature", "temperature", opt(sampling, d.temperature, "sampling temperature")),
         ("--top-p", "top_p", opt(sampling, d.top_p, "nucleus sampling threshold")),
         ("--rollout-batch-size", "rollout_batch_size", opt(sampling, d.rollout_batch_size,
@@ -413,7 +416,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
             optim, d.filter_zero_variance, "skip groups whose rewards are all equal (DAPO dynamic sampling)",
             action=argparse.BooleanOptionalAction)),
         ("--filter-overlong", "filter_overlong", opt(
-            optim, d.filter_overlong, "mask replies cut by --max-new-tokens (DAPO overlong filtering)",
+            optim, d.filter_overlong, "mask episodes whose last reply was cut by --max-new-tokens or "
+                                                  "that ran out of context (DAPO overlong filtering)",
             action=argparse.BooleanOptionalAction)),
         ("--old-logprobs", "old_logprobs", opt(optim, d.old_logprobs, "the PPO ratio's old log-probs: as sampled, or "
                                                "recomputed by the training forward pass", choices=OLD_LOGPROBS)),

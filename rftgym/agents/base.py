@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..core.messages import Context, Message
+from ..core.records import CONTEXT_FULL  # noqa: F401 (agents answer it; re-exported for them)
 
 
 @dataclass
@@ -22,7 +23,7 @@ class AgentReply:
     prompt_ids: list[int] | None = None
     sampled_ids: list[int] | None = None
     logprobs: list[float] | None = None
-    finish_reason: str | None = None  # "stop" (end of turn), "length" (token budget), ...
+    finish_reason: str | None = None  # "stop" (end of turn), "length" (token budget), CONTEXT_FULL, ...
 
 
 class Agent(ABC):

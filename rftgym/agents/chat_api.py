@@ -10,7 +10,9 @@ server that is usually ``http://127.0.0.1:8000/v1``. The agent POSTs to
 The agent only sees text, so the token fields of each :class:`AgentReply` are ``None``.
 A batch of contexts is sent concurrently (one request per context, at most
 ``max_concurrency`` in flight). Connection errors, timeouts, HTTP 429 and HTTP 5xx are retried
-with exponential backoff; other HTTP errors and malformed responses raise
+with exponential backoff; a refusal because the context does not fit the model's window becomes
+an empty reply with finish reason ``CONTEXT_FULL`` (the episode ends there, truncated); other
+HTTP errors and malformed responses raise
 :class:`~rftgym.core.errors.ChatAPIError` at once.
 """
 
@@ -21,6 +23,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -32,7 +35,7 @@ from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
-from .base import Agent, AgentReply
+from .base import CONTEXT_FULL, Agent, AgentReply
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
 
@@ -234,6 +237,17 @@ class _RetryableError(Exception):
         self.retry_after = retry_after
 
 
+class _ContextFull(Exception):
+    """The server refused the request because the context does not fit the model's window."""
+
+
+# How OpenAI-compatible servers word "the prompt (plus max_tokens) does not fit the context":
+# OpenAI's error code, OpenAI's and vLLM's "maximum context length", SGLang's "context length",
+# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=".
+_CONTEXT_FULL_ERROR = re.compile(r"context_length_exceeded|context[ _-]length|maximum context|context size|"
+                                 r"context window|max_new_tokens` must be <=", re.IGNORECASE)
+
+
 def _snippet(body: bytes | str | None) -> str:
     if body is None:
         return ""
@@ -389,6 +403,8 @@ class ChatAPIAgent(Agent):
             except _RetryableError as exc:
                 last = exc
                 continue
+            except _ContextFull:  # the episode has outgrown the served model's window: it ends there
+                return AgentReply(text="", finish_reason=CONTEXT_FULL)
             return self._parse(raw, status, url)
         assert last is not None
         raise ChatAPIError(
@@ -412,6 +428,8 @@ class ChatAPIAgent(Agent):
                 exc.close()
             status = exc.code
             what = f"HTTP {status}" + (f": {_snippet(body)}" if body else "")
+            if status in (400, 413) and _CONTEXT_FULL_ERROR.search(body.decode("utf-8", "replace")):
+                raise _ContextFull() from None
             if status == 429 or status >= 500:
                 raise _RetryableError(what, status, _retry_after_s(exc.headers)) from None
             raise ChatAPIError(

@@ -17,13 +17,14 @@ the same temperature so that importance ratios compare like with like.
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..core.errors import ConfigError, require
 from ..core.messages import Context, Message
-from .base import Agent, AgentReply
+from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_tokens import ChatTokenizer
 
 
@@ -35,7 +36,9 @@ class SamplingConfig:
     top_k: int = 0  # 0 means no top-k truncation
     seed: int | None = None
     max_batch_size: int = 32
-    max_prompt_tokens: int = 8192
+    # The longest prompt the policy answers; None = whatever leaves room for a whole reply in the
+    # model's context. A longer prompt gets a CONTEXT_FULL reply, which ends its episode.
+    max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -48,7 +51,7 @@ class SamplingConfig:
             raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
-        if self.max_prompt_tokens < 1:
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ConfigError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
 
     @property
@@ -72,6 +75,7 @@ class HFPolicy(Agent):
         self.chat = ChatTokenizer(tokenizer)
         self.sampling = sampling or SamplingConfig()
         self.name = name
+        self._warned_context_full = False
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.chat.stop_ids[0]
         self._cache_kwarg = _cache_kwarg(model)
@@ -123,25 +127,55 @@ class HFPolicy(Agent):
 
         Prompts are grouped by length so that a batch wastes little on padding; replies come
         back in the order of ``prompts``.
+
+        A prompt longer than :meth:`prompt_limit` is not generated for: its reply is empty with
+        finish reason ``CONTEXT_FULL`` (the episode cannot go on, which is the episode's fate, not
+        an error of the run).
         """
         sampling = sampling or self.sampling
-        context = getattr(self.model.config, "max_position_embeddings", None)
-        if isinstance(context, int) and sampling.max_new_tokens >= context:
-            raise ConfigError(f"max_new_tokens={sampling.max_new_tokens} does not fit the model's context of "
-                              f"{context} tokens (max_position_embeddings); ask for fewer new tokens")
-        for i, prompt in enumerate(prompts):
-            if len(prompt) > sampling.max_prompt_tokens:
-                raise ConfigError(
-                    f"prompt {i} has {len(prompt)} tokens, over max_prompt_tokens={sampling.max_prompt_tokens}; "
-                    "raise the limit or give the env a context budget"
-                )
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        limit = self.prompt_limit(sampling)
         replies: list[AgentReply | None] = [None] * len(prompts)
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > limit:
+                replies[i] = AgentReply(text="", finish_reason=CONTEXT_FULL)
+        if any(r is not None for r in replies) and not self._warned_context_full:
+            self._warned_context_full = True
+            warnings.warn(f"a prompt is longer than the policy answers ({limit} tokens: {self._limit_reason(sampling)}); "
+                          "its episode ends there as truncated, with info context_full. Give the env a context "
+                          "budget, fewer turns or shorter tool outputs, or ask for fewer new tokens", stacklevel=2)
+        order = sorted((i for i in range(len(prompts)) if replies[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), sampling.max_batch_size):
             chunk = order[start:start + sampling.max_batch_size]
             for index, reply in zip(chunk, self._generate_batch([list(prompts[i]) for i in chunk], sampling)):
                 replies[index] = reply
         return replies  # type: ignore[return-value]
+
+    def prompt_limit(self, sampling: SamplingConfig | None = None) -> int:
+        """The longest prompt the policy answers: room for ``max_new_tokens`` more in the model's
+        context (``max_position_embeddings``), and at most ``max_prompt_tokens`` when that is set."""
+        sampling = sampling or self.sampling
+        context = self.context_length
+        if context is not None and sampling.max_new_tokens >= context:
+            raise ConfigError(f"max_new_tokens={sampling.max_new_tokens} does not fit the model's context of "
+                              f"{context} tokens (max_position_embeddings); ask for fewer new tokens")
+        limits = [context - sampling.max_new_tokens] if context is not None else []
+        if sampling.max_prompt_tokens is not None:
+            limits.append(sampling.max_prompt_tokens)
+        return min(limits) if limits else sys.maxsize
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context window in tokens, when its config states one."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        return context if isinstance(context, int) and not isinstance(context, bool) else None
+
+    def _limit_reason(self, sampling: SamplingConfig) -> str:
+        reasons = []
+        if self.context_length is not None:
+            reasons.append(f"the model's context of {self.context_length} less max_new_tokens={sampling.max_new_tokens}")
+        if sampling.max_prompt_tokens is not None:
+            reasons.append(f"max_prompt_tokens={sampling.max_prompt_tokens}")
+        return " and ".join(reasons)
 
     def _fast_decoder(self, length: int):
         """The fast decoder for the current model, or None when it is off or does not apply."""

@@ -18,6 +18,11 @@ from typing import Any, Iterable, Iterator
 
 from .messages import Context, Message
 
+# The finish reason of a reply the agent could not give because the context left no room for it
+# (the prompt alone, or the prompt and a whole reply, exceed the model's window). Such a reply has
+# empty text; the rollout engine ends the episode there as truncated, without stepping the env.
+CONTEXT_FULL = "context_full"
+
 
 @dataclass
 class Turn:
@@ -108,6 +113,11 @@ class Episode:
     @property
     def truncated(self) -> bool:
         return bool(self.turns and self.turns[-1].truncated)
+
+    @property
+    def context_full(self) -> bool:
+        """The episode ended because its context left no room for another reply."""
+        return bool(self.turns and self.turns[-1].finish_reason == CONTEXT_FULL)
 
     @property
     def success(self) -> bool:

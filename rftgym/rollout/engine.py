@@ -6,6 +6,10 @@ turn. A finished episode's slot takes the next seed at once, so the batch stays 
 seeds run out. For token-level agents the engine keeps, per episode, the exact token span of each
 sampled assistant message under the id the env gave it, and hands them back with the next
 contexts, so later prompts hold exactly the sampled tokens.
+
+When the agent answers ``CONTEXT_FULL`` (the context leaves no room for a reply), the episode
+ends there as truncated: the engine records a turn with empty action, reward 0 and
+``info["context_full"]``, and does not step the env with it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from ..agents.base import Agent, AgentReply
+from ..agents.base import CONTEXT_FULL, Agent, AgentReply
 from ..core.errors import ConfigError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
@@ -124,6 +128,12 @@ def run_episodes(
 
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     before = slot.context
+    if reply.finish_reason == CONTEXT_FULL:  # no room for a reply: the episode ends, the env unstepped
+        slot.turns.append(Turn(index=len(slot.turns), context_ids=before.ids, action="", reward=0.0,
+                               terminated=False, truncated=True, info={"context_full": True},
+                               finish_reason=CONTEXT_FULL))
+        slot.active = False
+        return
     context, reward, terminated, truncated, info = slot.env.step(reply.text)
     if not terminated and len(slot.turns) + 1 >= max_turns:
         truncated = True

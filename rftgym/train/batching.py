@@ -24,7 +24,9 @@ Groups whose rewards are all equal carry no signal and are dropped when
 last reply was cut by the token budget are masked out (DAPO overlong filtering). Only the last
 reply counts: an earlier cut reply was answered by the env and the episode went on, so its reward
 judges the whole episode; a cut last reply ended the episode unfinished, which is DAPO's case of a
-reward that says more about the budget than about the answer.
+reward that says more about the budget than about the answer. An episode that ended because its
+context left no room for another reply (``CONTEXT_FULL``) is cut short in the same way and is
+masked too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.records import Episode, Segment
+from ..core.records import CONTEXT_FULL, Episode, Segment
 from .advantages import (
     compute_advantages,
     dcpo_segment_advantages,
@@ -44,6 +46,7 @@ from .advantages import (
 )
 from .config import BASE_ESTIMATOR, TrainConfig
 
+CUT_SHORT = ("length", CONTEXT_FULL)  # last-turn finish reasons that overlong filtering masks
 PROCESS_SCORE_KEY = "evaluation_score"
 PROCESS_SPLIT_KEY = "evaluation_end"  # character offset in the action just after the evaluation
 
@@ -154,7 +157,7 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
     advantages = compute_advantages(BASE_ESTIMATOR[config.algo], rewards)
     keep_group = ~zero_variance_groups(rewards) if config.filter_zero_variance else torch.ones(len(groups), dtype=torch.bool)
     if config.filter_overlong:
-        cut = torch.tensor([[bool(e.turns) and e.turns[-1].finish_reason == "length" for e in g] for g in groups])
+        cut = torch.tensor([[bool(e.turns) and e.turns[-1].finish_reason in CUT_SHORT for e in g] for g in groups])
         keep_episode = overlong_mask(cut).bool()
         stats.episodes_masked_overlong = int((~keep_episode).sum())
     else:

@@ -31,6 +31,10 @@ class TrainConfig:
     tasks_per_step: int = 4
     group_size: int = 8
     max_new_tokens: int = 128
+    # The longest prompt answered; a longer one ends its episode as truncated (info context_full).
+    # 0 = whatever leaves room for max_new_tokens in the model's context. It bounds the samples the
+    # update sees, as verl's max_prompt_length does.
+    max_prompt_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     rollout_batch_size: int = 32
@@ -65,7 +69,9 @@ class TrainConfig:
     # gap from the ratio, at one extra forward pass per step).
     old_logprobs: str = "rollout"
     filter_zero_variance: bool = True  # DAPO dynamic sampling: groups with equal rewards are skipped
-    filter_overlong: bool = False  # DAPO overlong filtering: replies cut by max_new_tokens are masked
+    # DAPO overlong filtering: episodes whose last reply was cut by max_new_tokens, or that ran out
+    # of context, are masked
+    filter_overlong: bool = False
 
     # algorithm-specific
     pcar_lambda: float = 0.5
@@ -158,6 +164,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
                                  ("microbatch_tokens", "off"), ("dcpo_segment_budget", "all segments"),
+                                 ("max_prompt_tokens", "room for a reply in the model's context"),
                                  ("lora_rank", "full fine-tuning")):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an int >= 0 (0 = {zero_means}), got {getattr(self, name)!r}")

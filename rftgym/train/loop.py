@@ -148,7 +148,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
                                fused=not fsdp, master_weights=not fsdp)
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                     top_p=config.top_p, max_batch_size=config.rollout_batch_size)
+                                     top_p=config.top_p, max_batch_size=config.rollout_batch_size,
+                                     max_prompt_tokens=config.max_prompt_tokens or None)
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
@@ -197,14 +198,15 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
 
         # Episode statistics over all ranks; loss statistics are this rank's.
         rewards = [e.total_reward for e in episodes]
-        n, r_sum, r_sq, wins, tokens, kept, n_samples, n_tokens = ranks.sum_floats([
+        n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens = ranks.sum_floats([
             len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
-            sum(e.num_sampled_tokens for e in episodes), batch_stats.groups_kept, batch_stats.samples,
-            batch_stats.trained_tokens])
+            sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
+            batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens])
         metrics = {
             "reward_mean": r_sum / n,
             "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
             "success_rate": wins / n,
+            "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
             "sampled_tokens_mean": tokens / n,
             "groups_kept": int(kept),
             "samples": int(n_samples),

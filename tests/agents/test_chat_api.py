@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from rftgym.agents.base import AgentReply
+from rftgym.agents.base import CONTEXT_FULL, AgentReply
 from rftgym.agents.chat_api import ChatAPIAgent, ChatAPIConfig
 from rftgym.core.errors import ChatAPIError, ConfigError
 from rftgym.core.messages import Context, Message
@@ -302,6 +302,21 @@ def test_400_is_not_retried(server):
     assert "does not exist" in message
     assert "400" in message
     assert f"{server.base_url}/chat/completions" in message
+
+
+@pytest.mark.parametrize("error_body", [
+    {"object": "error", "message": "This model's maximum context length is 2048 tokens. However, you requested "
+                                   "2100 tokens (1844 in the messages, 256 in the completion).",
+     "type": "BadRequestError", "code": 400},  # vLLM
+    {"error": {"message": "...", "type": "invalid_request_error", "code": "context_length_exceeded"}},  # OpenAI
+    {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+               "type": "exceed_context_size_error"}},  # llama.cpp server
+])
+def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, error_body):
+    server.behaviour = lambda req, n: Response(400, error_body)
+    reply = server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    assert (reply.text, reply.finish_reason) == ("", CONTEXT_FULL)
+    assert len(server.requests) == 1  # not retried
 
 
 def test_error_body_snippet_is_short(server):

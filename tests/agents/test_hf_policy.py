@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -123,6 +124,36 @@ def test_sampling_config_errors_say_what_is_allowed():
         SamplingConfig(max_new_tokens=0)
 
 
-def test_prompt_over_budget_is_a_clear_error(tiny_policy):
-    with pytest.raises(ConfigError, match="max_prompt_tokens"):
-        tiny_policy.generate([[1] * 20], SamplingConfig(max_prompt_tokens=10))
+def test_prompt_limit_leaves_room_for_a_whole_reply(tiny_policy):
+    context = tiny_policy.context_length
+    assert context == 2048
+    assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48)) == context - 48
+    assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=100)) == 100
+    assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=4000)) == context - 48
+    with pytest.raises(ConfigError, match="max_prompt_tokens must be at least 1"):
+        SamplingConfig(max_prompt_tokens=0)
+
+
+def test_prompt_that_does_not_fit_gets_a_context_full_reply_and_the_others_are_unchanged(tiny_policy):
+    from rftgym.agents.base import CONTEXT_FULL
+
+    policy = HFPolicy(tiny_policy.model, tiny_policy.tokenizer)  # its own once-per-policy warning
+    sampling = SamplingConfig(max_new_tokens=5, temperature=0.0, max_prompt_tokens=10)
+    fits_a, too_long, fits_b = [5, 6, 7], [1] * 11, [8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    with pytest.warns(UserWarning, match=r"longer than the policy answers \(10 tokens: .*max_prompt_tokens=10\)"):
+        replies = policy.generate([fits_a, too_long, fits_b], sampling)
+    assert replies[1].finish_reason == CONTEXT_FULL and replies[1].text == ""
+    assert replies[1].sampled_ids is None and replies[1].prompt_ids is None  # nothing to train on
+    alone = policy.generate([fits_a, fits_b], sampling)
+    for got, want in zip([replies[0], replies[2]], alone):
+        assert got.sampled_ids == want.sampled_ids and got.finish_reason in ("stop", "length")
+    # Room for a whole reply counts too: 2048 - 2040 leaves prompts of at most 8 tokens. The
+    # warning came once for this policy; a fresh one words the model's limit.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert policy.generate([[1] * 9], SamplingConfig(max_new_tokens=2040))[0].finish_reason == CONTEXT_FULL
+    fresh = HFPolicy(tiny_policy.model, tiny_policy.tokenizer)
+    with pytest.warns(UserWarning, match="the model's context of 2048 less max_new_tokens=2040"):
+        replies = fresh.generate([[1] * 9], SamplingConfig(max_new_tokens=2040, temperature=0.0))
+    assert replies[0].finish_reason == CONTEXT_FULL
+    assert fresh.prompt_limit(SamplingConfig(max_new_tokens=2040)) == 8

@@ -6,7 +6,8 @@ import gymnasium as gym
 import pytest
 
 import rftgym  # noqa: F401
-from rftgym.agents.base import Agent, AgentReply
+from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
+from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.agents.scripted import ScriptedAgent
 from rftgym.core.errors import ConfigError
 from rftgym.core.messages import Context, MessageIds
@@ -47,6 +48,53 @@ def test_batch_stays_full_while_seeds_remain():
     assert all(e.truncated and len(e.turns) == 3 for e in episodes)
     assert max(agent.batch_sizes) == 3
     assert agent.batch_sizes[:4] == [3, 3, 3, 3]  # refilled as episodes end, not after the whole batch
+
+
+class StepCounter(gym.Wrapper):
+    steps = 0
+
+    def step(self, action):
+        StepCounter.steps += 1
+        return super().step(action)
+
+
+class FullAtTurn(Agent):
+    """Answers wrongly until its context has ``full_at`` assistant turns, then has no room left."""
+
+    def __init__(self, full_at):
+        self.full_at = full_at
+
+    def act(self, contexts):
+        return [AgentReply(text="", finish_reason=CONTEXT_FULL)
+                if sum(m.role == "assistant" for m in c) >= self.full_at else AgentReply(text="no tag here")
+                for c in contexts]
+
+
+@pytest.mark.parametrize("full_at", [0, 1])
+def test_an_agent_without_room_ends_the_episode_truncated_without_stepping_the_env(full_at):
+    StepCounter.steps = 0
+    episodes = run_episodes(lambda: StepCounter(make_qa()), FullAtTurn(full_at), seeds=[0, 1, 2],
+                            config=RolloutConfig(num_envs=2))
+    assert StepCounter.steps == 3 * full_at  # the env saw the real replies only
+    for episode in episodes:
+        assert len(episode.turns) == full_at + 1 and episode.truncated and not episode.terminated
+        last = episode.turns[-1]
+        assert (last.action, last.reward, last.finish_reason, last.info) == ("", 0.0, CONTEXT_FULL,
+                                                                               {"context_full": True})
+        assert last.context_ids == episode.final_context_ids  # it saw the context the env left
+        assert episode.context_full and not episode.success
+
+
+def test_a_prompt_over_the_policy_limit_ends_only_its_own_episode(tiny_policy):
+    first = len(tiny_policy.chat.prompt_ids(make_qa().reset(seed=0)[0]))
+    policy = HFPolicy(tiny_policy.model, tiny_policy.tokenizer,
+                      sampling=SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_tokens=first + 8))
+    with pytest.warns(UserWarning, match="context_full"):
+        episodes = run_episodes(make_qa, policy, seeds=[0], config=RolloutConfig(num_envs=1))
+    turns = episodes[0].turns
+    assert turns[0].finish_reason == "length" and turns[-1].finish_reason == CONTEXT_FULL
+    assert len(turns) == 2 and turns[-1].prompt_ids is None  # the second prompt outgrew first + 8 tokens
+    assert summarize(episodes)["truncated"] == 1.0
 
 
 def test_rollout_safety_net_truncates():

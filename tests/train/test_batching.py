@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rftgym.core.messages import Message
-from rftgym.core.records import Episode, Turn
+from rftgym.core.records import CONTEXT_FULL, Episode, Turn
 from rftgym.train import TrainConfig
 from rftgym.train.batching import build_samples, collate, tokens_covering, turn_spans
 
@@ -65,6 +65,18 @@ def test_overlong_episodes_are_masked_when_asked():
     cut.turns[-1].finish_reason = "length"
     group = [episode([(2, 1.0, {})]), cut]
     assert len(build_samples([group], TrainConfig(algo="grpo"))[0]) == 2
+    samples, stats = build_samples([group], TrainConfig(algo="grpo", filter_overlong=True))
+    assert len(samples) == 1 and samples[0].episode == 0 and stats.episodes_masked_overlong == 1
+
+
+def test_an_episode_that_ran_out_of_context_is_masked_as_overlong_and_its_last_turn_trains_nothing():
+    full = episode([(2, 0.0, {})])
+    full.turns.append(Turn(index=1, context_ids=(), action="", reward=0.0, terminated=False, truncated=True,
+                           info={"context_full": True}, finish_reason=CONTEXT_FULL))  # as the engine records it
+    assert full.context_full and full.truncated and len(full.segments) == 1
+    group = [episode([(2, 1.0, {})]), full]
+    samples, _ = build_samples([group], TrainConfig(algo="grpo"))
+    assert [len(s.token_ids) for s in samples] == [4, 4]  # the empty turn adds no tokens
     samples, stats = build_samples([group], TrainConfig(algo="grpo", filter_overlong=True))
     assert len(samples) == 1 and samples[0].episode == 0 and stats.episodes_masked_overlong == 1
 

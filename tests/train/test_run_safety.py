@@ -131,6 +131,15 @@ def test_settings_the_model_cannot_honour_are_refused(tmp_path, make_char_policy
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on(tmp_path, make_char_policy):
+    with pytest.warns(UserWarning, match="context_full"):
+        history = train(config(tmp_path, steps=2, max_prompt_tokens=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert [(h["context_full_rate"], h["reward_mean"], h["samples"]) for h in history] == [(1.0, 0.0, 0)] * 2
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["context_full_rate"] == 1.0
+    history = train(config(tmp_path, "roomy", steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert history[0]["context_full_rate"] == 0.0 and history[0]["samples"] > 0
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"lora_rank": "8"}, "lora_rank must be an integer, got '8'"),
     ({"dcpo_segment_budget": 0.5}, "dcpo_segment_budget must be an integer"),
