@@ -40,6 +40,7 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 DEFAULT_EVAL_EPISODES = 32
+MAX_EVAL_EPISODES = 1_000_000
 EVAL_COLUMNS = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok",
                 "ep/s"]
 
@@ -129,17 +130,28 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")
 
 
-def _writable_file(path: Path, what: str) -> None:
-    """Refuse an output file path that cannot be written, before any episode runs."""
-    if path.is_dir():
-        raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new directory "
-                         "with several environments")
+def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
+    """Refuse an output file path that cannot be written, or that names one of the run's input
+    files (an ``--env-arg`` path), before any episode runs. Creating the partial file beside it
+    (:func:`_partial`) is the test: it is where the episodes go while the run lasts."""
     try:
+        if path.is_dir():
+            raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new "
+                             "directory with several environments")
+        for key, value in (inputs or {}).items():
+            if isinstance(value, str) and value and path.exists() and Path(value).exists() \
+                    and os.path.samefile(path, value):
+                raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
+                                 "overwrite its own input. Give another --out")
         path.parent.mkdir(parents=True, exist_ok=True)
+        _partial(path).open("w", encoding="utf-8").close()
     except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot create {path.parent} ({exc.strerror or exc})") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{what} {path}: {path.parent} is not writable")
+        raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def _partial(path: Path) -> Path:
+    """Where an evaluation streams its finished episodes until it completes and replaces ``path``."""
+    return path.with_name(path.name + ".partial")
 
 
 def _unique(path: Path) -> Path:
@@ -229,6 +241,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes is not None and args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
+    if args.episodes is not None and args.episodes > MAX_EVAL_EPISODES:
+        raise UsageError(f"--episodes {args.episodes} is more than one evaluation holds ({MAX_EVAL_EPISODES:,}: every "
+                         "episode is kept for the table); split it into runs with --seed S --episodes N")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
     env_ids = list(dict.fromkeys(args.env))
@@ -255,14 +270,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else:
             outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
                                    / f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl")
-        _writable_file(outs[env_id], "--out")
-    agent = _build_agent(args)
+        _writable_file(outs[env_id], "--out", env_kwargs)
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
-    for env_id in env_ids:
-        env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], outs[env_id])
-        rows += env_rows
-        written += paths
-    agent.close()
+    try:
+        agent = _build_agent(args)
+        for env_id in env_ids:
+            env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], outs[env_id])
+            rows += env_rows
+            written += paths
+        agent.close()
+    finally:  # the partial files of envs that never ran
+        for out in outs.values():
+            partial = _partial(out)
+            if partial.is_file() and partial.stat().st_size == 0:
+                partial.unlink()
     if len(env_ids) == 1:
         print(format_table([row for _, row in rows], rows[0][0]))
     else:
@@ -291,7 +312,14 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     for label, run_agent, run_kwargs in runs:
         path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
         run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
-        write_episodes_jsonl(path, run_episodes_)  # complete: rewritten in seed order
+        complete = path.with_name(path.name + ".complete")
+        try:  # in seed order, then in place of any earlier file at once
+            write_episodes_jsonl(complete, run_episodes_)
+            os.replace(complete, path)
+        except OSError as exc:
+            raise UsageError(f"cannot write the episodes to {path} ({exc.strerror or exc}); they are all in "
+                             f"{_partial(path)}") from None
+        _partial(path).unlink(missing_ok=True)
         written.append(path)
         headers, row = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                  run_episodes_, elapsed)
@@ -310,8 +338,9 @@ def _with_policy_token_counter(env_class, env_kwargs, agent):
 
 
 def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
-    """Run the episodes; each finished one is appended to ``path`` at once, so an interrupted
-    evaluation keeps what it finished."""
+    """Run the episodes; each finished one is appended at once to ``path``'s partial file, so an
+    interrupted or failed evaluation keeps what it finished, and an earlier ``path`` is left as it
+    was until the evaluation completes."""
     from tqdm import tqdm
 
     from .core.records import append_episode_jsonl
@@ -320,19 +349,32 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
     started = time.perf_counter()
     desc = f"eval {env_id}" + (f" ({label})" if label else "")
     finished = 0
-    with open(path, "w", encoding="utf-8") as handle, \
-            tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
+    partial = _partial(path)
+    try:
+        handle = open(partial, "w", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot write {partial} ({exc.strerror or exc})") from None
+    with handle, tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
         def done(episode):
             nonlocal finished
-            append_episode_jsonl(handle, episode)
+            try:
+                append_episode_jsonl(handle, episode)
+            except OSError as exc:
+                raise UsageError(f"cannot write episodes to {partial} ({exc.strerror or exc}); the {finished} "
+                                 "finished before are there") from None
             finished += 1
             bar.update(1)
 
         try:
             episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
                                     config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: the {finished} finished episodes are in {path}", file=sys.stderr)
+        except BaseException as exc:
+            if finished or isinstance(exc, KeyboardInterrupt):
+                why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+                kept = f"; {path} is as it was" if path.exists() else ""
+                print(f"\n{why}: the {finished} finished episodes are in {partial}{kept}", file=sys.stderr)
+            else:
+                partial.unlink(missing_ok=True)
             raise
     return episodes, time.perf_counter() - started
 

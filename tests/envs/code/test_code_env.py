@@ -189,6 +189,10 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(timeout_seconds=1e308), r"timeout_seconds must be in \[0.01, 3600\]"),
     (dict(timeout_seconds=1e-9), "timeout_seconds must be in"),
     (dict(max_timeouts=2.5), "max_timeouts"),
+    (dict(dataset_path="/data/mbpp.jsonl"), "dataset_path is read only with dataset='mbpp'.*add dataset=mbpp"),
+    (dict(dataset="generated", dataset_path="x.jsonl"), r"dataset='generated' needs no file"),
+    (dict(dataset="generated", difficulties=[]), r"difficulties must be a non-empty list drawn from \[1, 2, 3\]"),
+    (dict(dataset="generated", difficulties=[99]), r"got \[99\]"),
 ])
 def test_bad_config_says_what_to_do(bad, message):
     with pytest.raises(ConfigError, match=message):
