@@ -116,8 +116,9 @@ def test_top_p_keeps_only_the_nucleus(tiny_policy):
 
 
 def test_sampling_config_errors_say_what_is_allowed():
-    with pytest.raises(ConfigError, match="temperature must be >= 0"):
-        SamplingConfig(temperature=-1)
+    for temperature in (-1, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="temperature must be a finite number >= 0"):
+            SamplingConfig(temperature=temperature)
     with pytest.raises(ConfigError, match="top_p must be in"):
         SamplingConfig(top_p=0)
     with pytest.raises(ConfigError, match="max_new_tokens"):

@@ -244,6 +244,9 @@ def test_seeding_and_ids_are_deterministic():
     ({"count_tokens": 3}, "count_tokens"), ({"corpus_path": "x.json"}, "dataset_path"),
     ({"reward_mode": "sum"}, "reward_mode"), ({"max_context_tokens": 0}, "max_context_tokens"),
     ({"allow_prune": "no"}, "allow_prune"), ({"f1_threshold": 2}, "f1_threshold"),
+    ({"f1_threshold": float("nan")}, r"f1_threshold must be a finite number in \[0, 1.0\), got nan"),
+    ({"overflow_penalty": float("inf")}, "overflow_penalty must be a finite number"),
+    ({"overflow_penalty": float("nan")}, "overflow_penalty must be a finite number"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -75,12 +75,12 @@ def test_title_text_and_flashrag_corpora(tmp_path):
 
 
 def test_musique_questions_and_corpus(tmp_path):
-    record = {"id": "m1", "question": "q?", "answer": "a", "answer_aliases": ["b"], "answerable": True,
+    record = {"id": "m1", "question": "q?", "answer": "Ann", "answer_aliases": ["Bo"], "answerable": True,
               "paragraphs": [{"idx": 0, "title": "T1", "paragraph_text": "one", "is_supporting": True},
                              {"idx": 1, "title": "T2", "paragraph_text": "two", "is_supporting": False}]}
     path = write(tmp_path / "m.jsonl", json.dumps(record) + "\n")
     (question,) = load_questions(path)
-    assert question.answers == ("a", "b") and question.gold_titles == ("T1",) and question.hops == 1
+    assert question.answers == ("Ann", "Bo") and question.gold_titles == ("T1",) and question.hops == 1
     assert [d.title for d in load_corpus(path)] == ["T1", "T2"]
     unanswerable = dict(record, answerable=False)
     assert load_musique_questions(write(tmp_path / "u.jsonl", json.dumps(unanswerable)))[0].answers == ()
@@ -102,6 +102,14 @@ def test_musique_questions_and_corpus(tmp_path):
      r"record 0: each context item must be \[title, \[sentences\]\]"),
     ("bad.json", '[{"question": "q"}]', load_hotpotqa_questions, r"record 0: needs string 'question' and 'answer'"),
     ("bad.json", "[]", load_questions, "holds no questions"),
+    ("bad.json", '[{"question": "q", "answer": "x", "context": [], "supporting_facts": 5}]', load_hotpotqa_questions,
+     r"record 0: 'supporting_facts' must be a list of \[title, sentence index\] pairs, got 5"),
+    ("bad.json", '[{"question": "q", "answer": "", "context": []}]', load_hotpotqa_questions,
+     r"record 0: the gold answer '' is empty once normalized .* any reply would match it"),
+    ("bad.jsonl", '{"question": "q", "golden_answers": ["Paris", "The."]}\n', load_nq_questions,
+     r"bad.jsonl:1: the gold answer 'The.' is empty once normalized"),
+    ("bad.jsonl", '{"question": "q", "answer": "a", "paragraphs": []}\n', load_musique_questions,
+     r"bad.jsonl:1: the gold answer 'a' is empty"),
 ])
 def test_bad_files_raise_data_format_errors(tmp_path, name, text, loader, message):
     path = write(tmp_path / name, text)

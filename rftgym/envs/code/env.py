@@ -59,6 +59,7 @@ Version history
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -168,8 +169,8 @@ class CodeTCGConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
         if isinstance(self.process_weight, bool) or not isinstance(self.process_weight, (int, float)) \
-                or self.process_weight < 0:
-            raise ConfigError(f"process_weight must be a non-negative number, got {self.process_weight!r}")
+                or not 0 <= self.process_weight < math.inf:
+            raise ConfigError(f"process_weight must be a finite non-negative number, got {self.process_weight!r}")
         if self.step_scorer is not None and not callable(self.step_scorer):
             raise ConfigError("step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent)")
         if self.step_scorer is not None and not self.pseudocode:

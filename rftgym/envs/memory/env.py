@@ -102,6 +102,7 @@ Version history
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -202,9 +203,9 @@ class MemoryQAConfig:
             raise ConfigError(f"on_context_overflow must be 'truncate' or 'penalize', got {self.on_context_overflow!r}")
         for name, high in (("overflow_penalty", None), ("f1_threshold", 1.0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                    or (high is not None and value > high):
-                raise ConfigError(f"{name} must be a number in [0, {high or 'inf'}], got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0 or (high is not None and value > high):
+                raise ConfigError(f"{name} must be a finite number in [0, {high or 'inf'}), got {value!r}")
         if not isinstance(self.allow_prune, bool):
             raise ConfigError(f"allow_prune must be true or false, got {self.allow_prune!r}")
         if self.answer_metric not in ("f1", "em"):

@@ -180,14 +180,29 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
 # ---------------------------------------------------------------- questions
 
 
+def _gold_answers(where: str, answers: tuple[str, ...]) -> tuple[str, ...]:
+    """``answers``, refused when one is empty once normalized: every reply would match it."""
+    from .scoring import normalize_answer
+
+    for answer in answers:
+        if not normalize_answer(answer):
+            raise DataFormatError(f"{where}: the gold answer {answer!r} is empty once normalized (case, punctuation "
+                                  "and articles removed), so any reply would match it; fix or drop this record")
+    return answers
+
+
 def load_hotpotqa_questions(path: str | os.PathLike) -> list[Question]:
     path = Path(path)
     questions = []
     for index, record in enumerate(_hotpotqa_records(path)):
+        where = f"{path}: record {index}"
         facts = record.get("supporting_facts") or []
-        titles = tuple(dict.fromkeys(f[0] for f in facts if isinstance(f, list) and f and isinstance(f[0], str)))
-        questions.append(Question(str(record.get("_id", index)), record["question"], (record["answer"],),
-                                  titles, hops=len(titles)))
+        if not isinstance(facts, list) or not all(isinstance(f, list) and f and isinstance(f[0], str) for f in facts):
+            raise DataFormatError(f"{where}: 'supporting_facts' must be a list of [title, sentence index] pairs, "
+                                  f"got {str(facts)[:80]}")
+        titles = tuple(dict.fromkeys(f[0] for f in facts))
+        questions.append(Question(str(record.get("_id", index)), record["question"],
+                                  _gold_answers(where, (record["answer"],)), titles, hops=len(titles)))
     return questions
 
 
@@ -199,7 +214,8 @@ def load_nq_questions(path: str | os.PathLike) -> list[Question]:
         if not isinstance(record.get("question"), str) or not _is_str_list(answers) or not answers:
             raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
                                   f"'golden_answers'; expected {NQ_SHAPE}")
-        questions.append(Question(str(record.get("id", number)), record["question"], tuple(answers)))
+        questions.append(Question(str(record.get("id", number)), record["question"],
+                                  _gold_answers(f"{path}:{number}", tuple(answers))))
     return questions
 
 
@@ -214,8 +230,8 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
         paragraphs = _musique_paragraphs(path, number, record)
         gold = tuple(p["title"] for p in paragraphs if p.get("is_supporting"))
         answerable = bool(record.get("answerable", True))
-        questions.append(Question(str(record.get("id", number)), record["question"],
-                                  (answer, *aliases) if answerable else (), gold, hops=len(gold),
+        answers = _gold_answers(f"{path}:{number}", (answer, *aliases)) if answerable else ()
+        questions.append(Question(str(record.get("id", number)), record["question"], answers, gold, hops=len(gold),
                                   answerable=answerable))
     return questions
 

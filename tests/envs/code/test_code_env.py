@@ -189,6 +189,8 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(timeout_seconds=1e308), r"timeout_seconds must be in \[0.01, 3600\]"),
     (dict(timeout_seconds=1e-9), "timeout_seconds must be in"),
     (dict(max_timeouts=2.5), "max_timeouts"),
+    (dict(process_weight=float("nan")), "process_weight must be a finite non-negative number"),
+    (dict(process_weight=float("inf")), "process_weight must be a finite non-negative number"),
     (dict(dataset_path="/data/mbpp.jsonl"), "dataset_path is read only with dataset='mbpp'.*add dataset=mbpp"),
     (dict(dataset="generated", dataset_path="x.jsonl"), r"dataset='generated' needs no file"),
     (dict(dataset="generated", difficulties=[]), r"difficulties must be a non-empty list drawn from \[1, 2, 3\]"),
