@@ -237,6 +237,9 @@ class _RetryableError(Exception):
         self.retry_after = retry_after
 
 
+MAX_REPLY_BYTES = 64 << 20
+
+
 class _ContextFull(Exception):
     """The server refused the request because the context does not fit the model's window."""
 
@@ -418,7 +421,7 @@ class ChatAPIAgent(Agent):
         request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
         try:
             with self._opener.open(request, timeout=self.config.timeout_s) as response:
-                return response.status, response.read()
+                return response.status, self._read_body(response, url)
         except urllib.error.HTTPError as exc:
             try:
                 body = exc.read()
@@ -453,6 +456,22 @@ class ChatAPIAgent(Agent):
                 f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
             ) from None
 
+    def _read_body(self, response, url: str) -> bytes:
+        """The reply's body, read within ``timeout_s`` of its headers (the socket timeout alone
+        bounds each read, so a server trickling bytes could hold a request for ever) and at most
+        ``MAX_REPLY_BYTES`` long (a completion is text; more is a misbehaving server)."""
+        deadline = time.monotonic() + self.config.timeout_s
+        chunks, size = [], 0
+        while chunk := response.read1(1 << 16):
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
+                                   "is far smaller. Check that --api-base points at a chat completions server")
+            if time.monotonic() > deadline:
+                raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:
             return ChatAPIError(
@@ -466,6 +485,8 @@ class ChatAPIAgent(Agent):
             payload = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise fail("the body is not valid JSON") from None
+        except RecursionError:
+            raise fail("the body's JSON is nested too deeply to read") from None
         if not isinstance(payload, dict):
             raise fail(f"the body is a JSON {type(payload).__name__}, not an object")
         choices = payload.get("choices")
@@ -483,9 +504,10 @@ class ChatAPIAgent(Agent):
         elif isinstance(content, str):
             text = content
         elif isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-            text = "".join(
-                part.get("text", "") for part in content if isinstance(part, dict)
-            )
+            texts = [part.get("text") for part in content if isinstance(part, dict)]
+            if not all(t is None or isinstance(t, str) for t in texts):
+                raise fail("a part of choices[0].message.content has a 'text' that is not a string")
+            text = "".join(t for t in texts if t is not None)
         else:
             raise fail(f"choices[0].message.content is a {type(content).__name__}")
         finish_reason = choice.get("finish_reason")

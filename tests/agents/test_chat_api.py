@@ -27,6 +27,7 @@ class Response:
     body: bytes | str | dict | None = None  # dict -> JSON; None -> a normal completion
     delay_s: float = 0.0
     headers: dict = field(default_factory=dict)
+    trickle_s: float = 0.0  # > 0: the body goes out a byte at a time, this far apart
 
 
 def completion(content: str | None = "ok", finish_reason: str | None = "stop") -> dict:
@@ -114,7 +115,14 @@ def make_handler(server: FakeServer):
                 for key, value in response.headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                self.wfile.write(payload)
+                if response.trickle_s:
+                    for i in range(len(payload)):
+                        if server.stop.wait(response.trickle_s):
+                            break
+                        self.wfile.write(payload[i:i + 1])
+                        self.wfile.flush()
+                else:
+                    self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (timeout test)
             finally:
@@ -351,10 +359,27 @@ def test_timeout_raises_quickly(server):
     assert len(server.requests) == 2
 
 
+def test_a_reply_trickling_in_is_cut_at_the_timeout(server):
+    server.behaviour = lambda req, n: Response(trickle_s=0.05)
+    agent = server.agent(timeout_s=0.5, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError, match=r"the reply's body took over 0.5 s \(timeout_s\)"):
+        agent.act_one(ctx(("user", "q")))
+    assert time.monotonic() - start < 3.0  # the whole body would take over 7 s
+
+
+def test_a_huge_reply_is_refused_without_holding_it(server):
+    server.behaviour = lambda req, n: Response(body=b" " * (65 << 20))
+    with pytest.raises(ChatAPIError, match="sent a reply of over 64 MiB"):
+        server.agent(max_retries=0).act_one(ctx(("user", "q")))
+
+
 @pytest.mark.parametrize(
     "body, expected",
     [
         ("this is not json {", "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ({"choices": [{"message": {"content": [{"type": "text", "text": 5}]}}]}, "'text' that is not a string"),
         ({"object": "chat.completion"}, "choices"),
         ({"choices": []}, "choices"),
         ({"choices": [{"text": "legacy completion"}]}, "message"),

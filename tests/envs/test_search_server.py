@@ -118,3 +118,48 @@ def test_the_env_with_a_remote_backend(service):
     _, _, _, _, info = env.step(f"<search>{title}</search>")
     assert info["doc_ids"][0] == next(d.id for d in world.documents if d.title == title)
     env.close()
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"<html>Welcome to nginx</html>", "not UTF-8 JSON"),
+    (b"", "not UTF-8 JSON"),
+    (b"\xff\xfe{}", "not UTF-8 JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+])
+def test_a_service_answering_in_another_shape_is_named_at_once(body, problem):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    requests = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            requests.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        remote = RemoteRetriever(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5, retries=2, backoff=0.01)
+        with pytest.raises(RetrievalServiceError, match=f"answered, but its body is {problem}.*/retrieve service"):
+            remote.search(["q"], 1)
+        assert len(requests) == 1  # an answer is not retried
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_server_answers_a_deeply_nested_request_and_refuses_an_empty_host(service):
+    status, body = post(service().url, json.loads("[" * 10 + "]" * 10))
+    assert status == 400
+    request = urllib.request.Request(service().url, data=b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=5)
+    assert info.value.code == 400 and "nested too deeply" in info.value.read().decode()
+    with pytest.raises(RetrievalServiceError, match="the host is empty"):
+        make_server(BM25Retriever(DOCS), host="", port=0)

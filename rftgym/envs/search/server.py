@@ -19,6 +19,7 @@ an error saying how to start the service when it is down.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -47,6 +48,7 @@ def to_contents(hit: Hit) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server: "RetrievalServer"
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds a client may leave a request unfinished (e.g. a body short of its Content-Length)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         if self.server.verbose:
@@ -80,6 +82,9 @@ class _Handler(BaseHTTPRequestHandler):
             queries, topk, with_scores = _parse_request(request)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, {"error": f"bad request: {exc}"})
+            return
+        except RecursionError:
+            self._send(400, {"error": "bad request: the JSON is nested too deeply"})
             return
         with self.server.lock:
             results = self.server.retriever.search(queries, topk)
@@ -121,6 +126,9 @@ class RetrievalServer(ThreadingHTTPServer):
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> RetrievalServer:
     """A server over ``retriever``; port 0 picks a free port (see ``server.url``)."""
+    if not host:  # the socket layer reads "" as every interface, which nobody asking for "" means
+        raise RetrievalServiceError("the host is empty; give 127.0.0.1 (this machine only) or, to serve other "
+                                    "machines, 0.0.0.0 explicitly")
     return RetrievalServer((host, port), retriever, verbose=verbose)
 
 
@@ -189,14 +197,25 @@ class RemoteRetriever(Retriever):
             request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read())
+                    raw = response.read()
             except urllib.error.HTTPError as exc:
                 if exc.code < 500:  # the request itself is wrong: retrying will not help
                     detail = exc.read().decode("utf-8", "replace")[:300]
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from exc
                 last_error = exc
-            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+                continue
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
                 last_error = exc
+                continue
+            # It answered: a body that is not JSON is its shape, which asking again will not change.
+            try:
+                return json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                problem = "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8 JSON"
+                raise RetrievalServiceError(
+                    f"{self.url} answered, but its body is {problem} (it begins {raw[:80]!r}); expected "
+                    '{"result": [[{"document": {"id", "contents"}, "score"}]]}. Is this URL a Search-R1-style '
+                    "/retrieve service (e.g. rftgym serve-retriever)?") from None
         raise RetrievalServiceError(
             f"the retrieval service at {self.url} did not answer after {self.retries + 1} attempts ({last_error}). "
             "Is it running? Start it with: rftgym serve-retriever --corpus <file> --index bm25"
