@@ -32,6 +32,8 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise UsageError(f"--env-arg takes KEY=VALUE (e.g. --env-arg max_attempts=2), got {pair!r}")
         key, raw = pair.split("=", 1)
+        if not key.strip():
+            raise UsageError(f"--env-arg {pair!r} has no KEY before '='; give KEY=VALUE (e.g. --env-arg max_attempts=2)")
         try:
             kwargs[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -60,9 +62,11 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         return gym.make(env_id, **kwargs)
     except TypeError as exc:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
-        what = f"unknown option {unknown.group(1)!r}" if unknown else str(exc)
-        raise UsageError(f"bad --env-arg for {env_id}: {what}. {_env_options_hint(env_id)} (and gymnasium's "
-                         "max_episode_steps)") from exc
+        if unknown is None:  # a type error inside the env (e.g. from a data file), not an unknown option
+            raise UsageError(f"{env_id} could not be made: {str(exc).split(' was raised from')[0]}. Check the "
+                             "--env-arg values and the data files they name") from exc
+        raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}. "
+                         f"{_env_options_hint(env_id)} (and gymnasium's max_episode_steps)") from exc
 
 
 def _env_options_hint(env_id: str) -> str:

@@ -125,6 +125,21 @@ def test_unknown_env_arg_key_lists_the_valid_options(capsys):
 def test_env_arg_without_equals(capsys):
     assert exit_code(["play", ENV_ID, "--env-arg", "max_turns"]) == 2
     assert "--env-arg takes KEY=VALUE" in capsys.readouterr().err
+    assert exit_code(["play", ENV_ID, "--env-arg", "=3"]) == 2
+    assert "--env-arg '=3' has no KEY before '='" in capsys.readouterr().err
+
+
+def test_a_type_error_inside_an_env_is_not_blamed_on_an_option(capsys, monkeypatch):
+    from rftgym.envs.verifiable import env as verifiable
+
+    def broken(*args, **kwargs):
+        raise TypeError("'int' object is not iterable")
+
+    monkeypatch.setattr(verifiable.VerifiableQAEnv, "__init__", broken)
+    assert exit_code(["eval", ENV_ID, "--agent", "random"]) == 2
+    err = capsys.readouterr().err
+    assert "rftgym/VerifiableQA-v0 could not be made: 'int' object is not iterable. Check the --env-arg values" in err
+    assert "Valid options" not in err
 
 
 @pytest.mark.parametrize("env_arg, message", [
@@ -134,6 +149,7 @@ def test_env_arg_without_equals(capsys):
     ("kinds=poetry", "kinds must be a non-empty subset of ['arithmetic', 'comparison', 'sequence', 'weekday', 'word_problem']"),
     ("difficulties=[7]", "difficulties must be a non-empty subset of (1, 2, 3, 4, 5)"),
     ("dataset_path=/no/such/file.jsonl", "/no/such/file.jsonl: no such file"),
+    ('kinds=[["arithmetic"]]', "kinds must be a list of kind names"),
 ])
 def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
     assert main(["eval", ENV_ID, "--agent", "random", "--env-arg", env_arg]) == 1

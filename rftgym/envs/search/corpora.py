@@ -63,6 +63,8 @@ def _read_json(path: Path, shape: str) -> Any:
         raise DataFormatError(f"{path}: {missing_file(Path(path))}; expected {shape}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataFormatError(f"{path}: not valid JSON ({exc}); expected {shape}") from exc
+    except RecursionError:
+        raise DataFormatError(f"{path}: the JSON is nested too deeply to read; expected {shape}") from None
 
 
 def _is_str_list(value: Any) -> bool:

@@ -80,6 +80,8 @@ class VerifiableQAConfig:
         try:
             object.__setattr__(self, "kinds", tuple(kinds))
             object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
+            if not all(isinstance(k, str) for k in self.kinds):
+                raise TypeError("a kind is not a string")
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"kinds must be a list of kind names and difficulties a list of ints in {DIFFICULTIES}; "
