@@ -257,5 +257,5 @@ def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
     for row, sample in enumerate(samples):
         place_sample(tensors, row, 0, sample)
         attention[row, :len(sample.token_ids)] = 1
-    return {**tensors, "attention_mask": attention, "targets": tensors["input_ids"][:, 1:],
+    return {**tensors, "attention_mask": attention, "targets": tensors["input_ids"][:, 1:].contiguous(),
             "trained_index": trained_index(tensors["loss_mask"])}

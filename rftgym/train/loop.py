@@ -482,7 +482,10 @@ def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]
     """
     device = torch.device(device)
     pin = device.type == "cuda"
-    moved = {key: (value.pin_memory() if pin else value).to(device, non_blocking=pin) for key, value in batch.items()}
+    # Only a contiguous pinned tensor is copied asynchronously: for a strided view (e.g. a slice)
+    # PyTorch first makes a pageable contiguous copy, and the transfer from it waits for the device.
+    moved = {key: (value.contiguous().pin_memory() if pin else value).to(device, non_blocking=pin)
+             for key, value in batch.items()}
     if "attention_mask" in moved:
         tag_right_padding(moved["attention_mask"], is_right_padded(batch["attention_mask"]))
     return moved

@@ -65,5 +65,5 @@ def collate_packed(samples: list[TrainSample], pad_id: int, row_length: int | No
         if start < width:  # padding continues the last sample's positions
             last = int(positions[row, start - 1])
             positions[row, start:] = torch.arange(last + 1, last + 1 + width - start)
-    return {**tensors, "position_ids": positions, "targets": tensors["input_ids"][:, 1:],
+    return {**tensors, "position_ids": positions, "targets": tensors["input_ids"][:, 1:].contiguous(),
             "sequence_ids": sequence_ids, "trained_index": trained_index(tensors["loss_mask"])}

@@ -160,3 +160,12 @@ def test_cuda_update_never_synchronizes_before_its_stats():
     assert [s for s in syncs if not s.split(":")[0].endswith(OUTSIDE_RFTGYM)] == []
     stats = real_read_back(pending["values"], pending["divisor"])
     assert stats["grad_norm"] > 0
+
+
+def test_batches_reach_to_device_contiguous():
+    # A pinned strided view (e.g. targets = input_ids[:, 1:]) is copied to a GPU through a pageable
+    # temporary, which waits for the device: every tensor of a batch must be contiguous.
+    from rftgym.train.packing import collate_packed
+
+    for batch in (collate(samples(5), pad_id=0), collate_packed(samples(5), pad_id=0)):
+        assert {k for k, v in batch.items() if not v.is_contiguous()} == set()
