@@ -43,9 +43,10 @@ def make_char_policy(seed: int = 0, model_class=None, config_class=None, **confi
     model_class, config_class = model_class or LlamaForCausalLM, config_class or LlamaConfig
     tokenizer = char_tokenizer()
     torch.manual_seed(seed)
-    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **config_options)
+    config = config_class(**{**dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=512, tie_word_embeddings=True,
+                                    pad_token_id=tokenizer.pad_token_id), **config_options})
     name = "char-tiny" if model_class is LlamaForCausalLM else f"char-{config.model_type}"
     return HFPolicy(model_class(config), tokenizer, name=name)
 

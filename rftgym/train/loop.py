@@ -130,6 +130,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     speedups = apply_training_speedups(model, SpeedConfig(
         compile_layers=(on_cuda if config.compile is None else config.compile) and not fsdp,
         checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
+    if isinstance(reference, torch.nn.Module):  # the update's attention kernel, for a KL of 0 at the start
+        apply_training_speedups(reference, SpeedConfig(compile_layers=False))
     if ranks.is_main and any(v != "on" for v in speedups.values()):
         print(f"update speed-ups: {speedups}")
     if fsdp:

@@ -4,13 +4,16 @@ The update runs through :func:`rftgym.train.loop.batch_logprobs` (the HF decoder
 log-probs) whatever is switched on here; these switches only change how fast and how lean it is:
 
 * ``compile_layers``: ``torch.compile`` each decoder layer (not the whole model: the HF model's
-  mask and output plumbing would break the graph). Identical layers share one compiled graph, and
+  mask and output plumbing would break the graph), for calls without a KV cache (decoding with
+  one stays eager). Identical layers share one compiled graph, and
   the compiler fuses norms, RoPE, SiLU and residual adds, recomputing those cheap elementwise
   results in the backward pass instead of saving them.
 * ``causal_without_mask``: training batches are right-padded (:func:`~rftgym.train.batching.collate`),
   so under a causal mask no real token ever sees padding: the padding mask changes nothing for
   real tokens. Dropping it lets SDPA use its flash kernel (``is_causal``) instead of the masked
-  memory-efficient one. A decoder call with any other mask (e.g. left padding) keeps its mask.
+  memory-efficient one, and running SDPA under a name transformers has no mask function for
+  (:data:`CAUSAL_SDPA`) spares the host a wait for the device in every forward. A decoder call
+  with any other mask (e.g. left padding) keeps its mask and the model's attention.
 * ``checkpoint_mlp``: recompute each layer's MLP in the backward pass (its 3 x intermediate-size
   activations dominate memory) at the cost of one extra MLP forward.
 * ``memory_budget``: the compiler's activation-memory budget (0..1) for choosing what to recompute.
@@ -24,6 +27,7 @@ the end of ``prepare_model`` and build the optimizer with :func:`make_optimizer`
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass
 
 import torch
@@ -89,13 +93,62 @@ def tag_right_padding(mask: torch.Tensor, right_padded: bool) -> torch.Tensor:
     return mask
 
 
+# SDPA under a name that has no mask function in transformers: the decoder then builds no mask and
+# checks nothing. Its mask code would otherwise read the position ids back from the device once per
+# forward (looking for packed sequences), which makes the host wait for the device; with no mask,
+# SDPA runs causal (``is_causal``: the flash kernel).
+CAUSAL_SDPA = "rftgym_causal_sdpa"
+
+
+@functools.lru_cache(maxsize=None)
+def _causal_sdpa_registered() -> bool:
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        return False
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    return True
+
+
+def _drops_mask(mask: torch.Tensor) -> bool:
+    """Whether the padding mask can go: a batch from :func:`~rftgym.train.loop.to_device` carries
+    its host-checked tag (trusted in any grad mode, so that the no-grad forwards of the reference
+    and of recomputed log-probs run the same kernels as the update); an untagged mask is checked
+    under grad only (rollouts and scoring keep theirs)."""
+    right_padded = getattr(mask, "_rftgym_right_padded", None)
+    if right_padded is not None:
+        return right_padded
+    return torch.is_grad_enabled() and is_right_padded(mask)
+
+
 def _drop_right_padding_mask(module, args, kwargs):
+    """Before each decoder forward: drop a right-padding mask, and pick the attention: SDPA under
+    :data:`CAUSAL_SDPA` for a mask-free, cache-free, unpacked call (no position ids given), the
+    model's own otherwise. The choice is made afresh at every call, so a forward that raised
+    cannot leave the switch on for the next."""
     mask = kwargs.get("attention_mask")
-    if mask is not None and torch.is_grad_enabled():
-        right_padded = getattr(mask, "_rftgym_right_padded", None)
-        if right_padded if right_padded is not None else is_right_padded(mask):
-            kwargs = {**kwargs, "attention_mask": None}
+    dropped = mask is not None and _drops_mask(mask)
+    if dropped:
+        kwargs = {**kwargs, "attention_mask": None}
+    own = module._rftgym_attention
+    causal = (own == "sdpa" and kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None
+              and kwargs.get("use_cache") is False and all(kwargs.get(k) is None for k in CACHE_KWARGS)
+              and _causal_sdpa_registered())
+    _set_attention(module.config, CAUSAL_SDPA if causal else own)
     return args, kwargs
+
+
+def _restore_attention(module, args, kwargs, output):
+    _set_attention(module.config, module._rftgym_attention)
+
+
+def _set_attention(config, name: str) -> None:
+    if config._attn_implementation != name:
+        config._attn_implementation = name
+
+
+CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")  # transformers 5.17, older, 5.24
 
 
 def _checkpointed(forward):
@@ -107,6 +160,22 @@ def _checkpointed(forward):
     return run
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled_forward(layer_class):
+    """One compiled ``forward`` per decoder-layer class, shared by its layers (the layer is an
+    input of the graph, so identical layers reuse it), for any sequence length."""
+    return torch.compile(layer_class.forward, dynamic=True)
+
+
+def _compiled_unless_cached(self, *args, **kwargs):
+    """A decoder layer's forward: compiled for the update's cache-free calls; eager when decoding
+    with a KV cache, whose per-layer state the compiler would guard on (one graph per layer and
+    cache state, past its cache of graphs), and which the update never runs."""
+    if all(kwargs.get(k) is None for k in CACHE_KWARGS):
+        return _compiled_forward(type(self))(self, *args, **kwargs)
+    return type(self).forward(self, *args, **kwargs)
+
+
 def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str, str]:
     """Apply ``speed`` to ``model`` in place; return what was applied or skipped, and why."""
     speed = speed or SpeedConfig()
@@ -116,7 +185,9 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
     report: dict[str, str] = {}
     if speed.causal_without_mask:
         if getattr(decoder, "_rftgym_mask_hook", None) is None:
+            decoder._rftgym_attention = decoder.config._attn_implementation
             decoder._rftgym_mask_hook = decoder.register_forward_pre_hook(_drop_right_padding_mask, with_kwargs=True)
+            decoder.register_forward_hook(_restore_attention, with_kwargs=True)
         report["causal_without_mask"] = "on"
     if speed.checkpoint_mlp:
         if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
@@ -139,7 +210,9 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
             # and compile for any sequence length at once (each training batch has its own).
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             for layer in layers:
-                layer.compile(dynamic=True)
+                if not isinstance(layer.__dict__.get("forward"), types.MethodType) \
+                        or layer.forward.__func__ is not _compiled_unless_cached:
+                    layer.forward = types.MethodType(_compiled_unless_cached, layer)
             report["compile_layers"] = "on"
     return report
 

@@ -24,22 +24,24 @@ from rftgym.train.speed import SpeedConfig, apply_training_speedups, tag_right_p
 from support import tiny_llama
 
 
-# transformers itself reads the position ids back once per decoder forward without a padding mask
-# (a check for packed sequences, in its mask preprocessing), before any of that pass is queued.
+# With packed rows (position ids given), transformers itself reads the position ids back once per
+# decoder forward (a check for packed sequences, in its mask preprocessing).
 OUTSIDE_RFTGYM = ("transformers/masking_utils.py",)
 
 
 class ScalarReads(TorchDispatchMode):
-    """Counts the reads of a tensor's value into a Python number, except transformers' own."""
+    """Counts the reads of a tensor's value into a Python number (but transformers' own when
+    ``except_transformers``)."""
 
-    def __init__(self):
+    def __init__(self, except_transformers: bool = False):
         super().__init__()
         self.count = 0
+        self.except_transformers = except_transformers
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
             callers = [frame.filename for frame in traceback.extract_stack()]
-            if not any(name.endswith(OUTSIDE_RFTGYM) for name in callers):
+            if not (self.except_transformers and any(name.endswith(OUTSIDE_RFTGYM) for name in callers)):
                 self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -76,6 +78,42 @@ def test_an_update_reads_nothing_back_until_its_stats(algo, kl_coef):
     assert all(isinstance(v, float) for k, v in stats.items() if k != "updates")
     assert {"loss", "grad_norm", "pg_loss", "entropy"} <= set(stats)
     assert any((p.detach() - before[n]).abs().max() > 0 for n, p in model.named_parameters())
+
+
+def test_the_causal_attention_switch_gives_the_masked_numbers_and_is_undone_after_every_forward():
+    from rftgym.train.speed import CAUSAL_SDPA
+
+    model = tiny_llama()
+    masked = tiny_llama()
+    for m in (model, masked):
+        m.config._attn_implementation = "sdpa"
+    apply_training_speedups(model, SpeedConfig(compile_layers=False))
+    decoder = model.get_decoder()
+    seen = []
+    decoder.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(module.config._attn_implementation), with_kwargs=True)
+    batch = to_device(collate(samples(3), pad_id=0), "cpu")
+    with torch.no_grad(), ScalarReads() as reads:  # the tag is trusted without grad too (recompute, reference)
+        fast = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       use_cache=False).last_hidden_state
+    assert reads.count == 0 and seen == [CAUSAL_SDPA] and decoder.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        slow = masked.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].clone(),
+                                    use_cache=False).last_hidden_state
+    for row, length in enumerate(batch["attention_mask"].sum(1).tolist()):
+        torch.testing.assert_close(fast[row, :length], slow[row, :length], rtol=1e-4, atol=1e-5)
+    # Packed rows (position ids) and decoding (a cache) keep the model's own attention and masks.
+    decoder(input_ids=batch["input_ids"][:1], position_ids=torch.arange(7)[None], use_cache=False)
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"][:1, :3], use_cache=True)
+    assert seen[-2:] == ["sdpa", "sdpa"]
+    # A forward that raises leaves the switch on only until the next call chooses again.
+    with pytest.raises(IndexError):
+        decoder(input_ids=torch.full((1, 3), 10_000), attention_mask=tag_right_padding(torch.ones(1, 3), True),
+                use_cache=False)
+    left = torch.tensor([[0, 1, 1]])
+    decoder(input_ids=batch["input_ids"][:1, :3], attention_mask=left, use_cache=False)
+    assert seen[-1] == "sdpa" and decoder.config._attn_implementation == "sdpa"
 
 
 def test_the_mask_hook_trusts_the_hosts_check():
@@ -128,11 +166,18 @@ def test_read_back_divides_and_keeps_float64():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_update_never_synchronizes_before_its_stats():
-    model = tiny_llama().cuda()
-    apply_training_speedups(model, SpeedConfig(compile_layers=False))
-    config = TrainConfig(minibatch_size=4, microbatch_size=2, max_new_tokens=8, group_size=2, kl_coef=0.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+@pytest.mark.parametrize("pack", [False, True])
+def test_cuda_update_never_synchronizes_before_its_stats(pack):
+    # The CUDA defaults of `rftgym train`: bf16 weights with float32 masters, compiled layers, MLP
+    # recomputation.
+    from rftgym.train.speed import make_optimizer
+
+    model = tiny_llama().cuda().to(torch.bfloat16)
+    model.config._attn_implementation = "sdpa"
+    apply_training_speedups(model, SpeedConfig(checkpoint_mlp=True))
+    config = TrainConfig(minibatch_size=4, microbatch_size=2, max_new_tokens=8, group_size=2, kl_coef=0.0,
+                         pack_sequences=pack)
+    optimizer = make_optimizer(model.parameters(), lr=1e-3)
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     optimise(model, None, optimizer, samples(), config, 0, torch.Generator().manual_seed(0), None, autocast)
     torch.cuda.synchronize()
@@ -157,7 +202,8 @@ def test_cuda_update_never_synchronizes_before_its_stats():
         torch.cuda.set_sync_debug_mode("default")
         loop.read_back = real_read_back
     syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
-    assert [s for s in syncs if not s.split(":")[0].endswith(OUTSIDE_RFTGYM)] == []
+    # Packed rows leave transformers its packed-sequence check; padded rows leave nothing.
+    assert [s for s in syncs if not (pack and s.split(":")[0].endswith(OUTSIDE_RFTGYM))] == []
     stats = real_read_back(pending["values"], pending["divisor"])
     assert stats["grad_norm"] > 0
 

@@ -63,6 +63,33 @@ def test_speedups_keep_logprobs_and_gradients_on_real_tokens(speed):
         torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
 
 
+def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eager():
+    from torch._dynamo.utils import counters
+
+    from rftgym.train.speed import compile_works
+
+    if compile_works("cpu"):
+        pytest.skip(f"torch.compile does not work here: {compile_works('cpu')}")
+    data = batch()
+    plain, fast = tiny_llama(), tiny_llama()
+    expected_logp, expected_grads = logprobs_and_grads(plain, data)
+    assert apply_training_speedups(fast, SpeedConfig(checkpoint_mlp=True))["compile_layers"] == "on"
+    before = counters["stats"]["unique_graphs"]
+    logp, grads = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] - before == 1  # both layers, one graph
+    longer = collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
+                      for n in (12, 10)], pad_id=0)
+    logprobs_and_grads(fast, longer)  # other lengths: the same dynamic-shape graph
+    with torch.no_grad():  # decoding with a KV cache runs the layers eagerly
+        cache = fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True).past_key_values
+        fast(input_ids=torch.tensor([[6]]), past_key_values=cache, use_cache=True)
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
 def test_left_padded_calls_keep_their_mask():
     model = tiny_llama()
     apply_training_speedups(model, SpeedConfig(compile_layers=False))
