@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 from contextlib import nullcontext
@@ -64,7 +65,10 @@ def make_samples(args, vocab: int) -> list[TrainSample]:
         prompt = int(rng.integers(60, 141))
         reply = args.new_tokens if rng.random() < 0.25 else int(rng.integers(8, args.new_tokens + 1))
         ids = rng.integers(3, vocab, size=prompt + reply).tolist()
-        samples.append(TrainSample(ids, [0] * prompt + [1] * reply, [0.0] * prompt + (-rng.random(reply) * 4).tolist(),
+        # Old log-probs near the random model's own (about -log vocab), so that ratios sit inside
+        # the clip range and the compared loss depends on every log-prob the update computes.
+        old = (-math.log(vocab) + rng.normal(0.0, 0.1, reply)).tolist()
+        samples.append(TrainSample(ids, [0] * prompt + [1] * reply, [0.0] * prompt + old,
                                    [0.0] * prompt + [float(rng.normal())] * reply, index // 8, index % 8))
     return samples
 

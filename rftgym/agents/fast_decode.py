@@ -387,7 +387,16 @@ class FastDecoder:
             attention[row, width - len(prompt):] = 1
         attention[real:, -1] = 1  # bucket filler rows: one pad token, finished from the start
         finished_rows = (torch.arange(batch) >= real).to(device)
+        # Streams and graph capture use the current CUDA device: make it the model's (a single
+        # process may run on cuda:1 without ever setting the current device).
+        with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+            return self._decode(input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id,
+                                graphs, generator)
 
+    def _decode(self, input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id, graphs,
+                generator):
+        """:meth:`generate` once its batch is laid out (on the model's current CUDA device)."""
+        device, batch = self.device, len(finished_rows)
         entry = self._entry(batch, max_len, settings, stop_ids, pad_id, graphs)
         state, graph = entry["state"], entry["graph"]
         state.reset(finished_rows)

@@ -253,10 +253,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 @cuda
-def test_cuda_graph_greedy_equals_the_generic_loop(make_char_policy):
+def test_cuda_graph_greedy_equals_the_generic_loop(make_char_policy, monkeypatch):
     slow, fast = policy_pair(make_char_policy)
     slow.model.to("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sampling = SamplingConfig(max_new_tokens=24, temperature=0.0)
     prompts = PROMPTS + [[5, 6]]
     ours = fast.generate(prompts, sampling)
@@ -282,10 +282,10 @@ def test_cuda_graph_sampling_is_seeded_and_bf16_autocast_runs(make_char_policy):
 
 
 @cuda
-def test_cuda_graph_sees_in_place_weight_updates(make_char_policy):
+def test_cuda_graph_sees_in_place_weight_updates(make_char_policy, monkeypatch):
     slow, fast = policy_pair(make_char_policy)
     slow.model.to("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
     fast.generate(PROMPTS, sampling)
     with torch.no_grad():

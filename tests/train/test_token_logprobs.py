@@ -227,8 +227,13 @@ def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_compiled_path_matches_float64_autograd():
-    # The GPU route: bf16 autocast over float32 master weights, compiled elementwise passes.
+@pytest.mark.filterwarnings("error:could not compile")
+def test_cuda_compiled_path_matches_float64_autograd(monkeypatch):
+    # The GPU route: bf16 autocast over float32 master weights, compiled elementwise passes. A
+    # compile failure would fall back to eager passes with a warning: here it fails the test.
+    import rftgym.train.token_logprobs as tl
+
+    monkeypatch.setattr(tl, "_compile_failed", set())
     torch.manual_seed(6)
     hidden = torch.randn(3, 50, 64, device="cuda", requires_grad=True)
     weight = (0.3 * torch.randn(1000, 64, device="cuda")).requires_grad_(True)
@@ -244,6 +249,7 @@ def test_cuda_compiled_path_matches_float64_autograd():
     for got, want in ((gh, rh), (gw, rw)):
         relative = (got.double() - want).norm() / want.norm()
         assert relative < 0.02, relative  # bf16 matmuls
+    assert tl._compile_failed == set()
 
 
 # --- logit transforms (soft cap, scale) ------------------------------------------------------
