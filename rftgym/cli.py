@@ -106,7 +106,7 @@ def _build_agent(args: argparse.Namespace):
 
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs)
+                                     max_concurrency=args.num_envs, timeout_s=args.api_timeout)
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
     return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
@@ -606,6 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="torch device for local models (default: cuda if available, else cpu)")
     p.add_argument("--api-base", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the API server")
+    p.add_argument("--api-timeout", type=float, default=60.0,
+                   help="seconds a request to the API server may take before it is retried (default 60)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)

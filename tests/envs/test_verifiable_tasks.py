@@ -289,6 +289,7 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
     ([{"question": "q"}], 1, "'answer' must be a non-empty string or number"),
     ([{"question": "q", "answer": True}], 1, "'answer' must be a non-empty string or number"),
     ([{"question": "q", "answer": " "}], 1, "'answer' must be a non-empty string or number"),
+    (['{"question": "q", "answer": NaN}'], 1, "'answer' is nan, which no reply can equal"),
     (["", {"question": "q", "answer": "z", "choices": ["x", "y"]}], 2, "neither one of the choices nor a choice letter \\(A-B\\)"),
     ([{"question": "q", "answer": "C", "choices": ["x", "y"]}], 1, "neither one of the choices"),
     ([{"question": "q", "answer": "x", "choices": ["x"]}], 1, "'choices' must be a list of at least 2"),

@@ -8,6 +8,7 @@ answer. Files in JSONL ``{"question", "choices"?, "answer", "id"?}`` are loaded 
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -280,6 +281,8 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
     question, answer, choices = record.get("question"), record.get("answer"), record.get("choices")
     if not isinstance(question, str) or not question.strip():
         raise DataFormatError(f"{where}: 'question' must be a non-empty string")
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise DataFormatError(f"{where}: 'answer' is {answer}, which no reply can equal; give a finite number or a string")
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
     if not isinstance(answer, str) or not answer.strip():
