@@ -372,3 +372,13 @@ def test_evaluation_end_marks_where_the_evaluation_stops():
     assert info["evaluation_end"] == action.index("</evaluate>") + len("</evaluate>")
     *_, info = env.step("<evaluate>no score here</evaluate><answer>x</answer>")  # malformed: no span closed
     assert info["evaluation_score"] is None and info["evaluation_end"] is None
+
+
+def test_generator_reset_options_are_checked():
+    env = SearchEvalQAEnv()
+    with pytest.raises(ValueError, match="answerable must be True or False, got 'no'"):
+        env.reset(seed=0, options={"answerable": "no"})
+    with pytest.raises(ValueError, match=r"hops must be an int in \[1, 4\], got 9"):
+        env.reset(seed=0, options={"hops": 9})
+    _, info = env.reset(seed=0, options={"answerable": False})
+    assert info["answerable"] is False

@@ -153,7 +153,7 @@ class CodeTCGConfig:
         turns_needed = self.max_attempts + int(self.pseudocode)
         if self.max_turns is None:
             object.__setattr__(self, "max_turns", turns_needed + 1)
-        if not isinstance(self.max_turns, int) or self.max_turns < turns_needed:
+        if not isinstance(self.max_turns, int) or isinstance(self.max_turns, bool) or self.max_turns < turns_needed:
             raise ConfigError(f"max_turns must be an int of at least max_attempts (+1 with pseudocode) = "
                               f"{turns_needed}; got {self.max_turns!r}")
         if isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float)) \

@@ -88,6 +88,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from ...core.errors import ConfigError
 from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
@@ -389,6 +390,8 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         answerable = options.get("answerable")
         if answerable is None:
             answerable = not (self.np_random.random() < self.config.unanswerable_rate)
+        if not isinstance(answerable, (bool, np.bool_)):  # bool("no") is True
+            raise ValueError(f"answerable must be True or False, got {answerable!r}")
         return self.world.question(self.np_random, int(hops), answerable=bool(answerable))
 
     def _info(self, out: "_TurnOutcome") -> dict[str, Any]:

@@ -182,6 +182,7 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(sandbox="vm"), "sandbox must be one of"),
     (dict(max_attempts=0), "max_attempts"),
     (dict(max_attempts=3, max_turns=2), "max_turns"),
+    (dict(max_turns=True), "max_turns must be an int"),
     (dict(step_scorer=lambda t, s: [1.0]), "pseudocode=True"),
     (dict(format_weight=1.5), "format_weight"),
     (dict(max_timeouts=0), "max_timeouts"),
