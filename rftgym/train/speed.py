@@ -27,7 +27,6 @@ the end of ``prepare_model`` and build the optimizer with :func:`make_optimizer`
 from __future__ import annotations
 
 import functools
-import types
 from dataclasses import dataclass
 
 import torch
@@ -122,24 +121,39 @@ def _drops_mask(mask: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and is_right_padded(mask)
 
 
+def full_causal_attention(config) -> bool:
+    """Whether every layer attends to every earlier token: no sliding window (Mistral, Qwen2 with
+    ``use_sliding_window``, Gemma 2/3's sliding layers) and no chunked attention, which only the
+    masks transformers builds would add."""
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) is not False:
+        return False
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    return getattr(config, "attention_chunk_size", None) is None
+
+
 def _drop_right_padding_mask(module, args, kwargs):
     """Before each decoder forward: drop a right-padding mask, and pick the attention: SDPA under
-    :data:`CAUSAL_SDPA` for a mask-free, cache-free, unpacked call (no position ids given), the
-    model's own otherwise. The choice is made afresh at every call, so a forward that raised
-    cannot leave the switch on for the next."""
+    :data:`CAUSAL_SDPA` for a mask-free, cache-free, unpacked call (no position ids given) of a
+    fully causal model, the model's own otherwise. The choice is made afresh at every call."""
     mask = kwargs.get("attention_mask")
-    dropped = mask is not None and _drops_mask(mask)
-    if dropped:
+    if mask is not None and _drops_mask(mask):
         kwargs = {**kwargs, "attention_mask": None}
+    config = module.config
+    if config._attn_implementation != CAUSAL_SDPA:  # the model's own (it may have been changed since)
+        module._rftgym_attention = config._attn_implementation
     own = module._rftgym_attention
-    causal = (own == "sdpa" and kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None
-              and kwargs.get("use_cache") is False and all(kwargs.get(k) is None for k in CACHE_KWARGS)
-              and _causal_sdpa_registered())
-    _set_attention(module.config, CAUSAL_SDPA if causal else own)
+    causal = (own == "sdpa" and module._rftgym_full_causal and kwargs.get("attention_mask") is None
+              and kwargs.get("position_ids") is None and kwargs.get("use_cache") is False
+              and all(kwargs.get(k) is None for k in CACHE_KWARGS) and _causal_sdpa_registered())
+    _set_attention(config, CAUSAL_SDPA if causal else own)
     return args, kwargs
 
 
 def _restore_attention(module, args, kwargs, output):
+    """After each decoder forward, also one that raised: the model's own attention again."""
     _set_attention(module.config, module._rftgym_attention)
 
 
@@ -151,13 +165,24 @@ def _set_attention(config, name: str) -> None:
 CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")  # transformers 5.17, older, 5.24
 
 
-def _checkpointed(forward):
-    @functools.wraps(forward)
-    def run(x):
-        if torch.is_grad_enabled() and x.requires_grad:
-            return checkpoint(forward, x, use_reentrant=False, preserve_rng_state=False)
-        return forward(x)
-    return run
+def _checkpoint_mlp_class(mlp_class) -> None:
+    """Give an MLP class a forward that is recomputed in the backward pass for the instances
+    flagged ``_rftgym_checkpointed`` (others run as before). A class-level switch, rather than a
+    per-instance forward: the flag pickles and deep-copies with its module, and the compiler sees
+    one function for every layer, so identical layers still share one graph."""
+    if "_rftgym_plain_forward" in mlp_class.__dict__:
+        return
+    plain = mlp_class.forward
+
+    @functools.wraps(plain)
+    def forward(self, *args, **kwargs):
+        if getattr(self, "_rftgym_checkpointed", False) and torch.is_grad_enabled() \
+                and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return checkpoint(plain, self, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+        return plain(self, *args, **kwargs)
+
+    mlp_class._rftgym_plain_forward = plain
+    mlp_class.forward = forward
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,17 +211,17 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
     if speed.causal_without_mask:
         if getattr(decoder, "_rftgym_mask_hook", None) is None:
             decoder._rftgym_attention = decoder.config._attn_implementation
+            decoder._rftgym_full_causal = full_causal_attention(decoder.config)
             decoder._rftgym_mask_hook = decoder.register_forward_pre_hook(_drop_right_padding_mask, with_kwargs=True)
-            decoder.register_forward_hook(_restore_attention, with_kwargs=True)
+            decoder.register_forward_hook(_restore_attention, with_kwargs=True, always_call=True)
         report["causal_without_mask"] = "on"
     if speed.checkpoint_mlp:
         if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
             report["checkpoint_mlp"] = "skipped: the decoder has no layers[i].mlp"
         else:
             for layer in layers:
-                if not getattr(layer.mlp, "_rftgym_checkpointed", False):
-                    layer.mlp.forward = _checkpointed(layer.mlp.forward)
-                    layer.mlp._rftgym_checkpointed = True
+                _checkpoint_mlp_class(type(layer.mlp))
+                layer.mlp._rftgym_checkpointed = True
             report["checkpoint_mlp"] = "on"
     if speed.compile_layers:
         device_type = next(model.parameters()).device.type
@@ -210,9 +235,8 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
             # and compile for any sequence length at once (each training batch has its own).
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             for layer in layers:
-                if not isinstance(layer.__dict__.get("forward"), types.MethodType) \
-                        or layer.forward.__func__ is not _compiled_unless_cached:
-                    layer.forward = types.MethodType(_compiled_unless_cached, layer)
+                if getattr(layer.__dict__.get("forward"), "func", None) is not _compiled_unless_cached:
+                    layer.forward = functools.partial(_compiled_unless_cached, layer)
             report["compile_layers"] = "on"
     return report
 

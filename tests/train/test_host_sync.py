@@ -107,13 +107,15 @@ def test_the_causal_attention_switch_gives_the_masked_numbers_and_is_undone_afte
     with torch.no_grad():
         model(input_ids=batch["input_ids"][:1, :3], use_cache=True)
     assert seen[-2:] == ["sdpa", "sdpa"]
-    # A forward that raises leaves the switch on only until the next call chooses again.
+    # A forward that raises leaves the model's own attention behind too.
     with pytest.raises(IndexError):
         decoder(input_ids=torch.full((1, 3), 10_000), attention_mask=tag_right_padding(torch.ones(1, 3), True),
                 use_cache=False)
-    left = torch.tensor([[0, 1, 1]])
-    decoder(input_ids=batch["input_ids"][:1, :3], attention_mask=left, use_cache=False)
-    assert seen[-1] == "sdpa" and decoder.config._attn_implementation == "sdpa"
+    assert decoder.config._attn_implementation == "sdpa"
+    # A later choice of attention is respected, and eager attention is never switched.
+    model.set_attn_implementation("eager")
+    decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    assert seen[-1] == "eager" and decoder.config._attn_implementation == "eager"
 
 
 def test_the_mask_hook_trusts_the_hosts_check():

@@ -90,6 +90,47 @@ def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eag
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_a_sliding_window_model_keeps_its_window_in_the_update():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from rftgym.train.speed import full_causal_attention
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4, pad_token_id=0,
+                           attn_implementation="sdpa")
+    plain = MistralForCausalLM(config)
+    fast = MistralForCausalLM(config)
+    fast.load_state_dict(plain.state_dict())
+    assert not full_causal_attention(fast.config) and full_causal_attention(tiny_llama().config)
+    apply_training_speedups(fast, SpeedConfig(compile_layers=False))
+    data = batch()  # rows of 9, 5 and 7 tokens: longer than the window
+    expected_logp, _ = logprobs_and_grads(plain, data)
+    logp, _ = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_with_speedups_pickles_and_copies_with_them():
+    import copy
+    import pickle
+
+    model = tiny_llama()
+    apply_training_speedups(model, SpeedConfig(compile_layers=False, checkpoint_mlp=True))
+    data = batch()
+    expected, _ = logprobs_and_grads(model, data)
+    for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert all(layer.mlp._rftgym_checkpointed for layer in twin.get_decoder().layers)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.5)  # the twin must not read the original's weights
+        logp, _ = logprobs_and_grads(twin, data)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.5)
+        torch.testing.assert_close(logp, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_left_padded_calls_keep_their_mask():
     model = tiny_llama()
     apply_training_speedups(model, SpeedConfig(compile_layers=False))
