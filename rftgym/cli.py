@@ -148,7 +148,8 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
         path.parent.mkdir(parents=True, exist_ok=True)
-        _partial(path).open("w", encoding="utf-8").close()
+        _check_partial(path)
+        _partial(path).open("a", encoding="utf-8").close()
     except OSError as exc:
         raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
 
@@ -156,6 +157,14 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
 def _partial(path: Path) -> Path:
     """Where an evaluation streams its finished episodes until it completes and replaces ``path``."""
     return path.with_name(path.name + ".partial")
+
+
+def _check_partial(path: Path) -> None:
+    """Refuse to start over the episodes an earlier, unfinished evaluation left in the partial file."""
+    partial = _partial(path)
+    if partial.is_file() and partial.stat().st_size > 0:
+        raise UsageError(f"{partial} holds the episodes of an earlier evaluation that did not complete; move or "
+                         "delete it, or give another --out")
 
 
 def _unique(path: Path) -> Path:
@@ -276,12 +285,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                    / f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl")
         _writable_file(outs[env_id], "--out", env_kwargs)
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
+    context_full: dict[str, int] = {}
     try:
         agent = _build_agent(args)
         for env_id in env_ids:
-            env_rows, paths = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id], outs[env_id])
+            env_rows, paths, full = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
+                                                  outs[env_id])
             rows += env_rows
             written += paths
+            if full:
+                context_full[env_id] = full
         agent.close()
     finally:  # the partial files of envs that never ran
         for out in outs.values():
@@ -296,6 +309,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table = [row[:shared] + [" ".join(f"{h}={_cell(v)}" for h, v in zip(row_headers[shared:], row[shared:]))]
                  for row_headers, row in rows]
         print(format_table(table, EVAL_COLUMNS + ["env metrics"]))
+    for env_id, full in context_full.items():
+        print(f"note: {full} {env_id} episode(s) ended because the context left no room for another reply "
+              "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
     print("episodes written to " + ", ".join(str(p) for p in written))
     return 0
 
@@ -312,23 +328,29 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     runs = [("", agent, env_kwargs)]
     for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
-    rows, written = [], []
-    for label, run_agent, run_kwargs in runs:
-        path = out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}")
+    paths = [out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}") for label, _, _ in runs]
+    for path in paths[1:]:
+        _check_partial(path)
+    rows, written, context_full = [], [], 0
+    for (label, run_agent, run_kwargs), path in zip(runs, paths):
         run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
-        complete = path.with_name(path.name + ".complete")
+        target = path.resolve()  # a symlinked --out is written through, not replaced
+        complete = target.with_name(target.name + ".complete")
         try:  # in seed order, then in place of any earlier file at once
             write_episodes_jsonl(complete, run_episodes_)
-            os.replace(complete, path)
+            os.replace(complete, target)
         except OSError as exc:
             raise UsageError(f"cannot write the episodes to {path} ({exc.strerror or exc}); they are all in "
                              f"{_partial(path)}") from None
+        finally:
+            complete.unlink(missing_ok=True)
         _partial(path).unlink(missing_ok=True)
         written.append(path)
         headers, row = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                  run_episodes_, elapsed)
         rows.append((headers, row))
-    return rows, written
+        context_full += sum(e.context_full for e in run_episodes_)
+    return rows, written, context_full
 
 
 def _with_policy_token_counter(env_class, env_kwargs, agent):
@@ -373,12 +395,14 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
             episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
                                     config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
         except BaseException as exc:
-            if finished or isinstance(exc, KeyboardInterrupt):
-                why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
-                kept = f"; {path} is as it was" if path.exists() else ""
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+            kept = f"; {path} is as it was" if path.exists() else ""
+            if finished:
                 print(f"\n{why}: the {finished} finished episodes are in {partial}{kept}", file=sys.stderr)
             else:
                 partial.unlink(missing_ok=True)
+                if isinstance(exc, KeyboardInterrupt):
+                    print(f"\n{why} before any episode finished{kept}", file=sys.stderr)
             raise
     return episodes, time.perf_counter() - started
 

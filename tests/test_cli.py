@@ -515,3 +515,51 @@ def test_serve_retriever_on_a_busy_port_says_so(tmp_path, capsys):
         port = busy.getsockname()[1]
         assert exit_code(["serve-retriever", "--corpus", str(corpus), "--port", str(port)]) == 2
     assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_eval_names_episodes_that_ran_out_of_context(tmp_path, monkeypatch, capsys):
+    import rftgym.cli as cli
+    from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
+
+    class NoRoom(Agent):
+        name = "no-room"
+
+        def act(self, contexts):
+            return [AgentReply(text="", finish_reason=CONTEXT_FULL) for _ in contexts]
+
+    monkeypatch.setattr(cli, "_build_agent", lambda args: NoRoom())
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "3", "--out", str(tmp_path / "e.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "note: 3 rftgym/VerifiableQA-v0 episode(s) ended because the context left no room" in out
+    assert all(e.context_full for e in read_episodes_jsonl(tmp_path / "e.jsonl"))
+
+
+def test_eval_never_starts_over_an_unfinished_evaluations_episodes(tmp_path, monkeypatch, capsys):
+    import rftgym.rollout as rollout
+
+    out = tmp_path / "eval.jsonl"
+    (tmp_path / "eval.jsonl.partial").write_text('{"an": "episode"}\n')
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 2
+    assert "eval.jsonl.partial holds the episodes of an earlier evaluation that did not complete" in \
+        capsys.readouterr().err
+    assert (tmp_path / "eval.jsonl.partial").read_text() == '{"an": "episode"}\n'
+    (tmp_path / "eval.jsonl.partial").unlink()
+
+    def interrupted_at_once(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rollout, "run_episodes", interrupted_at_once)
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 130
+    assert "interrupted before any episode finished" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no empty partial file left behind
+
+
+def test_eval_writes_through_a_symlinked_out(tmp_path):
+    real = tmp_path / "results" / "eval.jsonl"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "latest.jsonl"
+    link.symlink_to(real)
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(link)]) == 0
+    assert link.is_symlink() and len(list(read_episodes_jsonl(real))) == 2
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["eval.jsonl", "latest.jsonl", "results"]

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..core.errors import ConfigError
 from ..core.messages import Context, Message
 from ..core.records import CONTEXT_FULL  # noqa: F401 (agents answer it; re-exported for them)
 
@@ -24,6 +25,16 @@ class AgentReply:
     sampled_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None  # "stop" (end of turn), "length" (token budget), CONTEXT_FULL, ...
+
+
+def replies_with_room(replies: Sequence[AgentReply], what: str) -> Sequence[AgentReply]:
+    """``replies``, for callers outside an episode (a scorer, a test proposer): there a reply the
+    agent had no room for is not an episode's end but a prompt too long for the model, an error."""
+    for reply in replies:
+        if reply.finish_reason == CONTEXT_FULL:
+            raise ConfigError(f"{what}: the prompt does not fit the agent's context (it answered {CONTEXT_FULL}); "
+                              "use a model with a longer context or ask for fewer new tokens")
+    return replies
 
 
 class Agent(ABC):

@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
@@ -246,9 +247,27 @@ class _ContextFull(Exception):
 
 # How OpenAI-compatible servers word "the prompt (plus max_tokens) does not fit the context":
 # OpenAI's error code, OpenAI's and vLLM's "maximum context length", SGLang's "context length",
-# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=".
+# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=" (an HTTP 422).
 _CONTEXT_FULL_ERROR = re.compile(r"context_length_exceeded|context[ _-]length|maximum context|context size|"
                                  r"context window|max_new_tokens` must be <=", re.IGNORECASE)
+
+
+def _context_full_reason(body: bytes) -> str | None:
+    """The server's words when an error body says the context does not fit, else None. Only the
+    error object's own fields are read, never the rest of the body (which may echo the prompt)."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    fields = [payload.get(k) for k in ("message", "detail", "code", "type", "error_type")]
+    error = payload.get("error")
+    fields += [error.get(k) for k in ("message", "code", "type")] if isinstance(error, dict) else [error]
+    texts = [f for f in fields if isinstance(f, str)]
+    if not any(_CONTEXT_FULL_ERROR.search(text) for text in texts):
+        return None
+    return max(texts, key=len)[:300]
 
 
 def _snippet(body: bytes | str | None) -> str:
@@ -299,6 +318,7 @@ class ChatAPIAgent(Agent):
         self.name = f"api:{config.model}"
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._warned_context_full = False
         # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
         # environment; remote servers use the standard urllib handlers (env proxies honoured).
         if _is_loopback(urllib.parse.urlsplit(config.url).hostname):
@@ -406,8 +426,8 @@ class ChatAPIAgent(Agent):
             except _RetryableError as exc:
                 last = exc
                 continue
-            except _ContextFull:  # the episode has outgrown the served model's window: it ends there
-                return AgentReply(text="", finish_reason=CONTEXT_FULL)
+            except _ContextFull as refusal:
+                return self._context_full(context, url, str(refusal))
             return self._parse(raw, status, url)
         assert last is not None
         raise ChatAPIError(
@@ -431,8 +451,8 @@ class ChatAPIAgent(Agent):
                 exc.close()
             status = exc.code
             what = f"HTTP {status}" + (f": {_snippet(body)}" if body else "")
-            if status in (400, 413) and _CONTEXT_FULL_ERROR.search(body.decode("utf-8", "replace")):
-                raise _ContextFull() from None
+            if status in (400, 413, 422) and (reason := _context_full_reason(body)) is not None:
+                raise _ContextFull(reason) from None
             if status == 429 or status >= 500:
                 raise _RetryableError(what, status, _retry_after_s(exc.headers)) from None
             raise ChatAPIError(
@@ -455,6 +475,21 @@ class ChatAPIAgent(Agent):
             raise _RetryableError(
                 f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
             ) from None
+
+    def _context_full(self, context: Context, url: str, reason: str) -> AgentReply:
+        """The server refused ``context`` for want of room: the episode ends there, unless it is
+        the episode's first request, where every episode would end at once (a setting, not the
+        episode's fate)."""
+        if not any(m.role == "assistant" for m in context):
+            raise ChatAPIError(
+                f"POST {url}: the server refused an episode's first request because it does not fit the model's "
+                f"context ({reason}). Lower --max-new-tokens (max_tokens={self.config.max_tokens}) or serve a model "
+                "with a longer context")
+        if not self._warned_context_full:
+            self._warned_context_full = True
+            warnings.warn(f"the server refused a context that has outgrown the model's window ({reason}); such "
+                          "episodes end there as truncated, with info context_full", stacklevel=4)
+        return AgentReply(text="", finish_reason=CONTEXT_FULL)
 
     def _read_body(self, response, url: str) -> bytes:
         """The reply's body, read within ``timeout_s`` of its headers (the socket timeout alone

@@ -21,13 +21,24 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         "format_error_rate": float(mean(format_errors)) if format_errors else 0.0,
         "sampled_tokens": mean(e.num_sampled_tokens for e in episodes),
         "prompt_tokens": mean(e.num_prompt_tokens for e in episodes),
+        "context_full": sum(e.context_full for e in episodes),  # episodes ended for want of context
     }
 
 
 # How an env's own evaluation columns are computed from its info dicts. An env lists them in
 # ``metadata["eval_metrics"]`` as (column, info key, reducer) triples.
 def _final(episode: Episode, key: str):
-    return episode.turns[-1].info.get(key) if episode.turns else None
+    """The episode's final value of ``key``. An episode that ran out of context ended unfinished:
+    its env's last report counts (e.g. searches so far), a value never reported counts as 0 (an
+    answer never given scores nothing), and it is no success."""
+    if not episode.turns:
+        return None
+    if episode.context_full:
+        if key == "success":
+            return False
+        value = episode.turns[-2].info.get(key) if len(episode.turns) > 1 else None
+        return 0 if value is None else value
+    return episode.turns[-1].info.get(key)
 
 
 EVAL_REDUCERS = {

@@ -319,12 +319,29 @@ def test_400_is_not_retried(server):
     {"error": {"message": "...", "type": "invalid_request_error", "code": "context_length_exceeded"}},  # OpenAI
     {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
                "type": "exceed_context_size_error"}},  # llama.cpp server
+    {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 2048. Given: 1900 `inputs` "
+              "tokens and 256 `max_new_tokens`", "error_type": "validation"},  # TGI, as HTTP 422
 ])
 def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, error_body):
-    server.behaviour = lambda req, n: Response(400, error_body)
-    reply = server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    status = 422 if "error_type" in error_body else 400
+    server.behaviour = lambda req, n: Response(status, error_body)
+    agent = server.agent(max_retries=3)
+    later = ctx(("user", "q"), ("assistant", "<search>x</search>"), ("user", "results"))
+    with pytest.warns(UserWarning, match="outgrown the model's window"):
+        reply = agent.act_one(later)
     assert (reply.text, reply.finish_reason) == ("", CONTEXT_FULL)
     assert len(server.requests) == 1  # not retried
+    # On an episode's first request the refusal is a setting every episode would hit: an error.
+    with pytest.raises(ChatAPIError, match=r"refused an episode's first request .*Lower --max-new-tokens"):
+        agent.act_one(ctx(("user", "q")))
+
+
+def test_a_prompt_that_mentions_context_length_is_not_a_context_refusal(server):
+    echo = {"object": "error", "message": "invalid request: unknown field", "type": "BadRequestError",
+            "request": {"messages": [{"role": "user", "content": "What is the maximum context length of GPT-2?"}]}}
+    server.behaviour = lambda req, n: Response(400, echo)
+    with pytest.raises(ChatAPIError, match="HTTP 400"):
+        server.agent().act_one(ctx(("user", "q"), ("assistant", "a"), ("user", "q2")))
 
 
 def test_error_body_snippet_is_short(server):

@@ -82,6 +82,8 @@ def test_musique_questions_and_corpus(tmp_path):
     (question,) = load_questions(path)
     assert question.answers == ("Ann", "Bo") and question.gold_titles == ("T1",) and question.hops == 1
     assert [d.title for d in load_corpus(path)] == ["T1", "T2"]
+    noisy = dict(record, answer_aliases=["Bo", "A"])  # an alias that matches anything is dropped
+    assert load_musique_questions(write(tmp_path / "n.jsonl", json.dumps(noisy)))[0].answers == ("Ann", "Bo")
     unanswerable = dict(record, answerable=False)
     assert load_musique_questions(write(tmp_path / "u.jsonl", json.dumps(unanswerable)))[0].answers == ()
 
@@ -106,8 +108,8 @@ def test_musique_questions_and_corpus(tmp_path):
      r"record 0: 'supporting_facts' must be a list of \[title, sentence index\] pairs, got 5"),
     ("bad.json", '[{"question": "q", "answer": "", "context": []}]', load_hotpotqa_questions,
      r"record 0: the gold answer '' is empty once normalized .* any reply would match it"),
-    ("bad.jsonl", '{"question": "q", "golden_answers": ["Paris", "The."]}\n', load_nq_questions,
-     r"bad.jsonl:1: the gold answer 'The.' is empty once normalized"),
+    ("bad.jsonl", '{"question": "q", "golden_answers": ["The.", "a"]}\n', load_nq_questions,
+     r"bad.jsonl:1: the gold answer 'The.', 'a' is empty once normalized"),
     ("bad.jsonl", '{"question": "q", "answer": "a", "paragraphs": []}\n', load_musique_questions,
      r"bad.jsonl:1: the gold answer 'a' is empty"),
 ])

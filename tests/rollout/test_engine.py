@@ -85,6 +85,33 @@ def test_an_agent_without_room_ends_the_episode_truncated_without_stepping_the_e
         assert episode.context_full and not episode.success
 
 
+def test_env_columns_score_an_episode_that_ran_out_of_context_as_unfinished():
+    from rftgym.rollout.metrics import env_metrics
+
+    class FirstReplyThenFull(Agent):  # one reply, then no room for another
+        def __init__(self, first_reply):
+            self.first_reply = first_reply
+
+        def act(self, contexts):
+            return [AgentReply(text="", finish_reason=CONTEXT_FULL) if any(m.role == "assistant" for m in c)
+                    else AgentReply(text=self.first_reply) for c in contexts]
+
+    def make_env():
+        return gym.make("rftgym/SearchEvalQA-v0")
+
+    env = make_env()
+    env.reset(seed=0)
+    answer = f"<answer>{env.unwrapped.question.answers[0]}</answer>"
+    good = run_episodes(make_env, FirstReplyThenFull(answer), seeds=[0])  # answers at once, right
+    full = run_episodes(make_env, FirstReplyThenFull("<search>capital</search>"), seeds=[1])
+    assert good[0].turns[-1].info["em"] == 1.0 and full[0].context_full and len(full[0].turns) == 2
+    spec = gym.make("rftgym/SearchEvalQA-v0").unwrapped.metadata["eval_metrics"]
+    columns = env_metrics(good + full, spec)
+    assert columns["em"] == 0.5  # the unanswered episode scores 0, not left out
+    assert columns["searches/ep"] == 0.5  # its env's last report (1 search) counts; the answer had none
+    assert summarize(good + full)["context_full"] == 1 and summarize(good + full)["success"] == 0.5
+
+
 def test_a_prompt_over_the_policy_limit_ends_only_its_own_episode(tiny_policy):
     first = len(tiny_policy.chat.prompt_ids(make_qa().reset(seed=0)[0]))
     policy = HFPolicy(tiny_policy.model, tiny_policy.tokenizer,

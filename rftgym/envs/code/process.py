@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ...agents.base import replies_with_room
 from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
@@ -52,7 +53,7 @@ class RolloutStepScorer:
             plan = "\n".join(f"{i}. {s}" for i, s in enumerate(steps[:k], start=1))
             prompt = COMPLETION_PROMPT.format(task=task.prompt, steps=plan)
             contexts.extend([Context((ids.message("user", prompt),))] * self.samples)
-        replies = self.agent.act(contexts) if contexts else []
+        replies = replies_with_room(self.agent.act(contexts), "scoring pseudocode steps") if contexts else []
         codes = [extract_code(parse_tags(r.text, ()))[0] for r in replies]
         rates = [grade(task, code, self.sandbox).pass_rate if code is not None else 0.0 for code in codes]
         return [sum(rates[i:i + self.samples]) / self.samples for i in range(0, len(rates), self.samples)]

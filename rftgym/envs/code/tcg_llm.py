@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from ...agents.base import Agent
+from ...agents.base import Agent, replies_with_room
 from ...core.messages import Context, Message
 from .parsing import example_calls
 from .sandbox import Sandbox
@@ -50,7 +50,7 @@ def propose_tests_many(agent: Agent, tasks: Sequence[CodeTask], n: int, sandbox:
     """For each task, the agent's proposals that the reference accepts, as ``"llm"`` tests."""
     config = config or TCGConfig()
     contexts = [Context((Message("user", tcg_prompt(task, n), f"tcg-{i}"),)) for i, task in enumerate(tasks)]
-    replies = agent.act(contexts)
+    replies = replies_with_room(agent.act(contexts), "proposing tests")
     known = [{t.input for t in task.tests} | {t.input for t in task.examples} for task in tasks]
     proposals = [[p for p in parse_proposals(task, reply.text) if p not in seen][:n]
                  for task, reply, seen in zip(tasks, replies, known)]

@@ -183,14 +183,16 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
 
 
 def _gold_answers(where: str, answers: tuple[str, ...]) -> tuple[str, ...]:
-    """``answers``, refused when one is empty once normalized: every reply would match it."""
+    """``answers`` without those that are empty once normalized (every reply would match them, e.g.
+    an alias "A"); a record left with none is refused."""
     from .scoring import normalize_answer
 
-    for answer in answers:
-        if not normalize_answer(answer):
-            raise DataFormatError(f"{where}: the gold answer {answer!r} is empty once normalized (case, punctuation "
-                                  "and articles removed), so any reply would match it; fix or drop this record")
-    return answers
+    kept = tuple(a for a in answers if normalize_answer(a))
+    if not kept:
+        shown = ", ".join(repr(a) for a in answers)
+        raise DataFormatError(f"{where}: the gold answer {shown} is empty once normalized (case, punctuation and "
+                              "articles removed), so any reply would match it; fix or drop this record")
+    return kept
 
 
 def load_hotpotqa_questions(path: str | os.PathLike) -> list[Question]:

@@ -126,6 +126,18 @@ def test_llm_proposals_are_validated_by_the_reference(sandbox, config):
     assert "(25,)" in [t.input for t in merged.tests]
 
 
+def test_a_proposer_without_room_for_the_prompt_is_an_error(sandbox, config):
+    from rftgym.agents.base import CONTEXT_FULL
+    from rftgym.core.errors import ConfigError
+
+    class NoRoom(FakeTCGAgent):
+        def act(self, contexts):
+            return [AgentReply("", finish_reason=CONTEXT_FULL) for _ in contexts]
+
+    with pytest.raises(ConfigError, match="proposing tests: the prompt does not fit the agent's context"):
+        propose_tests(NoRoom(""), SQRT, 5, sandbox, config)
+
+
 def test_llm_stdio_proposals(sandbox, config):
     echo = CodeTask("t-echo", "unit", "stdio", "double n", None, "print(2 * int(input()))\n")
     assert parse_proposals(echo, "```text\n3\n```\n```\n4\n```\n```text\n3\n```") == ["3\n", "4\n"]
