@@ -84,9 +84,11 @@ def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eag
     longer = collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
                       for n in (12, 10)], pad_id=0)
     logprobs_and_grads(fast, longer)  # other lengths: the same dynamic-shape graph
+    from rftgym.agents.hf_policy import _cache_kwarg, _output_cache
+
     with torch.no_grad():  # decoding with a KV cache runs the layers eagerly
-        cache = fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True).past_key_values
-        fast(input_ids=torch.tensor([[6]]), past_key_values=cache, use_cache=True)
+        cache = _output_cache(fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
+        fast(input_ids=torch.tensor([[6]]), use_cache=True, **{_cache_kwarg(fast): cache})
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
