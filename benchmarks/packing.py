@@ -60,6 +60,7 @@ def make_model(args):
 
 def make_samples(args, vocab: int) -> list[TrainSample]:
     rng = np.random.default_rng(args.seed)
+    noise = np.random.default_rng(args.seed + 1)  # apart, so that the lengths do not depend on it
     samples = []
     for index in range(args.samples):
         prompt = int(rng.integers(60, 141))
@@ -67,9 +68,9 @@ def make_samples(args, vocab: int) -> list[TrainSample]:
         ids = rng.integers(3, vocab, size=prompt + reply).tolist()
         # Old log-probs near the random model's own (about -log vocab), so that ratios sit inside
         # the clip range and the compared loss depends on every log-prob the update computes.
-        old = (-math.log(vocab) + rng.normal(0.0, 0.1, reply)).tolist()
+        old = (-math.log(vocab) + noise.normal(0.0, 0.1, reply)).tolist()
         samples.append(TrainSample(ids, [0] * prompt + [1] * reply, [0.0] * prompt + old,
-                                   [0.0] * prompt + [float(rng.normal())] * reply, index // 8, index % 8))
+                                   [0.0] * prompt + [float(noise.normal())] * reply, index // 8, index % 8))
     return samples
 
 
