@@ -567,6 +567,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             for h in history]
     print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]
                        + (["eval reward", "eval success"] if config.eval_every else [])))
+    full = [h["context_full_rate"] for h in history if h.get("context_full_rate")]
+    if full:
+        print(f"note: in {len(full)} of {len(history)} steps some episodes ended because the context left no room "
+              f"for another reply (up to {max(full):.0%}; context_full_rate in metrics.jsonl); see "
+              "--max-prompt-tokens and --max-new-tokens")
     print(f"metrics: {output_dir}/metrics.jsonl  curve: {output_dir}/learning_curve.png  "
           f"checkpoint: {output_dir}/checkpoint")
     return 0

@@ -142,8 +142,9 @@ class HFPolicy(Agent):
         if any(r is not None for r in replies) and not self._warned_context_full:
             self._warned_context_full = True
             warnings.warn(f"a prompt is longer than the policy answers ({limit} tokens: {self._limit_reason(sampling)}); "
-                          "its episode ends there as truncated, with info context_full. Give the env a context "
-                          "budget, fewer turns or shorter tool outputs, or ask for fewer new tokens", stacklevel=2)
+                          "its episode ends there as truncated, with info context_full. Raise max_prompt_tokens if "
+                          "set, give the env a context budget, fewer turns or shorter tool outputs, or ask for fewer "
+                          "new tokens", stacklevel=2)
         order = sorted((i for i in range(len(prompts)) if replies[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), sampling.max_batch_size):
             chunk = order[start:start + sampling.max_batch_size]

@@ -24,6 +24,16 @@ def test_train_default_model_writes_metrics_png_and_checkpoint(tmp_path, capsys)
     assert "reward" in capsys.readouterr().out
 
 
+def test_train_says_when_episodes_ran_out_of_context(tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="max_prompt_tokens=10"):
+        code = main(["train", "rftgym/VerifiableQA-v0", "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
+                     "--max-new-tokens", "8", "--max-prompt-tokens", "10", "--output-dir", str(out), "--device", "cpu"])
+    assert code == 0
+    assert json.loads((out / "metrics.jsonl").read_text())["context_full_rate"] == 1.0
+    assert "note: in 1 of 1 steps some episodes ended because the context left no room" in capsys.readouterr().out
+
+
 def test_train_refuses_to_overwrite_and_explains(tmp_path, capsys):
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "state.json").write_text("{}")
