@@ -48,6 +48,11 @@ class ChatAPIError(AgentError):
         self.status = status
 
 
+class EnvContractError(RftgymError, RuntimeError):
+    """An environment returned something the protocol does not allow (e.g. a reward that is not
+    a finite number, an observation that is not a Context): a bug in the env to fix."""
+
+
 class TokenizationError(RftgymError, RuntimeError):
     """A chat template does not render contexts as a sequence of per-message spans."""
 

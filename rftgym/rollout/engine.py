@@ -14,13 +14,14 @@ ends there as truncated: the engine records a turn with empty action, reward 0 a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, EnvContractError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 
@@ -89,6 +90,9 @@ def run_episodes(
         seed = seeds[episode_index]
         opts = options[episode_index] if options is not None else None
         context, info = slot.env.reset(seed=seed, options=opts)
+        if not isinstance(context, Context):
+            raise EnvContractError(f"{_env_id(slot.env)} (seed {seed}) reset to a {type(context).__name__}; an rftgym "
+                                   "env's observation is the chat context (rftgym.core.messages.Context)")
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
         slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, dict(info), True
@@ -126,6 +130,25 @@ def run_episodes(
     return results  # type: ignore[return-value]
 
 
+def _checked_step(slot: _Slot, context, reward, info) -> float:
+    """The step's reward as a float, once the env's answer keeps the protocol: a NaN or infinite
+    reward would turn every advantage of its group, and then the weights, into NaN."""
+    where = f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns)})"
+    if not isinstance(context, Context):
+        raise EnvContractError(f"{where} returned a {type(context).__name__} observation; an rftgym env returns "
+                               "the chat context (rftgym.core.messages.Context)")
+    if not isinstance(info, dict):
+        raise EnvContractError(f"{where} returned a {type(info).__name__} info; Gymnasium's step returns a dict")
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise EnvContractError(f"{where} returned the reward {reward!r}; a reward is a finite number") from None
+    if not math.isfinite(value):
+        raise EnvContractError(f"{where} returned the reward {value}; a reward is a finite number (a NaN or "
+                               "infinite one would make every advantage of its group, then the weights, NaN)")
+    return value
+
+
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     before = slot.context
     if reply.finish_reason == CONTEXT_FULL:  # no room for a reply: the episode ends, the env unstepped
@@ -135,6 +158,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         slot.active = False
         return
     context, reward, terminated, truncated, info = slot.env.step(reply.text)
+    reward = _checked_step(slot, context, reward, info)
     if not terminated and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}

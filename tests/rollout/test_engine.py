@@ -9,7 +9,7 @@ import rftgym  # noqa: F401
 from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.agents.scripted import ScriptedAgent
-from rftgym.core.errors import ConfigError
+from rftgym.core.errors import ConfigError, EnvContractError
 from rftgym.core.messages import Context, MessageIds
 from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.rollout import RolloutConfig, run_episodes, summarize
@@ -122,6 +122,29 @@ def test_a_prompt_over_the_policy_limit_ends_only_its_own_episode(tiny_policy):
     assert turns[0].finish_reason == "length" and turns[-1].finish_reason == CONTEXT_FULL
     assert len(turns) == 2 and turns[-1].prompt_ids is None  # the second prompt outgrew first + 8 tokens
     assert summarize(episodes)["truncated"] == 1.0
+
+
+@pytest.mark.parametrize("reward, message", [
+    (float("nan"), "returned the reward nan; a reward is a finite number"),
+    (float("-inf"), "returned the reward -inf"),
+    (None, "returned the reward None"),
+])
+def test_an_env_breaking_the_step_contract_is_named(reward, message):
+    class BadReward(gym.Wrapper):
+        def step(self, action):
+            context, _, terminated, truncated, info = self.env.step(action)
+            return context, reward, terminated, truncated, info
+
+    with pytest.raises(EnvContractError, match=r"rftgym/VerifiableQA-v0 \(seed 3, turn 0\) " + message):
+        run_episodes(lambda: BadReward(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
+
+    class TextObservation(gym.Wrapper):
+        def reset(self, **kwargs):
+            context, info = self.env.reset(**kwargs)
+            return context[-1].content, info
+
+    with pytest.raises(EnvContractError, match=r"reset to a str; an rftgym env's observation is the chat context"):
+        run_episodes(lambda: TextObservation(make_qa()), ScriptedAgent(["x"]), seeds=[0])
 
 
 def test_rollout_safety_net_truncates():
