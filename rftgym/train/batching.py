@@ -31,10 +31,14 @@ masked too.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from ..core.errors import AgentError, EnvContractError
 from ..core.records import CONTEXT_FULL, Episode, Segment
 from .advantages import (
     compute_advantages,
@@ -126,6 +130,10 @@ def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]],
         if score is None:
             current.append((turn.index, 0, None))
             continue
+        if isinstance(score, (bool, np.bool_)) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+            # One NaN would make the group's score spread NaN and silently switch PCAR off for it.
+            raise EnvContractError(f"{_where(episode, turn)}: info[{PROCESS_SCORE_KEY!r}] is {score!r}; a process "
+                                   "score is a finite number (or absent on turns that do not evaluate)")
         split = split_tokens(turn) if split_tokens is not None else None
         if split is not None and not 0 < split < len(turn.sampled_ids or ()):
             split = None  # nothing after the evaluation (or nothing before it): the whole turn
@@ -136,6 +144,22 @@ def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]],
     return spans, scores
 
 
+def _where(episode: Episode, turn) -> str:
+    return f"{episode.env_id} (seed {episode.seed}, turn {turn.index})"
+
+
+def _check_old_logprobs(groups: list[list[Episode]], config: TrainConfig) -> None:
+    """The PPO ratio's old log-probs come from the rollout unless recomputed: a policy that did not
+    record them would otherwise be trained against log-probs of 0 (probability 1)."""
+    if config.algo == "rft" or config.old_logprobs == "recompute":
+        return
+    for episode in (e for g in groups for e in g):
+        for turn in episode.turns:
+            if turn.sampled_ids and turn.prompt_ids is not None and turn.logprobs is None:
+                raise AgentError(f"{_where(episode, turn)}: the policy recorded no log-probs for its sampled tokens; "
+                                 "record them (AgentReply.logprobs) or train with --old-logprobs recompute")
+
+
 def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: torch.Generator | None = None,
                   split_tokens=None) -> tuple[list[TrainSample], BatchStats]:
     """One group of episodes per task -> training samples. ``split_tokens(turn) -> int | None``
@@ -143,6 +167,7 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
     stats = BatchStats(groups=len(groups))
     if not groups:
         return [], stats
+    _check_old_logprobs(groups, config)
     rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float32)
 
     if config.algo == "rft":

@@ -7,6 +7,7 @@ plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pas
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
-from ..core.errors import ConfigError, require
+from ..core.errors import ConfigError, EnvContractError, require
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
     PROCESS_SPLIT_KEY,
@@ -278,9 +279,12 @@ def evaluation_split(policy: HFPolicy) -> Callable:
     env's ``evaluation_end`` character offset, mapped through the policy's tokenizer), or None."""
     def split_tokens(turn) -> int | None:
         end = turn.info.get(PROCESS_SPLIT_KEY)
-        if not isinstance(end, int) or not turn.sampled_ids:
+        if end is None or not turn.sampled_ids:
             return None
-        return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), end)
+        if isinstance(end, (bool, np.bool_)) or not isinstance(end, numbers.Integral) or not 0 <= end <= len(turn.action):
+            raise EnvContractError(f"turn {turn.index}: info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
+                                   f"offset into the turn's action, an int in [0, {len(turn.action)}]")
+        return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
     return split_tokens
 
 

@@ -81,6 +81,28 @@ def test_an_episode_that_ran_out_of_context_is_masked_as_overlong_and_its_last_t
     assert len(samples) == 1 and samples[0].episode == 0 and stats.episodes_masked_overlong == 1
 
 
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), "8", True])
+def test_a_process_score_that_is_not_a_finite_number_is_an_env_error(score):
+    from rftgym.core.errors import EnvContractError
+
+    good = episode([(2, 0, {"evaluation_score": 8}), (1, 1.0, {})])
+    bad = episode([(2, 0, {"evaluation_score": score}), (1, 0.0, {})])
+    with pytest.raises(EnvContractError, match=r"test \(seed 0, turn 0\): info\['evaluation_score'\] is"):
+        build_samples([[good, bad]], TrainConfig(algo="pcar"))
+
+
+def test_a_policy_that_recorded_no_logprobs_is_refused_unless_they_are_recomputed():
+    from rftgym.core.errors import AgentError
+
+    blind = episode([(2, 0.0, {})])
+    blind.turns[0].logprobs = None
+    group = [episode([(2, 1.0, {})], success=True), blind]
+    with pytest.raises(AgentError, match=r"recorded no log-probs .* or train with --old-logprobs recompute"):
+        build_samples([group], TrainConfig(algo="grpo"))
+    assert len(build_samples([group], TrainConfig(algo="grpo", old_logprobs="recompute"))[0]) == 2
+    assert len(build_samples([group], TrainConfig(algo="rft"))[0]) == 1  # supervised: no ratio
+
+
 def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():
     # Episode 0: search, evaluate(8), search, evaluate(2), answer (reward 1).
     # Episode 1: search, evaluate(5), answer (reward 0).

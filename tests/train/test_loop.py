@@ -139,6 +139,16 @@ def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_polic
     assert policy.chat.decode_reply(ids[:split]) == text[:end]  # one character per token here
     assert evaluation_split(policy)(Turn(index=0, context_ids=(), action="", reward=0.0, terminated=False,
                                          truncated=False, info={}, sampled_ids=ids)) is None
+    import numpy as np
+
+    from rftgym.core.errors import EnvContractError
+
+    turn.info["evaluation_end"] = np.int64(end)  # numpy ints are offsets too
+    assert evaluation_split(policy)(turn) == split
+    for bad in (-3, len(text) + 1, 2.0, True):
+        turn.info["evaluation_end"] = bad
+        with pytest.raises(EnvContractError, match=rf"info\['evaluation_end'\] is {bad!r}; it is a character offset"):
+            evaluation_split(policy)(turn)
 
 
 @pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
