@@ -317,6 +317,12 @@ def test_env_metric_reducers():
                                  ("tm", "x", "turn_mean"), ("tx", "x", "turn_max")])
     # finals 3, 2, 5 -> mean 10/3, all positive -> rate 1; turns 1,3,0,0,2,5 -> mean 11/6, max 5
     assert got == pytest.approx({"fm": 10 / 3, "fr": 1.0, "tm": 11 / 6, "tx": 5})
+    # numpy numbers count like Python's; a final value not reported is not a success
+    import numpy as np
+
+    episodes = [ep([np.float32(1.0)]), ep([np.int64(0)]), ep([np.bool_(True)]), ep([None])]
+    got = env_metrics(episodes, [("fm", "x", "final_mean"), ("fr", "x", "final_rate")])
+    assert got == pytest.approx({"fm": 2 / 3, "fr": 2 / 4})
 
 
 def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):

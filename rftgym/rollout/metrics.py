@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 from statistics import mean
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from ..core.records import Episode
 
@@ -42,10 +45,11 @@ def _final(episode: Episode, key: str):
 
 
 EVAL_REDUCERS = {
-    # mean over episodes of the value on the final turn
+    # mean over the episodes that report it of the value on the final turn (an env reports its
+    # final keys on every ending turn, truncated ones too, so that none is left out)
     "final_mean": lambda eps, key: _mean([_final(e, key) for e in eps]),
-    # share of episodes whose final value is truthy / positive
-    "final_rate": lambda eps, key: _mean([float(bool(_final(e, key))) for e in eps if _final(e, key) is not None]),
+    # share of episodes whose final value is truthy / positive (a value not reported is not)
+    "final_rate": lambda eps, key: _mean([float(bool(_final(e, key))) for e in eps]),
     # mean and max over every turn of every episode
     "turn_mean": lambda eps, key: _mean([t.info.get(key) for e in eps for t in e.turns]),
     "turn_max": lambda eps, key: max((t.info[key] for e in eps for t in e.turns if t.info.get(key) is not None),
@@ -54,8 +58,10 @@ EVAL_REDUCERS = {
 
 
 def _mean(values) -> float | None:
-    numbers = [float(v) for v in values if isinstance(v, (int, float))]  # bools count as 0/1
-    return mean(numbers) if numbers else None
+    """The mean of the numbers among ``values`` (numpy scalars included; bools count as 0/1);
+    None when there are none."""
+    kept = [float(v) for v in values if isinstance(v, (numbers.Real, np.bool_))]
+    return mean(kept) if kept else None
 
 
 def env_metrics(episodes: Sequence[Episode], spec: Iterable[tuple[str, str, str]]) -> dict[str, float | None]:
