@@ -164,7 +164,11 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         info = {**info, "rollout_truncated": True}
     message = _new_assistant_message(before, context, reply.text)
     if message is not None:
-        span = agent.assistant_span(message, reply) if agent.token_level else None
+        # The sampled tokens stand for the message only when the env kept the reply's text as it
+        # was; an env that changed it (e.g. cut it to a length limit) put other text before the
+        # model, which the next prompt renders as the env wrote it.
+        kept = message.content == reply.text
+        span = agent.assistant_span(message, reply) if agent.token_level and kept else None
         if span is not None:
             slot.spans[message.id] = span
         agent.on_assistant_message(message, reply)

@@ -147,6 +147,22 @@ def test_an_env_breaking_the_step_contract_is_named(reward, message):
         run_episodes(lambda: TextObservation(make_qa()), ScriptedAgent(["x"]), seeds=[0])
 
 
+def test_a_reply_the_env_cut_is_fed_back_as_the_env_kept_it(tiny_policy):
+    # VerifiableQA keeps at most max_action_chars of a reply: the next prompt must hold that text,
+    # not the tokens the model sampled, and the cut starts a new segment.
+    def make_env():
+        return gym.make("rftgym/VerifiableQA-v0", max_action_chars=3, max_attempts=2)
+
+    policy = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, sampling=SamplingConfig(max_new_tokens=6,
+                                                                                        temperature=0.0))
+    (episode,) = run_episodes(make_env, policy, seeds=[0])
+    first, second = episode.turns[:2]
+    kept = episode.messages[first.message_id].content
+    assert kept != first.action and len(kept) <= 3
+    assert second.prompt_ids == policy.chat.prompt_ids(episode.context(1))  # rendered as the env wrote it
+    assert len(episode.segments) == len(episode.turns) > 1  # every cut reply starts a new segment
+
+
 def test_rollout_safety_net_truncates():
     episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
                             seeds=[0], config=RolloutConfig(max_turns=2))
