@@ -187,6 +187,10 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         message_id=message.id if message is not None else None,
     ))
     for m in context:
-        slot.messages.setdefault(m.id, m)
+        known = slot.messages.setdefault(m.id, m)
+        if known != m:  # the records (and the model's exact spans) are keyed by id
+            raise EnvContractError(f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns) - 1}) sent message "
+                                   f"{m.id!r} again with other content; messages are immutable: give an edited "
+                                   "message a new id (DESIGN.md section 2)")
     slot.context = context
     slot.active = not (terminated or truncated)

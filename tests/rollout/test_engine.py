@@ -163,6 +163,23 @@ def test_a_reply_the_env_cut_is_fed_back_as_the_env_kept_it(tiny_policy):
     assert len(episode.segments) == len(episode.turns) > 1  # every cut reply starts a new segment
 
 
+def test_an_env_that_reuses_a_message_id_for_other_content_is_named():
+    from rftgym.core.messages import Context, Message
+
+    class Restating(gym.Wrapper):  # rewrites its status message in place, keeping its id
+        def step(self, action):
+            context, *rest = self.env.step(action)
+            status = Message("user", f"status after {len(context)} messages", "status")
+            return Context(context.messages + (status,)), *rest
+
+        def reset(self, **kwargs):
+            context, info = self.env.reset(**kwargs)
+            return Context(context.messages + (Message("user", "status: start", "status"),)), info
+
+    with pytest.raises(EnvContractError, match=r"turn 0\) sent message 'status' again with other content"):
+        run_episodes(lambda: Restating(make_qa()), ScriptedAgent(["no tag"]), seeds=[0])
+
+
 def test_rollout_safety_net_truncates():
     episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
                             seeds=[0], config=RolloutConfig(max_turns=2))
