@@ -15,13 +15,17 @@ ends there as truncated: the engine records a turn with empty action, reward 0 a
 from __future__ import annotations
 
 import math
+import numbers
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
+import numpy as np
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply
-from ..core.errors import ConfigError, EnvContractError
+from ..core.errors import AgentError, ConfigError, EnvContractError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 
@@ -81,7 +85,7 @@ def run_episodes(
         raise ConfigError(f"options has {len(options)} entries for {len(seeds)} seeds; give one per seed or none")
     queue = list(range(len(seeds)))
     results: list[Episode | None] = [None] * len(seeds)
-    slots = [_Slot(make_env()) for _ in range(min(config.num_envs, len(seeds)))]
+    slots: list[_Slot] = []
     owner: dict[int, int] = {}  # slot index -> episode index
 
     def start(slot_index: int) -> None:
@@ -89,10 +93,13 @@ def run_episodes(
         episode_index = queue.pop(0)
         seed = seeds[episode_index]
         opts = options[episode_index] if options is not None else None
-        context, info = slot.env.reset(seed=seed, options=opts)
+        context, info = _unpack(slot.env.reset(seed=seed, options=opts), 2, slot.env, seed, "reset")
         if not isinstance(context, Context):
             raise EnvContractError(f"{_env_id(slot.env)} (seed {seed}) reset to a {type(context).__name__}; an rftgym "
                                    "env's observation is the chat context (rftgym.core.messages.Context)")
+        if not isinstance(info, dict):
+            raise EnvContractError(f"{_env_id(slot.env)} (seed {seed}) reset with a {type(info).__name__} info; "
+                                   "Gymnasium's reset returns (observation, dict)")
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
         slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, dict(info), True
@@ -107,6 +114,8 @@ def run_episodes(
             on_episode(episode)
 
     try:
+        for _ in range(min(config.num_envs, len(seeds))):
+            slots.append(_Slot(make_env()))
         for i in range(len(slots)):
             start(i)
         while any(slot.active for slot in slots):
@@ -116,8 +125,7 @@ def run_episodes(
                 replies = agent.act_tokens(contexts, [slots[i].spans for i in active])
             else:
                 replies = agent.act(contexts)
-            if len(replies) != len(active):
-                raise RuntimeError(f"agent {agent.name!r} returned {len(replies)} replies for {len(active)} contexts")
+            _check_replies(agent, replies, len(active))
             for i, reply in zip(active, replies):
                 _step(slots[i], agent, reply, config.max_turns)
                 if not slots[i].active:
@@ -125,12 +133,57 @@ def run_episodes(
                     if queue:
                         start(i)
     finally:
-        for slot in slots:
-            slot.env.close()
+        _close_all(slots)
     return results  # type: ignore[return-value]
 
 
-def _checked_step(slot: _Slot, context, reward, info) -> float:
+def _close_all(slots: list[_Slot]) -> None:
+    """Close every env. A close that fails does not stop the others; its error is raised only when
+    nothing else is already being raised (it would hide the error that ended the rollout)."""
+    failure = None
+    for slot in slots:
+        try:
+            slot.env.close()
+        except Exception as exc:  # noqa: BLE001 (any env's close)
+            failure = failure or exc
+    if failure is not None:
+        if sys.exc_info()[0] is None:
+            raise failure
+        warnings.warn(f"closing an env failed too ({type(failure).__name__}: {failure})", stacklevel=3)
+
+
+def _check_replies(agent: Agent, replies, expected: int) -> None:
+    """An agent's answer to one batch: a list of ``expected`` AgentReplies with text, and for
+    token-level replies matching token records (they become the training data)."""
+    name = getattr(agent, "name", type(agent).__name__)
+    if not isinstance(replies, (list, tuple)):
+        raise AgentError(f"agent {name!r} returned a {type(replies).__name__} from act(); return a list of "
+                         "AgentReply, one per context")
+    if len(replies) != expected:
+        raise AgentError(f"agent {name!r} returned {len(replies)} replies for {expected} contexts")
+    for reply in replies:
+        if not isinstance(reply, AgentReply) or not isinstance(reply.text, str):
+            what = type(reply.text).__name__ + " text" if isinstance(reply, AgentReply) else type(reply).__name__
+            raise AgentError(f"agent {name!r} returned a reply with {what}; each reply is an AgentReply whose text "
+                             "is a str")
+        if reply.sampled_ids is not None:
+            if reply.prompt_ids is None:
+                raise AgentError(f"agent {name!r} returned sampled_ids without prompt_ids; a token-level reply "
+                                 "records both (or neither)")
+            if reply.logprobs is not None and len(reply.logprobs) != len(reply.sampled_ids):
+                raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
+                                 f"{len(reply.sampled_ids)} sampled tokens; give one per token")
+
+
+def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
+    if not isinstance(result, tuple) or len(result) != size:
+        shape = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        raise EnvContractError(f"{_env_id(env)} (seed {seed}) {call} returned {shape}; Gymnasium's {call} returns a "
+                               f"{size}-tuple")
+    return result
+
+
+def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> float:
     """The step's reward as a float, once the env's answer keeps the protocol: a NaN or infinite
     reward would turn every advantage of its group, and then the weights, into NaN."""
     where = f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns)})"
@@ -139,10 +192,12 @@ def _checked_step(slot: _Slot, context, reward, info) -> float:
                                "the chat context (rftgym.core.messages.Context)")
     if not isinstance(info, dict):
         raise EnvContractError(f"{where} returned a {type(info).__name__} info; Gymnasium's step returns a dict")
-    try:
-        value = float(reward)
-    except (TypeError, ValueError):
-        raise EnvContractError(f"{where} returned the reward {reward!r}; a reward is a finite number") from None
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise EnvContractError(f"{where} returned {name}={flag!r}; Gymnasium's step flags are bools")
+    if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.number)):
+        raise EnvContractError(f"{where} returned the reward {reward!r}; a reward is a finite number")
+    value = float(reward)
     if not math.isfinite(value):
         raise EnvContractError(f"{where} returned the reward {value}; a reward is a finite number (a NaN or "
                                "infinite one would make every advantage of its group, then the weights, NaN)")
@@ -157,8 +212,8 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
                                finish_reason=CONTEXT_FULL))
         slot.active = False
         return
-    context, reward, terminated, truncated, info = slot.env.step(reply.text)
-    reward = _checked_step(slot, context, reward, info)
+    context, reward, terminated, truncated, info = _unpack(slot.env.step(reply.text), 5, slot.env, slot.seed, "step")
+    reward = _checked_step(slot, context, reward, terminated, truncated, info)
     if not terminated and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}

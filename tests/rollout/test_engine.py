@@ -180,6 +180,64 @@ def test_an_env_that_reuses_a_message_id_for_other_content_is_named():
         run_episodes(lambda: Restating(make_qa()), ScriptedAgent(["no tag"]), seeds=[0])
 
 
+class Returns(Agent):
+    def __init__(self, make_replies):
+        self.make_replies = make_replies
+
+    def act(self, contexts):
+        return self.make_replies(contexts)
+
+
+@pytest.mark.parametrize("make_replies, message", [
+    (lambda cs: (AgentReply("x") for _ in cs), "returned a generator from act"),
+    (lambda cs: ["x" for _ in cs], "returned a reply with str;"),
+    (lambda cs: [AgentReply(None) for _ in cs], "returned a reply with NoneType text"),
+    (lambda cs: [AgentReply("x"), AgentReply("y")], "returned 2 replies for 1 contexts"),
+    (lambda cs: [AgentReply("x", sampled_ids=[1, 2]) for _ in cs], "sampled_ids without prompt_ids"),
+    (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[1, 2], logprobs=[0.0]) for _ in cs],
+     "returned 1 log-probs for 2 sampled tokens"),
+])
+def test_an_agent_breaking_its_contract_is_named(make_replies, message):
+    from rftgym.core.errors import AgentError
+
+    with pytest.raises(AgentError, match=message):
+        run_episodes(make_qa, Returns(make_replies), seeds=[0])
+
+
+@pytest.mark.parametrize("step_result, message", [
+    (lambda out: out[:4], r"step returned a 4-tuple; Gymnasium's step returns a 5-tuple"),
+    (lambda out: (out[0], out[1], "False", out[3], out[4]), "returned terminated='False'"),
+    (lambda out: (out[0], "0.5", *out[2:]), "returned the reward '0.5'"),
+])
+def test_an_env_step_of_the_wrong_shape_is_named(step_result, message):
+    class Odd(gym.Wrapper):
+        def step(self, action):
+            return step_result(self.env.step(action))
+
+    with pytest.raises(EnvContractError, match=message):
+        run_episodes(lambda: Odd(make_qa()), ScriptedAgent(["x"]), seeds=[0])
+
+
+def test_every_env_made_is_closed_and_a_failing_close_does_not_hide_the_error():
+    closed, made = [], []
+
+    class Tracked(gym.Wrapper):
+        def close(self):
+            closed.append(self)
+            raise OSError("close failed")
+
+    def make_env():
+        if len(made) == 2:
+            raise RuntimeError("the third env cannot be made")
+        made.append(Tracked(make_qa()))
+        return made[-1]
+
+    with pytest.raises(RuntimeError, match="the third env cannot be made"), \
+            pytest.warns(UserWarning, match="closing an env failed too"):
+        run_episodes(make_env, ScriptedAgent(["x"]), seeds=[0, 1, 2], config=RolloutConfig(num_envs=3))
+    assert closed == made and len(made) == 2
+
+
 def test_rollout_safety_net_truncates():
     episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
                             seeds=[0], config=RolloutConfig(max_turns=2))
