@@ -197,11 +197,30 @@ def write_episodes_jsonl(path, episodes: Iterable[Episode]) -> int:
     return count
 
 
+def _string_keys(obj: Any) -> Any:
+    """``obj`` with every dict key a JSON key: JSON writes int, float and bool keys as strings
+    itself; other keys (tuples, numpy ints) are written as their ``str`` too."""
+    if isinstance(obj, dict):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): _string_keys(v)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_string_keys(v) for v in obj]
+    return obj
+
+
+def episode_json_line(episode: Episode) -> str:
+    """One episode as one line of JSON (ASCII: lone surrogates in agent text stay valid JSON)."""
+    record = episode.to_json()
+    try:
+        return json.dumps(record, default=_json_default)
+    except TypeError:  # a dict key JSON cannot write (info from an env: a tuple, a numpy int)
+        return json.dumps(_string_keys(record), default=_json_default)
+
+
 def append_episode_jsonl(handle, episode: Episode) -> None:
     """One episode as one JSON line on an open text file, flushed (so a reader, or an interrupted
     run, has every finished line)."""
-    handle.write(json.dumps(episode.to_json(), default=_json_default))  # ASCII: lone surrogates in agent text stay valid JSON
-    handle.write("\n")
+    handle.write(episode_json_line(episode) + "\n")
     handle.flush()
 
 

@@ -215,3 +215,14 @@ def test_unordered_and_unknown_info_values_are_written(tmp_path):
     write_episodes_jsonl(path, [ep])
     (loaded,) = read_episodes_jsonl(path)
     assert loaded.turns[0].info == {"mixed": ["a", 1], "obj": repr(object)}  # ordered by repr
+
+
+def test_info_keys_json_cannot_write_are_written_as_their_text(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "eps.jsonl"
+    info = {"by_pair": {(1, 2): "a"}, "nested": [{np.int64(3): 1.5}], 7: "int keys are JSON's own"}
+    ep = Episode("x", None, {}, [Turn(0, (), "a", 0.0, True, False, info)], ())
+    write_episodes_jsonl(path, [ep])
+    (loaded,) = read_episodes_jsonl(path)
+    assert loaded.turns[0].info == {"by_pair": {"(1, 2)": "a"}, "nested": [{"3": 1.5}], "7": "int keys are JSON's own"}
