@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import re
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,9 +53,29 @@ def _cell(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _env_spec(env_id: str):
+    """The Gymnasium spec of ``env_id``: one of rftgym's, another registered env, or ``module:EnvId``
+    (Gymnasium's form: the module is imported first, and registers the env)."""
+    module, _, bare = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"environment {env_id!r}: cannot import {module!r} ({exc}); give module:EnvId with a "
+                             "module on the Python path that registers EnvId with gymnasium.register") from None
+    if bare not in gym.registry:
+        raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())} "
+                         "(your own: module:EnvId, where importing module registers EnvId with gymnasium.register)")
+    return gym.spec(bare)
+
+
+def _short_name(env_id: str) -> str:
+    """``VerifiableQA-v0`` for ``rftgym/VerifiableQA-v0`` (and for ``module:ns/VerifiableQA-v0``)."""
+    return env_id.rpartition(":")[2].split("/")[-1]
+
+
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
-    if env_id not in env_registry.ENVS:
-        raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())}")
+    _env_spec(env_id)
     # gymnasium's own make() options, checked here: its errors are not about the env.
     steps = kwargs.get("max_episode_steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
@@ -70,9 +92,9 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 
 
 def _env_options_hint(env_id: str) -> str:
-    module_name, class_name = env_registry.ENVS[env_id][0].split(":")
-    module = __import__(module_name, fromlist=[class_name])
-    configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__name__.endswith("Config")]
+    module = sys.modules.get(getattr(_env_class(env_id), "__module__", ""), None)
+    configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__name__.endswith("Config")
+               and v.__module__ == module.__name__] if module is not None else []
     if not configs:
         return ""
     names = [f.name for f in dataclasses.fields(configs[0]) if f.init]
@@ -85,8 +107,11 @@ def _load_object(path: str):
 
 
 def _env_class(env_id: str):
-    """The env's class, for its metadata (eval columns and baselines), without making an env."""
-    return _load_object(env_registry.ENVS[env_id][0])
+    """The env's class, for its metadata (eval columns and baselines), without making an env; an
+    entry point without metadata (e.g. a factory function) reads as empty metadata."""
+    entry = _env_spec(env_id).entry_point
+    found = _load_object(entry) if isinstance(entry, str) else entry
+    return found if isinstance(getattr(found, "metadata", None), dict) else types.SimpleNamespace(metadata={})
 
 
 def _build_agent(args: argparse.Namespace):
@@ -282,7 +307,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             outs[env_id] = Path(args.out)
         else:
             outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
-                                   / f"{env_id.split('/')[-1]}-{args.agent}-{stamp}.jsonl")
+                                   / f"{_short_name(env_id)}-{args.agent}-{stamp}.jsonl")
         _writable_file(outs[env_id], "--out", env_kwargs)
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     context_full: dict[str, int] = {}
@@ -521,7 +546,7 @@ def train_config_from_args(args: argparse.Namespace):
     from .core.errors import ConfigError
     from .train import TrainConfig
 
-    output_dir = args.output_dir or str(Path("runs") / "train" / f"{args.env.split('/')[-1]}-{args.algo}")
+    output_dir = args.output_dir or str(Path("runs") / "train" / f"{_short_name(args.env)}-{args.algo}")
     settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
     settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},

@@ -569,3 +569,44 @@ def test_eval_writes_through_a_symlinked_out(tmp_path):
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(link)]) == 0
     assert link.is_symlink() and len(list(read_episodes_jsonl(real))) == 2
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["eval.jsonl", "latest.jsonl", "results"]
+
+
+ECHO_MODULE = '''
+import gymnasium as gym
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+
+
+class EchoEnv(gym.Env):
+    metadata = {"render_modes": [], "eval_metrics": (("said", "said", "final_mean"),)}
+
+    def __init__(self, word="hi"):
+        self.word, self.observation_space, self.action_space = word, ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds.from_rng(self.np_random)
+        return Context((self.ids.message("user", f"say {self.word}"),)), {}
+
+    def step(self, action):
+        said = float(self.word in action)
+        return Context((self.ids.message("user", "done"),)), said, True, False, {"said": said}
+
+
+gym.register("mine/Echo-v0", entry_point=EchoEnv)
+'''
+
+
+def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, capsys):
+    (tmp_path / "echo_env_module.py").write_text(ECHO_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "echo.jsonl"
+    assert main(["eval", "echo_env_module:mine/Echo-v0", "--agent", "random", "--episodes", "2",
+                 "--env-arg", "word=x", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "mine/Echo-v0" in table.splitlines()[2] and "said" in table.splitlines()[0]  # its own column too
+    assert [e.env_id for e in read_episodes_jsonl(out)] == ["mine/Echo-v0"] * 2
+    assert exit_code(["eval", "no_such_module_here:mine/Echo-v0", "--agent", "random"]) == 2
+    assert "cannot import 'no_such_module_here'" in capsys.readouterr().err
+    assert exit_code(["eval", "mine/Nope-v0", "--agent", "random"]) == 2
+    assert "(your own: module:EnvId" in capsys.readouterr().err
