@@ -91,3 +91,30 @@ def train_config(tmp_path, name: str = "run", **overrides):
                     minibatch_size=16, output_dir=str(tmp_path / name), seed=0, save_every=100)
     settings.update(overrides)
     return TrainConfig(**settings)
+
+
+# A module that registers an env of its own with Gymnasium (``module:EnvId`` in the CLI and train).
+ECHO_MODULE = '''
+import gymnasium as gym
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+
+
+class EchoEnv(gym.Env):
+    metadata = {"render_modes": [], "eval_metrics": (("said", "said", "final_mean"),)}
+
+    def __init__(self, word="hi"):
+        self.word, self.observation_space, self.action_space = word, ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds.from_rng(self.np_random)
+        return Context((self.ids.message("user", f"say {self.word}"),)), {}
+
+    def step(self, action):
+        said = float(self.word in action)
+        return Context((self.ids.message("user", "done"),)), said, True, False, {"said": said}
+
+
+gym.register("mine/Echo-v0", entry_point=EchoEnv)
+'''

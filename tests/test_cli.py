@@ -571,33 +571,11 @@ def test_eval_writes_through_a_symlinked_out(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["eval.jsonl", "latest.jsonl", "results"]
 
 
-ECHO_MODULE = '''
-import gymnasium as gym
-from rftgym.core.messages import Context, MessageIds
-from rftgym.core.spaces import AssistantText, ContextSpace
-
-
-class EchoEnv(gym.Env):
-    metadata = {"render_modes": [], "eval_metrics": (("said", "said", "final_mean"),)}
-
-    def __init__(self, word="hi"):
-        self.word, self.observation_space, self.action_space = word, ContextSpace(), AssistantText()
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.ids = MessageIds.from_rng(self.np_random)
-        return Context((self.ids.message("user", f"say {self.word}"),)), {}
-
-    def step(self, action):
-        said = float(self.word in action)
-        return Context((self.ids.message("user", "done"),)), said, True, False, {"said": said}
-
-
-gym.register("mine/Echo-v0", entry_point=EchoEnv)
-'''
 
 
 def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, capsys):
+    from support import ECHO_MODULE
+
     (tmp_path / "echo_env_module.py").write_text(ECHO_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "echo.jsonl"

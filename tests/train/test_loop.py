@@ -220,3 +220,13 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
     # Restored, it resumes.
     history = train(config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert [h["step"] for h in history] == [1]
+
+
+def test_train_makes_an_env_of_your_own_from_module_colon_id(tmp_path, make_char_policy, monkeypatch):
+    from support import ECHO_MODULE
+
+    (tmp_path / "echo_train_module.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoTrain-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    history = train(config(tmp_path, steps=1, env_id="echo_train_module:mine/EchoTrain-v0", env_kwargs={"word": "a"},
+                           filter_zero_variance=False), policy=make_char_policy())
+    assert history[0]["samples"] > 0
