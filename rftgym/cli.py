@@ -58,6 +58,8 @@ def _env_spec(env_id: str):
     (Gymnasium's form: the module is imported first, and registers the env)."""
     module, _, bare = env_id.rpartition(":")
     if module:
+        if os.getcwd() not in sys.path and "" not in sys.path:  # the installed command's path lacks it
+            sys.path.append(os.getcwd())  # last: a module here never shadows an installed one
         try:
             importlib.import_module(module)
         except ImportError as exc:

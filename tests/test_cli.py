@@ -584,6 +584,14 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
     table = capsys.readouterr().out
     assert "mine/Echo-v0" in table.splitlines()[2] and "said" in table.splitlines()[0]  # its own column too
     assert [e.env_id for e in read_episodes_jsonl(out)] == ["mine/Echo-v0"] * 2
+    # The installed `rftgym` command has no current directory on its path: a module there is found.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "echo_cwd_module.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoCwd-v0"))
+    monkeypatch.chdir(other)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(other))])
+    assert main(["eval", "echo_cwd_module:mine/EchoCwd-v0", "--agent", "random", "--episodes", "1",
+                 "--out", str(other / "e.jsonl")]) == 0
     assert exit_code(["eval", "no_such_module_here:mine/Echo-v0", "--agent", "random"]) == 2
     assert "cannot import 'no_such_module_here'" in capsys.readouterr().err
     assert exit_code(["eval", "mine/Nope-v0", "--agent", "random"]) == 2

@@ -66,7 +66,9 @@ class Agent(ABC):
 
     def on_assistant_message(self, message: Message, reply: AgentReply) -> None:
         """Called by the rollout engine once the env has put ``reply`` into the context as
-        ``message``; token-level agents bind the message id to the sampled tokens here."""
+        ``message``. The env may have changed the text (e.g. cut it to a length limit): sampled
+        tokens stand for the message only when ``message.content == reply.text`` (the engine binds
+        exact spans under that rule, through :meth:`assistant_span`)."""
 
     def close(self) -> None:
         """Free resources (threads, connections, models)."""

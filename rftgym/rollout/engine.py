@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -53,6 +52,7 @@ class _Slot:
     spans: dict[str, tuple[int, ...]] = field(default_factory=dict)  # exact assistant spans, by id
     reset_info: dict[str, Any] = field(default_factory=dict)
     active: bool = False
+    warned_changed_reply: bool = False  # the env changed a reply's text (warned once per slot)
 
 
 def _env_id(env: gym.Env) -> str:
@@ -132,14 +132,16 @@ def run_episodes(
                     finish(i)
                     if queue:
                         start(i)
-    finally:
-        _close_all(slots)
+    except BaseException:
+        _close_all(slots, raising=True)
+        raise
+    _close_all(slots, raising=False)
     return results  # type: ignore[return-value]
 
 
-def _close_all(slots: list[_Slot]) -> None:
-    """Close every env. A close that fails does not stop the others; its error is raised only when
-    nothing else is already being raised (it would hide the error that ended the rollout)."""
+def _close_all(slots: list[_Slot], *, raising: bool) -> None:
+    """Close every env. A close that fails does not stop the others; while the rollout is raising
+    an error of its own, a failed close only warns (it would hide that error)."""
     failure = None
     for slot in slots:
         try:
@@ -147,7 +149,7 @@ def _close_all(slots: list[_Slot]) -> None:
         except Exception as exc:  # noqa: BLE001 (any env's close)
             failure = failure or exc
     if failure is not None:
-        if sys.exc_info()[0] is None:
+        if not raising:
             raise failure
         warnings.warn(f"closing an env failed too ({type(failure).__name__}: {failure})", stacklevel=3)
 
@@ -195,7 +197,8 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, (bool, np.bool_)):
             raise EnvContractError(f"{where} returned {name}={flag!r}; Gymnasium's step flags are bools")
-    if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.number)):
+    if isinstance(reward, (str, bytes)) or not isinstance(reward, (numbers.Real, np.number, np.bool_, np.ndarray)) \
+            or np.ndim(reward) != 0 or np.iscomplexobj(reward):
         raise EnvContractError(f"{where} returned the reward {reward!r}; a reward is a finite number")
     value = float(reward)
     if not math.isfinite(value):
@@ -223,6 +226,11 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         # was; an env that changed it (e.g. cut it to a length limit) put other text before the
         # model, which the next prompt renders as the env wrote it.
         kept = message.content == reply.text
+        if not kept and slot.warned_changed_reply is False:
+            slot.warned_changed_reply = True
+            warnings.warn(f"{_env_id(slot.env)} stored a reply other than the agent's text (e.g. cut or tidied); "
+                          "the next prompt shows the env's text, so for a token-level policy that turn ends a "
+                          "segment (more segments, each trained with its own prompt)", stacklevel=4)
         span = agent.assistant_span(message, reply) if agent.token_level and kept else None
         if span is not None:
             slot.spans[message.id] = span

@@ -155,7 +155,8 @@ def test_a_reply_the_env_cut_is_fed_back_as_the_env_kept_it(tiny_policy):
 
     policy = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, sampling=SamplingConfig(max_new_tokens=6,
                                                                                         temperature=0.0))
-    (episode,) = run_episodes(make_env, policy, seeds=[0])
+    with pytest.warns(UserWarning, match="stored a reply other than the agent's text"):
+        (episode,) = run_episodes(make_env, policy, seeds=[0])
     first, second = episode.turns[:2]
     kept = episode.messages[first.message_id].content
     assert kept != first.action and len(kept) <= 3
@@ -204,10 +205,24 @@ def test_an_agent_breaking_its_contract_is_named(make_replies, message):
         run_episodes(make_qa, Returns(make_replies), seeds=[0])
 
 
+def test_numpy_rewards_are_rewards():
+    import numpy as np
+
+    for reward in (np.True_, np.array(0.25), np.float32(0.5), 1):
+        class Numpy(gym.Wrapper):
+            def step(self, action):
+                context, _, terminated, truncated, info = self.env.step(action)
+                return context, reward, np.bool_(terminated), truncated, info
+
+        (episode,) = run_episodes(lambda: Numpy(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[0])
+        assert episode.total_reward == float(reward) and isinstance(episode.turns[0].reward, float)
+
+
 @pytest.mark.parametrize("step_result, message", [
     (lambda out: out[:4], r"step returned a 4-tuple; Gymnasium's step returns a 5-tuple"),
     (lambda out: (out[0], out[1], "False", out[3], out[4]), "returned terminated='False'"),
     (lambda out: (out[0], "0.5", *out[2:]), "returned the reward '0.5'"),
+    (lambda out: (out[0], [0.5], *out[2:]), r"returned the reward \[0.5\]"),
 ])
 def test_an_env_step_of_the_wrong_shape_is_named(step_result, message):
     class Odd(gym.Wrapper):
