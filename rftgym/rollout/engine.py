@@ -14,6 +14,7 @@ ends there as truncated: the engine records a turn with empty action, reward 0 a
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -102,7 +103,7 @@ def run_episodes(
                                    "Gymnasium's reset returns (observation, dict)")
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
-        slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, dict(info), True
+        slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, _snapshot(info), True
         owner[slot_index] = episode_index
 
     def finish(slot_index: int) -> None:
@@ -177,6 +178,16 @@ def _check_replies(agent: Agent, replies, expected: int) -> None:
                                  f"{len(reply.sampled_ids)} sampled tokens; give one per token")
 
 
+def _snapshot(info: dict) -> dict:
+    """The info as it is now: an env may hand out its own mutable state (a list it appends to every
+    step), which a shallow copy would leave every turn's record sharing. Values that cannot be
+    copied are kept as they are."""
+    try:
+        return copy.deepcopy(info)
+    except Exception:  # noqa: BLE001 (a lock, a file, a generator in the info)
+        return dict(info)
+
+
 def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
     if not isinstance(result, tuple) or len(result) != size:
         shape = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
@@ -242,7 +253,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         reward=float(reward),
         terminated=bool(terminated),
         truncated=bool(truncated),
-        info=dict(info),
+        info=_snapshot(info),
         prompt_ids=reply.prompt_ids,
         sampled_ids=reply.sampled_ids,
         logprobs=reply.logprobs,

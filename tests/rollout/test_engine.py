@@ -205,6 +205,21 @@ def test_an_agent_breaking_its_contract_is_named(make_replies, message):
         run_episodes(make_qa, Returns(make_replies), seeds=[0])
 
 
+def test_each_turn_records_the_info_as_it_was_then():
+    class History(gym.Wrapper):  # hands out the same list every step, appending to it
+        def reset(self, **kwargs):
+            self.seen = []
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            context, reward, terminated, truncated, info = self.env.step(action)
+            self.seen.append(len(self.seen))
+            return context, reward, terminated, truncated, {**info, "seen": self.seen}
+
+    (episode,) = run_episodes(lambda: History(make_qa()), ScriptedAgent(["no tag"]), seeds=[0])
+    assert [t.info["seen"] for t in episode.turns] == [[0], [0, 1], [0, 1, 2]]
+
+
 def test_numpy_rewards_are_rewards():
     import numpy as np
 
