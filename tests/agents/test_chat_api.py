@@ -102,6 +102,12 @@ def make_handler(server: FakeServer):
                     response = server.behaviour(received, attempt)
                 if response.delay_s:
                     server.stop.wait(response.delay_s)  # interrupted at teardown
+            finally:
+                # A request is in flight until its answer starts: once the client has read the
+                # answer it may send its next request before this thread would run a later line.
+                with server.lock:
+                    server.in_flight -= 1
+            try:
                 payload = response.body
                 if payload is None:
                     payload = completion()
@@ -125,9 +131,6 @@ def make_handler(server: FakeServer):
                     self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (timeout test)
-            finally:
-                with server.lock:
-                    server.in_flight -= 1
 
     return Handler
 
