@@ -373,10 +373,10 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
             complete.unlink(missing_ok=True)
         _partial(path).unlink(missing_ok=True)
         written.append(path)
-        headers, row = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
-                                 run_episodes_, elapsed)
+        headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
+                                          run_episodes_, elapsed)
         rows.append((headers, row))
-        context_full += sum(e.context_full for e in run_episodes_)
+        context_full += summary["context_full"]
     return rows, written, context_full
 
 
@@ -443,7 +443,7 @@ def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
     row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
            s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
     extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
-    return headers + list(extra), row + ["-" if v is None else v for v in extra.values()]
+    return headers + list(extra), row + ["-" if v is None else v for v in extra.values()], s
 
 
 AUTO_SWITCH = {"auto": None, "on": True, "off": False}

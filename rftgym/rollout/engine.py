@@ -95,12 +95,7 @@ def run_episodes(
         seed = seeds[episode_index]
         opts = options[episode_index] if options is not None else None
         context, info = _unpack(slot.env.reset(seed=seed, options=opts), 2, slot.env, seed, "reset")
-        if not isinstance(context, Context):
-            raise EnvContractError(f"{_env_id(slot.env)} (seed {seed}) reset to a {type(context).__name__}; an rftgym "
-                                   "env's observation is the chat context (rftgym.core.messages.Context)")
-        if not isinstance(info, dict):
-            raise EnvContractError(f"{_env_id(slot.env)} (seed {seed}) reset with a {type(info).__name__} info; "
-                                   "Gymnasium's reset returns (observation, dict)")
+        _check_observation(f"{_env_id(slot.env)} (seed {seed}) reset to", context, info)
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
         slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, _snapshot(info), True
@@ -196,15 +191,21 @@ def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
     return result
 
 
+def _check_observation(where: str, context, info) -> None:
+    """What reset and step hand back (``where`` ends in the verb, e.g. "... reset to"): the chat
+    context and an info dict."""
+    if not isinstance(context, Context):
+        raise EnvContractError(f"{where} a {type(context).__name__}; an rftgym env's observation is the chat "
+                               "context (rftgym.core.messages.Context)")
+    if not isinstance(info, dict):
+        raise EnvContractError(f"{where} a {type(info).__name__} as its info; Gymnasium's info is a dict")
+
+
 def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> float:
     """The step's reward as a float, once the env's answer keeps the protocol: a NaN or infinite
     reward would turn every advantage of its group, and then the weights, into NaN."""
     where = f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns)})"
-    if not isinstance(context, Context):
-        raise EnvContractError(f"{where} returned a {type(context).__name__} observation; an rftgym env returns "
-                               "the chat context (rftgym.core.messages.Context)")
-    if not isinstance(info, dict):
-        raise EnvContractError(f"{where} returned a {type(info).__name__} info; Gymnasium's step returns a dict")
+    _check_observation(f"{where} returned", context, info)
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, (bool, np.bool_)):
             raise EnvContractError(f"{where} returned {name}={flag!r}; Gymnasium's step flags are bools")
@@ -237,7 +238,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         # was; an env that changed it (e.g. cut it to a length limit) put other text before the
         # model, which the next prompt renders as the env wrote it.
         kept = message.content == reply.text
-        if not kept and slot.warned_changed_reply is False:
+        if not kept and not slot.warned_changed_reply:
             slot.warned_changed_reply = True
             warnings.warn(f"{_env_id(slot.env)} stored a reply other than the agent's text (e.g. cut or tidied); "
                           "the next prompt shows the env's text, so for a token-level policy that turn ends a "
@@ -250,7 +251,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         index=len(slot.turns),
         context_ids=before.ids,
         action=reply.text,
-        reward=float(reward),
+        reward=reward,
         terminated=bool(terminated),
         truncated=bool(truncated),
         info=_snapshot(info),

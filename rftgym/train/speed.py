@@ -97,6 +97,7 @@ def tag_right_padding(mask: torch.Tensor, right_padded: bool) -> torch.Tensor:
 # forward (looking for packed sequences), which makes the host wait for the device; with no mask,
 # SDPA runs causal (``is_causal``: the flash kernel).
 CAUSAL_SDPA = "rftgym_causal_sdpa"
+CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")  # transformers 5.17, older, 5.24
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,9 +161,6 @@ def _restore_attention(module, args, kwargs, output):
 def _set_attention(config, name: str) -> None:
     if config._attn_implementation != name:
         config._attn_implementation = name
-
-
-CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")  # transformers 5.17, older, 5.24
 
 
 def _checkpoint_mlp_class(mlp_class) -> None:
