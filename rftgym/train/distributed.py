@@ -21,10 +21,19 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from ..core.errors import RftgymError
+
+T = TypeVar("T")
+
+
+class PeerRankError(RftgymError, RuntimeError):
+    """Another rank of a distributed run stopped with an error, so this one stops too (the message
+    names the rank and its error; that rank reports the full error itself)."""
 
 
 @dataclass
@@ -119,9 +128,28 @@ class Distributed:
         dist.all_gather_object(out, obj)
         return out
 
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
+    def together(self, work: Callable[[], T]) -> T:
+        """``work()``'s result, where ``work`` may fail on one rank alone (a collective inside it
+        must come before anything that can fail): if it raises on any rank, every rank raises. The rank that failed raises its own error; the
+        others a :class:`PeerRankError` naming it. Without this a rank whose rollout or samples
+        failed (an env breaking its contract, a policy without log-probs) would stop while the
+        others waited in their next collective until the process group's timeout."""
+        if not self.enabled:
+            return work()
+        try:
+            result, failure = work(), None
+        except Exception as exc:  # reported to every rank, then raised here as it was
+            result, failure = None, exc
+        reports = self.gather_objects(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        if failed:
+            rank, report = failed[0]
+            others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+            raise PeerRankError(f"rank {rank}{others} stopped the run with {report}; rank {self.rank} stops too. "
+                                f"Rank {rank}'s own output has the full error.")
+        return result
 
     def _comm_device(self):
         return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")

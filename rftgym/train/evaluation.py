@@ -32,9 +32,12 @@ def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, co
     try:
         policy.sampling = replace(sampling, temperature=0.0)
         # FSDP: every rank gathers the parameters, also one without seeds.
-        with torch.random.fork_rng(devices=devices), autocast(), full_parameters(model):
-            episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size)) \
-                if seeds else []
+        def rollout():  # on this rank alone; an error stops every rank (Distributed.together)
+            with torch.random.fork_rng(devices=devices), autocast(), full_parameters(model):
+                return run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size)) \
+                    if seeds else []
+
+        episodes = ranks.together(rollout)
     finally:
         policy.sampling = sampling
         policy._generator.set_state(sampler_state)

@@ -178,14 +178,19 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         seeds = [s for s in task_seeds for _ in range(config.group_size)]
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
-        model.eval()
-        with autocast(), full_parameters(model):
-            episodes = run_episodes(make_env, policy, seeds, config=RolloutConfig(num_envs=config.rollout_batch_size))
-        rollout_seconds = time.perf_counter() - started
-
         # 3. Advantages -> per-token training samples.
-        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config, segment_rng,
-                                             split_tokens=evaluation_split(policy))
+        # Both run on each rank alone; an error in either (an env breaking its contract, a policy
+        # without log-probs) stops every rank, not just this one.
+        def rollout_and_samples():
+            model.eval()
+            with autocast(), full_parameters(model):
+                episodes = run_episodes(make_env, policy, seeds,
+                                        config=RolloutConfig(num_envs=config.rollout_batch_size))
+            rollout_seconds = time.perf_counter() - started
+            return episodes, rollout_seconds, *build_samples(group_episodes(episodes, config.group_size), config,
+                                                             segment_rng, split_tokens=evaluation_split(policy))
+
+        episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
 
         # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
         model.train()
@@ -232,11 +237,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
             per_rank = ranks.gather_objects({"sampling": policy._generator.get_state(),
                                              "segments": segment_rng.get_state()})
             state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
-            if ranks.is_main:
-                save_checkpoint(out, state=state, step=step + 1, config=config.to_dict(),
-                                rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(),
-                                            "ranks": per_rank})
-            ranks.barrier()
+            # The others wait for the writing rank, and stop with it if it cannot write.
+            ranks.together(lambda: ranks.is_main and save_checkpoint(
+                out, state=state, step=step + 1, config=config.to_dict(),
+                rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
 
     if log is not None:
         log.close()

@@ -369,3 +369,77 @@ def test_a_locked_output_directory_stops_every_rank(tmp_path):
     for rank in (0, 1):
         message = json.loads((tmp_path / f"locked{rank}.json").read_text())["message"]
         assert message is not None and "is writing to" in message, (rank, message)
+
+
+RANK_FAILS_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from support import SayAEnv, make_char_policy
+    from rftgym.core.errors import EnvContractError
+    from rftgym.train import TrainConfig
+    from rftgym.train.distributed import Distributed, PeerRankError
+    from rftgym.train.loop import train
+
+    out, result_dir, phase = sys.argv[1], sys.argv[2], sys.argv[3]
+    rank = Distributed.from_env().rank
+
+    class BrokenOnRankOne(SayAEnv):  # a NaN reward breaks the env contract, on one rank only
+        def step(self, action):
+            observation, reward, terminated, truncated, info = super().step(action)
+            return observation, float("nan") if rank == 1 else reward, terminated, truncated, info
+
+    # "train": rank 1's rollout fails in the second step; "eval": only its evaluation episodes do.
+    import rftgym.train.evaluation as evaluation
+    import rftgym.train.loop as loop
+    state = {"steps": 0, "evaluating": False}
+    build_samples, run_episodes = loop.build_samples, evaluation.run_episodes
+
+    def counting_steps(*args, **kwargs):
+        state["steps"] += 1
+        return build_samples(*args, **kwargs)
+
+    def evaluating(*args, **kwargs):
+        state["evaluating"] = True
+        try:
+            return run_episodes(*args, **kwargs)
+        finally:
+            state["evaluating"] = False
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    loop.build_samples, evaluation.run_episodes = counting_steps, evaluating
+    if phase == "save" and rank == 0:  # "save": the writing rank cannot write its checkpoint
+        loop.save_checkpoint = disk_full
+
+    def make_env():
+        broken = state["evaluating"] if phase == "eval" else phase == "train" and state["steps"] >= 1
+        return BrokenOnRankOne() if broken else SayAEnv()
+
+    config = TrainConfig(steps=3, tasks_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4,
+                         output_dir=out, save_every=1, eval_every=1 if phase == "eval" else 0, eval_episodes=2)
+    try:
+        train(config, policy=make_char_policy(seed=0), make_env=make_env)
+        outcome = None
+    except (EnvContractError, OSError, PeerRankError) as exc:
+        outcome = [type(exc).__name__, str(exc)]
+    json.dump({"outcome": outcome, "steps": state["steps"]}, open(f"{result_dir}/{phase}{rank}.json", "w"))
+''')
+
+
+@pytest.mark.parametrize("phase", ["train", "eval", "save"])
+def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
+    # Without the ranks agreeing, the rank that did not fail would go on to its next collective
+    # alone: it waits there (until the process group's timeout) or, under torchrun, is killed
+    # without writing its result file.
+    torchrun(RANK_FAILS_SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path), phase)
+    rank0 = json.loads((tmp_path / f"{phase}0.json").read_text())
+    rank1 = json.loads((tmp_path / f"{phase}1.json").read_text())
+    failed, other = (rank0, rank1) if phase == "save" else (rank1, rank0)
+    error, words = ("OSError", "No space left") if phase == "save" else ("EnvContractError", "reward")
+    assert failed["outcome"][0] == error and words in failed["outcome"][1]
+    assert other["outcome"][0] == "PeerRankError"
+    assert other["outcome"][1].startswith(f"rank {0 if phase == 'save' else 1} stopped the run with {error}")
+    assert words in other["outcome"][1]
+    # Training: rank 1 failed in the second step's rollout, after rank 0 had built its samples
+    # (the first step trained on both). Evaluation and the checkpoint: after the first step.
+    assert (rank0["steps"], rank1["steps"]) == ((2, 1) if phase == "train" else (1, 1))
