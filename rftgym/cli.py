@@ -452,7 +452,7 @@ AUTO_SWITCH = {"auto": None, "on": True, "off": False}
 def _train_flags() -> list[tuple[str, str, dict]]:
     """``(flag, TrainConfig field, argparse options)`` for ``rftgym train``; defaults are TrainConfig's.
     The env id, ``--env-arg``, ``--seed`` and ``--output-dir``'s default are set apart."""
-    from .train.config import AGGREGATION_NAMES, ALGORITHMS, OLD_LOGPROBS, PARALLELISM, TrainConfig
+    from .train.config import AGGREGATION_NAMES, ALGORITHMS, COMPILE_SCOPES, OLD_LOGPROBS, PARALLELISM, TrainConfig
     from .train.schedule import LR_SCHEDULES
 
     d = TrainConfig  # the dataclass's defaults
@@ -530,6 +530,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
             model, d.gradient_checkpointing, "recompute each decoder layer in the backward pass", action="store_true")),
         ("--compile", "compile", opt(model, "auto", "torch.compile each decoder layer for the update "
                                                     "(auto: on CUDA only)", choices=tuple(AUTO_SWITCH))),
+        ("--compile-scope", "compile_scope", opt(model, d.compile_scope, "what one compiled graph covers: each "
+                                                 "decoder layer, or the whole decoder (less host work per forward, "
+                                                 "a longer first compile)", choices=COMPILE_SCOPES)),
         ("--checkpoint-mlp", "checkpoint_mlp", opt(model, "auto", "recompute each MLP in the backward pass: about "
                                                    "half the activation memory (auto: on CUDA only)",
                                                    choices=tuple(AUTO_SWITCH))),

@@ -130,6 +130,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     on_cuda = policy.device.type == "cuda"
     speedups = apply_training_speedups(model, SpeedConfig(
         compile_layers=(on_cuda if config.compile is None else config.compile) and not fsdp,
+        compile_scope=config.compile_scope,
         checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
     if isinstance(reference, torch.nn.Module):  # the update's attention kernel, for a KL of 0 at the start
         apply_training_speedups(reference, SpeedConfig(compile_layers=False))

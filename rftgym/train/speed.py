@@ -3,11 +3,15 @@
 The update runs through :func:`rftgym.train.loop.batch_logprobs` (the HF decoder, then chunked
 log-probs) whatever is switched on here; these switches only change how fast and how lean it is:
 
-* ``compile_layers``: ``torch.compile`` each decoder layer (not the whole model: the HF model's
-  mask and output plumbing would break the graph), for calls without a KV cache (decoding with
-  one stays eager). Identical layers share one compiled graph, and
+* ``compile_layers``: ``torch.compile`` each decoder layer, for calls without a KV cache (decoding
+  with one stays eager). Identical layers share one compiled graph (a short first compile), and
   the compiler fuses norms, RoPE, SiLU and residual adds, recomputing those cheap elementwise
   results in the backward pass instead of saving them.
+* ``compile_scope="decoder"``: compile the whole decoder (every layer, the embedding and the
+  final norm) as one graph instead, again only for cache-free calls. Each compiled call costs the
+  host a guard check, an autograd node and its wrapper code, per layer with ``"layers"``; for a
+  small model (30 layers of width 576) that host work, not the device, can bound the update. One
+  graph has it once per forward, at the price of a first compile that grows with the depth.
 * ``causal_without_mask``: training batches are right-padded (:func:`~rftgym.train.batching.collate`),
   so under a causal mask no real token ever sees padding: the padding mask changes nothing for
   real tokens. Dropping it lets SDPA use its flash kernel (``is_causal``) instead of the masked
@@ -33,18 +37,22 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..core.errors import ConfigError
+from .config import COMPILE_SCOPES
 from .master_weights import MasterWeights, needs_master_weights
 
 
 @dataclass(frozen=True)
 class SpeedConfig:
     compile_layers: bool = True
+    compile_scope: str = "layers"  # "layers": each decoder layer alone; "decoder": the decoder as one graph
     causal_without_mask: bool = True
     checkpoint_mlp: bool = False
     fused_optimizer: bool = True
     memory_budget: float | None = None  # None: the compiler's default (save what is not cheap to recompute)
 
     def __post_init__(self) -> None:
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
         if self.memory_budget is not None and not 0 < self.memory_budget <= 1:
             raise ConfigError(f"memory_budget must be in (0, 1] (share of activations kept), got {self.memory_budget}")
 
@@ -184,19 +192,53 @@ def _checkpoint_mlp_class(mlp_class) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_forward(layer_class):
-    """One compiled ``forward`` per decoder-layer class, shared by its layers (the layer is an
-    input of the graph, so identical layers reuse it), for any sequence length."""
-    return torch.compile(layer_class.forward, dynamic=True)
+def _compiled_forward(module_class):
+    """One compiled ``forward`` per decoder-layer (or decoder) class, shared by its instances (the
+    module is an input of the graph, so identical layers reuse it), for any sequence length."""
+    return torch.compile(module_class.forward, dynamic=True)
 
 
 def _compiled_unless_cached(self, *args, **kwargs):
     """A decoder layer's forward: compiled for the update's cache-free calls; eager when decoding
     with a KV cache, whose per-layer state the compiler would guard on (one graph per layer and
     cache state, past its cache of graphs), and which the update never runs."""
-    if all(kwargs.get(k) is None for k in CACHE_KWARGS):
+    if _cache_free(kwargs):
         return _compiled_forward(type(self))(self, *args, **kwargs)
     return type(self).forward(self, *args, **kwargs)
+
+
+def _cache_free(kwargs) -> bool:
+    return all(kwargs.get(k) is None for k in CACHE_KWARGS)
+
+
+def _compiled_decoder_unless_cached(self, *args, **kwargs):
+    """A decoder's forward: compiled as one graph for the update's calls (keyword arguments only,
+    no KV cache, ``use_cache=False``); eager for everything else, e.g. decoding, whose cache the
+    compiler would guard on, and a call that leaves ``use_cache`` to the config, which would build
+    a cache inside the graph."""
+    if not args and _cache_free(kwargs) and kwargs.get("use_cache") is False:
+        return _compiled_forward(type(self))(self, **kwargs)
+    return type(self).forward(self, *args, **kwargs)
+
+
+def _compile(decoder, layers, scope: str) -> str | None:
+    """Route ``decoder``'s (or each layer's) cache-free calls through a compiled forward; the
+    reason it cannot, or None. Switching scope undoes the other one."""
+    problem = compile_works(next(decoder.parameters()).device.type)
+    if problem is None and scope == "layers" and layers is None:
+        problem = "the decoder has no .layers"
+    if problem:
+        return problem
+    # Identical layers share one compiled graph; leave room in the guard cache anyway.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    for module, dispatch, wanted in [(decoder, _compiled_decoder_unless_cached, scope == "decoder"),
+                                     *((layer, _compiled_unless_cached, scope == "layers") for layer in layers or [])]:
+        routed = getattr(module.__dict__.get("forward"), "func", None) is dispatch
+        if wanted and not routed:
+            module.forward = functools.partial(dispatch, module)
+        elif routed and not wanted:
+            del module.forward
+    return None
 
 
 def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str, str]:
@@ -222,20 +264,11 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
                 layer.mlp._rftgym_checkpointed = True
             report["checkpoint_mlp"] = "on"
     if speed.compile_layers:
-        device_type = next(model.parameters()).device.type
-        problem = compile_works(device_type) if layers is not None else "the decoder has no .layers"
-        if problem:
-            report["compile_layers"] = f"skipped: {problem}"
-        else:
-            if speed.memory_budget is not None:
-                torch._functorch.config.activation_memory_budget = speed.memory_budget
-            # Identical layers share one compiled graph; leave room in the guard cache anyway,
-            # and compile for any sequence length at once (each training batch has its own).
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            for layer in layers:
-                if getattr(layer.__dict__.get("forward"), "func", None) is not _compiled_unless_cached:
-                    layer.forward = functools.partial(_compiled_unless_cached, layer)
-            report["compile_layers"] = "on"
+        if speed.memory_budget is not None:
+            torch._functorch.config.activation_memory_budget = speed.memory_budget
+        problem = _compile(decoder, layers, speed.compile_scope)
+        name = "compile_decoder" if speed.compile_scope == "decoder" else "compile_layers"
+        report[name] = f"skipped: {problem}" if problem else "on"
     return report
 
 

@@ -92,6 +92,63 @@ def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eag
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_a_compiled_decoder_keeps_the_numbers_in_one_graph_and_leaves_decoding_eager():
+    from torch._dynamo.utils import counters
+
+    from rftgym.train.packing import collate_packed
+    from rftgym.train.speed import compile_works
+
+    if compile_works("cpu"):
+        pytest.skip(f"torch.compile does not work here: {compile_works('cpu')}")
+    data = batch()
+    plain, fast = tiny_llama(), tiny_llama()
+    expected_logp, expected_grads = logprobs_and_grads(plain, data)
+    report = apply_training_speedups(fast, SpeedConfig(compile_scope="decoder", checkpoint_mlp=True))
+    assert report["compile_decoder"] == "on" and "compile_layers" not in report
+    decoder = fast.get_decoder()
+    assert "forward" in decoder.__dict__ and all("forward" not in layer.__dict__ for layer in decoder.layers)
+    before = counters["stats"]["unique_graphs"]
+    logp, grads = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] - before == 1  # embedding, both layers and the norm
+    assert not counters["graph_break"]
+    longer = collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
+                      for n in (12, 10)], pad_id=0)
+    logprobs_and_grads(fast, longer)  # other lengths: the same dynamic-shape graph
+    from rftgym.agents.hf_policy import _cache_kwarg, _output_cache
+
+    with torch.no_grad():  # decoding with a KV cache, and the model's own forward, run eagerly
+        cache = _output_cache(fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
+        fast(input_ids=torch.tensor([[6]]), use_cache=True, **{_cache_kwarg(fast): cache})
+    assert counters["stats"]["unique_graphs"] - before == 1
+    # Packed rows (restarting position ids, no mask): transformers builds their per-sample mask
+    # inside the graph (compiled, it always looks for packed rows), so they keep the plain numbers.
+    samples = [TrainSample(list(range(3, 3 + n)), [0, 0] + [1] * (n - 2), [0.0] * n, [0.0] * n, 0, i)
+               for i, n in enumerate([4, 3, 9, 2])]
+    packed = collate_packed(samples, pad_id=0)
+    assert packed["input_ids"].shape[0] < len(samples)  # at least two samples share a row
+    with torch.no_grad():
+        fast_logp, _ = batch_logprobs(fast, packed, TrainConfig(pack_sequences=True))
+        plain_logp, _ = batch_logprobs(plain, packed, TrainConfig(pack_sequences=True))
+    assert counters["stats"]["unique_graphs"] - before == 2  # compiled (a graph with position ids)
+    trained = packed["loss_mask"].bool()
+    torch.testing.assert_close(fast_logp[trained], plain_logp[trained], atol=1e-5, rtol=1e-5)
+    # Back to compiled layers: the decoder's routing is undone.
+    assert apply_training_speedups(fast, SpeedConfig())["compile_layers"] == "on"
+    assert "forward" not in decoder.__dict__ and all("forward" in layer.__dict__ for layer in decoder.layers)
+
+
+def test_compile_scope_is_checked():
+    with pytest.raises(ConfigError, match="compile_scope must be one of layers, decoder"):
+        SpeedConfig(compile_scope="model")
+    with pytest.raises(ConfigError, match="compile_scope must be one of layers, decoder"):
+        TrainConfig(compile_scope="everything")
+
+
 def test_a_sliding_window_model_keeps_its_window_in_the_update():
     from transformers import MistralConfig, MistralForCausalLM
 
