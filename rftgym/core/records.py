@@ -197,12 +197,42 @@ def write_episodes_jsonl(path, episodes: Iterable[Episode]) -> int:
     return count
 
 
-def _string_keys(obj: Any) -> Any:
-    """``obj`` with every dict key a JSON key: JSON writes int, float and bool keys as strings
-    itself; other keys (tuples, numpy ints) are written as their ``str`` too."""
+def _key_text(key: Any) -> str:
+    """A dict key as JSON writes it (``True`` as ``true``, ``None`` as ``null``), else its ``str``."""
+    if isinstance(key, (bool, float)) or key is None:
+        return json.dumps(key)
+    return str(key)
+
+
+def _has_other_keys(obj: Any) -> bool:
     if isinstance(obj, dict):
-        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): _string_keys(v)
-                for k, v in obj.items()}
+        return any(not isinstance(k, str) for k in obj) or any(_has_other_keys(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_other_keys(v) for v in obj)
+    return False
+
+
+def _string_keys(obj: Any) -> Any:
+    """``obj`` with every dict key a string: other keys (ints, tuples, numpy ints) are written as
+    JSON writes them, or as their ``str``. A key whose text another key of the same dict already
+    has (``1`` beside ``"1"``, ``(1, 2)`` beside ``"(1, 2)"``) gets its type added, ``"1 (int)"``,
+    so that no entry overwrites another when the line is read back."""
+    if isinstance(obj, dict):
+        taken = {key for key in obj if isinstance(key, str)}
+        texts = {}
+        for key in obj:
+            if isinstance(key, str):
+                texts[key] = key
+                continue
+            text = _key_text(key)
+            if text in taken:
+                text = f"{text} ({type(key).__name__})"
+            base, n = text, 2
+            while text in taken:
+                text, n = f"{base} #{n}", n + 1
+            taken.add(text)
+            texts[key] = text
+        return {texts[key]: _string_keys(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_string_keys(v) for v in obj]
     return obj
@@ -211,10 +241,9 @@ def _string_keys(obj: Any) -> Any:
 def episode_json_line(episode: Episode) -> str:
     """One episode as one line of JSON (ASCII: lone surrogates in agent text stay valid JSON)."""
     record = episode.to_json()
-    try:
-        return json.dumps(record, default=_json_default)
-    except TypeError:  # a dict key JSON cannot write (info from an env: a tuple, a numpy int)
-        return json.dumps(_string_keys(record), default=_json_default)
+    if _has_other_keys(record):  # info from an env with int, tuple or numpy keys
+        record = _string_keys(record)
+    return json.dumps(record, default=_json_default)
 
 
 def append_episode_jsonl(handle, episode: Episode) -> None:

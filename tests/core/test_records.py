@@ -226,3 +226,19 @@ def test_info_keys_json_cannot_write_are_written_as_their_text(tmp_path):
     write_episodes_jsonl(path, [ep])
     (loaded,) = read_episodes_jsonl(path)
     assert loaded.turns[0].info == {"by_pair": {"(1, 2)": "a"}, "nested": [{"3": 1.5}], "7": "int keys are JSON's own"}
+
+
+def test_info_keys_with_the_same_text_keep_every_entry(tmp_path):
+    path = tmp_path / "eps.jsonl"
+    info = {"1": "string one", 1: "int one", "(1, 2)": "text", (1, 2): "tuple", None: "none", "null": "text null",
+            "True": "text", 2.5: "float", "2.5": "text 2.5", "1 (int)": "taken"}
+    ep = Episode("x", None, {}, [Turn(0, (), "a", 0.0, True, False, info)], ())
+    write_episodes_jsonl(path, [ep])
+    line = path.read_text()
+    (loaded,) = read_episodes_jsonl(path)
+    assert loaded.turns[0].info == {
+        "1": "string one", "1 (int) #2": "int one", "(1, 2)": "text", "(1, 2) (tuple)": "tuple",
+        "null (NoneType)": "none", "null": "text null", "True": "text", "2.5 (float)": "float", "2.5": "text 2.5",
+        "1 (int)": "taken"}
+    assert len(loaded.turns[0].info) == len(info)  # nothing overwritten
+    assert line.count('"1"') == 1  # no duplicate key in the JSON text
