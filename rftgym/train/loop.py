@@ -229,9 +229,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
             metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
         history.append({"step": step, **metrics})
-        if log is not None and ((step + 1) % config.log_every == 0 or step + 1 == config.steps
-                                or "eval_reward_mean" in metrics):  # an evaluation is always logged
-            log.write(step, metrics)
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
+            # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
+            ranks.together(lambda: log is not None and log.write(step, metrics))
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:

@@ -410,6 +410,8 @@ RANK_FAILS_SCRIPT = textwrap.dedent('''
     loop.build_samples, evaluation.run_episodes = counting_steps, evaluating
     if phase == "save" and rank == 0:  # "save": the writing rank cannot write its checkpoint
         loop.save_checkpoint = disk_full
+    if phase == "log" and rank == 0:  # "log": nor its metrics
+        loop.MetricsLog.write = disk_full
 
     def make_env():
         broken = state["evaluating"] if phase == "eval" else phase == "train" and state["steps"] >= 1
@@ -426,7 +428,7 @@ RANK_FAILS_SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("phase", ["train", "eval", "save"])
+@pytest.mark.parametrize("phase", ["train", "eval", "save", "log"])
 def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
     # Without the ranks agreeing, the rank that did not fail would go on to its next collective
     # alone: it waits there (until the process group's timeout) or, under torchrun, is killed
@@ -434,12 +436,13 @@ def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
     torchrun(RANK_FAILS_SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path), phase)
     rank0 = json.loads((tmp_path / f"{phase}0.json").read_text())
     rank1 = json.loads((tmp_path / f"{phase}1.json").read_text())
-    failed, other = (rank0, rank1) if phase == "save" else (rank1, rank0)
-    error, words = ("OSError", "No space left") if phase == "save" else ("EnvContractError", "reward")
+    on_rank0 = phase in ("save", "log")
+    failed, other = (rank0, rank1) if on_rank0 else (rank1, rank0)
+    error, words = ("OSError", "No space left") if on_rank0 else ("EnvContractError", "reward")
     assert failed["outcome"][0] == error and words in failed["outcome"][1]
     assert other["outcome"][0] == "PeerRankError"
-    assert other["outcome"][1].startswith(f"rank {0 if phase == 'save' else 1} stopped the run with {error}")
+    assert other["outcome"][1].startswith(f"rank {0 if on_rank0 else 1} stopped the run with {error}")
     assert words in other["outcome"][1]
     # Training: rank 1 failed in the second step's rollout, after rank 0 had built its samples
-    # (the first step trained on both). Evaluation and the checkpoint: after the first step.
+    # (the first step trained on both). Evaluation, metrics and checkpoint: after the first step.
     assert (rank0["steps"], rank1["steps"]) == ((2, 1) if phase == "train" else (1, 1))
