@@ -74,8 +74,13 @@ UPDATE_VARIANTS = {
     # Gradient accumulation (TrainConfig.microbatch_size): the same update in microbatches.
     "compiled+micro16": SpeedConfig(),
     "compiled+micro8": SpeedConfig(),
+    # The whole decoder as one compiled graph (--compile-scope decoder): the host's work per
+    # forward once instead of per layer; with microbatches that cost is paid once per pass.
+    "decoder": SpeedConfig(compile_scope="decoder"),
+    "decoder+ckpt_mlp": SpeedConfig(compile_scope="decoder", checkpoint_mlp=True),
+    "decoder+micro8": SpeedConfig(compile_scope="decoder"),
 }
-MICROBATCH = {"compiled+micro16": 16, "compiled+micro8": 8}
+MICROBATCH = {"compiled+micro16": 16, "compiled+micro8": 8, "decoder+micro8": 8}
 
 
 # ---------------------------------------------------------------- helpers
