@@ -4,7 +4,7 @@ A model of SmolLM2-135M's depth (30 layers) but width 32 and a 256-token vocabul
 no arithmetic, so an update of it takes what the framework costs per layer and per pass: Python,
 dispatch, autograd nodes, the compiled graphs' guards and wrappers. For the real model on a GPU
 that cost is what the device waits on whenever it outruns the host (on the H200 the update took
-about 75 ms per extra pass, whatever the pass's size). Measured here for the same update split into
+about 60 ms per extra pass, whatever the pass's size). Measured here for the same update split into
 1 or 4 passes (``microbatch_size``), with
 
 * ``eager``: the decoder as transformers runs it;

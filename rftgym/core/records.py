@@ -241,7 +241,10 @@ def _string_keys(obj: Any) -> Any:
 def episode_json_line(episode: Episode) -> str:
     """One episode as one line of JSON (ASCII: lone surrogates in agent text stay valid JSON)."""
     record = episode.to_json()
-    if _has_other_keys(record):  # info from an env with int, tuple or numpy keys
+    # Only info dicts come from an env (and may have int, tuple or numpy keys): the token lists
+    # beside them need no walk.
+    infos = [record.get("reset_info")] + [turn.get("info") for turn in record.get("turns", [])]
+    if any(_has_other_keys(info) for info in infos):
         record = _string_keys(record)
     return json.dumps(record, default=_json_default)
 

@@ -92,7 +92,8 @@ class TrainConfig:
     # tokens: compiled 14.7% MFU / 15.4 GB peak, compiled + MLP recompute 15.5% / 8.0 GB.
     compile: bool | None = None
     # What one compiled graph covers: "layers" (each decoder layer: compiles in seconds) or
-    # "decoder" (every layer at once: less host work per forward, a longer first compile).
+    # "decoder" (every layer at once: one compiled call per forward; minutes to compile, again for
+    # a pass without gradients or with LoRA adapters off).
     compile_scope: str = "layers"
     checkpoint_mlp: bool | None = None
     device: str | None = None  # default: cuda if available, else cpu

@@ -130,17 +130,23 @@ class Distributed:
 
     def together(self, work: Callable[[], T]) -> T:
         """``work()``'s result, where ``work`` may fail on one rank alone (a collective inside it
-        must come before anything that can fail): if it raises on any rank, every rank raises. The rank that failed raises its own error; the
-        others a :class:`PeerRankError` naming it. Without this a rank whose rollout or samples
-        failed (an env breaking its contract, a policy without log-probs) would stop while the
-        others waited in their next collective until the process group's timeout."""
+        must come before anything that can fail): if it raises on any rank, every rank raises.
+        The rank that failed raises its own error; the others a :class:`PeerRankError` naming it.
+        Without this a rank whose rollout or samples failed (an env breaking its contract, a
+        policy without log-probs) would stop while the others waited in their next collective
+        until the process group's timeout."""
         if not self.enabled:
             return work()
         try:
             result, failure = work(), None
         except Exception as exc:  # reported to every rank, then raised here as it was
             result, failure = None, exc
-        reports = self.gather_objects(None if failure is None else f"{type(failure).__name__}: {failure}")
+        try:
+            reports = self.gather_objects(None if failure is None else f"{type(failure).__name__}: {failure}")
+        except Exception as gather_error:  # e.g. a broken device: the work's own error still comes first
+            if failure is not None:
+                raise failure from gather_error
+            raise
         if failure is not None:
             raise failure
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]

@@ -134,6 +134,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         checkpoint_mlp=on_cuda if config.checkpoint_mlp is None else config.checkpoint_mlp))
     if isinstance(reference, torch.nn.Module):  # the update's attention kernel, for a KL of 0 at the start
         apply_training_speedups(reference, SpeedConfig(compile_layers=False))
+    if config.compile_scope == "decoder" and "compile_decoder" not in speedups:
+        speedups["compile_decoder"] = ("skipped: compile is off (--compile auto compiles on CUDA only, and never "
+                                       "under FSDP; --compile on to compile here)")
     if ranks.is_main and any(v != "on" for v in speedups.values()):
         print(f"update speed-ups: {speedups}")
     if fsdp:
@@ -169,7 +172,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])
         torch.set_rng_state(rng["torch"])
-    log = MetricsLog(out, resume_step=start) if ranks.is_main else None
+    # Rank 0 opens the metrics (and rewrites them on resume); the others stop with it if it cannot.
+    log = ranks.together(lambda: MetricsLog(out, resume_step=start) if ranks.is_main else None)
     history = []
 
     for step in range(start, config.steps):

@@ -52,7 +52,7 @@ class SpeedConfig:
 
     def __post_init__(self) -> None:
         if self.compile_scope not in COMPILE_SCOPES:
-            raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
+            raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}; got {self.compile_scope!r}")
         if self.memory_budget is not None and not 0 < self.memory_budget <= 1:
             raise ConfigError(f"memory_budget must be in (0, 1] (share of activations kept), got {self.memory_budget}")
 

@@ -76,14 +76,16 @@ def test_train_flags_reach_the_config():
         "--warmup-steps", "2", "--min-lr-ratio", "0.1", "--weight-decay", "0.01", "--clip-low", "0.1",
         "--clip-high", "0.3", "--aggregation", "sequence_mean", "--no-filter-zero-variance", "--filter-overlong",
         "--pcar-lambda", "0.7", "--pcar-delta", "0.2", "--dcpo-segment-budget", "3", "--lora-rank", "8",
-        "--lora-alpha", "32", "--compile", "off", "--compile-scope", "decoder", "--checkpoint-mlp", "on", "--dtype", "bfloat16", "--log-every", "3",
+        "--lora-alpha", "32", "--compile", "off", "--compile-scope", "decoder",
+        "--checkpoint-mlp", "on", "--dtype", "bfloat16", "--log-every", "3",
         "--top-p", "0.9", "--max-grad-norm", "0.5", "--logprob-chunk-size", "256", "--env-arg", "max_searches=2",
         "--seed", "5", "--epochs", "2", "--microbatch-size", "4", "--gradient-checkpointing"])
     config = train_config_from_args(args)
     expected = dict(algo="pcar", learning_rate=3e-6, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1,
                     weight_decay=0.01, clip_low=0.1, clip_high=0.3, aggregation="sequence_mean",
                     filter_zero_variance=False, filter_overlong=True, pcar_lambda=0.7, pcar_delta=0.2,
-                    dcpo_segment_budget=3, lora_rank=8, lora_alpha=32.0, compile=False, compile_scope="decoder", checkpoint_mlp=True,
+                    dcpo_segment_budget=3, lora_rank=8, lora_alpha=32.0, compile=False,
+                    compile_scope="decoder", checkpoint_mlp=True,
                     dtype="bfloat16", log_every=3, top_p=0.9, max_grad_norm=0.5, logprob_chunk_size=256,
                     env_kwargs={"max_searches": 2}, seed=5, epochs_per_step=2, microbatch_size=4,
                     gradient_checkpointing=True, output_dir="runs/train/SearchEvalQA-v0-pcar")

@@ -446,3 +446,31 @@ def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
     # Training: rank 1 failed in the second step's rollout, after rank 0 had built its samples
     # (the first step trained on both). Evaluation, metrics and checkpoint: after the first step.
     assert (rank0["steps"], rank1["steps"]) == ((2, 1) if phase == "train" else (1, 1))
+
+
+def test_together_names_the_failed_rank_and_keeps_the_own_error_first():
+    from rftgym.train.distributed import Distributed, PeerRankError
+
+    class Reports(Distributed):  # rank 0 of 3, the others' reports given
+        def __init__(self, others):
+            super().__init__(rank=0, world_size=3)
+            self.others = others
+
+        def gather_objects(self, obj):
+            if self.others is None:
+                raise RuntimeError("the collective failed")
+            return [obj, *self.others]
+
+    assert Reports([None, None]).together(lambda: 7) == 7
+    with pytest.raises(PeerRankError, match=r"^rank 2 stopped the run with ValueError: bad reward; rank 0 stops too"):
+        Reports([None, "ValueError: bad reward"]).together(lambda: 7)
+    with pytest.raises(PeerRankError, match=r"^rank 1 \(and 1 more ranks\) stopped the run with KeyError: 'a'"):
+        Reports(["KeyError: 'a'", "OSError: full"]).together(lambda: 7)
+    with pytest.raises(ZeroDivisionError):  # its own error, not a report of the others'
+        Reports(["OSError: full", None]).together(lambda: 1 / 0)
+    # A collective that fails too: the work's own error still comes first, caused by it.
+    with pytest.raises(ZeroDivisionError) as raised:
+        Reports(None).together(lambda: 1 / 0)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="the collective failed"):
+        Reports(None).together(lambda: 7)

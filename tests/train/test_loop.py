@@ -230,3 +230,21 @@ def test_train_makes_an_env_of_your_own_from_module_colon_id(tmp_path, make_char
     history = train(config(tmp_path, steps=1, env_id="echo_train_module:mine/EchoTrain-v0", env_kwargs={"word": "a"},
                            filter_zero_variance=False), policy=make_char_policy())
     assert history[0]["samples"] > 0
+
+
+def test_the_compile_scope_reaches_the_update_and_a_skipped_one_is_named(tmp_path, monkeypatch, make_char_policy,
+                                                                        capsys):
+    import rftgym.train.loop as loop
+
+    seen = []
+    apply = loop.apply_training_speedups
+
+    def spy(model, speed=None):
+        seen.append(speed)
+        return apply(model, speed)
+
+    monkeypatch.setattr(loop, "apply_training_speedups", spy)
+    train(train_config(tmp_path, steps=1, compile=False, compile_scope="decoder"), policy=make_char_policy(),
+          make_env=SayAEnv)
+    assert seen[0].compile_scope == "decoder" and seen[0].compile_layers is False
+    assert "'compile_decoder': 'skipped: compile is off" in capsys.readouterr().out
