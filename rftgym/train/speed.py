@@ -221,16 +221,19 @@ def _compiled_decoder_unless_cached(self, *args, **kwargs):
     return type(self).forward(self, *args, **kwargs)
 
 
-def _compile(decoder, layers, scope: str) -> str | None:
+def _compile(decoder, layers, scope: str | None) -> str | None:
     """Route ``decoder``'s (or each layer's) cache-free calls through a compiled forward; the
-    reason it cannot, or None. Switching scope undoes the other one."""
-    problem = compile_works(next(decoder.parameters()).device.type)
-    if problem is None and scope == "layers" and layers is None:
-        problem = "the decoder has no .layers"
+    reason it cannot, or None. Switching scope undoes the other one; ``scope=None`` (or a compile
+    that cannot work) undoes both, so a model set up again without compiling runs eagerly."""
+    problem = None
+    if scope is not None:
+        problem = compile_works(next(decoder.parameters()).device.type)
+        if problem is None and scope == "layers" and layers is None:
+            problem = "the decoder has no .layers"
     if problem:
-        return problem
-    # Identical layers share one compiled graph; leave room in the guard cache anyway.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        scope = None
+    if scope is not None:  # identical layers share one compiled graph; leave room in the guard cache anyway
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     for module, dispatch, wanted in [(decoder, _compiled_decoder_unless_cached, scope == "decoder"),
                                      *((layer, _compiled_unless_cached, scope == "layers") for layer in layers or [])]:
         routed = getattr(module.__dict__.get("forward"), "func", None) is dispatch
@@ -238,7 +241,7 @@ def _compile(decoder, layers, scope: str) -> str | None:
             module.forward = functools.partial(dispatch, module)
         elif routed and not wanted:
             del module.forward
-    return None
+    return problem
 
 
 def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str, str]:
@@ -269,6 +272,8 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
         problem = _compile(decoder, layers, speed.compile_scope)
         name = "compile_decoder" if speed.compile_scope == "decoder" else "compile_layers"
         report[name] = f"skipped: {problem}" if problem else "on"
+    else:
+        _compile(decoder, layers, None)
     return report
 
 

@@ -140,6 +140,9 @@ def test_a_compiled_decoder_keeps_the_numbers_in_one_graph_and_leaves_decoding_e
     # Back to compiled layers: the decoder's routing is undone.
     assert apply_training_speedups(fast, SpeedConfig())["compile_layers"] == "on"
     assert "forward" not in decoder.__dict__ and all("forward" in layer.__dict__ for layer in decoder.layers)
+    # Set up again without compiling: nothing is routed through a compiled forward any more.
+    assert "compile_layers" not in apply_training_speedups(fast, SpeedConfig(compile_layers=False))
+    assert all("forward" not in module.__dict__ for module in [decoder, *decoder.layers])
 
 
 def test_compile_scope_is_checked():
