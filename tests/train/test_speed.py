@@ -28,12 +28,37 @@ def batch():
     return collate(samples, pad_id=0)
 
 
+def longer_batch():
+    return collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
+                    for n in (12, 10)], pad_id=0)
+
+
 def logprobs_and_grads(model, data):
     model.zero_grad()
     logp, _ = batch_logprobs(model, data, TrainConfig())
     (logp * data["loss_mask"]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logp.detach(), grads
+
+
+def assert_matches_plain(fast, plain, data):
+    """The sped-up model's log-probs and gradients on real tokens are the plain model's."""
+    expected_logp, expected_grads = logprobs_and_grads(plain, data)
+    logp, grads = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+
+
+def decode_with_a_cache(model):
+    """A prefill and one decode step through a KV cache, as the generic decode loop runs them."""
+    from rftgym.agents.hf_policy import _cache_kwarg, _output_cache
+
+    with torch.no_grad():
+        cache = _output_cache(model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
+        model(input_ids=torch.tensor([[6]]), use_cache=True, **{_cache_kwarg(model): cache})
 
 
 def test_right_padding_check():
@@ -50,17 +75,9 @@ def test_right_padding_check():
 @pytest.mark.parametrize("speed", [SpeedConfig(compile_layers=False),
                                    SpeedConfig(compile_layers=False, checkpoint_mlp=True)])
 def test_speedups_keep_logprobs_and_gradients_on_real_tokens(speed):
-    data = batch()
     plain, fast = tiny_llama(), tiny_llama()
-    expected_logp, expected_grads = logprobs_and_grads(plain, data)
-    report = apply_training_speedups(fast, speed)
-    assert report["causal_without_mask"] == "on"
-    logp, grads = logprobs_and_grads(fast, data)
-    real = data["loss_mask"].bool()
-    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
-    assert grads.keys() == expected_grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+    assert apply_training_speedups(fast, speed)["causal_without_mask"] == "on"
+    assert_matches_plain(fast, plain, batch())
 
 
 def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eager():
@@ -70,25 +87,13 @@ def test_compiled_layers_keep_the_numbers_share_one_graph_and_leave_decoding_eag
 
     if compile_works("cpu"):
         pytest.skip(f"torch.compile does not work here: {compile_works('cpu')}")
-    data = batch()
     plain, fast = tiny_llama(), tiny_llama()
-    expected_logp, expected_grads = logprobs_and_grads(plain, data)
     assert apply_training_speedups(fast, SpeedConfig(checkpoint_mlp=True))["compile_layers"] == "on"
     before = counters["stats"]["unique_graphs"]
-    logp, grads = logprobs_and_grads(fast, data)
-    real = data["loss_mask"].bool()
-    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+    assert_matches_plain(fast, plain, batch())
     assert counters["stats"]["unique_graphs"] - before == 1  # both layers, one graph
-    longer = collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
-                      for n in (12, 10)], pad_id=0)
-    logprobs_and_grads(fast, longer)  # other lengths: the same dynamic-shape graph
-    from rftgym.agents.hf_policy import _cache_kwarg, _output_cache
-
-    with torch.no_grad():  # decoding with a KV cache runs the layers eagerly
-        cache = _output_cache(fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
-        fast(input_ids=torch.tensor([[6]]), use_cache=True, **{_cache_kwarg(fast): cache})
+    logprobs_and_grads(fast, longer_batch())  # other lengths: the same dynamic-shape graph
+    decode_with_a_cache(fast)  # runs the layers eagerly
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
@@ -100,30 +105,17 @@ def test_a_compiled_decoder_keeps_the_numbers_in_one_graph_and_leaves_decoding_e
 
     if compile_works("cpu"):
         pytest.skip(f"torch.compile does not work here: {compile_works('cpu')}")
-    data = batch()
     plain, fast = tiny_llama(), tiny_llama()
-    expected_logp, expected_grads = logprobs_and_grads(plain, data)
     report = apply_training_speedups(fast, SpeedConfig(compile_scope="decoder", checkpoint_mlp=True))
     assert report["compile_decoder"] == "on" and "compile_layers" not in report
     decoder = fast.get_decoder()
     assert "forward" in decoder.__dict__ and all("forward" not in layer.__dict__ for layer in decoder.layers)
     before = counters["stats"]["unique_graphs"]
-    logp, grads = logprobs_and_grads(fast, data)
-    real = data["loss_mask"].bool()
-    torch.testing.assert_close(logp[real], expected_logp[real], atol=1e-5, rtol=1e-5)
-    assert grads.keys() == expected_grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4)
+    assert_matches_plain(fast, plain, batch())
     assert counters["stats"]["unique_graphs"] - before == 1  # embedding, both layers and the norm
     assert not counters["graph_break"]
-    longer = collate([TrainSample(list(range(3, 3 + n)), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, 0, 0)
-                      for n in (12, 10)], pad_id=0)
-    logprobs_and_grads(fast, longer)  # other lengths: the same dynamic-shape graph
-    from rftgym.agents.hf_policy import _cache_kwarg, _output_cache
-
-    with torch.no_grad():  # decoding with a KV cache, and the model's own forward, run eagerly
-        cache = _output_cache(fast(input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
-        fast(input_ids=torch.tensor([[6]]), use_cache=True, **{_cache_kwarg(fast): cache})
+    logprobs_and_grads(fast, longer_batch())  # other lengths: the same dynamic-shape graph
+    decode_with_a_cache(fast)  # the model's own forward, with a KV cache, runs eagerly
     assert counters["stats"]["unique_graphs"] - before == 1
     # Packed rows (restarting position ids, no mask): transformers builds their per-sample mask
     # inside the graph (compiled, it always looks for packed rows), so they keep the plain numbers.
