@@ -168,15 +168,16 @@ def test_read_back_divides_and_keeps_float64():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("scope", ["layers", "decoder"])
 @pytest.mark.parametrize("pack", [False, True])
-def test_cuda_update_never_synchronizes_before_its_stats(pack):
-    # The CUDA defaults of `rftgym train`: bf16 weights with float32 masters, compiled layers, MLP
-    # recomputation.
+def test_cuda_update_never_synchronizes_before_its_stats(pack, scope):
+    # The CUDA defaults of `rftgym train`: bf16 weights with float32 masters, compiled layers (or
+    # the whole decoder), MLP recomputation.
     from rftgym.train.speed import make_optimizer
 
     model = tiny_llama().cuda().to(torch.bfloat16)
     model.config._attn_implementation = "sdpa"
-    apply_training_speedups(model, SpeedConfig(checkpoint_mlp=True))
+    apply_training_speedups(model, SpeedConfig(checkpoint_mlp=True, compile_scope=scope))
     config = TrainConfig(minibatch_size=4, microbatch_size=2, max_new_tokens=8, group_size=2, kl_coef=0.0,
                          pack_sequences=pack)
     optimizer = make_optimizer(model.parameters(), lr=1e-3)

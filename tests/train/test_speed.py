@@ -137,6 +137,25 @@ def test_a_compiled_decoder_keeps_the_numbers_in_one_graph_and_leaves_decoding_e
     assert all("forward" not in module.__dict__ for module in [decoder, *decoder.layers])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("scope", ["layers", "decoder"])
+def test_cuda_compiled_update_keeps_the_numbers_under_autocast(scope):
+    plain, fast = tiny_llama().cuda(), tiny_llama().cuda()
+    for model in (plain, fast):
+        model.config._attn_implementation = "sdpa"
+    assert apply_training_speedups(fast, SpeedConfig(compile_scope=scope, checkpoint_mlp=True))[
+        "compile_decoder" if scope == "decoder" else "compile_layers"] == "on"
+    data = {k: v.cuda() for k, v in batch().items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected_logp, expected_grads = logprobs_and_grads(plain, data)
+        logp, grads = logprobs_and_grads(fast, data)
+    real = data["loss_mask"].bool()
+    # bf16 matmuls in another order (fused kernels): bf16's precision, not float32's.
+    torch.testing.assert_close(logp[real], expected_logp[real], atol=3e-2, rtol=3e-2)
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=3e-2, rtol=5e-2)
+
+
 def test_compile_scope_is_checked():
     with pytest.raises(ConfigError, match="compile_scope must be one of layers, decoder"):
         SpeedConfig(compile_scope="model")
