@@ -204,14 +204,6 @@ def _key_text(key: Any) -> str:
     return str(key)
 
 
-def _has_other_keys(obj: Any) -> bool:
-    if isinstance(obj, dict):
-        return any(not isinstance(k, str) for k in obj) or any(_has_other_keys(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_has_other_keys(v) for v in obj)
-    return False
-
-
 def _string_keys(obj: Any) -> Any:
     """``obj`` with every dict key a string: other keys (ints, tuples, numpy ints) are written as
     JSON writes them, or as their ``str``. A key whose text another key of the same dict already
@@ -241,11 +233,11 @@ def _string_keys(obj: Any) -> Any:
 def episode_json_line(episode: Episode) -> str:
     """One episode as one line of JSON (ASCII: lone surrogates in agent text stay valid JSON)."""
     record = episode.to_json()
-    # Only info dicts come from an env (and may have int, tuple or numpy keys): the token lists
-    # beside them need no walk.
-    infos = [record.get("reset_info")] + [turn.get("info") for turn in record.get("turns", [])]
-    if any(_has_other_keys(info) for info in infos):
-        record = _string_keys(record)
+    # Only info dicts come from an env (and may have int, tuple or numpy keys); the token lists
+    # beside them are left as they are.
+    record["reset_info"] = _string_keys(record["reset_info"])
+    for turn in record["turns"]:
+        turn["info"] = _string_keys(turn["info"])
     return json.dumps(record, default=_json_default)
 
 
