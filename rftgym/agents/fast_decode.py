@@ -116,13 +116,19 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def sliding_window(model) -> int | None:
-    """The attention window when one is active (Mistral, Qwen2 with use_sliding_window), else None."""
-    config = _base_model(model).config
+def active_window(config) -> int | None:
+    """The sliding attention window a model config turns on (Mistral; Qwen2 and others only with
+    ``use_sliding_window``), else None. The update's attention check uses the same rule
+    (:func:`rftgym.train.speed.full_causal_attention`)."""
     window = getattr(config, "sliding_window", None)
-    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+    if not window or getattr(config, "use_sliding_window", True) is False:
         return None
-    return int(window) if window else None
+    return int(window)
+
+
+def sliding_window(model) -> int | None:
+    """The attention window of ``model`` when one is active, else None."""
+    return active_window(_base_model(model).config)
 
 
 def _round_up(value: int, multiple: int) -> int:

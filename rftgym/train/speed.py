@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..agents.fast_decode import active_window
 from ..core.errors import ConfigError
 from .config import COMPILE_SCOPES
 from .master_weights import MasterWeights, needs_master_weights
@@ -134,8 +135,7 @@ def full_causal_attention(config) -> bool:
     """Whether every layer attends to every earlier token: no sliding window (Mistral, Qwen2 with
     ``use_sliding_window``, Gemma 2/3's sliding layers) and no chunked attention, which only the
     masks transformers builds would add."""
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) is not False:
+    if active_window(config) is not None:
         return False
     layer_types = getattr(config, "layer_types", None) or ()
     if any(kind != "full_attention" for kind in layer_types):

@@ -306,3 +306,22 @@ def test_sampling_generator_follows_the_model_and_keeps_its_stream(make_char_pol
     policy._generator = torch.Generator(device="cpu").manual_seed(5)
     first = policy._sampling_generator()
     assert first is policy._generator  # same device: the very same generator
+
+
+def test_decoding_and_the_update_read_the_window_alike():
+    from types import SimpleNamespace as Config
+
+    from rftgym.agents.fast_decode import active_window
+    from rftgym.train.speed import full_causal_attention
+
+    cases = [
+        (Config(sliding_window=4), 4),                                   # Mistral
+        (Config(sliding_window=4096, use_sliding_window=False), None),   # Qwen2/Qwen3 default
+        (Config(sliding_window=4096, use_sliding_window=True), 4096),
+        (Config(sliding_window=None), None),
+        (Config(sliding_window=0), None),
+        (Config(), None),
+    ]
+    for config, window in cases:
+        assert active_window(config) == window, config
+        assert full_causal_attention(config) is (window is None), config
