@@ -134,7 +134,10 @@ def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]],
             # One NaN would make the group's score spread NaN and silently switch PCAR off for it.
             raise EnvContractError(f"{_where(episode, turn)}: info[{PROCESS_SCORE_KEY!r}] is {score!r}; a process "
                                    "score is a finite number (or absent on turns that do not evaluate)")
-        split = split_tokens(turn) if split_tokens is not None else None
+        try:
+            split = split_tokens(turn) if split_tokens is not None else None
+        except EnvContractError as exc:  # the split function sees the turn only; name the episode too
+            raise EnvContractError(f"{_where(episode, turn)}: {exc}") from None
         if split is not None and not 0 < split < len(turn.sampled_ids or ()):
             split = None  # nothing after the evaluation (or nothing before it): the whole turn
         current.append((turn.index, 0, split))

@@ -291,7 +291,7 @@ def evaluation_split(policy: HFPolicy) -> Callable:
         if end is None or not turn.sampled_ids:
             return None
         if isinstance(end, (bool, np.bool_)) or not isinstance(end, numbers.Integral) or not 0 <= end <= len(turn.action):
-            raise EnvContractError(f"turn {turn.index}: info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
+            raise EnvContractError(f"info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
                                    f"offset into the turn's action, an int in [0, {len(turn.action)}]")
         return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
     return split_tokens

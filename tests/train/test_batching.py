@@ -91,6 +91,19 @@ def test_a_process_score_that_is_not_a_finite_number_is_an_env_error(score):
         build_samples([[good, bad]], TrainConfig(algo="pcar"))
 
 
+def test_a_bad_evaluation_end_names_the_episode_and_turn_it_came_from(make_char_policy):
+    from rftgym.core.errors import EnvContractError
+    from rftgym.train.loop import evaluation_split
+
+    good = episode([(2, 0, {"evaluation_score": 8, "evaluation_end": 1}), (1, 1.0, {})])
+    bad = episode([(2, 0, {}), (2, 0.0, {"evaluation_score": 3, "evaluation_end": 9})])
+    for turn in good.turns + bad.turns:
+        turn.action = "ab"
+    with pytest.raises(EnvContractError, match=r"^test \(seed 0, turn 1\): info\['evaluation_end'\] is 9; it is a "
+                                               r"character offset into the turn's action, an int in \[0, 2\]$"):
+        build_samples([[good, bad]], TrainConfig(algo="pcar"), split_tokens=evaluation_split(make_char_policy()))
+
+
 def test_a_policy_that_recorded_no_logprobs_is_refused_unless_they_are_recomputed():
     from rftgym.core.errors import AgentError
 
