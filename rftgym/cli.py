@@ -310,10 +310,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else:
             outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
                                    / f"{_short_name(env_id)}-{args.agent}-{stamp}.jsonl")
-        _writable_file(outs[env_id], "--out", env_kwargs)
+    # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
+    paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     context_full: dict[str, int] = {}
     try:
+        for path in paths:
+            _writable_file(path, "--out", env_kwargs)
         agent = _build_agent(args)
         for env_id in env_ids:
             env_rows, paths, full = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
@@ -323,11 +326,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if full:
                 context_full[env_id] = full
         agent.close()
-    finally:  # the partial files of envs that never ran
-        for out in outs.values():
-            partial = _partial(out)
-            if partial.is_file() and partial.stat().st_size == 0:
-                partial.unlink()
+    finally:  # the (empty) partial files of runs that never started
+        for path in paths:
+            partial = _partial(path)
+            try:
+                if partial.is_file() and partial.stat().st_size == 0:
+                    partial.unlink()
+            except OSError:  # e.g. a name too long: it was refused, and nothing was made there
+                pass
     if len(env_ids) == 1:
         print(format_table([row for _, row in rows], rows[0][0]))
     else:
@@ -355,9 +361,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     runs = [("", agent, env_kwargs)]
     for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
-    paths = [out if not label else out.with_name(f"{out.stem}-{label}{out.suffix}") for label, _, _ in runs]
-    for path in paths[1:]:
-        _check_partial(path)
+    paths = list(_baseline_paths(env_id, out, args.baselines).values())
     rows, written, context_full = [], [], 0
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
         run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
@@ -378,6 +382,13 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         rows.append((headers, row))
         context_full += summary["context_full"]
     return rows, written, context_full
+
+
+def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
+    """Where each run of an env's evaluation writes its episodes, by label: ``""`` (the agent as it
+    is) to ``out``, and with ``--baselines`` each baseline the env declares beside it."""
+    labels = [label for label, _, _ in _env_class(env_id).metadata.get("eval_baselines", ())] if baselines else []
+    return {"": out, **{label: out.with_name(f"{out.stem}-{label}{out.suffix}") for label in labels}}
 
 
 def _with_policy_token_counter(env_class, env_kwargs, agent):

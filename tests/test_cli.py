@@ -337,6 +337,23 @@ def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):
     assert seeds == [[0, 1, 2]] * 3
 
 
+@pytest.mark.parametrize("problem", ["directory", "unfinished"])
+def test_a_baselines_output_that_cannot_be_written_is_refused_before_any_episode(tmp_path, capsys, problem):
+    out = tmp_path / "mem.jsonl"
+    blocked = tmp_path / "mem-heuristic-prune.jsonl"
+    if problem == "directory":
+        blocked.mkdir()
+    else:  # an earlier evaluation's episodes, never to be overwritten
+        (tmp_path / "mem-heuristic-prune.jsonl.partial").write_text('{"seed": 0}\n')
+    assert exit_code(["eval", "rftgym/MemoryQA-v0", "--agent", "adversarial", "--episodes", "2", "--baselines",
+                      "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "mem-heuristic-prune.jsonl" in err and ("is a directory" if problem == "directory" else "did not complete") in err
+    # Nothing ran, and nothing was left behind (the earlier partial file is kept as it was).
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == (["mem-heuristic-prune.jsonl"] if problem == "directory" else ["mem-heuristic-prune.jsonl.partial"])
+
+
 def test_baselines_flag_on_an_env_without_baselines(capsys):
     assert exit_code(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--baselines"]) == 2
     assert "declares no evaluation baselines" in capsys.readouterr().err
