@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, TypeVar
 
 from ..core.errors import ConfigError
 from ..core.spaces import AssistantText, ContextSpace
+from ..core.values import is_int
 
 ConfigT = TypeVar("ConfigT")
 
@@ -99,6 +99,6 @@ def dataset_index(options: dict[str, Any], size: int, np_random, default: int | 
     index = options.get("task_index", default)
     if index is None:
         index = int(np_random.integers(size))
-    if not isinstance(index, numbers.Integral) or isinstance(index, bool) or not 0 <= index < size:
+    if not is_int(index) or not 0 <= index < size:
         raise ValueError(f"task_index must be an int in [0, {size}), got {index!r}")
     return int(index)

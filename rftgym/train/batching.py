@@ -31,15 +31,13 @@ masked too.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ..core.errors import AgentError, EnvContractError
 from ..core.records import CONTEXT_FULL, Episode, Segment
+from ..core.values import is_finite_real
 from .advantages import (
     compute_advantages,
     dcpo_segment_advantages,
@@ -130,7 +128,7 @@ def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]],
         if score is None:
             current.append((turn.index, 0, None))
             continue
-        if isinstance(score, (bool, np.bool_)) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+        if not is_finite_real(score):
             # One NaN would make the group's score spread NaN and silently switch PCAR off for it.
             raise EnvContractError(f"{_where(episode, turn)}: info[{PROCESS_SCORE_KEY!r}] is {score!r}; a process "
                                    "score is a finite number (or absent on turns that do not evaluate)")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.values import is_finite_real, is_int
 from .schedule import LR_SCHEDULES
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
@@ -142,13 +141,13 @@ class TrainConfig:
         for name, spec in self.__dataclass_fields__.items():
             value = getattr(self, name)
             if spec.type in ("int", int):
-                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                if not is_int(value):
                     raise ConfigError(f"{name} must be an integer, got {value!r}")
                 object.__setattr__(self, name, int(value))
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
                      "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            if not is_finite_real(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.old_logprobs not in OLD_LOGPROBS:

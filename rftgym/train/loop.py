@@ -7,7 +7,6 @@ plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pas
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..core.errors import ConfigError, EnvContractError, require
+from ..core.values import is_int
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
     PROCESS_SPLIT_KEY,
@@ -290,7 +290,7 @@ def evaluation_split(policy: HFPolicy) -> Callable:
         end = turn.info.get(PROCESS_SPLIT_KEY)
         if end is None or not turn.sampled_ids:
             return None
-        if isinstance(end, (bool, np.bool_)) or not isinstance(end, numbers.Integral) or not 0 <= end <= len(turn.action):
+        if not is_int(end) or not 0 <= end <= len(turn.action):
             raise EnvContractError(f"info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
                                    f"offset into the turn's action, an int in [0, {len(turn.action)}]")
         return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))

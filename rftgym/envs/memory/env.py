@@ -103,7 +103,6 @@ Version history
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -115,6 +114,7 @@ from ..common import (chat_spaces, check_render_mode, check_reset_options, check
                       summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
+from ...core.values import is_int
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
 from ..search.world import MAX_HOPS, World
@@ -522,9 +522,8 @@ class MemoryQAEnv(gym.Env[Context, str]):
         hops = options.get("hops")
         if hops is None:
             hops = self.config.hops
-        hops = (hops,) if isinstance(hops, numbers.Integral) and not isinstance(hops, bool) else tuple(hops)
-        if not hops or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool) and 1 <= h <= MAX_HOPS
-                               for h in hops):
+        hops = (hops,) if is_int(hops) else tuple(hops)
+        if not hops or not all(is_int(h) and 1 <= h <= MAX_HOPS for h in hops):
             raise ValueError(f"hops must be an int (or ints) in [1, {MAX_HOPS}], got {options.get('hops')!r}")
         return generate_task(self.world, self.np_random, objectives, hops)
 
@@ -532,7 +531,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
         value = options.get(name)
         if value is None:
             return int(choices[int(self.np_random.integers(len(choices)))])
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not low <= value <= high:
+        if not is_int(value) or not low <= value <= high:
             raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
         return int(value)
 

@@ -82,7 +82,6 @@ Version history
 
 from __future__ import annotations
 
-import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +94,7 @@ from ..common import (chat_spaces, check_render_mode, check_reset_options, check
                       resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
+from ...core.values import is_int
 from . import protocol
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, Retriever, make_retriever
@@ -385,7 +385,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         hops = options.get("hops")
         if hops is None:
             hops = self.config.hops[int(self.np_random.integers(len(self.config.hops)))]
-        if not isinstance(hops, numbers.Integral) or isinstance(hops, bool) or not 1 <= hops <= MAX_HOPS:
+        if not is_int(hops) or not 1 <= hops <= MAX_HOPS:
             raise ValueError(f"hops must be an int in [1, {MAX_HOPS}], got {hops!r}")
         answerable = options.get("answerable")
         if answerable is None:

@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...core.errors import ConfigError, ModelLoadError, require
+from ...core.values import is_int
 from .corpora import Document
 
 DEFAULT_DENSE_MODEL = "all-MiniLM-L6-v2"
@@ -64,7 +65,7 @@ def _check_search_args(queries: Sequence[str], k: int) -> list[str]:
     queries = list(queries)
     if not all(isinstance(q, str) for q in queries):
         raise TypeError("every query must be a str")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     return queries
 

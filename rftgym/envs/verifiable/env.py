@@ -40,7 +40,6 @@ Version history
 
 from __future__ import annotations
 
-import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +51,7 @@ from ..common import (chat_spaces, check_render_mode, check_reset_options, check
                       resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
+from ...core.values import is_int
 from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -228,7 +228,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         difficulty = options.get("difficulty")
         if difficulty is None:
             difficulty = difficulties[int(self.np_random.integers(len(difficulties)))]
-        if not isinstance(difficulty, numbers.Integral) or isinstance(difficulty, bool):
+        if not is_int(difficulty):
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
         return generate_task(self.np_random, kind, int(difficulty))
 

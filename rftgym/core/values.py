@@ -1,0 +1,23 @@
+"""What counts as an integer or a number in a config, an option or an env's info.
+
+Python's ``bool`` is an ``int`` (``True == 1``), so a flag given where a count or a score belongs
+would pass a plain ``isinstance`` check; numpy's integers and floats, which data pipelines and
+seeded generators hand around, should pass. These two predicates say both once.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+def is_int(value) -> bool:
+    """An integer, Python's or numpy's, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def is_finite_real(value) -> bool:
+    """A real number, Python's or numpy's (integers too), not a bool, and neither NaN nor infinite."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
