@@ -23,7 +23,7 @@ from typing import Sequence
 from ...core.errors import ConfigError
 from .codec import display, encoded_equal, stdout_equal
 from .runner import runner_source
-from .sandbox import ExecResult, Program, Sandbox, SandboxLimits
+from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLimits
 from .tasks import CodeTask, TestCase
 
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
@@ -94,14 +94,15 @@ def check_syntax(code: str) -> str | None:
 
 
 def build_program(task: CodeTask, code: str, inputs: Sequence[str], limits: SandboxLimits | None = None,
-                  per_test_seconds: float = PER_TEST_SECONDS, max_timeouts: int | None = None) -> tuple[Program, str]:
+                  per_test_seconds: float = PER_TEST_SECONDS, max_timeouts: int | None = None, *,
+                  hash_seed: int = DEFAULT_HASH_SEED) -> tuple[Program, str]:
     """One Program running ``code`` on every input, and its random marker."""
     marker = "@@RFT-" + secrets.token_hex(12) + "@@"
     config = {"style": task.style, "code": code, "setup": task.setup_code or "", "entry": task.entry_point,
               "inputs": list(inputs), "per_test": float(per_test_seconds),
               "import_seconds": max(2.0, 2 * float(per_test_seconds)), "max_timeouts": max_timeouts}
     files = {"main.py": runner_source(marker), "tests.json": json.dumps(config)}
-    return Program(files=files, argv=("python", "main.py"), stdin="", limits=limits), marker
+    return Program(files=files, argv=("python", "main.py"), stdin="", limits=limits, hash_seed=hash_seed), marker
 
 
 def run_limits(base: SandboxLimits, n_tests: int, per_test_seconds: float,
@@ -165,9 +166,11 @@ def _test_record(record: dict) -> RunRecord:
 
 
 def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: Sandbox,
-                 per_test_seconds: float = PER_TEST_SECONDS, max_timeouts: int | None = None) -> list[RunOutcome]:
+                 per_test_seconds: float = PER_TEST_SECONDS, max_timeouts: int | None = None,
+                 hash_seeds: Sequence[int] | None = None) -> list[RunOutcome]:
     """Run each ``(task, code, inputs)`` in one program, all programs concurrently. With
-    ``max_timeouts``, a run skips its remaining tests after that many per-test timeouts."""
+    ``max_timeouts``, a run skips its remaining tests after that many per-test timeouts; with
+    ``hash_seeds`` (one per job), each program runs under its own ``PYTHONHASHSEED``."""
     if not isinstance(per_test_seconds, (int, float)) or not per_test_seconds > 0:
         raise ConfigError(f"per_test_seconds must be a positive number, got {per_test_seconds!r}")
     outcomes: list[RunOutcome | None] = [None] * len(jobs)
@@ -178,7 +181,8 @@ def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: S
             outcomes[index] = RunOutcome("syntax_error", tuple(RunRecord(None, syntax, 0.0) for _ in inputs), syntax)
             continue
         limits = run_limits(sandbox.limits, len(inputs), per_test_seconds)
-        program, marker = build_program(task, code, inputs, limits, per_test_seconds, max_timeouts)
+        program, marker = build_program(task, code, inputs, limits, per_test_seconds, max_timeouts,
+                                        hash_seed=DEFAULT_HASH_SEED if hash_seeds is None else hash_seeds[index])
         programs.append(program)
         where.append((index, marker, len(inputs)))
     for (index, marker, n), result in zip(where, sandbox.run_many(programs)):

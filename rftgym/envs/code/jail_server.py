@@ -1,11 +1,11 @@
 """The supervisor ("zygote") of a warm local-sandbox jail. Standard library only: it runs inside the jail.
 
 :mod:`.sandbox_local` starts it as pid 1 of the jail's pid namespace (``bwrap --as-pid-1``), as
-``python -E -s -c <this source> <fd>``, where ``fd`` is a unix stream socket to the host. It
+``python -s -c <this source> <fd>``, where ``fd`` is a unix stream socket to the host. It
 pre-imports common stdlib modules, then serves one run at a time:
 
 - host -> zygote: the one byte ``CONTROL`` with four fds attached (SCM_RIGHTS): a sealed memfd
-  holding the JSON request ``{"files", "argv", "script", "rlimits"}``, then the run's stdin (a
+  holding the JSON request ``{"files", "argv", "script", "environment", "rlimits"}``, then the run's stdin (a
   memfd), stdout and stderr.
 - zygote -> host: two fixed-size ``REPORT``s per run: ``(EXITED, wait status, 0)`` as soon as the
   program has exited (the run's wall time ends there), then ``(CLEANED, 0, dirty)`` once the jail
@@ -17,7 +17,8 @@ heap. Per run it forks first and closes its copies of the fds; only the child re
 writes the files into the empty /work, starts a new session, takes stdin/stdout/stderr as 0/1/2
 (closing everything else, the socket included), applies the rlimits and runs the program:
 ``script`` runs ``argv[1]`` in the forked interpreter with ``__main__`` semantics (exit code and
-traceback as CPython gives them), else ``argv`` is exec'd. All the zygote learns of a run is its
+traceback as CPython gives them), else ``argv`` is exec'd with ``environment`` added to the
+jail's (e.g. another ``PYTHONHASHSEED`` than the zygote's own). All the zygote learns of a run is its
 wait status. When the child is gone the zygote kills every other process of the namespace
 (``kill(-1)`` from pid 1 reaches them all) and reaps them; a forked cleaner (so that the names it
 reads stay out of the zygote too) wipes /work, /tmp and /dev/shm and checks that the jail is as it
@@ -163,6 +164,7 @@ def child(fds: list, libc) -> None:
             os._exit(run_script(argv[1], argv[2:]))
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):   # what exec'd programs expect
             signal.signal(sig, signal.SIG_DFL)
+        os.environ.update(request.get("environment") or {})
         try:
             os.execvp(argv[0], argv)
         except OSError as exc:

@@ -16,7 +16,11 @@ Backends (``make_sandbox(backend)``):
 - ``"auto"``: docker if an engine is reachable, else local.
 
 ``argv[0] == "python"`` (or ``"python3"``) means the sandbox's own Python 3 (this interpreter's
-base installation, started with ``-E -s`` (no env vars, no user site); only the standard library is guaranteed).
+base installation, started with ``-s``: no user site; only the standard library is guaranteed).
+Every backend clears the environment and sets ``PYTHONHASHSEED`` to the program's ``hash_seed``
+(0 unless it says otherwise): an output that depends on string hashing (a set's order) is then
+the same in every run, warm jail or fresh, and a grade never depends on which process ran it. The
+test-case generator runs its reference a second time under another seed to drop such outputs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ from ...core.errors import ConfigError, RftgymError
 BACKENDS = ("local", "docker", "auto")
 PYTHON_NAMES = ("python", "python3")
 WORK_DIR = "/work"   # the program's cwd inside a jail
+DEFAULT_HASH_SEED = 0   # PYTHONHASHSEED of a program that names none (and of the warm jails' zygotes)
+MAX_HASH_SEED = 4294967295   # the largest PYTHONHASHSEED Python accepts
+
+
+def python_command(python: str, args: Sequence[str]) -> list[str]:
+    """The sandbox's own Python running ``args``: no user site (``-s``). Not ``-E``: the backends
+    clear the environment themselves, and ``PYTHONHASHSEED`` must take effect."""
+    return [python, "-s", *args]
+
+
+def python_environment(hash_seed: int) -> dict[str, str]:
+    """What every backend adds to a program's (otherwise cleared) environment for Python."""
+    return {"PYTHONHASHSEED": str(hash_seed)}
 
 
 class SandboxError(RftgymError, RuntimeError):
@@ -77,6 +94,7 @@ class Program:
     argv: Sequence[str] = ("python", "main.py")
     stdin: str = ""
     limits: SandboxLimits | None = None
+    hash_seed: int = DEFAULT_HASH_SEED  # PYTHONHASHSEED of the program's Python
 
     def __post_init__(self):
         if not isinstance(self.files, Mapping):
@@ -93,6 +111,9 @@ class Program:
             raise ConfigError(f"Program.stdin must be str, got {type(self.stdin).__name__}")
         if self.limits is not None and not isinstance(self.limits, SandboxLimits):
             raise ConfigError(f"Program.limits must be a SandboxLimits or None, got {self.limits!r}")
+        if type(self.hash_seed) is not int or not 0 <= self.hash_seed <= MAX_HASH_SEED:
+            raise ConfigError(f"Program.hash_seed must be an int in [0, {MAX_HASH_SEED}] (PYTHONHASHSEED), "
+                              f"got {self.hash_seed!r}")
 
 
 def check_relative_path(path) -> None:

@@ -20,7 +20,8 @@ import time
 
 from ...core.errors import require
 from .docker_image import base_python, ensure_image
-from .sandbox import PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result
+from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result,
+                      python_command, python_environment)
 
 MB = 1 << 20
 ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
@@ -121,11 +122,11 @@ class DockerSandbox(Sandbox):
         limits = self.limits_for(program)
         argv = list(program.argv)
         if argv[0] in PYTHON_NAMES:
-            argv = [self.python, "-E", "-s", *argv[1:]]
+            argv = python_command(self.python, argv[1:])
         header = json.dumps({"files": dict(program.files), "argv": argv}).encode()
         payload = b"%d\n" % len(header) + header + program.stdin.encode()
         try:
-            container = self.client.containers.create(self.image, **self._container_options(limits))
+            container = self.client.containers.create(self.image, **self._container_options(limits, program.hash_seed))
         except self._errors.DockerException as exc:
             raise SandboxError(f"docker could not create a sandbox container ({exc}); {ENGINE_HINT}") from exc
         try:
@@ -138,12 +139,12 @@ class DockerSandbox(Sandbox):
             except self._errors.DockerException:
                 pass
 
-    def _container_options(self, limits: SandboxLimits) -> dict:
+    def _container_options(self, limits: SandboxLimits, hash_seed: int) -> dict:
         disk = f"size={limits.disk_mb}m"
         cpu = max(1, int(limits.cpu_seconds + 0.999))
         Ulimit = self._ulimit
         return dict(
-            command=[self.python, "-E", "-s", "-c", BOOTSTRAP], user="65534:65534", working_dir=WORK_DIR,
+            command=python_command(self.python, ["-c", BOOTSTRAP]), user="65534:65534", working_dir=WORK_DIR,
             stdin_open=True, detach=False, tty=False,   # detach=False: StdinOnce
             network_mode="none", read_only=True,
             tmpfs={WORK_DIR: f"{disk},mode=1777", "/tmp": f"{disk},mode=1777"}, shm_size=limits.disk_mb * MB,
@@ -152,7 +153,7 @@ class DockerSandbox(Sandbox):
             nano_cpus=int(self.cpus * 1e9),
             cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config={"type": "none"},
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "TMPDIR": "/tmp",
-                         "LANG": "C.UTF-8"},
+                         "LANG": "C.UTF-8", **python_environment(hash_seed)},
             ulimits=[Ulimit(name="cpu", soft=cpu, hard=cpu + 1),
                      Ulimit(name="fsize", soft=limits.file_size_mb * MB, hard=limits.file_size_mb * MB),
                      Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),

@@ -39,8 +39,8 @@ import time
 import warnings
 
 from .docker_image import base_python, readable_by_others, runtime_tree
-from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits,
-                      make_result)
+from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
+                      SandboxLimits, make_result, python_command, python_environment)
 from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, kill_and_wait, kill_group, memfd,
                            pipe, read_ready, rlimits)
 
@@ -134,7 +134,7 @@ class LocalSandbox(Sandbox):
             cmd += ["--dir", f"{WORK_DIR}/{d}"]
         for path, text in program.files.items():
             cmd += ["--perms", "0644", "--file", str(memfd(text.encode(), keep)), f"{WORK_DIR}/{path}"]
-        return cmd + self._jail_settings("{info}") + self._limited(program, limits, nproc_extra=1)
+        return cmd + self._jail_settings("{info}", program.hash_seed) + self._limited(program, limits, nproc_extra=1)
 
     def _jail_mounts(self, base: list[str], disk_mb: int, keep: list[int]) -> list[str]:
         disk = str(disk_mb * MB)
@@ -144,17 +144,18 @@ class LocalSandbox(Sandbox):
                 "--size", disk, "--tmpfs", WORK_DIR]
 
     @staticmethod
-    def _jail_settings(info_fd: str) -> list[str]:
+    def _jail_settings(info_fd: str, hash_seed: int) -> list[str]:
         # bwrap's own root and /dev are unsized tmpfs: read-only, or a program could fill host memory.
+        environment = {"PATH": JAIL_PATH, "HOME": WORK_DIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+                       **python_environment(hash_seed)}
         return ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv",
-                "--setenv", "PATH", JAIL_PATH, "--setenv", "HOME", WORK_DIR, "--setenv", "TMPDIR", "/tmp",
-                "--setenv", "LANG", "C.UTF-8", "--info-fd", info_fd]
+                *(a for name, value in environment.items() for a in ("--setenv", name, value)), "--info-fd", info_fd]
 
     # -- both modes -------------------------------------------------------------------------
     def _limited(self, program: Program, limits: SandboxLimits, nproc_extra: int = 0) -> list[str]:
         argv = list(program.argv)
         if argv[0] in PYTHON_NAMES:
-            argv = [self.python, "-E", "-s", *argv[1:]]   # -I minus -P: the script dir stays importable
+            argv = python_command(self.python, argv[1:])   # the script dir stays importable (no -P)
         if self.prlimit is None:
             return ["--", *argv] if self.bwrap_base else argv
         return [self.prlimit, *(f"--{k}={s}:{h}" for k, (s, h) in rlimits(limits, nproc_extra).items()), "--", *argv]
@@ -180,7 +181,8 @@ class LocalSandbox(Sandbox):
                 info_r = info_w = None
                 workdir = self._write_workdir(program)
                 cmd, cwd = self._limited(program, limits), workdir
-                env = {"PATH": JAIL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+                env = {"PATH": JAIL_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+                       **python_environment(program.hash_seed)}
                 if self.tree:
                     env["LD_LIBRARY_PATH"] = self.tree + (base_python().libdir or "")
                     cmd = [self.tree + a if a == self.python else a for a in cmd]
@@ -244,8 +246,10 @@ class LocalSandbox(Sandbox):
         # No --die-with-parent: its signal fires when the *thread* that started bwrap exits, and
         # jails outlive threads. The zygote exits (ending the namespace) when the host's end closes.
         base = [a for a in self.bwrap_base if a != "--die-with-parent"]
-        cmd = [*self._jail_mounts(base, disk_mb, keep), "--as-pid-1", *self._jail_settings(str(info_fd)),
-               "--", self.python, "-E", "-s", "-c", ZYGOTE_SOURCE, str(zygote_fd)]
+        # The zygote's hash seed is every forked run's; a run with another seed is exec'd afresh.
+        cmd = [*self._jail_mounts(base, disk_mb, keep), "--as-pid-1",
+               *self._jail_settings(str(info_fd), DEFAULT_HASH_SEED), "--",
+               *python_command(self.python, ["-c", ZYGOTE_SOURCE, str(zygote_fd)])]
         return self._popen_as_nobody(cmd, "a warm jail", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env={"PATH": JAIL_PATH}, pass_fds=keep)
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT
-from .sandbox import PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result
+from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result,
+                      python_command, python_environment)
 
 log = logging.getLogger(__name__)
 MB = 1 << 20
@@ -82,10 +83,14 @@ class WarmJails:
 
     def run(self, program: Program, limits: SandboxLimits) -> ExecResult:
         argv = list(program.argv)
-        script = argv[0] in PYTHON_NAMES and len(argv) > 1 and not argv[1].startswith("-")
+        # A script runs in the zygote's forked interpreter, whose hash seed is the default one; with
+        # any other seed (or other interpreter flags) the program's Python is exec'd afresh.
+        script = argv[0] in PYTHON_NAMES and len(argv) > 1 and not argv[1].startswith("-") \
+            and program.hash_seed == DEFAULT_HASH_SEED
         if argv[0] in PYTHON_NAMES and not script:
-            argv = [self.python, "-E", "-s", *argv[1:]]
+            argv = python_command(self.python, argv[1:])
         request = {"files": dict(program.files), "argv": argv, "script": script,
+                   "environment": python_environment(program.hash_seed),
                    # no POSIX message queues: they would outlive the run in the jail's ipc namespace
                    "rlimits": {**rlimits(limits, nproc_extra=1), "msgqueue": (0, 0)}}
         for attempt in range(2):

@@ -2,8 +2,9 @@
 
 Inputs come from the spec's examples, the dataset's own tests, type-driven random generation
 (or a generated task's own input sampler) and edge cases. The reference solution runs on all of
-them in the sandbox, twice (in two processes, so that output that depends on hash seeds or
-addresses is caught); inputs where it raises, times out or disagrees with itself are dropped.
+them in the sandbox, twice (in two processes under two hash seeds, so that output that depends on
+string hashing, e.g. a set's order, or on addresses is caught; every graded run uses the default
+seed); inputs where it raises, times out or disagrees with itself are dropped.
 Tests are deduplicated by input and capped, example- and dataset-derived tests first.
 When one expected output dominates a function's tests (a predicate that random inputs almost
 always make False, a filter they leave empty), a constant would pass most of them: a second
@@ -28,10 +29,12 @@ from typing import Sequence
 from ...core.errors import ConfigError
 from .harness import RunOutcome, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
-from .sandbox import Sandbox
+from .sandbox import DEFAULT_HASH_SEED, Sandbox
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
 
-CACHE_VERSION = 3  # 2: inputs slow for the reference are dropped; 3: rare outputs searched for
+# 2: inputs slow for the reference are dropped; 3: rare outputs searched for; 4: the second reference
+# run under another hash seed (in a warm jail both runs had had its zygote's)
+CACHE_VERSION = 4
 MAJORITY_SHARE = 0.6  # above this share of one expected output, search for inputs with other outputs
 REFERENCE_TIME_SHARE = 0.25  # the reference may use at most this share of a test's time limit
 ORDER = ("example", "dataset", "llm", "edge", "random")  # what the cap keeps first
@@ -182,9 +185,11 @@ def select_tests(task: CodeTask, candidates: list[tuple[str, str]], runs: Sequen
 
 def run_reference_many(tasks: Sequence[CodeTask], inputs: Sequence[Sequence[str]], sandbox: Sandbox,
                        per_test_seconds: float, repeats: int = 1) -> list[list[RunOutcome]]:
-    """The reference of each task on its inputs, ``repeats`` times (separate processes)."""
+    """The reference of each task on its inputs, ``repeats`` times (separate processes, the
+    ``r``-th under hash seed ``r``: the first as every graded run, the others different)."""
     jobs = [(task, task.reference, list(ins)) for task, ins in zip(tasks, inputs) for _ in range(repeats)]
-    outcomes = execute_many(jobs, sandbox, per_test_seconds)
+    seeds = [DEFAULT_HASH_SEED + r for _ in tasks for r in range(repeats)]
+    outcomes = execute_many(jobs, sandbox, per_test_seconds, hash_seeds=seeds)
     return [outcomes[i * repeats:(i + 1) * repeats] for i in range(len(tasks))]
 
 

@@ -64,6 +64,35 @@ def test_other_commands_run_too(sandbox):
     assert missing.exit_code not in (0, None) and not missing.ok, missing
 
 
+HASHES = "print(hash('rftgym'), list({'a', 'b', 'c', 'd', 'e'}))"
+
+
+def _host_output(source: str, seed: int) -> str:
+    """What this machine's Python prints for ``source`` under PYTHONHASHSEED=``seed``."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-s", "-c", source], env={"PYTHONHASHSEED": str(seed)},
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("argv", [("python", "main.py"), ("python", "-c", HASHES)], ids=["script", "command"])
+def test_every_run_hashes_strings_alike_unless_given_another_seed(sandbox, argv):
+    """A program's string hashes (and so a set's order) are the same in every run, whichever
+    process or jail runs it: PYTHONHASHSEED is the program's hash_seed, 0 by default."""
+    runs = [sandbox.run(Program({"main.py": HASHES}, argv=argv)) for _ in range(3)]
+    assert all(r.ok for r in runs), runs
+    assert {r.stdout for r in runs} == {_host_output(HASHES, 0)}
+    other = sandbox.run(Program({"main.py": HASHES}, argv=argv, hash_seed=1))
+    assert other.ok and other.stdout == _host_output(HASHES, 1) != runs[0].stdout, other
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, True, "0", 1.0])
+def test_a_hash_seed_is_an_int_python_accepts(seed):
+    with pytest.raises(ConfigError, match=r"hash_seed must be an int in \[0, 4294967295\] \(PYTHONHASHSEED\)"):
+        Program({"main.py": ""}, hash_seed=seed)
+
+
 def test_multi_file_program_with_argv_and_unicode(sandbox):
     files = {"main.py": "import sys\nfrom pkg.helper import greet\nprint(greet(sys.argv[1]))",
              "pkg/__init__.py": "", "pkg/helper.py": "def greet(n):\n    return 'héllo ' + n + ' ✓'"}

@@ -542,11 +542,12 @@ with open("/proc/net/dev") as handle:
 def test_docker_container_options_isolate(docker_sandbox):
     """The engine is asked for what the isolation line promises (a dropped option is invisible to
     the behavioural tests when the daemon runs with --bridge=none, so check the request too)."""
-    options = docker_sandbox._container_options(docker_sandbox.limits)
+    options = docker_sandbox._container_options(docker_sandbox.limits, 0)
     assert options["network_mode"] == "none" and options["read_only"] is True
     assert options["cap_drop"] == ["ALL"] and "no-new-privileges" in options["security_opt"]
     assert options["nano_cpus"] > 0 and options["pids_limit"] == docker_sandbox.limits.processes + 1
     assert options["user"] == "65534:65534" and options["mem_limit"] == options["memswap_limit"]
+    assert options["environment"]["PYTHONHASHSEED"] == "0"
 
 
 # Scans the run's own readable mappings for each secret, given as two halves that are joined

@@ -4,6 +4,8 @@ and the full HumanEval / an MBPP subset (reference passes, a wrong solution fail
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +83,21 @@ def test_nondeterministic_reference_outputs_are_dropped(sandbox, config):
                     examples=(TestCase("(0,)", None, "example"), TestCase("(1,)", None, "example")))
     built = build_tests(task, TCGConfig(cache_dir=config.cache_dir, sources=("example",)), sandbox)
     assert [t.input for t in built.tests] == ["(0,)"]
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-jails", "jail-per-run"])
+def test_outputs_that_depend_on_string_hashing_are_dropped(config, warm):
+    """The second reference run is under another hash seed, also in a warm jail (whose zygote
+    gives every run it forks its own seed): a set's order cannot become an expected output."""
+    task = CodeTask("t-letters", "unit", "function", "letters", "letters",
+                    "def letters(word: str) -> list:\n    return list(set(word))\n",
+                    tests=(TestCase("('abcdefgh',)", None, "dataset"), TestCase("('a',)", None, "dataset")))
+    orders = {subprocess.run([sys.executable, "-c", "print(list(set('abcdefgh')))"], env={"PYTHONHASHSEED": seed},
+                             capture_output=True, text=True, check=True).stdout for seed in ("0", "1")}
+    assert len(orders) == 2  # the premise: the two seeds order these eight letters differently
+    with make_sandbox(warm_jails=warm, workers=1) as box:
+        built = build_tests(task, TCGConfig(cache_dir=config.cache_dir, sources=("dataset",)), box)
+    assert [t.input for t in built.tests] == ["('a',)"]  # one letter has one order
 
 
 def test_cache_is_used_and_keyed_by_config(sandbox, config):
