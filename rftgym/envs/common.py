@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, TypeVar
 
 from ..core.errors import ConfigError
@@ -35,7 +36,9 @@ def render_context(context, render_mode: str | None) -> str | None:
     if render_mode == "ansi":
         return text
     if render_mode == "human":
-        print(text)
+        # Agent text may hold what the terminal cannot show (a lone surrogate, say): escaped, never an error.
+        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+        print(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
     return None
 
 
