@@ -10,6 +10,12 @@ style sends fd 1/2 to /dev/null; stdio style points fd 0/1 at per-test files (so
 
 Records: ``{"phase": "import"|"entry"|"fatal", "error", "message"}`` for a failure before the
 tests, ``{"i", "got", "error", "message", "s"}`` per test, ``{"done": true}`` at the end.
+
+A test's time limit is an alarm that raises in the candidate's code; code that catches it (a bare
+``except:`` in a retry loop) or ignores SIGALRM would otherwise run on until the sandbox's limit
+for the whole run. A watchdog thread ends the run ``_GRACE`` seconds after a limit that did not
+stop its test: that test is reported as a timeout and the ones after it as skipped, as after
+``max_timeouts``.
 """
 
 from __future__ import annotations
@@ -17,15 +23,30 @@ from __future__ import annotations
 from .codec import ENCODER_SOURCE
 
 RUNNER_TEMPLATE = r'''
-import builtins, io, json, math, os, signal, sys, time
+import builtins, io, json, math, os, signal, sys, threading, time
 MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 _MAX_GOT = 1000000
+_GRACE = 1.0   # seconds a test may run past its limit before the watchdog ends the run
+_now, _sleep, _exit = time.monotonic, time.sleep, os._exit   # the candidate may replace the modules' own
+_lock = threading.RLock()   # one record at a time; the watchdog reports under it
+_overrun = [None, None]   # the armed limit's deadline (with grace), and what to report when it passes
 
 def _emit(record):
-    _channel.write(MARK + json.dumps(record, separators=(",", ":")) + MARK + "\n")
-    _channel.flush()
+    with _lock:
+        _channel.write(MARK + json.dumps(record, separators=(",", ":")) + MARK + "\n")
+        _channel.flush()
+
+def _watchdog():
+    while True:
+        _sleep(0.1)
+        with _lock:
+            deadline, report = _overrun
+            if deadline is not None and _now() > deadline:
+                report()
+                _channel.flush()
+                _exit(0)
 
 class _Timeout(BaseException):
     pass
@@ -39,12 +60,31 @@ def _describe(exc):
     except BaseException:
         return type(exc).__name__, ""
 
-def _arm(seconds):
+def _arm(seconds, report):
+    with _lock:
+        _overrun[:] = [_now() + seconds + _GRACE, report]
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 def _disarm():
     signal.setitimer(signal.ITIMER_REAL, 0)
+    with _lock:
+        _overrun[:] = [None, None]
+
+def _import_overran():
+    _emit({"phase": "import", "error": "Timeout",
+           "message": "defining the code took too long and did not stop at its time limit"})
+
+def _test_overran(i, total, seconds, started):
+    def report():
+        _emit({"i": i, "got": None, "error": "Timeout", "s": _now() - started,
+               "message": "the test took longer than %g s and did not stop at its time limit (the code caught "
+                          "or ignored it)" % seconds})
+        for j in range(i + 1, total):
+            _emit({"i": j, "got": None, "error": "Skipped", "s": 0.0,
+                   "message": "not run: an earlier test did not stop at its time limit"})
+        _emit({"done": True})
+    return report
 
 def _redirect(fd, path, mode):
     flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -67,11 +107,12 @@ def _function_style(cfg):
     sys.stdin = io.StringIO("")
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
-        _arm(cfg["import_seconds"])
+        _arm(cfg["import_seconds"], _import_overran)
         exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
         exec(compile(cfg["code"], "solution.py", "exec"), namespace)
         _disarm()
     except _Timeout:
+        _disarm()
         _emit({"phase": "import", "error": "Timeout", "message": "defining the code took too long"})
         return
     except BaseException as exc:
@@ -92,7 +133,7 @@ def _function_style(cfg):
         start = time.perf_counter()
         try:
             args = _eval_input(source)
-            _arm(cfg["per_test"])
+            _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
             value = fn(*args)
             _disarm()
             got = _rft_dumps(value)
@@ -130,7 +171,7 @@ def _stdio_style(cfg):
         error = message = None
         start = time.perf_counter()
         try:
-            _arm(cfg["per_test"])
+            _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
             namespace = {"__name__": "__main__", "__builtins__": builtins}
             exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
             exec(code, namespace)
@@ -158,6 +199,7 @@ def _stdio_style(cfg):
             error, message = "OutputTooLarge", "more than %d bytes on stdout" % _MAX_GOT
         _emit({"i": i, "got": got, "error": error, "message": message, "s": seconds})
 
+threading.Thread(target=_watchdog, daemon=True).start()
 try:
     with open("tests.json", encoding="utf-8") as _handle:
         _cfg = json.load(_handle)

@@ -91,6 +91,31 @@ def test_grading_statuses(sandbox):
     assert dying.status == "crashed" and dying.passed == 2 and "exit code 3" in dying.results[2].error
 
 
+STUBBORN = {  # code that does not let a test's time limit stop it
+    "catches it": "import time\ndef add(a, b):\n    while a == [1]:\n        try:\n            time.sleep(0.2)\n"
+                  "        except BaseException:\n            continue\n    return a + b\n",
+    "ignores it": "import signal, time\ndef add(a, b):\n    if a == [1]:\n"
+                  "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n        while True:\n"
+                  "            time.sleep(0.2)\n    return a + b\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(STUBBORN))
+def test_a_test_that_will_not_stop_at_its_limit_ends_the_run_not_the_sandbox(sandbox, how):
+    graded = grade(ADD, STUBBORN[how], sandbox, per_test_seconds=0.3)
+    # The watchdog ends the run a second after the limit: the sandbox's own (whole-run) limit is not hit.
+    assert graded.status == "ok", graded
+    assert [r.passed for r in graded.results] == [True, False, False]
+    assert "did not stop at its time limit" in graded.results[1].error
+    assert graded.results[2].error.startswith("Skipped: not run: an earlier test did not stop")
+
+
+def test_module_code_that_will_not_stop_at_its_limit_is_an_import_timeout(sandbox):
+    stubborn = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    graded = grade(ADD, stubborn, sandbox, per_test_seconds=0.3)
+    assert graded.status == "import_error" and "did not stop at its time limit" in graded.results[0].error, graded
+
+
 def test_candidate_prints_do_not_break_reports_and_cannot_fake_eq(sandbox):
     noisy = "import sys\ndef add(a, b):\n    print('@@', a)\n    sys.stderr.write('x' * 10)\n    return a + b\n"
     assert grade(ADD, noisy, sandbox).passed == 3
