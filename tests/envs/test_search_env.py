@@ -186,6 +186,23 @@ def test_answer_without_any_search_is_not_a_violation():
     assert terminated and reward == 1.0 and info["protocol_violation"] is None and info["em"] == 1.0
 
 
+@pytest.mark.parametrize("reply, problem", [
+    ("hello", "the reply had no <search> and no <answer>, so nothing was done"),
+    ("<think>maybe search later</think>", "the reply had no <search> and no <answer>, so nothing was done"),
+    ("<answer>  </answer>", "an empty <answer> was not graded; put the answer inside <answer>…</answer>"),
+])
+def test_a_reply_that_does_nothing_is_reported_and_the_episode_goes_on(reply, problem):
+    env = SearchEvalQAEnv()
+    env.reset(seed=0)
+    context, reward, terminated, truncated, info = env.step(reply)
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert info["format_error"] == problem and info["protocol_violation"] is None and info["answer"] is None
+    assert f"Format problems: {problem}." in context[-1].content
+    # The episode still ends on a real answer.
+    _, _, terminated, _, info = env.step(f"<answer>{env.question.answers[0]}</answer>")
+    assert terminated and info["answer"] == env.question.answers[0]
+
+
 def test_search_budget_truncates():
     env = SearchEvalQAEnv(max_searches=2, max_turns=10)
     env.reset(seed=0)

@@ -21,7 +21,9 @@ Action
         7-10 high confidence.
     ``<answer>text</answer>``
         The final answer; ends the episode. For an unanswerable question the right answer is a
-        refusal such as ``<answer>unknown</answer>``.
+        refusal such as ``<answer>unknown</answer>``. An empty answer is not graded: it is
+        reported (``info["format_error"]``) and the episode goes on, as is a reply with neither
+        a search nor an answer.
 
     The protocol: the turn right after a search must *begin* with ``<evaluate>`` (leading white
     space aside); after it, the same turn may search again or answer. Example episode::
@@ -291,6 +293,8 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         parsed = parse_tags(action, self.config.tags)
         out.problems.extend(dict.fromkeys(parsed.problems))
         calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")]
+        if not calls and not parsed.problems:  # e.g. plain text, or only <think>: say so, as for a format error
+            out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             first = calls[0] if calls else None
@@ -316,7 +320,9 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
                     searched = self._search(tag.text, out)
                     if out.truncated:
                         return out
-            else:  # answer
+            elif not tag.text.strip():  # an empty answer is no answer (the episode goes on)
+                out.problems.append("an empty <answer> was not graded; put the answer inside <answer>…</answer>")
+            else:
                 if searched:
                     out.flag("answer_before_evaluation")
                 self._answer(tag.text, out)
