@@ -131,6 +131,17 @@ def test_unclosed_prune_and_prune_inside_think_are_not_run():
         obs = new
 
 
+@pytest.mark.parametrize("action", ["", "   ", "just thinking", "<think>what to search next</think>"])
+def test_a_turn_that_does_nothing_is_told_so(action):
+    env = small_env()
+    obs, _ = env.reset(seed=0)
+    new, reward, terminated, truncated, info = env.step(action)
+    problem = "the turn had no <search>, <prune> or <answer>, so nothing was done"
+    assert info["format_error"] == problem and (reward, terminated, truncated) == (0.0, False, False)
+    # The assistant turn, then the status message that says so (never two assistant turns in a row).
+    assert [m.role for m in new.messages[len(obs):]] == ["assistant", "user"] and problem in new[-1].content
+
+
 def test_a_prune_cannot_name_a_result_of_the_same_turn_or_one_already_pruned():
     env = small_env()
     obs, ids, _ = two_searches(env)

@@ -13,8 +13,9 @@ Observation
     (b) appends, in this order: the assistant's turn; one message per tool call, in the order of
     the tags (a search batch for each ``<search>``, a memory note for each ``<prune>`` that has a
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
-    note, a refused prune, a tool-call limit) or the context reached 3/4 of its budget, one status
-    message ``[env] …`` (those, then "Context: N of B tokens" counted WITHOUT the status message,
+    note, a refused prune, a tool-call limit, a turn with no tag that did anything) or the context
+    reached 3/4 of its budget, one status message ``[env] …`` (those, then "Context: N of B
+    tokens" counted WITHOUT the status message,
     turns and tool calls left, questions answered). So the observation after a prune is exactly:
     the previous observation minus the pruned messages, plus the new messages above.
     Assistant turns, the task, the system message and status messages are never deleted.
@@ -379,6 +380,9 @@ class MemoryQAEnv(gym.Env[Context, str]):
                 self._prune(tag, visible, turn)
             else:
                 self._answer(tag, turn)
+        if not turn.problems and not any(tag.name != "think" for tag in parsed.tags):
+            # Plain text or only <think>: nothing happened, and the agent is told so (a status message).
+            turn.problems.append("the turn had no <search>, <prune> or <answer>, so nothing was done")
         return turn
 
     def _take_tool_call(self, kind: str, turn: _Turn) -> bool:
