@@ -42,6 +42,14 @@ def render_context(context, render_mode: str | None) -> str | None:
     return None
 
 
+def read_action(action: str, limit: int) -> tuple[str, list[str]]:
+    """The action as an env reads it, at most ``limit`` characters, and the problem to report when
+    it was cut (a tag past the cut is then missing, and the agent must learn why)."""
+    if len(action) <= limit:
+        return action, []
+    return action[:limit], [f"the reply was longer than {limit:,} characters; only the first {limit:,} were read"]
+
+
 def check_step_call(started: bool, done: bool, action) -> None:
     """Misuse of ``step`` (not of the protocol: bad agent text is an observation, never this)."""
     if not started:

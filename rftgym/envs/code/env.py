@@ -69,8 +69,8 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
-                      resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
@@ -241,12 +241,12 @@ class CodeTCGEnv(gym.Env[Context, str]):
     def step(self, action: str):
         check_step_call(self.task is not None, self._done, action)
         self._turn += 1
-        action = action[: self.config.max_action_chars]
+        action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))
         if self._phase == "pseudocode":
-            reward, terminated, feedback = self._pseudocode_turn(action)
+            reward, terminated, feedback = self._pseudocode_turn(action, cut)
         else:
-            reward, terminated, feedback = self._code_turn(action)
+            reward, terminated, feedback = self._code_turn(action, cut)
         truncated = not terminated and self._turn >= self.config.max_turns
         if truncated and self._phase == "code" and self._attempts:
             reward = self._outcome_reward()  # the last graded submission is paid when turns run out
@@ -321,10 +321,10 @@ class CodeTCGEnv(gym.Env[Context, str]):
 
     # ------------------------------------------------------------------ turns
 
-    def _pseudocode_turn(self, action: str):
+    def _pseudocode_turn(self, action: str, cut: list[str]):
         parsed = parse_tags(action, ("pseudocode", "think"))
         steps, format_error = parse_pseudocode(parsed, action)
-        problems = summarize_problems(parsed.problems)
+        problems = summarize_problems([*cut, *parsed.problems])
         if problems and format_error is None:
             format_error = problems
         self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)
@@ -339,12 +339,12 @@ class CodeTCGEnv(gym.Env[Context, str]):
             reward = self.config.process_weight * (sum(scores) / len(scores) if scores else 0.0)
         return reward, False, "Now write the complete solution in one fenced code block: ```python ... ```"
 
-    def _code_turn(self, action: str):
+    def _code_turn(self, action: str, cut: list[str]):
         from .harness import grade
 
         parsed = parse_tags(action, ("think", "pseudocode"))
         code, format_error = extract_code(parsed)
-        problems = summarize_problems(parsed.problems)
+        problems = summarize_problems([*cut, *parsed.problems])
         if problems:
             format_error = f"{format_error}; {problems}" if format_error else problems
         self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)

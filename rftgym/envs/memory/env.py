@@ -111,8 +111,8 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, render_context, resolve_config,
-                      summarize_problems)
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -323,9 +323,10 @@ class MemoryQAEnv(gym.Env[Context, str]):
         context_tokens = self.count_tokens(self._context)
         self._total_tokens += context_tokens
         self._peak_tokens = max(self._peak_tokens, context_tokens)
-        action = action[: self.config.max_action_chars]
+        action, cut = read_action(action, self.config.max_action_chars)
         assistant = self._ids.message("assistant", action)
         turn = self._play(action)
+        turn.problems[:0] = cut
 
         terminated = len(self._answers) == len(self.task.objectives)
         context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)

@@ -92,8 +92,8 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
-                      resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -258,9 +258,10 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
     def step(self, action: str):
         check_step_call(self.question is not None, self._done, action)
         self._turn += 1
-        action = action[: self.config.max_action_chars]
+        action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))
         outcome = self._play(action)
+        outcome.problems[:0] = cut
         if outcome.violation is not None:
             self._violations += 1
         truncated = not outcome.terminated and (outcome.truncated or self._turn >= self.config.max_turns)

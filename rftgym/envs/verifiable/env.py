@@ -47,8 +47,8 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, render_context,
-                      resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -160,14 +160,13 @@ class VerifiableQAEnv(gym.Env[Context, str]):
     def step(self, action: str):
         check_step_call(self.task is not None, self._done, action)
         self._turn += 1
-        if len(action) > self.config.max_action_chars:
-            action = action[: self.config.max_action_chars]
+        action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))
 
         parsed = parse_tags(action, self.config.tags)
         answers = [t for t in parsed.find("answer") if t.closed]
         format_error = None
-        problems = summarize_problems(parsed.problems)
+        problems = summarize_problems([*cut, *parsed.problems])
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
             + ([problems] if problems else [])
         if not answers:

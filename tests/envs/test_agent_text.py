@@ -1,0 +1,38 @@
+"""What every env does alike with agent text: human mode prints whatever the agent wrote, never
+raising, and a reply cut at max_action_chars is reported, not silently shortened."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import rftgym  # noqa: F401 (registers the envs)
+
+ENV_IDS = ["rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "rftgym/MemoryQA-v0", "rftgym/CodeTCG-v0"]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_human_rendering_escapes_text_the_terminal_cannot_encode(env_id, capsys):
+    env = gym.make(env_id, render_mode="human")
+    try:
+        env.reset(seed=0)
+        capsys.readouterr()
+        env.step("\ud800 caf\u00e9 <answer>1</answer>")  # a lone surrogate: not encodable in UTF-8
+        out = capsys.readouterr().out
+        assert "[assistant] \\ud800 caf\u00e9 <answer>1</answer>" in out
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_a_reply_cut_at_max_action_chars_says_so(env_id):
+    env = gym.make(env_id, max_action_chars=50)
+    try:
+        env.reset(seed=0)
+        context, reward, terminated, truncated, info = env.step("y" * 60 + "<answer>1</answer>")
+        notice = "the reply was longer than 50 characters; only the first 50 were read"
+        assert context[-2].content == "y" * 50  # what the env read is what the context shows
+        assert notice in info["format_error"] and notice in context[-1].content
+        assert not terminated  # the answer past the cut was never read
+    finally:
+        env.close()
