@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from . import envs as env_registry
-from .core.errors import RftgymError
+from .core.errors import ConfigError, DataFormatError, RftgymError
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
 
@@ -169,6 +169,9 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
         if path.is_dir():
             raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new "
                              "directory with several environments")
+        if path.exists() and not path.is_file():  # the finished file replaces it: never a device or a pipe
+            raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); the episodes are "
+                             "written to a file that replaces it, so give a file name ending in .jsonl")
         for key, value in (inputs or {}).items():
             if isinstance(value, str) and value and path.exists() and Path(value).exists() \
                     and os.path.samefile(path, value):
@@ -715,9 +718,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_common(args)
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
         parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
-    except RftgymError as exc:
+    except RftgymError as exc:  # something else failed: a sandbox, a model, a server
         print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

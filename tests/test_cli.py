@@ -152,7 +152,7 @@ def test_a_type_error_inside_an_env_is_not_blamed_on_an_option(capsys, monkeypat
     ('kinds=[["arithmetic"]]', "kinds must be a list of kind names"),
 ])
 def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
-    assert main(["eval", ENV_ID, "--agent", "random", "--env-arg", env_arg]) == 1
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", env_arg]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.startswith("rftgym eval: error: ") and message in err
 
@@ -168,8 +168,8 @@ def test_api_agent_needs_a_base_url(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "api"]) == 2
     err = capsys.readouterr().err
     assert "--agent api needs --api-base URL" in err and "--api-model NAME" in err
-    assert main(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
-                 "--api-timeout", "0"]) == 1
+    assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
+                      "--api-timeout", "0"]) == 2
     assert "timeout_s must be a number of seconds > 0, got 0.0" in capsys.readouterr().err
 
 
@@ -495,6 +495,13 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
     (tmp_path / "ro" / "eval.jsonl.partial").mkdir()  # even as root, a file cannot be made there
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / "ro" / "eval.jsonl")]) == 2
     assert "eval.jsonl cannot be written: Is a directory" in capsys.readouterr().err
+    # Never replaced by the finished file: a pipe, or a device (as root, --out /dev/null had turned
+    # /dev/null into a plain file; a pipe stands in for it here, the same check refuses both).
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(fifo)]) == 2
+    assert "is not a regular file (a device, pipe or socket)" in capsys.readouterr().err
+    assert fifo.is_fifo() and not (tmp_path / "pipe.jsonl.partial").exists()
 
 
 def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
@@ -523,7 +530,7 @@ def test_env_arg_messages_name_the_option(capsys):
 
 
 def test_generated_world_size_is_bounded(capsys):
-    assert main(["play", "rftgym/SearchEvalQA-v0", "--env-arg", "world_size=5000"]) == 1
+    assert exit_code(["play", "rftgym/SearchEvalQA-v0", "--env-arg", "world_size=5000"]) == 2
     assert "world_size must be at most" in capsys.readouterr().err
 
 
