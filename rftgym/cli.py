@@ -62,13 +62,22 @@ def _env_spec(env_id: str):
             sys.path.append(os.getcwd())  # last: a module here never shadows an installed one
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise UsageError(f"environment {env_id!r}: cannot import {module!r} ({exc}); give module:EnvId with a "
-                             "module on the Python path that registers EnvId with gymnasium.register") from None
+        except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
+            raise UsageError(f"environment {env_id!r}: cannot import {module!r} ({type(exc).__name__}: {exc}); give "
+                             "module:EnvId with a module on the Python path that registers EnvId with "
+                             "gymnasium.register") from None
     if bare not in gym.registry:
         raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())} "
                          "(your own: module:EnvId, where importing module registers EnvId with gymnasium.register)")
-    return gym.spec(bare)
+    spec = gym.spec(bare)
+    if isinstance(spec.entry_point, str):
+        try:
+            _load_object(spec.entry_point)
+        except Exception as exc:  # noqa: BLE001 (importing the entry point's module runs the user's code)
+            raise UsageError(f"environment {env_id!r}: its entry point {spec.entry_point!r} cannot be loaded "
+                             f"({type(exc).__name__}: {exc}); register it as 'module:Class' with an importable "
+                             "module") from None
+    return spec
 
 
 def _short_name(env_id: str) -> str:
@@ -104,8 +113,10 @@ def _env_options_hint(env_id: str) -> str:
 
 
 def _load_object(path: str):
-    module_name, name = path.split(":")
-    return getattr(__import__(module_name, fromlist=[name]), name)
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"{path!r} is not of the form 'module:name'")
+    return getattr(importlib.import_module(module_name), name)
 
 
 def _env_class(env_id: str):

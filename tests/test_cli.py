@@ -620,3 +620,17 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
     assert "cannot import 'no_such_module_here'" in capsys.readouterr().err
     assert exit_code(["eval", "mine/Nope-v0", "--agent", "random"]) == 2
     assert "(your own: module:EnvId" in capsys.readouterr().err
+
+
+def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, monkeypatch, capsys):
+    (tmp_path / "rft_probe_syntax.py").write_text("def broken(:\n")
+    (tmp_path / "rft_probe_raises.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "rft_probe_entry.py").write_text(
+        "import gymnasium as gym\ngym.register('mine/BadEntry-v0', entry_point='rft_probe_entry:nothere')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for env_id, message in [("rft_probe_syntax:mine/X-v0", "cannot import 'rft_probe_syntax' (SyntaxError: "),
+                            ("rft_probe_raises:mine/X-v0", "cannot import 'rft_probe_raises' (RuntimeError: boom at import)"),
+                            ("rft_probe_entry:mine/BadEntry-v0", "its entry point 'rft_probe_entry:nothere' cannot be "
+                                                                 "loaded (AttributeError: ")]:
+        assert exit_code(["eval", env_id, "--agent", "random", "--episodes", "1"]) == 2
+        assert message in capsys.readouterr().err, env_id
