@@ -267,6 +267,7 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
     if config.pack_sequences:
         check_packed_attention(model, autocast)
     if config.lora_rank:
+        check_lora_rank(model, config.lora_rank)
         peft = require("peft", "train", "LoRA training")
         lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
                                lora_dropout=0.0, task_type="CAUSAL_LM")
@@ -281,6 +282,19 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+def check_lora_rank(model, rank: int) -> None:
+    """Refuse a LoRA rank above the full rank of every layer it would adapt (each linear layer but
+    the output head): the adapters would be larger than the layers (an absurd rank runs out of
+    memory), and full fine-tuning already reaches any update of them."""
+    head = model.get_output_embeddings()
+    ranks = [min(m.in_features, m.out_features) for m in model.modules()
+             if isinstance(m, torch.nn.Linear) and m is not head]
+    if ranks and rank > max(ranks):
+        raise ConfigError(f"lora_rank {rank} is above the full rank of every layer LoRA would adapt (at most "
+                          f"{max(ranks)} in this model); use a rank of at most {max(ranks)} (typically 8 to 64), "
+                          "or lora_rank 0 for full fine-tuning")
 
 
 def evaluation_split(policy: HFPolicy) -> Callable:

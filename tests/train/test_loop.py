@@ -96,6 +96,18 @@ def test_lora_with_kl_trains_adapters_only(tmp_path, make_char_policy):
     assert changed_lora
 
 
+def test_a_lora_rank_above_every_layers_full_rank_is_refused_before_any_adapter(make_char_policy):
+    from rftgym.train.loop import prepare_model
+
+    policy = make_char_policy()  # width 32, MLP 64: no adapted layer has a rank above 32
+    with pytest.raises(ConfigError, match=r"lora_rank 33 is above the full rank of every layer LoRA would adapt "
+                                          r"\(at most 32 in this model\)"):
+        prepare_model(policy, TrainConfig(lora_rank=33))
+    assert not hasattr(policy.model, "peft_config")  # refused before anything was built
+    model = prepare_model(policy, TrainConfig(lora_rank=32))
+    assert any("lora_" in name for name, _ in model.named_parameters())
+
+
 @pytest.mark.parametrize("algo", ["dr_grpo", "rloo", "rft", "dcpo", "pcar"])
 def test_every_algorithm_runs_a_step(tmp_path, make_char_policy, algo):
     history = train(config(tmp_path, steps=2, algo=algo, aggregation="sequence_mean"), policy=make_char_policy(),
