@@ -255,9 +255,10 @@ def test_seeding_and_ids_are_deterministic():
     ({"count_tokens": 3}, "count_tokens"), ({"corpus_path": "x.json"}, "dataset_path"),
     ({"reward_mode": "sum"}, "reward_mode"), ({"max_context_tokens": 0}, "max_context_tokens"),
     ({"allow_prune": "no"}, "allow_prune"), ({"f1_threshold": 2}, "f1_threshold"),
-    ({"f1_threshold": float("nan")}, r"f1_threshold must be a finite number in \[0, 1.0\), got nan"),
-    ({"overflow_penalty": float("inf")}, "overflow_penalty must be a finite number"),
-    ({"overflow_penalty": float("nan")}, "overflow_penalty must be a finite number"),
+    ({"f1_threshold": float("nan")}, r"f1_threshold must be a number in \[0, 1\], got nan"),
+    ({"overflow_penalty": float("inf")}, r"overflow_penalty must be a number in \[0, 1000\], got inf"),
+    ({"overflow_penalty": float("nan")}, r"overflow_penalty must be a number in \[0, 1000\]"),
+    ({"overflow_penalty": 1e308}, r"overflow_penalty must be a number in \[0, 1000\], got 1e\+308"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

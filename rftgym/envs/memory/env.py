@@ -139,6 +139,7 @@ PROMPT_WITHOUT_MEMORY = (
 AUTO = "auto"
 MAX_QUERY_CHARS = 300
 WARN_FRACTION = 0.75  # a status message reports the context size from this share of the budget on
+MAX_OVERFLOW_PENALTY = 1000.0  # per turn; the task reward is at most 1
 RETRIEVER_NAMES = ("bm25", "dense")
 
 
@@ -202,11 +203,12 @@ class MemoryQAConfig:
             raise ConfigError("count_tokens must be a function context -> int (e.g. budget.policy_token_counter(policy))")
         if self.on_context_overflow not in ("truncate", "penalize"):
             raise ConfigError(f"on_context_overflow must be 'truncate' or 'penalize', got {self.on_context_overflow!r}")
-        for name, high in (("overflow_penalty", None), ("f1_threshold", 1.0)):
+        # A penalty is per turn, against a task reward of at most 1: bounded, so that an episode's sum stays finite.
+        for name, high in (("overflow_penalty", MAX_OVERFLOW_PENALTY), ("f1_threshold", 1.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0 or (high is not None and value > high):
-                raise ConfigError(f"{name} must be a finite number in [0, {high or 'inf'}), got {value!r}")
+                    or not 0 <= value <= high:
+                raise ConfigError(f"{name} must be a number in [0, {high:g}], got {value!r}")
         if not isinstance(self.allow_prune, bool):
             raise ConfigError(f"allow_prune must be true or false, got {self.allow_prune!r}")
         if self.answer_metric not in ("f1", "em"):
