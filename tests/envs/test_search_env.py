@@ -127,7 +127,8 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
 @pytest.mark.parametrize("body, expected", [
     ("score: 7 names the birthplace", (7, "names the birthplace")), ("Score=3/10, off topic", (3, "off topic")),
     ("10 - exactly it", (10, "exactly it")), ("  score 0", (0, "")), ("seven", None), ("7.5 close", None),
-    ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None),
+    ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None), ("1e400", None), ("10abc", None),
+    ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
