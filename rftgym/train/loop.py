@@ -10,6 +10,7 @@ import copy
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
@@ -24,6 +25,7 @@ from ..core.errors import ConfigError, EnvContractError, require
 from ..core.values import is_int
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
+    PROCESS_SCORE_KEY,
     PROCESS_SPLIT_KEY,
     TrainSample,
     build_samples,
@@ -196,6 +198,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
                                                              segment_rng, split_tokens=evaluation_split(policy))
 
         episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
+        unused = unused_signal(config.algo, episodes) if step == start else None
+        if unused:
+            warnings.warn(unused, stacklevel=2)
 
         # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
         model.train()
@@ -282,6 +287,19 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+def unused_signal(algo: str, episodes) -> str | None:
+    """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or None: PCAR scales advantages by the
+    env's per-search evaluation scores, DCPO trains the segments between context edits; without
+    either there is nothing for them to do (most likely an env that has no such signal)."""
+    if algo == "pcar" and not any(PROCESS_SCORE_KEY in t.info for e in episodes for t in e.turns):
+        return ("--algo pcar: no turn had info['evaluation_score'], so PCAR trained as GRPO; PCAR needs an env "
+                "that scores each search (rftgym/SearchEvalQA-v0) and a policy that evaluates its searches")
+    if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):
+        return ("--algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; DCPO "
+                "needs an env whose context the agent edits (rftgym/MemoryQA-v0) and a policy that edits it")
+    return None
 
 
 def check_lora_rank(model, rank: int) -> None:

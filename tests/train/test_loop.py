@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -110,10 +111,35 @@ def test_a_lora_rank_above_every_layers_full_rank_is_refused_before_any_adapter(
 
 @pytest.mark.parametrize("algo", ["dr_grpo", "rloo", "rft", "dcpo", "pcar"])
 def test_every_algorithm_runs_a_step(tmp_path, make_char_policy, algo):
-    history = train(config(tmp_path, steps=2, algo=algo, aggregation="sequence_mean"), policy=make_char_policy(),
-                    make_env=SayAEnv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = train(config(tmp_path, steps=2, algo=algo, aggregation="sequence_mean"), policy=make_char_policy(),
+                        make_env=SayAEnv)
     assert len(history) == 2
+    # SayAEnv scores no search and its contexts are never edited: PCAR and DCPO say they trained as GRPO, once.
+    said = [str(w.message).split(":")[0] for w in caught if "trained as GRPO" in str(w.message)]
+    assert said == ([f"--algo {algo}"] if algo in ("pcar", "dcpo") else [])
     assert all(h["loss"] is None or h["loss"] == h["loss"] for h in history)  # no NaN
+
+
+def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
+    from rftgym.core.records import Episode, Turn
+    from rftgym.train.loop import unused_signal
+
+    def episode(info, prompts):
+        turns = [Turn(index=i, context_ids=(), action="a", reward=0.0, terminated=i == len(prompts) - 1,
+                      truncated=False, info=dict(info), prompt_ids=p, sampled_ids=[5], logprobs=[0.0])
+                 for i, p in enumerate(prompts)]
+        return Episode(env_id="e", seed=0, messages={}, turns=turns, final_context_ids=())
+
+    plain = episode({}, [[1], [1, 5, 2]])  # the second prompt extends the first: one segment
+    scored = episode({"evaluation_score": 7}, [[1], [1, 5, 2]])
+    edited = episode({}, [[1], [3]])  # the context was edited: two segments
+    assert "PCAR trained as GRPO" in unused_signal("pcar", [plain, edited])
+    assert unused_signal("pcar", [plain, scored]) is None
+    assert "DCPO trained as GRPO" in unused_signal("dcpo", [plain, scored])
+    assert unused_signal("dcpo", [plain, edited]) is None
+    assert unused_signal("grpo", [plain]) is None
 
 
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):
