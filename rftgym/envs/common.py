@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from typing import Any, TypeVar
 
@@ -40,6 +42,29 @@ def render_context(context, render_mode: str | None) -> str | None:
         encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
         print(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
     return None
+
+
+def check_path_options(config, names: tuple[str, ...]) -> None:
+    """Each of ``config``'s ``names`` is None or a non-empty path (``--env-arg dataset_path=`` gives
+    an empty one, which would read as the current directory or as no file at all)."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+        if value is not None and not os.fspath(value).strip():
+            raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out")
+
+
+def check_generator_only(config, names: tuple[str, ...], why: str = "dataset_path") -> None:
+    """Refuse ``config``'s generator options (``names``) set away from their defaults while a dataset
+    is read: they would be ignored without a word."""
+    if getattr(config, why) is None:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    changed = [n for n in names if getattr(config, n) != defaults[n]]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)} {'shapes' if len(changed) == 1 else 'shape'} generated tasks only, "
+                          f"and {why} is given: drop {' and '.join(changed)}, or {why} to use the generator")
 
 
 def read_action(action: str, limit: int) -> tuple[str, list[str]]:

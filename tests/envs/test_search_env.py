@@ -283,6 +283,8 @@ def test_seeding_and_ids():
     ({"violation_gate": "half"}, "violation_gate must be"), ({"reward_metric": "bleu"}, "reward_metric must be"),
     ({"on_search_limit": "stop"}, "on_search_limit must be"), ({"unanswerable_rate": 1.5}, "unanswerable_rate"),
     ({"corpus_path": "c.json"}, "corpus_path needs dataset_path"),
+    ({"dataset_path": "q.json", "hops": 2}, "hops shapes generated tasks only, and dataset_path is given"),
+    ({"dataset_path": "q.json", "corpus_path": " "}, "corpus_path is empty"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

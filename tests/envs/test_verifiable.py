@@ -393,6 +393,12 @@ def test_a_bad_dataset_fails_at_construction(tmp_path):
     ({"max_action_chars": 0}, "max_action_chars must be at least 1"),
     ({"system_prompt": 3}, "system_prompt must be a string or None"),
     ({"dataset_path": 3}, "dataset_path must be a path"),
+    ({"dataset_path": ""}, "dataset_path is empty; give the path of a file, or leave dataset_path out"),
+    ({"difficulties": [1.5]}, "difficulties a list of ints"),  # not quietly 1
+    ({"difficulties": True}, "difficulties a list of ints"),
+    ({"dataset_path": "t.jsonl", "kinds": "arithmetic"}, "kinds shapes generated tasks only, and dataset_path is given"),
+    ({"dataset_path": "t.jsonl", "difficulties": 3, "kinds": "weekday"},
+     "kinds, difficulties shape generated tasks only, and dataset_path is given: drop kinds and difficulties"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -104,15 +104,14 @@ Version history
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, read_action,
-                      render_context, resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
+                      check_step_call, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -190,10 +189,8 @@ class MemoryQAConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be a positive int or None, got {value!r}")
-        for name in ("dataset_path", "corpus_path"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+        check_path_options(self, ("dataset_path", "corpus_path"))
+        check_generator_only(self, ("hops", "world_seed", "world_size"))
         if self.corpus_path is not None and self.dataset_path is None:
             raise ConfigError("corpus_path (distractors) needs dataset_path (the questions); "
                               "without both, the generated world is used")

@@ -84,7 +84,6 @@ Version history
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +91,8 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
+                      check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -149,10 +148,8 @@ class SearchEvalQAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
-        for name in ("dataset_path", "corpus_path"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+        check_path_options(self, ("dataset_path", "corpus_path"))
+        check_generator_only(self, ("hops", "world_seed", "world_size"))
         if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
             raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
         if self.retriever == "remote" and not self.retriever_url:

@@ -40,15 +40,14 @@ Version history
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
+                      check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import is_int
@@ -79,6 +78,9 @@ class VerifiableQAConfig:
         difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
         try:
             object.__setattr__(self, "kinds", tuple(kinds))
+            # int("3") is 3, but 1.5 or True must not quietly become 1.
+            if not all(is_int(d) or (isinstance(d, str) and d.strip().isdecimal()) for d in difficulties):
+                raise TypeError("a difficulty is not an integer")
             object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
             if not all(isinstance(k, str) for k in self.kinds):
                 raise TypeError("a kind is not a string")
@@ -95,13 +97,13 @@ class VerifiableQAConfig:
             raise ConfigError(f"max_action_chars must be at least 1, got {self.max_action_chars}")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
-        if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
-            raise ConfigError(f"dataset_path must be a path to a JSONL file, got {self.dataset_path!r}")
+        check_path_options(self, ("dataset_path",))
         unknown = set(self.kinds) - set(GENERATORS)
         if not self.kinds or unknown:
             raise ConfigError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}; got {list(self.kinds)}")
         if not self.difficulties or set(self.difficulties) - set(DIFFICULTIES):
             raise ConfigError(f"difficulties must be a non-empty subset of {DIFFICULTIES}; got {list(self.difficulties)}")
+        check_generator_only(self, ("kinds", "difficulties"))
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.max_turns < max(2, self.max_attempts):
