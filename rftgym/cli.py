@@ -188,6 +188,9 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
                     and os.path.samefile(path, value):
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
+        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise UsageError(f"{what} {path} cannot be written: {blocking} is a file, not a directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()
@@ -314,7 +317,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
                          "baselines; drop --baselines")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    if args.out and len(env_ids) > 1 and Path(args.out).suffix == ".jsonl":
+    if args.out and len(env_ids) > 1 and (Path(args.out).suffix == ".jsonl" or Path(args.out).is_file()):
         raise UsageError("with several environments --out is a directory (one JSONL per environment), "
                          f"not a file; got {args.out}")
     outs = {}

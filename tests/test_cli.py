@@ -495,6 +495,12 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
     (tmp_path / "ro" / "eval.jsonl.partial").mkdir()  # even as root, a file cannot be made there
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / "ro" / "eval.jsonl")]) == 2
     assert "eval.jsonl cannot be written: Is a directory" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / "afile" / "x.jsonl")]) == 2
+    assert f"x.jsonl cannot be written: {tmp_path / 'afile'} is a file, not a directory" in capsys.readouterr().err
+    assert exit_code(["eval", ENV_ID, "rftgym/MemoryQA-v0", "--agent", "random", "--out", str(tmp_path / "afile")]) == 2
+    assert "with several environments --out is a directory" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "x"
     # Never replaced by the finished file: a pipe, or a device (as root, --out /dev/null had turned
     # /dev/null into a plain file; a pipe stands in for it here, the same check refuses both).
     fifo = tmp_path / "pipe.jsonl"
