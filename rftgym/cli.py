@@ -127,7 +127,23 @@ def _env_class(env_id: str):
     return found if isinstance(getattr(found, "metadata", None), dict) else types.SimpleNamespace(metadata={})
 
 
+# The agent configs' fields and the flags that set them, so that a refused value names the flag.
+AGENT_FLAGS = {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
+               "max_tokens": "--max-new-tokens", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
+               "top_p": "--top-p", "max_concurrency": "--num-envs", "max_batch_size": "--num-envs"}
+
+
 def _build_agent(args: argparse.Namespace):
+    try:
+        return _make_agent(args)
+    except ConfigError as exc:
+        named = [flag for field, flag in AGENT_FLAGS.items() if re.search(rf"\b{field}\b", str(exc))]
+        if not named:
+            raise
+        raise UsageError(f"{named[0]}: {exc}") from None
+
+
+def _make_agent(args: argparse.Namespace):
     if args.agent in ("default", "hf"):
         if args.agent == "hf" and not args.model:
             raise UsageError("--agent hf needs --model PATH (a local Hugging Face model directory)")

@@ -170,7 +170,7 @@ def test_api_agent_needs_a_base_url(capsys):
     assert "--agent api needs --api-base URL" in err and "--api-model NAME" in err
     assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
                       "--api-timeout", "0"]) == 2
-    assert "timeout_s must be a number of seconds > 0, got 0.0" in capsys.readouterr().err
+    assert "--api-timeout: ChatAPIConfig.timeout_s must be a number of seconds > 0, got 0.0" in capsys.readouterr().err
 
 
 def test_hf_agent_needs_a_model(capsys):
