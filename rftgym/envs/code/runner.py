@@ -66,8 +66,13 @@ def _arm(seconds, report):
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
-def _disarm():
+def _quiet():
+    # The alarm only: the watchdog still guards what runs the candidate's code after the test (the
+    # repr of its result, the str of its exception) until _disarm.
     signal.setitimer(signal.ITIMER_REAL, 0)
+
+def _disarm():
+    _quiet()
     with _lock:
         _overrun[:] = [None, None]
 
@@ -78,8 +83,8 @@ def _import_overran():
 def _test_overran(i, total, seconds, started):
     def report():
         _emit({"i": i, "got": None, "error": "Timeout", "s": _now() - started,
-               "message": "the test took longer than %g s and did not stop at its time limit (the code caught "
-                          "or ignored it)" % seconds})
+               "message": "the test took longer than %g s and did not stop at its time limit (its code caught "
+                          "or ignored the limit, or its result took too long to report)" % seconds})
         for j in range(i + 1, total):
             _emit({"i": j, "got": None, "error": "Skipped", "s": 0.0,
                    "message": "not run: an earlier test did not stop at its time limit"})
@@ -116,8 +121,9 @@ def _function_style(cfg):
         _emit({"phase": "import", "error": "Timeout", "message": "defining the code took too long"})
         return
     except BaseException as exc:
-        _disarm()
+        _quiet()
         error, message = _describe(exc)
+        _disarm()
         _emit({"phase": "import", "error": error, "message": message})
         return
     fn = namespace.get(cfg["entry"])
@@ -135,7 +141,7 @@ def _function_style(cfg):
             args = _eval_input(source)
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
             value = fn(*args)
-            _disarm()
+            _quiet()
             got = _rft_dumps(value)
             if len(got) > _MAX_GOT:
                 got, error, message = None, "OutputTooLarge", "the returned value is too large"
@@ -143,7 +149,7 @@ def _function_style(cfg):
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
             timeouts += 1
         except BaseException as exc:
-            _disarm()
+            _quiet()
             error, message = _describe(exc)
         _disarm()
         _emit({"i": i, "got": got, "error": error, "message": message, "s": time.perf_counter() - start})
@@ -180,11 +186,14 @@ def _stdio_style(cfg):
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
             timeouts += 1
         except SystemExit as exc:
-            _disarm()
-            if exc.code not in (None, 0):
-                error, message = "SystemExit", "exit status %r" % (exc.code,)
+            _quiet()
+            try:  # the exit status may be any object of the candidate's
+                if exc.code not in (None, 0):
+                    error, message = "SystemExit", "exit status %r" % (exc.code,)
+            except BaseException:
+                error, message = "SystemExit", "an exit status that cannot be shown"
         except BaseException as exc:
-            _disarm()
+            _quiet()
             error, message = _describe(exc)
         _disarm()
         seconds = time.perf_counter() - start
@@ -199,8 +208,12 @@ def _stdio_style(cfg):
             error, message = "OutputTooLarge", "more than %d bytes on stdout" % _MAX_GOT
         _emit({"i": i, "got": got, "error": error, "message": message, "s": seconds})
 
-threading.Thread(target=_watchdog, daemon=True).start()
 try:
+    try:  # a small stack: under RLIMIT_AS the thread's address space is the candidate's loss
+        threading.stack_size(1 << 18)
+        threading.Thread(target=_watchdog, daemon=True).start()
+    except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
+        pass
     with open("tests.json", encoding="utf-8") as _handle:
         _cfg = json.load(_handle)
     if _cfg["style"] == "function":

@@ -49,8 +49,10 @@ def python_command(python: str, args: Sequence[str]) -> list[str]:
 
 
 def python_environment(hash_seed: int) -> dict[str, str]:
-    """What every backend adds to a program's (otherwise cleared) environment for Python."""
-    return {"PYTHONHASHSEED": str(hash_seed)}
+    """What every backend adds to a program's (otherwise cleared) environment for Python: its hash
+    seed, and one malloc arena (each thread's own arena reserves 64 MB of address space, which
+    RLIMIT_AS counts against the program's memory limit)."""
+    return {"PYTHONHASHSEED": str(hash_seed), "MALLOC_ARENA_MAX": "1"}
 
 
 class SandboxError(RftgymError, RuntimeError):

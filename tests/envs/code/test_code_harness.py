@@ -110,6 +110,26 @@ def test_a_test_that_will_not_stop_at_its_limit_ends_the_run_not_the_sandbox(san
     assert graded.results[2].error.startswith("Skipped: not run: an earlier test did not stop")
 
 
+def test_a_result_whose_repr_never_ends_is_stopped_by_the_watchdog(sandbox):
+    looping = ("class Forever:\n    def __repr__(self):\n        while True:\n            pass\n"
+               "def add(a, b):\n    return Forever() if a == [1] else a + b\n")
+    graded = grade(ADD, looping, sandbox, per_test_seconds=0.3)
+    assert graded.status == "ok" and [r.passed for r in graded.results] == [True, False, False], graded
+    assert "did not stop at its time limit" in graded.results[1].error
+
+
+def test_the_watchdog_needs_no_room_for_a_thread():
+    from dataclasses import replace
+
+    from rftgym.envs.code.harness import execute_many
+
+    with make_sandbox() as box:  # one process allowed: the watchdog's thread cannot start, the alarms still work
+        limits = replace(box.limits, processes=1)
+        with make_sandbox(limits=limits, workers=1) as single:
+            outcome = execute_many([(ADD, ADD.reference, [t.input for t in ADD.tests])], single)[0]
+    assert outcome.status == "ok" and all(r.error is None for r in outcome.records), outcome
+
+
 def test_module_code_that_will_not_stop_at_its_limit_is_an_import_timeout(sandbox):
     stubborn = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"
     graded = grade(ADD, stubborn, sandbox, per_test_seconds=0.3)
