@@ -352,10 +352,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _writable_file(path, "--out", env_kwargs)
         agent = _build_agent(args)
         for env_id in env_ids:
-            env_rows, paths, full = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
-                                                  outs[env_id])
+            env_rows, env_written, full = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
+                                                        outs[env_id])
             rows += env_rows
-            written += paths
+            written += env_written
             if full:
                 context_full[env_id] = full
         agent.close()

@@ -354,6 +354,24 @@ def test_a_baselines_output_that_cannot_be_written_is_refused_before_any_episode
     assert left == (["mem-heuristic-prune.jsonl"] if problem == "directory" else ["mem-heuristic-prune.jsonl.partial"])
 
 
+def test_an_evaluation_stopped_midway_leaves_no_empty_partial_files(tmp_path, monkeypatch):
+    from rftgym import cli
+
+    evaluate = cli._evaluate_env
+
+    def second_fails(args, env_id, *rest):
+        if env_id == "rftgym/MemoryQA-v0":
+            raise RuntimeError("stopped")
+        return evaluate(args, env_id, *rest)
+
+    monkeypatch.setattr(cli, "_evaluate_env", second_fails)
+    with pytest.raises(RuntimeError, match="stopped"):
+        main(["eval", ENV_ID, "rftgym/MemoryQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "1",
+              "--out", str(tmp_path / "runs") + "/"])
+    files = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(files) == 1 and files[0].startswith("VerifiableQA-v0-random-"), files  # the finished env's only
+
+
 def test_baselines_flag_on_an_env_without_baselines(capsys):
     assert exit_code(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--baselines"]) == 2
     assert "declares no evaluation baselines" in capsys.readouterr().err

@@ -19,5 +19,11 @@ def is_int(value) -> bool:
 
 
 def is_finite_real(value) -> bool:
-    """A real number, Python's or numpy's (integers too), not a bool, and neither NaN nor infinite."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    """A real number, Python's or numpy's (integers too), not a bool, and neither NaN nor infinite
+    (nor an integer too large for a float, e.g. 10**400)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

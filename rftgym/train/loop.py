@@ -293,7 +293,7 @@ def unused_signal(algo: str, episodes) -> str | None:
     """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or None: PCAR scales advantages by the
     env's per-search evaluation scores, DCPO trains the segments between context edits; without
     either there is nothing for them to do (most likely an env that has no such signal)."""
-    if algo == "pcar" and not any(PROCESS_SCORE_KEY in t.info for e in episodes for t in e.turns):
+    if algo == "pcar" and not any(t.info.get(PROCESS_SCORE_KEY) is not None for e in episodes for t in e.turns):
         return ("--algo pcar: no turn had info['evaluation_score'], so PCAR trained as GRPO; PCAR needs an env "
                 "that scores each search (rftgym/SearchEvalQA-v0) and a policy that evaluates its searches")
     if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):

@@ -26,6 +26,6 @@ def test_finite_reals(value):
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), np.float32("nan"), np.float64("inf"),
-                                   True, np.bool_(False), "1.5", None, 1 + 0j, np.complex64(1)])
+                                   True, np.bool_(False), "1.5", None, 1 + 0j, np.complex64(1), 10**400, -(10**400)])
 def test_not_finite_reals(value):
     assert not is_finite_real(value)

@@ -132,7 +132,7 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
                  for i, p in enumerate(prompts)]
         return Episode(env_id="e", seed=0, messages={}, turns=turns, final_context_ids=())
 
-    plain = episode({}, [[1], [1, 5, 2]])  # the second prompt extends the first: one segment
+    plain = episode({"evaluation_score": None}, [[1], [1, 5, 2]])  # one segment; a score key with no score
     scored = episode({"evaluation_score": 7}, [[1], [1, 5, 2]])
     edited = episode({}, [[1], [3]])  # the context was edited: two segments
     assert "PCAR trained as GRPO" in unused_signal("pcar", [plain, edited])
