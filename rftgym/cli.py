@@ -128,16 +128,21 @@ def _env_class(env_id: str):
 
 
 # The agent configs' fields and the flags that set them, so that a refused value names the flag.
-AGENT_FLAGS = {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
-               "max_tokens": "--max-new-tokens", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
-               "top_p": "--top-p", "max_concurrency": "--num-envs", "max_batch_size": "--num-envs"}
+AGENT_FLAGS = {
+    "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
+            "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
+            "max_concurrency": "--num-envs"},
+    "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
+           "max_batch_size": "--num-envs", "seed": "--seed"},
+}
 
 
 def _build_agent(args: argparse.Namespace):
     try:
         return _make_agent(args)
     except ConfigError as exc:
-        named = [flag for field, flag in AGENT_FLAGS.items() if re.search(rf"\b{field}\b", str(exc))]
+        flags = AGENT_FLAGS["api" if args.agent == "api" else "hf"]
+        named = [flag for field, flag in flags.items() if re.search(rf"\b{field}\b", str(exc))]
         if not named:
             raise
         raise UsageError(f"{named[0]}: {exc}") from None

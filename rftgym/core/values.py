@@ -18,6 +18,16 @@ def is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+def int_tuple(value) -> tuple[int, ...]:
+    """An int, a decimal string (``--env-arg hops=2``) or a sequence of them, as a tuple of ints;
+    TypeError for anything else: ``int()`` alone would turn 1.5 or True quietly into 1."""
+    items = (value,) if isinstance(value, (str, numbers.Integral)) else value
+    items = tuple(items)  # TypeError for what is not iterable
+    if not all(is_int(v) or (isinstance(v, str) and v.strip().isdecimal()) for v in items):
+        raise TypeError(f"not integers: {value!r}")
+    return tuple(int(v) for v in items)
+
+
 def is_finite_real(value) -> bool:
     """A real number, Python's or numpy's (integers too), not a bool, and neither NaN nor infinite
     (nor an integer too large for a float, e.g. 10**400)."""

@@ -261,6 +261,7 @@ def test_seeding_and_ids_are_deterministic():
     ({"overflow_penalty": 1e308}, r"overflow_penalty must be a number in \[0, 1000\], got 1e\+308"),
     ({"dataset_path": "q.json", "hops": [4]}, "hops shapes generated tasks only, and dataset_path is given"),
     ({"dataset_path": ""}, "dataset_path is empty"),
+    ({"hops": [2.7]}, "hops must be a list of ints"), ({"objectives": 1.5}, "objectives must be a list of ints"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

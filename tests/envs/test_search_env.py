@@ -285,6 +285,7 @@ def test_seeding_and_ids():
     ({"corpus_path": "c.json"}, "corpus_path needs dataset_path"),
     ({"dataset_path": "q.json", "hops": 2}, "hops shapes generated tasks only, and dataset_path is given"),
     ({"dataset_path": "q.json", "corpus_path": " "}, "corpus_path is empty"),
+    ({"hops": [2.7]}, "hops must be a list of ints"), ({"hops": True}, "hops must be a list of ints"),
 ])
 def test_bad_config_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -69,6 +69,7 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
+from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
                       render_context, resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
@@ -131,9 +132,8 @@ class CodeTCGConfig:
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
         if self.task_selection not in ("seed", "random"):
             raise ConfigError(f"task_selection must be 'seed' or 'random', got {self.task_selection!r}")
-        difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
         try:
-            object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
+            object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"difficulties must be a list of ints, got {self.difficulties!r}") from exc
         from .generator import DIFFICULTIES
@@ -141,6 +141,9 @@ class CodeTCGConfig:
         if not self.difficulties or not set(self.difficulties) <= set(DIFFICULTIES):
             raise ConfigError(f"difficulties must be a non-empty list drawn from {list(DIFFICULTIES)} (the generated "
                               f"tasks' levels), got {list(self.difficulties)}")
+        if self.dataset != "generated" and self.difficulties != CodeTCGConfig.difficulties:
+            raise ConfigError(f"difficulties shapes generated tasks only, and this env reads dataset={self.dataset!r}: "
+                              "drop difficulties, or add dataset=generated")
         if self.sandbox not in SANDBOXES:
             raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):
@@ -315,6 +318,8 @@ class CodeTCGEnv(gym.Env[Context, str]):
 
             difficulties = self.config.difficulties
             difficulty = options.get("difficulty", difficulties[int(self.np_random.integers(len(difficulties)))])
+            if not is_int(difficulty):  # 2.7 must not quietly become 2
+                raise ValueError(f"difficulty must be an int, got {difficulty!r}")
             return generate_task(self.np_random, difficulty=int(difficulty))
         by_seed = seed % len(self.dataset) if seed is not None and self.config.task_selection == "seed" else None
         return self.dataset[dataset_index(options, len(self.dataset), self.np_random, default=by_seed)]

@@ -114,7 +114,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
                       check_step_call, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
-from ...core.values import is_int
+from ...core.values import int_tuple, is_int
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
 from ..search.world import MAX_HOPS, World
@@ -172,9 +172,8 @@ class MemoryQAConfig:
     def __post_init__(self) -> None:
         for name, low, high in (("objectives", 1, 20), ("hops", 1, MAX_HOPS)):
             raw = getattr(self, name)
-            values = (raw,) if isinstance(raw, (int, str)) else raw
             try:
-                values = tuple(int(v) for v in values)
+                values = int_tuple(raw)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{name} must be a list of ints in [{low}, {high}], got {raw!r}") from exc
             if not values or not all(low <= v <= high for v in values):

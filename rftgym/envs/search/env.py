@@ -95,7 +95,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
                       check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
-from ...core.values import is_int
+from ...core.values import int_tuple, is_int
 from . import protocol
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, Retriever, make_retriever
@@ -136,9 +136,8 @@ class SearchEvalQAConfig:
     tags: tuple[str, ...] = field(default=("search", "evaluate", "answer", "think"), init=False)
 
     def __post_init__(self) -> None:
-        hops = (self.hops,) if isinstance(self.hops, (int, str)) else self.hops
         try:
-            object.__setattr__(self, "hops", tuple(int(h) for h in hops))
+            object.__setattr__(self, "hops", int_tuple(self.hops))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"hops must be a list of ints in [1, {MAX_HOPS}], got {self.hops!r}") from exc
         if not self.hops or not all(1 <= h <= MAX_HOPS for h in self.hops):

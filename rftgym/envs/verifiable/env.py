@@ -50,7 +50,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
                       check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
-from ...core.values import is_int
+from ...core.values import int_tuple, is_int
 from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -75,13 +75,9 @@ class VerifiableQAConfig:
     def __post_init__(self) -> None:
         # A single kind or difficulty (e.g. from `--env-arg kinds=arithmetic`) means a tuple of one.
         kinds = (self.kinds,) if isinstance(self.kinds, str) else self.kinds
-        difficulties = (self.difficulties,) if isinstance(self.difficulties, (int, str)) else self.difficulties
         try:
             object.__setattr__(self, "kinds", tuple(kinds))
-            # int("3") is 3, but 1.5 or True must not quietly become 1.
-            if not all(is_int(d) or (isinstance(d, str) and d.strip().isdecimal()) for d in difficulties):
-                raise TypeError("a difficulty is not an integer")
-            object.__setattr__(self, "difficulties", tuple(int(d) for d in difficulties))
+            object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
             if not all(isinstance(k, str) for k in self.kinds):
                 raise TypeError("a kind is not a string")
         except (TypeError, ValueError) as exc:

@@ -196,6 +196,9 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(dataset="generated", dataset_path="x.jsonl"), r"dataset='generated' needs no file"),
     (dict(dataset="generated", difficulties=[]), r"difficulties must be a non-empty list drawn from \[1, 2, 3\]"),
     (dict(dataset="generated", difficulties=[99]), r"got \[99\]"),
+    (dict(dataset="generated", difficulties=[1.5]), "difficulties must be a list of ints"),  # not quietly 1
+    (dict(dataset="generated", difficulties=True), "difficulties must be a list of ints"),
+    (dict(difficulties=3), "difficulties shapes generated tasks only, and this env reads dataset='humaneval'"),
 ])
 def test_bad_config_says_what_to_do(bad, message):
     with pytest.raises(ConfigError, match=message):
