@@ -36,6 +36,8 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
         key, raw = pair.split("=", 1)
         if not key.strip():
             raise UsageError(f"--env-arg {pair!r} has no KEY before '='; give KEY=VALUE (e.g. --env-arg max_attempts=2)")
+        if key.strip() in kwargs:  # the last one would win without a word
+            raise UsageError(f"--env-arg {key.strip()} is given twice; give each option once")
         try:
             kwargs[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:

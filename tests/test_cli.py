@@ -157,6 +157,11 @@ def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
     assert err.startswith("rftgym eval: error: ") and message in err
 
 
+def test_an_env_arg_given_twice_is_refused(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "max_turns=3", "--env-arg", "max_turns=5"]) == 2
+    assert "--env-arg max_turns is given twice; give each option once" in capsys.readouterr().err
+
+
 def test_a_single_kind_env_arg_works(tmp_path, capsys):
     out = tmp_path / "eps.jsonl"
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "3", "--env-arg", "kinds=weekday",

@@ -135,13 +135,16 @@ def _split_token(token: re.Match) -> tuple[str, str, bool]:
     return token.group("name").lower(), attrs, selfclose
 
 
-def parse_tags(text: str, known: Iterable[str]) -> ParseResult:
-    """Parse the tags named in ``known`` (case-insensitive) and fenced code blocks out of ``text``."""
+def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] = ()) -> ParseResult:
+    """Parse the tags named in ``known`` (case-insensitive) and fenced code blocks out of ``text``.
+    A self-closing tag (``<answer/>``) is reported as empty, except those named in ``may_be_empty``
+    (a tag whose attributes say all, e.g. MemoryQA's ``<prune ids="r1"/>``)."""
     if not isinstance(text, str):
         return ParseResult(problems=(f"expected text, got {type(text).__name__}",))
     if isinstance(known, str):
         known = (known,)
     known_names = {k.lower() for k in known}
+    empty_ok = {k.lower() for k in may_be_empty}
     blocks, problems = find_code_blocks(text)
     # Blocks are sorted and disjoint: a token is in code if it starts before the end of the last
     # block that starts at or before it (bisect keeps this fast with thousands of blocks).
@@ -184,7 +187,8 @@ def parse_tags(text: str, known: Iterable[str]) -> ParseResult:
             tags.append(Tag(name, text[opened[3]:token.start()], opened[1], opened[2], token.end(),
                             parent=parent_name()))
         elif selfclose:
-            problems.append(f"<{name}/> is empty; write <{name}>…</{name}>")
+            if name not in empty_ok:
+                problems.append(f"<{name}/> is empty; write <{name}>…</{name}>")
             tags.append(Tag(name, "", _parse_attrs(raw_attrs), token.start(), token.end(),
                             parent=parent_name()))
         else:

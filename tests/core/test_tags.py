@@ -113,6 +113,12 @@ def test_self_closing_tag_is_reported_as_empty():
         assert r.first("answer").body == "" and r.first("answer").closed
 
 
+def test_a_tag_that_may_be_empty_is_not_reported_when_self_closing():
+    r = parse_tags('<prune ids="r1"/><answer/>', ["prune", "answer"], may_be_empty=["PRUNE"])
+    assert r.problems == ("<answer/> is empty; write <answer>…</answer>",)
+    assert r.first("prune").attrs == (("ids", "r1"),) and r.first("prune").closed
+
+
 def test_self_closing_tag_keeps_its_attributes():
     r = parse_tags('<prune ids="a,b"/>', ["prune"])
     assert r.first("prune").attr("ids") == "a,b" and len(r.problems) == 1

@@ -98,6 +98,18 @@ def test_context_after_a_prune_is_exactly_the_documented_edit():
     new2, *_, info2 = env.step('<prune ids="M1"></prune>')
     assert all(not m.content.startswith("[memory") for m in new2)
     assert "no note was kept" in new2[-1].content and info2["memory_notes"] == 0 and info2["prunes"] == 2
+    assert info2["format_error"] is None
+
+
+def test_a_self_closing_prune_is_a_prune_without_a_note():
+    env = small_env()
+    obs, batch_ids, _ = two_searches(env)
+    new, *_, info = env.step(f'<prune ids="{batch_ids[0]}"/>')
+    assert info["prunes"] == 1 and info["pruned_ids"] == batch_ids and info["memory_notes"] == 0
+    assert info["format_error"] is None and info["prune_error"] is None
+    # Only prune may be self-closing: an answer may not.
+    _, *_, info = env.step('<answer id="1"/>')
+    assert "<answer/> is empty" in info["format_error"]
 
 
 @pytest.mark.parametrize("make_action, message", [

@@ -365,7 +365,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
 
     def _play(self, action: str) -> _Turn:
         turn = _Turn()
-        parsed = parse_tags(action, self.config.tags)
+        parsed = parse_tags(action, self.config.tags, may_be_empty=("prune",))  # a prune without a note
         turn.problems.extend(dict.fromkeys(parsed.problems))
         visible = dict(self._prunable)  # what the observation showed: prunes can name only these
         for tag in parsed.tags:
