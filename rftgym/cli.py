@@ -190,6 +190,10 @@ def _check_common(args: argparse.Namespace) -> None:
             raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
         if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
             raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
+    for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():  # would quietly mean the default path
+            raise UsageError(f"{flag} is empty; give a path, or leave {flag} out for the default under runs/")
     episodes = getattr(args, "episodes", None)
     if episodes is not None and episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")

@@ -157,6 +157,13 @@ def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
     assert err.startswith("rftgym eval: error: ") and message in err
 
 
+def test_an_empty_output_path_is_refused(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", " "]) == 2
+    assert "--out is empty; give a path, or leave --out out" in capsys.readouterr().err
+    assert exit_code(["train", ENV_ID, "--output-dir", ""]) == 2
+    assert "--output-dir is empty" in capsys.readouterr().err
+
+
 def test_an_env_arg_given_twice_is_refused(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "max_turns=3", "--env-arg", "max_turns=5"]) == 2
     assert "--env-arg max_turns is given twice; give each option once" in capsys.readouterr().err
