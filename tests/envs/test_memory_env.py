@@ -280,6 +280,13 @@ def test_bad_config_raises_config_error(kwargs, message):
         MemoryQAEnv(**kwargs)
 
 
+@pytest.mark.skipif(not (QA_DIR / "nq_16.jsonl").is_file(), reason=f"the shared QA data is not at {QA_DIR}")
+def test_questions_without_their_own_paragraphs_are_refused_with_what_to_give():
+    with pytest.raises(ConfigError, match=r"nq_16\.jsonl holds questions without their own paragraphs \(NQ-style\); "
+                                          r"MemoryQA builds its corpus from them, so give a HotpotQA"):
+        MemoryQAEnv(dataset_path=str(QA_DIR / "nq_16.jsonl"))
+
+
 @needs_qa_data
 def test_hotpotqa_tasks_over_a_distractor_corpus():
     env = MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),

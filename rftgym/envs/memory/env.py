@@ -115,6 +115,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
+from ..search.corpora import has_own_corpus
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
 from ..search.world import MAX_HOPS, World
@@ -267,6 +268,10 @@ class MemoryQAEnv(gym.Env[Context, str]):
             self.world = World(cfg.world_seed, cfg.world_size)
             documents = self.world.documents
         else:
+            if not has_own_corpus(cfg.dataset_path):  # its corpus is the questions' own paragraphs
+                raise ConfigError(f"{cfg.dataset_path} holds questions without their own paragraphs (NQ-style); "
+                                  "MemoryQA builds its corpus from them, so give a HotpotQA, MuSiQue or 2Wiki file "
+                                  "as dataset_path (and distractors, if any, as corpus_path)")
             self.pool = load_question_pool(cfg.dataset_path)
             if max(cfg.objectives) > len(self.pool):
                 raise ConfigError(f"objectives={list(cfg.objectives)} but {cfg.dataset_path} has {len(self.pool)} "
