@@ -30,7 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
@@ -353,15 +353,17 @@ class ChatAPIAgent(Agent):
             return [self._request(contexts[0])]
         pool = self._executor()
         futures: list[Future] = [pool.submit(self._request, c) for c in contexts]
-        replies: list[AgentReply] = []
         try:
-            for future in futures:
-                replies.append(future.result())
-        except BaseException:
+            # The first request to fail is the one to report, at once: waiting in order could hide
+            # a refused key behind the retries of requests that time out.
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in futures if f in done and f.exception() is not None]
+            if failed:
+                raise failed[0].exception()
+            return [future.result() for future in futures]
+        finally:
             for future in futures:
                 future.cancel()
-            raise
-        return replies
 
     def close(self) -> None:
         with self._lock:
@@ -505,6 +507,8 @@ class ChatAPIAgent(Agent):
             if time.monotonic() > deadline:
                 raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive")
             chunks.append(chunk)
+        if getattr(response, "length", None):  # bytes the Content-Length promised that never came
+            raise _RetryableError(f"the connection closed {response.length} bytes before the end of the reply")
         return b"".join(chunks)
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
@@ -539,15 +543,19 @@ class ChatAPIAgent(Agent):
         elif isinstance(content, str):
             text = content
         elif isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-            texts = [part.get("text") for part in content if isinstance(part, dict)]
+            if not all(isinstance(part, dict) for part in content):
+                raise fail("a part of choices[0].message.content is not an object")
+            texts = [part.get("text") for part in content]
             if not all(t is None or isinstance(t, str) for t in texts):
                 raise fail("a part of choices[0].message.content has a 'text' that is not a string")
             text = "".join(t for t in texts if t is not None)
         else:
             raise fail(f"choices[0].message.content is a {type(content).__name__}")
         finish_reason = choice.get("finish_reason")
-        if finish_reason is not None and not isinstance(finish_reason, str):
-            finish_reason = str(finish_reason)
+        if not isinstance(finish_reason, str):
+            finish_reason = None
+        elif finish_reason == CONTEXT_FULL:  # rftgym's own marker (no room left): a server's is another thing
+            finish_reason = f"server:{finish_reason}"
         return AgentReply(text=text, finish_reason=finish_reason)
 
     def _hint(self, status: int | None) -> str:

@@ -28,6 +28,7 @@ class Response:
     delay_s: float = 0.0
     headers: dict = field(default_factory=dict)
     trickle_s: float = 0.0  # > 0: the body goes out a byte at a time, this far apart
+    missing_bytes: int = 0  # > 0: Content-Length promises this many bytes more, then the connection closes
 
 
 def completion(content: str | None = "ok", finish_reason: str | None = "stop") -> dict:
@@ -117,7 +118,10 @@ def make_handler(server: FakeServer):
                     payload = payload.encode("utf-8")
                 self.send_response(response.status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Content-Length", str(len(payload) + response.missing_bytes))
+                if response.missing_bytes:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 for key, value in response.headers.items():
                     self.send_header(key, value)
                 self.end_headers()
@@ -206,6 +210,29 @@ def test_none_content_is_empty_text_and_finish_reason_passed(server):
     server.behaviour = lambda req, n: Response(body=completion(None, "length"))
     reply = server.agent().act_one(ctx(("user", "q")))
     assert reply.text == "" and reply.finish_reason == "length"
+
+
+def test_finish_reasons_that_are_not_text_or_are_rftgyms_own_marker(server):
+    for sent, kept in [(7, None), ({"a": 1}, None), ("banana", "banana"), ("context_full", "server:context_full")]:
+        server.behaviour = lambda req, n: Response(body=completion("42", sent))
+        reply = server.agent().act_one(ctx(("user", "q")))
+        # A server's "context_full" is not the engine's marker, which would drop the reply and end the episode.
+        assert (reply.text, reply.finish_reason) == ("42", kept)
+
+
+def test_a_reply_cut_short_by_a_closed_connection_is_retried(server):
+    server.behaviour = lambda req, n: Response(missing_bytes=50) if n == 1 else Response()
+    assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert len(server.requests) == 2
+
+
+def test_the_first_request_to_fail_is_reported_at_once(server):
+    # One refused request (a bad key) among requests that would time out and be retried.
+    server.behaviour = lambda req, n: (Response(401, {"error": {"message": "invalid api key"}})
+                                       if req.body["messages"][0]["content"] == "bad" else Response(delay_s=30))
+    with server.agent(timeout_s=3, max_retries=2) as agent, pytest.raises(ChatAPIError) as info:
+        agent.act([ctx(("user", "slow")), ctx(("user", "bad")), ctx(("user", "slow"))])
+    assert info.value.status == 401 and "invalid api key" in str(info.value)
 
 
 def test_content_parts_are_joined(server):
@@ -400,6 +427,7 @@ def test_a_huge_reply_is_refused_without_holding_it(server):
         ("this is not json {", "not valid JSON"),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
         ({"choices": [{"message": {"content": [{"type": "text", "text": 5}]}}]}, "'text' that is not a string"),
+        ({"choices": [{"message": {"content": ["4", "2"]}}]}, "content is not an object"),
         ({"object": "chat.completion"}, "choices"),
         ({"choices": []}, "choices"),
         ({"choices": [{"text": "legacy completion"}]}, "message"),
