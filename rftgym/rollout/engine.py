@@ -25,9 +25,10 @@ import gymnasium as gym
 import numpy as np
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply
-from ..core.errors import AgentError, ConfigError, EnvContractError
+from ..core.errors import AgentError, ConfigError, EnvContractError, RftgymError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
+from ..core.values import is_int
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,18 @@ def run_episodes(
         while any(slot.active for slot in slots):
             active = [i for i, slot in enumerate(slots) if slot.active]
             contexts = [slots[i].context for i in active]
-            if agent.token_level:
-                replies = agent.act_tokens(contexts, [slots[i].spans for i in active])
-            else:
-                replies = agent.act(contexts)
+            try:
+                if agent.token_level:
+                    replies = agent.act_tokens(contexts, [slots[i].spans for i in active])
+                else:
+                    replies = agent.act(contexts)
+            except RftgymError:  # already says what to do
+                raise
+            except Exception as exc:  # an agent's own bug: say whose, and where
+                where = ", ".join(f"{_env_id(slots[i].env)} seed {slots[i].seed} turn {len(slots[i].turns)}"
+                                  for i in active[:3]) + (" ..." if len(active) > 3 else "")
+                raise AgentError(f"agent {getattr(agent, 'name', type(agent).__name__)!r} raised "
+                                 f"{type(exc).__name__}: {exc} (replying to {where})") from exc
             _check_replies(agent, replies, len(active))
             for i, reply in zip(active, replies):
                 _step(slots[i], agent, reply, config.max_turns)
@@ -164,13 +173,36 @@ def _check_replies(agent: Agent, replies, expected: int) -> None:
             what = type(reply.text).__name__ + " text" if isinstance(reply, AgentReply) else type(reply).__name__
             raise AgentError(f"agent {name!r} returned a reply with {what}; each reply is an AgentReply whose text "
                              "is a str")
-        if reply.sampled_ids is not None:
-            if reply.prompt_ids is None:
-                raise AgentError(f"agent {name!r} returned sampled_ids without prompt_ids; a token-level reply "
-                                 "records both (or neither)")
-            if reply.logprobs is not None and len(reply.logprobs) != len(reply.sampled_ids):
-                raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
-                                 f"{len(reply.sampled_ids)} sampled tokens; give one per token")
+        if reply.finish_reason is not None and not isinstance(reply.finish_reason, str):
+            raise AgentError(f"agent {name!r} returned the finish_reason {reply.finish_reason!r}; it is a str or None")
+        if reply.finish_reason == CONTEXT_FULL and reply.text:
+            raise AgentError(f"agent {name!r} returned text with finish_reason {CONTEXT_FULL!r}, which means there "
+                             "was no room for a reply (the text would be dropped); send no text with it")
+        _check_tokens(name, reply)
+
+
+def _check_tokens(name: str, reply: AgentReply) -> None:
+    """A token-level reply's records, which become training data: both token lists or neither,
+    integers, and one log-prob (a number, not NaN) per sampled token."""
+    if reply.sampled_ids is None:
+        if reply.prompt_ids is not None or reply.logprobs is not None:
+            raise AgentError(f"agent {name!r} returned prompt_ids or logprobs without sampled_ids; a token-level "
+                             "reply records prompt_ids and sampled_ids (and logprobs) together, or none of them")
+        return
+    if reply.prompt_ids is None:
+        raise AgentError(f"agent {name!r} returned sampled_ids without prompt_ids; a token-level reply "
+                         "records both (or neither)")
+    for field in ("prompt_ids", "sampled_ids"):
+        ids = getattr(reply, field)
+        if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
+            raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
+    if reply.logprobs is not None:
+        if len(reply.logprobs) != len(reply.sampled_ids):
+            raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
+                             f"{len(reply.sampled_ids)} sampled tokens; give one per token")
+        if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x for x in reply.logprobs):
+            raise AgentError(f"agent {name!r} returned log-probs that are not numbers (or NaN); training would "
+                             "turn them into NaN weights")
 
 
 def _snapshot(info: dict) -> dict:

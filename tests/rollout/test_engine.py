@@ -197,12 +197,40 @@ class Returns(Agent):
     (lambda cs: [AgentReply("x", sampled_ids=[1, 2]) for _ in cs], "sampled_ids without prompt_ids"),
     (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[1, 2], logprobs=[0.0]) for _ in cs],
      "returned 1 log-probs for 2 sampled tokens"),
+    (lambda cs: [AgentReply("x", prompt_ids="abc", sampled_ids="de") for _ in cs],
+     "returned prompt_ids that are not a sequence of token ids"),
+    (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[2.5]) for _ in cs],
+     "returned sampled_ids that are not a sequence of token ids"),
+    (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[2, 3], logprobs=[float("nan"), 1.0]) for _ in cs],
+     "log-probs that are not numbers \\(or NaN\\)"),
+    (lambda cs: [AgentReply("x", prompt_ids=[1]) for _ in cs], "prompt_ids or logprobs without sampled_ids"),
+    (lambda cs: [AgentReply("x", logprobs=[0.0]) for _ in cs], "prompt_ids or logprobs without sampled_ids"),
+    (lambda cs: [AgentReply("x", finish_reason=7) for _ in cs], "finish_reason 7; it is a str or None"),
+    (lambda cs: [AgentReply("42", finish_reason=CONTEXT_FULL) for _ in cs],
+     "returned text with finish_reason 'context_full'"),
 ])
 def test_an_agent_breaking_its_contract_is_named(make_replies, message):
     from rftgym.core.errors import AgentError
 
     with pytest.raises(AgentError, match=message):
         run_episodes(make_qa, Returns(make_replies), seeds=[0])
+
+
+def test_an_agent_that_raises_is_named_with_where_it_was():
+    from rftgym.core.errors import AgentError
+
+    calls = []
+
+    def breaks_on_the_second_call(contexts):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return [AgentReply("no tag") for _ in contexts]
+
+    with pytest.raises(AgentError, match=r"agent 'agent' raised RuntimeError: boom \(replying to "
+                                         r"rftgym/VerifiableQA-v0 seed 5 turn 1\)") as info:
+        run_episodes(make_qa, Returns(breaks_on_the_second_call), seeds=[5])
+    assert isinstance(info.value.__cause__, RuntimeError)
 
 
 def test_each_turn_records_the_info_as_it_was_then():
