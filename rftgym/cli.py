@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import time
+import traceback
 import types
 from pathlib import Path
 from typing import Any, Sequence
@@ -762,6 +763,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
         parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
     except RftgymError as exc:  # something else failed: a sandbox, a model, a server
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, RftgymError):  # e.g. an agent's own crash: where it was
+            traceback.print_exception(cause, file=sys.stderr)
         print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -157,6 +157,19 @@ def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
     assert err.startswith("rftgym eval: error: ") and message in err
 
 
+def test_an_agents_own_crash_shows_where_it_happened(monkeypatch, capsys):
+    from rftgym.agents.scripted import RandomTextAgent
+
+    def crash(self, contexts):
+        raise ZeroDivisionError("inside the agent")
+
+    monkeypatch.setattr(RandomTextAgent, "act", crash)
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in crash" in err  # the agent's own frame, for its author
+    assert f"raised ZeroDivisionError: inside the agent (replying to {ENV_ID} seed 0 turn 0)" in err
+
+
 def test_an_empty_output_path_is_refused(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", " "]) == 2
     assert "--out is empty; give a path, or leave --out out" in capsys.readouterr().err

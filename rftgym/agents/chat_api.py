@@ -352,16 +352,18 @@ class ChatAPIAgent(Agent):
         if len(contexts) == 1:
             return [self._request(contexts[0])]
         pool = self._executor()
-        futures: list[Future] = [pool.submit(self._request, c) for c in contexts]
+        abort = threading.Event()
+        futures: list[Future] = [pool.submit(self._request, c, abort) for c in contexts]
         try:
             # The first request to fail is the one to report, at once: waiting in order could hide
-            # a refused key behind the retries of requests that time out.
+            # a refused key behind the retries of requests that time out. The others stop retrying.
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in futures if f in done and f.exception() is not None]
             if failed:
                 raise failed[0].exception()
             return [future.result() for future in futures]
         finally:
+            abort.set()
             for future in futures:
                 future.cancel()
 
@@ -411,18 +413,25 @@ class ChatAPIAgent(Agent):
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    def _request(self, context: Context) -> AgentReply:
+    def _request(self, context: Context, abort: threading.Event | None = None) -> AgentReply:
+        """One completion, retried as configured; ``abort`` (set when another request of the batch
+        has failed) stops the retries, so that a failed batch does not linger."""
         cfg = self.config
         url = cfg.url
         data = json.dumps(self._body(context)).encode("utf-8")
         attempts_allowed = 1 + cfg.max_retries
         last: _RetryableError | None = None
+        made = 0
         for attempt in range(1, attempts_allowed + 1):
             if attempt > 1:
                 delay = cfg.backoff_s * 2 ** (attempt - 2)
                 if last is not None and last.retry_after is not None:
                     delay = max(delay, last.retry_after)
-                time.sleep(delay)
+                if abort is None:
+                    time.sleep(delay)
+                elif abort.wait(delay):
+                    break  # the batch failed elsewhere: that error is the one reported
+            made = attempt
             try:
                 status, raw = self._post(url, data, attempt)
             except _RetryableError as exc:
@@ -433,7 +442,7 @@ class ChatAPIAgent(Agent):
             return self._parse(raw, status, url)
         assert last is not None
         raise ChatAPIError(
-            f"POST {url} failed after {attempts_allowed} attempt(s): {last.what}. "
+            f"POST {url} failed after {made} attempt(s): {last.what}. "
             f"{self._hint(last.status)}",
             status=last.status,
         )

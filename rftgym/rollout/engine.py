@@ -194,7 +194,8 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
                          "records both (or neither)")
     for field in ("prompt_ids", "sampled_ids"):
         ids = getattr(reply, field)
-        if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
+        # Plain ints first (a whole prompt, every turn: the numbers ABC is slow); numpy's count too.
+        if isinstance(ids, (str, bytes)) or not (all(type(t) is int for t in ids) or all(is_int(t) for t in ids)):
             raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
     if reply.logprobs is not None:
         if len(reply.logprobs) != len(reply.sampled_ids):

@@ -268,11 +268,11 @@ class MemoryQAEnv(gym.Env[Context, str]):
             self.world = World(cfg.world_seed, cfg.world_size)
             documents = self.world.documents
         else:
+            self.pool = load_question_pool(cfg.dataset_path)  # a missing, empty or malformed file says so here
             if not has_own_corpus(cfg.dataset_path):  # its corpus is the questions' own paragraphs
                 raise ConfigError(f"{cfg.dataset_path} holds questions without their own paragraphs (NQ-style); "
                                   "MemoryQA builds its corpus from them, so give a HotpotQA, MuSiQue or 2Wiki file "
                                   "as dataset_path (and distractors, if any, as corpus_path)")
-            self.pool = load_question_pool(cfg.dataset_path)
             if max(cfg.objectives) > len(self.pool):
                 raise ConfigError(f"objectives={list(cfg.objectives)} but {cfg.dataset_path} has {len(self.pool)} "
                                   "answerable questions")
