@@ -618,6 +618,16 @@ def train_config_from_args(args: argparse.Namespace):
         raise UsageError(str(exc)) from exc
 
 
+def _leave_process_group() -> None:
+    """End this process's part in a torchrun/accelerate process group, if it joined one: left to the
+    interpreter's exit, the collective backend's threads can abort the process (SIGABRT) after the
+    run itself ended well, and the launcher then reports the run as failed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .train.loop import train
 
@@ -645,6 +655,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"\ninterrupted: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
                   "command with --resume to continue from there", file=sys.stderr)
         return 130
+    finally:
+        _leave_process_group()
     from .rollout.metrics import format_table
 
     rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",

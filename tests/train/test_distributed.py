@@ -34,9 +34,18 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+# Every script ends its process group itself: left to the interpreter's exit, gloo's threads can
+# abort a process that finished well (SIGABRT, "terminate called without an active exception").
+LEAVE_GROUP = """
+import torch.distributed as _dist
+if _dist.is_initialized():
+    _dist.destroy_process_group()
+"""
+
+
 def torchrun(script_text: str, tmp_path: Path, *args: str) -> None:
     script = tmp_path / "run.py"
-    script.write_text(script_text)
+    script.write_text(script_text + LEAVE_GROUP)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -474,3 +483,27 @@ def test_together_names_the_failed_rank_and_keeps_the_own_error_first():
     assert isinstance(raised.value.__cause__, RuntimeError)
     with pytest.raises(RuntimeError, match="the collective failed"):
         Reports(None).together(lambda: 7)
+
+
+def test_the_train_command_leaves_its_process_group(monkeypatch):
+    """`rftgym train` ends its part in the launcher's process group itself, whatever the run's
+    outcome, so that the collective backend's threads do not abort the process at exit."""
+    import socket
+
+    import torch.distributed as dist
+
+    from rftgym import cli
+    from rftgym.train import loop
+
+    def joins_then_fails(config, resume=False):
+        with socket.socket() as probe:  # a free port on loopback for the one-process group's store
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(loop, "train", joins_then_fails)
+    monkeypatch.setattr(cli, "_make_env", lambda env_id, kwargs: type("E", (), {"close": lambda self: None})())
+    with pytest.raises(RuntimeError, match="the run failed"):
+        cli.main(["train", "rftgym/VerifiableQA-v0", "--steps", "1"])
+    assert not dist.is_initialized()
