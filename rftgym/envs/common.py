@@ -55,16 +55,20 @@ def check_path_options(config, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out")
 
 
-def check_generator_only(config, names: tuple[str, ...], why: str = "dataset_path") -> None:
+def check_generator_only(config, names: tuple[str, ...], dataset: str | None = None,
+                         instead: str = "dataset_path to use the generator") -> None:
     """Refuse ``config``'s generator options (``names``) set away from their defaults while a dataset
-    is read: they would be ignored without a word."""
-    if getattr(config, why) is None:
-        return
+    is read (they would be ignored without a word). ``dataset`` says which one is read; by default
+    ``dataset_path``, when it is set. ``instead``: what else the user may drop or add."""
+    if dataset is None:
+        if config.dataset_path is None:
+            return
+        dataset = "dataset_path is given"
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     changed = [n for n in names if getattr(config, n) != defaults[n]]
     if changed:
         raise ConfigError(f"{', '.join(changed)} {'shapes' if len(changed) == 1 else 'shape'} generated tasks only, "
-                          f"and {why} is given: drop {' and '.join(changed)}, or {why} to use the generator")
+                          f"and {dataset}: drop {' and '.join(changed)}, or {instead}")
 
 
 def read_action(action: str, limit: int) -> tuple[str, list[str]]:

@@ -70,8 +70,8 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from ..common import (chat_spaces, check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_generator_only, check_render_mode, check_reset_options, check_step_call,
+                      dataset_index, read_action, render_context, resolve_config, summarize_problems)
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
@@ -141,9 +141,9 @@ class CodeTCGConfig:
         if not self.difficulties or not set(self.difficulties) <= set(DIFFICULTIES):
             raise ConfigError(f"difficulties must be a non-empty list drawn from {list(DIFFICULTIES)} (the generated "
                               f"tasks' levels), got {list(self.difficulties)}")
-        if self.dataset != "generated" and self.difficulties != CodeTCGConfig.difficulties:
-            raise ConfigError(f"difficulties shapes generated tasks only, and this env reads dataset={self.dataset!r}: "
-                              "drop difficulties, or add dataset=generated")
+        if self.dataset != "generated":
+            check_generator_only(self, ("difficulties",), f"this env reads dataset={self.dataset!r}",
+                                 instead="add dataset=generated")
         if self.sandbox not in SANDBOXES:
             raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):
