@@ -131,6 +131,7 @@ def _env_class(env_id: str):
 
 
 # The agent configs' fields and the flags that set them, so that a refused value names the flag.
+# The flag behind each agent config field, for pointing a refused setting at what was typed.
 AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
@@ -140,15 +141,21 @@ AGENT_FLAGS = {
 }
 
 
+def _flagged(exc: ConfigError, flags: dict[str, str]) -> UsageError | None:
+    """``exc`` as a usage error that starts with the flag(s) behind its config field(s), or None
+    when it names no field that a flag sets."""
+    named = [flags[field] for field in exc.fields if field in flags]
+    return UsageError(f"{' / '.join(dict.fromkeys(named))}: {exc}") if named else None
+
+
 def _build_agent(args: argparse.Namespace):
     try:
         return _make_agent(args)
     except ConfigError as exc:
-        flags = AGENT_FLAGS["api" if args.agent == "api" else "hf"]
-        named = [flag for field, flag in flags.items() if re.search(rf"\b{field}\b", str(exc))]
-        if not named:
+        flagged = _flagged(exc, AGENT_FLAGS["api" if args.agent == "api" else "hf"])
+        if flagged is None:
             raise
-        raise UsageError(f"{named[0]}: {exc}") from None
+        raise flagged from None
 
 
 def _make_agent(args: argparse.Namespace):
@@ -615,7 +622,9 @@ def train_config_from_args(args: argparse.Namespace):
     try:
         return TrainConfig(**settings)
     except ConfigError as exc:
-        raise UsageError(str(exc)) from exc
+        flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
+        flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
+        raise (_flagged(exc, flags) or UsageError(str(exc))) from exc
 
 
 def _leave_process_group() -> None:

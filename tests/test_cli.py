@@ -452,11 +452,25 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
-    (["train", ENV_ID, "--lr", "nan"], "learning_rate must be a finite number"),
-    (["train", ENV_ID, "--lr", "inf"], "learning_rate must be a finite number"),
-    (["train", ENV_ID, "--weight-decay", "-1"], "weight_decay must be >= 0"),
-    (["train", ENV_ID, "--lora-alpha", "0"], "lora_alpha must be positive"),
-    (["train", ENV_ID, "--clip-high", "nan"], "clip_high must be a finite number"),
+    # A refused training setting is named by its flag, also where the field is spelled otherwise.
+    (["train", ENV_ID, "--lr", "nan"], "--lr: learning_rate must be a finite number"),
+    (["train", ENV_ID, "--lr", "inf"], "--lr: learning_rate must be a finite number"),
+    (["train", ENV_ID, "--epochs", "0"], "--epochs: epochs_per_step must be a positive integer"),
+    (["train", ENV_ID, "--weight-decay", "-1"], "--weight-decay: weight_decay must be >= 0"),
+    (["train", ENV_ID, "--lora-alpha", "0"], "--lora-alpha: lora_alpha must be positive"),
+    (["train", ENV_ID, "--clip-high", "nan"], "--clip-high: clip_high must be a finite number"),
+    (["train", ENV_ID, "--clip-low", "1"], "--clip-low: clip_low must be in [0, 1)"),
+    (["train", ENV_ID, "--microbatch-size", "2", "--microbatch-tokens", "64"],
+     "--microbatch-size / --microbatch-tokens: microbatch_size=2 and microbatch_tokens=64 are two ways"),
+    # Settings of another mode would be ignored: refused, naming what they belong to.
+    (["train", ENV_ID, "--pcar-lambda", "0.3"], "--pcar-lambda: pcar_lambda=0.3 is only read with algo='pcar', "
+                                                "and this run has algo='grpo'"),
+    (["train", ENV_ID, "--algo", "pcar", "--dcpo-segment-budget", "2"],
+     "--dcpo-segment-budget: dcpo_segment_budget=2 is only read with algo='dcpo'"),
+    (["train", ENV_ID, "--lora-alpha", "32"], "--lora-alpha: lora_alpha=32.0 is only read with LoRA (lora_rank > 0), "
+                                              "and this run has lora_rank=0"),
+    (["train", ENV_ID, "--compile", "off", "--compile-scope", "decoder"],
+     "--compile-scope: compile_scope='decoder' is only read with compile on (or auto), and this run has compile=False"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert exit_code(argv) == 2

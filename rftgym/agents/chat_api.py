@@ -96,36 +96,42 @@ class ChatAPIConfig:
         if not isinstance(self.base_url, str) or not self.base_url.strip():
             raise ConfigError(
                 f"ChatAPIConfig.base_url must be a non-empty string such as "
-                f"'http://127.0.0.1:8000/v1', got {self.base_url!r}"
+                f"'http://127.0.0.1:8000/v1', got {self.base_url!r}",
+                field="base_url",
             )
         base_url = self.base_url.strip().rstrip("/")
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(
                 f"ChatAPIConfig.base_url must start with http:// or https:// "
-                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}"
+                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}",
+                field="base_url",
             )
         if base_url.endswith("/chat/completions"):
             raise ConfigError(
                 f"ChatAPIConfig.base_url is the part before /chat/completions "
                 f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}; drop the "
-                f"'/chat/completions' suffix"
+                f"'/chat/completions' suffix",
+                field="base_url",
             )
         parsed = urllib.parse.urlsplit(base_url)
         if not parsed.hostname:
             raise ConfigError(
                 f"ChatAPIConfig.base_url has no host name (expected e.g. "
-                f"'http://127.0.0.1:8000/v1'), got {self.base_url!r}"
+                f"'http://127.0.0.1:8000/v1'), got {self.base_url!r}",
+                field="base_url",
             )
         try:
             parsed.port  # noqa: B018 (validates the port)
         except ValueError as exc:
             raise ConfigError(
-                f"ChatAPIConfig.base_url has an invalid port ({exc}), got {self.base_url!r}"
+                f"ChatAPIConfig.base_url has an invalid port ({exc}), got {self.base_url!r}",
+                field="base_url",
             ) from None
         if parsed.query or parsed.fragment:
             raise ConfigError(
                 f"ChatAPIConfig.base_url must not contain a query string or fragment, "
-                f"got {self.base_url!r}"
+                f"got {self.base_url!r}",
+                field="base_url",
             )
         set_("base_url", base_url)
 
@@ -133,20 +139,23 @@ class ChatAPIConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(
                 f"ChatAPIConfig.model must be a non-empty string (the model name the server "
-                f"serves, e.g. the one passed to 'vllm serve'), got {self.model!r}"
+                f"serves, e.g. the one passed to 'vllm serve'), got {self.model!r}",
+                field="model",
             )
 
         # api_key
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise ConfigError(
-                f"ChatAPIConfig.api_key must be a string or None, got {type(self.api_key).__name__}"
+                f"ChatAPIConfig.api_key must be a string or None, got {type(self.api_key).__name__}",
+                field="api_key",
             )
         if self.api_key is not None:
             key = self.api_key.strip()
             if not key.isascii() or not key.isprintable():
                 raise ConfigError(
                     "ChatAPIConfig.api_key must contain only printable ASCII characters "
-                    "(no line breaks)"
+                    "(no line breaks)",
+                    field="api_key",
                 )
             set_("api_key", key or None)
 
@@ -154,15 +163,18 @@ class ChatAPIConfig:
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ConfigError(
                 f"ChatAPIConfig.temperature must be a finite number >= 0 (0 is greedy), "
-                f"got {self.temperature!r}"
+                f"got {self.temperature!r}",
+                field="temperature",
             )
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(
-                f"ChatAPIConfig.top_p must be a number in (0, 1], got {self.top_p!r}"
+                f"ChatAPIConfig.top_p must be a number in (0, 1], got {self.top_p!r}",
+                field="top_p",
             )
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(
-                f"ChatAPIConfig.max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+                f"ChatAPIConfig.max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+                field="max_tokens",
             )
 
         # stop: accept a single string or any sequence of strings; store a tuple
@@ -175,28 +187,33 @@ class ChatAPIConfig:
             isinstance(s, str) and s for s in stop
         ):
             raise ConfigError(
-                f"ChatAPIConfig.stop must be a tuple of non-empty strings, got {self.stop!r}"
+                f"ChatAPIConfig.stop must be a tuple of non-empty strings, got {self.stop!r}",
+                field="stop",
             )
         set_("stop", tuple(stop))
 
         # transport
         if not _is_number(self.timeout_s) or self.timeout_s <= 0:
             raise ConfigError(
-                f"ChatAPIConfig.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
+                f"ChatAPIConfig.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}",
+                field="timeout_s",
             )
         if not _is_int(self.max_retries) or self.max_retries < 0:
             raise ConfigError(
                 f"ChatAPIConfig.max_retries must be an integer >= 0 (0 disables retries), "
-                f"got {self.max_retries!r}"
+                f"got {self.max_retries!r}",
+                field="max_retries",
             )
         if not _is_number(self.backoff_s) or self.backoff_s < 0:
             raise ConfigError(
-                f"ChatAPIConfig.backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}"
+                f"ChatAPIConfig.backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}",
+                field="backoff_s",
             )
         if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
             raise ConfigError(
                 f"ChatAPIConfig.max_concurrency must be an integer >= 1, "
-                f"got {self.max_concurrency!r}"
+                f"got {self.max_concurrency!r}",
+                field="max_concurrency",
             )
 
         # extra_body: a JSON-serialisable dict, copied so later mutation cannot leak in
@@ -206,19 +223,22 @@ class ChatAPIConfig:
             ):
                 raise ConfigError(
                     f"ChatAPIConfig.extra_body must be a dict with string keys or None, "
-                    f"got {self.extra_body!r}"
+                    f"got {self.extra_body!r}",
+                    field="extra_body",
                 )
             reserved = sorted(k for k in self.extra_body if k in _RESERVED_BODY_KEYS)
             if reserved:
                 raise ConfigError(
                     f"ChatAPIConfig.extra_body must not set {reserved}: the agent sets "
-                    f"'model' and 'messages' itself and does not support streaming"
+                    f"'model' and 'messages' itself and does not support streaming",
+                    field="extra_body",
                 )
             try:
                 copied = json.loads(json.dumps(self.extra_body, allow_nan=False))
             except (TypeError, ValueError) as exc:
                 raise ConfigError(
-                    f"ChatAPIConfig.extra_body must be JSON-serialisable ({exc})"
+                    f"ChatAPIConfig.extra_body must be JSON-serialisable ({exc})",
+                    field="extra_body",
                 ) from None
             set_("extra_body", copied)
 

@@ -43,17 +43,19 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}", field="max_new_tokens")
         if not 0 <= self.temperature < math.inf:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}",
+                              field="temperature")
         if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
         if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}", field="top_k")
         if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+            raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}", field="max_batch_size")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ConfigError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
+            raise ConfigError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}",
+                              field="max_prompt_tokens")
 
     @property
     def greedy(self) -> bool:
@@ -159,7 +161,8 @@ class HFPolicy(Agent):
         context = self.context_length
         if context is not None and sampling.max_new_tokens >= context:
             raise ConfigError(f"max_new_tokens={sampling.max_new_tokens} does not fit the model's context of "
-                              f"{context} tokens (max_position_embeddings); ask for fewer new tokens")
+                              f"{context} tokens (max_position_embeddings); ask for fewer new tokens",
+                              field="max_new_tokens")
         limits = [context - sampling.max_new_tokens] if context is not None else []
         if sampling.max_prompt_tokens is not None:
             limits.append(sampling.max_prompt_tokens)

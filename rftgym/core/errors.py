@@ -13,7 +13,16 @@ class RftgymError(Exception):
 
 
 class ConfigError(RftgymError, ValueError):
-    """A configuration value is invalid; the message names the field and what is allowed."""
+    """A configuration value is invalid; the message names the field and what is allowed.
+
+    ``field`` names the config field(s) at fault (a name or a tuple of names; ``fields`` is always
+    the tuple), so that a front end can point at its own spelling of them (a CLI flag, a config
+    file key) without reading the message.
+    """
+
+    def __init__(self, message: str, *, field: str | tuple[str, ...] | None = None):
+        super().__init__(message)
+        self.fields: tuple[str, ...] = (field,) if isinstance(field, str) else tuple(field or ())
 
 
 class DataFormatError(RftgymError, ValueError):

@@ -18,6 +18,15 @@ OLD_LOGPROBS = ("rollout", "recompute")
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
 
 
+def _setting_summary(config: "TrainConfig", name: str) -> str:
+    """What the rest of ``config`` says about mode that ``name`` belongs to (for error messages)."""
+    if name == "lora_alpha":
+        return "lora_rank=0 (full fine-tuning)"
+    if name == "compile_scope":
+        return "compile=False"
+    return f"algo={config.algo!r}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     env_id: str = "rftgym/VerifiableQA-v0"
@@ -117,103 +126,117 @@ class TrainConfig:
 
     def _check_kinds(self) -> None:
         if self.algo not in ALGORITHMS:
-            raise ConfigError(f"algo must be one of {', '.join(ALGORITHMS)}; got {self.algo!r}")
+            raise ConfigError(f"algo must be one of {', '.join(ALGORITHMS)}; got {self.algo!r}", field="algo")
         if self.aggregation not in AGGREGATION_NAMES:
-            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}")
+            raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}",
+                              field="aggregation")
         for name in ("env_id", "output_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}", field=name)
         if self.model is not None and not isinstance(self.model, str):
-            raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}")
+            raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}",
+                              field="model")
         if not isinstance(self.env_kwargs, dict):
-            raise ConfigError("env_kwargs must be a dict of environment options")
+            raise ConfigError("env_kwargs must be a dict of environment options", field="env_kwargs")
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", field=name)
         if self.compile_scope not in COMPILE_SCOPES:
-            raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}; got {self.compile_scope!r}")
+            raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}; got {self.compile_scope!r}",
+                              field="compile_scope")
         for name in ("compile", "checkpoint_mlp"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"compile and checkpoint_mlp must be True, False or None (auto: on CUDA); "
-                                  f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}")
+                                  f"got compile={self.compile!r}, checkpoint_mlp={self.checkpoint_mlp!r}", field=name)
         # Integers and numbers of any kind (numpy's too) are stored as Python ints and floats, so the
         # config compares, prints and saves as JSON alike.
         for name, spec in self.__dataclass_fields__.items():
             value = getattr(self, name)
             if spec.type in ("int", int):
                 if not is_int(value):
-                    raise ConfigError(f"{name} must be an integer, got {value!r}")
+                    raise ConfigError(f"{name} must be an integer, got {value!r}", field=name)
                 object.__setattr__(self, name, int(value))
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
                      "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha"):
             value = getattr(self, name)
             if not is_finite_real(value):
-                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+                raise ConfigError(f"{name} must be a finite number, got {value!r}", field=name)
             object.__setattr__(self, name, float(value))
         if self.old_logprobs not in OLD_LOGPROBS:
-            raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}")
+            raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}",
+                              field="old_logprobs")
         if self.dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"dtype must be None (auto), 'float32' or 'bfloat16', got {self.dtype!r} (float16 "
-                              "would need loss scaling, which rftgym does not do)")
+                              "would need loss scaling, which rftgym does not do)", field="dtype")
         if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}")
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}",
+                              field="lr_schedule")
         if self.parallelism not in PARALLELISM:
             raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
                               f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "
-                              f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}")
+                              f"needs a distributed launch: torchrun or accelerate launch); got {self.parallelism!r}",
+                              field="parallelism")
 
     def _check_ranges(self) -> None:
         for name in ("steps", "tasks_per_step", "group_size", "max_new_tokens", "rollout_batch_size",
                      "epochs_per_step", "minibatch_size", "logprob_chunk_size", "save_every", "log_every",
                      "eval_episodes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}", field=name)
         for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
                                  ("microbatch_tokens", "off"), ("dcpo_segment_budget", "all segments"),
                                  ("max_prompt_tokens", "room for a reply in the model's context"),
                                  ("lora_rank", "full fine-tuning")):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be an int >= 0 (0 = {zero_means}), got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be an int >= 0 (0 = {zero_means}), got {getattr(self, name)!r}",
+                                  field=name)
         for name in ("seed", "eval_seed"):
             if not 0 <= getattr(self, name) < 2**63:
-                raise ConfigError(f"{name} must be an int in [0, 2**63), got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be an int in [0, 2**63), got {getattr(self, name)!r}", field=name)
         if self.eval_seed + self.eval_episodes > 2**63:
             raise ConfigError(f"eval seeds run from eval_seed={self.eval_seed} for {self.eval_episodes} episodes, "
-                              "past 2**63 - 1; lower eval_seed")
+                              "past 2**63 - 1; lower eval_seed", field=("eval_seed", "eval_episodes"))
         if not 0 <= self.warmup_steps <= self.steps:
-            raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}")
+            raise ConfigError(f"warmup_steps must be an int in [0, steps] = [0, {self.steps}], got {self.warmup_steps!r}",
+                              field="warmup_steps")
         # Bounds past which a run fails or wrecks the weights at its first update: an AdamW rate
         # above 1, lr x weight decay above 1 (each step would zero or flip every weight), numbers
         # beyond float32's range in the sampler and the ratio clip.
         if not 0 < self.learning_rate <= 1:
             raise ConfigError(f"learning_rate must be positive and at most 1 (AdamW rates are ~1e-7..1e-3), "
-                              f"got {self.learning_rate}")
+                              f"got {self.learning_rate}", field="learning_rate")
         if self.weight_decay < 0 or self.weight_decay * self.learning_rate > 1:
             raise ConfigError(f"weight_decay must be >= 0, with learning_rate x weight_decay at most 1 (AdamW "
-                              f"shrinks every weight by that share per step), got {self.weight_decay}")
+                              f"shrinks every weight by that share per step), got {self.weight_decay}",
+                              field="weight_decay")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
-                              f"got {self.min_lr_ratio}")
+                              f"got {self.min_lr_ratio}", field="min_lr_ratio")
         if not 1e-6 <= self.temperature <= 1e6:
             raise ConfigError(f"temperature must be in [1e-6, 1e6] for RL sampling (greedy decoding has no "
-                              f"log-probs to train on), got {self.temperature}")
+                              f"log-probs to train on), got {self.temperature}", field="temperature")
         if not 1e-30 <= self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1] and at least 1e-30 (float32's range), got {self.top_p}")
-        if not 0 <= self.clip_low < 1 or not 0 <= self.clip_high <= 1e6:
-            raise ConfigError(f"clip_low must be in [0, 1) and clip_high in [0, 1e6] (1e6: no upper clip); got "
-                              f"{self.clip_low}, {self.clip_high}")
+            raise ConfigError(f"top_p must be in (0, 1] and at least 1e-30 (float32's range), got {self.top_p}",
+                              field="top_p")
+        if not 0 <= self.clip_low < 1:
+            raise ConfigError(f"clip_low must be in [0, 1), got {self.clip_low}", field="clip_low")
+        if not 0 <= self.clip_high <= 1e6:
+            raise ConfigError(f"clip_high must be in [0, 1e6] (1e6: no upper clip), got {self.clip_high}",
+                              field="clip_high")
         if self.kl_coef < 0:
-            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.pcar_lambda < 0 or self.pcar_delta < 0:
-            raise ConfigError(f"pcar_lambda and pcar_delta must be >= 0; got {self.pcar_lambda}, {self.pcar_delta}")
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}", field="kl_coef")
+        for name in ("pcar_lambda", "pcar_delta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}", field=name)
         if self.max_grad_norm <= 0:
-            raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+            raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}", field="max_grad_norm")
         if self.lora_alpha <= 0:
-            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}")
+            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}", field="lora_alpha")
 
     def _check_combinations(self) -> None:
         if self.group_size < 2 and self.algo != "rft":
-            raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)")
+            raise ConfigError(f"group_size must be at least 2 for {self.algo} (advantages compare samples of a task)",
+                              field=("group_size", "algo"))
         if self.algo == "rft":
             # Rejection-sampling fine-tuning is supervised learning on the successful episodes:
             # settings of the policy-gradient loss would be silently ignored.
@@ -223,17 +246,30 @@ class TrainConfig:
             if ignored:
                 raise ConfigError(f"algo='rft' maximises the successful episodes' log-likelihood, with no reference, "
                                   f"ratio or advantage; it has no use for {', '.join(ignored)}: drop those "
-                                  "settings, or choose a policy-gradient algo")
+                                  "settings, or choose a policy-gradient algo", field="algo")
+        # A setting that only one mode reads, set away from its default in another mode, would be
+        # silently ignored: the run would not be the one asked for.
+        for name, used, where in (("pcar_lambda", self.algo == "pcar", "algo='pcar'"),
+                                  ("pcar_delta", self.algo == "pcar", "algo='pcar'"),
+                                  ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'"),
+                                  ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)"),
+                                  ("compile_scope", self.compile is not False, "compile on (or auto)")):
+            default = self.__dataclass_fields__[name].default
+            if not used and getattr(self, name) != default:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
+                                  f"{_setting_summary(self, name)}; drop {name}, or set what it belongs to",
+                                  field=name)
         if self.microbatch_size and self.microbatch_tokens:
             raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
-                              "are two ways to size a forward/backward pass; set one of them")
+                              "are two ways to size a forward/backward pass; set one of them",
+                              field=("microbatch_size", "microbatch_tokens"))
         if self.parallelism == "fsdp" and self.dtype == "bfloat16":
             raise ConfigError(f"dtype={self.dtype!r} with parallelism='fsdp' would step the optimizer on 16-bit "
                               "weights; leave dtype unset (on CUDA FSDP then computes in bfloat16 over float32 "
-                              "master weights)")
+                              "master weights)", field=("dtype", "parallelism"))
         if self.parallelism == "fsdp" and self.compile:
             raise ConfigError("compile is not supported with parallelism='fsdp' yet; leave it unset "
-                              "(auto skips it under FSDP) or set it to False")
+                              "(auto skips it under FSDP) or set it to False", field=("compile", "parallelism"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,5 +279,6 @@ class TrainConfig:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown TrainConfig fields {unknown}; valid fields: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown TrainConfig fields {unknown}; valid fields: {', '.join(sorted(known))}",
+                              field=tuple(unknown))
         return cls(**data)

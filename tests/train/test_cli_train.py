@@ -75,8 +75,8 @@ def test_train_flags_reach_the_config():
         "train", "rftgym/SearchEvalQA-v0", "--algo", "pcar", "--lr", "3e-6", "--lr-schedule", "cosine",
         "--warmup-steps", "2", "--min-lr-ratio", "0.1", "--weight-decay", "0.01", "--clip-low", "0.1",
         "--clip-high", "0.3", "--aggregation", "sequence_mean", "--no-filter-zero-variance", "--filter-overlong",
-        "--pcar-lambda", "0.7", "--pcar-delta", "0.2", "--dcpo-segment-budget", "3", "--lora-rank", "8",
-        "--lora-alpha", "32", "--compile", "off", "--compile-scope", "decoder",
+        "--pcar-lambda", "0.7", "--pcar-delta", "0.2", "--lora-rank", "8",
+        "--lora-alpha", "32", "--compile", "on", "--compile-scope", "decoder",
         "--checkpoint-mlp", "on", "--dtype", "bfloat16", "--log-every", "3",
         "--top-p", "0.9", "--max-grad-norm", "0.5", "--logprob-chunk-size", "256", "--env-arg", "max_searches=2",
         "--seed", "5", "--epochs", "2", "--microbatch-size", "4", "--gradient-checkpointing"])
@@ -84,9 +84,11 @@ def test_train_flags_reach_the_config():
     expected = dict(algo="pcar", learning_rate=3e-6, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1,
                     weight_decay=0.01, clip_low=0.1, clip_high=0.3, aggregation="sequence_mean",
                     filter_zero_variance=False, filter_overlong=True, pcar_lambda=0.7, pcar_delta=0.2,
-                    dcpo_segment_budget=3, lora_rank=8, lora_alpha=32.0, compile=False,
+                    lora_rank=8, lora_alpha=32.0, compile=True,
                     compile_scope="decoder", checkpoint_mlp=True,
                     dtype="bfloat16", log_every=3, top_p=0.9, max_grad_norm=0.5, logprob_chunk_size=256,
                     env_kwargs={"max_searches": 2}, seed=5, epochs_per_step=2, microbatch_size=4,
                     gradient_checkpointing=True, output_dir="runs/train/SearchEvalQA-v0-pcar")
     assert {name: getattr(config, name) for name in expected} == expected
+    args = build_parser().parse_args(["train", "rftgym/MemoryQA-v0", "--algo", "dcpo", "--dcpo-segment-budget", "3"])
+    assert train_config_from_args(args).dcpo_segment_budget == 3

@@ -150,7 +150,7 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     ({"model": 5}, "model must be a local model directory"),
     ({"learning_rate": 1e300}, "learning_rate must be positive and at most 1"),
     ({"weight_decay": 1e30}, "learning_rate x weight_decay at most 1"),
-    ({"clip_high": 1e300}, r"clip_high in \[0, 1e6\]"),
+    ({"clip_high": 1e300}, r"clip_high must be in \[0, 1e6\]"),
     ({"top_p": 1e-300}, r"top_p must be in \(0, 1\] and at least 1e-30"),
     ({"temperature": 1e-300}, r"temperature must be in \[1e-6, 1e6\]"),
     ({"algo": "rft", "kl_coef": 0.1}, "algo='rft' .* no use for kl_coef=0.1"),
@@ -160,6 +160,33 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
 def test_config_refuses(settings, message):
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**settings)
+
+
+@pytest.mark.parametrize("settings, fields", [
+    ({"learning_rate": 2.0}, ("learning_rate",)),
+    ({"lora_rank": "8"}, ("lora_rank",)),
+    ({"clip_low": 1.0}, ("clip_low",)),
+    ({"microbatch_size": 2, "microbatch_tokens": 64}, ("microbatch_size", "microbatch_tokens")),
+    ({"algo": "grpo", "pcar_delta": 0.3}, ("pcar_delta",)),
+    ({"algo": "rft", "kl_coef": 0.1}, ("algo",)),
+])
+def test_config_errors_name_the_fields_at_fault(settings, fields):
+    """A front end points a refusal at its own spelling of the field (rftgym train: the flag)."""
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(**settings)
+    assert refused.value.fields == fields
+
+
+@pytest.mark.parametrize("settings", [
+    {"algo": "pcar", "pcar_lambda": 2.0, "pcar_delta": 0.0},
+    {"algo": "dcpo", "dcpo_segment_budget": 4},
+    {"lora_rank": 4, "lora_alpha": 8.0},
+    {"compile": True, "compile_scope": "decoder"},
+    {"compile_scope": "decoder"},  # compile unset: auto, on where it works
+])
+def test_mode_settings_are_taken_with_their_mode(settings):
+    config = TrainConfig(**settings)
+    assert all(getattr(config, name) == value for name, value in settings.items())
 
 
 def test_numpy_numbers_are_taken_as_python_ones():
