@@ -1,8 +1,9 @@
-"""Reading JSON-lines data files with errors that name the file and line.
+"""Reading JSON and JSON-lines data files with errors that name the file and line.
 
-Every loader of user data (tasks, corpora, datasets) reads through :func:`read_jsonl`, so a
-blank line, a byte-order mark, a non-UTF-8 byte, a broken line or a line that is not an object
-are handled, and reported, the same way everywhere.
+Every loader of user data (tasks, corpora, datasets) reads through :func:`read_jsonl` or
+:func:`read_json`, so a blank line, a byte-order mark, a non-UTF-8 byte, gzip compression, a
+broken line, a line that is not an object, and a path that is not a readable regular file are
+handled, and reported, the same way everywhere.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -18,9 +20,69 @@ from .errors import DataFormatError
 
 def missing_file(path: Path) -> str:
     """Why ``path`` is not a readable file, in a few words ("no such file", "a directory, not a file")."""
-    if path.is_dir():
-        return "a directory, not a file"
-    return "not a regular file" if path.exists() else "no such file"
+    try:
+        if path.is_dir():
+            return "a directory, not a file"
+        if path.exists():
+            return "not a regular file (a device, pipe or socket)"
+        if path.is_symlink():
+            return "a symbolic link that leads to no file"
+        unexpanded = str(path).startswith("~") or "$" in str(path)
+        return "no such file" + (" ('~' and '$VAR' are not expanded here; give the path the shell would)"
+                                 if unexpanded else "")
+    except OSError as exc:  # e.g. a name too long, a symbolic-link loop
+        return f"cannot be read ({exc.strerror or exc})"
+
+
+def is_jsonl(path: str | Path) -> bool:
+    """Whether ``path`` names a JSON-lines file (``.jsonl``, or ``.jsonl.gz`` compressed), by its name."""
+    suffixes = [s.lower() for s in Path(path).suffixes[-2:]]
+    return suffixes[-1:] == [".jsonl"] or suffixes == [".jsonl", ".gz"]
+
+
+def _open(path: Path, shape: str):
+    """``path`` opened for reading bytes (through gzip for a ``.gz`` name), or a data error that says why
+    it cannot be: only a regular file is read, since a pipe or a device could block forever."""
+    try:
+        regular = path.is_file()
+    except OSError:
+        regular = False
+    if not regular:
+        raise DataFormatError(f"{path}: {missing_file(path)}; expected {shape}")
+    try:
+        return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+    except OSError as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc.strerror or exc}); expected {shape}") from None
+
+
+def _decode_error(where: str, exc: Exception, shape: str) -> DataFormatError:
+    """The data error for JSON text that :func:`json.loads` refused at ``where``."""
+    if isinstance(exc, RecursionError):
+        return DataFormatError(f"{where}: the JSON is nested too deeply to read; expected {shape}")
+    if isinstance(exc, json.JSONDecodeError):
+        return DataFormatError(f"{where}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}); "
+                               f"expected {shape}")
+    # ValueError: an integer past Python's limit on digits converted from text.
+    return DataFormatError(f"{where}: a value cannot be read ({exc}); expected {shape}")
+
+
+def read_json(path: str | Path, shape: str):
+    """The one JSON value in ``path`` (``.gz`` read through gzip; a byte-order mark is skipped);
+    ``shape`` says what it must be and ends every error message."""
+    path = Path(path)
+    with _open(path, shape) as handle, _reading(path):
+        data = handle.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{path}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and text.lstrip().startswith("{"):
+            raise DataFormatError(f"{path}: holds more than one JSON value (JSON lines?); a JSON-lines file is "
+                                  f"read as such when its name ends in .jsonl; expected {shape}") from None
+        raise _decode_error(str(path), exc, shape) from None
 
 
 def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
@@ -28,10 +90,7 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
     (e.g. ``"one {question, answer} object per line"``) and ends every error message.
     ``.gz`` files are read through gzip."""
     path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(f"{path}: {missing_file(path)}; expected {shape}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
+    with _open(path, shape) as handle:
         for number, raw in enumerate(_lines(handle, path), start=1):
             where = f"{path}:{number}"
             try:
@@ -43,10 +102,8 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); expected {shape}") from exc
-            except RecursionError:
-                raise DataFormatError(f"{where}: the JSON is nested too deeply to read; expected {shape}") from None
+            except (RecursionError, ValueError) as exc:
+                raise _decode_error(where, exc, shape) from None
             if not isinstance(record, dict):
                 raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}; "
                                       f"expected {shape}")
@@ -54,9 +111,17 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
 
 
 def _lines(handle, path: Path) -> Iterator[bytes]:
-    """The file's lines; a broken ``.gz`` is a data error, not a traceback."""
-    try:
+    with _reading(path):
         yield from handle
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A broken ``.gz`` or a failed read of ``path`` as a data error, not a traceback."""
+    try:
+        yield
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise DataFormatError(f"{path}: not a readable gzip file ({exc or type(exc).__name__}); a .gz name "
-                              "needs gzip-compressed JSON lines, other names are read as plain text") from None
+                              "needs gzip-compressed JSON, other names are read as plain text") from None
+    except OSError as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None

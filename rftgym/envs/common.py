@@ -50,9 +50,11 @@ def check_path_options(config, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
         if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{name} must be a path to a file, got {value!r}")
+            raise ConfigError(f"{name} must be a path to a file, got {value!r} (on the command line a value that "
+                              f"reads as JSON is taken as JSON: write --env-arg '{name}=\"{value}\"')",
+                              field=name)
         if value is not None and not os.fspath(value).strip():
-            raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out")
+            raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out", field=name)
 
 
 def check_generator_only(config, names: tuple[str, ...], dataset: str | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,29 @@ def test_bad_files_raise_data_format_errors(tmp_path, name, text, loader, messag
     path = write(tmp_path / name, text)
     with pytest.raises(DataFormatError, match=message):
         loader(path)
+
+
+def test_gzipped_json_lines_are_read_like_plain_ones(tmp_path):
+    import gzip
+
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(b'{"id": 7, "contents": "\\"T\\"\\nsome text"}\n'))
+    assert [(d.id, d.title, d.text) for d in load_corpus(tmp_path / "c.jsonl.gz")] == [("7", "T", "some text")]
+    (tmp_path / "q.jsonl.gz").write_bytes(gzip.compress(b'{"question": "q?", "golden_answers": ["Ann"]}\n'))
+    assert [q.answers for q in load_questions(tmp_path / "q.jsonl.gz")] == [("Ann",)]
+
+
+@pytest.mark.parametrize("field, record", [
+    ("answerable", {"answerable": "false"}),
+    ("paragraphs[1].is_supporting", {"paragraphs": [{"title": "A", "paragraph_text": "x", "is_supporting": True},
+                                                    {"title": "B", "paragraph_text": "y", "is_supporting": "no"}]}),
+])
+def test_musique_flags_must_be_booleans(tmp_path, field, record):
+    """A string "false" is truthy: read as it stands, it would make the question answerable."""
+    line = {"id": "m1", "question": "Who?", "answer": "Bob",
+            "paragraphs": [{"title": "A", "paragraph_text": "Bob.", "is_supporting": True}], **record}
+    path = write(tmp_path / "m.jsonl", json.dumps(line) + "\n")
+    with pytest.raises(DataFormatError, match=rf"m.jsonl:1: '{re.escape(field)}' must be true or false"):
+        load_musique_questions(path)
 
 
 def test_a_missing_file_names_the_expected_shape(tmp_path):

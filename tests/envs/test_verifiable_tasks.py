@@ -242,6 +242,27 @@ def test_numeric_choices_compare_by_value_not_by_stripped_text():
     assert is_correct(t2, "11/2") and not is_correct(t2, "1/12")
 
 
+def test_an_answer_without_words_must_be_given_as_it_is():
+    """Normalizing drops punctuation and articles; were an answer left empty by that matched by
+    any reply left empty, "!!!" or "the" would be right."""
+    letter = Task("t", "Which grade?", "A")
+    assert is_correct(letter, "A") and is_correct(letter, " a ")
+    assert not any(is_correct(letter, given) for given in ("the", "!!!", "an", ""))
+    operator = mc("+", "+", "-", "*")
+    assert is_correct(operator, "+") and is_correct(operator, "A") and not is_correct(operator, "-")
+    assert not any(is_correct(operator, given) for given in ("the", "!!!", "?"))
+
+
+def test_numbers_in_files_are_read_as_a_reply_would_write_them(tmp_path):
+    path = write(tmp_path / "n.jsonl", [{"question": "q", "answer": 1e20}, {"question": "r", "answer": 2.0},
+                                        {"question": "s", "answer": 1e-7}, {"question": "t", "choices": [1.5, 2e3],
+                                                                            "answer": 2000}])
+    tasks = load_tasks_jsonl(path)
+    assert [t.answer for t in tasks] == ["100000000000000000000", "2", "0.0000001", "2000"]
+    assert tasks[3].choices == ("1.5", "2000")
+    assert is_correct(tasks[0], "100000000000000000000") and is_correct(tasks[2], "0.0000001")
+
+
 def test_text_choices_that_normalize_alike_are_ambiguous():
     t = mc("U.S.", "US", "U.S.", "UK")
     assert is_correct(t, "U.S.") and is_correct(t, "B")
@@ -297,6 +318,15 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
     ([{"question": "q", "answer": "x", "choices": ["x", None]}], 1, "'choices' must be a list of at least 2"),
     ([{"question": "q", "answer": "x", "choices": ["x", "x", "y"]}], 1, "'choices' has duplicates"),
     ([{"question": "q", "answer": "x", "choices": [str(i) for i in range(27)]}], 1, "at most 26 choices"),
+    # Choices that differ only in case or spacing can never be named by their text.
+    ([{"question": "q", "answer": "x", "choices": ["Paris", "x", "paris "]}], 1,
+     "'choices' has duplicates \\('Paris' and 'paris ', up to case and spacing\\)"),
+    ([{"question": "q", "answer": "1/0"}], 1, "'answer' '1/0' reads as a number but has no value"),
+    ([{"question": "q", "answer": "a", "difficulty": "3"}], 1, "'difficulty' must be an integer .* got '3'"),
+    ([{"question": "q", "answer": "a", "difficulty": True}], 1, "'difficulty' must be an integer"),
+    ([{"question": "q", "answer": "a", "id": None}], 1, "'id' must be a non-empty string or an integer, got None"),
+    ([{"question": "q", "answer": "a", "id": "t1"}, {"question": "r", "answer": "b", "id": "t1"}], 2,
+     "task id 't1' is also the id of line 1"),
 ])
 def test_loader_rejects_bad_lines_naming_file_and_line(tmp_path, lines, line_no, message):
     path = write(tmp_path / "bad.jsonl", lines)

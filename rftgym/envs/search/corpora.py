@@ -20,14 +20,13 @@ the line (for JSONL) or record, and the shape that was expected.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...core.errors import DataFormatError
-from ...core.jsonl import missing_file, read_jsonl
+from ...core.jsonl import is_jsonl, read_json, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -55,18 +54,6 @@ NQ_SHAPE = 'JSONL lines {"question": str, "golden_answers": [str, ...]} (optiona
 MUSIQUE_SHAPE = 'JSONL lines {"id", "question", "answer", "paragraphs": [{"title", "paragraph_text"}]}'
 
 
-def _read_json(path: Path, shape: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (FileNotFoundError, IsADirectoryError):
-        raise DataFormatError(f"{path}: {missing_file(Path(path))}; expected {shape}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{path}: not valid JSON ({exc}); expected {shape}") from exc
-    except RecursionError:
-        raise DataFormatError(f"{path}: the JSON is nested too deeply to read; expected {shape}") from None
-
-
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(s, str) for s in value)
 
@@ -75,7 +62,7 @@ def _is_str_list(value: Any) -> bool:
 
 
 def _hotpotqa_records(path: Path) -> list[dict]:
-    data = _read_json(path, HOTPOTQA_SHAPE)
+    data = read_json(path, HOTPOTQA_SHAPE)
     if not isinstance(data, list):
         raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a JSON {type(data).__name__}")
     for index, record in enumerate(data):
@@ -158,14 +145,14 @@ def _musique_paragraphs(path: Path, number: int, record: dict) -> list[dict]:
 def load_corpus(path: str | os.PathLike) -> list[Document]:
     """Documents from any of the supported corpus formats (see the module docstring)."""
     path = Path(path)
-    if path.suffix == ".jsonl":
+    if is_jsonl(path):
         first = next(read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is None:
             raise DataFormatError(f"{path}: the file is empty; expected {FLASHRAG_SHAPE}")
         documents = _musique_corpus(path) if "paragraphs" in first[1] else _flashrag_corpus(path)
     else:
         shapes = f"{HOTPOTQA_SHAPE}, {TITLE_SENTENCES_SHAPE} or {TITLE_TEXT_SHAPE}"
-        data = _read_json(path, shapes)
+        data = read_json(path, shapes)
         if isinstance(data, dict):
             documents = _title_sentences_corpus(path, data)
         elif isinstance(data, list) and data and isinstance(data[0], dict) and "context" in data[0]:
@@ -232,8 +219,14 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
         if not isinstance(record.get("question"), str) or not isinstance(answer, str) or not _is_str_list(aliases):
             raise DataFormatError(f"{path}:{number}: needs string 'question' and 'answer'; expected {MUSIQUE_SHAPE}")
         paragraphs = _musique_paragraphs(path, number, record)
+        for name, value in [("answerable", record.get("answerable", True)),
+                            *((f"paragraphs[{i}].is_supporting", p.get("is_supporting", False))
+                              for i, p in enumerate(paragraphs))]:
+            if not isinstance(value, bool):  # a string "false" would read as true
+                raise DataFormatError(f"{path}:{number}: '{name}' must be true or false (a JSON boolean), got "
+                                      f"{value!r}; expected {MUSIQUE_SHAPE}")
         gold = tuple(p["title"] for p in paragraphs if p.get("is_supporting"))
-        answerable = bool(record.get("answerable", True))
+        answerable = record.get("answerable", True)
         answers = _gold_answers(f"{path}:{number}", (answer, *aliases)) if answerable else ()
         questions.append(Question(str(record.get("id", number)), record["question"], answers, gold, hops=len(gold),
                                   answerable=answerable))
@@ -243,7 +236,7 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
 def load_questions(path: str | os.PathLike) -> list[Question]:
     """Questions from HotpotQA JSON, NQ-style JSONL or MuSiQue-style JSONL (chosen by shape)."""
     path = Path(path)
-    if path.suffix == ".jsonl":
+    if is_jsonl(path):
         first = next(read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is not None and "paragraphs" in first[1]:
             questions = load_musique_questions(path)
@@ -259,7 +252,7 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
 def has_own_corpus(path: str | os.PathLike) -> bool:
     """Whether a question file carries its own paragraphs (HotpotQA contexts, MuSiQue paragraphs)."""
     path = Path(path)
-    if path.suffix != ".jsonl":
+    if not is_jsonl(path):
         return True
     first = next(read_jsonl(path, f"{NQ_SHAPE} or {MUSIQUE_SHAPE}"), None)
     return first is not None and "paragraphs" in first[1]

@@ -12,6 +12,7 @@ import math
 import re
 import string
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,6 +21,7 @@ import numpy as np
 
 from ...core.errors import DataFormatError
 from ...core.jsonl import read_jsonl
+from ...core.values import is_int
 
 LETTERS = string.ascii_uppercase
 DIFFICULTIES = (1, 2, 3, 4, 5)
@@ -82,7 +84,15 @@ def _same_choice(given: str, choice: str) -> bool:
     if _NUMBER.fullmatch(choice.strip()):
         value = parse_number(choice)
         return value is not None and parse_number(given) == value
-    return normalize_text(given) == normalize_text(choice)
+    return _same_text(given, choice)
+
+
+def _same_text(given: str, expected: str) -> bool:
+    """Whether ``given`` says ``expected``, up to case, punctuation, articles and spacing; an
+    ``expected`` with nothing left after that ("A", "?", "+") must be given as it is (up to case
+    and spacing), or every reply without words ("!!!", "the") would say it."""
+    normal = normalize_text(expected)
+    return normalize_text(given) == normal if normal else _collapse(given) == _collapse(expected)
 
 
 def _collapse(text: str) -> str:
@@ -119,7 +129,7 @@ def is_correct(task: Task, given: str) -> bool:
     expected_number = parse_number(task.answer)
     if expected_number is not None:
         return parse_number(given) == expected_number
-    return normalize_text(given) == normalize_text(task.answer)
+    return _same_text(given, task.answer)
 
 
 # ---------------------------------------------------------------- generators
@@ -267,8 +277,14 @@ def load_tasks_jsonl(path: str | Path) -> list[Task]:
     choice or its letter; errors name the file and line and say what each field must be."""
     path = Path(path)
     tasks: list[Task] = []
+    first_line: dict[str, int] = {}
     for line_no, record in read_jsonl(path, "one {question, choices?, answer} object per line"):
-        tasks.append(_task_from_record(record, f"{path}:{line_no}", default_id=f"{path.stem}-{line_no}"))
+        task = _task_from_record(record, f"{path}:{line_no}", default_id=f"{path.stem}-{line_no}")
+        if task.id in first_line:  # results are reported by task id
+            raise DataFormatError(f"{path}:{line_no}: task id {task.id!r} is also the id of line "
+                                  f"{first_line[task.id]}; give each task its own id")
+        first_line[task.id] = line_no
+        tasks.append(task)
     if not tasks:
         raise DataFormatError(f"{path}: the file has no tasks; add lines like "
                               '{"question": "2+2?", "answer": "4"}')
@@ -284,17 +300,25 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
     if isinstance(answer, float) and not math.isfinite(answer):
         raise DataFormatError(f"{where}: 'answer' is {answer}, which no reply can equal; give a finite number or a string")
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
+        answer = _number_text(answer)
     if not isinstance(answer, str) or not answer.strip():
         raise DataFormatError(f"{where}: 'answer' must be a non-empty string or number")
+    if _NUMBER.fullmatch(answer.strip()) and parse_number(answer) is None:
+        raise DataFormatError(f"{where}: 'answer' {answer!r} reads as a number but has no value (a zero "
+                              "denominator); give the number it stands for")
     if choices is not None:
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, (str, int, float)) for c in choices):
             raise DataFormatError(f"{where}: 'choices' must be a list of at least 2 strings")
         if len(choices) > len(LETTERS):
             raise DataFormatError(f"{where}: at most {len(LETTERS)} choices are supported")
-        choices = tuple(str(c) for c in choices)
-        if len(set(choices)) != len(choices):
-            raise DataFormatError(f"{where}: 'choices' has duplicates; each choice must be different")
+        choices = tuple(c if isinstance(c, str) else _number_text(c) for c in choices)
+        # Choices equal up to case and spacing could never be told apart by their text.
+        seen: dict[str, str] = {}
+        for choice in choices:
+            if _collapse(choice) in seen:
+                raise DataFormatError(f"{where}: 'choices' has duplicates ({seen[_collapse(choice)]!r} and "
+                                      f"{choice!r}, up to case and spacing); each choice must be different")
+            seen[_collapse(choice)] = choice
         if answer not in choices:
             letter = answer.strip().strip("()").upper()
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:
@@ -302,7 +326,20 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
             else:
                 raise DataFormatError(f"{where}: 'answer' {answer!r} is neither one of the choices nor a choice letter "
                                       f"(A-{LETTERS[len(choices) - 1]})")
-    task_id = str(record.get("id", default_id))
+    task_id = record.get("id", default_id)
+    if not isinstance(task_id, (str, int)) or isinstance(task_id, bool) or not str(task_id).strip():
+        raise DataFormatError(f"{where}: 'id' must be a non-empty string or an integer, got {task_id!r}")
     difficulty = record.get("difficulty", 0)
-    return Task(task_id, question.strip(), answer, choices, str(record.get("kind", "custom")),
-                int(difficulty) if isinstance(difficulty, int) else 0)
+    if not is_int(difficulty):
+        raise DataFormatError(f"{where}: 'difficulty' must be an integer (0 = unrated), got {difficulty!r}")
+    return Task(str(task_id), question.strip(), answer, choices, str(record.get("kind", "custom")), int(difficulty))
+
+
+def _number_text(value: int | float) -> str:
+    """A JSON number as the text a reply would give: 1e+20 as 100000000000000000000, 1e-07 as
+    0.0000001 (an exponent is not read as a number when grading), 2.0 as 2."""
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return format(Decimal(repr(value)), "f")
+    return str(value)
