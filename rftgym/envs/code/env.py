@@ -17,8 +17,10 @@ Tests
     Built per task by :mod:`rftgym.envs.code.tcg` from the reference solution (examples, the
     dataset's own asserts, type-driven random and edge-case inputs; expected outputs come from
     running the reference in the sandbox), cached on disk. A task the TCG can make no tests for
-    (5 of MBPP's 974: arguments that are not literals) has status ``"untestable"`` and reward 0
-    (its dataset asserts could be faked from inside the program). Candidate code runs in the sandbox
+    (5 of MBPP's 974: arguments that are not literals; or a reference solution that fails) is named
+    in a warning when its tests are built; a submission for it has status ``"untestable"`` and a
+    pass rate of 0, which ends the episode (its dataset asserts are not used: they could be faked
+    from inside the program). Candidate code runs in the sandbox
     (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``; one per process, shared by
     its envs, each with its own limits); expected outputs never enter it: the program reports
     what it returned and the host compares.

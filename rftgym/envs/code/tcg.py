@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -203,6 +204,10 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         cached = _cache_read(task, config)
         if cached is not None:
             out[i] = task.with_tests(cached)
+            if not cached:
+                warnings.warn(f"task {task.task_id}: no tests could be made (as found when its tests were built and "
+                              f"cached in {cache_dir(config)}); its episodes end with status 'untestable' and a pass "
+                              "rate of 0", stacklevel=2)
         else:
             todo.append(i)
     candidates = {i: candidate_inputs(tasks[i], config) for i in todo}
@@ -235,7 +240,23 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
             _cache_write(tasks[i], config, built[i])
         out[i] = tasks[i].with_tests(built[i])
+        if not built[i]:
+            reason = untestable_reason(candidates[i], runs[i])
+            warnings.warn(f"task {tasks[i].task_id}: no tests could be made ({reason}); its episodes end with "
+                          "status 'untestable' and a pass rate of 0", stacklevel=2)
     return out  # type: ignore[return-value]
+
+
+def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunOutcome]) -> str:
+    """Why the reference runs left no test (for a task's data to be fixed or dropped)."""
+    if not candidates:
+        return "no inputs could be made: its examples and asserts give none whose arguments are literals"
+    errors = [record.error for record in runs[0].records if record.error is not None]
+    if runs[0].status != "ok" and runs[0].message:
+        return f"the reference solution's run failed: {runs[0].message}"
+    if len(errors) == len(runs[0].records):
+        return f"the reference solution failed on every input ({errors[0].strip().splitlines()[-1]})"
+    return "the reference solution's outputs were not usable (they changed between runs, took too long or failed)"
 
 
 def _rare_outputs(task: CodeTask, tests: Sequence[TestCase]) -> tuple[str, list[tuple]] | None:

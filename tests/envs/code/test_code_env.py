@@ -234,9 +234,35 @@ def test_task_without_generated_tests_is_untestable_not_graded_by_forgeable_asse
                     dataset_tests="assert unbox(Box(3)) == 3\nassert unbox(Box('a')) == 'a'")
     env = CodeTCGEnv(dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path)))
     env.dataset = [task]
-    env.reset(seed=0, options={"task_index": 0})
+    with pytest.warns(UserWarning, match=r"task objects/1: no tests could be made \(no inputs could be made: .* "
+                                         r"arguments are literals\); its episodes end with status 'untestable'"):
+        env.reset(seed=0, options={"task_index": 0})
     assert env.task.tests == ()
     _, reward, terminated, _, info = env.step(fenced(reference))
     assert terminated and info["status"] == "untestable" and not info["success"]
     assert info["total"] == 0 and reward == pytest.approx(0.1)  # the format component only
+    env.close()
+    again = CodeTCGEnv(dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path)))  # from the cache
+    again.dataset = [task]
+    with pytest.warns(UserWarning, match=r"task objects/1: no tests could be made \(as found when its tests were "
+                                         r"built and cached in "):
+        again.reset(seed=0, options={"task_index": 0})
+    again.close()
+
+
+def test_a_reference_solution_that_fails_is_named_with_its_error(tmp_path):
+    """A data file whose reference raises (or cannot import) leaves its task without tests: the
+    warning says why, so that the file can be fixed."""
+    import json
+
+    from rftgym.envs.code.tcg import TCGConfig
+
+    path = tmp_path / "mbpp.jsonl"
+    path.write_text(json.dumps({"task_id": 9, "text": "Write f(x).", "code": "def f(x):\n    raise ValueError('boom')",
+                                "test_list": ["assert f(1) == 2", "assert f(5) == 6"]}) + "\n")
+    env = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+    with pytest.warns(UserWarning, match=r"task mbpp/9: no tests could be made \(the reference solution failed on "
+                                         r"every input \(ValueError: boom\)\)"):
+        env.reset(seed=0)
+    assert env.task.tests == ()
     env.close()
