@@ -566,9 +566,10 @@ class ChatAPIAgent(Agent):
         message = choice.get("message")
         if not isinstance(message, dict):
             raise fail("choices[0] has no 'message' object")
-        content = message.get("content")
+        content, refusal = message.get("content"), message.get("refusal")
         if content is None:
-            text = ""
+            # A refusal (OpenAI's structured field) is what the model said on this turn.
+            text = refusal if isinstance(refusal, str) else ""
         elif isinstance(content, str):
             text = content
         elif isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]

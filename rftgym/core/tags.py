@@ -87,6 +87,12 @@ class ParseResult:
         """Names of closed tags in order of their opening."""
         return [t.name for t in self.tags if t.closed]
 
+    def inside_closed(self, tag: Tag, name: str) -> bool:
+        """Whether ``tag`` lies inside a closed ``<name>…</name>`` (e.g. reasoning in ``<think>``).
+        An unclosed ``<name>`` encloses nothing: it is reported, and what follows it still counts."""
+        return any(outer.closed and outer.start < tag.start and tag.end <= outer.end
+                   for outer in self.tags if outer.name == name and outer is not tag)
+
 
 def _parse_attrs(raw: str) -> tuple[tuple[str, str], ...]:
     out = []

@@ -212,6 +212,14 @@ def test_none_content_is_empty_text_and_finish_reason_passed(server):
     assert reply.text == "" and reply.finish_reason == "length"
 
 
+def test_a_refusal_is_the_turns_text(server):
+    body = completion(None, "stop")
+    body["choices"][0]["message"]["refusal"] = "I can't help with that."
+    server.behaviour = lambda req, n: Response(body=body)
+    reply = server.agent().act_one(ctx(("user", "q")))
+    assert (reply.text, reply.finish_reason) == ("I can't help with that.", "stop")
+
+
 def test_finish_reasons_that_are_not_text_or_are_rftgyms_own_marker(server):
     for sent, kept in [(7, None), ({"a": 1}, None), ("banana", "banana"), ("context_full", "server:context_full")]:
         server.behaviour = lambda req, n: Response(body=completion("42", sent))

@@ -314,3 +314,14 @@ def test_tags_in_a_fenced_block_are_always_code(code):
     r = parse_tags(f"```python\n{code}\n```\n", KNOWN)
     assert r.tags == () and r.ok
     assert [b.code for b in r.code_blocks] == [code + "\n"]
+
+
+def test_inside_closed_counts_only_a_closed_enclosing_tag():
+    parsed = parse_tags("<think>a <answer>1</answer> <x><search>q</search></x></think> <answer>2</answer>",
+                        ("think", "answer", "search", "x"))
+    inner, outer = parsed.find("answer")
+    assert parsed.inside_closed(inner, "think") and not parsed.inside_closed(outer, "think")
+    assert parsed.inside_closed(parsed.first("search"), "think")  # nested deeper than one level
+    assert not parsed.inside_closed(parsed.first("think"), "think")
+    unclosed = parse_tags("<think>a <answer>1</answer>", ("think", "answer"))
+    assert not unclosed.inside_closed(unclosed.first("answer"), "think")

@@ -1,5 +1,6 @@
 """What every env does alike with agent text: human mode prints whatever the agent wrote, never
-raising, and a reply cut at max_action_chars is reported, not silently shortened."""
+raising; a reply cut at max_action_chars is reported, not silently shortened; and tags inside
+<think> are reasoning, not acts."""
 
 from __future__ import annotations
 
@@ -34,5 +35,30 @@ def test_a_reply_cut_at_max_action_chars_says_so(env_id):
         assert context[-2].content == "y" * 50  # what the env read is what the context shows
         assert notice in info["format_error"] and notice in context[-1].content
         assert not terminated  # the answer past the cut was never read
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("env_id", ["rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "rftgym/MemoryQA-v0"])
+def test_an_answer_inside_think_is_reasoning_and_an_unclosed_think_encloses_nothing(env_id):
+    def fresh():
+        env = gym.make(env_id)
+        env.reset(seed=0, options={"objectives": 1} if env_id.endswith("MemoryQA-v0") else None)
+        return env, (env.unwrapped.task.answer if env_id.endswith("VerifiableQA-v0") else "x")
+
+    env, answer = fresh()
+    try:
+        context, reward, terminated, _, info = env.step(f"<think>It could be <answer>{answer}</answer>.</think>")
+        assert not terminated and reward == 0.0
+        assert "inside <think>" in info["format_error"] and "inside <think>" in context[-1].content
+        # After </think>, the same answer is graded.
+        assert env.step(f"<think>So:</think> <answer>{answer}</answer>")[2]
+    finally:
+        env.close()
+    env, answer = fresh()
+    try:  # a <think> never closed is reported, and the answer after it is graded
+        _, _, terminated, _, info = env.step(f"<think>Unclosed, so: <answer>{answer}</answer>")
+        assert terminated and "<think> is never closed" in info["format_error"]
+        assert "inside <think>" not in info["format_error"]
     finally:
         env.close()

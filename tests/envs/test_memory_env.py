@@ -339,3 +339,12 @@ def test_a_huge_bad_id_gives_a_short_refusal():
     two_searches(env)
     *_, info = env.step(f'<prune ids="{"x" * 5000}">n</prune>')
     assert "nothing was pruned" in info["prune_error"] and len(info["prune_error"]) < 300
+
+
+@pytest.mark.parametrize("hops", [1.5, True, "x", [2, 2.5], []])
+def test_reset_hops_must_be_integers(hops):
+    env = gym.make("rftgym/MemoryQA-v0").unwrapped
+    with pytest.raises(ValueError, match=r"hops must be an int \(or ints\) in \[1, "):
+        env.reset(seed=0, options={"objectives": 1, "hops": hops})
+    _, info = env.reset(seed=0, options={"objectives": 2, "hops": ["2", 1]})  # as --env-arg may give them
+    assert len(info["hops"]) == 2 and set(info["hops"]) <= {1, 2}

@@ -282,7 +282,7 @@ def test_the_compile_scope_reaches_the_update_and_a_skipped_one_is_named(tmp_pat
         return apply(model, speed)
 
     monkeypatch.setattr(loop, "apply_training_speedups", spy)
-    train(train_config(tmp_path, steps=1, compile=False, compile_scope="decoder"), policy=make_char_policy(),
+    train(train_config(tmp_path, steps=1, compile_scope="decoder"), policy=make_char_policy(),
           make_env=SayAEnv)
     assert seen[0].compile_scope == "decoder" and seen[0].compile_layers is False
     assert "'compile_decoder': 'skipped: compile is off" in capsys.readouterr().out

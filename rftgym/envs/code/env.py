@@ -96,6 +96,9 @@ PSEUDOCODE_SYSTEM_PROMPT = (
 StepScorer = Callable[[CodeTask, Sequence[str]], Sequence[float]]
 
 
+MAX_MEMORY_MB = 1 << 20
+
+
 @dataclass(frozen=True)
 class CodeTCGConfig:
     dataset: str = "humaneval"
@@ -167,8 +170,9 @@ class CodeTCGConfig:
         if not 0.01 <= self.timeout_seconds <= 3600:
             raise ConfigError(f"timeout_seconds must be in [0.01, 3600] (a submission's base wall and CPU limit), "
                               f"got {self.timeout_seconds!r}")
-        if self.memory_mb < 64:
-            raise ConfigError(f"memory_mb must be at least 64 (Python itself needs about that), got {self.memory_mb}")
+        if not 64 <= self.memory_mb <= MAX_MEMORY_MB:
+            raise ConfigError(f"memory_mb must be in [64, {MAX_MEMORY_MB}] (Python itself needs about 64; "
+                              f"{MAX_MEMORY_MB} MiB is 1 TiB per submission), got {self.memory_mb}", field="memory_mb")
         for name in ("format_weight",):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -23,7 +23,8 @@ Observation
 
 Action
     The text of one assistant turn, with these tags (reasoning may go in ``<think>…</think>``;
-    tool tags inside ``<think>`` are not run):
+    tool tags inside it are not run, while a ``<think>`` never closed is reported and encloses
+    nothing):
 
     ``<search>query</search>``
         Runs the query (top ``top_k`` documents). Results come back as one message; each hit has a
@@ -376,7 +377,7 @@ class MemoryQAEnv(gym.Env[Context, str]):
         for tag in parsed.tags:
             if tag.name == "think" or not tag.closed:
                 continue  # unclosed tags are already reported by the parser and never run
-            if tag.parent == "think":
+            if parsed.inside_closed(tag, "think"):
                 turn.problems.append(f"a <{tag.name}> inside <think> was not run")
             elif tag.name == "search":
                 self._search(tag.text, turn)
@@ -528,10 +529,11 @@ class MemoryQAEnv(gym.Env[Context, str]):
             return compose_task(self.pool, indices)
         objectives = self._option_int(options, "objectives", self.config.objectives, 1, 20)
         hops = options.get("hops")
-        if hops is None:
-            hops = self.config.hops
-        hops = (hops,) if is_int(hops) else tuple(hops)
-        if not hops or not all(is_int(h) and 1 <= h <= MAX_HOPS for h in hops):
+        try:
+            hops = self.config.hops if hops is None else int_tuple(hops)
+        except TypeError:
+            hops = ()
+        if not hops or not all(1 <= h <= MAX_HOPS for h in hops):
             raise ValueError(f"hops must be an int (or ints) in [1, {MAX_HOPS}], got {options.get('hops')!r}")
         return generate_task(self.world, self.np_random, objectives, hops)
 

@@ -8,7 +8,8 @@ Observation
     this turn's evaluation, format problems, and the results of this turn's search.
 
 Action
-    The text of one assistant turn, using these tags (reasoning may go in ``<think>…</think>``):
+    The text of one assistant turn, using these tags (reasoning may go in ``<think>…</think>``,
+    where an ``<answer>`` is reasoning and is not graded):
 
     ``<search>query</search>``
         Runs the query; the next observation lists the top ``top_k`` documents as
@@ -289,8 +290,13 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         out = _TurnOutcome()
         parsed = parse_tags(action, self.config.tags)
         out.problems.extend(dict.fromkeys(parsed.problems))
-        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")]
-        if not calls and not parsed.problems:  # e.g. plain text, or only <think>: say so, as for a format error
+        # An <answer> inside <think> is part of the reasoning, not the reply's answer.
+        thought = [t for t in parsed.find("answer") if parsed.inside_closed(t, "think")]
+        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer") and t not in thought]
+        if thought:
+            out.problems.append("an <answer> inside <think> is reasoning, not an answer; it was not graded (give "
+                                "it after </think>)")
+        if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
             out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever

@@ -8,7 +8,7 @@ Observation
 Action
     The text of one assistant turn. The final answer goes in ``<answer>…</answer>``: a number,
     a choice letter (``B`` or ``(B)``) or the choice's text. Reasoning may precede it, optionally
-    inside ``<think>…</think>``.
+    inside ``<think>…</think>``; an ``<answer>`` inside ``<think>`` is reasoning and is not graded.
 
 Reward (paid on the turn that ends the episode; 0 on other turns)
     ``(1 - format_weight) * correct + format_weight * well_formatted`` where ``correct`` is 1 if
@@ -162,9 +162,12 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         context = self._context.appended(self._ids.message("assistant", action))
 
         parsed = parse_tags(action, self.config.tags)
-        answers = [t for t in parsed.find("answer") if t.closed]
+        # An <answer> inside <think> is part of the reasoning, not the reply's answer.
+        answers = [t for t in parsed.find("answer") if t.closed and not parsed.inside_closed(t, "think")]
+        thought = ["an <answer> inside <think> is reasoning, not an answer; it was not graded (give it after "
+                   "</think>)"] if any(parsed.inside_closed(t, "think") for t in parsed.find("answer")) else []
         format_error = None
-        problems = summarize_problems([*cut, *parsed.problems])
+        problems = summarize_problems([*cut, *parsed.problems, *thought])
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
             + ([problems] if problems else [])
         if not answers:
