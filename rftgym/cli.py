@@ -198,6 +198,10 @@ def _check_common(args: argparse.Namespace) -> None:
             raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
         if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
             raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
+        backend = getattr(torch, parsed.type, None) if parsed.type in ("mps", "xpu") else None
+        if backend is not None and not (hasattr(backend, "is_available") and backend.is_available()):
+            raise UsageError(f"--device {device}: this torch build or machine has no {parsed.type.upper()} device; "
+                             "use --device cpu")
     for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):
         value = getattr(args, name, None)
         if value is not None and not value.strip():  # would quietly mean the default path

@@ -452,6 +452,8 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
+    (["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device"),
+    (["train", ENV_ID, "--device", "xpu"], "--device xpu: this torch build or machine has no XPU device"),
     # A refused training setting is named by its flag, also where the field is spelled otherwise.
     (["train", ENV_ID, "--lr", "nan"], "--lr: learning_rate must be a finite number"),
     (["train", ENV_ID, "--lr", "inf"], "--lr: learning_rate must be a finite number"),

@@ -62,6 +62,15 @@ class EnvContractError(RftgymError, RuntimeError):
     a finite number, an observation that is not a Context): a bug in the env to fix."""
 
 
+class EnvError(RftgymError, RuntimeError):
+    """An environment raised an exception of its own from ``reset`` or ``step``; the message names
+    the env, the seed and the turn, and the original exception is the cause."""
+
+
+class TrainingError(RftgymError, RuntimeError):
+    """A training run cannot go on: its update diverged, or its outputs cannot be written."""
+
+
 class TokenizationError(RftgymError, RuntimeError):
     """A chat template does not render contexts as a sequence of per-message spans."""
 

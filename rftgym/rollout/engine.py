@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply
-from ..core.errors import AgentError, ConfigError, EnvContractError, RftgymError
+from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 from ..core.values import is_int
@@ -95,7 +95,8 @@ def run_episodes(
         episode_index = queue.pop(0)
         seed = seeds[episode_index]
         opts = options[episode_index] if options is not None else None
-        context, info = _unpack(slot.env.reset(seed=seed, options=opts), 2, slot.env, seed, "reset")
+        context, info = _unpack(_call_env(slot.env, seed, "reset", 0, seed=seed, options=opts), 2, slot.env, seed,
+                                "reset")
         _check_observation(f"{_env_id(slot.env)} (seed {seed}) reset to", context, info)
         slot.seed, slot.options, slot.context = seed, opts, context
         slot.messages = {m.id: m for m in context}
@@ -216,6 +217,18 @@ def _snapshot(info: dict) -> dict:
         return dict(info)
 
 
+def _call_env(env: gym.Env, episode_seed, call: str, turn: int, *args, **kwargs):
+    """``env.reset`` or ``env.step``; an exception of the env's own (not one of rftgym's, which
+    already say what to do) becomes an EnvError that names the env, the seed and the turn."""
+    try:
+        return getattr(env, call)(*args, **kwargs)
+    except RftgymError:
+        raise
+    except Exception as exc:
+        where = f"seed {episode_seed}" + (f", turn {turn}" if call == "step" else "")
+        raise EnvError(f"{_env_id(env)} raised {type(exc).__name__} in {call} ({where}): {exc}") from exc
+
+
 def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
     if not isinstance(result, tuple) or len(result) != size:
         shape = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
@@ -260,7 +273,8 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
                                finish_reason=CONTEXT_FULL))
         slot.active = False
         return
-    context, reward, terminated, truncated, info = _unpack(slot.env.step(reply.text), 5, slot.env, slot.seed, "step")
+    context, reward, terminated, truncated, info = _unpack(
+        _call_env(slot.env, slot.seed, "step", len(slot.turns), reply.text), 5, slot.env, slot.seed, "step")
     reward = _checked_step(slot, context, reward, terminated, truncated, info)
     if not terminated and len(slot.turns) + 1 >= max_turns:
         truncated = True

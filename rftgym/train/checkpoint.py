@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, TrainingError
+from ..core.values import is_int
 from .config import TrainConfig
 from .distributed import ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
@@ -67,10 +68,17 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=output_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would keep the checkpoint from the run's other readers
     try:
-        torch.save(state["weights"], staging / "trainable.pt")
-        torch.save(state["optimizer"], staging / "optimizer.pt")
-        torch.save(rng_states, staging / "rng.pt")
-        (staging / "state.json").write_text(json.dumps({"step": step, "config": config}, indent=2, default=str))
+        try:
+            torch.save(state["weights"], staging / "trainable.pt")
+            torch.save(state["optimizer"], staging / "optimizer.pt")
+            torch.save(rng_states, staging / "rng.pt")
+            (staging / "state.json").write_text(json.dumps({"step": step, "config": config}, indent=2, default=str))
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+            free = shutil.disk_usage(output_dir).free
+            raise TrainingError(f"cannot write the checkpoint of step {step} in {output_dir} ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}; {free / 2**20:,.0f} MiB free "
+                                "there); the previous checkpoint, if any, is kept. Free space or choose another "
+                                "--output-dir, then resume") from exc
         target = output_dir / CHECKPOINT_DIR
         if target.exists():
             old = output_dir / ".checkpoint-old"
@@ -134,6 +142,20 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
                           "away first")
 
 
+def _check_state(state, where: Path) -> None:
+    step = state.get("step") if isinstance(state, dict) else None
+    if not is_int(step) or step < 0 or not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{where} is not a checkpoint state (it needs 'step', the number of steps done: an int "
+                          f">= 0, and a 'config'); got step {step!r}. The checkpoint is left as it is")
+
+
+def _check_rng(rng, where: Path) -> None:
+    if not isinstance(rng, dict) or not {"tasks", "torch", "ranks"} <= rng.keys() or not isinstance(rng["ranks"], list) \
+            or not all(isinstance(r, dict) and {"sampling", "segments"} <= r.keys() for r in rng["ranks"]):
+        raise ConfigError(f"{where} does not hold a run's random states (tasks, torch, and per rank sampling and "
+                          "segments), so the run cannot continue exactly; the checkpoint is left as it is")
+
+
 def saved_state(output_dir: Path) -> dict:
     """The step and config of the checkpoint in ``output_dir`` (read before any model loads)."""
     path = _checkpoint_path(output_dir)
@@ -144,8 +166,7 @@ def saved_state(output_dir: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
                           f"({exc}); the checkpoint is left as it is") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or not isinstance(state.get("config"), dict):
-        raise ConfigError(f"{path / 'state.json'} is not a checkpoint state (it needs an int 'step' and a 'config')")
+    _check_state(state, path / "state.json")
     return state
 
 
@@ -255,8 +276,7 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or not isinstance(state.get("config"), dict):
-        raise ConfigError(f"{path / 'state.json'} is not a checkpoint state (it needs an int 'step' and a 'config')")
+    _check_state(state, path / "state.json")
     weights = torch.load(path / "trainable.pt", map_location="cpu")
     params = dict(_unwrap(model).named_parameters())
     missing = [name for name in weights if name not in params]
@@ -288,7 +308,8 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
         saved["state"] = {index: rest for index, entry in saved["state"].items()
                           if (rest := {k: v for k, v in entry.items() if k != "master"})}
     optimizer.load_state_dict(saved)
-    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
+    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
+    _check_rng(rng, path / "rng.pt")
     return int(state["step"]), rng, state["config"]
 
 

@@ -223,15 +223,21 @@ class TrainConfig:
         if not 0 <= self.clip_high <= 1e6:
             raise ConfigError(f"clip_high must be in [0, 1e6] (1e6: no upper clip), got {self.clip_high}",
                               field="clip_high")
-        if self.kl_coef < 0:
-            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}", field="kl_coef")
-        for name in ("pcar_lambda", "pcar_delta"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}", field=name)
+        if not 0 <= self.kl_coef <= 1e3:
+            raise ConfigError(f"kl_coef must be in [0, 1e3] (KL weights are ~1e-3..1e-1; a huge one overflows the "
+                              f"loss), got {self.kl_coef}", field="kl_coef")
+        if not 0 <= self.pcar_lambda <= 1e3:
+            raise ConfigError(f"pcar_lambda must be in [0, 1e3] (the weight of a segment's standardized score in "
+                              f"its advantage scale 1 + lambda * z), got {self.pcar_lambda}", field="pcar_lambda")
+        if not 0 <= self.pcar_delta <= 1:
+            raise ConfigError(f"pcar_delta must be in [0, 1] (the floor of a segment's advantage scale, which is 1 "
+                              f"for an average score), got {self.pcar_delta}", field="pcar_delta")
         if self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be positive, got {self.max_grad_norm}", field="max_grad_norm")
-        if self.lora_alpha <= 0:
-            raise ConfigError(f"lora_alpha must be positive, got {self.lora_alpha}", field="lora_alpha")
+        if not 0 < self.lora_alpha <= 1e5:
+            raise ConfigError(f"lora_alpha must be positive and at most 1e5 (the adapters' output is scaled by "
+                              f"lora_alpha / lora_rank; common values are 8..128), got {self.lora_alpha}",
+                              field="lora_alpha")
 
     def _check_combinations(self) -> None:
         if self.group_size < 2 and self.algo != "rft":

@@ -7,6 +7,7 @@ plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pas
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
-from ..core.errors import ConfigError, EnvContractError, require
+from ..core.errors import ConfigError, EnvContractError, TrainingError, require
 from ..core.values import is_int
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
@@ -213,6 +214,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
         update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
+        ranks.together(lambda: check_finite_update(update, step, out, episodes, config))
 
         # Episode statistics over all ranks; loss statistics are this rank's.
         rewards = [e.total_reward for e in episodes]
@@ -255,7 +257,26 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     if log is not None:
         log.close()
         plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+    idle = untrained_run(history, config)
+    if idle and ranks.is_main:
+        warnings.warn(idle, stacklevel=2)
     return history
+
+
+def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
+    """Why no step of the run updated the model, or None when one did."""
+    if not history or any(h.get("loss") is not None for h in history):
+        return None
+    if config.algo == "rft":
+        why = ("no episode succeeded (info['success']), and rft trains on successful episodes only; the env must "
+               "set info['success'], and the policy must reach it sometimes")
+    elif all(h.get("context_full_rate") == 1.0 for h in history):
+        why = "every episode ran out of context before a reply (see --max-prompt-tokens and --max-new-tokens)"
+    else:
+        why = ("in every group all episodes had the same reward, so no sample had an advantage"
+               + (" (filter_zero_variance skips such groups)" if config.filter_zero_variance else ""))
+    return (f"no step of this run updated the model ({len(history)} step{'s' if len(history) > 1 else ''}, loss '-' "
+            f"in each): {why}")
 
 
 # ---------------------------------------------------------------- model plumbing
@@ -287,6 +308,24 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+def check_finite_update(update: dict, step: int, out: Path, episodes, config: TrainConfig) -> None:
+    """Stop the run when the step's loss or gradient norm is not finite: the optimizer has then
+    written NaN or infinity into the weights, and every later step (and its checkpoint) would carry
+    them. Nothing of this step is saved; the last checkpoint stays the last good state."""
+    bad = {key: update[key] for key in ("loss", "grad_norm") if update.get(key) is not None
+           and not math.isfinite(update[key])}
+    if not bad:
+        return
+    rewards = [e.total_reward for e in episodes]
+    suspects = [f"{name}={getattr(config, name):g}" for name in ("kl_coef", "learning_rate", "pcar_lambda", "lora_alpha")
+                if name != "pcar_lambda" or config.algo == "pcar"]
+    raise TrainingError(
+        f"step {step}: the update's {' and '.join(f'{k} is {v}' for k, v in bad.items())}, so the weights are no "
+        f"longer finite; the run stops without saving them (the checkpoint in {out}, if any, is the last good "
+        f"state). Rewards this step ranged over [{min(rewards, default=0):g}, {max(rewards, default=0):g}]. Lower "
+        f"what scales the loss ({', '.join(suspects)}) or the env's rewards, then resume or start again")
 
 
 def unused_signal(algo: str, episodes) -> str | None:

@@ -233,6 +233,31 @@ def test_an_agent_that_raises_is_named_with_where_it_was():
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+@pytest.mark.parametrize("call, where", [("reset", r"in reset \(seed 5\)"), ("step", r"in step \(seed 5, turn 1\)")])
+def test_an_env_that_raises_is_named_with_where_it_was(call, where):
+    from rftgym.core.errors import EnvError
+
+    class Breaks(gym.Wrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.steps = 0
+
+        def reset(self, **kwargs):
+            if call == "reset":
+                raise ValueError("boom")
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            self.steps += 1
+            if self.steps == 2:
+                raise ValueError("boom")
+            return self.env.step(action)
+
+    with pytest.raises(EnvError, match=rf"rftgym/VerifiableQA-v0 raised ValueError {where}: boom") as info:
+        run_episodes(lambda: Breaks(make_qa()), Returns(lambda cs: [AgentReply("no tag") for _ in cs]), seeds=[5])
+    assert isinstance(info.value.__cause__, ValueError)
+
+
 def test_each_turn_records_the_info_as_it_was_then():
     class History(gym.Wrapper):  # hands out the same list every step, appending to it
         def reset(self, **kwargs):

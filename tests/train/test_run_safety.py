@@ -12,7 +12,7 @@ import stat
 import pytest
 from support import SayAEnv, train_config
 
-from rftgym.core.errors import ConfigError
+from rftgym.core.errors import ConfigError, TrainingError
 from rftgym.train import TrainConfig
 from rftgym.train.checkpoint import OutputLock
 from rftgym.train.loop import train
@@ -153,6 +153,11 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     ({"clip_high": 1e300}, r"clip_high must be in \[0, 1e6\]"),
     ({"top_p": 1e-300}, r"top_p must be in \(0, 1\] and at least 1e-30"),
     ({"temperature": 1e-300}, r"temperature must be in \[1e-6, 1e6\]"),
+    # Past these the loss or the advantage scale overflows (the run stepped NaN into the weights).
+    ({"kl_coef": 1e300}, r"kl_coef must be in \[0, 1e3\]"),
+    ({"algo": "pcar", "pcar_lambda": 1e300}, r"pcar_lambda must be in \[0, 1e3\]"),
+    ({"algo": "pcar", "pcar_delta": 1e39}, r"pcar_delta must be in \[0, 1\]"),
+    ({"lora_rank": 2, "lora_alpha": 1e300}, "lora_alpha must be positive and at most 1e5"),
     ({"algo": "rft", "kl_coef": 0.1}, "algo='rft' .* no use for kl_coef=0.1"),
     ({"algo": "rft", "filter_overlong": True, "kl_coef": 0.5}, "no use for kl_coef=0.5, filter_overlong=True"),
     ({"algo": "rft", "old_logprobs": "recompute"}, "no use for old_logprobs='recompute'"),
@@ -217,3 +222,98 @@ def test_cli_interrupt_names_the_checkpoint_to_resume(tmp_path, monkeypatch, cap
     assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out)]) == 130
     assert f"the checkpoint in {out}/checkpoint is at step 3; run the same command with --resume" \
            in capsys.readouterr().err
+
+
+def test_an_update_that_is_not_finite_stops_the_run_before_it_is_saved(tmp_path, make_char_policy, monkeypatch):
+    """NaN in the loss means NaN in the weights after the optimizer step: the run stops at once, and
+    the checkpoint of the last good step stays as it was."""
+    import rftgym.train.loop as loop
+
+    train(config(tmp_path, steps=1, save_every=1), policy=make_char_policy(), make_env=SayAEnv)
+    saved = (tmp_path / "run" / "checkpoint" / "trainable.pt").read_bytes()
+    optimise = loop.optimise
+    monkeypatch.setattr(loop, "optimise", lambda *a, **k: {**optimise(*a, **k), "loss": float("nan")})
+    with pytest.raises(TrainingError, match=r"step 1: the update's loss is nan, so the weights are no longer finite; "
+                                            r"the run stops without saving them .*\(kl_coef=0, learning_rate=0.01"):
+        train(config(tmp_path, steps=3, save_every=1), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert (tmp_path / "run" / "checkpoint" / "trainable.pt").read_bytes() == saved
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
+
+
+@pytest.mark.parametrize("step", [-5, True, 2.0, None])
+def test_a_checkpoint_step_that_is_not_a_count_is_refused_and_the_metrics_kept(tmp_path, make_char_policy, step):
+    train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv)
+    state_file = tmp_path / "run" / "checkpoint" / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "step": step}))
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"state.json is not a checkpoint state .* an int >= 0"):
+        train(config(tmp_path, steps=4), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_random_states_that_are_not_a_runs_are_named(tmp_path, make_char_policy):
+    import torch
+
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    torch.save({}, tmp_path / "run" / "checkpoint" / "rng.pt")
+    with pytest.raises(ConfigError, match=r"rng.pt does not hold a run's random states"):
+        train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_a_message_and_the_last_one_is_kept(tmp_path, make_char_policy,
+                                                                                 monkeypatch):
+    import torch
+
+    import rftgym.train.checkpoint as checkpoint
+
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+
+    def full_disk(obj, path, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 24256 vs 24144")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(TrainingError, match=r"cannot write the checkpoint of step 2 in .* MiB free there\); the "
+                                            r"previous checkpoint, if any, is kept"):
+        train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    monkeypatch.setattr(checkpoint.torch, "save", torch.serialization.save)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before  # no staging folder left
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
+
+
+def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
+    from rftgym.train import metrics_log
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n')
+
+    def failing_replace(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(metrics_log.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        metrics_log.MetricsLog(tmp_path, resume_step=1)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+
+
+@pytest.mark.parametrize("history, settings, reason", [
+    ([{"loss": None, "context_full_rate": 0.0}] * 2, {}, "in every group all episodes had the same reward"),
+    ([{"loss": None, "context_full_rate": 1.0}], {}, "every episode ran out of context"),
+    ([{"loss": None, "context_full_rate": 0.0}], {"algo": "rft", "group_size": 1}, "no episode succeeded"),
+])
+def test_a_run_that_never_updated_says_why(history, settings, reason):
+    from rftgym.train.loop import untrained_run
+
+    assert reason in untrained_run(history, TrainConfig(**settings))
+    assert untrained_run(history + [{"loss": 0.5}], TrainConfig(**settings)) is None
+
+
+def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
+    class NeverEnv(SayAEnv):
+        def step(self, action):
+            context, reward, terminated, truncated, _ = super().step(action)
+            return context, reward, terminated, truncated, {"success": False}
+
+    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(2 steps, loss '-' in each\): no "
+                                         r"episode succeeded"):
+        train(config(tmp_path, steps=2, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv)
