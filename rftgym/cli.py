@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import os
 import re
@@ -109,10 +110,15 @@ def _env_options_hint(env_id: str) -> str:
     module = sys.modules.get(getattr(_env_class(env_id), "__module__", ""), None)
     configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__name__.endswith("Config")
                and v.__module__ == module.__name__] if module is not None else []
-    if not configs:
-        return ""
-    names = [f.name for f in dataclasses.fields(configs[0]) if f.init]
-    return f"Valid options: {', '.join(names)}"
+    if configs:
+        names = [f.name for f in dataclasses.fields(configs[0]) if f.init]
+    else:  # an env without a config dataclass: its constructor's keyword parameters
+        try:
+            parameters = inspect.signature(_env_class(env_id)).parameters.values()
+        except (TypeError, ValueError):
+            parameters = []
+        names = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return f"Valid options: {', '.join(names)}" if names else "It takes no options"
 
 
 def _load_object(path: str):

@@ -683,6 +683,9 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
                  "--out", str(other / "e.jsonl")]) == 0
     assert exit_code(["eval", "no_such_module_here:mine/Echo-v0", "--agent", "random"]) == 2
     assert "cannot import 'no_such_module_here'" in capsys.readouterr().err
+    # An env without a config dataclass: its options are its constructor's parameters.
+    assert exit_code(["eval", "echo_env_module:mine/Echo-v0", "--agent", "random", "--env-arg", "bogus=1"]) == 2
+    assert "unknown option 'bogus'. Valid options: word (and gymnasium's max_episode_steps)" in capsys.readouterr().err
     assert exit_code(["eval", "mine/Nope-v0", "--agent", "random"]) == 2
     assert "(your own: module:EnvId" in capsys.readouterr().err
 

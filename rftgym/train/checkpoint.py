@@ -129,12 +129,18 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
     holder = lock_holder(output_dir)
     if holder is not None:  # before what its files say: a live run's are not an earlier run's
         raise ConfigError(_locked_message(output_dir, holder))
+    for name, is_folder, what in ((METRICS_FILE, False, "metrics"), ("learning_curve.png", False, "learning curve"),
+                                  ("tensorboard", True, "TensorBoard logs"), (CHECKPOINT_DIR, True, "checkpoint")):
+        path = output_dir / name
+        if path.exists() and path.is_dir() != is_folder:
+            raise ConfigError(f"{path} is a {'file' if is_folder else 'directory'}, where the run writes its {what}; "
+                              "move it away or choose another output directory")
     if has_checkpoint_files(output_dir) and not resume:
-        raise ConfigError(f"{output_dir} already holds a checkpoint; pass resume=True (--resume) to continue it, "
-                          "or choose another output directory")
+        raise ConfigError(f"{output_dir} already holds a checkpoint; resume it (rftgym train --resume, or "
+                          "train(..., resume=True)), or choose another output directory")
     if resume and not has_checkpoint(output_dir):
         raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is "
-                          "missing); drop --resume to start a new run in another output directory")
+                          "missing); drop --resume to start a new run there")
     metrics = output_dir / METRICS_FILE
     if not resume and metrics.is_file() and metrics.stat().st_size > 0:
         raise ConfigError(f"{output_dir} holds the metrics of an earlier run ({METRICS_FILE}) and no checkpoint to "
@@ -149,10 +155,11 @@ def _check_state(state, where: Path) -> None:
                           f">= 0, and a 'config'); got step {step!r}. The checkpoint is left as it is")
 
 
-def _check_rng(rng, where: Path) -> None:
+def check_rng_states(rng, output_dir: Path) -> None:
+    """Refuse random states (from :func:`load_checkpoint`) that are not a training run's."""
     if not isinstance(rng, dict) or not {"tasks", "torch", "ranks"} <= rng.keys() or not isinstance(rng["ranks"], list) \
             or not all(isinstance(r, dict) and {"sampling", "segments"} <= r.keys() for r in rng["ranks"]):
-        raise ConfigError(f"{where} does not hold a run's random states (tasks, torch, and per rank sampling and "
+        raise ConfigError(f"{_checkpoint_path(output_dir) / 'rng.pt'} does not hold a run's random states (tasks, torch, and per rank sampling and "
                           "segments), so the run cannot continue exactly; the checkpoint is left as it is")
 
 
@@ -309,7 +316,6 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
                           if (rest := {k: v for k, v in entry.items() if k != "master"})}
     optimizer.load_state_dict(saved)
     rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
-    _check_rng(rng, path / "rng.pt")
     return int(state["step"]), rng, state["config"]
 
 

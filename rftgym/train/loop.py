@@ -37,6 +37,7 @@ from .batching import (
 from .checkpoint import (
     OutputLock,
     check_output_dir,
+    check_rng_states,
     checkpoint_state,
     load_checkpoint,
     resume_notes,
@@ -166,6 +167,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     start = 0
     if resume:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
+        check_rng_states(rng, out)
         if start >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
                               f"steps; pass more steps (e.g. --steps {start + config.steps}) to continue it")

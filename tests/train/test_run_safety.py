@@ -317,3 +317,14 @@ def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
     with pytest.warns(UserWarning, match=r"no step of this run updated the model \(2 steps, loss '-' in each\): no "
                                          r"episode succeeded"):
         train(config(tmp_path, steps=2, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv)
+
+
+@pytest.mark.parametrize("name, make", [("metrics.jsonl", "dir"), ("learning_curve.png", "dir"),
+                                        ("tensorboard", "file"), ("checkpoint", "file")])
+def test_an_output_of_the_wrong_kind_is_named_before_the_run(tmp_path, name, make):
+    from rftgym.train.checkpoint import check_output_dir
+
+    (tmp_path / name).mkdir() if make == "dir" else (tmp_path / name).write_text("x")
+    with pytest.raises(ConfigError, match=rf"{name} is a {'directory' if make == 'dir' else 'file'}, where the run "
+                                          "writes its .*; move it away or choose another output directory"):
+        check_output_dir(tmp_path, resume=False)
