@@ -246,9 +246,13 @@ class TrainConfig:
         if self.algo == "rft":
             # Rejection-sampling fine-tuning is supervised learning on the successful episodes:
             # settings of the policy-gradient loss would be silently ignored.
+            defaults = {name: spec.default for name, spec in self.__dataclass_fields__.items()}
             ignored = [text for text, on in (
                 (f"kl_coef={self.kl_coef}", self.kl_coef > 0), ("filter_overlong=True", self.filter_overlong),
-                ("old_logprobs='recompute'", self.old_logprobs == "recompute")) if on]
+                ("old_logprobs='recompute'", self.old_logprobs == "recompute"),
+                (f"clip_low={self.clip_low}", self.clip_low != defaults["clip_low"]),
+                (f"clip_high={self.clip_high}", self.clip_high != defaults["clip_high"]),
+                ("filter_zero_variance=False", not self.filter_zero_variance)) if on]
             if ignored:
                 raise ConfigError(f"algo='rft' maximises the successful episodes' log-likelihood, with no reference, "
                                   f"ratio or advantage; it has no use for {', '.join(ignored)}: drop those "

@@ -161,6 +161,8 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     ({"algo": "rft", "kl_coef": 0.1}, "algo='rft' .* no use for kl_coef=0.1"),
     ({"algo": "rft", "filter_overlong": True, "kl_coef": 0.5}, "no use for kl_coef=0.5, filter_overlong=True"),
     ({"algo": "rft", "old_logprobs": "recompute"}, "no use for old_logprobs='recompute'"),
+    ({"algo": "rft", "clip_high": 0.5, "filter_zero_variance": False},
+     "no use for clip_high=0.5, filter_zero_variance=False"),
 ])
 def test_config_refuses(settings, message):
     with pytest.raises(ConfigError, match=message):
