@@ -79,6 +79,7 @@ class HFPolicy(Agent):
         self.sampling = sampling or SamplingConfig()
         self.name = name
         self._warned_context_full = False
+        self._warned_prompt_cap = False
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.chat.stop_ids[0]
         self._cache_kwarg = _cache_kwarg(model)
@@ -166,6 +167,11 @@ class HFPolicy(Agent):
         limits = [context - sampling.max_new_tokens] if context is not None else []
         if sampling.max_prompt_tokens is not None:
             limits.append(sampling.max_prompt_tokens)
+            if limits[0] < sampling.max_prompt_tokens and not self._warned_prompt_cap:
+                self._warned_prompt_cap = True
+                warnings.warn(f"max_prompt_tokens={sampling.max_prompt_tokens} is more than the model's context "
+                              f"leaves ({context} - max_new_tokens {sampling.max_new_tokens} = {limits[0]}); prompts "
+                              f"are capped at {limits[0]} tokens", stacklevel=2)
         return min(limits) if limits else sys.maxsize
 
     @property

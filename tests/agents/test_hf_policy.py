@@ -130,7 +130,12 @@ def test_prompt_limit_leaves_room_for_a_whole_reply(tiny_policy):
     assert context == 2048
     assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48)) == context - 48
     assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=100)) == 100
-    assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=4000)) == context - 48
+    with pytest.warns(UserWarning, match=rf"max_prompt_tokens=4000 is more than the model's context leaves "
+                                         rf"\({context} - max_new_tokens 48 = {context - 48}\); prompts are capped"):
+        assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=4000)) == context - 48
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=4000)) == context - 48
     with pytest.raises(ConfigError, match="max_prompt_tokens must be at least 1"):
         SamplingConfig(max_prompt_tokens=0)
 
