@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -647,6 +648,23 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a launcher's stop), raised where the run is, like Ctrl-C."""
+
+
+def _stop_on_sigterm():
+    """Make SIGTERM stop a training run the way Ctrl-C does (the run's own cleanup, then a message
+    naming the checkpoint to resume), instead of ending the process at once. Returns the previous
+    handler, or None where handlers cannot be set (not the main thread)."""
+    def terminated(signum, frame):
+        raise _Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # signal only works in the main thread
+        return None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .train.loop import train
 
@@ -660,21 +678,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_output_dir(Path(output_dir), args.resume)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+    previous = _stop_on_sigterm()
     try:
         history = train(config, resume=args.resume)
-    except KeyboardInterrupt:
-        from .train.checkpoint import saved_state
+    except KeyboardInterrupt as stop:
+        from .train.checkpoint import METRICS_FILE, saved_state
 
+        how = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
         try:
             step = saved_state(Path(output_dir))["step"]
         except ConfigError:
-            print(f"\ninterrupted before the first checkpoint, so there is nothing to resume; start again with "
-                  f"another --output-dir (or delete {output_dir})", file=sys.stderr)
+            metrics = Path(output_dir) / METRICS_FILE
+            logged = metrics.is_file() and metrics.stat().st_size > 0
+            print(f"\n{how} before the first checkpoint, so there is nothing to resume; "
+                  + (f"start again with another --output-dir (or delete {output_dir})" if logged
+                     else "run the same command to start again"), file=sys.stderr)
         else:
-            print(f"\ninterrupted: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
+            print(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
                   "command with --resume to continue from there", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, _Terminated) else 130
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         _leave_process_group()
     from .rollout.metrics import format_table
 

@@ -330,3 +330,39 @@ def test_an_output_of_the_wrong_kind_is_named_before_the_run(tmp_path, name, mak
     with pytest.raises(ConfigError, match=rf"{name} is a {'directory' if make == 'dir' else 'file'}, where the run "
                                           "writes its .*; move it away or choose another output directory"):
         check_output_dir(tmp_path, resume=False)
+
+
+def test_cli_sigterm_stops_like_an_interrupt_and_says_what_to_do(tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM: the run stops through its own cleanup and names the checkpoint."""
+    import signal
+
+    from rftgym import cli
+    from rftgym.train import loop
+
+    out = tmp_path / "run"
+
+    def terminated(config, resume=False):
+        (out / "checkpoint").mkdir(parents=True)
+        (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 2, "config": {}}))
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(loop, "train", terminated)
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out)]) == 143
+    assert f"terminated (SIGTERM): the checkpoint in {out}/checkpoint is at step 2; run the same command with " \
+           "--resume" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before  # put back as it was
+
+
+def test_cli_interrupt_before_anything_was_written_says_to_run_again(tmp_path, monkeypatch, capsys):
+    from rftgym import cli
+    from rftgym.train import loop
+
+    def interrupted(config, resume=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run")]) == 130
+    assert "interrupted before the first checkpoint, so there is nothing to resume; run the same command to start " \
+           "again" in capsys.readouterr().err
