@@ -28,6 +28,7 @@ from .schedule import learning_rate_at
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
+STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
 LOCK_FILE = ".lock"
 
 
@@ -65,7 +66,12 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
                     config: dict) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states and the config."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=output_dir))
+    # The run holds the output directory's lock, so any other staging folder is what a killed run
+    # left half-written: it is removed (".checkpoint-old" is not one; it may be the last whole one).
+    for stale in output_dir.glob(f"{STAGING_PREFIX}*"):
+        if stale.name != ".checkpoint-old" and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would keep the checkpoint from the run's other readers
     try:
         try:

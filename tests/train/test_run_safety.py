@@ -366,3 +366,11 @@ def test_cli_interrupt_before_anything_was_written_says_to_run_again(tmp_path, m
     assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run")]) == 130
     assert "interrupted before the first checkpoint, so there is nothing to resume; run the same command to start " \
            "again" in capsys.readouterr().err
+
+
+def test_a_staging_folder_a_killed_run_left_is_removed_at_the_next_save(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    (tmp_path / "run" / ".checkpoint-x1y2z3").mkdir()  # what a SIGKILL during a save leaves
+    (tmp_path / "run" / ".checkpoint-x1y2z3" / "trainable.pt").write_bytes(b"half")
+    train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert not any(p.name.startswith(".checkpoint-") for p in (tmp_path / "run").iterdir())
