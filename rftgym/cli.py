@@ -119,7 +119,7 @@ def _env_options_hint(env_id: str) -> str:
         except (TypeError, ValueError):
             parameters = []
         names = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return f"Valid options: {', '.join(names)}" if names else "It takes no options"
+    return f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
 
 
 def _load_object(path: str):
@@ -138,7 +138,6 @@ def _env_class(env_id: str):
 
 
 # The agent configs' fields and the flags that set them, so that a refused value names the flag.
-# The flag behind each agent config field, for pointing a refused setting at what was typed.
 AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
@@ -205,8 +204,9 @@ def _check_common(args: argparse.Namespace) -> None:
             raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
         if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
             raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
-        backend = getattr(torch, parsed.type, None) if parsed.type in ("mps", "xpu") else None
-        if backend is not None and not (hasattr(backend, "is_available") and backend.is_available()):
+        available = {"mps": lambda: torch.backends.mps.is_available(),  # torch.mps has it only from 2.5
+                     "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(parsed.type)
+        if available is not None and not available():
             raise UsageError(f"--device {device}: this torch build or machine has no {parsed.type.upper()} device; "
                              "use --device cpu")
     for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+import torch
 
 import rftgym  # noqa: F401
 from rftgym.cli import main
@@ -452,8 +453,11 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
-    (["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device"),
-    (["train", ENV_ID, "--device", "xpu"], "--device xpu: this torch build or machine has no XPU device"),
+    pytest.param(["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device",
+                 marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")),
+    pytest.param(["train", ENV_ID, "--device", "xpu"], "--device xpu: this torch build or machine has no XPU device",
+                 marks=pytest.mark.skipif(hasattr(torch, "xpu") and torch.xpu.is_available(),
+                                          reason="this machine has an XPU")),
     # A refused training setting is named by its flag, also where the field is spelled otherwise.
     (["train", ENV_ID, "--lr", "nan"], "--lr: learning_rate must be a finite number"),
     (["train", ENV_ID, "--lr", "inf"], "--lr: learning_rate must be a finite number"),

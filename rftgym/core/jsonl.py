@@ -40,6 +40,9 @@ def is_jsonl(path: str | Path) -> bool:
     return suffixes[-1:] == [".jsonl"] or suffixes == [".jsonl", ".gz"]
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _open(path: Path, shape: str):
     """``path`` opened for reading bytes (through gzip for a ``.gz`` name), or a data error that says why
     it cannot be: only a regular file is read, since a pipe or a device could block forever."""
@@ -50,7 +53,11 @@ def _open(path: Path, shape: str):
     if not regular:
         raise DataFormatError(f"{path}: {missing_file(path)}; expected {shape}")
     try:
-        return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+        # Compressed whatever its name: gzip's magic bytes (a .gz name is read as gzip in any case,
+        # so that one which is not says so).
+        with open(path, "rb") as probe:
+            compressed = path.suffix.lower() == ".gz" or probe.read(2) == GZIP_MAGIC
+        return gzip.open(path, "rb") if compressed else open(path, "rb")
     except OSError as exc:
         raise DataFormatError(f"{path}: cannot be read ({exc.strerror or exc}); expected {shape}") from None
 
@@ -76,12 +83,14 @@ def read_json(path: str | Path, shape: str):
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataFormatError(f"{path}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
+    del data  # a large corpus: not twice in memory while it is parsed
     try:
         return json.loads(text)
     except (RecursionError, ValueError) as exc:  # JSONDecodeError is a ValueError
         if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and text.lstrip().startswith("{"):
             raise DataFormatError(f"{path}: holds more than one JSON value (JSON lines?); a JSON-lines file is "
-                                  f"read as such when its name ends in .jsonl; expected {shape}") from None
+                                  f"read as such when its name ends in .jsonl (or .jsonl.gz); expected {shape}"
+                                  ) from None
         raise _decode_error(str(path), exc, shape) from None
 
 

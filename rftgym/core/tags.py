@@ -90,8 +90,24 @@ class ParseResult:
     def inside_closed(self, tag: Tag, name: str) -> bool:
         """Whether ``tag`` lies inside a closed ``<name>…</name>`` (e.g. reasoning in ``<think>``).
         An unclosed ``<name>`` encloses nothing: it is reported, and what follows it still counts."""
-        return any(outer.closed and outer.start < tag.start and tag.end <= outer.end
-                   for outer in self.tags if outer.name == name and outer is not tag)
+        starts, ends = self._closed_spans(name.lower())
+        k = bisect.bisect_left(starts, tag.start) - 1  # the last span that opens before the tag
+        return k >= 0 and tag.end <= ends[k]
+
+    def _closed_spans(self, name: str) -> tuple[list[int], list[int]]:
+        """The outermost closed ``name`` tags' (starts, ends), in order: closed tags nest or are
+        disjoint, so a tag is inside one of them exactly when it is inside the last that opens
+        before it. Built once per name (a reply may hold thousands of tags)."""
+        cache = self.__dict__.setdefault("_spans", {})  # frozen: set through __dict__
+        if name not in cache:
+            starts: list[int] = []
+            ends: list[int] = []
+            for tag in self.tags:  # sorted by start
+                if tag.name == name and tag.closed and not (ends and tag.end <= ends[-1]):
+                    starts.append(tag.start)
+                    ends.append(tag.end)
+            cache[name] = (starts, ends)
+        return cache[name]
 
 
 def _parse_attrs(raw: str) -> tuple[tuple[str, str], ...]:

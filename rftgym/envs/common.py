@@ -51,8 +51,8 @@ def check_path_options(config, names: tuple[str, ...]) -> None:
         value = getattr(config, name)
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{name} must be a path to a file, got {value!r} (on the command line a value that "
-                              f"reads as JSON is taken as JSON: write --env-arg '{name}=\"{value}\"')",
-                              field=name)
+                              f"reads as JSON is taken as JSON: quote the path as a JSON string, --env-arg "
+                              f"'{name}=\"PATH\"')", field=name)
         if value is not None and not os.fspath(value).strip():
             raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out", field=name)
 
@@ -92,6 +92,10 @@ def check_step_call(started: bool, done: bool, action) -> None:
 
 
 MAX_REPORTED_PROBLEMS = 3
+
+
+# What an env says of an <answer> written inside <think>…</think> (reasoning, not the reply's answer).
+ANSWER_IN_THINK = "an <answer> inside <think> is reasoning, not an answer; it was not graded (give it after </think>)"
 
 
 def summarize_problems(problems) -> str | None:

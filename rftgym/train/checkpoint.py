@@ -146,7 +146,7 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
                           "train(..., resume=True)), or choose another output directory")
     if resume and not has_checkpoint(output_dir):
         raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is "
-                          "missing); drop --resume to start a new run there")
+                          "missing); drop --resume to start a new run in another output directory")
     metrics = output_dir / METRICS_FILE
     if not resume and metrics.is_file() and metrics.stat().st_size > 0:
         raise ConfigError(f"{output_dir} holds the metrics of an earlier run ({METRICS_FILE}) and no checkpoint to "

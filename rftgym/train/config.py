@@ -247,16 +247,18 @@ class TrainConfig:
             # Rejection-sampling fine-tuning is supervised learning on the successful episodes:
             # settings of the policy-gradient loss would be silently ignored.
             defaults = {name: spec.default for name, spec in self.__dataclass_fields__.items()}
-            ignored = [text for text, on in (
-                (f"kl_coef={self.kl_coef}", self.kl_coef > 0), ("filter_overlong=True", self.filter_overlong),
-                ("old_logprobs='recompute'", self.old_logprobs == "recompute"),
-                (f"clip_low={self.clip_low}", self.clip_low != defaults["clip_low"]),
-                (f"clip_high={self.clip_high}", self.clip_high != defaults["clip_high"]),
-                ("filter_zero_variance=False", not self.filter_zero_variance)) if on]
+            ignored = [(text, name) for text, name, on in (
+                (f"kl_coef={self.kl_coef}", "kl_coef", self.kl_coef > 0),
+                ("filter_overlong=True", "filter_overlong", self.filter_overlong),
+                ("old_logprobs='recompute'", "old_logprobs", self.old_logprobs == "recompute"),
+                (f"clip_low={self.clip_low}", "clip_low", self.clip_low != defaults["clip_low"]),
+                (f"clip_high={self.clip_high}", "clip_high", self.clip_high != defaults["clip_high"]),
+                ("filter_zero_variance=False", "filter_zero_variance", not self.filter_zero_variance)) if on]
             if ignored:
                 raise ConfigError(f"algo='rft' maximises the successful episodes' log-likelihood, with no reference, "
-                                  f"ratio or advantage; it has no use for {', '.join(ignored)}: drop those "
-                                  "settings, or choose a policy-gradient algo", field="algo")
+                                  f"ratio or advantage; it has no use for {', '.join(t for t, _ in ignored)}: drop "
+                                  "those settings, or choose a policy-gradient algo",
+                                  field=("algo", *(name for _, name in ignored)))
         # A setting that only one mode reads, set away from its default in another mode, would be
         # silently ignored: the run would not be the one asked for.
         for name, used, where in (("pcar_lambda", self.algo == "pcar", "algo='pcar'"),

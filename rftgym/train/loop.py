@@ -266,19 +266,23 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
 
 
 def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
-    """Why no step of the run updated the model, or None when one did."""
-    if not history or any(h.get("loss") is not None for h in history):
+    """Why no step of the run updated the model (no rank had a sample to train on), or None when
+    one did. ``samples`` is summed over ranks; a rank's own ``loss`` is None whenever it alone had
+    none."""
+    if not history or any(h.get("samples", 0) > 0 for h in history):
         return None
     if config.algo == "rft":
         why = ("no episode succeeded (info['success']), and rft trains on successful episodes only; the env must "
                "set info['success'], and the policy must reach it sometimes")
     elif all(h.get("context_full_rate") == 1.0 for h in history):
         why = "every episode ran out of context before a reply (see --max-prompt-tokens and --max-new-tokens)"
+    elif config.filter_zero_variance and all(h.get("groups_kept") == 0 for h in history):
+        why = ("in every group all episodes had the same reward, so no sample had an advantage "
+               "(filter_zero_variance skips such groups)")
     else:
-        why = ("in every group all episodes had the same reward, so no sample had an advantage"
-               + (" (filter_zero_variance skips such groups)" if config.filter_zero_variance else ""))
-    return (f"no step of this run updated the model ({len(history)} step{'s' if len(history) > 1 else ''}, loss '-' "
-            f"in each): {why}")
+        why = ("no episode gave a sample to train on" + (" (filter_overlong masked the episodes cut short)"
+                                                        if config.filter_overlong else ""))
+    return f"no step of this run updated the model ({len(history)} step{'s' if len(history) > 1 else ''}): {why}"
 
 
 # ---------------------------------------------------------------- model plumbing
@@ -321,8 +325,9 @@ def check_finite_update(update: dict, step: int, out: Path, episodes, config: Tr
     if not bad:
         return
     rewards = [e.total_reward for e in episodes]
+    used = {"pcar_lambda": config.algo == "pcar", "lora_alpha": config.lora_rank > 0}
     suspects = [f"{name}={getattr(config, name):g}" for name in ("kl_coef", "learning_rate", "pcar_lambda", "lora_alpha")
-                if name != "pcar_lambda" or config.algo == "pcar"]
+                if used.get(name, True)]
     raise TrainingError(
         f"step {step}: the update's {' and '.join(f'{k} is {v}' for k, v in bad.items())}, so the weights are no "
         f"longer finite; the run stops without saving them (the checkpoint in {out}, if any, is the last good "

@@ -86,8 +86,12 @@ def test_read_json_takes_a_byte_order_mark_and_gzip_and_names_json_lines(tmp_pat
     assert read_json(tmp_path / "bom.json", "x") == {"a": [1]}
     (tmp_path / "z.json.gz").write_bytes(gzip.compress(b'[{"a": 1}]'))
     assert read_json(tmp_path / "z.json.gz", "x") == [{"a": 1}]
+    (tmp_path / "unnamed.json").write_bytes(gzip.compress(b'[{"a": 2}]'))  # gzip without the name: by its bytes
+    assert read_json(tmp_path / "unnamed.json", "x") == [{"a": 2}]
+    (tmp_path / "unnamed.jsonl").write_bytes(gzip.compress(b'{"a": 3}\n'))
+    assert [r for _, r in read_jsonl(tmp_path / "unnamed.jsonl", "x")] == [{"a": 3}]
     (tmp_path / "lines.json").write_text('{"a": 1}\n{"a": 2}\n')
-    with pytest.raises(DataFormatError, match="holds more than one JSON value .* name ends in .jsonl; expected x"):
+    with pytest.raises(DataFormatError, match=r"holds more than one JSON value .* name ends in .jsonl \(or .jsonl.gz\); expected x"):
         read_json(tmp_path / "lines.json", "x")
     (tmp_path / "broken.json").write_text('{"a": 1,\n "b": }')
     with pytest.raises(DataFormatError, match=r"broken.json: not valid JSON \(Expecting value, line 2 column 7\)"):

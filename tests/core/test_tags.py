@@ -325,3 +325,13 @@ def test_inside_closed_counts_only_a_closed_enclosing_tag():
     assert not parsed.inside_closed(parsed.first("think"), "think")
     unclosed = parse_tags("<think>a <answer>1</answer>", ("think", "answer"))
     assert not unclosed.inside_closed(unclosed.first("answer"), "think")
+
+
+def test_inside_closed_with_nested_and_many_spans():
+    text = "<think>a <think>b</think> <answer>1</answer></think>" + "<answer>2</answer><think>c</think>" * 500
+    parsed = parse_tags(text, ("think", "answer"))
+    answers = parsed.find("answer")
+    # The first answer sits in the outer think after the inner one closed; the others are outside.
+    assert [parsed.inside_closed(a, "think") for a in answers] == [True] + [False] * 500
+    inner = parsed.find("think")[1]
+    assert parsed.inside_closed(inner, "think") and not parsed.inside_closed(parsed.find("think")[0], "think")

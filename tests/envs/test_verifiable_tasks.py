@@ -246,11 +246,20 @@ def test_an_answer_without_words_must_be_given_as_it_is():
     """Normalizing drops punctuation and articles; were an answer left empty by that matched by
     any reply left empty, "!!!" or "the" would be right."""
     letter = Task("t", "Which grade?", "A")
-    assert is_correct(letter, "A") and is_correct(letter, " a ")
-    assert not any(is_correct(letter, given) for given in ("the", "!!!", "an", ""))
+    assert all(is_correct(letter, given) for given in ("A", " a ", "(A)", "A.", "'a'"))
+    assert not any(is_correct(letter, given) for given in ("the", "!!!", "an", "", "B", "AA"))
+    question = Task("t", "Which sign ends a question?", "?")
+    assert is_correct(question, "?") and not any(is_correct(question, given) for given in ("!!!", "the", "."))
     operator = mc("+", "+", "-", "*")
     assert is_correct(operator, "+") and is_correct(operator, "A") and not is_correct(operator, "-")
     assert not any(is_correct(operator, given) for given in ("the", "!!!", "?"))
+
+
+def test_an_answer_may_write_its_choice_another_way(tmp_path):
+    path = write(tmp_path / "c.jsonl", [{"question": "q", "choices": ["1.0", "2.5"], "answer": 1.0},
+                                        {"question": "r", "choices": [1.0, 2.5], "answer": "2.50"},
+                                        {"question": "s", "choices": ["Paris", "Rome"], "answer": "paris"}])
+    assert [t.answer for t in load_tasks_jsonl(path)] == ["1.0", "2.5", "Paris"]
 
 
 def test_numbers_in_files_are_read_as_a_reply_would_write_them(tmp_path):

@@ -175,7 +175,7 @@ def test_config_refuses(settings, message):
     ({"clip_low": 1.0}, ("clip_low",)),
     ({"microbatch_size": 2, "microbatch_tokens": 64}, ("microbatch_size", "microbatch_tokens")),
     ({"algo": "grpo", "pcar_delta": 0.3}, ("pcar_delta",)),
-    ({"algo": "rft", "kl_coef": 0.1}, ("algo",)),
+    ({"algo": "rft", "kl_coef": 0.1}, ("algo", "kl_coef")),
 ])
 def test_config_errors_name_the_fields_at_fault(settings, fields):
     """A front end points a refusal at its own spelling of the field (rftgym train: the flag)."""
@@ -299,15 +299,20 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("history, settings, reason", [
-    ([{"loss": None, "context_full_rate": 0.0}] * 2, {}, "in every group all episodes had the same reward"),
-    ([{"loss": None, "context_full_rate": 1.0}], {}, "every episode ran out of context"),
-    ([{"loss": None, "context_full_rate": 0.0}], {"algo": "rft", "group_size": 1}, "no episode succeeded"),
+    ([{"samples": 0, "groups_kept": 0, "context_full_rate": 0.0}] * 2, {},
+     "in every group all episodes had the same reward"),
+    ([{"samples": 0, "groups_kept": 0, "context_full_rate": 1.0}], {}, "every episode ran out of context"),
+    ([{"samples": 0, "groups_kept": 0, "context_full_rate": 0.0}], {"algo": "rft", "group_size": 1},
+     "no episode succeeded"),
+    ([{"samples": 0, "groups_kept": 2, "context_full_rate": 0.0}], {"filter_overlong": True},
+     "no episode gave a sample to train on (filter_overlong masked the episodes cut short)"),
 ])
 def test_a_run_that_never_updated_says_why(history, settings, reason):
     from rftgym.train.loop import untrained_run
 
     assert reason in untrained_run(history, TrainConfig(**settings))
-    assert untrained_run(history + [{"loss": 0.5}], TrainConfig(**settings)) is None
+    # Samples are counted over every rank: one that trained (this rank's own loss None) is enough.
+    assert untrained_run(history + [{"samples": 3, "loss": None}], TrainConfig(**settings)) is None
 
 
 def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
@@ -316,8 +321,8 @@ def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
             context, reward, terminated, truncated, _ = super().step(action)
             return context, reward, terminated, truncated, {"success": False}
 
-    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(2 steps, loss '-' in each\): no "
-                                         r"episode succeeded"):
+    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(2 steps\): no episode "
+                                         r"succeeded"):
         train(config(tmp_path, steps=2, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv)
 
 

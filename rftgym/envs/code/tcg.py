@@ -214,7 +214,8 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     repeats = 2 if config.check_determinism else 1
     runs = run_reference_many([tasks[i] for i in todo], [[s for s, _ in candidates[i]] for i in todo], sandbox,
                               config.per_test_seconds, repeats)
-    built = {i: select_tests(tasks[i], candidates[i], task_runs, config) for i, task_runs in zip(todo, runs)}
+    runs_of = dict(zip(todo, runs))  # task index -> its reference runs
+    built = {i: select_tests(tasks[i], candidates[i], task_runs, config) for i, task_runs in runs_of.items()}
     complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in zip(todo, runs)}
     # Second round, for tasks whose tests one output dominates: inputs near the rare-output ones.
     skewed = {i: rare for i in todo if (rare := _rare_outputs(tasks[i], built[i])) is not None}
@@ -241,7 +242,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             _cache_write(tasks[i], config, built[i])
         out[i] = tasks[i].with_tests(built[i])
         if not built[i]:
-            reason = untestable_reason(candidates[i], runs[i])
+            reason = untestable_reason(candidates[i], runs_of[i])
             warnings.warn(f"task {tasks[i].task_id}: no tests could be made ({reason}); its episodes end with "
                           "status 'untestable' and a pass rate of 0", stacklevel=2)
     return out  # type: ignore[return-value]

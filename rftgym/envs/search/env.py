@@ -92,8 +92,9 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
-                      check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
+from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
+                      check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
+                      summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -291,11 +292,11 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         parsed = parse_tags(action, self.config.tags)
         out.problems.extend(dict.fromkeys(parsed.problems))
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
-        thought = [t for t in parsed.find("answer") if parsed.inside_closed(t, "think")]
-        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer") and t not in thought]
+        thought = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
+        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")
+                 and not (t.name == "answer" and t.start in thought)]
         if thought:
-            out.problems.append("an <answer> inside <think> is reasoning, not an answer; it was not graded (give "
-                                "it after </think>)")
+            out.problems.append(ANSWER_IN_THINK)
         if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
             out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
@@ -319,6 +320,8 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
                 if searched:
                     out.flag("double_search")
                     out.problems.append("only one search runs per turn; the later ones were not run")
+                # An open <think> counts here: a model that searches while thinking stops generating
+                # at </search>, before it could close </think>.
                 elif self.config.search_in_think and tag.parent != "think":
                     out.problems.append("searches go inside <think>…</think> here; this one was not run")
                 else:

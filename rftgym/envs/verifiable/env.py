@@ -46,8 +46,9 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
-                      check_step_call, dataset_index, read_action, render_context, resolve_config, summarize_problems)
+from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
+                      check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
+                      summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -164,8 +165,7 @@ class VerifiableQAEnv(gym.Env[Context, str]):
         parsed = parse_tags(action, self.config.tags)
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
         answers = [t for t in parsed.find("answer") if t.closed and not parsed.inside_closed(t, "think")]
-        thought = ["an <answer> inside <think> is reasoning, not an answer; it was not graded (give it after "
-                   "</think>)"] if any(parsed.inside_closed(t, "think") for t in parsed.find("answer")) else []
+        thought = [ANSWER_IN_THINK] if any(parsed.inside_closed(t, "think") for t in parsed.find("answer")) else []
         format_error = None
         problems = summarize_problems([*cut, *parsed.problems, *thought])
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \

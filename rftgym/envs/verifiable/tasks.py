@@ -88,11 +88,17 @@ def _same_choice(given: str, choice: str) -> bool:
 
 
 def _same_text(given: str, expected: str) -> bool:
-    """Whether ``given`` says ``expected``, up to case, punctuation, articles and spacing; an
-    ``expected`` with nothing left after that ("A", "?", "+") must be given as it is (up to case
-    and spacing), or every reply without words ("!!!", "the") would say it."""
+    """Whether ``given`` says ``expected``, up to case, punctuation, articles and spacing. An
+    ``expected`` with nothing left after that ("A", "?", "+") is compared less loosely, or every
+    reply without words ("!!!", "the") would say it: up to case, spacing and the punctuation around
+    it ("(A)", "a." say "A"), and where that leaves nothing ("?"), as it is."""
     normal = normalize_text(expected)
-    return normalize_text(given) == normal if normal else _collapse(given) == _collapse(expected)
+    if normal:
+        return normalize_text(given) == normal
+    core = _collapse(expected).strip(string.punctuation + " ")
+    if core:
+        return _collapse(given).strip(string.punctuation + " ") == core
+    return _collapse(given) == _collapse(expected)
 
 
 def _collapse(text: str) -> str:
@@ -321,8 +327,12 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
             seen[_collapse(choice)] = choice
         if answer not in choices:
             letter = answer.strip().strip("()").upper()
+            # The answer may write a choice another way ("1.0" for a choice 1, "paris" for "Paris").
+            same = [c for c in choices if _same_choice(answer, c)]
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:
                 answer = choices[LETTERS.index(letter)]
+            elif len(same) == 1:
+                answer = same[0]
             else:
                 raise DataFormatError(f"{where}: 'answer' {answer!r} is neither one of the choices nor a choice letter "
                                       f"(A-{LETTERS[len(choices) - 1]})")

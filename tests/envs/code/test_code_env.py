@@ -267,3 +267,15 @@ def test_a_reference_solution_that_fails_is_named_with_its_error(tmp_path):
         env.reset(seed=0)
     assert env.task.tests == ()
     env.close()
+    # Built beside a task whose tests come from the cache, the failing one is still the one named.
+    good = {"task_id": 1, "text": "Write g(x).", "code": "def g(x):\n    return x + 1", "test_list": ["assert g(1) == 2"]}
+    path.write_text(json.dumps(good) + "\n")
+    CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path))).prepare()  # cached
+    bad = {"task_id": 2, "text": "Write h(x).", "code": "def h(x):\n    raise KeyError(x)", "test_list": ["assert h(3) == 4"]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    both = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+    with pytest.warns(UserWarning, match=r"task mbpp/2: no tests could be made \(the reference solution failed on "
+                                         r"every input \(KeyError: 3\)\)"):
+        both.prepare()
+    assert [len(both.tested_task(t).tests) > 0 for t in both.dataset] == [True, False]
+    both.close()
