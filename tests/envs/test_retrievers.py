@@ -143,6 +143,16 @@ def test_musique_flags_must_be_booleans(tmp_path, field, record):
         load_musique_questions(path)
 
 
+def test_shape_errors_name_the_field_that_is_wrong(tmp_path):
+    hotpot = write(tmp_path / "h.json", json.dumps([{"_id": "1", "question": "q", "answer": "a"}]))
+    with pytest.raises(DataFormatError, match=r"record 0: needs string 'question' and 'answer' and a list 'context'"):
+        load_corpus(hotpot)
+    line = {"id": "m", "question": "q", "answer": "Bob", "answer_aliases": "Bobby", "paragraphs": []}
+    musique = write(tmp_path / "m.jsonl", json.dumps(line) + "\n")
+    with pytest.raises(DataFormatError, match=r"m.jsonl:1: .*'answer_aliases', if given, a list of strings"):
+        load_musique_questions(musique)
+
+
 def test_a_missing_file_names_the_expected_shape(tmp_path):
     with pytest.raises(DataFormatError, match=r"missing.jsonl: no such file; expected JSONL lines"):
         load_corpus(tmp_path / "missing.jsonl")

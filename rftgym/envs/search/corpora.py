@@ -155,7 +155,9 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
         data = read_json(path, shapes)
         if isinstance(data, dict):
             documents = _title_sentences_corpus(path, data)
-        elif isinstance(data, list) and data and isinstance(data[0], dict) and "context" in data[0]:
+        elif isinstance(data, list) and data and isinstance(data[0], dict) and ("context" in data[0]
+                                                                              or "question" in data[0]):
+            # HotpotQA records (one without a context is reported as such, not as a bad {title, text})
             documents = _hotpotqa_corpus(path)
         elif isinstance(data, list):
             documents = _title_text_corpus(path, data)
@@ -217,7 +219,8 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
         answer = record.get("answer")
         aliases = record.get("answer_aliases") or []
         if not isinstance(record.get("question"), str) or not isinstance(answer, str) or not _is_str_list(aliases):
-            raise DataFormatError(f"{path}:{number}: needs string 'question' and 'answer'; expected {MUSIQUE_SHAPE}")
+            raise DataFormatError(f"{path}:{number}: needs string 'question' and 'answer' (and 'answer_aliases', if "
+                                  f"given, a list of strings); expected {MUSIQUE_SHAPE}")
         paragraphs = _musique_paragraphs(path, number, record)
         for name, value in [("answerable", record.get("answerable", True)),
                             *((f"paragraphs[{i}].is_supporting", p.get("is_supporting", False))
