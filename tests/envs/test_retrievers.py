@@ -143,6 +143,17 @@ def test_musique_flags_must_be_booleans(tmp_path, field, record):
         load_musique_questions(path)
 
 
+def test_a_hotpotqa_corpus_is_parsed_once(tmp_path, monkeypatch):
+    from rftgym.envs.search import corpora
+
+    calls = []
+    read = corpora.read_json
+    monkeypatch.setattr(corpora, "read_json", lambda *a: calls.append(a) or read(*a))
+    record = {"_id": "1", "question": "q", "answer": "a", "context": [["T", ["one.", " two."]]]}
+    assert [d.text for d in load_corpus(write(tmp_path / "h.json", json.dumps([record])))] == ["one. two."]
+    assert len(calls) == 1
+
+
 def test_shape_errors_name_the_field_that_is_wrong(tmp_path):
     hotpot = write(tmp_path / "h.json", json.dumps([{"_id": "1", "question": "q", "answer": "a"}]))
     with pytest.raises(DataFormatError, match=r"record 0: needs string 'question' and 'answer' and a list 'context'"):

@@ -61,8 +61,9 @@ def _is_str_list(value: Any) -> bool:
 # ---------------------------------------------------------------- corpora
 
 
-def _hotpotqa_records(path: Path) -> list[dict]:
-    data = read_json(path, HOTPOTQA_SHAPE)
+def _hotpotqa_records(path: Path, data: Any = None) -> list[dict]:
+    """The records of a HotpotQA file, checked; ``data``: the file, when already parsed."""
+    data = read_json(path, HOTPOTQA_SHAPE) if data is None else data
     if not isinstance(data, list):
         raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a JSON {type(data).__name__}")
     for index, record in enumerate(data):
@@ -78,9 +79,9 @@ def _hotpotqa_records(path: Path) -> list[dict]:
     return data
 
 
-def _hotpotqa_corpus(path: Path) -> list[Document]:
+def _hotpotqa_corpus(path: Path, data: Any = None) -> list[Document]:
     documents: dict[str, Document] = {}
-    for record in _hotpotqa_records(path):
+    for record in _hotpotqa_records(path, data):
         for title, sentences in record["context"]:
             documents.setdefault(title, Document(title, title, "".join(sentences).strip()))
     return list(documents.values())
@@ -158,7 +159,7 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
         elif isinstance(data, list) and data and isinstance(data[0], dict) and ("context" in data[0]
                                                                               or "question" in data[0]):
             # HotpotQA records (one without a context is reported as such, not as a bad {title, text})
-            documents = _hotpotqa_corpus(path)
+            documents = _hotpotqa_corpus(path, data)
         elif isinstance(data, list):
             documents = _title_text_corpus(path, data)
         else:
