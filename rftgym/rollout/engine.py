@@ -225,7 +225,9 @@ def _call_env(env: gym.Env, episode_seed, call: str, turn: int, *args, **kwargs)
     except RftgymError:
         raise
     except Exception as exc:
-        where = f"seed {episode_seed}" + (f", turn {turn}" if call == "step" else "")
+        options = kwargs.get("options")
+        where = f"seed {episode_seed}" + (f", turn {turn}" if call == "step" else "") + \
+            (f", options {options!r}" if options else "")  # a bad option is the caller's to fix
         raise EnvError(f"{_env_id(env)} raised {type(exc).__name__} in {call} ({where}): {exc}") from exc
 
 

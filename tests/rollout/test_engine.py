@@ -258,6 +258,14 @@ def test_an_env_that_raises_is_named_with_where_it_was(call, where):
     assert isinstance(info.value.__cause__, ValueError)
 
 
+def test_an_option_the_env_refuses_is_named_with_the_options():
+    from rftgym.core.errors import EnvError
+
+    with pytest.raises(EnvError, match=r"raised ValueError in reset \(seed 3, options \{'hops': 9\}\): .*hops"):
+        run_episodes(lambda: gym.make("rftgym/MemoryQA-v0"), Returns(lambda cs: [AgentReply("x") for _ in cs]),
+                     seeds=[3], options=[{"hops": 9}])
+
+
 def test_each_turn_records_the_info_as_it_was_then():
     class History(gym.Wrapper):  # hands out the same list every step, appending to it
         def reset(self, **kwargs):
