@@ -164,10 +164,26 @@ def _build_agent(args: argparse.Namespace):
         raise flagged from None
 
 
+def _check_model_dir(model: str | None) -> None:
+    """A --model that is not a local model directory is a usage error, found before any other work
+    (the default model is checked where it loads: finding it may convert its weights)."""
+    from .agents.model_loading import DEFAULT_MODEL_NAME, resolve_model_dir
+    from .core.errors import ModelLoadError
+
+    if model in (None, "default", DEFAULT_MODEL_NAME):
+        return
+    try:
+        resolve_model_dir(model)
+    except ModelLoadError as exc:
+        raise UsageError(f"--model: {exc}") from None
+
+
 def _make_agent(args: argparse.Namespace):
     if args.agent in ("default", "hf"):
         if args.agent == "hf" and not args.model:
             raise UsageError("--agent hf needs --model PATH (a local Hugging Face model directory)")
+        if args.agent == "hf":
+            _check_model_dir(args.model)
         from .agents.hf_policy import HFPolicy, SamplingConfig
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -669,6 +685,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.loop import train
 
     config = train_config_from_args(args)
+    _check_model_dir(config.model)
     _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
     output_dir = config.output_dir
     from .core.errors import ConfigError

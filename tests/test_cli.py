@@ -453,6 +453,9 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
+    (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
+                                                         "model directory"),
+    (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local"),
     pytest.param(["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device",
                  marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")),
     pytest.param(["train", ENV_ID, "--device", "xpu"], "--device xpu: this torch build or machine has no XPU device",
