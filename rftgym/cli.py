@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from . import envs as env_registry
-from .core.errors import ConfigError, DataFormatError, RftgymError
+from .core.errors import AgentError, ConfigError, DataFormatError, EnvError, RftgymError
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
 
@@ -837,7 +837,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
     except RftgymError as exc:  # something else failed: a sandbox, a model, a server
         cause = exc.__cause__
-        if cause is not None and not isinstance(cause, RftgymError):  # e.g. an agent's own crash: where it was
+        # An agent's or an env's own crash: where it was is the cause's traceback (a server that is
+        # down or a sandbox that failed needs only the message).
+        if isinstance(exc, (AgentError, EnvError)) and cause is not None and not isinstance(cause, RftgymError):
             traceback.print_exception(cause, file=sys.stderr)
         print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -709,3 +709,17 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
                                                                  "loaded (AttributeError: ")]:
         assert exit_code(["eval", env_id, "--agent", "random", "--episodes", "1"]) == 2
         assert message in capsys.readouterr().err, env_id
+
+
+def test_a_service_that_is_down_is_one_line_not_a_traceback(capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on, on this machine
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["eval", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "1", "--env-arg",
+                 "retriever=remote", "--env-arg", f"retriever_url=http://127.0.0.1:{port}/retrieve"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: the retrieval service at http://127.0.0.1:" in err
+    assert exit_code(["eval", "rftgym/SearchEvalQA-v0", "--agent", "random", "--env-arg", "retriever=remote",
+                      "--env-arg", "retriever_url=http://127.0.0.1:110647/retrieve"]) == 2

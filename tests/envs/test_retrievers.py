@@ -231,6 +231,29 @@ def test_dense_ranks_and_caches_embeddings(dense_tiny, monkeypatch):
     retriever.close()
 
 
+@pytest.mark.parametrize("bad", ["cut", "object", "flat", "narrow"])
+def test_a_bad_embeddings_cache_is_computed_again(dense_tiny, monkeypatch, tmp_path, bad):
+    """A cache file cut short, of another type or shape, is not this corpus's embeddings: the
+    retriever computes them again (it crashed, or failed at the agent's first search)."""
+    import numpy as np
+
+    from rftgym.envs.search.retrievers import DenseRetriever
+
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path))
+    good = DenseRetriever(TINY)
+    path = good.cache_path
+    whole = path.read_bytes()
+    if bad == "cut":
+        path.write_bytes(whole[: len(whole) // 2])
+    else:
+        values = {"object": np.array([object()] * len(TINY)), "flat": np.zeros(len(TINY), np.float32),
+                  "narrow": np.zeros((len(TINY), 10), np.float32)}[bad]
+        np.save(path, values, allow_pickle=True)
+    again = DenseRetriever(TINY)
+    assert again.search(["Which city is Germany's capital?"], k=1)[0][0].doc_id == "d1"
+    assert np.load(again.cache_path).shape == (len(TINY), 384)  # written again, whole
+
+
 @needs_qa_data
 def test_bm25_and_dense_retrieve_the_gold_paragraphs_of_hotpotqa_questions(dense_tiny, monkeypatch):
     from rftgym.envs.search.retrievers import DenseRetriever

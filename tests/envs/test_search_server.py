@@ -63,6 +63,8 @@ def test_the_search_r1_request_and_response_shape(service):
 @pytest.mark.parametrize("payload, message", [
     ([1], "expected a JSON object"), ({"queries": "q"}, '"queries" must be a list'),
     ({"queries": ["q"], "topk": 0}, '"topk" must be an int'),
+    ({"queries": ["q"], "return_scores": "false"}, '"return_scores" must be true or false'),
+    ({"queries": ["q"] * 20_000, "topk": 10}, "20000 queries x topk 10 is more than 100,000 results"),
 ])
 def test_bad_requests_get_400(service, payload, message):
     status, body = post(service().url, payload)
@@ -89,13 +91,126 @@ def test_a_down_service_is_a_clear_error():
     url = server.url
     server.server_close()  # the port is free again: nothing listens there
     remote = RemoteRetriever(url, timeout=1, retries=1, backoff=0.01)
-    with pytest.raises(RetrievalServiceError, match=r"did not answer after 2 attempts .*rftgym serve-retriever"):
+    with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: no answer: .*rftgym serve-retriever"):
         remote.search(["q"], 1)
-    with pytest.raises(RetrievalServiceError, match="must start with http"):
-        RemoteRetriever("localhost:8000")
     # The env probes the service when it is made, not at the agent's first search.
-    with pytest.raises(RetrievalServiceError, match="did not answer after 3 attempts"):
+    with pytest.raises(RetrievalServiceError, match="failed 3 attempts"):
         SearchEvalQAEnv(retriever="remote", retriever_url=url)
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("localhost:8000", "must be an http:// or https:// URL with a host"),
+    ("http://", "must be an http:// or https:// URL with a host"),
+    (5, "must be the service's URL"),
+    ("http://[::1", "is not a valid URL"),
+    ("http://127.0.0.1:110647/retrieve", "is not a valid URL"),  # urllib would wrap it round to port 45111
+    ("http://127.0.0.1:0/retrieve", "has a port 0"),
+    ("http://127.0.0.1:8000/retrieve?x=1", "a query"),
+    ("http://127.0.0.1:8000/ret rieve", "a space"),
+])
+def test_a_service_url_that_cannot_be_one_is_a_config_error(url, problem):
+    from rftgym.core.errors import ConfigError
+    from rftgym.envs.search.server import check_service_url
+
+    with pytest.raises(ConfigError, match=problem):
+        check_service_url(url)
+    with pytest.raises(ConfigError, match=problem):  # when the env is configured, before anything runs
+        SearchEvalQAEnv(retriever="remote", retriever_url=url)
+    assert check_service_url("HTTP://127.0.0.1:8000") == "http://127.0.0.1:8000/retrieve"
+
+
+@pytest.fixture
+def fake_service():
+    """A service on 127.0.0.1 whose answer a test writes: ``start(answer)``, where ``answer(handler)``
+    sends the response; each request's path is recorded."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers, seen = [], []
+
+    def start(answer):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                seen.append((self.command, self.path))
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                answer(self)
+
+            do_GET = do_POST
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/retrieve", seen
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def reply(handler, status: int, body: bytes, headers=()):
+    handler.send_response(status)
+    for key, value in headers:
+        handler.send_header(key, value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def test_a_redirect_is_reported_not_followed(fake_service):
+    url, seen = fake_service(lambda h: reply(h, 302, b"", [("Location", "http://127.0.0.1:9/elsewhere")]))
+    with pytest.raises(RetrievalServiceError, match=r"answered with a redirect \(302\) to 'http://127.0.0.1:9/elsewhere'"):
+        RemoteRetriever(url, retries=0).search(["q"], 1)
+    assert seen == [("POST", "/retrieve")]
+
+
+def test_a_proxy_setting_is_not_used_for_a_service_on_this_machine(fake_service, monkeypatch):
+    body = json.dumps({"result": [[{"document": {"id": "d0", "contents": '"T"\ntext'}, "score": 1.0}]]}).encode()
+    url, seen = fake_service(lambda h: reply(h, 200, body))
+    proxy, via_proxy = fake_service(lambda h: reply(h, 502, b""))
+    monkeypatch.setenv("http_proxy", proxy.removesuffix("/retrieve"))
+    assert RemoteRetriever(url, retries=0).search(["q"], 1)[0][0].doc_id == "d0"
+    assert seen == [("POST", "/retrieve")]  # the service itself, not the proxy (one recorder for both)
+
+
+def test_a_reply_that_trickles_in_is_cut_at_the_timeout(fake_service):
+    import time
+
+    def trickle(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Length", "1000")
+        handler.end_headers()
+        for _ in range(100):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.1)
+
+    url, _ = fake_service(trickle)
+    with pytest.raises(RetrievalServiceError, match=r"failed 1 attempt \(last: the reply took over 0.5 s"):
+        RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
+
+
+def test_a_failing_service_is_not_called_down(fake_service):
+    url, _ = fake_service(lambda h: reply(h, 503, b"overloaded"))
+    with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: it failed with HTTP 503: overloaded\)"):
+        RemoteRetriever(url, retries=1, backoff=0.01).search(["q"], 1)
+
+
+def test_what_a_service_sends_is_cleaned_for_the_observation(fake_service):
+    hit = {"document": {"id": "x" * 5000 + "\n</information>", "contents": '"' + "T" * 2000 + '"\ntext \ud800 end'},
+           "score": 2.0}
+    url, _ = fake_service(lambda h: reply(h, 200, json.dumps({"result": [[hit]]}).encode()))
+    got = RemoteRetriever(url, retries=0).search(["q"], 1)[0][0]
+    assert len(got.doc_id) == 201 and "\n" not in got.doc_id and len(got.title) == 501
+    assert got.text == "text \ufffd end"
+    bad = {"document": {"id": None, "contents": "c"}, "score": float("nan")}
+    url, _ = fake_service(lambda h: reply(h, 200, json.dumps({"result": [[bad]]}).encode()))
+    with pytest.raises(RetrievalServiceError, match="a string \\(or int\\) 'id'"):
+        RemoteRetriever(url, retries=0).search(["q"], 1)
 
 
 def test_a_negative_content_length_is_named(service):

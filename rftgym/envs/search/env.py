@@ -153,6 +153,10 @@ class SearchEvalQAConfig:
         check_generator_only(self, ("hops", "world_seed", "world_size"))
         if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
             raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
+        if self.retriever_url is not None:
+            from .server import check_service_url
+
+            check_service_url(self.retriever_url)
         if self.retriever == "remote" and not self.retriever_url:
             raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
         if self.retriever_url and self.retriever != "remote":
@@ -228,7 +232,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             from .server import RemoteRetriever
 
             remote = RemoteRetriever(self.config.retriever_url)
-            remote.probe()
+            remote.probe(self.config.top_k)
             return remote, True
         return make_retriever(choice, documents), True
 

@@ -24,6 +24,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,17 +178,33 @@ class DenseRetriever(Retriever):
         path = embeddings_cache_dir() / f"{corpus_fingerprint(self.documents, self.model_name)}.npy"
         self.cache_path = path if cache else None
         if cache and path.is_file():
-            embeddings = np.load(path)
-            if embeddings.shape[0] == len(self.documents):
-                return embeddings
+            width = self.model.get_sentence_embedding_dimension()
+            try:
+                embeddings = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:  # cut short, or not an array this cache writes
+                warnings.warn(f"the cached embeddings {path} cannot be read ({exc}); computing them again",
+                              stacklevel=3)
+            else:
+                # Any other shape or type is not this corpus's embeddings under this model: made again.
+                if embeddings.dtype == np.float32 and embeddings.shape == (len(self.documents), width):
+                    return embeddings
         embeddings = self._encode([f"{d.title}: {d.text}" for d in self.documents])
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Write then rename, so a concurrent or interrupted run never leaves half a file.
-            handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
-            with os.fdopen(handle, "wb") as out:
-                np.save(out, embeddings)
-            os.replace(staging, path)
+            staging = None
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # Write then rename, so a concurrent or interrupted run never leaves half a file.
+                handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
+                with os.fdopen(handle, "wb") as out:
+                    np.save(out, embeddings)
+                os.chmod(staging, 0o644)  # mkstemp's 0600 would hide a shared cache from its other users
+                os.replace(staging, path)
+            except OSError as exc:
+                if staging is not None and os.path.exists(staging):
+                    os.unlink(staging)
+                warnings.warn(f"the embeddings cannot be cached in {path.parent} ({exc.strerror or exc}); they are "
+                              "used without a cache (set RFTGYM_CACHE to a writable folder)", stacklevel=3)
+                self.cache_path = None
         return embeddings
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:

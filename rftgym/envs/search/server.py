@@ -20,20 +20,26 @@ an error saying how to start the service when it is down.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
+import math
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
-from ...core.errors import RftgymError
+from ...core.errors import ConfigError, RftgymError
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_TOPK = 1000
+MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
+MAX_REPLY_BYTES = 512 * 1024 * 1024  # the client's limit on a reply
+MAX_ID_CHARS, MAX_TITLE_CHARS = 200, 500
 
 
 class RetrievalServiceError(RftgymError, RuntimeError):
@@ -105,7 +111,13 @@ def _parse_request(request: Any) -> tuple[list[str], int, bool]:
     topk = request.get("topk", 3)
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise ValueError(f'"topk" must be an int in [1, {MAX_TOPK}]')
-    return queries, topk, bool(request.get("return_scores", True))
+    if len(queries) * topk > MAX_RESULTS:
+        raise ValueError(f"{len(queries)} queries x topk {topk} is more than {MAX_RESULTS:,} results in one request; "
+                         "send fewer queries per request")
+    scores = request.get("return_scores", True)
+    if not isinstance(scores, bool):
+        raise ValueError('"return_scores" must be true or false')
+    return queries, topk, scores
 
 
 class RetrievalServer(ThreadingHTTPServer):
@@ -145,7 +157,56 @@ def serve(corpus: str, index: str = "bm25", host: str = "127.0.0.1", port: int =
         server.retriever.close()
 
 
-_PROBED: set[str] = set()  # the URLs that have answered a probe in this process
+_PROBED: set[tuple[str, int]] = set()  # (URL, k) pairs that have answered a probe in this process
+
+
+def check_service_url(url: Any) -> str:
+    """``url`` as the retrieval service's ``/retrieve`` endpoint, or a ConfigError saying what is
+    wrong with it: an http(s) URL with a host, a port in 1-65535 (urllib would wrap a larger one
+    round to another port), and no query or fragment."""
+    example = "e.g. http://127.0.0.1:8000/retrieve"
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"retriever_url must be the service's URL, {example}; got {url!r}", field="retriever_url")
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:  # a bad IPv6 literal, a port that is not a number or out of range
+        raise ConfigError(f"retriever_url {url!r} is not a valid URL ({exc}); {example}", field="retriever_url") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"retriever_url must be an http:// or https:// URL with a host, {example}; got {url!r}",
+                          field="retriever_url")
+    if port == 0 or parts.query or parts.fragment or any(c.isspace() for c in url.strip()):
+        raise ConfigError(f"retriever_url {url!r} has a port 0, a query, a fragment or a space; {example}",
+                          field="retriever_url")
+    path = parts.path.rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, path if path.endswith("/retrieve")
+                                    else path + "/retrieve", "", ""))
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is reported, not followed: urllib would follow it anywhere, as a GET without the
+    request's body."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 (urllib's hook)
+        return None
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _clean(text: str, limit: int | None = None) -> str:
+    """A service's text as an observation may hold it: lone surrogates (valid in JSON, not in
+    UTF-8) replaced, at most ``limit`` characters."""
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
 class RemoteRetriever(Retriever):
@@ -154,19 +215,21 @@ class RemoteRetriever(Retriever):
     name = "remote"
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5):
-        if not url.startswith(("http://", "https://")):
-            raise RetrievalServiceError(f"the retrieval service URL must start with http:// or https://, got {url!r}")
-        self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
+        self.url = check_service_url(url)
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        # A service on this machine is never reached through an HTTP(S)_PROXY from the environment.
+        handlers = [_NoRedirect()] + ([urllib.request.ProxyHandler({})]
+                                      if _is_loopback(urllib.parse.urlsplit(self.url).hostname) else [])
+        self._opener = urllib.request.build_opener(*handlers)
 
-    def probe(self) -> None:
-        """One one-document search, once per URL and process: a service that is down, or answers
-        in another shape, is then found when the first env is made rather than at the agent's
-        first search (``/health`` is this project's own; other Search-R1-style services have only
-        ``/retrieve``)."""
-        if self.url not in _PROBED:
-            self.search(["probe"], 1)
-            _PROBED.add(self.url)
+    def probe(self, k: int = 1) -> None:
+        """One search for ``k`` documents, once per URL and process: a service that is down, answers
+        in another shape or refuses ``k`` is then found when the first env is made rather than at
+        the agent's first search (``/health`` is this project's own; other Search-R1-style
+        services have only ``/retrieve``)."""
+        if (self.url, k) not in _PROBED:
+            self.search(["probe"], k)
+            _PROBED.add((self.url, k))
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
@@ -176,47 +239,83 @@ class RemoteRetriever(Retriever):
         payload = self._post(body)
         try:
             results = payload["result"]
-            if len(results) != len(queries):
-                raise ValueError(f"{len(results)} result lists for {len(queries)} queries")
+            if not isinstance(results, list) or len(results) != len(queries):
+                raise ValueError(f"{len(results) if isinstance(results, list) else 'no'} result lists for "
+                                 f"{len(queries)} queries")
             return [[self._hit(item) for item in hits][:k] for hits in results]
         except (KeyError, TypeError, ValueError) as exc:
             raise RetrievalServiceError(f"{self.url} answered in an unexpected shape ({exc}); expected "
-                                        '{"result": [[{"document": {"id", "contents"}, "score"}]]}') from exc
+                                        '{"result": [[{"document": {"id", "contents"}, "score"}]]}') from None
 
     @staticmethod
     def _hit(item: dict) -> Hit:
         document = item["document"] if "document" in item else item
-        title, text = split_flashrag_contents(str(document["contents"]))
-        return Hit(str(document["id"]), title, text, float(item.get("score", 0.0)))
+        doc_id, contents, score = document["id"], document["contents"], item.get("score", 0.0)
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not isinstance(contents, str):
+            raise ValueError(f"a document needs a string (or int) 'id' and string 'contents', got id {doc_id!r}")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            raise ValueError(f"a score must be a finite number, got {score!r}")
+        title, text = split_flashrag_contents(contents)
+        # Ids and titles go into the observation whole (texts are cut there): a line each at most.
+        return Hit(_clean(str(doc_id), MAX_ID_CHARS).replace("\n", " "), _clean(title, MAX_TITLE_CHARS),
+                   _clean(text), float(score))
 
     def _post(self, body: bytes) -> dict:
-        last_error: Exception | None = None
+        last_error = "no attempt"
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
+                with self._opener.open(request, timeout=self.timeout) as response:
+                    raw = self._read(response)
             except urllib.error.HTTPError as exc:
+                with exc:
+                    detail = exc.read(300).decode("utf-8", "replace")
+                if 300 <= exc.code < 400:
+                    raise RetrievalServiceError(
+                        f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
+                        "is not followed; give the service's own URL as retriever_url") from None
                 if exc.code < 500:  # the request itself is wrong: retrying will not help
-                    detail = exc.read().decode("utf-8", "replace")[:300]
-                    raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from exc
-                last_error = exc
+                    raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
+                last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
                 continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
-                last_error = exc
+            except _SlowReply as exc:
+                last_error = str(exc)
+                continue
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                last_error = f"no answer: {reason}"
                 continue
             # It answered: a body that is not JSON is its shape, which asking again will not change.
             try:
-                return json.loads(raw.decode("utf-8"))
+                return json.loads(raw.decode("utf-8-sig"))
             except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-                problem = "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8 JSON"
+                problem = "nested too deeply" if isinstance(exc, RecursionError) else f"not UTF-8 JSON ({exc})"
                 raise RetrievalServiceError(
-                    f"{self.url} answered, but its body is {problem} (it begins {raw[:80]!r}); expected "
+                    f"{self.url} answered, but its body is {problem}; it begins {raw[:80]!r}; expected "
                     '{"result": [[{"document": {"id", "contents"}, "score"}]]}. Is this URL a Search-R1-style '
                     "/retrieve service (e.g. rftgym serve-retriever)?") from None
         raise RetrievalServiceError(
-            f"the retrieval service at {self.url} did not answer after {self.retries + 1} attempts ({last_error}). "
-            "Is it running? Start it with: rftgym serve-retriever --corpus <file> --index bm25"
-        ) from last_error
+            f"the retrieval service at {self.url} failed {self.retries + 1} attempt{'s' if self.retries else ''} "
+            f"(last: {last_error}). Is it "
+            "running and healthy? Start one with: rftgym serve-retriever --corpus <file> --index bm25") from None
+
+    def _read(self, response) -> bytes:
+        """The body, within ``timeout`` of the headers (a socket timeout bounds each read only, so a
+        service trickling bytes could hold a search for ever) and at most MAX_REPLY_BYTES."""
+        deadline = time.monotonic() + self.timeout
+        chunks, size = [], 0
+        while chunk := response.read1(1 << 16):
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise RetrievalServiceError(f"{self.url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; lower "
+                                            "top_k or the number of queries per search")
+            if time.monotonic() > deadline:
+                raise _SlowReply(f"the reply took over {self.timeout:g} s to arrive")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+class _SlowReply(Exception):
+    """A reply whose body did not arrive within the timeout (retried like no answer)."""
