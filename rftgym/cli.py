@@ -846,6 +846,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (e.g. `rftgym envs | head -1`): not an error
+        # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
 
 
 if __name__ == "__main__":

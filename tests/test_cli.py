@@ -723,3 +723,12 @@ def test_a_service_that_is_down_is_one_line_not_a_traceback(capsys):
     assert "Traceback" not in err and "error: the retrieval service at http://127.0.0.1:" in err
     assert exit_code(["eval", "rftgym/SearchEvalQA-v0", "--agent", "random", "--env-arg", "retriever=remote",
                       "--env-arg", "retriever_url=http://127.0.0.1:110647/retrieve"]) == 2
+
+
+def test_a_reader_that_leaves_the_pipe_is_not_an_error():
+    """`rftgym envs | head -1`: the pipe closes before the output is written."""
+    process = subprocess.Popen([sys.executable, "-m", "rftgym.cli", "envs"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()  # before the command (still importing) writes anything
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 141 and b"Traceback" not in err, err.decode()
