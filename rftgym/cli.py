@@ -658,9 +658,14 @@ def _leave_process_group() -> None:
     """End this process's part in a torchrun/accelerate process group, if it joined one: left to the
     interpreter's exit, the collective backend's threads can abort the process (SIGABRT) after the
     run itself ended well, and the launcher then reports the run as failed."""
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # The run's modules and FSDP state sit in reference cycles: freed now, while the group
+        # they refer to still exists, rather than by the collector at interpreter exit.
+        gc.collect()
         dist.destroy_process_group()
 
 

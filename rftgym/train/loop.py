@@ -172,7 +172,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
             raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
                               f"steps; pass more steps (e.g. --steps {start + config.steps}) to continue it")
         if len(rng["ranks"]) != ranks.world_size:
-            raise ConfigError(f"the checkpoint was written by {len(rng['ranks'])} processes; resume with as many")
+            written = len(rng["ranks"])
+            raise ConfigError(f"the checkpoint was written by {written} process{'es' if written > 1 else ''}; "
+                              "resume with as many")
         task_rng.bit_generator.state = rng["tasks"]
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])
@@ -256,13 +258,18 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
                 out, state=state, step=step + 1, config=config.to_dict(),
                 rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
 
-    if log is not None:
-        log.close()
-        plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+    # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group
+    # (and the launcher) while another still works.
+    ranks.together(lambda: log is not None and _close_outputs(log, out))
     idle = untrained_run(history, config)
     if idle and ranks.is_main:
         warnings.warn(idle, stacklevel=2)
     return history
+
+
+def _close_outputs(log: MetricsLog, out: Path) -> None:
+    log.close()
+    plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
 
 
 def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
@@ -637,8 +644,9 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     per_rank = ranks.gather_objects(own)
     minibatches = max(-(-n // size) for n, _ in per_rank)
     if minibatches == 0:
-        return {"loss": None, "updates": 0}
+        return {"loss": None, "grad_norm": None, "updates": 0}
     totals: dict[str, torch.Tensor] = {}
+    grad_norms: torch.Tensor | float = 0.0
     updates = local_updates = 0
     for epoch in range(len(orders)):
         for index in range(minibatches):
@@ -666,14 +674,20 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             updates += 1
+            # The gradient (and its norm) is every rank's; the loss and its stats are this rank's own.
+            grad_norms = grad_norms + grad_norm.detach()
             if loss is None:
                 continue
             local_updates += 1
-            for key, value in {"loss": loss, "grad_norm": grad_norm, **stats}.items():
+            for key, value in {"loss": loss, **stats}.items():
                 totals[key] = totals.get(key, 0.0) + value
+    if not updates:
+        return {"loss": None, "grad_norm": None, "updates": 0}
+    sums = read_back({**totals, "grad_norm": grad_norms})  # one wait for the device, at the end
+    grad_norm = sums.pop("grad_norm") / updates
     if not local_updates:
-        return {"loss": None, "updates": updates}
-    return {**read_back(totals, divisor=local_updates), "updates": updates}
+        return {"loss": None, "grad_norm": grad_norm, "updates": updates}
+    return {**{key: value / local_updates for key, value in sums.items()}, "grad_norm": grad_norm, "updates": updates}
 
 
 def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfig, pad_id: int,

@@ -180,6 +180,10 @@ def test_fsdp_rank_without_samples_still_joins(fsdp_runs):
     assert all(h["loss"] is not None for h in ranks[0]["idle_fsdp"][0])
     for rank in ranks:
         assert_same_run(rank["idle_ddp"], rank["idle_fsdp"])
+    # The gradient is every rank's: the idle rank logs its norm too, the same as the busy one's.
+    for run in ("idle_ddp", "idle_fsdp"):
+        for idle, busy in zip(ranks[1][run][0], ranks[0][run][0]):
+            assert idle["grad_norm"] == pytest.approx(busy["grad_norm"], rel=1e-5)
 
 
 def test_fsdp_microbatches_give_the_same_training(fsdp_runs):
