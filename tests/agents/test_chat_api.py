@@ -241,7 +241,9 @@ def test_the_first_request_to_fail_is_reported_at_once(server):
     with server.agent(timeout_s=3, max_retries=2) as agent, pytest.raises(ChatAPIError) as info:
         agent.act([ctx(("user", "slow")), ctx(("user", "bad")), ctx(("user", "slow"))])
     assert info.value.status == 401 and "invalid api key" in str(info.value)
-    assert len(server.requests) == 3  # the slow ones timed out once and were not retried (closing waited for them)
+    # The slow ones were not retried (with retries there would be up to 7 requests); on a loaded
+    # machine one may not even have started before the failure stopped the batch.
+    assert 2 <= len(server.requests) <= 3
 
 
 def test_content_parts_are_joined(server):
