@@ -242,8 +242,8 @@ def test_the_first_request_to_fail_is_reported_at_once(server):
         agent.act([ctx(("user", "slow")), ctx(("user", "bad")), ctx(("user", "slow"))])
     assert info.value.status == 401 and "invalid api key" in str(info.value)
     # The slow ones were not retried (with retries there would be up to 7 requests); on a loaded
-    # machine one may not even have started before the failure stopped the batch.
-    assert 2 <= len(server.requests) <= 3
+    # machine a slow one may not even have started before the failure stopped the batch.
+    assert len(server.requests) <= 3
 
 
 def test_content_parts_are_joined(server):
