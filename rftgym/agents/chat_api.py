@@ -19,7 +19,6 @@ HTTP errors and malformed responses raise
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
+from ..core.hosts import is_loopback
 from ..core.messages import Context
 from .base import CONTEXT_FULL, Agent, AgentReply
 
@@ -309,17 +309,6 @@ def _retry_after_s(headers) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class ChatAPIAgent(Agent):
     """An agent that asks an OpenAI-compatible chat-completions server for each reply.
 
@@ -341,7 +330,7 @@ class ChatAPIAgent(Agent):
         self._warned_context_full = False
         # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
         # environment; remote servers use the standard urllib handlers (env proxies honoured).
-        if _is_loopback(urllib.parse.urlsplit(config.url).hostname):
+        if is_loopback(urllib.parse.urlsplit(config.url).hostname):
             self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         else:
             self._opener = urllib.request.build_opener()

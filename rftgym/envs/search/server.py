@@ -20,7 +20,6 @@ an error saying how to start the service when it is down.
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import math
 import threading
@@ -32,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
+from ...core.hosts import is_loopback
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
@@ -191,17 +191,6 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _clean(text: str, limit: int | None = None) -> str:
     """A service's text as an observation may hold it: lone surrogates (valid in JSON, not in
     UTF-8) replaced, at most ``limit`` characters."""
@@ -219,7 +208,7 @@ class RemoteRetriever(Retriever):
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         # A service on this machine is never reached through an HTTP(S)_PROXY from the environment.
         handlers = [_NoRedirect()] + ([urllib.request.ProxyHandler({})]
-                                      if _is_loopback(urllib.parse.urlsplit(self.url).hostname) else [])
+                                      if is_loopback(urllib.parse.urlsplit(self.url).hostname) else [])
         self._opener = urllib.request.build_opener(*handlers)
 
     def probe(self, k: int = 1) -> None:
