@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
-from ..core.hosts import is_loopback
+from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from ..core.messages import Context
 from .base import CONTEXT_FULL, Agent, AgentReply
 
@@ -515,19 +515,17 @@ class ChatAPIAgent(Agent):
         """The reply's body, read within ``timeout_s`` of its headers (the socket timeout alone
         bounds each read, so a server trickling bytes could hold a request for ever) and at most
         ``MAX_REPLY_BYTES`` long (a completion is text; more is a misbehaving server)."""
-        deadline = time.monotonic() + self.config.timeout_s
-        chunks, size = [], 0
-        while chunk := response.read1(1 << 16):
-            size += len(chunk)
-            if size > MAX_REPLY_BYTES:
-                raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
-                                   "is far smaller. Check that --api-base points at a chat completions server")
-            if time.monotonic() > deadline:
-                raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive")
-            chunks.append(chunk)
+        try:
+            body = read_body(response, self.config.timeout_s, MAX_REPLY_BYTES)
+        except BodyTooLarge:
+            raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
+                               "is far smaller. Check that --api-base points at a chat completions server") from None
+        except BodyTooSlow:
+            raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive") \
+                from None
         if getattr(response, "length", None):  # bytes the Content-Length promised that never came
             raise _RetryableError(f"the connection closed {response.length} bytes before the end of the reply")
-        return b"".join(chunks)
+        return body
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:

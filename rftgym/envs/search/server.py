@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
-from ...core.hosts import is_loopback
+from ...core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
@@ -269,8 +269,8 @@ class RemoteRetriever(Retriever):
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
                 last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
                 continue
-            except _SlowReply as exc:
-                last_error = str(exc)
+            except BodyTooSlow:
+                last_error = f"the reply took over {self.timeout:g} s to arrive"
                 continue
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -291,20 +291,9 @@ class RemoteRetriever(Retriever):
             "running and healthy? Start one with: rftgym serve-retriever --corpus <file> --index bm25") from None
 
     def _read(self, response) -> bytes:
-        """The body, within ``timeout`` of the headers (a socket timeout bounds each read only, so a
-        service trickling bytes could hold a search for ever) and at most MAX_REPLY_BYTES."""
-        deadline = time.monotonic() + self.timeout
-        chunks, size = [], 0
-        while chunk := response.read1(1 << 16):
-            size += len(chunk)
-            if size > MAX_REPLY_BYTES:
-                raise RetrievalServiceError(f"{self.url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; lower "
-                                            "top_k or the number of queries per search")
-            if time.monotonic() > deadline:
-                raise _SlowReply(f"the reply took over {self.timeout:g} s to arrive")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-class _SlowReply(Exception):
-    """A reply whose body did not arrive within the timeout (retried like no answer)."""
+        """The body, within ``timeout`` of the headers and at most MAX_REPLY_BYTES."""
+        try:
+            return read_body(response, self.timeout, MAX_REPLY_BYTES)
+        except BodyTooLarge:
+            raise RetrievalServiceError(f"{self.url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; lower "
+                                        "top_k or the number of queries per search") from None
