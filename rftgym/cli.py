@@ -655,18 +655,9 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _leave_process_group() -> None:
-    """End this process's part in a torchrun/accelerate process group, if it joined one: left to the
-    interpreter's exit, the collective backend's threads can abort the process (SIGABRT) after the
-    run itself ended well, and the launcher then reports the run as failed."""
-    import gc
+    from .train.distributed import leave_process_group
 
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        # The run's modules and FSDP state sit in reference cycles: freed now, while the group
-        # they refer to still exists, rather than by the collector at interpreter exit.
-        gc.collect()
-        dist.destroy_process_group()
+    leave_process_group()
 
 
 class _Terminated(KeyboardInterrupt):

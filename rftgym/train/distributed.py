@@ -36,6 +36,27 @@ class PeerRankError(RftgymError, RuntimeError):
     names the rank and its error; that rank reports the full error itself)."""
 
 
+def leave_process_group(wait_s: float = 30.0) -> None:
+    """End this process's part in a torchrun/accelerate process group, if it joined one. Left to the
+    interpreter's exit, the collective backend's threads can abort a process (SIGABRT) after its
+    run ended well, and the launcher then reports the run as failed. First a barrier, bounded by
+    ``wait_s`` (a peer that died is not waited for longer): no rank closes its connections while
+    another's last collective is still in flight. The run's cyclic garbage (FSDP state) is collected
+    while the group still exists, and the group's own objects right after it is destroyed."""
+    import gc
+    from datetime import timedelta
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.barrier(async_op=True).wait(timeout=timedelta(seconds=wait_s))
+    except Exception:  # noqa: BLE001 (a peer gone or failed: leave anyway)
+        pass
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
 @dataclass
 class Distributed:
     rank: int = 0

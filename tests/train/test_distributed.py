@@ -37,9 +37,8 @@ SCRIPT = textwrap.dedent('''
 # Every script ends its process group itself: left to the interpreter's exit, gloo's threads can
 # abort a process that finished well (SIGABRT, "terminate called without an active exception").
 LEAVE_GROUP = """
-import torch.distributed as _dist
-if _dist.is_initialized():
-    _dist.destroy_process_group()
+from rftgym.train.distributed import leave_process_group as _leave
+_leave()
 """
 
 
