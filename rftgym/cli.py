@@ -714,6 +714,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         _leave_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:  # under a launcher, rank 0 reports for the run
+        return 0
     from .rollout.metrics import format_table
 
     rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",

@@ -203,7 +203,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
                                                              segment_rng, split_tokens=evaluation_split(policy))
 
         episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
-        unused = unused_signal(config.algo, episodes) if step == start else None
+        unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
         if unused:
             warnings.warn(unused, stacklevel=2)
 

@@ -379,3 +379,17 @@ def test_a_staging_folder_a_killed_run_left_is_removed_at_the_next_save(tmp_path
     (tmp_path / "run" / ".checkpoint-x1y2z3" / "trainable.pt").write_bytes(b"half")
     train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert not any(p.name.startswith(".checkpoint-") for p in (tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_a_launcher_rank_0_prints_the_runs_table(tmp_path, monkeypatch, capsys, rank):
+    from rftgym import cli
+    from rftgym.train import loop
+
+    row = {"step": 0, "reward_mean": 0.5, "success_rate": 0.5, "loss": 0.1, "learning_rate": 1e-5,
+           "step_seconds": 1.0}
+    monkeypatch.setattr(loop, "train", lambda config, resume=False: [row])
+    monkeypatch.setenv("RANK", rank)
+    assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert ("metrics: " in out and "reward" in out) is (rank == "0")
