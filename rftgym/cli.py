@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from . import envs as env_registry
-from .core.errors import AgentError, ConfigError, DataFormatError, EnvError, RftgymError
+from .core.errors import AgentError, ConfigError, DataFormatError, EnvError, ModelLoadError, RftgymError
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
 
@@ -168,7 +168,6 @@ def _check_model_dir(model: str | None) -> None:
     """A --model that is not a local model directory is a usage error, found before any other work
     (the default model is checked where it loads: finding it may convert its weights)."""
     from .agents.model_loading import DEFAULT_MODEL_NAME, resolve_model_dir
-    from .core.errors import ModelLoadError
 
     if model in (None, "default", DEFAULT_MODEL_NAME):
         return
@@ -654,12 +653,6 @@ def train_config_from_args(args: argparse.Namespace):
         raise (_flagged(exc, flags) or UsageError(str(exc))) from exc
 
 
-def _leave_process_group() -> None:
-    from .train.distributed import leave_process_group
-
-    leave_process_group()
-
-
 class _Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's or a launcher's stop), raised where the run is, like Ctrl-C."""
 
@@ -678,6 +671,7 @@ def _stop_on_sigterm():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .train.distributed import leave_process_group
     from .train.loop import train
 
     config = train_config_from_args(args)
@@ -713,7 +707,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        _leave_process_group()
+        leave_process_group()
     if int(os.environ.get("RANK", "0")) != 0:  # under a launcher, rank 0 reports for the run
         return 0
     from .rollout.metrics import format_table

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
-from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from ..core.messages import Context
+from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]

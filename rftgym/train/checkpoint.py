@@ -29,6 +29,7 @@ from .schedule import learning_rate_at
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
 STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
+OLD_CHECKPOINT_DIR = ".checkpoint-old"  # the previous checkpoint, while the new one takes its place
 LOCK_FILE = ".lock"
 
 
@@ -67,9 +68,9 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states and the config."""
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
-    # left half-written: it is removed (".checkpoint-old" is not one; it may be the last whole one).
+    # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
     for stale in output_dir.glob(f"{STAGING_PREFIX}*"):
-        if stale.name != ".checkpoint-old" and stale.is_dir():
+        if stale.name != OLD_CHECKPOINT_DIR and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would keep the checkpoint from the run's other readers
@@ -87,7 +88,7 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
                                 "--output-dir, then resume") from exc
         target = output_dir / CHECKPOINT_DIR
         if target.exists():
-            old = output_dir / ".checkpoint-old"
+            old = output_dir / OLD_CHECKPOINT_DIR
             shutil.rmtree(old, ignore_errors=True)
             os.replace(target, old)
             os.replace(staging, target)
@@ -103,7 +104,7 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
 def _checkpoint_path(output_dir: Path) -> Path | None:
     # A crash between the two renames of a save leaves only the previous checkpoint, under its
     # temporary name: it is still a complete checkpoint.
-    for name in (CHECKPOINT_DIR, ".checkpoint-old"):
+    for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR):
         if (output_dir / name / "state.json").is_file():
             return output_dir / name
     return None
@@ -116,7 +117,7 @@ def has_checkpoint(output_dir: Path) -> bool:
 def has_checkpoint_files(output_dir: Path) -> bool:
     """Whether ``output_dir`` holds any checkpoint folder, complete or not (a new run there would
     overwrite it)."""
-    return any((output_dir / name).exists() for name in (CHECKPOINT_DIR, ".checkpoint-old"))
+    return any((output_dir / name).exists() for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR))
 
 
 def check_output_dir(output_dir: Path, resume: bool) -> None:
@@ -165,8 +166,9 @@ def check_rng_states(rng, output_dir: Path) -> None:
     """Refuse random states (from :func:`load_checkpoint`) that are not a training run's."""
     if not isinstance(rng, dict) or not {"tasks", "torch", "ranks"} <= rng.keys() or not isinstance(rng["ranks"], list) \
             or not all(isinstance(r, dict) and {"sampling", "segments"} <= r.keys() for r in rng["ranks"]):
-        raise ConfigError(f"{_checkpoint_path(output_dir) / 'rng.pt'} does not hold a run's random states (tasks, torch, and per rank sampling and "
-                          "segments), so the run cannot continue exactly; the checkpoint is left as it is")
+        raise ConfigError(f"{_checkpoint_path(output_dir) / 'rng.pt'} does not hold a run's random states (tasks, "
+                          "torch, and per rank sampling and segments), so the run cannot continue exactly; the "
+                          "checkpoint is left as it is")
 
 
 def saved_state(output_dir: Path) -> dict:

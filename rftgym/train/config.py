@@ -18,15 +18,6 @@ OLD_LOGPROBS = ("rollout", "recompute")
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
 
 
-def _setting_summary(config: "TrainConfig", name: str) -> str:
-    """What the rest of ``config`` says about mode that ``name`` belongs to (for error messages)."""
-    if name == "lora_alpha":
-        return "lora_rank=0 (full fine-tuning)"
-    if name == "compile_scope":
-        return "compile=False"
-    return f"algo={config.algo!r}"
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     env_id: str = "rftgym/VerifiableQA-v0"
@@ -261,16 +252,17 @@ class TrainConfig:
                                   field=("algo", *(name for _, name in ignored)))
         # A setting that only one mode reads, set away from its default in another mode, would be
         # silently ignored: the run would not be the one asked for.
-        for name, used, where in (("pcar_lambda", self.algo == "pcar", "algo='pcar'"),
-                                  ("pcar_delta", self.algo == "pcar", "algo='pcar'"),
-                                  ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'"),
-                                  ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)"),
-                                  ("compile_scope", self.compile is not False, "compile on (or auto)")):
+        algo = f"algo={self.algo!r}"
+        for name, used, where, this_run in (
+                ("pcar_lambda", self.algo == "pcar", "algo='pcar'", algo),
+                ("pcar_delta", self.algo == "pcar", "algo='pcar'", algo),
+                ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'", algo),
+                ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)", "lora_rank=0 (full fine-tuning)"),
+                ("compile_scope", self.compile is not False, "compile on (or auto)", "compile=False")):
             default = self.__dataclass_fields__[name].default
             if not used and getattr(self, name) != default:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
-                                  f"{_setting_summary(self, name)}; drop {name}, or set what it belongs to",
-                                  field=name)
+                                  f"{this_run}; drop {name}, or set what it belongs to", field=name)
         if self.microbatch_size and self.microbatch_tokens:
             raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
                               "are two ways to size a forward/backward pass; set one of them",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
+
+from ..core.files import replace_text
 
 
 class MetricsLog:
@@ -16,13 +17,7 @@ class MetricsLog:
         # On resume, drop rows of steps that will be run again, so each step appears once.
         if self.path.exists():
             rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
-            # Replaced in one rename: a failure while writing leaves the old file whole.
-            staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            try:
-                staging.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-                os.replace(staging, self.path)
-            finally:
-                staging.unlink(missing_ok=True)
+            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter

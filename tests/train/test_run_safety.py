@@ -284,6 +284,7 @@ def test_a_checkpoint_that_cannot_be_written_is_a_message_and_the_last_one_is_ke
 
 
 def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
+    from rftgym.core import files
     from rftgym.train import metrics_log
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n')
@@ -291,7 +292,7 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
     def failing_replace(source, target):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(metrics_log.os, "replace", failing_replace)
+    monkeypatch.setattr(files.os, "replace", failing_replace)
     with pytest.raises(OSError, match="No space left"):
         metrics_log.MetricsLog(tmp_path, resume_step=1)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n'

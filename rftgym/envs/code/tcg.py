@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...core.errors import ConfigError
+from ...core.files import replace_text
 from .harness import RunOutcome, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import DEFAULT_HASH_SEED, Sandbox
@@ -147,10 +148,7 @@ def _cache_write(task: CodeTask, config: TCGConfig, tests: Sequence[TestCase]) -
     directory = cache_dir(config)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{cache_key(task, config)}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps([dataclasses.asdict(t) for t in tests]), encoding="utf-8")
-        os.replace(tmp, path)
+        replace_text(directory / f"{cache_key(task, config)}.json", json.dumps([dataclasses.asdict(t) for t in tests]))
     except OSError:
         pass  # a read-only cache only costs speed
 
@@ -205,9 +203,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         if cached is not None:
             out[i] = task.with_tests(cached)
             if not cached:
-                warnings.warn(f"task {task.task_id}: no tests could be made (as found when its tests were built and "
-                              f"cached in {cache_dir(config)}); its episodes end with status 'untestable' and a pass "
-                              "rate of 0", stacklevel=2)
+                _warn_untestable(task, f"as found when its tests were built and cached in {cache_dir(config)}")
         else:
             todo.append(i)
     candidates = {i: candidate_inputs(tasks[i], config) for i in todo}
@@ -216,7 +212,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
                               config.per_test_seconds, repeats)
     runs_of = dict(zip(todo, runs))  # task index -> its reference runs
     built = {i: select_tests(tasks[i], candidates[i], task_runs, config) for i, task_runs in runs_of.items()}
-    complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in zip(todo, runs)}
+    complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in runs_of.items()}
     # Second round, for tasks whose tests one output dominates: inputs near the rare-output ones.
     skewed = {i: rare for i in todo if (rare := _rare_outputs(tasks[i], built[i])) is not None}
     near = {}
@@ -242,10 +238,13 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             _cache_write(tasks[i], config, built[i])
         out[i] = tasks[i].with_tests(built[i])
         if not built[i]:
-            reason = untestable_reason(candidates[i], runs_of[i])
-            warnings.warn(f"task {tasks[i].task_id}: no tests could be made ({reason}); its episodes end with "
-                          "status 'untestable' and a pass rate of 0", stacklevel=2)
+            _warn_untestable(tasks[i], untestable_reason(candidates[i], runs_of[i]))
     return out  # type: ignore[return-value]
+
+
+def _warn_untestable(task: CodeTask, reason: str) -> None:
+    warnings.warn(f"task {task.task_id}: no tests could be made ({reason}); its episodes end with status "
+                  "'untestable' and a pass rate of 0", stacklevel=3)
 
 
 def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunOutcome]) -> str:

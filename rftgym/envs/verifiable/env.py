@@ -164,8 +164,9 @@ class VerifiableQAEnv(gym.Env[Context, str]):
 
         parsed = parse_tags(action, self.config.tags)
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
-        answers = [t for t in parsed.find("answer") if t.closed and not parsed.inside_closed(t, "think")]
-        thought = [ANSWER_IN_THINK] if any(parsed.inside_closed(t, "think") for t in parsed.find("answer")) else []
+        in_think = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
+        answers = [t for t in parsed.find("answer") if t.closed and t.start not in in_think]
+        thought = [ANSWER_IN_THINK] if in_think else []
         format_error = None
         problems = summarize_problems([*cut, *parsed.problems, *thought])
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
