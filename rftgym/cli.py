@@ -736,11 +736,7 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
                          "(HotpotQA JSON, {title: [sentences]} JSON, [{title, text}] JSON, FlashRAG {id, contents} JSONL)")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
-    try:
-        serve(args.corpus, args.index, args.host, args.port)
-    except OSError as exc:  # the address: unknown host, not this machine's, port in use
-        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}. Use a host name or address "
-                         "of this machine (e.g. 127.0.0.1) and a free --port (0 picks one)") from None
+    serve(args.corpus, args.index, args.host, args.port)  # a bad --host or a busy --port: ConfigError, before indexing
     return 0
 
 

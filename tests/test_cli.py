@@ -606,9 +606,15 @@ def test_generated_world_size_is_bounded(capsys):
     assert "world_size must be at most" in capsys.readouterr().err
 
 
-def test_serve_retriever_on_a_busy_port_says_so(tmp_path, capsys):
+def test_serve_retriever_on_a_busy_port_says_so_before_indexing(tmp_path, capsys, monkeypatch):
     import socket
 
+    import rftgym.envs.search.server as server
+
+    def no_indexing(*args, **kwargs):
+        raise AssertionError("the corpus was loaded before the address was taken")
+
+    monkeypatch.setattr(server, "load_corpus", no_indexing)
     corpus = tmp_path / "corpus.json"
     corpus.write_text(json.dumps({"Veloria": ["Veloria is a city on the river Tulen."]}))
     with socket.socket() as busy:
@@ -617,6 +623,10 @@ def test_serve_retriever_on_a_busy_port_says_so(tmp_path, capsys):
         port = busy.getsockname()[1]
         assert exit_code(["serve-retriever", "--corpus", str(corpus), "--port", str(port)]) == 2
     assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert exit_code(["serve-retriever", "--corpus", str(corpus), "--host", ""]) == 2
+    assert "the host is empty" in capsys.readouterr().err
+    assert exit_code(["serve-retriever", "--corpus", str(corpus), "--host", "no-such-host.invalid"]) == 2
+    assert "cannot serve on no-such-host.invalid" in capsys.readouterr().err
 
 
 def test_eval_names_episodes_that_ran_out_of_context(tmp_path, monkeypatch, capsys):

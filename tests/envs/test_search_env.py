@@ -204,13 +204,15 @@ def test_a_reply_that_does_nothing_is_reported_and_the_episode_goes_on(reply, pr
     assert terminated and info["answer"] == env.question.answers[0]
 
 
-def test_an_empty_answer_right_after_a_search_skipped_the_evaluation():
+@pytest.mark.parametrize("reply, problem", [("<answer></answer>", "an empty <answer> was not graded"),
+                                             ("<search>  </search>", "an empty <search> was not run")])
+def test_an_empty_call_right_after_a_search_skipped_the_evaluation(reply, problem):
     env = SearchEvalQAEnv()
     env.reset(seed=0)
     env.step("<search>anything</search>")
-    _, _, terminated, _, info = env.step("<answer></answer>")
+    _, _, terminated, _, info = env.step(reply)
     assert not terminated and info["protocol_violation"] == "skipped_evaluation"
-    assert "an empty <answer> was not graded" in info["format_error"]
+    assert problem in info["format_error"]
 
 
 def test_search_budget_truncates():

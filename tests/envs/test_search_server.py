@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import urllib.error
 import urllib.parse
@@ -11,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from rftgym.core.errors import ConfigError
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.env import SearchEvalQAEnv
 from rftgym.envs.search.retrievers import BM25Retriever
@@ -276,5 +278,41 @@ def test_the_server_answers_a_deeply_nested_request_and_refuses_an_empty_host(se
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=5)
     assert info.value.code == 400 and "nested too deeply" in info.value.read().decode()
-    with pytest.raises(RetrievalServiceError, match="the host is empty"):
+    with pytest.raises(ConfigError, match="the host is empty"):
         make_server(BM25Retriever(DOCS), host="", port=0)
+
+
+def _ipv6_loopback_works() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback_works(), reason="this machine has no IPv6 loopback")
+def test_the_server_serves_on_an_ipv6_address():
+    server = make_server(BM25Retriever(DOCS), host="::1", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert server.url.startswith("http://[::1]:")
+        hits = RemoteRetriever(server.url).search(["capital of France"], 1)
+        assert hits[0][0].title == BM25Retriever(DOCS).search(["capital of France"], 1)[0][0].title
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_chunked_request_is_asked_for_a_content_length(service):
+    parts = urllib.parse.urlsplit(service().url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    body = json.dumps({"queries": ["Veloria"], "topk": 1}).encode()
+    connection.putrequest("POST", "/retrieve")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    connection.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    reply = connection.getresponse()
+    assert reply.status == 411 and "Content-Length" in json.loads(reply.read())["error"]
+    connection.close()

@@ -311,10 +311,11 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
                 self._evaluate(first.body, out)
                 out.evaluation_end = first.end
             else:
-                # An empty answer is not graded (see below): what was skipped is the evaluation.
-                answered = first is not None and first.name == "answer" and first.text.strip()
+                # An empty answer is not graded and an empty search not run (see below): what was
+                # skipped is then the evaluation.
+                acted = first is not None and first.name in ("search", "answer") and first.text.strip()
                 kind = {"search": "double_search", "answer": "answer_before_evaluation"}.get(
-                    first.name if first and (first.name != "answer" or answered) else "", "skipped_evaluation")
+                    first.name if acted else "", "skipped_evaluation")
                 out.flag(kind)
         searched = False
         for tag in calls:

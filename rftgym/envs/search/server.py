@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import socket
 import threading
 import time
 import urllib.error
@@ -78,6 +79,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/retrieve":
             self._send(404, {"error": "unknown path; use POST /retrieve"})
             return
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            # http.server does not decode chunked bodies; reading one as a Content-Length body would
+            # answer as if the request were empty.
+            self._send(411, {"error": "send the request body with a Content-Length, not chunked"})
+            self.close_connection = True
+            return
         try:
             length = int(self.headers.get("Content-Length", "0"))
             if length < 0:
@@ -123,38 +130,63 @@ def _parse_request(request: Any) -> tuple[list[str], int, bool]:
 class RetrievalServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], retriever: Retriever, verbose: bool = False):
+    def __init__(self, address: tuple[str, int], retriever: Retriever | None, verbose: bool = False):
+        # IPv4 or IPv6, as the host names it ("::1" and "localhost" may be either).
+        self.address_family = _address_family(*address)
         super().__init__(address, _Handler)
-        self.retriever = retriever
-        self.document_count = len(getattr(retriever, "documents", ()))
+        self.retriever: Retriever | None = None
+        self.document_count = 0
         self.lock = threading.Lock()
         self.verbose = verbose
+        if retriever is not None:
+            self.attach(retriever)
+
+    def attach(self, retriever: Retriever) -> None:
+        """Serve ``retriever`` (the socket may be bound first, so that a busy port is found before
+        a long indexing run rather than after it)."""
+        self.retriever = retriever
+        self.document_count = len(getattr(retriever, "documents", ()))
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/retrieve"
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/retrieve"
+
+
+def _address_family(host: str, port: int) -> socket.AddressFamily:
+    if not host:  # the socket layer reads "" as every interface, which nobody asking for "" means
+        raise ConfigError("the host is empty; give 127.0.0.1 (this machine only) or, to serve other machines, "
+                          "0.0.0.0 explicitly", field="host")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise OSError(f"unknown host {host!r} ({exc})") from None
+    return infos[0][0]
 
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> RetrievalServer:
     """A server over ``retriever``; port 0 picks a free port (see ``server.url``)."""
-    if not host:  # the socket layer reads "" as every interface, which nobody asking for "" means
-        raise RetrievalServiceError("the host is empty; give 127.0.0.1 (this machine only) or, to serve other "
-                                    "machines, 0.0.0.0 explicitly")
     return RetrievalServer((host, port), retriever, verbose=verbose)
 
 
 def serve(corpus: str, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Load a corpus, index it and serve it until interrupted (``rftgym serve-retriever``)."""
-    server = make_server(make_retriever(index, load_corpus(corpus)), host, port, verbose=True)
-    print(f"serving {server.document_count} documents ({index}) at {server.url}", flush=True)
+    """Load a corpus, index it and serve it until interrupted (``rftgym serve-retriever``). The
+    address is taken first: a busy port or a wrong host is reported before the indexing."""
     try:
+        server = RetrievalServer((host, port), None, verbose=True)
+    except OSError as exc:  # an unknown host, an address not this machine's, a port in use
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}. Use a host name or address of this "
+                          "machine (e.g. 127.0.0.1 or ::1) and a free --port (0 picks one)") from None
+    try:
+        server.attach(make_retriever(index, load_corpus(corpus)))
+        print(f"serving {server.document_count} documents ({index}) at {server.url}", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
-        server.retriever.close()
+        if server.retriever is not None:
+            server.retriever.close()
 
 
 _PROBED: set[tuple[str, int]] = set()  # (URL, k) pairs that have answered a probe in this process
