@@ -113,6 +113,13 @@ def test_musique_questions_and_corpus(tmp_path):
      r"bad.jsonl:1: the gold answer 'The.', 'a' is empty once normalized"),
     ("bad.jsonl", '{"question": "q", "answer": "a", "paragraphs": []}\n', load_musique_questions,
      r"bad.jsonl:1: the gold answer 'a' is empty"),
+    # Ids name documents in search results and tasks in episodes: a repeat would be two of each.
+    ("bad.jsonl", '{"id": "7", "contents": "\\"A\\"\\nx"}\n{"id": 7, "contents": "\\"B\\"\\ny"}\n', load_corpus,
+     r"document ids must be unique .* '7' \(2 times\) repeat"),
+    ("bad.json", '[{"id": "a", "title": "A", "text": "x"}, {"id": "a", "title": "B", "text": "y"}]', load_corpus,
+     r"document ids must be unique .* 'a' \(2 times\)"),
+    ("bad.jsonl", '{"id": "q1", "question": "q", "golden_answers": ["x"]}\n' * 3, load_questions,
+     r"question ids must be unique .* 'q1' \(3 times\) repeat"),
 ])
 def test_bad_files_raise_data_format_errors(tmp_path, name, text, loader, message):
     path = write(tmp_path / name, text)

@@ -126,11 +126,12 @@ def _mbpp_task(record: dict, where: str) -> CodeTask:
         ast.parse(code)
     except SyntaxError as exc:
         raise DataFormatError(f"{where}: field 'code' is not valid Python 3 ({exc.msg}, line {exc.lineno})") from exc
-    for test in asserts + challenge:
-        try:
-            ast.parse(test)
-        except SyntaxError as exc:
-            raise DataFormatError(f"{where}: field 'test_list' holds invalid Python {test!r} ({exc.msg})") from exc
+    for field, tests in (("test_list", asserts), ("challenge_test_list", challenge)):
+        for test in tests:
+            try:
+                ast.parse(test)
+            except SyntaxError as exc:
+                raise DataFormatError(f"{where}: field '{field}' holds invalid Python {test!r} ({exc.msg})") from exc
     defined = [fn.name for fn in top_level_functions(code)]
     entry = next((name for name in called_names(asserts[0]) if name in defined), None)
     if entry is None:

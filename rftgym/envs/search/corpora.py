@@ -21,6 +21,7 @@ the line (for JSONL) or record, and the shape that was expected.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,19 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
             raise DataFormatError(f"{path}: got a JSON {type(data).__name__}; expected {shapes}")
     if not documents:
         raise DataFormatError(f"{path}: the corpus has no documents")
+    _refuse_repeated_ids(path, "document", [d.id for d in documents],
+                         "a search result names its document by id (and MemoryQA prunes by it)")
     return documents
+
+
+def _refuse_repeated_ids(path: Path, kind: str, ids: list[str], why: str) -> None:
+    counts = Counter(ids)
+    repeated = [(i, n) for i, n in counts.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"{i!r} ({n} times)" for i, n in repeated[:3])
+        more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
+        raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat; remove the "
+                              "repeats or give each its own id")
 
 
 # ---------------------------------------------------------------- questions
@@ -250,6 +263,7 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
         questions = load_hotpotqa_questions(path)
     if not questions:
         raise DataFormatError(f"{path}: the file holds no questions")
+    _refuse_repeated_ids(path, "question", [q.id for q in questions], "an episode names its task by id")
     return questions
 
 

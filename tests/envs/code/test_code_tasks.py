@@ -78,6 +78,8 @@ def test_mbpp_loader():
     ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": "assert f(1)"}', "field 'test_list'"),
     ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert g(1) == 1"]}', "calls none"),
     ('{"task_id": 1, "code": "def f(x): return x", "test_list": ["assert f(1) == 1"]}', "field 'text'"),
+    ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) == 1"], '
+     '"challenge_test_list": ["assert f(("]}', "field 'challenge_test_list' holds invalid Python"),
     # Tests are built and cached per id: a second task under an id would be graded with the first's.
     ('{"task_id": 0, "text": "u", "code": "def g(x): return -x", "test_list": ["assert g(1) == -1"]}',
      r"task_id 'mbpp/0' is already used at .*m\.jsonl:1; every task needs its own id"),
