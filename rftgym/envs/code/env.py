@@ -36,7 +36,11 @@ Reward (paid on the turn that ends the episode)
 
 Episode end
     ``terminated`` when a submission passes every test or ``max_attempts`` submissions were graded;
-    ``truncated`` when ``max_turns`` assistant turns passed without that. With ``max_attempts > 1``
+    ``truncated`` when ``max_turns`` assistant turns passed without that; the last graded
+    submission is then paid, and the truncating step's info reports it (status, passed, total,
+    pass_rate, tests, format_ok), even when that turn held no code (bound the turns with
+    ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
+    the env, so nothing is paid there). With ``max_attempts > 1``
     a failing submission is answered with up to ``feedback_tests`` failing tests (input, expected,
     got or error) and the agent tries again.
 
@@ -228,6 +232,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         self._phase = "code"
         self._done = False
         self._last: dict[str, Any] = {}
+        self._graded: dict[str, Any] | None = None  # the last graded submission's outcome, paid at truncation
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -243,6 +248,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         self._done = False
         self._last = {"status": None, "passed": 0, "total": len(self.task.tests), "pass_rate": 0.0, "tests": [],
                       "format_ok": False, "format_error": None, "step_scores": None, "syntax_error": False}
+        self._graded = None
         if self.render_mode == "human":
             self.render()
         return self._context, self._info()
@@ -257,8 +263,11 @@ class CodeTCGEnv(gym.Env[Context, str]):
         else:
             reward, terminated, feedback = self._code_turn(action, cut)
         truncated = not terminated and self._turn >= self.config.max_turns
-        if truncated and self._phase == "code" and self._attempts:
-            reward = self._outcome_reward()  # the last graded submission is paid when turns run out
+        if truncated and self._graded is not None:
+            # The last graded submission is paid when turns run out, and is what info reports, even
+            # when this last turn held no code (its own format_error stays).
+            self._last.update(self._graded)
+            reward = self._outcome_reward()
         if feedback is not None and not (terminated or truncated):
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
@@ -371,6 +380,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         self._last.update(status=result.status, passed=result.passed, total=result.total,
                           pass_rate=result.pass_rate, syntax_error=result.status == "syntax_error",
                           tests=[_test_record(r) for r in result.results])
+        self._graded = {key: self._last[key] for key in GRADED_KEYS}
         solved = result.total > 0 and result.passed == result.total
         if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
@@ -409,6 +419,9 @@ class CodeTCGEnv(gym.Env[Context, str]):
             "step_scores": last["step_scores"],
             "sandbox": self.sandbox.isolation,
         }
+
+
+GRADED_KEYS = ("status", "passed", "total", "pass_rate", "syntax_error", "tests", "format_ok")
 
 
 def _test_record(result) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from .codec import ENCODER_SOURCE
 
 RUNNER_TEMPLATE = r'''
-import builtins, io, json, math, os, signal, sys, threading, time
+import atexit, builtins, io, json, math, os, signal, sys, threading, time
 MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
@@ -154,6 +154,29 @@ def _function_style(cfg):
         _disarm()
         _emit({"i": i, "got": got, "error": error, "message": message, "s": time.perf_counter() - start})
 
+class _HardExit(BaseException):
+    pass
+
+def _hard_exit(status=0):
+    # os._exit in a stdio program ends its test, not the runner (the tests share one process).
+    raise _HardExit(status)
+
+def _exit_error(status):
+    try:  # the exit status may be any object of the candidate's
+        if status not in (None, 0):
+            return "SystemExit", "exit status %r" % (status,)
+    except BaseException:
+        return "SystemExit", "an exit status that cannot be shown"
+    return None, None
+
+def _program_end(threads_before):
+    # What the interpreter does when a program ends: wait for the threads it started (a program
+    # may run its main in a thread with a larger stack) and run its atexit handlers.
+    for thread in threading.enumerate():
+        if thread not in threads_before and not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    atexit._run_exitfuncs()
+
 def _stdio_style(cfg):
     _redirect(2, _null(), "w")
     sys.stderr = open(2, "w", closefd=False)
@@ -175,27 +198,32 @@ def _stdio_style(cfg):
         sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
         error = message = None
+        threads_before = set(threading.enumerate())
+        atexit._clear()
+        os._exit = _hard_exit
         start = time.perf_counter()
         try:
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
-            namespace = {"__name__": "__main__", "__builtins__": builtins}
-            exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
-            exec(code, namespace)
+            try:
+                namespace = {"__name__": "__main__", "__builtins__": builtins}
+                exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
+                exec(code, namespace)
+            except SystemExit as exc:
+                error, message = _exit_error(exc.code)
+            _program_end(threads_before)
             _disarm()
         except _Timeout:
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
             timeouts += 1
-        except SystemExit as exc:
+        except _HardExit as exc:  # no thread is waited for and no handler run, as after a real os._exit
             _quiet()
-            try:  # the exit status may be any object of the candidate's
-                if exc.code not in (None, 0):
-                    error, message = "SystemExit", "exit status %r" % (exc.code,)
-            except BaseException:
-                error, message = "SystemExit", "an exit status that cannot be shown"
+            error, message = _exit_error(exc.args[0] if exc.args else 0)
         except BaseException as exc:
             _quiet()
             error, message = _describe(exc)
         _disarm()
+        os._exit = _exit
+        atexit._clear()
         seconds = time.perf_counter() - start
         try:
             sys.stdout.flush()
@@ -214,6 +242,7 @@ try:
         threading.Thread(target=_watchdog, daemon=True).start()
     except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
         pass
+    threading.stack_size(0)  # the candidate's own threads get the usual stack
     with open("tests.json", encoding="utf-8") as _handle:
         _cfg = json.load(_handle)
     if _cfg["style"] == "function":

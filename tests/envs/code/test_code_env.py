@@ -105,6 +105,28 @@ def test_second_attempt_after_failing_tests_feedback(tmp_path):
     env.close()
 
 
+def test_turns_running_out_pay_the_last_graded_submission_even_after_a_turn_without_code(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, max_turns=3,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    env.reset(seed=11)
+    task = env.unwrapped.task
+    half = task.reference + "\n" + (f"{task.entry_point} = lambda *a, **k: 'wrong'\n" if task.style == "function"
+                                    else "raise SystemExit(3)\n")
+    _, _, _, _, graded = env.step(fenced(half))
+    assert graded["attempts"] == 1 and graded["status"] != "no_code"
+    _, reward, _, truncated, info = env.step("I am still thinking.")
+    assert not truncated and reward == 0.0 and info["status"] == "no_code"
+    _, reward, terminated, truncated, info = env.step("Still thinking.")
+    assert truncated and not terminated
+    # Paid: 0.9 x the graded pass rate + 0.1 for its well-formed block; info reports that submission.
+    assert reward == pytest.approx(0.9 * graded["pass_rate"] + 0.1)
+    assert (info["status"], info["pass_rate"], info["tests"]) == (graded["status"], graded["pass_rate"], graded["tests"])
+    assert info["format_ok"] and "no fenced code block" in info["format_error"]  # this turn's own problem
+    env.close()
+
+
 def test_hostile_submission_is_contained_and_env_serves_next_episode(generated_env):
     generated_env.reset(seed=2)
     _, reward, terminated, _, info = generated_env.step(fenced("while True:\n    pass"))

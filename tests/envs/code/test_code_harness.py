@@ -164,6 +164,30 @@ def test_grading_stdio_style(sandbox):
     assert exits.passed == 0 and exits.results[0].error.startswith("SystemExit")
 
 
+@pytest.mark.parametrize("ending", [
+    # main in a thread (for a larger stack), never joined: the program's end waits for it
+    "import threading\nthreading.stack_size(1 << 26)\ndef main():\n    n = int(input())\n    print(n * 2)\n"
+    "threading.Thread(target=main).start()\n",
+    # output flushed, then os._exit: the test ends, the runner goes on to the next one
+    "import os, sys\nprint(int(input()) * 2)\nsys.stdout.flush()\nos._exit(0)\n",
+    # output written by an exit handler
+    "import atexit\nn = int(input())\natexit.register(lambda: print(n * 2))\n",
+    # sys.exit(0) with a thread still to finish
+    "import sys, threading, time\nn = int(input())\n"
+    "threading.Thread(target=lambda: (time.sleep(0.05), print(n * 2))).start()\nsys.exit(0)\n",
+])
+def test_a_stdio_program_ends_as_a_python_program_would(sandbox, ending):
+    result = grade(ECHO, ending, sandbox)
+    assert result.passed == 2, [(r.got, r.error) for r in result.results]
+
+
+def test_a_stdio_os_exit_status_is_a_failure_of_its_test_only(sandbox):
+    result = grade(ECHO, "import os\nn = int(input())\nprint(n * 2, flush=True)\nos._exit(3 if n == 5 else 0)\n",
+                   sandbox)
+    assert [r.passed for r in result.results] == [True, False]
+    assert result.results[1].error.startswith("SystemExit") and "3" in result.results[1].error
+
+
 def test_grade_many_keeps_order_and_needs_expected(sandbox):
     results = grade_many([(ADD, ADD.reference), (ECHO, "print(0)"), (ADD, "x = (")], sandbox)
     assert [r.status for r in results] == ["ok", "ok", "syntax_error"]
