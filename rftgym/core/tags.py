@@ -31,15 +31,24 @@ _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILIN
 
 @dataclass(frozen=True)
 class Tag:
-    """A known tag found in the text. ``body`` is the raw text between its open and close tags."""
+    """A known tag found in the text. ``body`` is the raw text between its open and close tags
+    (for an unclosed tag, to the next closing tag or the end of the text)."""
 
     name: str
-    body: str
+    source: str = field(repr=False, compare=False)  # the parsed text, shared by its tags
+    body_start: int
+    body_end: int
     attrs: tuple[tuple[str, str], ...]
     start: int
     end: int
     closed: bool = True
     parent: str | None = None
+
+    @property
+    def body(self) -> str:
+        # Sliced when asked: nested unclosed tags each run to the end of the text, so copies made
+        # while parsing grew with the square of the reply's length (gigabytes at 256k characters).
+        return self.source[self.body_start:self.body_end]
 
     @property
     def text(self) -> str:
@@ -203,15 +212,15 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
             while stack[-1][0] != name:
                 inner = pop()
                 problems.append(f"<{inner[0]}> is never closed (before </{name}>)")
-                tags.append(Tag(inner[0], text[inner[3]:token.start()], inner[1], inner[2], token.start(),
+                tags.append(Tag(inner[0], text, inner[3], token.start(), inner[1], inner[2], token.start(),
                                 closed=False, parent=parent_name()))
             opened = pop()
-            tags.append(Tag(name, text[opened[3]:token.start()], opened[1], opened[2], token.end(),
+            tags.append(Tag(name, text, opened[3], token.start(), opened[1], opened[2], token.end(),
                             parent=parent_name()))
         elif selfclose:
             if name not in empty_ok:
                 problems.append(f"<{name}/> is empty; write <{name}>…</{name}>")
-            tags.append(Tag(name, "", _parse_attrs(raw_attrs), token.start(), token.end(),
+            tags.append(Tag(name, text, token.end(), token.end(), _parse_attrs(raw_attrs), token.start(), token.end(),
                             parent=parent_name()))
         else:
             stack.append((name, _parse_attrs(raw_attrs), token.start(), token.end()))
@@ -220,7 +229,7 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
     while stack:
         opened = pop()
         problems.append(f"<{opened[0]}> is never closed; end it with </{opened[0]}>")
-        tags.append(Tag(opened[0], text[opened[3]:], opened[1], opened[2], len(text), closed=False,
+        tags.append(Tag(opened[0], text, opened[3], len(text), opened[1], opened[2], len(text), closed=False,
                         parent=parent_name()))
 
     tags.sort(key=lambda t: t.start)
