@@ -128,7 +128,8 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("score: 7 names the birthplace", (7, "names the birthplace")), ("Score=3/10, off topic", (3, "off topic")),
     ("10 - exactly it", (10, "exactly it")), ("  score 0", (0, "")), ("seven", None), ("7.5 close", None),
     ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None), ("1e400", None), ("10abc", None),
-    ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")),
+    ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")), ("7 / 10 good", (7, "good")),
+    ("score: 4/5", None), ("8/100", None), ("1 /2 useless", None),  # fractions of another whole
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
@@ -153,6 +154,8 @@ def test_each_violation_is_flagged_and_gates_the_reward(second_turn, kind, gate,
     env.step(f"<search>{env.question.gold_titles[0]}</search>")
     obs, reward, terminated, _, info = env.step(second_turn.format(gold=gold))
     assert info["protocol_violation"] == kind and info["protocol_violations"] == 1
+    if kind == "malformed_evaluation":  # the evaluation's format is wrong: a format error too
+        assert "did not start with an integer score from 0 to 10" in info["format_error"]
     if not terminated:
         assert obs[-1].content.startswith("Protocol violation: ")
         assert "your very next reply must begin with <evaluate>score: N" in obs[-1].content
@@ -185,6 +188,17 @@ def test_answer_without_any_search_is_not_a_violation():
     env.reset(seed=2, options={"hops": 1})
     _, reward, terminated, _, info = env.step(f"<answer>The {env.question.answers[0]}.</answer>")
     assert terminated and reward == 1.0 and info["protocol_violation"] is None and info["em"] == 1.0
+
+
+@pytest.mark.parametrize("reply, graded", [("<answer>wrong</answer> <answer>{gold}</answer>", "wrong"),
+                                            ("<answer><answer>{gold}</answer></answer>", "<answer>{gold}</answer>")])
+def test_more_than_one_answer_is_reported(reply, graded):
+    env = SearchEvalQAEnv()
+    env.reset(seed=2, options={"hops": 1})
+    gold = env.question.answers[0]
+    _, _, terminated, _, info = env.step(reply.format(gold=gold))
+    assert terminated and info["answer"] == graded.format(gold=gold)
+    assert "more than one <answer> (or one inside another); the first one was graded" in info["format_error"]
 
 
 @pytest.mark.parametrize("reply, problem", [
@@ -265,6 +279,13 @@ def test_search_in_think_option():
     assert info["searches"] == 0 and "inside <think>" in info["format_error"]
     _, _, _, _, info = env.step("<think>I need <search>inside</search></think>")
     assert info["searches"] == 1 and info["query"] == "inside"
+    # A model searching while it thinks stops at </search>: its open <think> is no format error.
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("<think>I need the birthplace <search>open think</search>")
+    assert info["searches"] == 1 and info["query"] == "open think" and info["format_error"] is None
+    # Without a search inside it, an open <think> is still reported.
+    _, _, _, _, info = env.step("<evaluate>score: 3 weak</evaluate><think>hmm")
+    assert "<think> is never closed" in info["format_error"]
 
 
 def test_a_simulated_search_backend():

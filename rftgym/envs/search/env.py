@@ -294,13 +294,20 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         """Apply the turn's tool calls in order and say what happened."""
         out = _TurnOutcome()
         parsed = parse_tags(action, self.config.tags)
-        out.problems.extend(dict.fromkeys(parsed.problems))
+        problems = dict.fromkeys(parsed.problems)
+        if self.config.search_in_think and any(t.parent == "think" and not parsed.inside_closed(t, "think")
+                                               for t in parsed.find("search")):
+            # Such a model stops generating at </search>, inside its open <think>: not a format error.
+            problems.pop("<think> is never closed; end it with </think>", None)
+        out.problems.extend(problems)
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
         thought = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
         calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")
                  and not (t.name == "answer" and t.start in thought)]
         if thought:
             out.problems.append(ANSWER_IN_THINK)
+        if sum(t.name == "answer" for t in calls) > 1:  # the first one ends the episode
+            out.problems.append("more than one <answer> (or one inside another); the first one was graded")
         if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
             out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
@@ -433,7 +440,9 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             "em": out.em,
             "f1": out.f1,
             "gated": out.gated,
-            "format_error": summarize_problems(out.problems),
+            # A malformed evaluation is also a format error (the observation says it once, as a violation).
+            "format_error": summarize_problems(out.problems + [protocol.VIOLATION_MESSAGES[kind] for kind in
+                                                               out.violation_kinds if kind == "malformed_evaluation"]),
             "success": out.success,
         }
         if self._done:

@@ -4,7 +4,7 @@ An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an
 to 10 (how useful the last search results are for answering), optionally labelled ``score:``
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
-Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``note first, score: 7``.
+Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``note first, score: 7``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 # Lookaheads, not \b: "7.5" must fail rather than read as 7, and so must "1e400" and "10abc".
-_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?(\d{1,2})(?:\s*/\s*10)?(?!\.?\d)(?!\w)", re.IGNORECASE)
+# The last lookahead refuses a fraction of another whole ("4/5" is not 4 out of 10).
+_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?(\d{1,2})(?:\s*/\s*10)?(?!\.?\d)(?!\w)(?!\s*/)", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 
