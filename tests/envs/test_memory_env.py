@@ -116,6 +116,7 @@ def test_a_self_closing_prune_is_a_prune_without_a_note():
     (lambda ids, task_id: '<prune ids="r99">x</prune>', "not a search result or memory id"),
     (lambda ids, task_id: '<prune ids="task">x</prune>', "'task' is the task"),
     (lambda ids, task_id: f'<prune ids="{task_id}">x</prune>', "is the task"),
+    (lambda ids, task_id: '<prune ids="{system_id}">x</prune>', "is the system message"),
     (lambda ids, task_id: '<prune ids="2">x</prune>', "objective 2 of the task"),
     (lambda ids, task_id: f'<prune ids="{ids[0]},r99">x</prune>', "nothing was pruned"),
     (lambda ids, task_id: '<prune ids="">x</prune>', "needs ids="),
@@ -126,7 +127,8 @@ def test_bad_prunes_change_nothing_and_say_why(make_action, message):
     env = small_env()
     obs, ids, _ = two_searches(env)
     task_id = obs[1].id
-    action = make_action(ids, task_id)
+    action = make_action(ids, task_id).replace("{system_id}", obs[0].id)
+    assert obs[0].role == "system"
     new, reward, terminated, truncated, info = env.step(action)
     assert list(new.messages[: len(obs)]) == list(obs.messages)  # nothing deleted
     assert [m.role for m in new.messages[len(obs):]] == ["assistant", "user"]
@@ -309,6 +311,10 @@ def test_hotpotqa_tasks_over_a_distractor_corpus():
         env.reset(seed=1, options={"hops": 2})  # a generated world's option
     with pytest.raises(ValueError, match="question_indices .* or objectives .*, not both"):
         env.reset(seed=1, options={"question_indices": [4, 7], "objectives": 3})
+    assert env.reset(seed=1, options={"question_indices": "12"}) and env.task.objectives == (env.pool[12],)
+    for bad in ([1.9], [True, 2], [4, 4], [], 5.0):  # never quietly another question
+        with pytest.raises(ValueError, match="question_indices must be distinct ints"):
+            env.reset(seed=1, options={"question_indices": bad})
 
 
 action_text = st.one_of(

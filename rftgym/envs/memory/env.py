@@ -458,7 +458,8 @@ class MemoryQAEnv(gym.Env[Context, str]):
         for k in range(1, len(self.task.objectives) + 1):
             protected[str(k)] = protected[f"q{k}"] = f"objective {k} of the task"
         for message in self._context:
-            what = "the task" if message.id in self._task_message_ids else f"a {message.role} message"
+            what = ("the system message" if message.role == "system" else "the task"
+                    if message.id in self._task_message_ids else f"a {message.role} message")
             protected[message.id.lower()] = what
         return protected
 

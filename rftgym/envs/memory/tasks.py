@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ...core.errors import ConfigError
+from ...core.values import int_tuple
 from ..search.corpora import Document, Question, load_corpus, load_questions
 from ..search.world import World
 
@@ -62,7 +63,10 @@ def generate_task(world: World, rng: np.random.Generator, objectives: int, hops:
 
 def compose_task(pool: Sequence[Question], indices: Sequence[int]) -> MemoryTask:
     """A task whose objectives are ``pool[i]`` for ``i`` in ``indices`` (distinct, in range)."""
-    indices = [int(i) for i in indices]
+    try:  # int() alone would read 1.9 as 1, True as 1 and "12" as 1 and 2
+        indices = list(int_tuple(indices))
+    except TypeError:
+        raise ValueError(f"question_indices must be distinct ints in [0, {len(pool)}), got {indices!r}") from None
     if not indices or len(set(indices)) != len(indices) or not all(0 <= i < len(pool) for i in indices):
         raise ValueError(f"question_indices must be distinct ints in [0, {len(pool)}), got {indices!r}")
     chosen = tuple(pool[i] for i in indices)
