@@ -69,6 +69,13 @@ from .speed import (
 from .token_logprobs import chunked_token_logprobs, logit_transform
 
 
+def segment_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's generator for DCPO segment picks and minibatch shuffles: drawn from
+    (seed, rank) apart from the sampler's ``seed + rank``, since two CPU generators seeded alike
+    give the same numbers, so picks and sampled tokens would be correlated."""
+    return int(np.random.SeedSequence([seed, rank, 1]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
           make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
@@ -163,7 +170,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
                                      max_prompt_tokens=config.max_prompt_tokens or None)
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks
     policy._generator.manual_seed(config.seed + ranks.rank)
-    segment_rng = torch.Generator().manual_seed(config.seed + ranks.rank)
+    segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
     start = 0
     if resume:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)

@@ -286,3 +286,15 @@ def test_the_compile_scope_reaches_the_update_and_a_skipped_one_is_named(tmp_pat
           make_env=SayAEnv)
     assert seen[0].compile_scope == "decoder" and seen[0].compile_layers is False
     assert "'compile_decoder': 'skipped: compile is off" in capsys.readouterr().out
+
+
+def test_the_segment_generator_draws_apart_from_the_sampler():
+    from rftgym.train.loop import segment_seed
+
+    # The sampler of rank r is seeded with seed + r; seeded alike, two CPU generators agree.
+    for seed, rank in [(0, 0), (7, 1), (2**40, 3)]:
+        sampler = torch.Generator().manual_seed(seed + rank)
+        segments = torch.Generator().manual_seed(segment_seed(seed, rank))
+        assert not torch.equal(torch.rand(8, generator=sampler), torch.rand(8, generator=segments))
+    assert segment_seed(5, 0) == segment_seed(5, 0) and segment_seed(5, 0) != segment_seed(5, 1)
+    assert 0 <= segment_seed(2**62, 9) < 2**63
