@@ -15,7 +15,7 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import gymnasium as gym
 
@@ -177,6 +177,20 @@ def _check_model_dir(model: str | None) -> None:
         raise UsageError(f"--model: {exc}") from None
 
 
+AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
+                   "api": (("api_base", "--api-base"), ("api_model", "--api-model"), ("api_timeout", "--api-timeout"))}
+
+
+def _check_agent_flags(args: argparse.Namespace) -> None:
+    """A flag of another agent is refused: it would be ignored, and the run would evaluate another
+    model than the one named (``--model DIR`` with the default agent evaluated SmolLM2)."""
+    for agent, flags in AGENT_OWN_FLAGS.items():
+        given = [flag for name, flag in flags if getattr(args, name, None) is not None]
+        if given and args.agent != agent:
+            raise UsageError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --agent {agent}, and "
+                             f"this run's agent is {args.agent}; add --agent {agent}, or drop {' and '.join(given)}")
+
+
 def _make_agent(args: argparse.Namespace):
     if args.agent in ("default", "hf"):
         if args.agent == "hf" and not args.model:
@@ -196,7 +210,8 @@ def _make_agent(args: argparse.Namespace):
 
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs, timeout_s=args.api_timeout)
+                                     max_concurrency=args.num_envs,
+                                     timeout_s=60.0 if args.api_timeout is None else args.api_timeout)
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
     return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
@@ -244,15 +259,17 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
         if path.exists() and not path.is_file():  # the finished file replaces it: never a device or a pipe
             raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); the episodes are "
                              "written to a file that replaces it, so give a file name ending in .jsonl")
+        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise UsageError(f"{what} {path} cannot be written: {blocking} is a file, not a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # After the mkdir: a path through a directory that did not exist yet ("new/../tasks.jsonl")
+        # can only be resolved once it does.
         for key, value in (inputs or {}).items():
             if isinstance(value, str) and value and path.exists() and Path(value).exists() \
                     and os.path.samefile(path, value):
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
-        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        if blocking is not None:
-            raise UsageError(f"{what} {path} cannot be written: {blocking} is a file, not a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
         _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()
     except OSError as exc:
@@ -272,10 +289,11 @@ def _check_partial(path: Path) -> None:
                          "delete it, or give another --out")
 
 
-def _unique(path: Path) -> Path:
-    """``path``, or ``stem-2``, ``stem-3``... beside it if it exists (two runs in one second)."""
+def _unique(path: Path, taken: Collection[Path] = ()) -> Path:
+    """``path``, or ``stem-2``, ``stem-3``... beside it if it exists (two runs in one second) or is
+    ``taken`` by another file of this run (two envs of the same name in other namespaces)."""
     candidate, number = path, 2
-    while candidate.exists():
+    while candidate.exists() or candidate in taken:
         candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
         number += 1
     return candidate
@@ -364,7 +382,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "episode is kept for the table); split it into runs with --seed S --episodes N")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
-    env_ids = list(dict.fromkeys(args.env))
+    _check_agent_flags(args)
+    repeated = sorted({env_id for env_id in args.env if args.env.count(env_id) > 1})
+    if repeated:
+        raise UsageError(f"{', '.join(repeated)} is given more than once; give each environment once (its "
+                         "episodes are set by --episodes and --seed)")
+    env_ids = list(args.env)
     env_kwargs = _parse_env_args(args.env_arg)
     episodes_per_env = {}
     for env_id in env_ids:
@@ -387,11 +410,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
             outs[env_id] = Path(args.out)
         else:
             outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
-                                   / f"{_short_name(env_id)}-{args.agent}-{stamp}.jsonl")
+                                   / f"{_short_name(env_id)}-{args.agent}-{stamp}.jsonl", set(outs.values()))
     # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
     paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
+    if len(set(paths)) < len(paths):  # e.g. a baseline's file and another env's; never one file for two runs
+        raise UsageError(f"two runs of this evaluation would write the same file ({', '.join(map(str, paths))}); "
+                         "give another --out")
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     context_full: dict[str, int] = {}
+    agent = None
     try:
         for path in paths:
             _writable_file(path, "--out", env_kwargs)
@@ -403,8 +430,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             written += env_written
             if full:
                 context_full[env_id] = full
-        agent.close()
-    finally:  # the (empty) partial files of runs that never started
+    finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
+        if agent is not None:
+            agent.close()
         for path in paths:
             partial = _partial(path)
             try:
@@ -782,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="torch device for local models (default: cuda if available, else cpu)")
     p.add_argument("--api-base", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the API server")
-    p.add_argument("--api-timeout", type=float, default=60.0,
+    p.add_argument("--api-timeout", type=float, default=None,
                    help="seconds a request to the API server may take before it is retried (default 60)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

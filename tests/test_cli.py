@@ -445,6 +445,18 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
                       "--out", str(tmp_path / "x.jsonl")]) == 2
 
 
+def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated_env(tmp_path, capsys):
+    # The same env under its module-qualified id: the same short name, so the same file name.
+    out_dir = tmp_path / "evals"
+    assert main(["eval", "rftgym/VerifiableQA-v0", "rftgym:rftgym/VerifiableQA-v0", "--agent", "random",
+                 "--episodes", "2", "--out", str(out_dir)]) == 0
+    files = sorted(out_dir.glob("*.jsonl"))
+    assert len(files) == 2 and all(len(list(read_episodes_jsonl(p))) == 2 for p in files)
+    assert str(files[0]) in capsys.readouterr().out
+    assert exit_code(["eval", ENV_ID, ENV_ID, "--agent", "random", "--out", str(tmp_path / "d")]) == 2
+    assert f"{ENV_ID} is given more than once" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
 # ---------------------------------------------------------------- bad input, found by fuzzing the CLI
 
 @pytest.mark.parametrize("argv, message", [
@@ -456,6 +468,11 @@ def test_eval_on_several_envs_prints_one_table(tmp_path, capsys, monkeypatch):
     (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
                                                          "model directory"),
     (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local"),
+    # Another agent's flag would be ignored, and another model evaluated than the one named.
+    (["eval", ENV_ID, "--model", "/some/model"], "--model is for --agent hf, and this run's agent is default; add "
+                                                 "--agent hf"),
+    (["eval", ENV_ID, "--agent", "random", "--api-base", "http://127.0.0.1:9/v1", "--api-timeout", "5"],
+     "--api-base and --api-timeout are for --agent api, and this run's agent is random"),
     pytest.param(["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device",
                  marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")),
     pytest.param(["train", ENV_ID, "--device", "xpu"], "--device xpu: this torch build or machine has no XPU device",
@@ -555,6 +572,11 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
                       "--out", str(data)]) == 2
     assert "is the file given as --env-arg dataset_path" in capsys.readouterr().err
     assert data.read_text() == before and not (tmp_path / "tasks.jsonl.partial").exists()
+    # Also through a directory that does not exist yet.
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={data}",
+                      "--out", str(tmp_path / "new" / ".." / "tasks.jsonl")]) == 2
+    assert "is the file given as --env-arg dataset_path" in capsys.readouterr().err
+    assert data.read_text() == before
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / ("x" * 300 + ".jsonl"))]) == 2
     assert "cannot be written: File name too long" in capsys.readouterr().err
     (tmp_path / "ro").mkdir()

@@ -29,7 +29,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+import queue
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
@@ -39,6 +40,45 @@ from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
+
+
+class _RequestPool:
+    """Worker threads for concurrent requests. They are daemon threads, unlike a
+    ThreadPoolExecutor's, which the interpreter joins at exit: after Ctrl-C or a failed batch a
+    request still in flight would hold the process until its timeout. An abandoned request ends
+    with the process."""
+
+    def __init__(self, workers: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Cancel what has not started; workers stop after their current request (not waited for)."""
+        while True:
+            try:
+                future, _, _ = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            future.cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(exc)
 
 API_KEY_ENV = "OPENAI_API_KEY"
 SNIPPET_CHARS = 300
@@ -325,7 +365,7 @@ class ChatAPIAgent(Agent):
             )
         self.config = config
         self.name = f"api:{config.model}"
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _RequestPool | None = None
         self._lock = threading.Lock()
         self._warned_context_full = False
         # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
@@ -380,7 +420,7 @@ class ChatAPIAgent(Agent):
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
 
     def __enter__(self) -> "ChatAPIAgent":
         return self
@@ -393,12 +433,10 @@ class ChatAPIAgent(Agent):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self) -> _RequestPool:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self.config.max_concurrency, thread_name_prefix="rftgym-chat-api"
-                )
+                self._pool = _RequestPool(self.config.max_concurrency, "rftgym-chat-api")
             return self._pool
 
     def _body(self, context: Context) -> dict:

@@ -34,7 +34,7 @@ from ..core.values import is_int
 @dataclass(frozen=True)
 class RolloutConfig:
     num_envs: int = 8  # episodes run side by side (the agent's batch size)
-    max_turns: int = 64  # a safety net on top of each env's own budget
+    max_turns: int = 64  # a safety net for envs without a turn budget of their own (config.max_turns)
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:
@@ -55,6 +55,13 @@ class _Slot:
     reset_info: dict[str, Any] = field(default_factory=dict)
     active: bool = False
     warned_changed_reply: bool = False  # the env changed a reply's text (warned once per slot)
+
+    @property
+    def own_max_turns(self) -> int:
+        """The env's own turn budget (its config's ``max_turns``), 0 when it declares none: the
+        rollout's safety net must not cut an episode before the env's budget ends it."""
+        limit = getattr(getattr(self.env.unwrapped, "config", None), "max_turns", 0)
+        return int(limit) if is_int(limit) else 0
 
 
 def _env_id(env: gym.Env) -> str:
@@ -133,7 +140,7 @@ def run_episodes(
                                  f"{type(exc).__name__}: {exc} (replying to {where})") from exc
             _check_replies(agent, replies, len(active))
             for i, reply in zip(active, replies):
-                _step(slots[i], agent, reply, config.max_turns)
+                _step(slots[i], agent, reply, max(config.max_turns, slots[i].own_max_turns))
                 if not slots[i].active:
                     finish(i)
                     if queue:
@@ -278,7 +285,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     context, reward, terminated, truncated, info = _unpack(
         _call_env(slot.env, slot.seed, "step", len(slot.turns), reply.text), 5, slot.env, slot.seed, "step")
     reward = _checked_step(slot, context, reward, terminated, truncated, info)
-    if not terminated and len(slot.turns) + 1 >= max_turns:
+    if not (terminated or truncated) and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}
     message = _new_assistant_message(before, context, reply.text)

@@ -568,3 +568,26 @@ def test_act_rejects_non_context():
     agent = ChatAPIAgent.from_url("http://127.0.0.1:9/v1", "m", api_key=None)
     with pytest.raises(TypeError, match="Context"):
         agent.act([[{"role": "user", "content": "hi"}]])  # type: ignore[list-item]
+
+
+def test_an_interrupted_batch_does_not_hold_the_process_until_its_requests_time_out():
+    import socket
+    import subprocess
+    import sys
+
+    # A server that accepts and never answers; requests may wait 300 s for it.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        script = f"""
+import os, signal, threading
+from rftgym.agents.chat_api import ChatAPIAgent
+from rftgym.core.messages import Context, Message
+agent = ChatAPIAgent.from_url("http://127.0.0.1:{port}/v1", "m", timeout_s=300, max_retries=0, max_concurrency=2)
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+agent.act([Context((Message("user", "a", "u0"),)), Context((Message("user", "b", "u1"),))])
+"""
+        # Ctrl-C ends the process at once; before, the interpreter joined the request threads.
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr

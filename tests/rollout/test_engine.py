@@ -329,11 +329,33 @@ def test_every_env_made_is_closed_and_a_failing_close_does_not_hide_the_error():
     assert closed == made and len(made) == 2
 
 
-def test_rollout_safety_net_truncates():
-    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
-                            seeds=[0], config=RolloutConfig(max_turns=2))
+class _EndlessEnv(gym.Env):
+    """An env with no turn budget of its own: every reply is answered, nothing ends."""
+
+    def __init__(self):
+        self.observation_space, self.action_space = ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds.from_rng(self.np_random)
+        self.context = Context((self.ids.message("user", "go on"),))
+        return self.context, {}
+
+    def step(self, action):
+        self.context = self.context.appended(self.ids.message("assistant", action))
+        self.context = self.context.appended(self.ids.message("user", "go on"))
+        return self.context, 0.0, False, False, {}
+
+
+def test_rollout_safety_net_truncates_an_env_without_a_budget_but_never_cuts_an_env_budget():
+    episodes = run_episodes(_EndlessEnv, ScriptedAgent(["?"]), seeds=[0], config=RolloutConfig(max_turns=2))
     assert len(episodes[0].turns) == 2 and episodes[0].truncated
     assert episodes[0].turns[-1].info["rollout_truncated"]
+    # An env's own max_turns above the net runs to its end (it was cut at the net without a word).
+    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
+                            seeds=[0], config=RolloutConfig(max_turns=2))
+    assert len(episodes[0].turns) == 10 and episodes[0].truncated
+    assert "rollout_truncated" not in episodes[0].turns[-1].info
 
 
 def test_options_length_must_match():
