@@ -539,7 +539,8 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
             episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
                                     config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
         except BaseException as exc:
-            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+            why = ("terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+                   if isinstance(exc, KeyboardInterrupt) else "stopped by an error")
             kept = f"; {path} is as it was" if path.exists() else ""
             if finished:
                 print(f"\n{why}: the {finished} finished episodes are in {partial}{kept}", file=sys.stderr)
@@ -846,6 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # An evaluation stopped by SIGTERM says where its finished episodes are, as after Ctrl-C
+    # (rftgym train installs its own handler).
+    previous = _stop_on_sigterm() if args.command == "eval" else None
     try:
         _check_common(args)
         return args.func(args)
@@ -859,13 +863,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exception(cause, file=sys.stderr)
         print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, _Terminated)
+        print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:  # the reader of the output went away (e.g. `rftgym envs | head -1`): not an error
         # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

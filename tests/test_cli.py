@@ -540,6 +540,29 @@ def test_an_interrupted_eval_keeps_its_finished_episodes(tmp_path, monkeypatch, 
     assert f"the 2 finished episodes are in {partial}; {out} is as it was" in capsys.readouterr().err
 
 
+def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def terminated(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:2], config=config, on_episode=on_episode)
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's stop, delivered to this (main) thread
+        real(make_env, agent, seeds[2:], config=config, on_episode=on_episode)
+
+    monkeypatch.setattr(rollout, "run_episodes", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) == 143
+    err = capsys.readouterr().err
+    assert "terminated (SIGTERM): the 2 finished episodes are in" in err and not out.exists()
+    assert len(list(read_episodes_jsonl(tmp_path / "eval.jsonl.partial"))) == 2
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the caller's again
+
+
 def test_a_failed_eval_keeps_its_finished_episodes_and_the_earlier_output(tmp_path, monkeypatch, capsys):
     import rftgym.rollout as rollout
 

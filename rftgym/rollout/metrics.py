@@ -8,18 +8,21 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.records import Episode
+from ..core.records import CONTEXT_FULL, Episode
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     if not episodes:
         return {"episodes": 0}
-    format_errors = [bool(t.info.get("format_error")) for e in episodes for t in e.turns]
+    # Turns the env played: the empty turn that records an episode's end for want of context is
+    # no reply, so it counts neither as a turn nor as a turn without a format error.
+    played = [[t for t in e.turns if t.finish_reason != CONTEXT_FULL] for e in episodes]
+    format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
     return {
         "episodes": len(episodes),
         "reward": mean(e.total_reward for e in episodes),
         "success": float(mean(float(e.success) for e in episodes)),
-        "turns": mean(len(e.turns) for e in episodes),
+        "turns": mean(len(turns) for turns in played),
         "truncated": mean(float(e.truncated) for e in episodes),
         "format_error_rate": float(mean(format_errors)) if format_errors else 0.0,
         "sampled_tokens": mean(e.num_sampled_tokens for e in episodes),

@@ -109,7 +109,10 @@ def test_env_columns_score_an_episode_that_ran_out_of_context_as_unfinished():
     columns = env_metrics(good + full, spec)
     assert columns["em"] == 0.5  # the unanswered episode scores 0, not left out
     assert columns["searches/ep"] == 0.5  # its env's last report (1 search) counts; the answer had none
-    assert summarize(good + full)["context_full"] == 1 and summarize(good + full)["success"] == 0.5
+    summary = summarize(good + full)
+    assert summary["context_full"] == 1 and summary["success"] == 0.5
+    # The empty turn recording the end is no reply: one turn each, and the search had no format error.
+    assert summary["turns"] == 1.0 and summary["format_error_rate"] == 0.0
 
 
 def test_a_prompt_over_the_policy_limit_ends_only_its_own_episode(tiny_policy):
