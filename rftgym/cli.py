@@ -201,8 +201,10 @@ def _make_agent(args: argparse.Namespace):
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed, max_batch_size=args.num_envs)
-        return HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
-                                        device=args.device)
+        policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
+                                          device=args.device)
+        policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
+        return policy
     if args.agent == "api":
         if not args.api_base or not args.api_model:
             raise UsageError("--agent api needs --api-base URL (e.g. http://127.0.0.1:8000/v1) and --api-model NAME")

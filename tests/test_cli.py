@@ -787,3 +787,20 @@ def test_a_reader_that_leaves_the_pipe_is_not_an_error():
     process.stdout.close()  # before the command (still importing) writes anything
     _, err = process.communicate(timeout=120)
     assert process.returncode == 141 and b"Traceback" not in err, err.decode()
+
+
+def test_eval_names_the_flag_when_new_tokens_do_not_fit_the_models_context(monkeypatch, capsys, tmp_path):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    from support import make_char_policy
+
+    def tiny(cls, model=None, sampling=None, **kwargs):
+        policy = make_char_policy()
+        policy.sampling = sampling
+        return policy
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(tiny))
+    context = make_char_policy().context_length
+    assert exit_code(["eval", ENV_ID, "--episodes", "1", "--max-new-tokens", str(context + 5),
+                      "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert f"--max-new-tokens: max_new_tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
