@@ -132,9 +132,9 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         if record.get("done") is True:
             done = True
         elif "phase" in record:
-            phase = record["phase"]
+            phase = record["phase"] if isinstance(record["phase"], str) else "fatal"
             status = {"import": "import_error", "entry": "missing_entry_point"}.get(phase, "crashed")
-            message = f"{record.get('error')}: {record.get('message')}"
+            message = f"{str(record.get('error'))[:500]}: {str(record.get('message'))[:500]}"
             done = True
         elif type(record.get("i")) is int and 0 <= record["i"] < n_inputs:
             records[record["i"]] = _test_record(record)

@@ -14,7 +14,8 @@ keeps one such jail, set up the same way, whose pid 1 is a small non-dumpable su
 request (from a memfd the supervisor never reads: no run's data is left in the memory later runs
 are forked from), writes the files into the empty /work, applies the rlimits (RLIMIT_NPROC counts
 per user namespace, i.e. per jail, and nothing of an earlier run is left to count) and runs the
-program. When it exits,
+program. A seccomp filter (:mod:`.seccomp`) refuses the kernel keyring (shared by every jail's uid)
+and memory outside the address space (SysV shared memory, memfds), which no rlimit caps. When it exits,
 every other process in the jail is killed and /work, /tmp and /dev/shm are wiped and checked; the
 host replaces the whole jail on anything unusual. ``warm_jails=False`` starts one jail (and
 interpreter) per run: slower. This module builds the bwrap command lines for both and runs the
@@ -39,6 +40,7 @@ import time
 import warnings
 
 from .docker_image import base_python, readable_by_others, runtime_tree
+from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
                       SandboxLimits, make_result, python_command, python_environment)
 from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, kill_and_wait, kill_group, memfd,
@@ -77,6 +79,7 @@ class LocalSandbox(Sandbox):
         self.tree = "" if not self.as_root or readable_by_others(runtime.executable) else runtime_tree()
         self.python = runtime.executable
         self.bwrap_base: list[str] | None = None
+        self.seccomp: bytes | None = None  # the jail's seccomp filter (see .seccomp)
         problem = None
         if use_bwrap is not False:
             bwrap = shutil.which("bwrap")
@@ -88,11 +91,11 @@ class LocalSandbox(Sandbox):
             self._try_warm()
         if self.warm:
             self.isolation = ("bubblewrap jail per worker (no network, read-only system, private tmpfs /work and "
-                              f"/tmp, own pid namespace, uid {NOBODY}), fresh forked process per run with rlimits, "
-                              "jail cleaned between runs")
+                              f"/tmp, own pid namespace, uid {NOBODY}, {self._filter_text}), fresh forked process per "
+                              "run with rlimits, jail cleaned between runs")
         elif self.bwrap_base:
             self.isolation = ("bubblewrap: no network, read-only system, private tmpfs /work and /tmp, own pid "
-                              f"namespace, uid {NOBODY}, rlimits")
+                              f"namespace, uid {NOBODY}, {self._filter_text}, rlimits")
         else:
             uid = f"uid {NOBODY}" if self.as_root else "the current user"
             self.isolation = (f"rlimits + process group + temp dir only, as {uid} (NO network or filesystem "
@@ -100,6 +103,10 @@ class LocalSandbox(Sandbox):
             _warn_fallback(problem or "use_bwrap=False")
 
     # -- bubblewrap -------------------------------------------------------------------------
+    @property
+    def _filter_text(self) -> str:
+        return "no keyring, SysV or memfd memory (seccomp)" if self.seccomp else "NO seccomp filter"
+
     def _try_bwrap(self, bwrap: str) -> str | None:
         """Set up the bwrap command line and check that a trivial program runs in it."""
         base = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
@@ -121,10 +128,15 @@ class LocalSandbox(Sandbox):
                 base += ["--tmpfs", site, "--remount-ro", site]   # stdlib only: hide site-packages
         base += ["--proc", "/proc", "--dev", "/dev"]
         self.bwrap_base = base
-        probe = self.run(Program({"main.py": "import sys; print(sys.version_info[0])"},
-                                 limits=SandboxLimits(wall_seconds=20, cpu_seconds=10)))
-        if probe.stdout.strip() == "3" and probe.exit_code == 0:
-            return None
+        for self.seccomp in dict.fromkeys([jail_filter(), None]):  # without the filter only if it fails
+            probe = self.run(Program({"main.py": "import sys; print(sys.version_info[0])"},
+                                     limits=SandboxLimits(wall_seconds=20, cpu_seconds=10)))
+            if probe.stdout.strip() == "3" and probe.exit_code == 0:
+                if self.seccomp is None:
+                    log.warning("rftgym local sandbox: the jail runs without its seccomp filter (%s); runs can "
+                                "reach the kernel keyring and SysV/memfd memory", "no filter for this machine"
+                                if jail_filter() is None else "bwrap refused it")
+                return None
         self.bwrap_base = None
         return (probe.stderr.strip() or f"exit {probe.exit_code}, signal {probe.signal}")[-500:]
 
@@ -138,7 +150,8 @@ class LocalSandbox(Sandbox):
 
     def _jail_mounts(self, base: list[str], disk_mb: int, keep: list[int]) -> list[str]:
         disk = str(disk_mb * MB)
-        return [*base, "--ro-bind-data", str(memfd(PASSWD, keep)), "/etc/passwd",
+        seccomp = ["--seccomp", str(memfd(self.seccomp, keep))] if self.seccomp else []
+        return [*base, *seccomp, "--ro-bind-data", str(memfd(PASSWD, keep)), "/etc/passwd",
                 "--ro-bind-data", str(memfd(GROUP, keep)), "/etc/group",
                 "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", "/dev/shm",
                 "--size", disk, "--tmpfs", WORK_DIR]

@@ -213,6 +213,8 @@ def test_dataset_tests_check(sandbox):
     '{"i": 0, "got": "' + '[' * 100000 + '"}',              # a "got" that cannot be decoded
     '{"i": true, "got": "[\\"i\\", 1]"}',                   # a bool is not an index
     '{"i": 0, "got": 7, "error": null}',                    # got must be an encoding (str)
+    '{"phase": []}',                                        # a phase that is not a name
+    '{"phase": {"import": 1}, "error": [' + '0,' * 10000 + '0]}',
 ])
 def test_forged_or_malformed_records_fail_the_test_and_never_raise(forged):
     """Candidate code shares the runner's process and can print records between the marker:

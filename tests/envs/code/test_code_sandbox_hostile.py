@@ -407,7 +407,7 @@ print(os.getppid(), denied)
     "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
     "import time\ntime.sleep(3600)",
     "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)",
-    "import ctypes\nprint(ctypes.CDLL(None).shmget(0, 4096, 0o1600))",   # IPC_CREAT | 0600: outlives the run
+    "import ctypes\nprint(ctypes.CDLL(None).semget(0, 1, 0o1600))",   # IPC_CREAT | 0600: outlives the run
 ], ids=["memory", "disk", "wall", "output", "sysv-ipc"])
 def test_a_dirty_run_recycles_the_jail(warm, source):
     run_in(warm, "print(1)")
@@ -600,3 +600,80 @@ def test_a_run_cannot_read_an_earlier_runs_program_stdin_or_argv_from_memory(war
     found = json.loads(second.stdout)
     assert found["canary"] >= 1, f"the scan did not see its own heap: {found}"
     assert (found["file"], found["stdin"], found["argv"]) == (0, 0, 0), f"run A's data is in run B's memory: {found}"
+
+
+# Memory held in objects rather than in the address space: RLIMIT_AS does not count it.
+HOLD_OUTSIDE_ADDRESS_SPACE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+SEGMENT, MIB = 32 << 20, 1 << 20
+held, keep = 0, []
+for _ in range(8):
+    sid = libc.shmget(0, ctypes.c_size_t(SEGMENT), 0o1600)
+    if sid < 0:
+        break
+    address = libc.shmat(sid, None, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(address, 1, SEGMENT)
+    libc.shmdt(ctypes.c_void_p(address))
+    held += SEGMENT
+    print(held // MIB, flush=True)
+for _ in range(8):
+    try:
+        fd = os.memfd_create("hold")
+    except OSError:
+        break
+    keep.append(fd)
+    for offset in range(0, SEGMENT, MIB):
+        os.pwrite(fd, b"x" * MIB, offset)
+    held += SEGMENT
+    print(held // MIB, flush=True)
+"""
+
+
+def test_memory_outside_the_address_space_is_refused_or_capped(sandbox):
+    result = run(sandbox, HOLD_OUTSIDE_ADDRESS_SPACE)
+    held = [int(line) for line in result.stdout.split()]
+    # 512 MiB would be held without a cap; the run may hold up to its memory limit (docker's cgroup).
+    assert max(held, default=0) <= sandbox.limits.memory_mb, (held, result)
+
+
+KEYRING = """
+import ctypes, platform, sys
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = (248, 250) if platform.machine() == "x86_64" else (217, 219)
+GET_KEYRING_ID, SETPERM, LINK, SEARCH, READ = 0, 5, 8, 10, 11
+USER_KEYRING = -4
+
+def keyrings_of_uid():
+    # Each jail has its own user namespace, but /proc/keys shows every keyring this uid may view,
+    # the host's own _uid.65534 among them, and the kernel keeps it across jails.
+    own = libc.syscall(KEYCTL, GET_KEYRING_ID, USER_KEYRING, 1)
+    try:
+        lines = open("/proc/keys").read().splitlines()
+    except OSError:
+        return []
+    return [int(l.split()[0], 16) for l in lines if "keyring" in l and "_uid." in l and int(l.split()[0], 16) != own]
+
+if sys.argv[1] == "store":
+    key = libc.syscall(ADD_KEY, b"user", b"rftgym-probe", b"the answers", 11, USER_KEYRING)
+    if key > 0:
+        libc.syscall(KEYCTL, SETPERM, key, ctypes.c_uint32(0x3F0A0000))
+        for ring in keyrings_of_uid():
+            libc.syscall(KEYCTL, LINK, key, ring)
+    print("stored" if key > 0 else "refused")
+else:
+    found = any(libc.syscall(KEYCTL, SEARCH, ring, b"user", b"rftgym-probe", 0) > 0
+                for ring in [USER_KEYRING, *keyrings_of_uid()])
+    print("found" if found else "absent")
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers of x86_64/aarch64")
+def test_the_kernel_keyring_carries_nothing_from_one_run_to_another(sandbox):
+    stored = sandbox.run(Program({"main.py": KEYRING}, argv=("python", "main.py", "store")))
+    found = sandbox.run(Program({"main.py": KEYRING}, argv=("python", "main.py", "find")))
+    assert stored.stdout.strip() in ("stored", "refused") and found.stdout.strip() == "absent", (stored, found)

@@ -1,0 +1,79 @@
+"""A seccomp filter for the local jail (bubblewrap's ``--seccomp FD``), in classic BPF.
+
+It refuses (EPERM) the few system calls whose effects escape a jail's limits, and allows the rest:
+
+- ``add_key``, ``request_key``, ``keyctl``: every jail runs as uid 65534, and the kernel keeps that
+  uid's user keyring across jails, so a run could store data there (say, the answers of a graded
+  task) for any later run to read.
+- ``shmget`` (SysV shared memory), ``msgget`` (SysV message queues) and
+  ``memfd_create``/``memfd_secret``: memory that lives in an object rather than in the process's
+  address space counts neither against RLIMIT_AS nor against the tmpfs size caps, so one run could
+  hold gigabytes of host memory (the docker backend caps it with its memory cgroup instead).
+  Python code rarely uses them; its shared memory goes through /dev/shm, a size-capped tmpfs in
+  the jail. (SysV semaphores stay: they hold almost nothing, and the warm jail's cleaner finds
+  any left over.)
+
+A system call of another ABI (32-bit calls on x86-64, the x32 ABI) is refused too: the numbers
+above are the native ones, so another ABI could reach the same calls under other numbers. On a
+machine whose architecture is not listed, :func:`jail_filter` returns None and the jail runs
+without a filter (the isolation string says so).
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+
+# Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
+_LOAD_WORD = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JUMP_IF_EQUAL = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JUMP_IF_AT_LEAST = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_RETURN = 0x06  # BPF_RET | BPF_K
+_ALLOW = 0x7FFF0000
+_REFUSE = 0x00050000 | errno.EPERM  # SECCOMP_RET_ERRNO
+_NR_OFFSET, _ARCH_OFFSET = 0, 4  # in struct seccomp_data
+_X32_BIT = 0x40000000
+
+# (audit arch, {name: native number}) per machine.
+_REFUSED = {
+    "x86_64": (0xC000003E, {"add_key": 248, "request_key": 249, "keyctl": 250, "shmget": 29, "msgget": 68,
+                            "memfd_create": 319, "memfd_secret": 447}),
+    "aarch64": (0xC00000B7, {"add_key": 217, "request_key": 218, "keyctl": 219, "shmget": 194, "msgget": 186,
+                             "memfd_create": 279, "memfd_secret": 447}),
+}
+_REFUSED["amd64"] = _REFUSED["x86_64"]
+_REFUSED["arm64"] = _REFUSED["aarch64"]
+
+REFUSED_CALLS = tuple(_REFUSED["x86_64"][1])
+
+
+def _instruction(code: int, jump_true: int, jump_false: int, value: int) -> bytes:
+    return struct.pack("=HBBI", code, jump_true, jump_false, value)
+
+
+def build_filter(arch: int, numbers: list[int], x32_bit: bool) -> bytes:
+    """The filter program: refuse ``numbers`` and any call of another ABI; allow the rest."""
+    checks = ([(_JUMP_IF_AT_LEAST, _X32_BIT)] if x32_bit else []) + [(_JUMP_IF_EQUAL, n) for n in numbers]
+    length = 3 + len(checks) + 2  # load arch, check it, load nr; the checks; ALLOW, REFUSE
+    refuse_at = length - 1
+
+    def to_refuse(index: int) -> int:  # a jump counts the instructions after the current one
+        return refuse_at - (index + 1)
+
+    program = [(_LOAD_WORD, 0, 0, _ARCH_OFFSET),
+               (_JUMP_IF_EQUAL, 0, to_refuse(1), arch),  # another ABI: refused
+               (_LOAD_WORD, 0, 0, _NR_OFFSET)]
+    program += [(code, to_refuse(3 + k), 0, value) for k, (code, value) in enumerate(checks)]
+    program += [(_RETURN, 0, 0, _ALLOW), (_RETURN, 0, 0, _REFUSE)]
+    assert len(program) == length
+    return b"".join(_instruction(*fields) for fields in program)
+
+
+def jail_filter(machine: str | None = None) -> bytes | None:
+    """The jail's filter for this machine (``platform.machine()``), or None where unknown."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in _REFUSED:
+        return None
+    arch, numbers = _REFUSED[machine]
+    return build_filter(arch, sorted(numbers.values()), x32_bit=machine in ("x86_64", "amd64"))
