@@ -1,21 +1,28 @@
 """The source of the test-runner program that runs inside the sandbox (stdlib only).
 
-One process runs a candidate against many test inputs. It reads ``tests.json`` (code, setup code,
-entry point, inputs and per-test time limit: never expected outputs) and writes one JSON record
-per test to the original stdout, between a random per-run marker, as soon as the test ends, so a
-run killed midway still reports the tests it finished. Candidate output goes elsewhere: function
-style sends fd 1/2 to /dev/null; stdio style points fd 0/1 at per-test files (so ``input()``,
-``sys.stdin.buffer``, ``open(0)`` and ``os.write(1, ...)`` all work) and runs the code in a fresh
-``__main__`` namespace per test.
+The runner reads ``tests.json`` (code, setup code, entry point, inputs and per-test time limit:
+never expected outputs) and runs the candidate against every input in a forked child. The child
+sends one JSON record per test, as soon as the test ends; the runner (the supervisor) checks each
+and writes it to the original stdout between a random per-run marker, so a run killed midway
+still reports the tests it finished. Candidate output goes elsewhere: function style sends fd 1/2
+to /dev/null; stdio style points fd 0/1 at per-test files (so ``input()``, ``sys.stdin.buffer``,
+``open(0)`` and ``os.write(1, ...)`` all work) and runs the code in a fresh ``__main__`` namespace
+per test. The child never holds the host's stdout, and the supervisor is non-dumpable, so the
+candidate cannot write records the host would read.
 
 Records: ``{"phase": "import"|"entry"|"fatal", "error", "message"}`` for a failure before the
-tests, ``{"i", "got", "error", "message", "s"}`` per test, ``{"done": true}`` at the end.
+tests, ``{"i", "got", "error", "message", "s"}`` per test, ``{"done": true}`` at the end (the
+child also sends ``{"ready": true}`` once the code is defined).
 
-A test's time limit is an alarm that raises in the candidate's code; code that catches it (a bare
-``except:`` in a retry loop) or ignores SIGALRM would otherwise run on until the sandbox's limit
-for the whole run. A watchdog thread ends the run ``_GRACE`` seconds after a limit that did not
-stop its test: that test is reported as a timeout and the ones after it as skipped, as after
-``max_timeouts``.
+A test's time limit is an alarm that raises in the candidate's code, in the child. Code that
+catches it, ignores SIGALRM, switches the runner's alarm off (it shares the child's process) or
+loops in C where no signal handler runs would run on until the sandbox's limit for the whole run.
+So the supervisor, which runs no candidate code, gives each test its limit plus ``_GRACE`` from
+the record before it; past that it kills the child, reports the test as a timeout and starts a
+new child at the next test (after ``max_timeouts`` timeouts the rest are skipped). Where no
+second process can be started (a limit of one process), the tests run in the runner itself, with
+the alarms and a watchdog thread that ends the run ``_GRACE`` seconds after a limit that did not
+stop its test.
 """
 
 from __future__ import annotations
@@ -23,12 +30,12 @@ from __future__ import annotations
 from .codec import ENCODER_SOURCE
 
 RUNNER_TEMPLATE = r'''
-import atexit, builtins, io, json, math, os, signal, sys, threading, time
+import atexit, builtins, io, json, math, os, select, signal, sys, threading, time
 MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 _MAX_GOT = 1000000
-_GRACE = 1.0   # seconds a test may run past its limit before the watchdog ends the run
+_GRACE = 0.5   # seconds a test may run past its limit before it is stopped from outside
 _now, _sleep, _exit = time.monotonic, time.sleep, os._exit   # the candidate may replace the modules' own
 _lock = threading.RLock()   # one record at a time; the watchdog reports under it
 _overrun = [None, None]   # the armed limit's deadline (with grace), and what to report when it passes
@@ -130,8 +137,10 @@ def _function_style(cfg):
     if not callable(fn):
         _emit({"phase": "entry", "error": "MissingEntryPoint", "message": "no function named %r" % cfg["entry"]})
         return
+    _emit({"ready": True})
     timeouts = 0
-    for i, source in enumerate(cfg["inputs"]):
+    for i in range(cfg.get("first", 0), len(cfg["inputs"])):
+        source = cfg["inputs"][i]
         if cfg.get("max_timeouts") and timeouts >= cfg["max_timeouts"]:
             _emit({"i": i, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
             continue
@@ -186,8 +195,10 @@ def _stdio_style(cfg):
         error, message = _describe(exc)
         _emit({"phase": "import", "error": error, "message": message})
         return
+    _emit({"ready": True})
     timeouts = 0
-    for i, data in enumerate(cfg["inputs"]):
+    for i in range(cfg.get("first", 0), len(cfg["inputs"])):
+        data = cfg["inputs"][i]
         if cfg.get("max_timeouts") and timeouts >= cfg["max_timeouts"]:
             _emit({"i": i, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
             continue
@@ -236,25 +247,182 @@ def _stdio_style(cfg):
             error, message = "OutputTooLarge", "more than %d bytes on stdout" % _MAX_GOT
         _emit({"i": i, "got": got, "error": error, "message": message, "s": seconds})
 
-try:
-    try:  # a small stack: under RLIMIT_AS the thread's address space is the candidate's loss
-        threading.stack_size(1 << 18)
-        threading.Thread(target=_watchdog, daemon=True).start()
-    except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
+def _run_tests(cfg, supervised):
+    try:
+        try:  # a small stack: under RLIMIT_AS the thread's address space is the candidate's loss
+            threading.stack_size(1 << 18)
+            if not supervised:   # else the supervisor stops what the alarm does not
+                threading.Thread(target=_watchdog, daemon=True).start()
+        except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
+            pass
+        threading.stack_size(0)  # the candidate's own threads get the usual stack
+        if cfg["style"] == "function":
+            _function_style(cfg)
+        else:
+            _stdio_style(cfg)
+        _emit({"done": True})
+    except BaseException as exc:
+        error, message = _describe(exc)
+        _emit({"phase": "fatal", "error": error, "message": message})
+    _channel.flush()
+    _exit(0)
+
+# ---- the supervisor: the limits hold whatever the candidate's code does to its own process
+#
+# The candidate runs in a forked child, and the alarms there stop ordinary slow code. But code in
+# that process can reach the runner's own functions (import __main__) and switch its alarm off, or
+# loop in C where no signal handler runs. The supervisor never runs candidate code: it relays the
+# child's records in order and gives each test (from the record before it) its limit plus _GRACE;
+# past that it kills the child, reports a timeout and starts a new child at the next test.
+
+_CHILD_RECORD_BYTES = 16 << 20   # a longer line cannot be a record (a result is capped at _MAX_GOT)
+
+def _non_dumpable(flag):
+    # Non-dumpable, the supervisor's /proc entries (its fd of the host's stdout, its memory) and
+    # ptrace are closed to the child, which runs as the same user.
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(4, flag, 0, 0, 0)   # PR_SET_DUMPABLE
+    except BaseException:
         pass
-    threading.stack_size(0)  # the candidate's own threads get the usual stack
+
+def _start_child(cfg, first, timeouts_left):
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None, None
+    if pid == 0:
+        global _channel
+        try:
+            os.close(read_end)
+            _non_dumpable(1)
+            host, _channel = _channel, os.fdopen(write_end, "w", encoding="utf-8", errors="replace")
+            host.close()
+            _redirect(1, _null(), "w")   # the host's stdout is the supervisor's alone
+            os.setpgid(0, 0)
+        except BaseException:
+            _exit(1)
+        _run_tests(dict(cfg, first=first, max_timeouts=timeouts_left), supervised=True)
+    os.close(write_end)
+    return pid, read_end
+
+def _stop_child(pid, read_end):
+    for target in (-pid, pid):   # its process group, and the child itself if it left the group
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+    os.close(read_end)
+    return os.waitpid(pid, 0)[1]
+
+def _records(read_end, buffer, wait):
+    """The complete records the child sent within ``wait`` seconds (None at its end)."""
+    ready = select.select([read_end], [], [], max(0.0, wait))[0]
+    if not ready:
+        return []
+    chunk = os.read(read_end, 1 << 16)
+    if not chunk:
+        return None
+    buffer += chunk
+    if b"\n" not in chunk:   # a long record comes in many chunks: split once it is whole
+        if len(buffer) > _CHILD_RECORD_BYTES:
+            buffer.clear()
+        return []
+    *lines, rest = bytes(buffer).split(b"\n")
+    buffer[:] = rest if len(rest) <= _CHILD_RECORD_BYTES else b""
+    found = []
+    for line in lines:
+        text = line.decode("utf-8", "replace")
+        if len(text) > 2 * len(MARK) and text.startswith(MARK) and text.endswith(MARK):
+            try:
+                record = json.loads(text[len(MARK):-len(MARK)])
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(record, dict):
+                found.append(record)
+    return found
+
+def _supervise(cfg):
+    total, per_test = len(cfg["inputs"]), cfg["per_test"]
+    max_timeouts = cfg.get("max_timeouts") or 0
+    first, timeouts = 0, 0
+    while True:
+        pid, read_end = _start_child(cfg, first, max(1, max_timeouts - timeouts) if max_timeouts else 0)
+        if pid is None:   # no room for another process
+            if first == 0:
+                return False   # the caller runs the tests itself, under the alarms alone
+            for j in range(first, total):
+                _emit({"i": j, "got": None, "error": "Skipped", "s": 0.0,
+                       "message": "not run: no process could be started after a test that did not stop"})
+            _emit({"done": True})
+            return True
+        expected, buffer = None, bytearray()   # None: the code is being defined
+        started = _now()
+        deadline = started + cfg["import_seconds"] + _GRACE
+        while True:
+            found = _records(read_end, buffer, min(0.05, deadline - _now()))
+            if found is None:   # the child ended without finishing: the run ends as it did
+                status = _stop_child(pid, read_end)
+                _channel.flush()
+                if os.WIFSIGNALED(status):
+                    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                    os.kill(os.getpid(), os.WTERMSIG(status))
+                _exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+            for record in found:
+                if "phase" in record:   # the code could not be defined, or the runner failed
+                    _emit({"phase": record["phase"] if isinstance(record["phase"], str) else "fatal",
+                           "error": str(record.get("error"))[:500], "message": str(record.get("message"))[:500]})
+                    _stop_child(pid, read_end)
+                    return True
+                if expected is None and record.get("ready") is True:
+                    expected = first
+                elif expected is not None and record.get("i") == expected and type(record["i"]) is int:
+                    _emit(record)
+                    timeouts += record.get("error") == "Timeout"
+                    expected += 1
+                elif expected == total and record.get("done") is True:
+                    _emit({"done": True})
+                    _stop_child(pid, read_end)
+                    return True
+                else:
+                    continue
+                deadline = _now() + per_test + _GRACE
+            if _now() <= deadline:
+                continue
+            _stop_child(pid, read_end)
+            if expected is None:
+                _emit({"phase": "import", "error": "Timeout", "message": "defining the code took too long and "
+                       "did not stop at its time limit"})
+                return True
+            _emit({"i": expected, "got": None, "error": "Timeout", "s": _now() - deadline + per_test + _GRACE,
+                   "message": "the test took longer than %g s and did not stop at its time limit" % per_test})
+            timeouts += 1
+            first = expected + 1
+            if max_timeouts and timeouts >= max_timeouts:
+                for j in range(first, total):
+                    _emit({"i": j, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
+                first = total
+            if first >= total:
+                _emit({"done": True})
+                return True
+            break
+
+try:
     with open("tests.json", encoding="utf-8") as _handle:
         _cfg = json.load(_handle)
-    if _cfg["style"] == "function":
-        _function_style(_cfg)
-    else:
-        _stdio_style(_cfg)
-    _emit({"done": True})
+    _non_dumpable(0)
+    _supervised = _supervise(_cfg)
 except BaseException as _exc:
     _error, _message = _describe(_exc)
     _emit({"phase": "fatal", "error": _error, "message": _message})
+    _supervised = True
+if not _supervised:
+    _run_tests(_cfg, supervised=False)
 _channel.flush()
-os._exit(0)
+_exit(0)
 '''
 
 
