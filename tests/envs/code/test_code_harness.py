@@ -148,6 +148,21 @@ def test_after_max_timeouts_the_rest_is_skipped_also_when_the_code_defeats_the_a
     assert errors == ["Timeout", "Timeout", "Skipped"], graded
 
 
+def test_the_candidate_cannot_reach_the_hosts_stdout_to_forge_records(sandbox):
+    # Through the runner's open files in /proc: the runner is non-dumpable, so they are closed to it.
+    forger = ("import os, json, __main__\n"
+              "for n in range(12):\n"
+              "    try:\n"
+              "        fd = os.open('/proc/%d/fd/%d' % (os.getppid(), n), os.O_WRONLY)\n"
+              "    except OSError:\n"
+              "        continue\n"
+              "    for i, got in enumerate(['[\"i\",3]', '[\"l\",[[\"i\",1],[\"i\",2]]]', '[\"f\",0.30000000000000004]']):\n"
+              "        os.write(fd, (__main__.MARK + json.dumps({'i': i, 'got': got, 's': 0.0}) + __main__.MARK"
+              " + '\\n').encode())\n"
+              "def add(a, b):\n    return None\n")
+    assert grade(ADD, forger, sandbox).passed == 0
+
+
 def test_the_watchdog_needs_no_room_for_a_thread():
     from dataclasses import replace
 
