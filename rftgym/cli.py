@@ -264,14 +264,14 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
         blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
         if blocking is not None:
             raise UsageError(f"{what} {path} cannot be written: {blocking} is a file, not a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # After the mkdir: a path through a directory that did not exist yet ("new/../tasks.jsonl")
-        # can only be resolved once it does.
         for key, value in (inputs or {}).items():
-            if isinstance(value, str) and value and path.exists() and Path(value).exists() \
-                    and os.path.samefile(path, value):
+            # realpath resolves a path through a directory not made yet ("new/../tasks.jsonl") too.
+            if isinstance(value, str) and value and Path(value).exists() and (
+                    os.path.samefile(path, value) if path.exists()
+                    else os.path.realpath(path) == os.path.realpath(value)):
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
+        path.parent.mkdir(parents=True, exist_ok=True)
         _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()
     except OSError as exc:

@@ -599,7 +599,7 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={data}",
                       "--out", str(tmp_path / "new" / ".." / "tasks.jsonl")]) == 2
     assert "is the file given as --env-arg dataset_path" in capsys.readouterr().err
-    assert data.read_text() == before
+    assert data.read_text() == before and not (tmp_path / "new").exists()
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--out", str(tmp_path / ("x" * 300 + ".jsonl"))]) == 2
     assert "cannot be written: File name too long" in capsys.readouterr().err
     (tmp_path / "ro").mkdir()

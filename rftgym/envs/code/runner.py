@@ -58,7 +58,10 @@ def _watchdog():
 class _Timeout(BaseException):
     pass
 
+_alarm_fired = [False]   # a handler that swallows exceptions (atexit's) cannot hide a timeout
+
 def _on_alarm(signum, frame):
+    _alarm_fired[0] = True
     raise _Timeout()
 
 def _describe(exc):
@@ -68,6 +71,7 @@ def _describe(exc):
         return type(exc).__name__, ""
 
 def _arm(seconds, report):
+    _alarm_fired[0] = False
     with _lock:
         _overrun[:] = [_now() + seconds + _GRACE, report]
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -166,8 +170,13 @@ def _function_style(cfg):
 class _HardExit(BaseException):
     pass
 
+_test_pid = [None]
+
 def _hard_exit(status=0):
-    # os._exit in a stdio program ends its test, not the runner (the tests share one process).
+    # os._exit in a stdio program ends its test, not the runner (the tests share one process); in a
+    # process the program forked it is the real one.
+    if os.getpid() != _test_pid[0]:
+        _exit(status)
     raise _HardExit(status)
 
 def _exit_error(status):
@@ -179,12 +188,20 @@ def _exit_error(status):
     return None, None
 
 def _program_end(threads_before):
-    # What the interpreter does when a program ends: wait for the threads it started (a program
-    # may run its main in a thread with a larger stack) and run its atexit handlers.
+    # What the interpreter does when a program ends: the threading module's exit calls (they wake
+    # a ThreadPoolExecutor's idle workers), then wait for the threads the program started (it may
+    # run its main in a thread with a larger stack), then its atexit handlers.
+    for call in reversed(list(getattr(threading, "_threading_atexits", ()))):
+        call()
+    for module, flag in (("concurrent.futures.thread", "_shutdown"), ("concurrent.futures.process", "_global_shutdown")):
+        if hasattr(sys.modules.get(module), flag):   # those calls closed the pools for good: the next test needs them
+            setattr(sys.modules[module], flag, False)
     for thread in threading.enumerate():
         if thread not in threads_before and not thread.daemon and thread is not threading.current_thread():
             thread.join()
     atexit._run_exitfuncs()
+    if _alarm_fired[0]:
+        raise _Timeout()
 
 def _stdio_style(cfg):
     _redirect(2, _null(), "w")
@@ -211,7 +228,7 @@ def _stdio_style(cfg):
         error = message = None
         threads_before = set(threading.enumerate())
         atexit._clear()
-        os._exit = _hard_exit
+        os._exit, _test_pid[0] = _hard_exit, os.getpid()
         start = time.perf_counter()
         try:
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
@@ -286,6 +303,11 @@ def _non_dumpable(flag):
     except BaseException:
         pass
 
+_stopped = [False]   # the supervisor was stopped and continued (SIGCONT), see _supervise
+
+def _on_continue(signum, frame):
+    _stopped[0] = True
+
 def _start_child(cfg, first, timeouts_left):
     read_end, write_end = os.pipe()
     try:
@@ -298,6 +320,7 @@ def _start_child(cfg, first, timeouts_left):
         global _channel
         try:
             os.close(read_end)
+            signal.signal(signal.SIGCONT, signal.SIG_DFL)
             _non_dumpable(1)
             host, _channel = _channel, os.fdopen(write_end, "w", encoding="utf-8", errors="replace")
             host.close()
@@ -345,37 +368,54 @@ def _records(read_end, buffer, wait):
                 found.append(record)
     return found
 
+def _skip_rest(first, total, why):
+    for j in range(first, total):
+        _emit({"i": j, "got": None, "error": "Skipped", "message": why, "s": 0.0})
+    _emit({"done": True})
+    return True
+
 def _supervise(cfg):
     total, per_test = len(cfg["inputs"]), cfg["per_test"]
     max_timeouts = cfg.get("max_timeouts") or 0
+    signal.signal(signal.SIGCONT, _on_continue)
     first, timeouts = 0, 0
     while True:
         pid, read_end = _start_child(cfg, first, max(1, max_timeouts - timeouts) if max_timeouts else 0)
         if pid is None:   # no room for another process
             if first == 0:
                 return False   # the caller runs the tests itself, under the alarms alone
-            for j in range(first, total):
-                _emit({"i": j, "got": None, "error": "Skipped", "s": 0.0,
-                       "message": "not run: no process could be started after a test that did not stop"})
-            _emit({"done": True})
-            return True
+            return _skip_rest(first, total, "not run: no process could be started after a test that did not stop")
         expected, buffer = None, bytearray()   # None: the code is being defined
         started = _now()
         deadline = started + cfg["import_seconds"] + _GRACE
         while True:
             found = _records(read_end, buffer, min(0.05, deadline - _now()))
+            if _stopped[0]:
+                # The child, as the same user, may stop the supervisor (SIGSTOP) and run on
+                # unwatched: whatever it sent meanwhile cannot be timed, so the test it is on
+                # (or the code's definition) is over its limit.
+                _stopped[0] = False
+                found, deadline = [], _now() - 1.0
+            elif found and _now() > deadline:   # read too late to be on time
+                found = []
             if found is None:   # the child ended without finishing: the run ends as it did
                 status = _stop_child(pid, read_end)
                 _channel.flush()
                 if os.WIFSIGNALED(status):
-                    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                    try:
+                        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                    except (OSError, ValueError):   # SIGKILL and SIGSTOP keep their default anyway
+                        pass
                     os.kill(os.getpid(), os.WTERMSIG(status))
                 _exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
             for record in found:
                 if "phase" in record:   # the code could not be defined, or the runner failed
+                    _stop_child(pid, read_end)
+                    if first and expected is None:   # defined before, in the first child: the tests ran
+                        return _skip_rest(first, total, "not run: the code failed when defined again after a "
+                                          "test that did not stop (%s)" % str(record.get("error"))[:100])
                     _emit({"phase": record["phase"] if isinstance(record["phase"], str) else "fatal",
                            "error": str(record.get("error"))[:500], "message": str(record.get("message"))[:500]})
-                    _stop_child(pid, read_end)
                     return True
                 if expected is None and record.get("ready") is True:
                     expected = first
@@ -393,6 +433,9 @@ def _supervise(cfg):
             if _now() <= deadline:
                 continue
             _stop_child(pid, read_end)
+            if expected is None and first:
+                return _skip_rest(first, total, "not run: defining the code again after a test that did not stop "
+                                  "took too long")
             if expected is None:
                 _emit({"phase": "import", "error": "Timeout", "message": "defining the code took too long and "
                        "did not stop at its time limit"})
@@ -401,13 +444,8 @@ def _supervise(cfg):
                    "message": "the test took longer than %g s and did not stop at its time limit" % per_test})
             timeouts += 1
             first = expected + 1
-            if max_timeouts and timeouts >= max_timeouts:
-                for j in range(first, total):
-                    _emit({"i": j, "got": None, "error": "Skipped", "message": "not run after a timeout", "s": 0.0})
-                first = total
-            if first >= total:
-                _emit({"done": True})
-                return True
+            if first >= total or (max_timeouts and timeouts >= max_timeouts):
+                return _skip_rest(first, total, "not run after a timeout")
             break
 
 try:

@@ -110,12 +110,15 @@ def test_turns_running_out_pay_the_last_graded_submission_even_after_a_turn_with
 
     env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, max_turns=3,
                    tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
-    env.reset(seed=11)
+    seed = next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function")
+    env.reset(seed=seed)
     task = env.unwrapped.task
-    half = task.reference + "\n" + (f"{task.entry_point} = lambda *a, **k: 'wrong'\n" if task.style == "function"
-                                    else "raise SystemExit(3)\n")
-    _, _, _, _, graded = env.step(fenced(half))
-    assert graded["attempts"] == 1 and graded["status"] != "no_code"
+    # Right on the first test only (the tests of a function share one process): a pass rate in (0, 1).
+    some = (task.reference + f"\n_right, _calls = {task.entry_point}, []\n"
+            f"def {task.entry_point}(*args, **kwargs):\n    _calls.append(1)\n"
+            "    return _right(*args, **kwargs) if len(_calls) == 1 else 'wrong'\n")
+    _, _, _, _, graded = env.step(fenced(some))
+    assert graded["attempts"] == 1 and 0 < graded["pass_rate"] < 1
     _, reward, _, truncated, info = env.step("I am still thinking.")
     assert not truncated and reward == 0.0 and info["status"] == "no_code"
     _, reward, terminated, truncated, info = env.step("Still thinking.")
