@@ -46,7 +46,7 @@ def best_constant(tasks, sandbox) -> list[float]:
 
 def load(args):
     from rftgym.envs.code import datasets
-    from rftgym.envs.code.tasks import generate_tasks
+    from rftgym.envs.code.generator import generate_tasks
 
     if args.dataset == "humaneval":
         tasks = datasets.load_humaneval()

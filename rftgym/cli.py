@@ -792,7 +792,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("play", help="play an environment by typing the assistant's turns")
     env_args(p)
-    p.add_argument("--episodes", type=int, default=1)
+    p.add_argument("--episodes", type=int, default=1, help="episodes to play, one after another (default 1)")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("eval", help="evaluate an agent on one or more environments and print a table")
@@ -807,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=None,
                    help=f"episodes, with seeds --seed, --seed+1, ... (default: every task once for an env over a "
                         f"fixed benchmark such as CodeTCG's HumanEval, else {DEFAULT_EVAL_EPISODES})")
-    p.add_argument("--num-envs", type=int, default=16, help="episodes run side by side (the agent's batch)")
+    p.add_argument("--num-envs", type=int, default=16, help="episodes run side by side (the agent's batch; default 16)")
     p.add_argument("--out", help="episodes JSONL path (default runs/eval/<env>-<agent>-<time>.jsonl)")
     p.add_argument("--model", help="local Hugging Face model directory for --agent hf")
     p.add_argument("--device", help="torch device for local models (default: cuda if available, else cpu)")
@@ -815,9 +815,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-model", help="model name to send to the API server")
     p.add_argument("--api-timeout", type=float, default=None,
                    help="seconds a request to the API server may take before it is retried (default 60)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per reply at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass (default 1.0: off)")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)
@@ -839,9 +839,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
     p.add_argument("--corpus", required=True, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
                                                    "or FlashRAG JSONL)")
-    p.add_argument("--index", choices=("bm25", "dense"), default="bm25")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--index", choices=("bm25", "dense"), default="bm25",
+                   help="bm25 (default) or dense (all-MiniLM-L6-v2 embeddings, FAISS)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.set_defaults(func=cmd_serve_retriever)
     return parser
 

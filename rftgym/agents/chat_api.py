@@ -618,7 +618,7 @@ class ChatAPIAgent(Agent):
         if status is None:
             return (
                 f"Is the server running and reachable at {cfg.base_url}? Check --api-base "
-                f"(base_url, the part before /chat/completions) and timeout_s."
+                f"(base_url, the part before /chat/completions) and --api-timeout (timeout_s)."
             )
         if status in (401, 403):
             return f"Check the API key (api_key, or the {API_KEY_ENV} environment variable)."

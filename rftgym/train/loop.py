@@ -353,12 +353,16 @@ def unused_signal(algo: str, episodes) -> str | None:
     """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or None: PCAR scales advantages by the
     env's per-search evaluation scores, DCPO trains the segments between context edits; without
     either there is nothing for them to do (most likely an env that has no such signal)."""
+    env_ids = {e.env_id for e in episodes}
     if algo == "pcar" and not any(t.info.get(PROCESS_SCORE_KEY) is not None for e in episodes for t in e.turns):
-        return ("--algo pcar: no turn had info['evaluation_score'], so PCAR trained as GRPO; PCAR needs an env "
-                "that scores each search (rftgym/SearchEvalQA-v0) and a policy that evaluates its searches")
+        why = ("the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"
+               if env_ids == {"rftgym/SearchEvalQA-v0"} else "PCAR needs an env that scores each search "
+               "(rftgym/SearchEvalQA-v0) and a policy that evaluates its searches")
+        return f"--algo pcar: no turn had info['evaluation_score'], so PCAR trained as GRPO; {why}"
     if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):
-        return ("--algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; DCPO "
-                "needs an env whose context the agent edits (rftgym/MemoryQA-v0) and a policy that edits it")
+        why = ("the policy made no <prune> edit" if env_ids == {"rftgym/MemoryQA-v0"} else "DCPO needs an env whose "
+               "context the agent edits (rftgym/MemoryQA-v0) and a policy that edits it")
+        return f"--algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; {why}"
     return None
 
 

@@ -126,11 +126,11 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     from rftgym.core.records import Episode, Turn
     from rftgym.train.loop import unused_signal
 
-    def episode(info, prompts):
+    def episode(info, prompts, env_id="e"):
         turns = [Turn(index=i, context_ids=(), action="a", reward=0.0, terminated=i == len(prompts) - 1,
                       truncated=False, info=dict(info), prompt_ids=p, sampled_ids=[5], logprobs=[0.0])
                  for i, p in enumerate(prompts)]
-        return Episode(env_id="e", seed=0, messages={}, turns=turns, final_context_ids=())
+        return Episode(env_id=env_id, seed=0, messages={}, turns=turns, final_context_ids=())
 
     plain = episode({"evaluation_score": None}, [[1], [1, 5, 2]])  # one segment; a score key with no score
     scored = episode({"evaluation_score": 7}, [[1], [1, 5, 2]])
@@ -140,6 +140,11 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     assert "DCPO trained as GRPO" in unused_signal("dcpo", [plain, scored])
     assert unused_signal("dcpo", [plain, edited]) is None
     assert unused_signal("grpo", [plain]) is None
+    # In the env made for it, what was missing is the policy's part.
+    in_memory_env = episode({}, [[1], [1, 5, 2]], env_id="rftgym/MemoryQA-v0")
+    assert unused_signal("dcpo", [in_memory_env]).endswith("the policy made no <prune> edit")
+    in_search_env = episode({"evaluation_score": None}, [[1]], env_id="rftgym/SearchEvalQA-v0")
+    assert "the policy evaluated none of its searches" in unused_signal("pcar", [in_search_env])
 
 
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):

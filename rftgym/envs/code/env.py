@@ -329,7 +329,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
     def _draw_task(self, seed: int | None, options: dict[str, Any]) -> CodeTask:
         check_reset_options(options, from_dataset=self.dataset is not None, generator_options=("difficulty",))
         if self.dataset is None:
-            from .tasks import generate_task
+            from .generator import generate_task
 
             difficulties = self.config.difficulties
             difficulty = options.get("difficulty", difficulties[int(self.np_random.integers(len(difficulties)))])

@@ -194,8 +194,9 @@ def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: S
 
 def _compare(task: CodeTask, test: TestCase, record: RunRecord) -> TestResult:
     if test.expected is None:
-        raise ConfigError(f"task {task.task_id}: a test has no expected output; build the tests with "
-                          "rftgym.envs.code.tcg.build_tests(task, config, sandbox) first")
+        raise ConfigError(f"task {task.task_id}: a test has no expected output; build the tests first: "
+                          "task = rftgym.envs.code.tcg.build_tests(task, TCGConfig(), sandbox) (it returns the task "
+                          "with its tests), then grade(task, code, sandbox)")
     if task.style == "function":
         passed = record.error is None and encoded_equal(test.expected, record.got)
         expected, got = display(test.expected, _SHOWN), None if record.got is None else display(record.got, _SHOWN)

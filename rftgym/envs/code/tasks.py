@@ -103,5 +103,3 @@ def call_source(entry_point: str, input_source: str) -> str:
         return f"{entry_point}({', '.join(ast.unparse(e) for e in node.elts)})"
     return f"{entry_point}(*{input_source})"
 
-
-from .generator import DIFFICULTIES, TEMPLATES, generate_task, generate_tasks  # noqa: E402  (re-export)

@@ -174,11 +174,16 @@ class DenseRetriever(Retriever):
                                     convert_to_numpy=True, show_progress_bar=False)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
+    def _embedding_width(self) -> int:
+        # sentence-transformers renamed the method (the old name warns in newer versions).
+        method = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(method())
+
     def _corpus_embeddings(self, cache: bool) -> np.ndarray:
         path = embeddings_cache_dir() / f"{corpus_fingerprint(self.documents, self.model_name)}.npy"
         self.cache_path = path if cache else None
         if cache and path.is_file():
-            width = self.model.get_sentence_embedding_dimension()
+            width = self._embedding_width()
             try:
                 embeddings = np.load(path, allow_pickle=False)
             except (OSError, ValueError) as exc:  # cut short, or not an array this cache writes

@@ -11,7 +11,8 @@ import pytest
 from rftgym.core.errors import ConfigError, DataFormatError
 from rftgym.envs.code.datasets import load_humaneval, load_mbpp
 from rftgym.envs.code.parsing import calls_with_literal_args, example_calls
-from rftgym.envs.code.tasks import TEMPLATES, CodeTask, TestCase, args_source, call_source, generate_task, generate_tasks
+from rftgym.envs.code.generator import TEMPLATES, generate_task, generate_tasks
+from rftgym.envs.code.tasks import CodeTask, TestCase, args_source, call_source
 
 # The shared data folder beside the checkout (CI puts ../shared there).
 MBPP = str(Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "code" / "mbpp.jsonl")

@@ -17,7 +17,8 @@ from rftgym.envs.code.codec import decode
 from rftgym.envs.code.datasets import load_humaneval, load_mbpp
 from rftgym.envs.code.harness import grade_many
 from rftgym.envs.code.sandbox import make_sandbox
-from rftgym.envs.code.tasks import CodeTask, TestCase, generate_tasks
+from rftgym.envs.code.generator import generate_tasks
+from rftgym.envs.code.tasks import CodeTask, TestCase
 from rftgym.envs.code.tcg import TCGConfig, build_tests, build_tests_many, cache_key, candidate_inputs
 from rftgym.envs.code.tcg_llm import parse_proposals, propose_tests, with_llm_tests
 
