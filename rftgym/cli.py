@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 from pathlib import Path
 from typing import Any, Collection, Sequence
 
@@ -550,6 +551,8 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
                 partial.unlink(missing_ok=True)
                 if isinstance(exc, KeyboardInterrupt):
                     print(f"\n{why} before any episode finished{kept}", file=sys.stderr)
+            if isinstance(exc, KeyboardInterrupt):
+                exc.reported = True
             raise
     return episodes, time.perf_counter() - started
 
@@ -848,6 +851,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, without the source line it came from (library code, of no use to a
+    command's user), written between progress-bar updates rather than into the bar."""
+    from tqdm import tqdm
+
+    tqdm.write(f"{category.__name__}: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -855,8 +866,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (rftgym train installs its own handler).
     previous = _stop_on_sigterm() if args.command == "eval" else None
     try:
-        _check_common(args)
-        return args.func(args)
+        with warnings.catch_warnings():
+            if warnings.showwarning is warnings._showwarning_orig:  # not when a caller records them (tests)
+                warnings.showwarning = _show_warning
+            _check_common(args)
+            return args.func(args)
     except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
         parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
     except RftgymError as exc:  # something else failed: a sandbox, a model, a server
@@ -869,7 +883,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, _Terminated)
-        print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        if not getattr(stop, "reported", False):  # the evaluation may have said what it kept
+            print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
         return 143 if terminated else 130
     except BrokenPipeError:  # the reader of the output went away (e.g. `rftgym envs | head -1`): not an error
         # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.

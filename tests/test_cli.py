@@ -559,6 +559,7 @@ def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkey
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) == 143
     err = capsys.readouterr().err
     assert "terminated (SIGTERM): the 2 finished episodes are in" in err and not out.exists()
+    assert err.count("terminated (SIGTERM)") == 1  # said once, with what was kept
     assert len(list(read_episodes_jsonl(tmp_path / "eval.jsonl.partial"))) == 2
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is the caller's again
 
@@ -804,3 +805,17 @@ def test_eval_names_the_flag_when_new_tokens_do_not_fit_the_models_context(monke
     assert exit_code(["eval", ENV_ID, "--episodes", "1", "--max-new-tokens", str(context + 5),
                       "--out", str(tmp_path / "x.jsonl")]) == 2
     assert f"--max-new-tokens: max_new_tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
+
+
+def test_a_warning_on_the_command_line_is_one_line_without_library_source(tmp_path):
+    import subprocess
+    import sys
+
+    # A reply cut by the env warns; the warning's own source line (library code) is left out.
+    done = subprocess.run([sys.executable, "-m", "rftgym.cli", "eval", ENV_ID, "--agent", "random", "--episodes", "1",
+                           "--env-arg", "max_action_chars=5", "--out", str(tmp_path / "e.jsonl")],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if "UserWarning" in line]
+    # "UserWarning: ...", not "/path/to/rftgym/rollout/engine.py:123: UserWarning: ..." and its source line
+    assert lines and lines[0].strip().startswith("UserWarning: ") and "stored a reply other than" in lines[0], \
+        done.stderr
