@@ -867,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _stop_on_sigterm() if args.command == "eval" else None
     try:
         with warnings.catch_warnings():
-            if warnings.showwarning is warnings._showwarning_orig:  # not when a caller records them (tests)
+            if argv is None:  # run as a program (a caller of main() may be recording warnings: tests)
                 warnings.showwarning = _show_warning
             _check_common(args)
             return args.func(args)
