@@ -248,11 +248,11 @@ def finish(status: int = 0) -> int:
 
 # -- cleaning up between runs ---------------------------------------------------------------
 def snapshot() -> dict:
-    """What a clean jail looks like: each root's mode and free space, the keys visible."""
+    """What a clean jail looks like: each root's mode, times and free space, the keys visible."""
     roots = {}
     for root in ROOTS:
-        vfs = os.statvfs(root)
-        roots[root] = (stat.S_IMODE(os.lstat(root).st_mode), vfs.f_bfree, vfs.f_ffree)
+        vfs, info = os.statvfs(root), os.lstat(root)
+        roots[root] = (stat.S_IMODE(info.st_mode), vfs.f_bfree, vfs.f_ffree, (info.st_atime_ns, info.st_mtime_ns))
     return {"roots": roots, "keys": key_ids()}
 
 
@@ -292,11 +292,12 @@ def clean(baseline: dict) -> int:
 
 def wipe(baseline: dict) -> int:
     """(In the cleaner.) Empty the writable dirs and check the jail; the index in DIRTY."""
-    for root, (mode, bfree, ffree) in baseline["roots"].items():
+    for root, (mode, bfree, ffree, times) in baseline["roots"].items():
         try:
             os.chmod(root, mode)
             for name in os.listdir(root):
                 remove(os.path.join(root, name))
+            os.utime(root, ns=times)   # a run could leave a number in a directory's times for the next
             vfs = os.statvfs(root)
             if os.listdir(root) or (vfs.f_bfree, vfs.f_ffree) != (bfree, ffree):
                 return DIRTY.index("a writable dir is not clean after the wipe")

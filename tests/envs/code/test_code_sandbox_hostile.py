@@ -322,6 +322,18 @@ print("left a daemon")
     assert jail(warm) is before, "a clean run must not cost a new jail"
 
 
+def test_a_directorys_times_carry_nothing_to_the_next_run(warm):
+    # A number hidden in the times of the jail's writable dirs, for a later run in the same jail.
+    stamp = 1_234_567_891_234_567_891
+    first = run_in(warm, f"import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    os.utime(d, ns=({stamp}, {stamp}))\n"
+                         "print('stamped')\n")
+    assert first.ok and first.stdout == "stamped\n", first
+    before = jail(warm)
+    second = run_in(warm, "import os\nprint([os.stat(d).st_mtime_ns for d in ('/tmp', '/dev/shm', '.')])\n")
+    assert jail(warm) is before and second.ok, second
+    assert str(stamp) not in second.stdout, second
+
+
 def test_signals_to_the_zygote_from_a_run_do_not_reach_it(warm):
     run_in(warm, "print(1)")
     before = jail(warm)
