@@ -119,6 +119,12 @@ class ParseResult:
         return cache[name]
 
 
+def never_closed(name: str) -> str:
+    """The problem :func:`parse_tags` reports for a ``<name>`` left open at the end of the text (an
+    env that allows that, e.g. a search inside an open ``<think>``, drops it by this text)."""
+    return f"<{name}> is never closed; end it with </{name}>"
+
+
 def _parse_attrs(raw: str) -> tuple[tuple[str, str], ...]:
     out = []
     for match in _ATTRIBUTE.finditer(raw or ""):
@@ -228,7 +234,7 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
 
     while stack:
         opened = pop()
-        problems.append(f"<{opened[0]}> is never closed; end it with </{opened[0]}>")
+        problems.append(never_closed(opened[0]))
         tags.append(Tag(opened[0], text, opened[3], len(text), opened[1], opened[2], len(text), closed=False,
                         parent=parent_name()))
 

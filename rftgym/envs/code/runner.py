@@ -266,13 +266,13 @@ def _stdio_style(cfg):
 
 def _run_tests(cfg, supervised):
     try:
-        try:  # a small stack: under RLIMIT_AS the thread's address space is the candidate's loss
-            threading.stack_size(1 << 18)
-            if not supervised:   # else the supervisor stops what the alarm does not
+        if not supervised:   # else the supervisor stops what the alarm does not
+            try:  # a small stack: under RLIMIT_AS the thread's address space is the candidate's loss
+                threading.stack_size(1 << 18)
                 threading.Thread(target=_watchdog, daemon=True).start()
-        except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
-            pass
-        threading.stack_size(0)  # the candidate's own threads get the usual stack
+            except (RuntimeError, ValueError):  # no room for a thread (e.g. one process allowed): the alarms alone
+                pass
+            threading.stack_size(0)  # the candidate's own threads get the usual stack
         if cfg["style"] == "function":
             _function_style(cfg)
         else:

@@ -128,17 +128,27 @@ class LocalSandbox(Sandbox):
                 base += ["--tmpfs", site, "--remount-ro", site]   # stdlib only: hide site-packages
         base += ["--proc", "/proc", "--dev", "/dev"]
         self.bwrap_base = base
-        for self.seccomp in dict.fromkeys([jail_filter(), None]):  # without the filter only if it fails
-            probe = self.run(Program({"main.py": "import sys; print(sys.version_info[0])"},
-                                     limits=SandboxLimits(wall_seconds=20, cpu_seconds=10)))
-            if probe.stdout.strip() == "3" and probe.exit_code == 0:
-                if self.seccomp is None:
-                    log.warning("rftgym local sandbox: the jail runs without its seccomp filter (%s); runs can "
-                                "reach the kernel keyring and SysV/memfd memory", "no filter for this machine"
-                                if jail_filter() is None else "bwrap refused it")
-                return None
+        self.seccomp = jail_filter()
+        ok, probe = self._probe()
+        if not ok and self.seccomp is not None:  # a jail without the filter, rather than none
+            self.seccomp = None
+            ok, probe = self._probe()
+            if ok:
+                log.warning("rftgym local sandbox: bwrap refused the jail's seccomp filter; runs can reach the "
+                            "kernel keyring and SysV/memfd memory")
+        elif ok and self.seccomp is None:
+            log.warning("rftgym local sandbox: no seccomp filter for this machine (%s); runs can reach the kernel "
+                        "keyring and SysV/memfd memory", os.uname().machine)
+        if ok:
+            return None
         self.bwrap_base = None
         return (probe.stderr.strip() or f"exit {probe.exit_code}, signal {probe.signal}")[-500:]
+
+    def _probe(self) -> tuple[bool, ExecResult]:
+        """Whether a trivial program runs in the jail as set up, and its result."""
+        probe = self.run(Program({"main.py": "import sys; print(sys.version_info[0])"},
+                                 limits=SandboxLimits(wall_seconds=20, cpu_seconds=10)))
+        return probe.stdout.strip() == "3" and probe.exit_code == 0, probe
 
     def _bwrap_command(self, program: Program, limits: SandboxLimits, keep: list[int]) -> list[str]:
         cmd = self._jail_mounts(self.bwrap_base, limits.disk_mb, keep)

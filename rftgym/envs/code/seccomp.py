@@ -45,8 +45,6 @@ _REFUSED = {
 _REFUSED["amd64"] = _REFUSED["x86_64"]
 _REFUSED["arm64"] = _REFUSED["aarch64"]
 
-REFUSED_CALLS = tuple(_REFUSED["x86_64"][1])
-
 
 def _instruction(code: int, jump_true: int, jump_false: int, value: int) -> bytes:
     return struct.pack("=HBBI", code, jump_true, jump_false, value)

@@ -96,7 +96,7 @@ from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_
                       check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
                       summarize_problems)
 from ...core.messages import Context, MessageIds
-from ...core.tags import parse_tags
+from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from . import protocol
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
@@ -298,7 +298,7 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         if self.config.search_in_think and any(t.parent == "think" and not parsed.inside_closed(t, "think")
                                                for t in parsed.find("search")):
             # Such a model stops generating at </search>, inside its open <think>: not a format error.
-            problems.pop("<think> is never closed; end it with </think>", None)
+            problems.pop(never_closed("think"), None)
         out.problems.extend(problems)
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
         thought = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
