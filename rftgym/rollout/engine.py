@@ -31,16 +31,31 @@ from ..core.records import Episode, Turn
 from ..core.values import is_int
 
 
+SAFETY_NET_TURNS = 64
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     num_envs: int = 8  # episodes run side by side (the agent's batch size)
-    max_turns: int = 64  # a safety net for envs without a turn budget of their own (config.max_turns)
+    # None: a safety net of SAFETY_NET_TURNS for envs without a turn budget of their own (an
+    # env's config.max_turns), none for the others, whose budget ends them. A number: a cap on
+    # every episode, whatever the env's own budget (an episode cut by it is truncated and its
+    # last turn's info says "rollout_truncated").
+    max_turns: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_envs < 1:
-            raise ConfigError(f"num_envs must be at least 1, got {self.num_envs}")
-        if self.max_turns < 1:
-            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+        if not is_int(self.num_envs) or self.num_envs < 1:
+            raise ConfigError(f"num_envs must be an integer of at least 1, got {self.num_envs!r}")
+        if self.max_turns is not None and (not is_int(self.max_turns) or self.max_turns < 1):
+            raise ConfigError(f"max_turns must be None (the env's own budget, else {SAFETY_NET_TURNS} turns) "
+                              f"or an integer of at least 1, got {self.max_turns!r}")
+
+    def turn_cap(self, env_budget: int) -> int:
+        """The turn at which the rollout truncates an episode of an env whose own budget is
+        ``env_budget`` (0: it declares none)."""
+        if self.max_turns is not None:
+            return self.max_turns
+        return env_budget or SAFETY_NET_TURNS
 
 
 @dataclass
@@ -140,7 +155,7 @@ def run_episodes(
                                  f"{type(exc).__name__}: {exc} (replying to {where})") from exc
             _check_replies(agent, replies, len(active))
             for i, reply in zip(active, replies):
-                _step(slots[i], agent, reply, max(config.max_turns, slots[i].own_max_turns))
+                _step(slots[i], agent, reply, config.turn_cap(slots[i].own_max_turns))
                 if not slots[i].active:
                     finish(i)
                     if queue:

@@ -13,6 +13,7 @@ from rftgym.core.errors import ConfigError, EnvContractError
 from rftgym.core.messages import Context, MessageIds
 from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.rollout import RolloutConfig, run_episodes, summarize
+from rftgym.rollout.engine import SAFETY_NET_TURNS
 
 
 def make_qa():
@@ -351,14 +352,32 @@ class _EndlessEnv(gym.Env):
 
 
 def test_rollout_safety_net_truncates_an_env_without_a_budget_but_never_cuts_an_env_budget():
-    episodes = run_episodes(_EndlessEnv, ScriptedAgent(["?"]), seeds=[0], config=RolloutConfig(max_turns=2))
-    assert len(episodes[0].turns) == 2 and episodes[0].truncated
+    episodes = run_episodes(_EndlessEnv, ScriptedAgent(["?"]), seeds=[0])
+    assert len(episodes[0].turns) == SAFETY_NET_TURNS and episodes[0].truncated
     assert episodes[0].turns[-1].info["rollout_truncated"]
     # An env's own max_turns above the net runs to its end (it was cut at the net without a word).
-    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10), ScriptedAgent(["?"]),
-                            seeds=[0], config=RolloutConfig(max_turns=2))
-    assert len(episodes[0].turns) == 10 and episodes[0].truncated
+    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=SAFETY_NET_TURNS + 6),
+                            ScriptedAgent(["?"]), seeds=[0])
+    assert len(episodes[0].turns) == SAFETY_NET_TURNS + 6 and episodes[0].truncated
     assert "rollout_truncated" not in episodes[0].turns[-1].info
+
+
+@pytest.mark.parametrize("make_env", [_EndlessEnv, lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10)],
+                         ids=["no budget", "larger budget"])
+def test_a_rollout_max_turns_caps_every_env(make_env):
+    episodes = run_episodes(make_env, ScriptedAgent(["?"]), seeds=[0], config=RolloutConfig(max_turns=3))
+    assert len(episodes[0].turns) == 3 and episodes[0].truncated
+    assert episodes[0].turns[-1].info["rollout_truncated"]
+    # A smaller budget of the env's own ends the episode first, as the env ends it.
+    episodes = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=2), ScriptedAgent(["?"]),
+                            seeds=[0], config=RolloutConfig(max_turns=3))
+    assert len(episodes[0].turns) == 2 and "rollout_truncated" not in episodes[0].turns[-1].info
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "3"])
+def test_rollout_config_refuses_a_bad_max_turns(value):
+    with pytest.raises(ConfigError, match="max_turns must be None"):
+        RolloutConfig(max_turns=value)
 
 
 def test_options_length_must_match():
