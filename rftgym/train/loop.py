@@ -389,6 +389,11 @@ def evaluation_split(policy: HFPolicy) -> Callable:
         if not is_int(end) or not 0 <= end <= len(turn.action):
             raise EnvContractError(f"info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
                                    f"offset into the turn's action, an int in [0, {len(turn.action)}]")
+        if not turn.action[end:].strip():
+            # Nothing but white space after the evaluation: the whole turn is its span. Mapped to
+            # tokens, the offset would fall before the sampled stop token, which would then go to
+            # the next span.
+            return None
         return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
     return split_tokens
 

@@ -188,6 +188,15 @@ def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_polic
 
     turn.info["evaluation_end"] = np.int64(end)  # numpy ints are offsets too
     assert evaluation_split(policy)(turn) == split
+    # A turn that only evaluates is the evaluation's span whole, its sampled stop token included
+    # (mapped, its end offset falls before that token, which then went to the next span).
+    evaluation_only = "evaluate score six. "
+    ids = policy.chat.tokenizer(evaluation_only, add_special_tokens=False)["input_ids"]
+    for end in (len(evaluation_only) - 1, len(evaluation_only)):
+        only = Turn(index=1, context_ids=(), action=evaluation_only, reward=0.0, terminated=False, truncated=False,
+                    info={"evaluation_score": 6, "evaluation_end": end}, prompt_ids=[1],
+                    sampled_ids=ids + [policy.tokenizer.eos_token_id], logprobs=[0.0] * (len(ids) + 1))
+        assert evaluation_split(policy)(only) is None
     for bad in (-3, len(text) + 1, 2.0, True):
         turn.info["evaluation_end"] = bad
         with pytest.raises(EnvContractError, match=rf"info\['evaluation_end'\] is {bad!r}; it is a character offset"):
