@@ -9,6 +9,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 
 import pytest
 
@@ -229,7 +230,9 @@ def test_a_negative_content_length_is_named(service):
 def test_the_env_with_a_remote_backend(service):
     world = World(0)
     server = service(world.documents)
-    env = SearchEvalQAEnv(retriever="remote", retriever_url=server.url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the service indexes the env's own corpus: no warning
+        env = SearchEvalQAEnv(retriever="remote", retriever_url=server.url)
     env.reset(seed=0, options={"hops": 1})
     title = env.question.gold_titles[0]
     _, _, _, _, info = env.step(f"<search>{title}</search>")
@@ -316,3 +319,13 @@ def test_a_chunked_request_is_asked_for_a_content_length(service):
     reply = connection.getresponse()
     assert reply.status == 411 and "Content-Length" in json.loads(reply.read())["error"]
     connection.close()
+
+
+def test_a_service_indexing_another_corpus_is_warned_of_once(service):
+    server = service(DOCS)  # not the generated world the env's questions come from
+    with pytest.warns(RuntimeWarning, match="returned none of the env's documents when asked for 3 of their titles: "
+                                            r"it indexes another corpus than the env's generated world \(world_seed=0"):
+        SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per service and corpus in a process
+        SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()

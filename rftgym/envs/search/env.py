@@ -233,6 +233,11 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
 
             remote = RemoteRetriever(self.config.retriever_url)
             remote.probe(self.config.top_k)
+            cfg = self.config
+            source = (f"the env's generated world (world_seed={cfg.world_seed}, world_size={cfg.world_size}; "
+                      "retriever=bm25 or dense index it in-process)" if cfg.dataset_path is None
+                      else f"the env's ({cfg.corpus_path or cfg.dataset_path})")
+            remote.check_corpus(documents, source, cfg.top_k)
             return remote, True
         return make_retriever(choice, documents), True
 

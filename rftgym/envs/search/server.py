@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
@@ -190,6 +191,7 @@ def serve(corpus: str, index: str = "bm25", host: str = "127.0.0.1", port: int =
 
 
 _PROBED: set[tuple[str, int]] = set()  # (URL, k) pairs that have answered a probe in this process
+_CORPUS_CHECKED: set[tuple[str, int, str]] = set()  # (URL, corpus size, first id) checked in this process
 
 
 def check_service_url(url: Any) -> str:
@@ -251,6 +253,26 @@ class RemoteRetriever(Retriever):
         if (self.url, k) not in _PROBED:
             self.search(["probe"], k)
             _PROBED.add((self.url, k))
+
+    def check_corpus(self, documents: Sequence, source: str, k: int) -> None:
+        """Warn, once per URL and corpus in a process, when the service finds none of ``documents``
+        when asked for three of their titles: it then indexes another corpus than the env's own
+        (``source`` names it), so the gold answers' documents can never come back."""
+        if not documents:
+            return
+        key = (self.url, len(documents), str(documents[0].id))
+        if key in _CORPUS_CHECKED:
+            return
+        sample = list(documents[:: max(1, len(documents) // 3)])[:3]
+        found = {hit.doc_id for hits in self.search([d.title for d in sample], k) for hit in hits}
+        _CORPUS_CHECKED.add(key)
+        if found.isdisjoint(str(d.id) for d in documents):
+            warnings.warn(
+                f"the retrieval service at {self.url} returned none of the env's documents when asked for "
+                f"{len(sample)} of their titles: it indexes another corpus than {source}, so searches cannot find "
+                "the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
+                "FILE), or give as dataset_path the questions of the corpus the service indexes.",
+                RuntimeWarning, stacklevel=4)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
