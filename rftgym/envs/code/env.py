@@ -78,6 +78,7 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_generator_only, check_render_mode, check_reset_options, check_step_call,
                       dataset_index, read_action, render_context, resolve_config, summarize_problems)
+from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
@@ -198,8 +199,15 @@ class CodeTCGConfig:
         return PSEUDOCODE_SYSTEM_PROMPT if self.pseudocode else DEFAULT_SYSTEM_PROMPT
 
 
-class CodeTCGEnv(gym.Env[Context, str]):
-    """Programming tasks graded by generated tests in a sandbox."""
+class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
+    """Programming tasks graded by generated tests in a sandbox.
+
+    ``copy.deepcopy(env)`` branches an episode (each copy takes its own share of the process's
+    sandbox; the tests built so far are shared) and ``pickle`` sends one to another process (see
+    :mod:`rftgym.envs.copying`)."""
+
+    shared_attributes = ("config", "tcg_config", "dataset", "_tested", "observation_space", "action_space")
+    resource_attributes = ("sandbox",)
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -218,9 +226,7 @@ class CodeTCGEnv(gym.Env[Context, str]):
         if not isinstance(self.tcg_config, TCGConfig):
             raise ConfigError(f"tcg must be a TCGConfig, got {type(self.tcg_config).__name__}")
         self.dataset: list[CodeTask] | None = self._load_dataset()
-        # One sandbox per backend per process, shared by the envs in it; this env's share has its limits.
-        self.sandbox = shared_sandbox(cfg.sandbox, limits=SandboxLimits(
-            wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
+        self._open_resources()
         self._tested: dict[str, CodeTask] = {}  # task id -> the task with its generated tests
         self.observation_space, self.action_space = chat_spaces(
             max_messages=2 + 2 * cfg.max_turns, max_action_chars=cfg.max_action_chars,
@@ -278,6 +284,15 @@ class CodeTCGEnv(gym.Env[Context, str]):
 
     def render(self) -> str | None:
         return render_context(self._context, self.render_mode)
+
+    def _open_resources(self) -> None:
+        # One sandbox per backend per process, shared by the envs in it; this env's share has its limits.
+        cfg = self.config
+        self.sandbox = shared_sandbox(cfg.sandbox, limits=SandboxLimits(
+            wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
+
+    def _share_resources(self, clone: "CodeTCGEnv") -> None:
+        clone._open_resources()
 
     def close(self) -> None:
         # Releases this env's share of the process's sandbox (the last share closes it); twice is safe.

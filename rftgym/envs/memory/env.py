@@ -116,6 +116,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
+from ..copying import CopyableEnv, SharedResource
 from ..search.corpora import has_own_corpus
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
@@ -238,8 +239,15 @@ class _Turn:
     prune_errors: list[str] = field(default_factory=list)
 
 
-class MemoryQAEnv(gym.Env[Context, str]):
-    """Several questions in one episode; evidence overflows the context unless the agent prunes."""
+class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
+    """Several questions in one episode; evidence overflows the context unless the agent prunes.
+
+    ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
+    sends one to another process (see :mod:`rftgym.envs.copying`)."""
+
+    shared_attributes = ("config", "count_tokens", "world", "pool", "_documents", "observation_space",
+                         "action_space")
+    resource_attributes = ("retriever", "_retriever_share")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -278,10 +286,8 @@ class MemoryQAEnv(gym.Env[Context, str]):
                 raise ConfigError(f"objectives={list(cfg.objectives)} but {cfg.dataset_path} has {len(self.pool)} "
                                   "answerable questions")
             documents = build_corpus(cfg.dataset_path, cfg.corpus_path, cfg.max_distractors)
-        if isinstance(cfg.retriever, Retriever):
-            self.retriever, self._owns_retriever = cfg.retriever, False  # the caller closes it
-        else:
-            self.retriever, self._owns_retriever = make_retriever(cfg.retriever, documents), True
+        self._documents = documents
+        self._open_resources()
         longest_title = max(len(d.title) for d in documents)
         longest_task = 100 + max(cfg.objectives) * (2_000 if self.pool is not None else 300)
         self.observation_space, self.action_space = chat_spaces(
@@ -363,9 +369,24 @@ class MemoryQAEnv(gym.Env[Context, str]):
         return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
-        if self._owns_retriever and self.retriever is not None:
-            self.retriever.close()
+        # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
+        if getattr(self, "_retriever_share", None) is not None and not self._released:
+            self._released = True
+            self._retriever_share.release()
         self._context = Context()
+
+    def _open_resources(self) -> None:
+        if isinstance(self.config.retriever, Retriever):
+            self.retriever, self._retriever_share = self.config.retriever, None  # the caller closes it
+        else:
+            self.retriever = make_retriever(self.config.retriever, self._documents)
+            self._retriever_share = SharedResource(self.retriever)
+        self._released = False
+
+    def _share_resources(self, clone: "MemoryQAEnv") -> None:
+        if self._retriever_share is not None:
+            clone._retriever_share = self._retriever_share.take()
+        clone._released = False
 
     # ------------------------------------------------------------------ the protocol
 

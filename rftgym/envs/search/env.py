@@ -99,6 +99,7 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from . import protocol
+from ..copying import CopyableEnv, SharedResource
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, Retriever, make_retriever
 from .scoring import best_score, is_refusal
@@ -184,8 +185,14 @@ class SearchEvalQAConfig:
         return 0.0 if self.violation_gate == "zero" else float(self.violation_gate)
 
 
-class SearchEvalQAEnv(gym.Env[Context, str]):
-    """Multi-hop QA where every search must be followed at once by an evaluation."""
+class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
+    """Multi-hop QA where every search must be followed at once by an evaluation.
+
+    ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
+    sends one to another process (see :mod:`rftgym.envs.copying`)."""
+
+    shared_attributes = ("config", "world", "questions", "_documents", "observation_space", "action_space")
+    resource_attributes = ("retriever", "_retriever_share")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -210,7 +217,8 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
             if cfg.corpus_path is None and not has_own_corpus(cfg.dataset_path):
                 raise ConfigError(f"{cfg.dataset_path} holds questions only; give corpus_path too")
             documents = load_corpus(cfg.corpus_path or cfg.dataset_path)
-        self.retriever, self._owns_retriever = self._build_retriever(documents)
+        self._documents = documents
+        self._open_resources()
         # Every observation must lie in the space: the longest message is a search result (top_k
         # capped documents with titles), a question or the system prompt.
         longest_title = max(len(d.title) for d in documents)
@@ -223,6 +231,17 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         self._context = Context()
         self._ids: MessageIds | None = None
         self._done = False
+
+    def _open_resources(self) -> None:
+        retriever, owned = self._build_retriever(self._documents)
+        self.retriever = retriever
+        self._retriever_share = SharedResource(retriever) if owned else None  # None: the caller's to close
+        self._released = False
+
+    def _share_resources(self, clone: "SearchEvalQAEnv") -> None:
+        if self._retriever_share is not None:
+            clone._retriever_share = self._retriever_share.take()
+        clone._released = False
 
     def _build_retriever(self, documents) -> tuple[Retriever, bool]:
         choice = self.config.retriever
@@ -289,8 +308,10 @@ class SearchEvalQAEnv(gym.Env[Context, str]):
         return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
-        if self._owns_retriever and self.retriever is not None:
-            self.retriever.close()
+        # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
+        if getattr(self, "_retriever_share", None) is not None and not self._released:
+            self._released = True
+            self._retriever_share.release()
         self._context = Context()
 
     # ------------------------------------------------------------------ the protocol

@@ -1,0 +1,105 @@
+"""copy.deepcopy and pickle of every env mid-episode: the copy goes on as the original would, the
+two are independent afterwards, and shared resources live until the last env holding them closes."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import gymnasium as gym
+import pytest
+
+import rftgym  # noqa: F401
+from rftgym.envs.code.sandbox_shared import open_shares
+
+CODE = "```python\ndef solve(*args):\n    return 0\n```"
+# (env id, options, first action, the next two actions: the same for both, then one each)
+EPISODES = {
+    "verifiable": ("rftgym/VerifiableQA-v0", {"max_attempts": 3}, "<answer>1</answer>",
+                   ("<answer>2</answer>", "<answer>3</answer>", "<answer>4</answer>")),
+    "search": ("rftgym/SearchEvalQA-v0", {}, "<search>capital city</search>",
+               ("<evaluate>score: 4 vague</evaluate><search>river</search>",
+                "<evaluate>score: 7 good</evaluate><answer>Paris</answer>",
+                "<evaluate>score: 1 bad</evaluate><search>mountain</search>")),
+    "memory": ("rftgym/MemoryQA-v0", {}, "<search>birthplace</search>",
+               ('<prune ids="r1">nothing useful</prune><search>currency</search>',
+                '<answer id="1">euro</answer>', "<search>language</search>")),
+    "code": ("rftgym/CodeTCG-v0", {"max_attempts": 3}, CODE,
+             (CODE.replace("return 0", "return 1"), CODE.replace("return 0", "return None"),
+              CODE.replace("return 0", "return args"))),
+}
+
+
+def _transcript(context) -> list[tuple[str, str, str]]:
+    return [(m.id, m.role, m.content) for m in context]
+
+
+def _step(env, action):
+    context, reward, terminated, truncated, info = env.step(action)
+    return _transcript(context), reward, terminated, truncated, info
+
+
+def _copies(env):
+    yield "deepcopy", copy.deepcopy(env)
+    yield "pickle", pickle.loads(pickle.dumps(env))
+
+
+@pytest.mark.parametrize("name", list(EPISODES))
+def test_a_copy_mid_episode_goes_on_as_the_original_and_apart_from_it(name):
+    env_id, options, first, (same, mine, theirs) = EPISODES[name]
+    made = [gym.make(env_id, **options) for _ in range(2)]
+    original, reference = made  # the reference plays the original's part alone, never copied
+    try:
+        for env in made:
+            env.reset(seed=3)
+            env.step(first)
+        alone = [_step(reference, same), _step(reference, mine)]
+        for how, clone in _copies(original):
+            try:
+                # The copy and its original step alike, then each its own way.
+                assert _step(clone, same) == alone[0], how
+                assert _step(clone, theirs)[0] != alone[1][0], how
+            finally:
+                clone.close()
+        # Copies stepped after the original's state was taken leave it as it was.
+        assert [_step(original, same), _step(original, mine)] == alone
+    finally:
+        for env in made:
+            env.close()
+
+
+@pytest.mark.parametrize("name", ["search", "memory"])
+def test_copies_share_the_retriever_until_the_last_one_closes(name, monkeypatch):
+    env_id, options, first, (same, _, _) = EPISODES[name]
+    original = gym.make(env_id, **options)
+    original.reset(seed=1)
+    original.step(first)
+    clone = copy.deepcopy(original)
+    retriever = original.unwrapped.retriever
+    closed = []
+    monkeypatch.setattr(retriever, "close", lambda: closed.append(True))
+    assert clone.unwrapped.retriever is retriever  # shared, not copied
+    original.close()
+    original.close()  # twice gives back one share
+    assert not closed
+    assert _step(clone, same)[0]  # the clone still searches
+    clone.close()
+    assert closed == [True]  # the last share closed it
+    with pytest.raises(RuntimeError, match="copy it before closing it"):
+        copy.deepcopy(original)
+
+
+def test_copies_of_a_code_env_take_their_own_sandbox_share():
+    env_id, options, first, _ = EPISODES["code"]
+    before = open_shares("local")
+    original = gym.make(env_id, **options)
+    original.reset(seed=0)
+    clone = copy.deepcopy(original)
+    assert open_shares("local") == before + 2
+    assert clone.unwrapped.sandbox is not original.unwrapped.sandbox
+    assert clone.unwrapped.sandbox.limits == original.unwrapped.sandbox.limits
+    original.close()
+    assert open_shares("local") == before + 1
+    assert _step(clone, first)[4]["sandbox"]  # the clone's share still runs programs
+    clone.close()
+    assert open_shares("local") == before
