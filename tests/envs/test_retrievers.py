@@ -75,6 +75,22 @@ def test_title_text_and_flashrag_corpora(tmp_path):
     assert split_flashrag_contents("no title") == ("", "no title")
 
 
+def test_a_corpus_limit_reads_a_json_lines_file_no_further(tmp_path):
+    # A distractor corpus may be a whole encyclopedia: the lines past the limit are never read
+    # (here the third is not even JSON).
+    lines = '{"id": "a", "contents": "\\"A\\"\\nx"}\n{"id": "b", "contents": "\\"B\\"\\ny"}\nnot json\n'
+    path = write(tmp_path / "big.jsonl", lines)
+    assert [d.id for d in load_corpus(path, limit=2)] == ["a", "b"]
+    with pytest.raises(DataFormatError, match="big.jsonl:3: not valid JSON"):
+        load_corpus(path)
+    record = {"paragraphs": [{"title": "T1", "paragraph_text": "p1"}, {"title": "T2", "paragraph_text": "p2"}]}
+    musique = write(tmp_path / "m.jsonl", json.dumps(record) + "\n" + "not json\n")
+    assert [d.title for d in load_corpus(musique, limit=1)] == ["T1"]
+    assert [d.title for d in load_corpus(musique, limit=2)] == ["T1", "T2"]
+    listed = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
+    assert [d.title for d in load_corpus(listed, limit=1)] == ["A"]
+
+
 def test_musique_questions_and_corpus(tmp_path):
     record = {"id": "m1", "question": "q?", "answer": "Ann", "answer_aliases": ["Bo"], "answerable": True,
               "paragraphs": [{"idx": 0, "title": "T1", "paragraph_text": "one", "is_supporting": True},

@@ -94,8 +94,6 @@ def build_corpus(dataset_path: str | os.PathLike, corpus_path: str | os.PathLike
     own = load_corpus(dataset_path)
     documents = [Document(f"q{i}", d.title, d.text) for i, d in enumerate(own)]
     if corpus_path is not None:
-        distractors = load_corpus(corpus_path)
-        if max_distractors is not None:
-            distractors = distractors[:max_distractors]
+        distractors = load_corpus(corpus_path, limit=max_distractors)
         documents += [Document(f"d{i}", d.title, d.text) for i, d in enumerate(distractors)]
     return documents

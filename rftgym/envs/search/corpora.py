@@ -115,23 +115,27 @@ def split_flashrag_contents(contents: str) -> tuple[str, str]:
     return first.strip().strip('"'), rest
 
 
-def _flashrag_corpus(path: Path) -> list[Document]:
+def _flashrag_corpus(path: Path, limit: int | None = None) -> list[Document]:
     documents = []
     for number, record in read_jsonl(path, FLASHRAG_SHAPE):
         if not isinstance(record.get("contents"), str) or "id" not in record:
             raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'; expected {FLASHRAG_SHAPE}")
         title, text = split_flashrag_contents(record["contents"])
         documents.append(Document(str(record["id"]), title, text))
+        if len(documents) == limit:
+            break
     return documents
 
 
-def _musique_corpus(path: Path) -> list[Document]:
+def _musique_corpus(path: Path, limit: int | None = None) -> list[Document]:
     documents: dict[tuple[str, str], Document] = {}
     for number, record in read_jsonl(path, MUSIQUE_SHAPE):
         for paragraph in _musique_paragraphs(path, number, record):
             key = (paragraph["title"], paragraph["paragraph_text"])
             documents.setdefault(key, Document(str(len(documents)), *key))
-    return list(documents.values())
+        if limit is not None and len(documents) >= limit:
+            break
+    return list(documents.values())[:limit]
 
 
 def _musique_paragraphs(path: Path, number: int, record: dict) -> list[dict]:
@@ -144,14 +148,16 @@ def _musique_paragraphs(path: Path, number: int, record: dict) -> list[dict]:
     return paragraphs
 
 
-def load_corpus(path: str | os.PathLike) -> list[Document]:
-    """Documents from any of the supported corpus formats (see the module docstring)."""
+def load_corpus(path: str | os.PathLike, limit: int | None = None) -> list[Document]:
+    """Documents from any of the supported corpus formats (see the module docstring); with
+    ``limit``, the first ``limit`` of them, and a JSON-lines file is read no further than that
+    (a distractor corpus may be a whole encyclopedia)."""
     path = Path(path)
     if is_jsonl(path):
         first = next(read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is None:
             raise DataFormatError(f"{path}: the file is empty; expected {FLASHRAG_SHAPE}")
-        documents = _musique_corpus(path) if "paragraphs" in first[1] else _flashrag_corpus(path)
+        documents = _musique_corpus(path, limit) if "paragraphs" in first[1] else _flashrag_corpus(path, limit)
     else:
         shapes = f"{HOTPOTQA_SHAPE}, {TITLE_SENTENCES_SHAPE} or {TITLE_TEXT_SHAPE}"
         data = read_json(path, shapes)
@@ -165,6 +171,7 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
             documents = _title_text_corpus(path, data)
         else:
             raise DataFormatError(f"{path}: got a JSON {type(data).__name__}; expected {shapes}")
+        documents = documents[:limit]
     if not documents:
         raise DataFormatError(f"{path}: the corpus has no documents")
     _refuse_repeated_ids(path, "document", [d.id for d in documents],
