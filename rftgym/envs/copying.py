@@ -61,7 +61,9 @@ class CopyableEnv:
     def __deepcopy__(self, memo: dict) -> "CopyableEnv":
         clone = object.__new__(type(self))
         memo[id(self)] = clone
-        shared = set(self.shared_attributes) | set(self.resource_attributes)
+        # The spec (from gym.make) is read-only too, and its kwargs may hold the caller's objects
+        # (a retriever, a token counter), which a deep copy must not copy.
+        shared = {"spec", *self.shared_attributes, *self.resource_attributes}
         for key, value in self.__dict__.items():
             clone.__dict__[key] = value if key in shared else copy.deepcopy(value, memo)
         self._share_resources(clone)

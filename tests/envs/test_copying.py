@@ -103,3 +103,19 @@ def test_copies_of_a_code_env_take_their_own_sandbox_share():
     assert _step(clone, first)[4]["sandbox"]  # the clone's share still runs programs
     clone.close()
     assert open_shares("local") == before
+
+
+def test_a_copy_shares_the_callers_retriever_and_pickles_it():
+    from rftgym.envs.search.retrievers import make_retriever
+    from rftgym.envs.search.world import World
+
+    retriever = make_retriever("bm25", World(0, 30).documents)  # the caller's object, named in the spec too
+    env = gym.make("rftgym/SearchEvalQA-v0", retriever=retriever)
+    env.reset(seed=0)
+    clone = copy.deepcopy(env)
+    assert clone.unwrapped.retriever is retriever and clone.unwrapped.spec is env.unwrapped.spec
+    clone.close()  # the caller's retriever is the caller's to close
+    moved = pickle.loads(pickle.dumps(env))
+    assert _step(moved, "<search>capital</search>") == _step(env, "<search>capital</search>")
+    assert [h.doc_id for h in moved.unwrapped.retriever.search(["capital"], 3)[0]] == \
+        [h.doc_id for h in retriever.search(["capital"], 3)[0]]

@@ -93,6 +93,14 @@ class BM25Retriever(Retriever):
         self.index.index(tokens, show_progress=False)
         self._vocab = self.index.vocab_dict
 
+    def __getstate__(self) -> dict:
+        # The bm25s module is not pickled (an env is, to go to another process); its index is.
+        return {key: value for key, value in self.__dict__.items() if key != "bm25s"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.bm25s = require("bm25s", "retrieval", "The BM25 retriever")
+
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
         if not queries:
