@@ -141,8 +141,10 @@ def test_stopping_the_supervisor_to_run_on_unwatched_gains_nothing(sandbox):
                "def add(a, b):\n    if a == [1]:\n        os.kill(os.getppid(), signal.SIGSTOP)\n"
                "        time.sleep(1.5)\n        os.kill(os.getppid(), signal.SIGCONT)\n    return a + b\n")
     graded = grade(ADD, stopper, sandbox, per_test_seconds=0.3)
-    # The test after it passes, or is cut by the run's own wall limit when the stop used that up.
-    assert graded.results[0].passed and not graded.results[1].passed, graded
+    # Only the stopped test is sure to fail: on a busy machine the child may stop the supervisor
+    # before it has read the earlier records, which are then dropped too (they cannot be told from
+    # records sent while it was stopped), and the test after it may be cut by the run's wall limit.
+    assert not graded.results[1].passed, graded
 
 
 def test_a_stdio_exit_handler_past_the_limit_is_a_timeout(sandbox):
