@@ -9,6 +9,7 @@ leaves half a checkpoint.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -63,9 +64,36 @@ def checkpoint_state(model, optimizer, keep: bool = True) -> dict[str, Any]:
     return {"weights": trainable_state(model, keep), "optimizer": optimizer_state(optimizer, keep)}
 
 
+def base_fingerprint(model) -> str:
+    """A fingerprint of ``model``'s weights as loaded, before any training: a resume must start
+    from the same base model (LoRA adapters sit on its frozen weights, and a KL reference is that
+    model), while its path may have moved. A strided sample of each parameter, rounded to
+    bfloat16 so that loading the same weights in float32 or bfloat16 gives the same print."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, parameter in sorted(_unwrap(model).named_parameters()):
+            flat = parameter.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 256)][:256].to("cpu", torch.bfloat16).float()
+            digest.update(f"{name}{tuple(parameter.shape)}".encode())
+            digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None:
+    """Refuse to resume a checkpoint (``saved``: its state) on other base weights than it was
+    trained from; a checkpoint written before fingerprints were kept is not checked."""
+    expected = saved.get("base_model")
+    if isinstance(expected, str) and expected != fingerprint:
+        raise ConfigError(f"the checkpoint in {config.output_dir} was trained from other base weights than "
+                          f"--model {config.model or 'default'} holds (fingerprint {expected}, this model's "
+                          f"{fingerprint}; it was trained from --model {saved['config'].get('model') or 'default'}). "
+                          "Resume with the model it was trained from, or start a new run in another output directory")
+
+
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
-                    config: dict) -> Path:
-    """Write ``state`` (from :func:`checkpoint_state`), the step, the random states and the config."""
+                    config: dict, base_model: str | None = None) -> Path:
+    """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config
+    and the base model's fingerprint (:func:`base_fingerprint`)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -79,7 +107,8 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
             torch.save(state["weights"], staging / "trainable.pt")
             torch.save(state["optimizer"], staging / "optimizer.pt")
             torch.save(rng_states, staging / "rng.pt")
-            (staging / "state.json").write_text(json.dumps({"step": step, "config": config}, indent=2, default=str))
+            (staging / "state.json").write_text(json.dumps({"step": step, "config": config, "base_model": base_model},
+                                                           indent=2, default=str))
         except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
             free = shutil.disk_usage(output_dir).free
             raise TrainingError(f"cannot write the checkpoint of step {step} in {output_dir} ({type(exc).__name__}: "
@@ -143,6 +172,11 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
             raise ConfigError(f"{path} is a {'file' if is_folder else 'directory'}, where the run writes its {what}; "
                               "move it away or choose another output directory")
     if has_checkpoint_files(output_dir) and not resume:
+        if not has_checkpoint(output_dir):
+            raise ConfigError(f"{output_dir} holds an incomplete checkpoint (no {CHECKPOINT_DIR}/state.json: a run "
+                              "stopped while writing it, or a copy cut short), which cannot be resumed and which a "
+                              f"new run would overwrite; move {output_dir / CHECKPOINT_DIR} away or choose another "
+                              "output directory")
         raise ConfigError(f"{output_dir} already holds a checkpoint; resume it (rftgym train --resume, or "
                           "train(..., resume=True)), or choose another output directory")
     if resume and not has_checkpoint(output_dir):
@@ -187,7 +221,7 @@ def saved_state(output_dir: Path) -> dict:
 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is
 # (another env, algorithm, or LoRA adapters of another shape). The model may be given by another
-# path (a moved directory); loading the weights checks that they fit it.
+# path (a moved directory): its weights' fingerprint must be the checkpoint's (check_base_model).
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
 
 
@@ -232,10 +266,15 @@ class OutputLock:
             warnings.warn(f"cannot lock {self.path} ({exc.strerror or exc}); nothing stops a second run from "
                           "writing to the same output directory", stacklevel=2)
             return
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+        except OSError as exc:  # e.g. a full disk: the directory was fine, the file could not be written
+            handle.close()
+            raise TrainingError(f"cannot write the lock file {self.path} ({exc.strerror or exc}); free space or "
+                                "choose another output directory") from None
         self._file = handle
 
     def release(self) -> None:

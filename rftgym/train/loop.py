@@ -36,6 +36,8 @@ from .batching import (
 )
 from .checkpoint import (
     OutputLock,
+    base_fingerprint,
+    check_base_model,
     check_output_dir,
     check_rng_states,
     checkpoint_state,
@@ -95,17 +97,24 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if ranks.is_main:
         try:
             check_output_dir(out, resume)
-            out.mkdir(parents=True, exist_ok=True)
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
             lock = OutputLock(out)
-        except ConfigError as exc:
-            refusal = str(exc)
-        except OSError as exc:
-            refusal = f"cannot create the output directory {out}: {exc.strerror or exc}"
+        except (ConfigError, TrainingError) as exc:  # bad input, or a lock file that cannot be written
+            refusal = (type(exc) is TrainingError, str(exc))
     refusal = ranks.gather_objects(refusal)[0]
     if refusal is not None:
-        raise ConfigError(refusal)
+        unwritable, message = refusal
+        raise (TrainingError if unwritable else ConfigError)(message)
     try:
-        notes = resume_notes(saved_state(out), config) if resume else []
+        saved = saved_state(out) if resume else None
+        if saved is not None and saved["step"] >= config.steps:  # before any model loads
+            raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
+                              f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
+                              "to continue it")
+        notes = resume_notes(saved, config) if resume else []
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
@@ -127,6 +136,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     mixed = device.startswith("cuda") and config.dtype is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
+    base_model = base_fingerprint(policy.model)
+    if resume:  # before anything is built on the weights
+        check_base_model(saved_state(out), base_model, config)
     weights_dtype = next(policy.model.parameters()).dtype
     if config.dtype is not None and weights_dtype != getattr(torch, config.dtype):
         raise ConfigError(f"dtype={config.dtype!r}, but the policy passed in holds {weights_dtype} weights; convert "
@@ -175,9 +187,6 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     if resume:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
         check_rng_states(rng, out)
-        if start >= config.steps:
-            raise ConfigError(f"the checkpoint in {out} is already at step {start} and this run has {config.steps} "
-                              f"steps; pass more steps (e.g. --steps {start + config.steps}) to continue it")
         if len(rng["ranks"]) != ranks.world_size:
             written = len(rng["ranks"])
             raise ConfigError(f"the checkpoint was written by {written} process{'es' if written > 1 else ''}; "
@@ -262,7 +271,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
             state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
             # The others wait for the writing rank, and stop with it if it cannot write.
             ranks.together(lambda: ranks.is_main and save_checkpoint(
-                out, state=state, step=step + 1, config=config.to_dict(),
+                out, state=state, step=step + 1, config=config.to_dict(), base_model=base_model,
                 rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group

@@ -3,44 +3,81 @@
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import TrainingError
 from ..core.files import replace_text
 
 
+def cannot_write(what: Path, exc: BaseException, step: int | None = None) -> TrainingError:
+    """The error for an output the run cannot write (a full disk, a read-only file), saying how
+    much room is left there and that the run can be resumed from its last checkpoint."""
+    folder = what if what.is_dir() else what.parent
+    try:
+        free = f"; {shutil.disk_usage(folder).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = ""
+    when = f" at step {step}" if step is not None else ""
+    detail = getattr(exc, "strerror", None) or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return TrainingError(f"cannot write {what}{when} ({detail}{free}). Free space (or make it writable) or choose "
+                         "another --output-dir, then resume from the last checkpoint")
+
+
 class MetricsLog:
+    """The run's metrics, a JSON row per logged step in ``metrics.jsonl`` and TensorBoard scalars.
+    A file it cannot write stops the run with a :class:`TrainingError` that says so."""
+
     def __init__(self, output_dir: Path, resume_step: int = 0):
         self.path = output_dir / "metrics.jsonl"
-        output_dir.mkdir(parents=True, exist_ok=True)
-        # On resume, drop rows of steps that will be run again, so each step appears once.
-        if self.path.exists():
-            rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
-            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._tb_dir = output_dir / "tensorboard"
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            # On resume, drop rows of steps that will be run again, so each step appears once.
+            if self.path.exists():
+                rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
+                replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        except OSError as exc:
+            raise cannot_write(self.path, exc) from exc
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=resume_step)
         except ImportError:
             warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only "
                           "(pip install 'rftgym[train]' adds it)", stacklevel=2)
+            return
+        try:
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=resume_step)
+        except OSError as exc:
+            raise cannot_write(self._tb_dir, exc) from exc
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **metrics}
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
+        try:
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+        except OSError as exc:
+            raise cannot_write(self.path, exc, step) from exc
         if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+            try:
+                for key, value in metrics.items():
+                    if isinstance(value, (int, float)):
+                        self._tb.add_scalar(key, value, step)
+                self._tb.flush()
+            except Exception as exc:  # its writer thread's error comes back here, of any type
+                self._tb = None  # broken: closing it would raise the same error again
+                raise cannot_write(self._tb_dir, exc, step) from exc
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.close()
+            except Exception as exc:  # the metrics are in metrics.jsonl whatever happens here
+                warnings.warn(f"could not finish the TensorBoard logs in {self._tb_dir} ({exc}); the metrics are "
+                              f"all in {self.path}", stacklevel=2)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -87,6 +124,12 @@ def plot_learning_curve(metrics_path: Path, png_path: Path,
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(png_path, dpi=100)
+    except OSError as exc:  # the run's work is saved already: a missing picture is not worth failing it
+        warnings.warn(f"could not write {png_path} ({exc.strerror or exc}); the metrics it would plot are in "
+                      f"{metrics_path}", stacklevel=2)
+        return None
+    finally:
+        plt.close(fig)
     return png_path

@@ -97,6 +97,32 @@ def test_lora_with_kl_trains_adapters_only(tmp_path, make_char_policy):
     assert changed_lora
 
 
+def test_a_lora_resume_needs_the_base_model_it_was_trained_on(tmp_path, make_char_policy):
+    # The checkpoint holds the adapters only: on another base model they would fit its shapes and
+    # mean nothing, and the KL reference (adapters off) would be another model.
+    train(config(tmp_path, "lora", steps=1, lora_rank=4, kl_coef=0.1), policy=make_char_policy(), make_env=SayAEnv)
+    with pytest.raises(ConfigError, match="trained from other base weights"):
+        train(config(tmp_path, "lora", steps=2, lora_rank=4, kl_coef=0.1), policy=make_char_policy(seed=1),
+              make_env=SayAEnv, resume=True)
+    history = train(config(tmp_path, "lora", steps=2, lora_rank=4, kl_coef=0.1), policy=make_char_policy(),
+                    make_env=SayAEnv, resume=True)
+    assert [h["step"] for h in history] == [1]
+
+
+def test_the_base_fingerprint_ignores_the_load_dtype_and_not_the_weights(make_char_policy):
+    import torch
+
+    from rftgym.train.checkpoint import base_fingerprint
+
+    model = make_char_policy().model
+    print_ = base_fingerprint(model)
+    assert base_fingerprint(make_char_policy().model.to(torch.bfloat16)) == print_
+    assert base_fingerprint(make_char_policy(seed=1).model) != print_
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1.0  # one sampled weight changed
+    assert base_fingerprint(model) != print_
+
+
 def test_a_lora_rank_above_every_layers_full_rank_is_refused_before_any_adapter(make_char_policy):
     from rftgym.train.loop import prepare_model
 
@@ -256,9 +282,14 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
     run = config(tmp_path, "run", steps=1)
     train(run, policy=make_char_policy(), make_env=SayAEnv)
     checkpoint = tmp_path / "run" / "checkpoint"
-    # Already at the last step: say how to continue.
+    # Already at the last step: say how to continue, before any model loads (there is none here).
+    from dataclasses import replace
+
     with pytest.raises(ConfigError, match="already at step 1 and this run has 1 steps"):
-        train(run, policy=make_char_policy(), make_env=SayAEnv, resume=True)
+        train(replace(run, model=str(tmp_path / "no-such-model")), make_env=SayAEnv, resume=True)
+    # Other base weights (the same shapes, another seed) are not the model it was trained from.
+    with pytest.raises(ConfigError, match="was trained from other base weights than --model"):
+        train(config(tmp_path, "run", steps=2), policy=make_char_policy(seed=1), make_env=SayAEnv, resume=True)
     # A damaged file is named, and the checkpoint is left as it was.
     for name, damage in (("state.json", b"{not json"), ("trainable.pt", b""), ("optimizer.pt", b"garbage")):
         original = (checkpoint / name).read_bytes()

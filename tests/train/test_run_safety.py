@@ -293,7 +293,7 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", failing_replace)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl \(No space left on device; [\d,]+ MiB free"):
         metrics_log.MetricsLog(tmp_path, resume_step=1)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
@@ -394,3 +394,67 @@ def test_under_a_launcher_rank_0_prints_the_runs_table(tmp_path, monkeypatch, ca
     assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert ("metrics: " in out and "reward" in out) is (rank == "0")
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_metrics_that_cannot_be_written_stop_the_run_with_a_message(tmp_path, make_char_policy, monkeypatch):
+    from rftgym.train import metrics_log
+
+    real_open = metrics_log.Path.open
+
+    def full_disk_for_metrics(self, *args, **kwargs):
+        if self.name == "metrics.jsonl" and args[:1] == ("a",):
+            _no_space()
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(metrics_log.Path, "open", full_disk_for_metrics)
+    with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl at step 0 \(No space left on device; "
+                                            r"[\d,]+ MiB free there\).*then resume from the last checkpoint"):
+        train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+
+
+def test_tensorboard_logs_that_cannot_be_written_stop_the_run_with_a_message(tmp_path, make_char_policy,
+                                                                             monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.setattr(SummaryWriter, "flush", _no_space)  # what its writer thread's error looks like here
+    with pytest.raises(TrainingError, match=r"cannot write .*tensorboard at step 0 \(No space left on device"):
+        train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+
+
+def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, make_char_policy, monkeypatch):
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", _no_space)
+    with pytest.warns(UserWarning, match=r"could not write .*learning_curve.png \(No space left on device\); the "
+                                         r"metrics it would plot are in .*metrics.jsonl"):
+        history = train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert len(history) == 1 and (tmp_path / "run" / "checkpoint" / "state.json").is_file()
+
+
+def test_a_lock_file_that_cannot_be_written_is_named_and_not_taken_for_bad_input(tmp_path, monkeypatch):
+    from rftgym.train import checkpoint
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __getattr__(self, name):
+            return _no_space if name == "write" else getattr(self.handle, name)
+
+    monkeypatch.setattr(checkpoint, "open", lambda *args, **kwargs: FullDisk(open(*args, **kwargs)), raising=False)
+    with pytest.raises(TrainingError, match=r"cannot write the lock file .*\.lock \(No space left on device\)"):
+        OutputLock(tmp_path)
+
+
+def test_an_incomplete_checkpoint_says_it_cannot_be_resumed(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    (tmp_path / "run" / "checkpoint" / "state.json").unlink()
+    with pytest.raises(ConfigError, match=r"holds an incomplete checkpoint \(no checkpoint/state.json.*cannot be "
+                                          r"resumed.*move .*checkpoint away"):
+        train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv)
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
