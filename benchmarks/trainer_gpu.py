@@ -79,6 +79,10 @@ UPDATE_VARIANTS = {
     "decoder": SpeedConfig(compile_scope="decoder"),
     "decoder+ckpt_mlp": SpeedConfig(compile_scope="decoder", checkpoint_mlp=True),
     "decoder+micro8": SpeedConfig(compile_scope="decoder"),
+    # CUDA graphs for the decoder's forward and backward (the host launches each graph once, not
+    # its hundreds of kernels), and GEMM kernels autotuned for the narrow (576-wide) matrices.
+    "decoder+cudagraphs": SpeedConfig(compile_scope="decoder", checkpoint_mlp=True, compile_mode="reduce-overhead"),
+    "compiled+autotune": SpeedConfig(checkpoint_mlp=True, compile_mode="max-autotune-no-cudagraphs"),
 }
 MICROBATCH = {"compiled+micro16": 16, "compiled+micro8": 8, "decoder+micro8": 8}
 

@@ -30,7 +30,7 @@ echo "# benchmarks/trainer_gpu.py"
 args=()
 if [ "${1:-}" = "--quick" ]; then
   shift
-  args=(--peers none --steps 2 --update-variants eager,compiled,compiled+ckpt_mlp,bf16+compiled+ckpt_mlp,decoder+ckpt_mlp)
+  args=(--peers none --steps 2 --update-variants eager,compiled+ckpt_mlp,bf16+compiled+ckpt_mlp,decoder+ckpt_mlp,decoder+cudagraphs,compiled+autotune)
 fi
 timeout 420 python3 benchmarks/trainer_gpu.py "${args[@]}" --profile-variants compiled+ckpt_mlp "$@"
 echo "benchmark rc=$?"

@@ -21,6 +21,11 @@ log-probs) whatever is switched on here; these switches only change how fast and
 * ``checkpoint_mlp``: recompute each layer's MLP in the backward pass (its 3 x intermediate-size
   activations dominate memory) at the cost of one extra MLP forward.
 * ``memory_budget``: the compiler's activation-memory budget (0..1) for choosing what to recompute.
+* ``compile_mode``: ``torch.compile``'s mode for those graphs. ``"default"`` is what training uses;
+  ``"reduce-overhead"`` (CUDA graphs: the host launches each graph's kernels at once) and
+  ``"max-autotune-no-cudagraphs"`` (GEMM kernels tuned for the model's narrow matrices) are there
+  for ``benchmarks/trainer_gpu.py`` to measure against it on a GPU; they are not yet chosen by
+  ``rftgym train``.
 
 :func:`make_optimizer` gives a fused AdamW on CUDA (one kernel for all parameters).
 
@@ -42,6 +47,9 @@ from .config import COMPILE_SCOPES
 from .master_weights import MasterWeights, needs_master_weights
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+
 @dataclass(frozen=True)
 class SpeedConfig:
     compile_layers: bool = True
@@ -50,10 +58,13 @@ class SpeedConfig:
     checkpoint_mlp: bool = False
     fused_optimizer: bool = True
     memory_budget: float | None = None  # None: the compiler's default (save what is not cheap to recompute)
+    compile_mode: str = "default"  # torch.compile's mode (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.compile_scope not in COMPILE_SCOPES:
             raise ConfigError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}; got {self.compile_scope!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}; got {self.compile_mode!r}")
         if self.memory_budget is not None and not 0 < self.memory_budget <= 1:
             raise ConfigError(f"memory_budget must be in (0, 1] (share of activations kept), got {self.memory_budget}")
 
@@ -192,10 +203,11 @@ def _checkpoint_mlp_class(mlp_class) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_forward(module_class):
-    """One compiled ``forward`` per decoder-layer (or decoder) class, shared by its instances (the
-    module is an input of the graph, so identical layers reuse it), for any sequence length."""
-    return torch.compile(module_class.forward, dynamic=True)
+def _compiled_forward(module_class, mode: str = "default"):
+    """One compiled ``forward`` per decoder-layer (or decoder) class and mode, shared by its
+    instances (the module is an input of the graph, so identical layers reuse it), for any
+    sequence length."""
+    return torch.compile(module_class.forward, dynamic=True, mode=mode)
 
 
 def _compiled_unless_cached(self, *args, **kwargs):
@@ -203,7 +215,7 @@ def _compiled_unless_cached(self, *args, **kwargs):
     with a KV cache, whose per-layer state the compiler would guard on (one graph per layer and
     cache state, past its cache of graphs), and which the update never runs."""
     if _cache_free(kwargs):
-        return _compiled_forward(type(self))(self, *args, **kwargs)
+        return _compiled_forward(type(self), self._rftgym_compile_mode)(self, *args, **kwargs)
     return type(self).forward(self, *args, **kwargs)
 
 
@@ -217,11 +229,11 @@ def _compiled_decoder_unless_cached(self, *args, **kwargs):
     compiler would guard on, and a call that leaves ``use_cache`` to the config, which would build
     a cache inside the graph."""
     if not args and _cache_free(kwargs) and kwargs.get("use_cache") is False:
-        return _compiled_forward(type(self))(self, **kwargs)
+        return _compiled_forward(type(self), self._rftgym_compile_mode)(self, **kwargs)
     return type(self).forward(self, *args, **kwargs)
 
 
-def _compile(decoder, layers, scope: str | None) -> str | None:
+def _compile(decoder, layers, scope: str | None, mode: str = "default") -> str | None:
     """Route ``decoder``'s (or each layer's) cache-free calls through a compiled forward; the
     reason it cannot, or None. Switching scope undoes the other one; ``scope=None`` (or a compile
     that cannot work) undoes both, so a model set up again without compiling runs eagerly."""
@@ -239,6 +251,8 @@ def _compile(decoder, layers, scope: str | None) -> str | None:
         routed = getattr(module.__dict__.get("forward"), "func", None) is dispatch
         if wanted and not routed:
             module.forward = functools.partial(dispatch, module)
+        if wanted:
+            module._rftgym_compile_mode = mode
         elif routed and not wanted:
             del module.forward
     return problem
@@ -269,9 +283,11 @@ def apply_training_speedups(model, speed: SpeedConfig | None = None) -> dict[str
     if speed.compile_layers:
         if speed.memory_budget is not None:
             torch._functorch.config.activation_memory_budget = speed.memory_budget
-        problem = _compile(decoder, layers, speed.compile_scope)
+        problem = _compile(decoder, layers, speed.compile_scope, speed.compile_mode)
         name = "compile_decoder" if speed.compile_scope == "decoder" else "compile_layers"
         report[name] = f"skipped: {problem}" if problem else "on"
+        if speed.compile_mode != "default" and not problem:
+            report["compile_mode"] = speed.compile_mode
     else:
         _compile(decoder, layers, None)
     return report

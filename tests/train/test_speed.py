@@ -156,6 +156,29 @@ def test_cuda_compiled_update_keeps_the_numbers_under_autocast(scope):
         torch.testing.assert_close(grads[name], expected_grads[name], atol=3e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("scope", ["layers", "decoder"])
+def test_the_compile_mode_reaches_the_compiler(scope, monkeypatch):
+    from rftgym.train import speed
+
+    modes = []
+
+    def recording_compile(function, **options):
+        modes.append(options.get("mode"))
+        return function  # eager: only the routing is under test
+
+    monkeypatch.setattr(speed.torch, "compile", recording_compile)
+    speed._compiled_forward.cache_clear()
+    try:
+        plain, fast = tiny_llama(), tiny_llama()
+        apply_training_speedups(fast, SpeedConfig(compile_scope=scope, compile_mode="max-autotune-no-cudagraphs"))
+        assert_matches_plain(fast, plain, batch())
+        assert set(modes) - {None} == {"max-autotune-no-cudagraphs"}  # None: compile_works' probe, if it ran
+    finally:
+        speed._compiled_forward.cache_clear()  # no later test gets the eager stand-in
+    with pytest.raises(ConfigError, match="compile_mode must be one of default, reduce-overhead"):
+        SpeedConfig(compile_mode="fast")
+
+
 def test_compile_scope_is_checked():
     with pytest.raises(ConfigError, match="compile_scope must be one of layers, decoder"):
         SpeedConfig(compile_scope="model")
