@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from typing import Any
 
 
 class SharedResource:
-    """A resource (anything with ``close()``) used by an env and its copies: each holds a share,
-    and giving back the last share closes it."""
+    """A resource (anything with ``close()``) used by an env and its copies: each holds a share
+    (:meth:`hold`), and giving back the last share closes it."""
 
     def __init__(self, resource: Any):
         self.resource = resource
@@ -46,12 +47,20 @@ class SharedResource:
     def open(self) -> bool:
         return self._shares > 0
 
+    def hold(self, env: Any, take: bool = True) -> weakref.finalize:
+        """A share for ``env`` (``take=False``: the first one, made with this object), given back
+        by calling what this returns (once; later calls do nothing) or when ``env`` is garbage
+        collected unclosed, as a dropped branch of a tree search is."""
+        if take:
+            self.take()
+        return weakref.finalize(env, self.release)
+
 
 class CopyableEnv:
     """Mixin giving an env ``copy.deepcopy`` and ``pickle`` support (see the module docstring).
 
     An env lists in ``shared_attributes`` what it never changes after ``__init__`` (shared by a
-    copy, pickled as is) and in ``resource_attributes`` what holds a process resource (left out
+    copy, pickled as is; not its spaces, which hold a random generator of their own) and in ``resource_attributes`` what holds a process resource (left out
     of a pickle). ``_share_resources(clone)`` gives a deep copy its shares; ``_open_resources()``
     makes the resources again after unpickling."""
 
@@ -77,7 +86,7 @@ class CopyableEnv:
         self._open_resources()
 
     def _share_resources(self, clone: "CopyableEnv") -> None:
-        raise NotImplementedError
+        """Give ``clone`` (a deep copy) its shares of the resources; none by default."""
 
     def _open_resources(self) -> None:
-        raise NotImplementedError
+        """Make the resources again (after unpickling); none by default."""

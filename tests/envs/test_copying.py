@@ -119,3 +119,66 @@ def test_a_copy_shares_the_callers_retriever_and_pickles_it():
     assert _step(moved, "<search>capital</search>") == _step(env, "<search>capital</search>")
     assert [h.doc_id for h in moved.unwrapped.retriever.search(["capital"], 3)[0]] == \
         [h.doc_id for h in retriever.search(["capital"], 3)[0]]
+
+
+@pytest.mark.parametrize("name", list(EPISODES))
+def test_a_copy_has_spaces_of_its_own(name):
+    env_id, options, _, _ = EPISODES[name]
+    env = gym.make(env_id, **options)
+    env.action_space.seed(5)
+    branch = copy.deepcopy(env)
+    try:
+        expected = [copy.deepcopy(env.action_space).sample() for _ in range(1)][0]  # what env draws next
+        branch.action_space.sample()  # the branch's draws and seeds are its own
+        branch.action_space.seed(99)
+        assert env.action_space.sample() == expected
+    finally:
+        branch.close()
+        env.close()
+
+
+def test_a_verifiable_dataset_is_shared_by_copies(tmp_path):
+    import json
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(json.dumps({"question": f"{i} + 1?", "answer": str(i + 1), "id": f"q{i}"})
+                              for i in range(50)) + "\n")
+    env = gym.make("rftgym/VerifiableQA-v0", dataset_path=str(path))
+    env.reset(seed=0)
+    branch = copy.deepcopy(env)
+    assert branch.unwrapped.dataset is env.unwrapped.dataset
+
+
+@pytest.mark.parametrize("name", ["search", "memory"])
+def test_a_dropped_copy_gives_back_its_share_of_the_retriever(name, monkeypatch):
+    import gc
+
+    env_id, options, first, _ = EPISODES[name]
+    original = gym.make(env_id, **options)
+    original.reset(seed=1)
+    closed = []
+    monkeypatch.setattr(original.unwrapped.retriever, "close", lambda: closed.append(True))
+    branch = copy.deepcopy(original)
+    _step(branch, first)
+    del branch  # a branch of a tree search, dropped without close()
+    gc.collect()
+    original.close()
+    assert closed == [True]
+
+
+def test_a_copy_of_an_auto_sandbox_env_keeps_its_backend(monkeypatch):
+    from rftgym.envs.code import env as code_env
+
+    asked = []
+    real = code_env.shared_sandbox
+
+    def recording(backend, **kwargs):
+        asked.append(backend)
+        return real("local" if backend == "auto" else backend, **kwargs)  # "auto" decided as local here
+
+    monkeypatch.setattr(code_env, "shared_sandbox", recording)
+    env = gym.make("rftgym/CodeTCG-v0", sandbox="auto")
+    branch = copy.deepcopy(env)
+    assert asked == ["auto", "local"]  # the copy does not decide again (a docker probe each time)
+    branch.close()
+    env.close()

@@ -254,6 +254,20 @@ def test_dense_ranks_and_caches_embeddings(dense_tiny, monkeypatch):
     retriever.close()
 
 
+def test_a_dense_retriever_pickles_with_its_index(dense_tiny, monkeypatch):
+    import pickle
+
+    from rftgym.envs.search.retrievers import DenseRetriever
+
+    monkeypatch.setenv("RFTGYM_CACHE", str(dense_tiny))
+    retriever = DenseRetriever(TINY)
+    moved = pickle.loads(pickle.dumps(retriever))  # e.g. inside an env sent to a worker process
+    queries = ["python programming language", "a large mammal"]
+    assert moved.search(queries, 3) == retriever.search(queries, 3)
+    retriever.close()
+    assert moved.search(queries, 1)  # its own index, not the original's
+
+
 @pytest.mark.parametrize("bad", ["cut", "object", "flat", "narrow"])
 def test_a_bad_embeddings_cache_is_computed_again(dense_tiny, monkeypatch, tmp_path, bad):
     """A cache file cut short, of another type or shape, is not this corpus's embeddings: the

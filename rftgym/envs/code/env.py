@@ -206,7 +206,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
     sandbox; the tests built so far are shared) and ``pickle`` sends one to another process (see
     :mod:`rftgym.envs.copying`)."""
 
-    shared_attributes = ("config", "tcg_config", "dataset", "_tested", "observation_space", "action_space")
+    shared_attributes = ("config", "tcg_config", "dataset", "_tested")
     resource_attributes = ("sandbox",)
 
     metadata = {
@@ -285,14 +285,15 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
     def render(self) -> str | None:
         return render_context(self._context, self.render_mode)
 
-    def _open_resources(self) -> None:
-        # One sandbox per backend per process, shared by the envs in it; this env's share has its limits.
+    def _open_resources(self, backend: str | None = None) -> None:
+        # One sandbox per backend per process, shared by the envs in it; this env's share has its
+        # limits. "auto" is decided here (a copy keeps the backend its original runs on).
         cfg = self.config
-        self.sandbox = shared_sandbox(cfg.sandbox, limits=SandboxLimits(
+        self.sandbox = shared_sandbox(backend or cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
-        clone._open_resources()
+        clone._open_resources(self.sandbox.name)
 
     def close(self) -> None:
         # Releases this env's share of the process's sandbox (the last share closes it); twice is safe.

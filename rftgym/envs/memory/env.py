@@ -245,9 +245,8 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
     sends one to another process (see :mod:`rftgym.envs.copying`)."""
 
-    shared_attributes = ("config", "count_tokens", "world", "pool", "_documents", "observation_space",
-                         "action_space")
-    resource_attributes = ("retriever", "_retriever_share")
+    shared_attributes = ("config", "count_tokens", "world", "pool", "_documents")
+    resource_attributes = ("retriever", "_retriever_share", "_retriever_release")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -370,23 +369,22 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     def close(self) -> None:
         # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
-        if getattr(self, "_retriever_share", None) is not None and not self._released:
-            self._released = True
-            self._retriever_share.release()
+        if getattr(self, "_retriever_release", None) is not None:
+            self._retriever_release()
         self._context = Context()
 
     def _open_resources(self) -> None:
         if isinstance(self.config.retriever, Retriever):
             self.retriever, self._retriever_share = self.config.retriever, None  # the caller closes it
+            self._retriever_release = None
         else:
             self.retriever = make_retriever(self.config.retriever, self._documents)
             self._retriever_share = SharedResource(self.retriever)
-        self._released = False
+            self._retriever_release = self._retriever_share.hold(self, take=False)
 
     def _share_resources(self, clone: "MemoryQAEnv") -> None:
         if self._retriever_share is not None:
-            clone._retriever_share = self._retriever_share.take()
-        clone._released = False
+            clone._retriever_release = self._retriever_share.hold(clone)
 
     # ------------------------------------------------------------------ the protocol
 

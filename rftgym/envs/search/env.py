@@ -191,8 +191,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
     sends one to another process (see :mod:`rftgym.envs.copying`)."""
 
-    shared_attributes = ("config", "world", "questions", "_documents", "observation_space", "action_space")
-    resource_attributes = ("retriever", "_retriever_share")
+    shared_attributes = ("config", "world", "questions", "_documents")
+    resource_attributes = ("retriever", "_retriever_share", "_retriever_release")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -236,12 +236,11 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         retriever, owned = self._build_retriever(self._documents)
         self.retriever = retriever
         self._retriever_share = SharedResource(retriever) if owned else None  # None: the caller's to close
-        self._released = False
+        self._retriever_release = self._retriever_share.hold(self, take=False) if owned else None
 
     def _share_resources(self, clone: "SearchEvalQAEnv") -> None:
         if self._retriever_share is not None:
-            clone._retriever_share = self._retriever_share.take()
-        clone._released = False
+            clone._retriever_release = self._retriever_share.hold(clone)
 
     def _build_retriever(self, documents) -> tuple[Retriever, bool]:
         choice = self.config.retriever
@@ -309,9 +308,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     def close(self) -> None:
         # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
-        if getattr(self, "_retriever_share", None) is not None and not self._released:
-            self._released = True
-            self._retriever_share.release()
+        if getattr(self, "_retriever_release", None) is not None:
+            self._retriever_release()
         self._context = Context()
 
     # ------------------------------------------------------------------ the protocol

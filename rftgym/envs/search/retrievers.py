@@ -177,6 +177,20 @@ class DenseRetriever(Retriever):
         self.index = self.faiss.IndexFlatIP(embeddings.shape[1])
         self.index.add(embeddings)
 
+    def __getstate__(self) -> dict:
+        # Modules and the model are not pickled (the model is loaded again from its local files,
+        # once per process); the index travels as faiss's own serialization.
+        state = {key: value for key, value in self.__dict__.items() if key not in ("faiss", "model", "index")}
+        state["index"] = None if self.index is None else self.faiss.serialize_index(self.index)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.faiss = require("faiss", "retrieval", "The dense retriever")
+        self.model = load_embedding_model(self.model_name)
+        if self.index is not None:
+            self.index = self.faiss.deserialize_index(self.index)
+
     def _encode(self, texts: list[str]) -> np.ndarray:
         vectors = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
                                     convert_to_numpy=True, show_progress_bar=False)

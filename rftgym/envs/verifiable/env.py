@@ -46,6 +46,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
+from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
                       summarize_problems)
@@ -112,8 +113,13 @@ class VerifiableQAConfig:
             raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight}")
 
 
-class VerifiableQAEnv(gym.Env[Context, str]):
-    """Single- or few-turn questions with a checkable answer, given in <answer> tags."""
+class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
+    """Single- or few-turn questions with a checkable answer, given in <answer> tags.
+
+    ``copy.deepcopy(env)`` branches an episode (the copies share the dataset) and ``pickle`` sends
+    one to another process (see :mod:`rftgym.envs.copying`)."""
+
+    shared_attributes = ("config", "dataset")
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
 
