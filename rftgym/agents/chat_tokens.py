@@ -9,9 +9,14 @@ ways to spell a string, and the model may have sampled a non-canonical one). The
 the episode rather than in a global cache because episodes of one group share their seed, hence
 their message ids, and may hold the same text sampled as different tokens.
 
-For templates in which each message renders independently once the first message is placed
-(ChatML and most others), the concatenated spans equal the tokenized full rendering; the
-project's round-trip test checks this for the default model.
+This needs a template in which each message renders on its own once the first message is
+placed (ChatML and most others): then the concatenated spans equal the tokenized full rendering.
+:class:`ChatTokenizer` checks that on a probe chat when it is made, and refuses, saying why, a
+template that folds the system message into the first user turn, refuses a system message,
+renders an assistant turn in the history other than as generation prompt + reply + closing, or
+whose messages' tokens run into each other at their boundaries (``"\n\n" + "User"`` tokenized
+apart is not ``"\n\nUser"`` tokenized whole). The project's round-trip test checks the default
+model on real episodes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from ..core.messages import Context, Message
 # A system message placed before a message renders it "in the middle" of a chat, so that
 # templates that add a default system prompt before the first message do not do so.
 _ANCHOR = {"role": "system", "content": "anchor"}
+# The chat every template is checked on: rftgym's envs open with a system message, then turns.
+_PROBE = Context((Message("system", "You are a careful assistant.", "rftgym-probe-0"),
+                  Message("user", "What is 2 + 3?", "rftgym-probe-1"),
+                  Message("assistant", "It is 5.", "rftgym-probe-2"),
+                  Message("user", "Thanks. And 4 + 4?", "rftgym-probe-3")))
+_USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of single messages, so it needs a "
+                "template that renders each message on its own (ChatML and most chat models' templates do); "
+                "set tokenizer.chat_template to one")
 
 
 class _LRU(OrderedDict):
@@ -48,20 +61,36 @@ class _LRU(OrderedDict):
 class ChatTokenizer:
     """Renders contexts to token ids through a tokenizer's chat template, span by span."""
 
-    def __init__(self, tokenizer, capacity: int = 50_000):
+    def __init__(self, tokenizer, capacity: int = 50_000, extra_stop_ids: Sequence[int] = ()):
+        """``extra_stop_ids``: more tokens that end a reply (e.g. the model's generation config's
+        ``eos_token_id``), besides the tokenizer's eos and the template's end of a turn."""
         if not getattr(tokenizer, "chat_template", None):
             raise TokenizationError(
                 "The tokenizer has no chat template; use an instruct/chat model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
         self._spans = _LRU(capacity)  # rendered spans by (id, role, content, first); recomputable
-        base = self._render([_ANCHOR], add_generation_prompt=False)
-        with_prompt = self._render([_ANCHOR], add_generation_prompt=True)
+        try:
+            base = self._render([_ANCHOR], add_generation_prompt=False)
+            with_prompt = self._render([_ANCHOR], add_generation_prompt=True)
+        except Exception as exc:  # jinja's TemplateError, or whatever the template raises
+            raise TokenizationError(f"The chat template cannot render a chat that opens with a system message "
+                                    f"({type(exc).__name__}: {exc}), as every rftgym env's does; "
+                                    f"{_USE_ANOTHER}") from None
         if not with_prompt.startswith(base):
             raise TokenizationError("The chat template's generation prompt does not extend the rendered chat")
         self.generation_prompt_text = with_prompt[len(base):]
         self.generation_prompt_ids = tuple(self._encode(self.generation_prompt_text))
-        self.stop_ids = self._stop_ids()
+        try:
+            parts = self._check_probe_text()
+            self.closing = self._closing()
+            self.stop_ids = self._stop_ids(extra_stop_ids)
+            self._check_probe_spans(parts)
+        except TokenizationError:
+            raise
+        except Exception as exc:  # e.g. a template that enforces its own order of roles
+            raise TokenizationError(f"The chat template cannot render the chats rftgym makes ({type(exc).__name__}: "
+                                    f"{exc}); {_USE_ANOTHER}") from None
 
     # ------------------------------------------------------------------ rendering
 
@@ -73,18 +102,62 @@ class ChatTokenizer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _stop_ids(self) -> tuple[int, ...]:
-        ids = set()
+    def _stop_ids(self, extra: Sequence[int]) -> tuple[int, ...]:
+        ids = {i for i in extra if isinstance(i, int)}
         eos = self.tokenizer.eos_token_id
         if isinstance(eos, int):
             ids.add(eos)
-        # The token that closes an assistant turn in the template (e.g. <|im_end|>) also stops.
-        closing = self.closing_text("x")
-        if closing:
-            first = self._encode(closing)[:1]
-            if first and first[0] in self.tokenizer.all_special_ids:
-                ids.add(first[0])
+        # The token that closes an assistant turn in the template (e.g. <|im_end|>) also stops,
+        # when it is a token of its own (special, or added to the vocabulary as one).
+        first = self._encode(self.closing)[:1]
+        added = set(getattr(self.tokenizer, "get_added_vocab", dict)().values())
+        if first and (first[0] in self.tokenizer.all_special_ids or first[0] in added):
+            ids.add(first[0])
+        if not ids:
+            raise TokenizationError(f"Nothing would end a reply: the tokenizer has no eos token, and the template's "
+                                    f"end of an assistant turn ({self.closing!r}) is not a token of its own; set "
+                                    "tokenizer.eos_token to the token that ends the model's turn")
         return tuple(sorted(ids))
+
+    def _closing(self) -> str:
+        # What the template writes after an assistant message's content, from a probe reply:
+        # templates may trim a reply or drop its <think> part, which would hide it in a real one.
+        span = self.span_text(Message("assistant", "x", "rftgym-probe-closing"), first=False)
+        head = self.generation_prompt_text + "x"
+        if not span.startswith(head):
+            raise TokenizationError(f"The chat template renders an assistant turn in the history as {span!r}, not as "
+                                    f"its generation prompt {self.generation_prompt_text!r} followed by the reply, so "
+                                    f"the tokens a model samples after that prompt are not the turn it sees later; "
+                                    f"{_USE_ANOTHER}")
+        return span[len(head):]
+
+    def _check_probe_text(self) -> list[str]:
+        """:data:`_PROBE`'s spans (and the generation prompt), refused unless they join into the
+        template's whole rendering of it."""
+        whole = self.render_text(_PROBE)
+        parts = [self.span_text(m, first=i == 0) for i, m in enumerate(_PROBE)] + [self.generation_prompt_text]
+        if "".join(parts) != whole:
+            raise TokenizationError(f"The chat template does not render each message on its own (e.g. it folds the "
+                                    f"system message into the first user turn): a system, user, assistant, user chat "
+                                    f"rendered whole reads {whole!r}, message by message {''.join(parts)!r}; "
+                                    f"{_USE_ANOTHER}")
+        return parts
+
+    def _check_probe_spans(self, parts: list[str]) -> None:
+        """Refuse a template that renders :data:`_PROBE`'s assistant turn otherwise than as the
+        generation prompt, the reply and the closing, or whose spans tokenized one by one are not
+        the whole rendering tokenized."""
+        whole = "".join(parts)
+        if parts[2] != self.generation_prompt_text + _PROBE.messages[2].content + self.closing:
+            raise TokenizationError(f"The chat template renders an assistant turn in the history ({parts[2]!r}) other "
+                                    f"than as its generation prompt, the reply and {self.closing!r}; {_USE_ANOTHER}")
+        if [i for part in parts for i in self._encode(part)] != self._encode(whole):
+            left, right = next(((a, b) for a, b in zip(parts, parts[1:])
+                                if self._encode(a) + self._encode(b) != self._encode(a + b)), (whole, ""))
+            raise TokenizationError("The chat template's messages run into each other when tokenized: the chat "
+                                    "tokenized whole gives other token ids than its messages tokenized one by one "
+                                    f"(the end of {left[-16:]!r} merges with the start of {right[:16]!r}); "
+                                    f"{_USE_ANOTHER}, ending each message with a special token")
 
     def render_text(self, context: Context, add_generation_prompt: bool = True) -> str:
         """The chat template's own rendering of ``context`` (what the round-trip test compares to)."""
@@ -103,12 +176,6 @@ class ChatTokenizer:
                 "cache cannot be used with this template"
             )
         return after[len(before):]
-
-    def closing_text(self, content: str) -> str:
-        """What the template writes after an assistant message's content (e.g. '<|im_end|>\\n')."""
-        span = self.span_text(Message("assistant", content, "probe"), first=False)
-        head = self.generation_prompt_text + content
-        return span[len(head):] if span.startswith(head) else ""
 
     # ------------------------------------------------------------------ token spans
 
@@ -146,7 +213,7 @@ class ChatTokenizer:
         a stop token the model already sampled."""
         if message.role != "assistant":
             raise ValueError(f"only assistant messages are bound to sampled tokens, got {message.role}")
-        closing = self._encode(self.closing_text(message.content))
+        closing = self._encode(self.closing)
         sampled = list(sampled_ids)
         if sampled and closing and sampled[-1] in self.stop_ids and closing[0] == sampled[-1]:
             closing = closing[1:]

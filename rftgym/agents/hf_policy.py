@@ -75,7 +75,16 @@ class HFPolicy(Agent):
         self._fast: tuple | None = None  # (model it was built for, FastDecoder or None, reason)
         self.model = model
         self.tokenizer = tokenizer
-        self.chat = ChatTokenizer(tokenizer)
+        # The model's own generation config may name more end-of-turn tokens (as generate() reads it).
+        generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.chat = ChatTokenizer(tokenizer, extra_stop_ids=generation_eos if isinstance(generation_eos, list)
+                                  else [generation_eos] if generation_eos is not None else [])
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        rows = getattr(embeddings, "num_embeddings", None)
+        if isinstance(rows, int) and len(tokenizer) > rows:
+            raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens and the model's embeddings {rows} rows, so "
+                              "some token ids have no embedding (tokens added without model.resize_token_embeddings"
+                              "?); resize the embeddings and train them, or use the tokenizer the model was made with")
         self.sampling = sampling or SamplingConfig()
         self.name = name
         self._warned_context_full = False

@@ -106,8 +106,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+WEIGHT_FILES = ("model*.safetensors", "pytorch_model*.bin")
+# tokenizer_config.json alone describes a tokenizer but holds no vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -115,6 +116,11 @@ def resolve_model_dir(model: str | None) -> Path:
     if model in (None, "default", DEFAULT_MODEL_NAME):
         return default_model_dir()
     path = Path(model).expanduser()
+    if (path / "adapter_config.json").is_file() and not any(next(path.glob(p), None) for p in WEIGHT_FILES):
+        raise ModelLoadError(
+            f"{model!r} holds a PEFT adapter (adapter_config.json), not a whole model; merge it into its base model "
+            "and save that (PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(dir), with "
+            "the tokenizer), then pass that directory")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelLoadError(
             f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights). "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rftgym.core.messages import Context, Message
 
 
@@ -44,7 +46,7 @@ def test_length_cut_assistant_gets_template_closing(default_policy):
     sampled = tokenizer("partial ans", add_special_tokens=False)["input_ids"]  # no stop token: cut by length
     message = Message("assistant", "partial ans", "p")
     span = chat.assistant_span(message, sampled)
-    closing = tokenizer(chat.closing_text("partial ans"), add_special_tokens=False)["input_ids"]
+    closing = tokenizer(chat.closing, add_special_tokens=False)["input_ids"]
     assert list(span) == list(chat.generation_prompt_ids) + sampled + closing
     assert closing[0] in chat.stop_ids  # the template closes the turn the model never closed
 
@@ -66,3 +68,102 @@ def test_spans_are_per_episode_even_when_ids_and_text_collide(default_policy):
     head = len(chat.prompt_ids(Context((question,))))
     assert ids_a[head: head + len(canonical)] == canonical
     assert ids_b[head: head + len(spelled)] == spelled
+
+
+# Chat templates that the per-message spans cannot follow: each is refused when the tokenizer is
+# made, saying why, instead of recording prompts the model never saw.
+_TURN = "'<|im_start|>' + message['role'] + '\n' + {content} + '<|im_end|>\n'"
+_GENERATION = "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+REFUSED_TEMPLATES = {
+    # Llama-2/Mistral style: the system message goes into the first user turn.
+    "folds the system message": (
+        "{% set system = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}"
+        "{% for message in messages %}{% if message['role'] != 'system' %}"
+        "{% set content = (system + '\n\n' + message['content']) if loop.index0 == 1 and system "
+        "else message['content'] %}{{" + _TURN.format(content="content") + "}}{% endif %}{% endfor %}" + _GENERATION,
+        "does not render each message on its own"),
+    # Gemma-2 style.
+    "refuses the system role": (
+        "{% for message in messages %}{% if message['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}{{" + _TURN.format(content="message['content']")
+        + "}}{% endfor %}" + _GENERATION,
+        "cannot render a chat that opens with a system message .*System role not supported"),
+    # Roles must alternate after the system message.
+    "enforces alternation": (
+        "{% for message in messages[1:] %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}{% endfor %}{% for message in messages %}{{"
+        + _TURN.format(content="message['content']") + "}}{% endfor %}" + _GENERATION,
+        "cannot render the chats rftgym makes .*roles must alternate"),
+    # A history header that is not the generation prompt.
+    "another header": (
+        "{% for message in messages %}{{" + _TURN.format(content="message['content']") + "}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>\n' }}{% endif %}",
+        "renders an assistant turn in the history as"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_TEMPLATES))
+def test_a_template_the_spans_cannot_follow_is_refused_saying_why(name):
+    from support import char_tokenizer
+
+    from rftgym.agents.chat_tokens import ChatTokenizer
+    from rftgym.core.errors import TokenizationError
+
+    template, message = REFUSED_TEMPLATES[name]
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = template
+    with pytest.raises(TokenizationError, match=message):
+        ChatTokenizer(tokenizer)
+
+
+def test_messages_that_merge_when_tokenized_are_refused(default_policy):
+    import copy
+
+    from rftgym.agents.chat_tokens import ChatTokenizer
+    from rftgym.core.errors import TokenizationError
+
+    tokenizer = copy.deepcopy(default_policy.tokenizer)
+    # "...\n\n" + "User: ..." tokenized apart is not the two tokenized whole in this BPE.
+    tokenizer.chat_template = ("{% for message in messages %}{{ message['role'] | capitalize }}: "
+                               "{{ message['content'] }}\n\n{% endfor %}"
+                               "{% if add_generation_prompt %}Assistant: {% endif %}")
+    with pytest.raises(TokenizationError, match="messages run into each other when tokenized"):
+        ChatTokenizer(tokenizer)
+
+
+def test_a_trimming_template_keeps_the_turns_closing_after_a_spaced_reply():
+    from support import char_tokenizer
+
+    from rftgym.agents.chat_tokens import ChatTokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = ("{% for message in messages %}{{" + _TURN.format(content="message['content'] | trim")
+                               + "}}{% endfor %}" + _GENERATION)
+    chat = ChatTokenizer(tokenizer)
+    assert chat.closing == "<|im_end|>\n"
+    sampled = tokenizer(" a reply ", add_special_tokens=False)["input_ids"]  # cut by length: no stop token
+    span = chat.assistant_span(Message("assistant", " a reply ", "r"), sampled)
+    assert list(span) == list(chat.generation_prompt_ids) + sampled + tokenizer("<|im_end|>\n")["input_ids"]
+
+
+def test_an_end_of_turn_token_added_to_the_vocabulary_stops_and_so_does_the_models_own():
+    from support import char_tokenizer
+
+    from rftgym.agents.chat_tokens import ChatTokenizer
+    from rftgym.core.errors import TokenizationError
+
+    tokenizer = char_tokenizer()
+    tokenizer.add_tokens(["<|eot|>"])  # a token of its own, though not a special one
+    tokenizer.chat_template = CHATML_WITH_END.replace("<|im_end|>", "<|eot|>")
+    eot = tokenizer.convert_tokens_to_ids("<|eot|>")
+    assert eot in ChatTokenizer(tokenizer).stop_ids
+    assert 7 in ChatTokenizer(tokenizer, extra_stop_ids=[7]).stop_ids  # e.g. generation_config.eos_token_id
+    tokenizer = char_tokenizer()
+    tokenizer.eos_token = None  # and the template's end of a turn is plain text: nothing would stop a reply
+    tokenizer.chat_template = CHATML_WITH_END.replace("<|im_end|>", "end")
+    with pytest.raises(TokenizationError, match="Nothing would end a reply"):
+        ChatTokenizer(tokenizer)
+
+
+CHATML_WITH_END = ("{% for message in messages %}{{" + _TURN.format(content="message['content']") + "}}{% endfor %}"
+                   + _GENERATION)

@@ -44,6 +44,27 @@ def test_unknown_model_path_says_what_to_pass(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="has config.json but no tokenizer"):
         HFPolicy.from_pretrained(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text("{}")  # a tokenizer's settings, not its vocabulary
+    with pytest.raises(ModelLoadError, match="has config.json but no tokenizer"):
+        HFPolicy.from_pretrained(str(tmp_path))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    for name in ("adapter_config.json", "config.json"):
+        (adapter / name).write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="holds a PEFT adapter .* merge it into its base model"):
+        HFPolicy.from_pretrained(str(adapter))
+
+
+def test_a_tokenizer_with_ids_past_the_models_embeddings_is_refused():
+    from support import char_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_tokenizer()
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer) - 2, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ConfigError, match=r"the tokenizer has \d+ tokens and the model's embeddings \d+ rows"):
+        HFPolicy(model, tokenizer)
 
 
 def test_default_model_answers_simple_question(default_policy):
