@@ -762,6 +762,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .train.export import export, is_run_dir
+
+    if not is_run_dir(args.run):
+        raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
+                         "checkpoint (checkpoint/state.json); give the --output-dir of a run")
+    out = export(args.run, args.out)
+    print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
+    return 0
+
+
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from .envs.search.server import serve
 
@@ -781,7 +792,7 @@ TRAIN_FLAGS = _train_flags()
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
-    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,serve-retriever}")
+    sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,export,serve-retriever}")
     sub.required = True
 
     p = sub.add_parser("envs", help="list registered environments")
@@ -838,6 +849,11 @@ def build_parser() -> argparse.ArgumentParser:
             groups[group] = p.add_argument_group(group)
         groups[group].add_argument(flag, dest=field_name, **options)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("export", help="save a training run's model (LoRA merged) as a Hugging Face model directory")
+    p.add_argument("run", help="the run's output directory (rftgym train --output-dir)")
+    p.add_argument("out", help="a new directory for the model and its tokenizer")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
     p.add_argument("--corpus", required=True, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "

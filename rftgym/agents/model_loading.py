@@ -116,6 +116,10 @@ def resolve_model_dir(model: str | None) -> Path:
     if model in (None, "default", DEFAULT_MODEL_NAME):
         return default_model_dir()
     path = Path(model).expanduser()
+    from ..train.checkpoint import has_checkpoint
+
+    if path.is_dir() and has_checkpoint(path):  # a training run's output: its trained model (load_trained)
+        return path
     if (path / "adapter_config.json").is_file() and not any(next(path.glob(p), None) for p in WEIGHT_FILES):
         raise ModelLoadError(
             f"{model!r} holds a PEFT adapter (adapter_config.json), not a whole model; merge it into its base model "
@@ -123,8 +127,9 @@ def resolve_model_dir(model: str | None) -> Path:
             "the tokenizer), then pass that directory")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights). "
-            "rftgym never downloads from a hub at run time: pass a directory, or 'default'."
+            f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights) nor the output "
+            "directory of an `rftgym train` run. rftgym never downloads from a hub at run time: pass a directory, "
+            "or 'default'."
         )
     # Name what is missing before transformers tries (its messages then speak of sentencepiece).
     missing = []
@@ -148,6 +153,12 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ModelLoadError(f"dtype must be a torch dtype name such as float32 or bfloat16, got {dtype!r}")
+    if not (path / "config.json").is_file():  # a training run's output directory (resolve_model_dir)
+        from ..train.export import load_trained
+
+        lm, tokenizer = load_trained(path, device="cpu")
+        lm.to(device, torch_dtype)
+        return lm, tokenizer
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)

@@ -1,0 +1,73 @@
+"""A training run's model comes back as a plain Hugging Face model: evaluated from its output
+directory, or exported with its tokenizer for any tool to load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from support import SayAEnv, make_char_policy, train_config
+
+from rftgym.cli import main
+from rftgym.core.errors import ConfigError, ModelLoadError
+from rftgym.train.export import export, load_trained
+from rftgym.train.loop import train
+
+PROBE = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]])
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=PROBE).logits
+
+
+def trained_run(tmp_path, **settings):
+    """A base model saved as a directory, a short run from it, and the trained policy."""
+    base = tmp_path / "base"
+    policy = make_char_policy()
+    policy.model.save_pretrained(base)
+    policy.tokenizer.save_pretrained(base)
+    before = logits(policy.model)
+    train(train_config(tmp_path, "run", steps=2, model=str(base), **settings), policy=policy, make_env=SayAEnv)
+    assert not torch.allclose(logits(policy.model), before)  # the run changed the model
+    return tmp_path / "run", policy
+
+
+@pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])
+def test_the_trained_model_is_rebuilt_from_the_run(tmp_path, settings):
+    run, policy = trained_run(tmp_path, **settings)
+    model, tokenizer = load_trained(run, device="cpu")
+    assert type(model).__name__ == "LlamaForCausalLM"  # LoRA merged: a plain model
+    torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+    assert tokenizer("ab")["input_ids"] == policy.tokenizer("ab")["input_ids"]
+
+
+def test_an_exported_run_loads_anywhere_and_evaluates(tmp_path):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    run, policy = trained_run(tmp_path, lora_rank=4)
+    out = export(run, tmp_path / "exported")
+    loaded = HFPolicy.from_pretrained(str(out), device="cpu")
+    torch.testing.assert_close(logits(loaded.model), logits(policy.model), atol=1e-5, rtol=1e-5)
+    assert json.loads((out / "rftgym_run.json").read_text())["step"] == 2
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        export(run, out)
+    # The command line: export, and evaluate a run's directory as it is.
+    assert main(["export", str(run), str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "config.json").is_file()
+    with pytest.raises(SystemExit) as refused:  # bad input: exit status 2, with a message
+        main(["export", str(tmp_path / "base"), str(tmp_path / "nothing")])
+    assert refused.value.code == 2
+    episodes = tmp_path / "episodes.jsonl"
+    assert main(["eval", "rftgym/VerifiableQA-v0", "--agent", "hf", "--model", str(run), "--episodes", "1",
+                 "--max-new-tokens", "4", "--out", str(episodes)]) == 0
+    assert episodes.is_file()
+
+
+def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
+    run, _ = trained_run(tmp_path)
+    other = make_char_policy(seed=1)  # the same shapes, other weights, where the base model was
+    other.model.save_pretrained(tmp_path / "base")
+    with pytest.raises(ModelLoadError, match="whose weights have changed since"):
+        load_trained(run)
