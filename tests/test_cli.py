@@ -632,7 +632,7 @@ def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
     (partial / "checkpoint").mkdir(parents=True)
     (partial / "checkpoint" / "trainable.pt").write_bytes(b"weights")
     assert exit_code(base + ["--output-dir", str(partial)]) == 2
-    assert "already holds a checkpoint" in capsys.readouterr().err
+    assert "holds an incomplete checkpoint" in capsys.readouterr().err
     assert (partial / "checkpoint" / "trainable.pt").read_bytes() == b"weights"
     # an output directory that is a file
     (tmp_path / "afile").write_text("x")
