@@ -768,7 +768,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")
-    out = export(args.run, args.out)
+    out = export(args.run, args.out, base_model=args.base_model)
     print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
     return 0
 
@@ -853,6 +853,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="save a training run's model (LoRA merged) as a Hugging Face model directory")
     p.add_argument("run", help="the run's output directory (rftgym train --output-dir)")
     p.add_argument("out", help="a new directory for the model and its tokenizer")
+    p.add_argument("--base-model", default=None, metavar="DIR",
+                   help="where the run's base model is now, if it has moved (default: where the run loaded it)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")

@@ -24,7 +24,8 @@ echo "# CUDA-only tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -k cuda \
   tests/agents/test_fast_decode.py tests/train/test_host_sync.py tests/train/test_token_logprobs.py \
   tests/train/test_speed.py
-echo "pytest rc=$?"
+tests=$?
+echo "pytest rc=$tests"
 
 echo "# benchmarks/trainer_gpu.py"
 args=()
@@ -33,4 +34,7 @@ if [ "${1:-}" = "--quick" ]; then
   args=(--peers none --steps 2 --update-variants eager,compiled+ckpt_mlp,bf16+compiled+ckpt_mlp,decoder+ckpt_mlp,decoder+cudagraphs,compiled+autotune)
 fi
 timeout 420 python3 benchmarks/trainer_gpu.py "${args[@]}" --profile-variants compiled+ckpt_mlp "$@"
-echo "benchmark rc=$?"
+bench=$?
+echo "benchmark rc=$bench"
+# The log says which part failed; the exit status says that one did.
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

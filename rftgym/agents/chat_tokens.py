@@ -35,6 +35,7 @@ _PROBE = Context((Message("system", "You are a careful assistant.", "rftgym-prob
                   Message("user", "What is 2 + 3?", "rftgym-probe-1"),
                   Message("assistant", "It is 5.", "rftgym-probe-2"),
                   Message("user", "Thanks. And 4 + 4?", "rftgym-probe-3")))
+_PROBE_REPLY = "Probe reply."
 _USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of single messages, so it needs a "
                 "template that renders each message on its own (ChatML and most chat models' templates do); "
                 "set tokenizer.chat_template to one")
@@ -122,14 +123,20 @@ class ChatTokenizer:
     def _closing(self) -> str:
         # What the template writes after an assistant message's content, from a probe reply:
         # templates may trim a reply or drop its <think> part, which would hide it in a real one.
-        span = self.span_text(Message("assistant", "x", "rftgym-probe-closing"), first=False)
-        head = self.generation_prompt_text + "x"
-        if not span.startswith(head):
-            raise TokenizationError(f"The chat template renders an assistant turn in the history as {span!r}, not as "
-                                    f"its generation prompt {self.generation_prompt_text!r} followed by the reply, so "
-                                    f"the tokens a model samples after that prompt are not the turn it sees later; "
-                                    f"{_USE_ANOTHER}")
-        return span[len(head):]
+        span = self.span_text(Message("assistant", _PROBE_REPLY, "rftgym-probe-closing"), first=False)
+        at = span.rfind(_PROBE_REPLY)
+        if at < 0 or not self._is_history_header(span[:at]):
+            raise TokenizationError(f"The chat template renders an assistant turn in the history as {span!r}, which "
+                                    f"does not begin as its generation prompt {self.generation_prompt_text!r} does, "
+                                    "so a turn the model sampled after that prompt could not be fed back as it was "
+                                    f"sampled; {_USE_ANOTHER}")
+        return span[at + len(_PROBE_REPLY):]
+
+    def _is_history_header(self, header: str) -> bool:
+        # A past turn's header is the generation prompt, or the start of it: reasoning templates
+        # prompt with "<think>\n" after the header and drop the reasoning from past turns. The
+        # exact span fed back is the generation prompt, the sampled tokens and the closing.
+        return self.generation_prompt_text.startswith(header) and (header or not self.generation_prompt_text)
 
     def _check_probe_text(self) -> list[str]:
         """:data:`_PROBE`'s spans (and the generation prompt), refused unless they join into the
@@ -148,9 +155,12 @@ class ChatTokenizer:
         generation prompt, the reply and the closing, or whose spans tokenized one by one are not
         the whole rendering tokenized."""
         whole = "".join(parts)
-        if parts[2] != self.generation_prompt_text + _PROBE.messages[2].content + self.closing:
+        reply = _PROBE.messages[2].content
+        header = parts[2][:-len(reply + self.closing)] if parts[2].endswith(reply + self.closing) else None
+        if header is None or not self._is_history_header(header):
             raise TokenizationError(f"The chat template renders an assistant turn in the history ({parts[2]!r}) other "
-                                    f"than as its generation prompt, the reply and {self.closing!r}; {_USE_ANOTHER}")
+                                    f"than as (the start of) its generation prompt, the reply and {self.closing!r}; "
+                                    f"{_USE_ANOTHER}")
         if [i for part in parts for i in self._encode(part)] != self._encode(whole):
             left, right = next(((a, b) for a, b in zip(parts, parts[1:])
                                 if self._encode(a) + self._encode(b) != self._encode(a + b)), (whole, ""))

@@ -8,6 +8,7 @@ leaves half a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -91,9 +92,11 @@ def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None
 
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
-                    config: dict, base_model: str | None = None) -> Path:
-    """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config
-    and the base model's fingerprint (:func:`base_fingerprint`)."""
+                    config: dict, base_model: str | None = None, base_model_path: str | None = None) -> Path:
+    """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
+    the base model's fingerprint (:func:`base_fingerprint`) and the absolute path it was loaded
+    from (None for the default model or a policy passed in), which --model may have given as a
+    relative one."""
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -107,7 +110,8 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
             torch.save(state["weights"], staging / "trainable.pt")
             torch.save(state["optimizer"], staging / "optimizer.pt")
             torch.save(rng_states, staging / "rng.pt")
-            (staging / "state.json").write_text(json.dumps({"step": step, "config": config, "base_model": base_model},
+            (staging / "state.json").write_text(json.dumps({"step": step, "config": config, "base_model": base_model,
+                                                            "base_model_path": base_model_path},
                                                            indent=2, default=str))
         except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
             free = shutil.disk_usage(output_dir).free
@@ -272,7 +276,8 @@ class OutputLock:
             handle.write(str(os.getpid()))
             handle.flush()
         except OSError as exc:  # e.g. a full disk: the directory was fine, the file could not be written
-            handle.close()
+            with contextlib.suppress(OSError):  # closing flushes the same buffered text, and fails alike
+                handle.close()
             raise TrainingError(f"cannot write the lock file {self.path} ({exc.strerror or exc}); free space or "
                                 "choose another output directory") from None
         self._file = handle

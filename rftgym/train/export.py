@@ -30,15 +30,24 @@ def is_run_dir(path: str | Path) -> bool:
     return path.is_dir() and has_checkpoint(path)
 
 
-def load_trained(run_dir: str | Path, *, device: str | None = None, dtype: str | None = None):
+def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: str | Path | None = None):
     """The model and tokenizer of the run in ``run_dir``, as of its last checkpoint, with LoRA
-    adapters merged: a plain transformers model in eval mode."""
+    adapters merged: a plain transformers model in eval mode. The base model is the one the run
+    loaded (by the absolute path it kept, else its ``--model``), or ``base_model`` where it has
+    moved since."""
     from ..agents.model_loading import load_model_and_tokenizer
 
     run_dir = Path(run_dir).expanduser()
     saved = saved_state(run_dir)
     config = TrainConfig.from_dict({k: v for k, v in saved["config"].items() if k in TrainConfig.__dataclass_fields__})
-    model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype=config.dtype or "float32")
+    source = base_model or saved.get("base_model_path") or config.model
+    try:
+        model, tokenizer = load_model_and_tokenizer(None if source is None else str(source), device="cpu",
+                                                    dtype=config.dtype or "float32")
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"the base model of the run in {run_dir} (--model {config.model or 'default'}) cannot be "
+                             f"loaded from {source or 'default'}: {exc} If it has moved, name its directory: rftgym "
+                             "export RUN OUT --base-model DIR (load_trained(..., base_model=DIR))") from None
     expected, found = saved.get("base_model"), base_fingerprint(model)
     if isinstance(expected, str) and expected != found:
         raise ModelLoadError(f"the run in {run_dir} was trained from --model {config.model or 'default'}, whose "
@@ -57,13 +66,27 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, dtype: str |
     return model, tokenizer
 
 
+def _read_weights(run_dir: Path) -> tuple[dict, Path]:
+    """The trained weights of the run's checkpoint, read whole from one checkpoint even while the
+    run is still writing new ones (a save replaces the folder between the reads: read again)."""
+    for _ in range(5):
+        step = saved_state(run_dir)["step"]
+        folder = next(run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
+                      if (run_dir / name / "state.json").is_file())
+        try:
+            weights = torch.load(folder / "trainable.pt", map_location="cpu")
+        except FileNotFoundError:
+            continue  # replaced while read
+        except Exception as exc:  # torch.load raises many types
+            raise ModelLoadError(f"cannot read {folder / 'trainable.pt'} ({type(exc).__name__}: {exc})") from exc
+        if saved_state(run_dir)["step"] == step:
+            return weights, folder
+    raise ModelLoadError(f"the run in {run_dir} kept replacing its checkpoint while it was read; try again, or "
+                         "wait for the run to end")
+
+
 def _load_weights(run_dir: Path, model) -> None:
-    folder = next(run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
-                  if (run_dir / name / "state.json").is_file())
-    try:
-        weights = torch.load(folder / "trainable.pt", map_location="cpu")
-    except Exception as exc:  # torch.load raises many types
-        raise ModelLoadError(f"cannot read {folder / 'trainable.pt'} ({type(exc).__name__}: {exc})") from exc
+    weights, folder = _read_weights(run_dir)
     params = dict(model.named_parameters())
     unknown = [name for name in weights if name not in params]
     if unknown or not weights:
@@ -77,13 +100,13 @@ def _load_weights(run_dir: Path, model) -> None:
             params[name].copy_(tensor.to(params[name].dtype))
 
 
-def export(run_dir: str | Path, out_dir: str | Path) -> Path:
+def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None) -> Path:
     """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new
     directory, with ``rftgym_run.json`` saying which run and step it holds."""
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"{out_dir} exists and is not an empty directory; choose a new one")
-    model, tokenizer = load_trained(run_dir, device="cpu")
+    model, tokenizer = load_trained(run_dir, device="cpu", base_model=base_model)
     saved = saved_state(Path(run_dir).expanduser())
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Written beside it and renamed, so that an interrupted export leaves no half model behind.

@@ -101,7 +101,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
                 out.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
-            lock = OutputLock(out)
+            try:
+                lock = OutputLock(out)
+            except OSError as exc:  # every rank must hear of it, not wait at the gather below
+                raise TrainingError(f"cannot lock the output directory {out}: {exc.strerror or exc}") from None
         except (ConfigError, TrainingError) as exc:  # bad input, or a lock file that cannot be written
             refusal = (type(exc) is TrainingError, str(exc))
     refusal = ranks.gather_objects(refusal)[0]
@@ -137,6 +140,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
     base_model = base_fingerprint(policy.model)
+    base_model_path = str(Path(config.model).expanduser().resolve()) if config.model not in (None, "default") \
+        and Path(config.model).expanduser().is_dir() else None
     if resume:  # before anything is built on the weights
         check_base_model(saved_state(out), base_model, config)
     weights_dtype = next(policy.model.parameters()).dtype
@@ -272,6 +277,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
             # The others wait for the writing rank, and stop with it if it cannot write.
             ranks.together(lambda: ranks.is_main and save_checkpoint(
                 out, state=state, step=step + 1, config=config.to_dict(), base_model=base_model,
+                base_model_path=base_model_path,
                 rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group

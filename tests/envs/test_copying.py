@@ -112,8 +112,10 @@ def test_a_copy_shares_the_callers_retriever_and_pickles_it():
     retriever = make_retriever("bm25", World(0, 30).documents)  # the caller's object, named in the spec too
     env = gym.make("rftgym/SearchEvalQA-v0", retriever=retriever)
     env.reset(seed=0)
+    assert env.spec.kwargs["retriever"] is retriever  # gymnasium's wrappers now cache a copy of the spec
     clone = copy.deepcopy(env)
     assert clone.unwrapped.retriever is retriever and clone.unwrapped.spec is env.unwrapped.spec
+    assert clone.spec.kwargs["retriever"] is retriever  # retrievers are never copied, even in a spec
     clone.close()  # the caller's retriever is the caller's to close
     moved = pickle.loads(pickle.dumps(env))
     assert _step(moved, "<search>capital</search>") == _step(env, "<search>capital</search>")

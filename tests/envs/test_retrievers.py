@@ -89,6 +89,9 @@ def test_a_corpus_limit_reads_a_json_lines_file_no_further(tmp_path):
     assert [d.title for d in load_corpus(musique, limit=2)] == ["T1", "T2"]
     listed = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
     assert [d.title for d in load_corpus(listed, limit=1)] == ["A"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="limit must be a positive int or None"):
+            load_corpus(path, limit=bad)
 
 
 def test_musique_questions_and_corpus(tmp_path):

@@ -323,9 +323,20 @@ def test_a_chunked_request_is_asked_for_a_content_length(service):
 
 def test_a_service_indexing_another_corpus_is_warned_of_once(service):
     server = service(DOCS)  # not the generated world the env's questions come from
-    with pytest.warns(RuntimeWarning, match="returned none of the env's documents when asked for 3 of their titles: "
+    with pytest.warns(RuntimeWarning, match="returned none of the env's documents \\(by id or title\\) when asked for 3 of their titles: "
                                             r"it indexes another corpus than the env's generated world \(world_seed=0"):
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per service and corpus in a process
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
+
+
+def test_a_service_numbering_the_envs_documents_its_own_way_is_not_warned_of(service):
+    from rftgym.envs.search.corpora import Document
+
+    world = World(3)
+    renumbered = [Document(str(i), d.title, d.text) for i, d in enumerate(world.documents)]
+    server = service(renumbered)  # the same documents under other ids, as a Wikipedia dump numbers passages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SearchEvalQAEnv(retriever="remote", retriever_url=server.url, world_seed=3).close()

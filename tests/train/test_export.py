@@ -71,3 +71,21 @@ def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
     other.model.save_pretrained(tmp_path / "base")
     with pytest.raises(ModelLoadError, match="whose weights have changed since"):
         load_trained(run)
+
+
+def test_a_run_is_rebuilt_from_where_it_loaded_its_base_or_where_it_moved(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    policy = make_char_policy()
+    policy.model.save_pretrained(tmp_path / "base")
+    policy.tokenizer.save_pretrained(tmp_path / "base")
+    # --model given relative to the directory the run started in
+    train(train_config(tmp_path, "run", steps=1, model="base"), policy=policy, make_env=SayAEnv)
+    monkeypatch.chdir(tmp_path / "run")  # elsewhere: the run kept the absolute path
+    torch.testing.assert_close(logits(load_trained(tmp_path / "run")[0]), logits(policy.model))
+    shutil.move(tmp_path / "base", tmp_path / "moved")
+    with pytest.raises(ModelLoadError, match="the base model of the run in .* cannot be loaded from .* --base-model DIR"):
+        load_trained(tmp_path / "run")
+    out = export(tmp_path / "run", tmp_path / "out", base_model=tmp_path / "moved")
+    assert (out / "config.json").is_file()

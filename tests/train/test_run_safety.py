@@ -442,12 +442,19 @@ def test_a_lock_file_that_cannot_be_written_is_named_and_not_taken_for_bad_input
         def __init__(self, handle):
             self.handle = handle
 
-        def __getattr__(self, name):
-            return _no_space if name == "write" else getattr(self.handle, name)
+        def __getattr__(self, name):  # the text is buffered; flushing it fails, and so does closing
+            return _no_space if name in ("flush", "close") else getattr(self.handle, name)
 
-    monkeypatch.setattr(checkpoint, "open", lambda *args, **kwargs: FullDisk(open(*args, **kwargs)), raising=False)
+    handles = []
+
+    def full_disk_open(*args, **kwargs):
+        handles.append(open(*args, **kwargs))
+        return FullDisk(handles[-1])
+
+    monkeypatch.setattr(checkpoint, "open", full_disk_open, raising=False)
     with pytest.raises(TrainingError, match=r"cannot write the lock file .*\.lock \(No space left on device\)"):
         OutputLock(tmp_path)
+    handles[0].close()
 
 
 def test_an_incomplete_checkpoint_says_it_cannot_be_resumed(tmp_path, make_char_policy):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import DataFormatError
+from ...core.errors import ConfigError, DataFormatError
 from ...core.jsonl import is_jsonl, read_json, read_jsonl
 
 
@@ -152,6 +152,8 @@ def load_corpus(path: str | os.PathLike, limit: int | None = None) -> list[Docum
     """Documents from any of the supported corpus formats (see the module docstring); with
     ``limit``, the first ``limit`` of them, and a JSON-lines file is read no further than that
     (a distractor corpus may be a whole encyclopedia)."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ConfigError(f"limit must be a positive int or None, got {limit!r}")
     path = Path(path)
     if is_jsonl(path):
         first = next(read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)

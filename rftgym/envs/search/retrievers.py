@@ -59,6 +59,11 @@ class Retriever(ABC):
     def close(self) -> None:
         """Free what the retriever holds; safe to call twice."""
 
+    def __deepcopy__(self, memo: dict) -> "Retriever":
+        # Read-only once built, and often large: copies of an env (and gymnasium's copies of its
+        # spec, whose kwargs may hold the caller's retriever) share it.
+        return self
+
 
 def _check_search_args(queries: Sequence[str], k: int) -> list[str]:
     if isinstance(queries, str):

@@ -264,11 +264,13 @@ class RemoteRetriever(Retriever):
         if key in _CORPUS_CHECKED:
             return
         sample = list(documents[:: max(1, len(documents) // 3)])[:3]
-        found = {hit.doc_id for hits in self.search([d.title for d in sample], k) for hit in hits}
+        hits = [hit for found in self.search([d.title for d in sample], k) for hit in found]
         _CORPUS_CHECKED.add(key)
-        if found.isdisjoint(str(d.id) for d in documents):
+        # By id, or by title: a service may number the same documents its own way.
+        ids, titles = {str(d.id) for d in documents}, {d.title for d in sample}
+        if not any(hit.doc_id in ids or hit.title in titles for hit in hits):
             warnings.warn(
-                f"the retrieval service at {self.url} returned none of the env's documents when asked for "
+                f"the retrieval service at {self.url} returned none of the env's documents (by id or title) when asked for "
                 f"{len(sample)} of their titles: it indexes another corpus than {source}, so searches cannot find "
                 "the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
                 "FILE), or give as dataset_path the questions of the corpus the service indexes.",
