@@ -116,10 +116,14 @@ def resolve_model_dir(model: str | None) -> Path:
     if model in (None, "default", DEFAULT_MODEL_NAME):
         return default_model_dir()
     path = Path(model).expanduser()
-    from ..train.checkpoint import has_checkpoint
+    from ..train.checkpoint import has_checkpoint, has_checkpoint_files
 
     if path.is_dir() and has_checkpoint(path):  # a training run's output: its trained model (load_trained)
         return path
+    if path.is_dir() and has_checkpoint_files(path) and not (path / "config.json").is_file():
+        raise ModelLoadError(f"{model!r} is a training run's output directory whose checkpoint is incomplete (no "
+                             "checkpoint/state.json: a run stopped while saving it, or a copy cut short); its model "
+                             "cannot be rebuilt")
     if (path / "adapter_config.json").is_file() and not any(next(path.glob(p), None) for p in WEIGHT_FILES):
         raise ModelLoadError(
             f"{model!r} holds a PEFT adapter (adapter_config.json), not a whole model; merge it into its base model "

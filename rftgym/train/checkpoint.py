@@ -209,15 +209,16 @@ def check_rng_states(rng, output_dir: Path) -> None:
                           "checkpoint is left as it is")
 
 
-def saved_state(output_dir: Path) -> dict:
-    """The step and config of the checkpoint in ``output_dir`` (read before any model loads)."""
+def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
+    """The step and config of the checkpoint in ``output_dir`` (read before any model loads);
+    ``doing`` is what the caller does with it, for the messages."""
     path = _checkpoint_path(output_dir)
     if path is None:
-        raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint")
+        raise ConfigError(f"nothing to {doing.split()[0]}: {output_dir} holds no complete checkpoint")
     try:
         state = json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
+        raise ConfigError(f"cannot {doing} the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
                           f"({exc}); the checkpoint is left as it is") from None
     _check_state(state, path / "state.json")
     return state

@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError, ModelLoadError, require
-from .checkpoint import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, base_fingerprint, has_checkpoint, saved_state
+from .checkpoint import (
+    CHECKPOINT_DIR,
+    OLD_CHECKPOINT_DIR,
+    STAGING_PREFIX,
+    base_fingerprint,
+    has_checkpoint,
+    saved_state,
+)
 from .config import TrainConfig
 
 
@@ -32,61 +39,84 @@ def is_run_dir(path: str | Path) -> bool:
 
 def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: str | Path | None = None):
     """The model and tokenizer of the run in ``run_dir``, as of its last checkpoint, with LoRA
-    adapters merged: a plain transformers model in eval mode. The base model is the one the run
-    loaded (by the absolute path it kept, else its ``--model``), or ``base_model`` where it has
-    moved since."""
-    from ..agents.model_loading import load_model_and_tokenizer
-
-    run_dir = Path(run_dir).expanduser()
-    saved = saved_state(run_dir)
-    config = TrainConfig.from_dict({k: v for k, v in saved["config"].items() if k in TrainConfig.__dataclass_fields__})
-    source = base_model or saved.get("base_model_path") or config.model
-    try:
-        model, tokenizer = load_model_and_tokenizer(None if source is None else str(source), device="cpu",
-                                                    dtype=config.dtype or "float32")
-    except ModelLoadError as exc:
-        raise ModelLoadError(f"the base model of the run in {run_dir} (--model {config.model or 'default'}) cannot be "
-                             f"loaded from {source or 'default'}: {exc} If it has moved, name its directory: rftgym "
-                             "export RUN OUT --base-model DIR (load_trained(..., base_model=DIR))") from None
-    expected, found = saved.get("base_model"), base_fingerprint(model)
-    if isinstance(expected, str) and expected != found:
-        raise ModelLoadError(f"the run in {run_dir} was trained from --model {config.model or 'default'}, whose "
-                             f"weights have changed since (fingerprint {found}, the run's {expected}); its trained "
-                             "weights cannot be rebuilt on them")
-    if config.lora_rank:
-        peft = require("peft", "train", "Rebuilding a LoRA run's model")
-        model = peft.get_peft_model(model, peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                                           target_modules="all-linear", lora_dropout=0.0,
-                                                           task_type="CAUSAL_LM"))
-    _load_weights(run_dir, model)
-    if config.lora_rank:
-        model = model.merge_and_unload()
+    adapters merged: a plain transformers model in eval mode, every weight trainable. The base
+    model is the one the run loaded (by the absolute path it kept, else its ``--model``), or
+    ``base_model`` where it has moved since."""
+    model, tokenizer, _, _ = _rebuild(Path(run_dir).expanduser(), base_model)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.eval()
     return model, tokenizer
 
 
-def _read_weights(run_dir: Path) -> tuple[dict, Path]:
+def _rebuild(run_dir: Path, base_model: str | Path | None):
+    """(model, tokenizer, the step of the weights read, the base model's source)."""
+    from ..agents.model_loading import load_model_and_tokenizer
+
+    saved = _saved(run_dir)
+    config = TrainConfig.from_dict({k: v for k, v in saved["config"].items() if k in TrainConfig.__dataclass_fields__})
+    source = base_model or saved.get("base_model_path") or config.model
+    named = f"from {source}" if source not in (None, "default") else "as the default model"
+    try:
+        # In the dtype the run trained it in: those are the weights the run's update was made on.
+        model, tokenizer = load_model_and_tokenizer(None if source is None else str(source), device="cpu",
+                                                    dtype=config.dtype or "float32")
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"the base model of the run in {run_dir} cannot be loaded {named}: {exc} If it has "
+                             "moved, name its directory: rftgym export RUN OUT --base-model DIR "
+                             "(load_trained(..., base_model=DIR))") from None
+    expected, found = saved.get("base_model"), base_fingerprint(model)
+    if isinstance(expected, str) and expected != found:
+        raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
+                             f"from (fingerprint {found}, the run's {expected}); name the directory of the model it "
+                             "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
+                             "base_model=DIR))")
+    if config.lora_rank:
+        peft = require("peft", "train", "Rebuilding a LoRA run's model")
+        # Merged in float32: a small update added to 16-bit weights would be rounded away.
+        model = peft.get_peft_model(model.float(), peft.LoraConfig(
+            r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", lora_dropout=0.0,
+            task_type="CAUSAL_LM"))
+    step = _load_weights(run_dir, model)
+    if config.lora_rank:
+        model = model.merge_and_unload()
+        model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
+    model.eval()
+    return model, tokenizer, step, source
+
+
+def _saved(run_dir: Path) -> dict:
+    try:
+        return saved_state(run_dir, doing="read")
+    except ConfigError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def _read_weights(run_dir: Path) -> tuple[dict, Path, int]:
     """The trained weights of the run's checkpoint, read whole from one checkpoint even while the
     run is still writing new ones (a save replaces the folder between the reads: read again)."""
     for _ in range(5):
-        step = saved_state(run_dir)["step"]
-        folder = next(run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
-                      if (run_dir / name / "state.json").is_file())
+        step = _saved(run_dir)["step"]
+        folder = next((run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
+                       if (run_dir / name / "state.json").is_file()), None)
         try:
+            if folder is None:
+                raise FileNotFoundError(run_dir / CHECKPOINT_DIR)
             weights = torch.load(folder / "trainable.pt", map_location="cpu")
         except FileNotFoundError:
+            if _saved(run_dir)["step"] == step and folder is not None:  # not replaced: missing
+                raise ModelLoadError(f"{folder} holds no trainable.pt (the trained weights); the checkpoint is "
+                                     "incomplete") from None
             continue  # replaced while read
         except Exception as exc:  # torch.load raises many types
             raise ModelLoadError(f"cannot read {folder / 'trainable.pt'} ({type(exc).__name__}: {exc})") from exc
-        if saved_state(run_dir)["step"] == step:
-            return weights, folder
+        if _saved(run_dir)["step"] == step:
+            return weights, folder, step
     raise ModelLoadError(f"the run in {run_dir} kept replacing its checkpoint while it was read; try again, or "
                          "wait for the run to end")
 
 
-def _load_weights(run_dir: Path, model) -> None:
-    weights, folder = _read_weights(run_dir)
+def _load_weights(run_dir: Path, model) -> int:
+    """Copy the checkpoint's weights into ``model``; return the step they are of."""
+    weights, folder, step = _read_weights(run_dir)
     params = dict(model.named_parameters())
     unknown = [name for name in weights if name not in params]
     if unknown or not weights:
@@ -98,31 +128,55 @@ def _load_weights(run_dir: Path, model) -> None:
                 raise ModelLoadError(f"{folder / 'trainable.pt'}: {name} has shape {tuple(tensor.shape)}, the model's "
                                      f"{tuple(params[name].shape)}")
             params[name].copy_(tensor.to(params[name].dtype))
+    return step
+
+
+def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
+    """``out_dir`` as an absolute path where a model may be written, or a ConfigError saying why
+    not (before any model loads)."""
+    out = out_dir.expanduser().resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out_dir} exists and is not an empty directory; choose a new one")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{out_dir} cannot be made: {existing} is a file")
+    run = run_dir.expanduser().resolve()
+    if out.is_relative_to(run) and out != run:
+        first = out.relative_to(run).parts[0]
+        if first == CHECKPOINT_DIR or first.startswith(STAGING_PREFIX):
+            raise ConfigError(f"{out_dir} is inside the run's checkpoint area, which its next save replaces; "
+                              f"choose another directory (e.g. {run / 'model'})")
+    if out == run or out == out.parent:
+        raise ConfigError(f"{out_dir} is the run's own directory or a root; choose a new directory")
+    return out
 
 
 def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None) -> Path:
-    """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new
-    directory, with ``rftgym_run.json`` saying which run and step it holds."""
-    out_dir = Path(out_dir).expanduser()
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"{out_dir} exists and is not an empty directory; choose a new one")
-    model, tokenizer = load_trained(run_dir, device="cpu", base_model=base_model)
-    saved = saved_state(Path(run_dir).expanduser())
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new (or
+    empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds."""
+    run_dir = Path(run_dir).expanduser()
+    out = _check_out_dir(run_dir, Path(out_dir))
+    model, tokenizer, step, source = _rebuild(run_dir, base_model)
+    saved = _saved(run_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
     # Written beside it and renamed, so that an interrupted export leaves no half model behind.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "rftgym_run.json").write_text(json.dumps(
-            {"run": str(Path(run_dir).expanduser().resolve()), "step": saved["step"],
-             "env_id": saved["config"].get("env_id"), "algo": saved["config"].get("algo"),
-             "base_model": saved["config"].get("model")}, indent=2))
+            {"run": str(run_dir.resolve()), "step": step, "env_id": saved["config"].get("env_id"),
+             "algo": saved["config"].get("algo"),
+             "base_model": str(Path(source).expanduser().resolve()) if source not in (None, "default") else "default"},
+            indent=2))
+        # For any reader (a model server running as another user): save_pretrained may write 0600.
+        for path in staging.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
         staging.chmod(0o755)
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+    return out

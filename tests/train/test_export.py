@@ -69,7 +69,7 @@ def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
     run, _ = trained_run(tmp_path)
     other = make_char_policy(seed=1)  # the same shapes, other weights, where the base model was
     other.model.save_pretrained(tmp_path / "base")
-    with pytest.raises(ModelLoadError, match="whose weights have changed since"):
+    with pytest.raises(ModelLoadError, match="are not the base weights the run in .* was trained from .*--base-model DIR"):
         load_trained(run)
 
 
@@ -89,3 +89,52 @@ def test_a_run_is_rebuilt_from_where_it_loaded_its_base_or_where_it_moved(tmp_pa
         load_trained(tmp_path / "run")
     out = export(tmp_path / "run", tmp_path / "out", base_model=tmp_path / "moved")
     assert (out / "config.json").is_file()
+
+
+def test_a_bfloat16_lora_run_keeps_its_whole_update_and_comes_back_trainable(tmp_path):
+    from peft.tuners.lora import LoraLayer
+
+    base = tmp_path / "base"
+    policy = make_char_policy()
+    policy.model.save_pretrained(base)
+    policy.tokenizer.save_pretrained(base)
+    policy.model.to(torch.bfloat16)
+    # Small steps: merged into bfloat16 weights, such an update was mostly rounded away.
+    train(train_config(tmp_path, "run", steps=2, model=str(base), dtype="bfloat16", lora_rank=4,
+                       learning_rate=1e-4), policy=policy, make_env=SayAEnv)
+    model, _ = load_trained(tmp_path / "run", device="cpu")
+    assert next(model.parameters()).dtype == torch.float32  # merged in float32, and kept so
+    merged = dict(model.named_parameters())
+    layers = [(name, module) for name, module in policy.model.named_modules() if isinstance(module, LoraLayer)]
+    assert layers
+    for name, layer in layers:
+        delta = layer.get_delta_weight("default").float()  # what the adapters add, as trained
+        assert delta.abs().max() > 0
+        weight = merged[name.removeprefix("base_model.model.") + ".weight"]
+        torch.testing.assert_close(weight - layer.base_layer.weight.float(), delta, atol=1e-6, rtol=1e-3)
+    assert all(p.requires_grad for p in model.parameters())  # a whole model to fine-tune further
+
+
+def test_an_export_checks_where_it_goes_before_loading_anything(tmp_path):
+    run, _ = trained_run(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    for out, message in ((run / "checkpoint" / "model", "inside the run's checkpoint area"),
+                         (run / ".checkpoint-mine", "inside the run's checkpoint area"),
+                         (tmp_path / "afile" / "sub", "cannot be made: .* is a file"),
+                         (run, "not an empty directory")):
+        with pytest.raises(ConfigError, match=message):
+            export(run, out)
+    out = export(run, run / "model")  # beside the checkpoint is fine
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}  # readable by a model server
+
+
+def test_a_checkpoint_without_its_weights_is_named(tmp_path):
+    run, _ = trained_run(tmp_path)
+    (run / "checkpoint" / "trainable.pt").unlink()
+    with pytest.raises(ModelLoadError, match="holds no trainable.pt .* the checkpoint is incomplete"):
+        load_trained(run)
+    (run / "checkpoint" / "state.json").unlink()
+    with pytest.raises(ModelLoadError, match="checkpoint is incomplete"):
+        from rftgym.agents.hf_policy import HFPolicy
+
+        HFPolicy.from_pretrained(str(run))
