@@ -35,7 +35,6 @@ _PROBE = Context((Message("system", "You are a careful assistant.", "rftgym-prob
                   Message("user", "What is 2 + 3?", "rftgym-probe-1"),
                   Message("assistant", "It is 5.", "rftgym-probe-2"),
                   Message("user", "Thanks. And 4 + 4?", "rftgym-probe-3")))
-_PROBE_REPLY = "Probe reply."
 _USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of single messages, so it needs a "
                 "template that renders each message on its own (ChatML and most chat models' templates do); "
                 "set tokenizer.chat_template to one")
@@ -84,9 +83,9 @@ class ChatTokenizer:
         self.generation_prompt_ids = tuple(self._encode(self.generation_prompt_text))
         try:
             parts = self._check_probe_text()
-            self.closing = self._closing()
+            self.closing = self._closing(parts[2])
             self.stop_ids = self._stop_ids(extra_stop_ids)
-            self._check_probe_spans(parts)
+            self._check_probe_tokens(parts)
         except TokenizationError:
             raise
         except Exception as exc:  # e.g. a template that enforces its own order of roles
@@ -120,17 +119,18 @@ class ChatTokenizer:
                                     "tokenizer.eos_token to the token that ends the model's turn")
         return tuple(sorted(ids))
 
-    def _closing(self) -> str:
-        # What the template writes after an assistant message's content, from a probe reply:
-        # templates may trim a reply or drop its <think> part, which would hide it in a real one.
-        span = self.span_text(Message("assistant", _PROBE_REPLY, "rftgym-probe-closing"), first=False)
-        at = span.rfind(_PROBE_REPLY)
+    def _closing(self, span: str) -> str:
+        """What the template writes after an assistant message's content, read from the probe
+        chat's assistant ``span``: templates may trim a reply or drop its <think> part, which would
+        hide it in a real one."""
+        reply = _PROBE.messages[2].content
+        at = span.rfind(reply)
         if at < 0 or not self._is_history_header(span[:at]):
             raise TokenizationError(f"The chat template renders an assistant turn in the history as {span!r}, which "
                                     f"does not begin as its generation prompt {self.generation_prompt_text!r} does, "
                                     "so a turn the model sampled after that prompt could not be fed back as it was "
                                     f"sampled; {_USE_ANOTHER}")
-        return span[at + len(_PROBE_REPLY):]
+        return span[at + len(reply):]
 
     def _is_history_header(self, header: str) -> bool:
         # A past turn's header is the generation prompt, or the start of it: reasoning templates
@@ -150,17 +150,10 @@ class ChatTokenizer:
                                     f"{_USE_ANOTHER}")
         return parts
 
-    def _check_probe_spans(self, parts: list[str]) -> None:
-        """Refuse a template that renders :data:`_PROBE`'s assistant turn otherwise than as the
-        generation prompt, the reply and the closing, or whose spans tokenized one by one are not
-        the whole rendering tokenized."""
+    def _check_probe_tokens(self, parts: list[str]) -> None:
+        """Refuse a template whose :data:`_PROBE` spans tokenized one by one are not its whole
+        rendering tokenized."""
         whole = "".join(parts)
-        reply = _PROBE.messages[2].content
-        header = parts[2][:-len(reply + self.closing)] if parts[2].endswith(reply + self.closing) else None
-        if header is None or not self._is_history_header(header):
-            raise TokenizationError(f"The chat template renders an assistant turn in the history ({parts[2]!r}) other "
-                                    f"than as (the start of) its generation prompt, the reply and {self.closing!r}; "
-                                    f"{_USE_ANOTHER}")
         if [i for part in parts for i in self._encode(part)] != self._encode(whole):
             left, right = next(((a, b) for a, b in zip(parts, parts[1:])
                                 if self._encode(a) + self._encode(b) != self._encode(a + b)), (whole, ""))

@@ -116,9 +116,10 @@ def resolve_model_dir(model: str | None) -> Path:
     if model in (None, "default", DEFAULT_MODEL_NAME):
         return default_model_dir()
     path = Path(model).expanduser()
-    from ..train.checkpoint import has_checkpoint, has_checkpoint_files
+    from ..train.checkpoint import has_checkpoint_files
+    from ..train.export import is_run_dir
 
-    if path.is_dir() and has_checkpoint(path):  # a training run's output: its trained model (load_trained)
+    if is_run_dir(path):  # a training run's output: its trained model (load_trained)
         return path
     if path.is_dir() and has_checkpoint_files(path) and not (path / "config.json").is_file():
         raise ModelLoadError(f"{model!r} is a training run's output directory whose checkpoint is incomplete (no "
@@ -157,9 +158,9 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ModelLoadError(f"dtype must be a torch dtype name such as float32 or bfloat16, got {dtype!r}")
-    if not (path / "config.json").is_file():  # a training run's output directory (resolve_model_dir)
-        from ..train.export import load_trained
+    from ..train.export import is_run_dir, load_trained
 
+    if is_run_dir(path):  # a training run's output directory (resolve_model_dir)
         lm, tokenizer = load_trained(path, device="cpu")
         lm.to(device, torch_dtype)
         return lm, tokenizer

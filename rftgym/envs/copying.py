@@ -3,8 +3,8 @@
 ``copy.deepcopy(env)`` branches an episode: tree search over an agent's turns (MCTS as in
 O1-CODER), or trying several replies from one state. The copy continues from the same context,
 counters and random state, and from then on the two are independent. What an env builds once and
-never changes (its config, corpus, generated world, dataset, observation spaces) is shared, not
-copied; so are its expensive resources, a retriever's index or a code sandbox: each copy holds a
+never changes (its config, corpus, generated world, dataset) is shared, not copied; so are its
+expensive resources, a retriever's index or a code sandbox: each copy holds a
 share, and the resource is closed when the last env holding it is closed, whichever that is.
 
 ``pickle`` sends an env, mid-episode too, to another process (a worker pool): there the resources
@@ -19,50 +19,61 @@ import weakref
 from typing import Any
 
 
-class SharedResource:
-    """A resource (anything with ``close()``) used by an env and its copies: each holds a share
-    (:meth:`hold`), and giving back the last share closes it."""
+class _Shares:
+    """How many envs hold a resource; the last to give its share back closes it."""
 
     def __init__(self, resource: Any):
         self.resource = resource
-        self._shares = 1
+        self.count = 1
         self._lock = threading.Lock()
 
-    def take(self) -> "SharedResource":
+    def take(self) -> None:
         with self._lock:
-            if self._shares == 0:
+            if self.count == 0:
                 raise RuntimeError(f"{type(self.resource).__name__} is closed: an env closed before it was copied "
                                    "cannot be copied; copy it before closing it")
-            self._shares += 1
-        return self
+            self.count += 1
 
     def release(self) -> None:
         with self._lock:
-            self._shares -= 1
-            last = self._shares == 0
+            self.count -= 1
+            last = self.count == 0
         if last:
             self.resource.close()
 
+
+class Share:
+    """One env's share of a resource (anything with ``close()``) that it and its copies use. It
+    is given back by :meth:`release` (once; later calls do nothing) or when the env is garbage
+    collected unclosed, as a dropped branch of a tree search is; the last share closes the
+    resource."""
+
+    def __init__(self, resource: Any, holder: Any, _shares: _Shares | None = None):
+        self.resource = resource
+        if _shares is None:
+            _shares = _Shares(resource)
+        else:
+            _shares.take()
+        self._shares = _shares
+        self.release = weakref.finalize(holder, _shares.release)
+
+    def copy_for(self, holder: Any) -> "Share":
+        return Share(self.resource, holder, self._shares)
+
     @property
     def open(self) -> bool:
-        return self._shares > 0
-
-    def hold(self, env: Any, take: bool = True) -> weakref.finalize:
-        """A share for ``env`` (``take=False``: the first one, made with this object), given back
-        by calling what this returns (once; later calls do nothing) or when ``env`` is garbage
-        collected unclosed, as a dropped branch of a tree search is."""
-        if take:
-            self.take()
-        return weakref.finalize(env, self.release)
+        return self._shares.count > 0
 
 
 class CopyableEnv:
     """Mixin giving an env ``copy.deepcopy`` and ``pickle`` support (see the module docstring).
 
     An env lists in ``shared_attributes`` what it never changes after ``__init__`` (shared by a
-    copy, pickled as is; not its spaces, which hold a random generator of their own) and in ``resource_attributes`` what holds a process resource (left out
-    of a pickle). ``_share_resources(clone)`` gives a deep copy its shares; ``_open_resources()``
-    makes the resources again after unpickling."""
+    copy, pickled as is; not its spaces, which hold a random generator of their own) and in
+    ``resource_attributes`` what holds a process resource (left out of a pickle). A deep copy
+    takes a share of each :class:`Share` among them (``_share_resources``, which an env with other
+    resources extends); ``_release_shares()`` gives this env's back; ``_open_resources()`` makes
+    the resources again after unpickling."""
 
     shared_attributes: tuple[str, ...] = ()
     resource_attributes: tuple[str, ...] = ()
@@ -86,7 +97,18 @@ class CopyableEnv:
         self._open_resources()
 
     def _share_resources(self, clone: "CopyableEnv") -> None:
-        """Give ``clone`` (a deep copy) its shares of the resources; none by default."""
+        """Give ``clone`` (a deep copy) its shares of the resources."""
+        for key in self.resource_attributes:
+            value = getattr(self, key, None)
+            if isinstance(value, Share):
+                setattr(clone, key, value.copy_for(clone))
+
+    def _release_shares(self) -> None:
+        """Give back this env's shares (on close; twice is safe)."""
+        for key in self.resource_attributes:
+            value = getattr(self, key, None)
+            if isinstance(value, Share):
+                value.release()
 
     def _open_resources(self) -> None:
         """Make the resources again (after unpickling); none by default."""

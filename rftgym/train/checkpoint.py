@@ -315,6 +315,21 @@ def _locked_message(output_dir: Path, holder: str | None) -> str:
             "another output directory")
 
 
+def apply_trainable(weights: dict[str, torch.Tensor], model, where: Path) -> None:
+    """Copy a checkpoint's trainable weights (``trainable.pt``, from ``where``) into ``model``,
+    whose parameters of those names must have those shapes (a ValueError says otherwise)."""
+    params = dict(_unwrap(model).named_parameters())
+    unknown = [name for name in weights if name not in params]
+    wrong = [name for name in weights if name in params and weights[name].shape != params[name].shape]
+    if unknown or wrong or not weights:
+        raise ValueError(f"the checkpoint in {where} does not match the model ({len(unknown)} unknown parameters, "
+                         f"{len(wrong)} of other shapes, e.g. {(unknown + wrong)[:2]}); use the model and LoRA "
+                         "settings that wrote it")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(shard_like(tensor, params[name]).to(params[name].device, params[name].dtype))
+
+
 def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
     """:func:`_load_checkpoint`, with any unreadable or mismatched file reported as a ConfigError
     that names it (the files are left as they are)."""
@@ -337,15 +352,7 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
     _check_state(state, path / "state.json")
-    weights = torch.load(path / "trainable.pt", map_location="cpu")
-    params = dict(_unwrap(model).named_parameters())
-    missing = [name for name in weights if name not in params]
-    if missing:
-        raise ValueError(f"checkpoint in {path} does not match the model (unknown parameters {missing[:3]}…); "
-                         "resume with the same model and LoRA settings")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(shard_like(tensor, params[name]).to(params[name].device, params[name].dtype))
+    apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)
     saved = torch.load(path / "optimizer.pt", map_location="cpu")
     # Saved indices follow the optimizer's parameter order; per-parameter states (AdamW's
     # moments) are laid out like their parameter, scalars (the step count) are left as they are.

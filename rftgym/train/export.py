@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import ConfigError, ModelLoadError, require
+from ..core.errors import ConfigError, ModelLoadError
 from .checkpoint import (
     CHECKPOINT_DIR,
     OLD_CHECKPOINT_DIR,
     STAGING_PREFIX,
+    apply_trainable,
     base_fingerprint,
     has_checkpoint,
     saved_state,
@@ -70,12 +71,15 @@ def _rebuild(run_dir: Path, base_model: str | Path | None):
                              "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
                              "base_model=DIR))")
     if config.lora_rank:
-        peft = require("peft", "train", "Rebuilding a LoRA run's model")
+        from .loop import with_lora
+
         # Merged in float32: a small update added to 16-bit weights would be rounded away.
-        model = peft.get_peft_model(model.float(), peft.LoraConfig(
-            r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", lora_dropout=0.0,
-            task_type="CAUSAL_LM"))
-    step = _load_weights(run_dir, model)
+        model = with_lora(model.float(), config)
+    weights, folder, step = _read_weights(run_dir)
+    try:
+        apply_trainable(weights, model, folder)
+    except ValueError as exc:
+        raise ModelLoadError(f"{exc} (was the run's model or LoRA setting changed by hand?)") from None
     if config.lora_rank:
         model = model.merge_and_unload()
         model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
@@ -112,23 +116,6 @@ def _read_weights(run_dir: Path) -> tuple[dict, Path, int]:
             return weights, folder, step
     raise ModelLoadError(f"the run in {run_dir} kept replacing its checkpoint while it was read; try again, or "
                          "wait for the run to end")
-
-
-def _load_weights(run_dir: Path, model) -> int:
-    """Copy the checkpoint's weights into ``model``; return the step they are of."""
-    weights, folder, step = _read_weights(run_dir)
-    params = dict(model.named_parameters())
-    unknown = [name for name in weights if name not in params]
-    if unknown or not weights:
-        raise ModelLoadError(f"{folder / 'trainable.pt'} does not fit the model its run names ({len(unknown)} unknown "
-                             f"weights, e.g. {unknown[:2]}); was the run's model or LoRA setting changed by hand?")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            if tensor.shape != params[name].shape:
-                raise ModelLoadError(f"{folder / 'trainable.pt'}: {name} has shape {tuple(tensor.shape)}, the model's "
-                                     f"{tuple(params[name].shape)}")
-            params[name].copy_(tensor.to(params[name].dtype))
-    return step
 
 
 def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:

@@ -121,13 +121,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
-        return _train(config, policy, resume, make_env, ranks)
+        return _train(config, policy, saved, make_env, ranks)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env, ranks: Distributed) -> list[dict]:
+def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, make_env,
+           ranks: Distributed) -> list[dict]:
+    """The run itself; ``saved``: the state of the checkpoint it resumes (None for a new run)."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
@@ -142,8 +144,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     base_model = base_fingerprint(policy.model)
     base_model_path = str(Path(config.model).expanduser().resolve()) if config.model not in (None, "default") \
         and Path(config.model).expanduser().is_dir() else None
-    if resume:  # before anything is built on the weights
-        check_base_model(saved_state(out), base_model, config)
+    if saved is not None:  # before anything is built on the weights
+        check_base_model(saved, base_model, config)
     weights_dtype = next(policy.model.parameters()).dtype
     if config.dtype is not None and weights_dtype != getattr(torch, config.dtype):
         raise ConfigError(f"dtype={config.dtype!r}, but the policy passed in holds {weights_dtype} weights; convert "
@@ -189,7 +191,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, resume: bool, make_env,
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
     start = 0
-    if resume:  # check_output_dir made sure there is a complete checkpoint
+    if saved is not None:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
         check_rng_states(rng, out)
         if len(rng["ranks"]) != ranks.world_size:
@@ -329,10 +331,7 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         check_packed_attention(model, autocast)
     if config.lora_rank:
         check_lora_rank(model, config.lora_rank)
-        peft = require("peft", "train", "LoRA training")
-        lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
-                               lora_dropout=0.0, task_type="CAUSAL_LM")
-        model = peft.get_peft_model(model, lora)
+        model = with_lora(model, config)
         policy.model = model
     if config.gradient_checkpointing:
         # transformers 5.24 renamed the method and its argument; 5.17 has only the old names.
@@ -411,6 +410,15 @@ def evaluation_split(policy: HFPolicy) -> Callable:
             return None
         return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
     return split_tokens
+
+
+def with_lora(model, config: TrainConfig):
+    """``model`` with LoRA adapters as ``config`` sets them (base weights frozen): how a run
+    trains them, and how :mod:`rftgym.train.export` rebuilds a run's model."""
+    peft = require("peft", "train", "LoRA training")
+    return peft.get_peft_model(model, peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                      target_modules="all-linear", lora_dropout=0.0,
+                                                      task_type="CAUSAL_LM"))
 
 
 def check_training_logprobs(model, autocast=nullcontext) -> None:

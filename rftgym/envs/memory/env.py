@@ -116,7 +116,7 @@ from ..common import (chat_spaces, check_generator_only, check_path_options, che
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from ..copying import CopyableEnv, SharedResource
+from ..copying import CopyableEnv, Share
 from ..search.corpora import has_own_corpus
 from ..search.retrievers import Retriever, make_retriever
 from ..search.scoring import best_score
@@ -246,7 +246,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
     sends one to another process (see :mod:`rftgym.envs.copying`)."""
 
     shared_attributes = ("config", "count_tokens", "world", "pool", "_documents")
-    resource_attributes = ("retriever", "_retriever_share", "_retriever_release")
+    resource_attributes = ("retriever", "_retriever_share")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -368,23 +368,15 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
-        # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
-        if getattr(self, "_retriever_release", None) is not None:
-            self._retriever_release()
+        self._release_shares()  # the last env holding the retriever closes it
         self._context = Context()
 
     def _open_resources(self) -> None:
         if isinstance(self.config.retriever, Retriever):
             self.retriever, self._retriever_share = self.config.retriever, None  # the caller closes it
-            self._retriever_release = None
         else:
             self.retriever = make_retriever(self.config.retriever, self._documents)
-            self._retriever_share = SharedResource(self.retriever)
-            self._retriever_release = self._retriever_share.hold(self, take=False)
-
-    def _share_resources(self, clone: "MemoryQAEnv") -> None:
-        if self._retriever_share is not None:
-            clone._retriever_release = self._retriever_share.hold(clone)
+            self._retriever_share = Share(self.retriever, self)
 
     # ------------------------------------------------------------------ the protocol
 

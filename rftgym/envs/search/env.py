@@ -99,7 +99,7 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from . import protocol
-from ..copying import CopyableEnv, SharedResource
+from ..copying import CopyableEnv, Share
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, Retriever, make_retriever
 from .scoring import best_score, is_refusal
@@ -192,7 +192,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     sends one to another process (see :mod:`rftgym.envs.copying`)."""
 
     shared_attributes = ("config", "world", "questions", "_documents")
-    resource_attributes = ("retriever", "_retriever_share", "_retriever_release")
+    resource_attributes = ("retriever", "_retriever_share")
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -235,12 +235,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     def _open_resources(self) -> None:
         retriever, owned = self._build_retriever(self._documents)
         self.retriever = retriever
-        self._retriever_share = SharedResource(retriever) if owned else None  # None: the caller's to close
-        self._retriever_release = self._retriever_share.hold(self, take=False) if owned else None
-
-    def _share_resources(self, clone: "SearchEvalQAEnv") -> None:
-        if self._retriever_share is not None:
-            clone._retriever_release = self._retriever_share.hold(clone)
+        self._retriever_share = Share(retriever, self) if owned else None  # None: the caller's to close
 
     def _build_retriever(self, documents) -> tuple[Retriever, bool]:
         choice = self.config.retriever
@@ -307,9 +302,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         return render_context(self._context, self.render_mode)
 
     def close(self) -> None:
-        # Gives back this env's share of the retriever (the last env holding it closes it); twice is safe.
-        if getattr(self, "_retriever_release", None) is not None:
-            self._retriever_release()
+        self._release_shares()  # the last env holding the retriever closes it
         self._context = Context()
 
     # ------------------------------------------------------------------ the protocol
