@@ -44,10 +44,16 @@ class Agent(ABC):
     also take ``sampled_spans``: for each context, the exact token spans of that episode's earlier
     sampled assistant messages, by message id, which the rollout engine keeps per episode from
     :meth:`assistant_span`.
+
+    Agents that sample with a seed may set ``keyed_sampling = True``: the rollout engine then
+    also passes ``sample_keys=`` to :meth:`act` / :meth:`act_tokens`, one key per context naming
+    its episode and turn (:mod:`rftgym.agents.sampling_keys`), so that each reply can draw from a
+    stream of its own and an episode samples the same whatever else shares its batch.
     """
 
     name: str = "agent"
     token_level: bool = False
+    keyed_sampling: bool = False
 
     @abstractmethod
     def act(self, contexts: Sequence[Context]) -> list[AgentReply]:

@@ -15,10 +15,12 @@ decode itself over the Hugging Face modules (their weights are used in place, ne
   ``sync_every`` steps to ask "all rows finished?". On CPU the same step function runs eagerly,
   which is what the tests check against the Hugging Face forward.
 
-Sampling is Gumbel-max over the (top-k / top-p filtered) log-probs, with uniform noise drawn
-outside the graph from the policy's seeded generator before each step, so seeded sampling is
-reproducible and the graph itself holds no random-number state. Log-probs are those of
-``log_softmax(logits / temperature)`` before truncation, as in :mod:`rftgym.agents.hf_policy`.
+Sampling inverts the cumulative distribution of the (top-k / top-p filtered) probabilities at
+one uniform draw per row and step. The policy hands every row's draws for the whole generation
+in before the loop (from its seeded generator, or from each row's own keyed stream,
+:mod:`rftgym.agents.sampling_keys`), so seeded sampling is reproducible, a row's tokens do not
+depend on the other rows, and the graph itself holds no random-number state. Log-probs are those
+of ``log_softmax(logits / temperature)`` before truncation, as in :mod:`rftgym.agents.hf_policy`.
 
 Linear layers, norms and MLPs are called as modules, so a peft LoRA-wrapped model decodes
 merge-free with its adapters. Captured graphs are keyed by the parameters' storage addresses
@@ -168,8 +170,8 @@ class DecodeState:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=device)
         self.stop_ids = torch.tensor(list(stop_ids) or [-1], dtype=torch.long, device=device)
-        vocab = decoder.vocab_size
-        self.noise = None if settings.greedy else torch.rand((batch, vocab), dtype=torch.float32, device=device)
+        # One uniform draw per row and step, loaded before each generation (greedy needs none).
+        self.uniforms = None if settings.greedy else torch.zeros((batch, n), dtype=torch.float64, device=device)
 
     def reset(self, finished_rows: torch.Tensor) -> None:
         """Make the state ready for a new generation (in place: a captured graph keeps its pointers)."""
@@ -186,30 +188,60 @@ class DecodeState:
         self.finished.copy_(finished_rows)
         self.stopped.zero_()
 
-    def draw_noise(self, generator: torch.Generator | None) -> None:
-        if self.noise is not None:
-            # Outside the graph: the generator's state advances as with any eager draw.
-            self.noise.uniform_(generator=generator)
+    def load_uniforms(self, uniforms: torch.Tensor | None) -> None:
+        """Take this generation's draws, ``[rows, max_new_tokens]`` (bucket filler rows keep theirs)."""
+        if self.uniforms is None:
+            return
+        if uniforms is None or uniforms.shape[1] != self.uniforms.shape[1] or uniforms.shape[0] > self.batch:
+            raise ValueError(f"sampling needs uniforms of shape [rows <= {self.batch}, {self.uniforms.shape[1]}], "
+                             f"got {None if uniforms is None else tuple(uniforms.shape)}")
+        self.uniforms[:uniforms.shape[0]].copy_(uniforms, non_blocking=True)
+
+    def step_uniforms(self) -> torch.Tensor | None:
+        """Each row's draw for the sample at ``step`` (a gather on device: no host sync)."""
+        if self.uniforms is None:
+            return None
+        return self.uniforms.gather(1, self.step.expand(self.batch)[:, None]).squeeze(1)
 
 
 # ---------------------------------------------------------------- sampling
 
 
-def sample_tokens(logits: torch.Tensor, settings: DecodeSettings, noise: torch.Tensor | None):
+def sample_tokens(logits: torch.Tensor, settings: DecodeSettings, uniforms: torch.Tensor | None):
     """One token per row and its log-prob under ``logits / temperature``, with static shapes.
 
-    Sampling is Gumbel-max: ``argmax(filtered_logp - log(-log(u)))`` with ``u ~ U(0, 1)`` draws
-    exactly from ``softmax(filtered_logp)``, and needs no host-side ``multinomial``.
+    Sampling inverts the cumulative distribution: row i takes the first token whose cumulative
+    probability exceeds ``uniforms[i] * total``, which draws exactly from
+    ``softmax(filtered_logp)`` with one uniform per row, and needs no host-side ``multinomial``.
+    Both decode paths sample here, so they agree token for token on the same draws.
     """
     temperature = settings.temperature if settings.temperature > 0 else 1.0
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     if settings.greedy:
         token = logp.argmax(dim=-1)
     else:
-        filtered = filter_logprobs(logp, settings.top_k, settings.top_p)
-        gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20)))
-        token = (filtered + gumbel).argmax(dim=-1)
+        token = inverse_cdf_sample(filter_logprobs(logp, settings.top_k, settings.top_p), uniforms)
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+def inverse_cdf_sample(filtered_logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row at its uniform draw ``u`` in [0, 1): the first index whose cumulative
+    probability exceeds ``u * total``. Tokens filtered out (-inf) have probability 0 and so can
+    never be that first index."""
+    if uniforms is None or tuple(uniforms.shape) != tuple(filtered_logp.shape[:1]):
+        raise ValueError(f"sampling {tuple(filtered_logp.shape)} log-probs needs one uniform per row, shape "
+                         f"[{filtered_logp.shape[0]}], got {None if uniforms is None else tuple(uniforms.shape)}")
+    # float64: a float32 running sum over a 50k vocabulary drifts by about 1e-5, which would
+    # shift the odds of every token by as much.
+    probs = torch.softmax(filtered_logp.double(), dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    # Strictly below the total, so that some index always qualifies.
+    target = torch.minimum(uniforms.to(cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    # A parallel scan (CUDA) may round two equal prefixes apart by an ulp; never return a token of
+    # probability 0 because of it.
+    return torch.where(probs.gather(-1, token[:, None]).squeeze(-1) > 0, token, probs.argmax(dim=-1))
 
 
 def filter_logprobs(logp: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
@@ -369,15 +401,21 @@ class FastDecoder:
     def decode_step(self, state: DecodeState) -> None:
         """One whole decode step on device: forward, sample, log-prob, stop bookkeeping."""
         logits = self.decode_logits(state)
-        token, token_logprob = sample_tokens(logits, state.settings, state.noise)
+        token, token_logprob = sample_tokens(logits, state.settings, state.step_uniforms())
         record_sample(state, token, token_logprob)
 
     # .............................................................. generation
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: DecodeSettings, *, stop_ids: Sequence[int],
-                 pad_id: int, generator: torch.Generator | None = None):
+                 pad_id: int, uniforms: torch.Tensor | None = None):
         """Sample for left-padded ``prompts``; return CPU tensors ``(sampled [B, N], logprobs [B, N],
-        lengths [B], stopped [B])`` with the generic loop's contract."""
+        lengths [B], stopped [B])`` with the generic loop's contract. ``uniforms`` (``[B, N]`` in
+        [0, 1), not needed when greedy) are each row's draws, one per new token."""
+        if not settings.greedy and (uniforms is None or tuple(uniforms.shape) != (len(prompts),
+                                                                                   settings.max_new_tokens)):
+            raise ValueError(f"sampling {len(prompts)} prompts for {settings.max_new_tokens} new tokens needs "
+                             f"uniforms of shape [{len(prompts)}, {settings.max_new_tokens}], got "
+                             f"{None if uniforms is None else tuple(uniforms.shape)}")
         device = self.device
         graphs = self.options.graphs if self.options.graphs is not None else device.type == "cuda"
         real = len(prompts)
@@ -397,23 +435,22 @@ class FastDecoder:
         # process may run on cuda:1 without ever setting the current device).
         with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
             return self._decode(input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id,
-                                graphs, generator)
+                                graphs, uniforms)
 
     def _decode(self, input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id, graphs,
-                generator):
+                uniforms):
         """:meth:`generate` once its batch is laid out (on the model's current CUDA device)."""
         device, batch = self.device, len(finished_rows)
         entry = self._entry(batch, max_len, settings, stop_ids, pad_id, graphs)
         state, graph = entry["state"], entry["graph"]
         state.reset(finished_rows)
+        state.load_uniforms(None if uniforms is None else uniforms.to(device))
         with self._autocast_for_capture():
             logits = self.prefill(state, input_ids.to(device), attention.to(device))
-            state.draw_noise(generator)
-            record_sample(state, *sample_tokens(logits, settings, state.noise))
+            record_sample(state, *sample_tokens(logits, settings, state.step_uniforms()))
             for step in range(1, settings.max_new_tokens):
                 if step % self.options.sync_every == 0 and bool(state.finished.all()):
                     break
-                state.draw_noise(generator)
                 if graph is not None:
                     graph.replay()
                 else:

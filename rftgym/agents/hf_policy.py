@@ -9,6 +9,10 @@ On CUDA, Llama-family models decode through :mod:`rftgym.agents.fast_decode` (st
 one CUDA graph per decode step) with the same reply contract; ``HFPolicy(..., fast_decode=False)``
 keeps the generic loop, which any causal LM can use.
 
+With a seed, the replies the rollout engine asks for are keyed (:mod:`rftgym.agents.sampling_keys`):
+each draws from a stream of its own, so an episode samples the same tokens whatever else shares
+its batch. Direct calls without keys draw from the policy's one seeded generator.
+
 Log-probabilities are those of the sampling distribution before top-k/top-p truncation, i.e.
 ``log_softmax(logits / temperature)`` (temperature 1 when decoding greedily); the trainer uses
 the same temperature so that importance ratios compare like with like.
@@ -25,8 +29,10 @@ from typing import Mapping, Sequence
 
 from ..core.errors import ConfigError, require
 from ..core.messages import Context, Message
+from ..core.values import is_int
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_tokens import ChatTokenizer
+from .sampling_keys import SampleKey, check_key, keyed_uniforms
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no top-k truncation
+    # With a seed, sampling is reproducible; replies the rollout engine keys (each episode's turns)
+    # then sample the same whatever else shares their batch. None: fresh randomness each run.
     seed: int | None = None
     max_batch_size: int = 32
     # The longest prompt the policy answers; None = whatever leaves room for a whole reply in the
@@ -51,6 +59,8 @@ class SamplingConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}", field="top_k")
+        if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < 2**63):
+            raise ConfigError(f"seed must be None or an integer in [0, 2^63), got {self.seed!r}", field="seed")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}", field="max_batch_size")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
@@ -121,12 +131,15 @@ class HFPolicy(Agent):
     # ------------------------------------------------------------------ Agent API
 
     token_level = True
+    keyed_sampling = True
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
-        return self.generate([self.chat.prompt_ids(c) for c in contexts])
+    def act(self, contexts: Sequence[Context], *, sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        return self.generate([self.chat.prompt_ids(c) for c in contexts], sample_keys=sample_keys)
 
-    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]]) -> list[AgentReply]:
-        return self.generate([self.chat.prompt_ids(c, spans) for c, spans in zip(contexts, sampled_spans, strict=True)])
+    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]], *,
+                   sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        return self.generate([self.chat.prompt_ids(c, spans) for c, spans in zip(contexts, sampled_spans, strict=True)],
+                             sample_keys=sample_keys)
 
     def assistant_span(self, message: Message, reply: AgentReply) -> tuple[int, ...] | None:
         if reply.sampled_ids is None:
@@ -135,11 +148,16 @@ class HFPolicy(Agent):
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> list[AgentReply]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None, *,
+                 sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
         """Generate one reply per prompt (token ids), batching up to ``max_batch_size``.
 
         Prompts are grouped by length so that a batch wastes little on padding; replies come
         back in the order of ``prompts``.
+
+        ``sample_keys`` (one per prompt): with a seed, each reply samples from the stream of
+        ``(seed, key)`` alone, the same in any batch; without keys (or seed) every reply draws from
+        the policy's one generator, in the order of ``prompts``.
 
         A prompt longer than :meth:`prompt_limit` is not generated for: its reply is empty with
         finish reason ``CONTEXT_FULL`` (the episode cannot go on, which is the episode's fate, not
@@ -157,12 +175,31 @@ class HFPolicy(Agent):
                           "its episode ends there as truncated, with info context_full. Raise max_prompt_tokens if "
                           "set, give the env a context budget, fewer turns or shorter tool outputs, or ask for fewer "
                           "new tokens", stacklevel=2)
+        uniforms = self._uniforms(sampling, len(prompts), sample_keys)
         order = sorted((i for i in range(len(prompts)) if replies[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), sampling.max_batch_size):
             chunk = order[start:start + sampling.max_batch_size]
-            for index, reply in zip(chunk, self._generate_batch([list(prompts[i]) for i in chunk], sampling)):
+            rows = None if uniforms is None else uniforms[chunk]
+            for index, reply in zip(chunk, self._generate_batch([list(prompts[i]) for i in chunk], sampling, rows)):
                 replies[index] = reply
         return replies  # type: ignore[return-value]
+
+    def _uniforms(self, sampling: SamplingConfig, rows: int, keys: Sequence[SampleKey] | None):
+        """Every reply's draws, ``[rows, max_new_tokens]`` float64 in [0, 1) (None when greedy).
+
+        Drawn for every prompt, also one that gets no reply (CONTEXT_FULL), so that the generator's
+        stream does not depend on which prompts fit."""
+        if sampling.greedy:
+            return None
+        n = sampling.max_new_tokens
+        if keys is not None:
+            keys = [check_key(key) for key in keys]
+            if len(keys) != rows:
+                raise ValueError(f"{len(keys)} sample keys for {rows} prompts; give one per prompt")
+            if sampling.seed is not None:
+                return self.torch.from_numpy(keyed_uniforms(sampling.seed, keys, n))
+        generator = self._sampling_generator()
+        return self.torch.rand((rows, n), dtype=self.torch.float64, generator=generator, device=generator.device)
 
     def prompt_limit(self, sampling: SamplingConfig | None = None) -> int:
         """The longest prompt the policy answers: room for ``max_new_tokens`` more in the model's
@@ -216,7 +253,7 @@ class HFPolicy(Agent):
         """Why the last generation did not use the fast path (None if it did or was not asked)."""
         return None if self._fast is None else self._fast[2]
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[AgentReply]:
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms) -> list[AgentReply]:
         width = max(len(p) for p in prompts)
         fast = self._fast_decoder(width + sampling.max_new_tokens)
         if fast is not None:
@@ -225,14 +262,14 @@ class HFPolicy(Agent):
             settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
             with self.torch.inference_mode():
                 sampled, logprobs, lengths, stopped = fast.generate(
-                    prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id,
-                    generator=None if sampling.greedy else self._sampling_generator())
+                    prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id, uniforms=uniforms)
         else:
-            sampled, logprobs, lengths, stopped = self._generic_decode(prompts, sampling)
+            sampled, logprobs, lengths, stopped = self._generic_decode(prompts, sampling, uniforms)
         return self._replies(prompts, sampled, logprobs, lengths, stopped)
 
-    def _generic_decode(self, prompts: list[list[int]], sampling: SamplingConfig):
-        """The plain transformers loop (dynamic cache), for any causal LM."""
+    def _generic_decode(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms=None):
+        """The plain transformers loop (dynamic cache), for any causal LM; ``uniforms`` as for
+        :meth:`_sample`, one column per step."""
         torch = self.torch
         device = self.device
         batch = len(prompts)
@@ -245,6 +282,7 @@ class HFPolicy(Agent):
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
+        uniforms = None if uniforms is None else uniforms.to(device)
 
         sampled = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.float32, device=device)
@@ -259,7 +297,8 @@ class HFPolicy(Agent):
             logits = out.logits[:, -1, :]
             position = positions[:, -1:]
             for step in range(sampling.max_new_tokens):
-                token, token_logprob = self._sample(logits.float(), sampling)
+                token, token_logprob = self._sample(logits.float(), sampling,
+                                                    None if uniforms is None else uniforms[:, step])
                 active = ~finished
                 sampled[:, step] = torch.where(active, token, self.pad_id)
                 logprobs[:, step] = torch.where(active, token_logprob, 0.0)
@@ -292,20 +331,18 @@ class HFPolicy(Agent):
             ))
         return replies
 
-    def _sample(self, logits, sampling: SamplingConfig):
-        """Draw one token per row; return it and its log-prob under ``logits / temperature``."""
-        torch = self.torch
-        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        if sampling.greedy:
-            token = logp.argmax(dim=-1)
-        else:
-            from .fast_decode import filter_logprobs
+    def _sample(self, logits, sampling: SamplingConfig, uniforms=None):
+        """Draw one token per row at its uniform draw (``uniforms``, ``[rows]``; None: from the
+        policy's generator); return it and its log-prob under ``logits / temperature``. The fast
+        path samples with the same function."""
+        from .fast_decode import DecodeSettings, sample_tokens
 
-            filtered = filter_logprobs(logp, sampling.top_k, sampling.top_p)
-            probs = torch.softmax(filtered, dim=-1)
-            token = torch.multinomial(probs, 1, generator=self._sampling_generator()).squeeze(-1)
-        return token, logp.gather(-1, token[:, None]).squeeze(-1)
+        if uniforms is None and not sampling.greedy:
+            generator = self._sampling_generator()
+            uniforms = self.torch.rand(logits.shape[0], dtype=self.torch.float64, generator=generator,
+                                       device=generator.device).to(logits.device)
+        settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
+        return sample_tokens(logits, settings, uniforms)
 
     # ------------------------------------------------------------------ scoring
 

@@ -5,7 +5,9 @@ for all replies in one batched call, steps every environment with its reply and 
 turn. A finished episode's slot takes the next seed at once, so the batch stays full until the
 seeds run out. For token-level agents the engine keeps, per episode, the exact token span of each
 sampled assistant message under the id the env gave it, and hands them back with the next
-contexts, so later prompts hold exactly the sampled tokens.
+contexts, so later prompts hold exactly the sampled tokens. Agents with keyed sampling get each
+reply's key (the episode's task seed, its repeat and the turn: :mod:`rftgym.agents.sampling_keys`),
+so a seeded episode samples the same whatever ``num_envs`` is and whichever episodes share a batch.
 
 When the agent answers ``CONTEXT_FULL`` (the context leaves no room for a reply), the episode
 ends there as truncated: the engine records a turn with empty action, reward 0 and
@@ -25,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply
+from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
@@ -102,11 +105,20 @@ def run_episodes(
     config: RolloutConfig | None = None,
     options: Sequence[dict[str, Any] | None] | None = None,
     on_episode: Callable[[Episode], None] | None = None,
+    sample_keys: Sequence[Sequence[int]] | None = None,
 ) -> list[Episode]:
-    """Run one episode per seed with ``agent``; return the episodes in the order of ``seeds``."""
+    """Run one episode per seed with ``agent``; return the episodes in the order of ``seeds``.
+
+    ``sample_keys`` (one per seed, each a sequence of non-negative ints) names each episode's
+    sampling stream for agents with keyed sampling; by default the task seed and how many earlier
+    episodes had it (:func:`~rftgym.agents.sampling_keys.episode_keys`). A caller that runs the
+    same seeds again and wants other samples gives its own (the trainer keys by step and task)."""
     config = config or RolloutConfig()
     if options is not None and len(options) != len(seeds):
         raise ConfigError(f"options has {len(options)} entries for {len(seeds)} seeds; give one per seed or none")
+    keys = None
+    if getattr(agent, "keyed_sampling", False):
+        keys = episode_keys(seeds) if sample_keys is None else _checked_keys(sample_keys, len(seeds))
     queue = list(range(len(seeds)))
     results: list[Episode | None] = [None] * len(seeds)
     slots: list[_Slot] = []
@@ -141,11 +153,12 @@ def run_episodes(
         while any(slot.active for slot in slots):
             active = [i for i, slot in enumerate(slots) if slot.active]
             contexts = [slots[i].context for i in active]
+            keyed = {} if keys is None else {"sample_keys": [(*keys[owner[i]], len(slots[i].turns)) for i in active]}
             try:
                 if agent.token_level:
-                    replies = agent.act_tokens(contexts, [slots[i].spans for i in active])
+                    replies = agent.act_tokens(contexts, [slots[i].spans for i in active], **keyed)
                 else:
-                    replies = agent.act(contexts)
+                    replies = agent.act(contexts, **keyed)
             except RftgymError:  # already says what to do
                 raise
             except Exception as exc:  # an agent's own bug: say whose, and where
@@ -165,6 +178,15 @@ def run_episodes(
         raise
     _close_all(slots, raising=False)
     return results  # type: ignore[return-value]
+
+
+def _checked_keys(sample_keys, count: int) -> list[tuple[int, ...]]:
+    if len(sample_keys) != count:
+        raise ConfigError(f"sample_keys has {len(sample_keys)} entries for {count} seeds; give one per seed or none")
+    try:
+        return [check_key(key, f"sample_keys[{i}]") for i, key in enumerate(sample_keys)]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _close_all(slots: list[_Slot], *, raising: bool) -> None:

@@ -184,9 +184,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     # 16-bit weights get float32 master copies in the optimizer (FSDP has its own mixed precision).
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
                                fused=not fsdp, master_weights=not fsdp)
+    # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
+    # not on the rollout batch size or the number of ranks (rftgym.agents.sampling_keys).
     policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                      top_p=config.top_p, max_batch_size=config.rollout_batch_size,
-                                     max_prompt_tokens=config.max_prompt_tokens or None)
+                                     max_prompt_tokens=config.max_prompt_tokens or None, seed=config.seed)
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
@@ -209,8 +211,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     for step in range(start, config.steps):
         started = time.perf_counter()
         # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-        task_seeds = ranks.shard(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())
-        seeds = [s for s in task_seeds for _ in range(config.group_size)]
+        tasks = ranks.shard(list(enumerate(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())))
+        seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
+        # Each episode's sampling stream: (step, task index over all ranks, member of the group).
+        sample_keys = [(step, task, member) for task, _ in tasks for member in range(config.group_size)]
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
         # 3. Advantages -> per-token training samples.
@@ -219,7 +223,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
         def rollout_and_samples():
             model.eval()
             with autocast(), full_parameters(model):
-                episodes = run_episodes(make_env, policy, seeds,
+                episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                         config=RolloutConfig(num_envs=config.rollout_batch_size))
             rollout_seconds = time.perf_counter() - started
             return episodes, rollout_seconds, *build_samples(group_episodes(episodes, config.group_size), config,

@@ -189,12 +189,12 @@ def test_top_k_1_sampling_is_greedy(make_char_policy):
 
 
 def test_sampling_distribution_follows_the_softmax():
-    # Gumbel-max draws from softmax(logits): check frequencies over many rows.
+    # Inverting the cumulative distribution draws from softmax(logits): check frequencies over many rows.
     from rftgym.agents.fast_decode import sample_tokens
 
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(20000, 1)
-    tokens, logprobs = sample_tokens(logits, DecodeSettings(1, 1.0, 0, 1.0), torch.rand(logits.shape))
+    tokens, logprobs = sample_tokens(logits, DecodeSettings(1, 1.0, 0, 1.0), torch.rand(20000, dtype=torch.float64))
     frequencies = torch.bincount(tokens, minlength=4).float() / len(tokens)
     torch.testing.assert_close(frequencies, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.015, rtol=0)
     torch.testing.assert_close(logprobs.exp(), torch.tensor([0.5, 0.3, 0.15, 0.05])[tokens])

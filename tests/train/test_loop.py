@@ -43,6 +43,17 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, make_char_policy):
     assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3, 4]
 
 
+def test_the_rollouts_do_not_depend_on_the_rollout_batch_size(tmp_path, make_char_policy):
+    # Keyed sampling: each episode draws by (step, task, member), whatever shares its batch.
+    wide = train(config(tmp_path, "wide", steps=2, rollout_batch_size=16), policy=make_char_policy(), make_env=SayAEnv)
+    narrow = train(config(tmp_path, "narrow", steps=2, rollout_batch_size=3), policy=make_char_policy(),
+                   make_env=SayAEnv)
+    for a, b in zip(wide, narrow, strict=True):
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert wide[0]["reward_mean"] != wide[1]["reward_mean"] or wide[0]["loss"] != wide[1]["loss"]
+
+
 def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make_char_policy):
     from rftgym.agents.hf_policy import SamplingConfig
     from rftgym.rollout import RolloutConfig, run_episodes
