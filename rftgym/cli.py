@@ -142,7 +142,8 @@ def _env_class(env_id: str):
 AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
-            "max_concurrency": "--num-envs"},
+            "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
+            "seed": "--seed"},
     "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
            "max_batch_size": "--num-envs", "seed": "--seed"},
 }
@@ -179,7 +180,8 @@ def _check_model_dir(model: str | None) -> None:
 
 
 AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
-                   "api": (("api_base", "--api-base"), ("api_model", "--api-model"), ("api_timeout", "--api-timeout"))}
+                   "api": (("api_base", "--api-base"), ("api_model", "--api-model"), ("api_timeout", "--api-timeout"),
+                           ("api_max_retries", "--api-max-retries"), ("api_backoff", "--api-backoff"))}
 
 
 def _check_agent_flags(args: argparse.Namespace) -> None:
@@ -211,10 +213,13 @@ def _make_agent(args: argparse.Namespace):
             raise UsageError("--agent api needs --api-base URL (e.g. http://127.0.0.1:8000/v1) and --api-model NAME")
         from .agents.chat_api import ChatAPIAgent
 
+        # A transport flag left out keeps ChatAPIConfig's default.
+        transport = {name: value for name, value in (("timeout_s", args.api_timeout),
+                                                     ("max_retries", args.api_max_retries),
+                                                     ("backoff_s", args.api_backoff)) if value is not None}
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs,
-                                     timeout_s=60.0 if args.api_timeout is None else args.api_timeout)
+                                     max_concurrency=args.num_envs, seed=args.seed, **transport)
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
     return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
@@ -376,8 +381,6 @@ def _valid_text(line: str) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .rollout import format_table
-
     if args.episodes is not None and args.episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
     if args.episodes is not None and args.episodes > MAX_EVAL_EPISODES:
@@ -427,12 +430,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _writable_file(path, "--out", env_kwargs)
         agent = _build_agent(args)
         for env_id in env_ids:
-            env_rows, env_written, full = _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
-                                                        outs[env_id])
-            rows += env_rows
-            written += env_written
-            if full:
-                context_full[env_id] = full
+            for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
+                                                 outs[env_id]):
+                rows.append(row)
+                written.append(path)
+                if full:
+                    context_full[env_id] = context_full.get(env_id, 0) + full
+    except BaseException:
+        if written:  # the runs that completed before a later one failed are shown, not hidden behind the error
+            _print_eval_results(len(env_ids), rows, written, context_full)
+        raise
     finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
         if agent is not None:
             agent.close()
@@ -443,7 +450,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     partial.unlink()
             except OSError:  # e.g. a name too long: it was refused, and nothing was made there
                 pass
-    if len(env_ids) == 1:
+    _print_eval_results(len(env_ids), rows, written, context_full)
+    return 0
+
+
+def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int]) -> None:
+    """The table of the runs in ``rows``, notes on their episodes, and where they were written."""
+    from .rollout import format_table
+
+    if env_count == 1:
         print(format_table([row for _, row in rows], rows[0][0]))
     else:
         # Envs have different own columns: the shared ones, then each env's as key=value text.
@@ -454,13 +469,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for env_id, full in context_full.items():
         print(f"note: {full} {env_id} episode(s) ended because the context left no room for another reply "
               "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
-    print("episodes written to " + ", ".join(str(p) for p in written))
-    return 0
+    # Flushed: after a failure the error follows on stderr, and should not come before this.
+    print("episodes written to " + ", ".join(str(p) for p in written), flush=True)
 
 
 def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):
     """One env: the agent as it is, then each baseline the env declares (the same agent under other
-    env options, or wrapped), all on the same seeds; one row each."""
+    env options, or wrapped), all on the same seeds. Yields ``((headers, row), path, context_full)``
+    for each run as it completes, so that a later run's failure does not hide it."""
     from .core.records import write_episodes_jsonl
 
     env_class = _env_class(env_id)
@@ -471,7 +487,6 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
-    rows, written, context_full = [], [], 0
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
         run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
         target = path.resolve()  # a symlinked --out is written through, not replaced
@@ -485,12 +500,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         finally:
             complete.unlink(missing_ok=True)
         _partial(path).unlink(missing_ok=True)
-        written.append(path)
         headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                           run_episodes_, elapsed)
-        rows.append((headers, row))
-        context_full += summary["context_full"]
-    return rows, written, context_full
+        yield (headers, row), path, summary["context_full"]
 
 
 def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
@@ -814,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "several, --env-arg applies to each and --out is a directory")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="environment option (JSON value or bare string); repeatable")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the first episode, and of the agent's sampling with --temperature > 0 (default 0)")
     p.add_argument("--agent", choices=AGENTS, default="default",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text")
@@ -829,6 +842,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-model", help="model name to send to the API server")
     p.add_argument("--api-timeout", type=float, default=None,
                    help="seconds a request to the API server may take before it is retried (default 60)")
+    p.add_argument("--api-max-retries", type=int, default=None,
+                   help="retries of a request that failed for a passing reason (connection, timeout, HTTP 408, 409, "
+                        "429, 5xx) before the evaluation stops (default 5)")
+    p.add_argument("--api-backoff", type=float, default=None,
+                   help="seconds the first retry waits at most; each later one up to twice as long, at most 8 s, "
+                        "at random so that requests spread out (default 0.5)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per reply at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass (default 1.0: off)")

@@ -1,15 +1,18 @@
 """The `rftgym` command, run in-process (main([...])) and once as a real process.
 
 Only the scripted agents (random, adversarial) are run; `default`/`hf` would load a model and
-`api` is only exercised for its usage error.
+`api` runs against a fake chat-completions server on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
@@ -819,3 +822,111 @@ def test_a_warning_on_the_command_line_is_one_line_without_library_source(tmp_pa
     # "UserWarning: ...", not "/path/to/rftgym/rollout/engine.py:123: UserWarning: ..." and its source line
     assert lines and lines[0].strip().startswith("UserWarning: ") and "stored a reply other than" in lines[0], \
         done.stderr
+
+
+# ---------------------------------------------------------------- the API agent's flags
+
+@contextlib.contextmanager
+def chat_server(answer):
+    """A chat-completions server on 127.0.0.1 that keeps every request body; ``answer(n)`` gives the
+    n-th request's (status, JSON body)."""
+    bodies, lock = [], threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                bodies.append(body)
+                n = len(bodies)
+            status, reply = answer(n)
+            payload = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+API = ["--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m"]
+
+
+def test_the_api_agents_flags_reach_its_config():
+    from rftgym.cli import _build_agent, build_parser
+
+    agent = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API, "--api-max-retries", "2", "--api-backoff",
+                                                    "0.25", "--api-timeout", "7", "--seed", "11", "--num-envs", "3"]))
+    config = agent.config
+    assert (config.max_retries, config.backoff_s, config.timeout_s, config.seed, config.max_concurrency) == \
+        (2, 0.25, 7.0, 11, 3)
+    defaults = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API])).config
+    assert (defaults.max_retries, defaults.backoff_s, defaults.timeout_s, defaults.seed) == (5, 0.5, 60.0, 0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*API, "--api-max-retries", "-1"], "--api-max-retries: ChatAPIConfig.max_retries must be an integer >= 0"),
+    ([*API, "--api-backoff", "-1"], "--api-backoff: ChatAPIConfig.backoff_s must be a number of seconds >= 0"),
+    (["--agent", "random", "--api-max-retries", "2", "--api-backoff", "1"],
+     "--api-max-retries and --api-backoff are for --agent api, and this run's agent is random"),
+])
+def test_bad_api_flags_are_named(argv, message, tmp_path, capsys):
+    assert exit_code(["eval", ENV_ID, *argv, "--out", str(tmp_path / "e.jsonl")]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_with_an_api_agent_retries_as_told_and_seeds_each_request(tmp_path):
+    from rftgym.agents.sampling_keys import episode_keys, keyed_seed
+
+    reply = {"choices": [{"message": {"role": "assistant", "content": "<answer>4</answer>"}, "finish_reason": "stop"}]}
+    with chat_server(lambda n: (503, {"error": {"message": "loading"}}) if n == 1 else (200, reply)) as (url, bodies):
+        with pytest.warns(UserWarning, match="attempt 1 of 2 failed: HTTP 503"):
+            assert main(["eval", ENV_ID, "--agent", "api", "--api-base", url, "--api-model", "m", "--temperature",
+                         "0.7", "--seed", "3", "--episodes", "2", "--api-max-retries", "1", "--api-backoff", "0.01",
+                         "--out", str(tmp_path / "e.jsonl")]) == 0
+    # Each request's seed comes from its episode's key (task seed, repeat) and turn.
+    keys = episode_keys([3, 4])
+    assert {keyed_seed(3, (*key, 0)) for key in keys} <= {body["seed"] for body in bodies}
+    assert {body["seed"] for body in bodies} <= {keyed_seed(3, (*key, turn)) for key in keys for turn in range(64)}
+    assert len(list(read_episodes_jsonl(tmp_path / "e.jsonl"))) == 2
+
+
+def test_a_failed_eval_shows_the_envs_it_completed(tmp_path, monkeypatch, capsys):
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+    calls = []
+
+    def the_second_env_fails(make_env, agent, seeds, config=None, on_episode=None):
+        calls.append(seeds)
+        if len(calls) == 2:
+            raise ChatAPIError("the server went away")
+        return real(make_env, agent, seeds, config=config, on_episode=on_episode)
+
+    monkeypatch.setattr(rollout, "run_episodes", the_second_env_fails)
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path / "cache"))
+    out_dir = tmp_path / "evals"
+    assert main(["eval", "rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "2",
+                 "--out", str(out_dir)]) == 1
+    captured = capsys.readouterr()
+    [done] = out_dir.glob("*.jsonl")
+    assert done.name.startswith("VerifiableQA-v0") and len(list(read_episodes_jsonl(done))) == 2
+    rows = [line for line in captured.out.splitlines() if line.startswith("rftgym/")]
+    assert len(rows) == 1 and rows[0].startswith("rftgym/VerifiableQA-v0")  # the table a complete run prints
+    assert f"episodes written to {done}" in captured.out
+    assert "error: the server went away" in captured.err

@@ -9,19 +9,26 @@ server that is usually ``http://127.0.0.1:8000/v1``. The agent POSTs to
 
 The agent only sees text, so the token fields of each :class:`AgentReply` are ``None``.
 A batch of contexts is sent concurrently (one request per context, at most
-``max_concurrency`` in flight). Connection errors, timeouts, HTTP 429 and HTTP 5xx are retried
-with exponential backoff; a refusal because the context does not fit the model's window becomes
-an empty reply with finish reason ``CONTEXT_FULL`` (the episode ends there, truncated); other
-HTTP errors and malformed responses raise
-:class:`~rftgym.core.errors.ChatAPIError` at once.
+``max_concurrency`` in flight). Connection errors, timeouts, replies cut short, HTTP 408, 409,
+429 and 5xx are retried with exponential backoff and full jitter (the first retry warns once); a
+refusal because the context does not fit the model's window becomes an empty reply with finish
+reason ``CONTEXT_FULL`` (the episode ends there, truncated); redirects, an exhausted quota, other
+HTTP errors and malformed responses raise :class:`~rftgym.core.errors.ChatAPIError` at once.
+
+With a ``seed`` and a temperature above 0, every request carries a per-request ``seed``: the
+rollout engine's sample keys make it the same for an episode's turn whatever else shares its batch
+(:mod:`rftgym.agents.sampling_keys`), for servers that honour ``seed`` (vLLM, llama.cpp; OpenAI
+on a best-effort basis).
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import math
 import os
+import random
 import re
 import threading
 import time
@@ -36,8 +43,10 @@ from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
+from ..core.values import is_int
 from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
+from .sampling_keys import SampleKey, check_key, keyed_seed
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
 
@@ -83,6 +92,14 @@ class _RequestPool:
 API_KEY_ENV = "OPENAI_API_KEY"
 SNIPPET_CHARS = 300
 MAX_RETRY_AFTER_S = 60.0
+MAX_BACKOFF_S = 8.0
+# Worth another try besides 5xx, as in the OpenAI client: a request timeout, a conflict (a lock
+# held elsewhere for now), a rate limit.
+_RETRIED_STATUSES = (408, 409, 429)
+_REDIRECTS = (301, 302, 303, 307, 308)
+# The jitter comes from the OS, not the global generator: processes seeded alike (the same
+# --seed) would otherwise still retry in lockstep.
+_JITTER = random.SystemRandom()
 # extra_body may add or override sampling fields, but not these: they define the protocol.
 _RESERVED_BODY_KEYS = ("model", "messages", "stream")
 _EXPECTED_SHAPE = (
@@ -110,10 +127,13 @@ class ChatAPIConfig:
     ``base_url`` is the part before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``).
     ``api_key`` defaults to the ``OPENAI_API_KEY`` environment variable when that is set; it is
     sent as ``Authorization: Bearer <key>``. ``max_retries`` counts retries after the first
-    attempt, so a request is tried at most ``1 + max_retries`` times; the k-th retry waits
-    ``backoff_s * 2**(k-1)`` seconds (or the server's numeric ``Retry-After``, if longer, capped
-    at 60 s). ``extra_body`` is merged into every request body (e.g. ``{"top_k": 20}`` for vLLM);
-    it may not set ``model``, ``messages`` or ``stream``.
+    attempt, so a request is tried at most ``1 + max_retries`` times; the k-th retry waits a
+    random time up to ``backoff_s * 2**(k-1)`` seconds, at most 8 s (or ``backoff_s`` if that is
+    more), and at least the server's ``Retry-After`` (seconds or an HTTP date, capped at 60 s).
+    ``extra_body`` is merged into every request body (e.g. ``{"top_k": 20}`` for vLLM); it may not
+    set ``model``, ``messages`` or ``stream``, and what it sets wins. ``seed``: with a temperature
+    above 0, each request carries a ``seed`` derived from it (from the reply's sample key when the
+    rollout engine gives one); greedy requests and ``seed=None`` carry none.
     """
 
     base_url: str
@@ -124,10 +144,11 @@ class ChatAPIConfig:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     timeout_s: float = 60.0
-    max_retries: int = 3
+    max_retries: int = 5
     backoff_s: float = 0.5
     max_concurrency: int = 8
     extra_body: dict | None = field(default=None, hash=False)
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -232,6 +253,12 @@ class ChatAPIConfig:
             )
         set_("stop", tuple(stop))
 
+        if self.seed is not None:
+            if not is_int(self.seed) or not 0 <= self.seed < 2**63:
+                raise ConfigError(f"ChatAPIConfig.seed must be None or an integer in [0, 2**63), got {self.seed!r}",
+                                  field="seed")
+            set_("seed", int(self.seed))  # a numpy integer would not go into the JSON body
+
         # transport
         if not _is_number(self.timeout_s) or self.timeout_s <= 0:
             raise ConfigError(
@@ -289,7 +316,7 @@ class ChatAPIConfig:
 
 
 class _RetryableError(Exception):
-    """A failure worth retrying (connection error, timeout, 429, 5xx)."""
+    """A failure worth retrying (connection error, timeout, a reply cut short, 408, 409, 429, 5xx)."""
 
     def __init__(self, what: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(what)
@@ -312,19 +339,24 @@ _CONTEXT_FULL_ERROR = re.compile(r"context_length_exceeded|context[ _-]length|ma
                                  r"context window|max_new_tokens` must be <=", re.IGNORECASE)
 
 
-def _context_full_reason(body: bytes) -> str | None:
-    """The server's words when an error body says the context does not fit, else None. Only the
-    error object's own fields are read, never the rest of the body (which may echo the prompt)."""
+def _error_texts(body: bytes) -> list[str]:
+    """The text fields of an error body's error object (OpenAI's ``{"error": {...}}``, or vLLM's
+    and TGI's top-level fields), never the rest of the body (which may echo the prompt)."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
+        return []
     if not isinstance(payload, dict):
-        return None
+        return []
     fields = [payload.get(k) for k in ("message", "detail", "code", "type", "error_type")]
     error = payload.get("error")
     fields += [error.get(k) for k in ("message", "code", "type")] if isinstance(error, dict) else [error]
-    texts = [f for f in fields if isinstance(f, str)]
+    return [f for f in fields if isinstance(f, str)]
+
+
+def _context_full_reason(body: bytes) -> str | None:
+    """The server's words when an error body says the context does not fit, else None."""
+    texts = _error_texts(body)
     if not any(_CONTEXT_FULL_ERROR.search(text) for text in texts):
         return None
     return max(texts, key=len)[:300]
@@ -341,12 +373,39 @@ def _snippet(body: bytes | str | None) -> str:
 
 
 def _retry_after_s(headers) -> float | None:
+    """The server's ``Retry-After`` (seconds, or an HTTP date) as seconds from now, in [0, 60]."""
     value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
+    except ValueError:
+        try:
+            date = email.utils.parsedate_tz(value)
+            # An HTTP date is in GMT; one that names no zone is read as GMT too, not as local time.
+            seconds = None if date is None else email.utils.mktime_tz((*date[:9], date[9] or 0)) - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if seconds is None or not math.isfinite(seconds):
         return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: urllib would resend the POST as a GET (301-303: then an HTTP 405
+    that blames the request) or give up on it (307, 308). The agent names the new address instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+def _build_opener(url: str) -> urllib.request.OpenerDirector:
+    handlers: list = [_NoRedirects()]
+    # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
+    # environment; remote servers use the standard urllib handlers (env proxies honoured).
+    if is_loopback(urllib.parse.urlsplit(url).hostname):
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 class ChatAPIAgent(Agent):
@@ -355,7 +414,11 @@ class ChatAPIAgent(Agent):
     >>> agent = ChatAPIAgent.from_url("http://127.0.0.1:8000/v1", "Qwen/Qwen2.5-0.5B-Instruct")
     >>> replies = agent.act([context_a, context_b])   # doctest: +SKIP
     >>> agent.close()
+
+    Copies (``copy.deepcopy``, ``pickle``) get threads and connections of their own.
     """
+
+    keyed_sampling = True
 
     def __init__(self, config: ChatAPIConfig):
         if not isinstance(config, ChatAPIConfig):
@@ -365,15 +428,25 @@ class ChatAPIAgent(Agent):
             )
         self.config = config
         self.name = f"api:{config.model}"
+        self._warned: set[str] = set()  # the kinds of warning this agent has given (each is given once)
+        self._unkeyed_requests = 0  # seeded requests without a sample key so far: the next one's stream
+        self._connect()
+
+    def _connect(self) -> None:
+        """What a copy makes afresh: threads, a lock and an opener cannot be copied or pickled."""
         self._pool: _RequestPool | None = None
         self._lock = threading.Lock()
-        self._warned_context_full = False
-        # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
-        # environment; remote servers use the standard urllib handlers (env proxies honoured).
-        if is_loopback(urllib.parse.urlsplit(config.url).hostname):
-            self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        else:
-            self._opener = urllib.request.build_opener()
+        self._opener = _build_opener(self.config.url)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_pool", "_lock", "_opener"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._connect()
 
     @classmethod
     def from_url(cls, base_url: str, model: str, **kwargs: Any) -> "ChatAPIAgent":
@@ -388,7 +461,11 @@ class ChatAPIAgent(Agent):
 
     # -- Agent API ---------------------------------------------------------------------------
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+    def act(self, contexts: Sequence[Context], *, sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        """One reply per context, in order. ``sample_keys`` (one per context; the rollout engine
+        gives them) choose each request's ``seed`` when the config has a seed and samples."""
+        if isinstance(contexts, Context):  # iterating it would give its messages
+            raise TypeError("act takes a list of contexts; wrap one in a list: act([context])")
         contexts = list(contexts)
         for i, context in enumerate(contexts):
             if not isinstance(context, Context):
@@ -396,13 +473,14 @@ class ChatAPIAgent(Agent):
                     f"ChatAPIAgent.act takes a sequence of Context, item {i} is "
                     f"{type(context).__name__}"
                 )
+        seeds = self._request_seeds(len(contexts), sample_keys)
         if not contexts:
             return []
         if len(contexts) == 1:
-            return [self._request(contexts[0])]
+            return [self._request(contexts[0], seeds[0])]
         pool = self._executor()
         abort = threading.Event()
-        futures: list[Future] = [pool.submit(self._request, c, abort) for c in contexts]
+        futures: list[Future] = [pool.submit(self._request, c, seed, abort) for c, seed in zip(contexts, seeds)]
         try:
             # The first request to fail is the one to report, at once: waiting in order could hide
             # a refused key behind the retries of requests that time out. The others stop retrying.
@@ -439,7 +517,31 @@ class ChatAPIAgent(Agent):
                 self._pool = _RequestPool(self.config.max_concurrency, "rftgym-chat-api")
             return self._pool
 
-    def _body(self, context: Context) -> dict:
+    @property
+    def _sends_seed(self) -> bool:
+        """A seed goes only where it means something: sampling (at the temperature the server
+        sees), and no seed of extra_body's own; strict servers refuse fields they do not know."""
+        extra = self.config.extra_body or {}
+        temperature = extra.get("temperature", self.config.temperature)
+        return self.config.seed is not None and "seed" not in extra and _is_number(temperature) and temperature > 0
+
+    def _request_seeds(self, count: int, sample_keys: Sequence[SampleKey] | None) -> list[int | None]:
+        """Each request's ``seed`` (None: none sent). A keyed request's comes from its key alone;
+        unkeyed ones take the agent's next streams in order, so that repeated calls (or one
+        context asked several times in a batch) sample afresh, yet the same calls replay."""
+        keys = None if sample_keys is None else [check_key(key) for key in sample_keys]
+        if keys is not None and len(keys) != count:
+            raise ValueError(f"{len(keys)} sample keys for {count} contexts; give one per context")
+        if not self._sends_seed:
+            return [None] * count
+        if keys is not None:
+            return [keyed_seed(self.config.seed, key) for key in keys]
+        with self._lock:
+            first, self._unkeyed_requests = self._unkeyed_requests, self._unkeyed_requests + count
+        # 0 first: the rollout engine's keys start with their kind (1 to 3), so no key is both.
+        return [keyed_seed(self.config.seed, (0, first + i)) for i in range(count)]
+
+    def _body(self, context: Context, seed: int | None) -> dict:
         cfg = self.config
         body: dict[str, Any] = {
             "model": cfg.model,
@@ -450,6 +552,8 @@ class ChatAPIAgent(Agent):
         }
         if cfg.stop:
             body["stop"] = list(cfg.stop)
+        if seed is not None:
+            body["seed"] = seed
         if cfg.extra_body:
             body.update(cfg.extra_body)
         return body
@@ -460,39 +564,57 @@ class ChatAPIAgent(Agent):
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    def _request(self, context: Context, abort: threading.Event | None = None) -> AgentReply:
+    def _warn_once(self, kind: str, message: str) -> None:
+        """Warn the first time this agent meets ``kind`` (requests run on several threads)."""
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        warnings.warn(message, stacklevel=3)
+
+    def _request(self, context: Context, seed: int | None, abort: threading.Event | None = None) -> AgentReply:
         """One completion, retried as configured; ``abort`` (set when another request of the batch
         has failed) stops the retries, so that a failed batch does not linger."""
         cfg = self.config
         url = cfg.url
-        data = json.dumps(self._body(context)).encode("utf-8")
+        data = json.dumps(self._body(context, seed)).encode("utf-8")
         attempts_allowed = 1 + cfg.max_retries
         last: _RetryableError | None = None
         made = 0
         for attempt in range(1, attempts_allowed + 1):
             if attempt > 1:
-                delay = cfg.backoff_s * 2 ** (attempt - 2)
-                if last is not None and last.retry_after is not None:
-                    delay = max(delay, last.retry_after)
+                if abort is not None and abort.is_set():
+                    break  # the batch failed elsewhere: that error is the one reported
+                # Retries are otherwise silent: a stalled progress bar gets its reason.
+                self._warn_once("retry", f"POST {url}: attempt {made} of {attempts_allowed} failed: {last.what}; "
+                                         "retrying with backoff (further retries of this agent are not reported)")
+                delay = self._backoff_s(attempt - 1, last.retry_after)
                 if abort is None:
                     time.sleep(delay)
                 elif abort.wait(delay):
-                    break  # the batch failed elsewhere: that error is the one reported
+                    break
             made = attempt
             try:
                 status, raw = self._post(url, data, attempt)
+                return self._parse(raw, status, url)
             except _RetryableError as exc:
                 last = exc
-                continue
             except _ContextFull as refusal:
-                return self._context_full(context, url, str(refusal))
-            return self._parse(raw, status, url)
+                return self._context_full(context, str(refusal))
         assert last is not None
         raise ChatAPIError(
             f"POST {url} failed after {made} attempt(s): {last.what}. "
             f"{self._hint(last.status)}",
             status=last.status,
         )
+
+    def _backoff_s(self, retry: int, retry_after: float | None) -> float:
+        """The wait before the ``retry``-th retry: uniform up to ``backoff_s * 2**(retry-1)``, capped
+        (full jitter: requests that failed together do not retry together), and at least the
+        server's ``Retry-After``."""
+        backoff_s = self.config.backoff_s
+        ceiling = min(backoff_s * 2.0 ** min(retry - 1, 32), max(MAX_BACKOFF_S, backoff_s))
+        return max(_JITTER.uniform(0.0, ceiling), retry_after or 0.0)
 
     def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes]:
         """One HTTP attempt: returns (status, body), raises _RetryableError or ChatAPIError."""
@@ -509,9 +631,18 @@ class ChatAPIAgent(Agent):
                 exc.close()
             status = exc.code
             what = f"HTTP {status}" + (f": {_snippet(body)}" if body else "")
+            if status in _REDIRECTS:
+                raise self._redirected(url, status, exc.headers) from None
             if status in (400, 413, 422) and (reason := _context_full_reason(body)) is not None:
                 raise _ContextFull(reason) from None
-            if status == 429 or status >= 500:
+            if status == 429 and "insufficient_quota" in _error_texts(body):
+                raise ChatAPIError(
+                    f"POST {url} failed with {what}: the account is out of quota (insufficient_quota), which "
+                    f"no retry mends. Add credit or raise the account's limit, or use another key (api_key, or "
+                    f"the {API_KEY_ENV} environment variable).",
+                    status=status,
+                ) from None
+            if status in _RETRIED_STATUSES or status >= 500:
                 raise _RetryableError(what, status, _retry_after_s(exc.headers)) from None
             raise ChatAPIError(
                 f"POST {url} failed with {what} (attempt {attempt}; HTTP {status} is not "
@@ -529,24 +660,41 @@ class ChatAPIAgent(Agent):
             raise _RetryableError(
                 f"timed out after {self.config.timeout_s:g} s (timeout_s)"
             ) from None
+        except http.client.IncompleteRead:  # a chunked reply whose connection closed mid-way
+            raise _RetryableError("the connection closed before the end of the reply") from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise _RetryableError(
                 f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
             ) from None
 
-    def _context_full(self, context: Context, url: str, reason: str) -> AgentReply:
-        """The server refused ``context`` for want of room: the episode ends there, unless it is
-        the episode's first request, where every episode would end at once (a setting, not the
-        episode's fate)."""
-        if not any(m.role == "assistant" for m in context):
-            raise ChatAPIError(
-                f"POST {url}: the server refused an episode's first request because it does not fit the model's "
-                f"context ({reason}). Lower --max-new-tokens (max_tokens={self.config.max_tokens}) or serve a model "
-                "with a longer context")
-        if not self._warned_context_full:
-            self._warned_context_full = True
-            warnings.warn(f"the server refused a context that has outgrown the model's window ({reason}); such "
-                          "episodes end there as truncated, with info context_full", stacklevel=4)
+    def _redirected(self, url: str, status: int, headers) -> ChatAPIError:
+        location = headers.get("Location") if headers is not None else None
+        if not location:
+            return ChatAPIError(f"POST {url} was redirected (HTTP {status}) to no address (no Location header); "
+                                "check --api-base (base_url, the part before /chat/completions)", status=status)
+        target = urllib.parse.urljoin(url, location)
+        path = urllib.parse.urlsplit(target)._replace(query="", fragment="").geturl().rstrip("/")
+        base = f" ({path.removesuffix('/chat/completions')})" if path.endswith("/chat/completions") else ""
+        return ChatAPIError(
+            f"POST {url} was redirected (HTTP {status}) to {target}; the agent does not follow redirects (a POST "
+            f"would be resent as a GET, or to an address base_url does not name). Use that URL's base, the part "
+            f"before /chat/completions{base}, as --api-base (base_url)",
+            status=status,
+        )
+
+    def _context_full(self, context: Context, reason: str) -> AgentReply:
+        """The server refused ``context`` for want of room: the episode ends there as truncated, as
+        with a local policy. On an episode's first request it is the task with max_tokens that does
+        not fit, and the warning says what to change."""
+        if any(m.role == "assistant" for m in context):
+            self._warn_once("context_full", f"the server refused a context that has outgrown the model's window "
+                                            f"({reason}); such episodes end there as truncated, with info context_full")
+        else:
+            self._warn_once("first_request_too_long",
+                            f"the server refused an episode's first request because it does not fit the model's "
+                            f"context ({reason}); such episodes end at once as truncated, with info context_full. "
+                            f"Lower --max-new-tokens (max_tokens={self.config.max_tokens}), give shorter tasks, or "
+                            "serve a model with a longer context")
         return AgentReply(text="", finish_reason=CONTEXT_FULL)
 
     def _read_body(self, response, url: str) -> bytes:
@@ -576,7 +724,10 @@ class ChatAPIAgent(Agent):
 
         try:
             payload = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError) as exc:
+            if _cut_short(raw, exc):
+                raise _RetryableError("the reply's JSON breaks off at its end, as when a connection closes early") \
+                    from None
             raise fail("the body is not valid JSON") from None
         except RecursionError:
             raise fail("the body's JSON is nested too deeply to read") from None
@@ -611,30 +762,66 @@ class ChatAPIAgent(Agent):
             finish_reason = None
         elif finish_reason == CONTEXT_FULL:  # rftgym's own marker (no room left): a server's is another thing
             finish_reason = f"server:{finish_reason}"
+        if not text:
+            self._explain_empty(message, finish_reason)
         return AgentReply(text=text, finish_reason=finish_reason)
+
+    def _explain_empty(self, message: dict, finish_reason: str | None) -> None:
+        """An empty reply the server sent for a reason the user can act on is recorded as it is
+        (empty, with its finish reason), and said once per kind."""
+        if message.get("tool_calls") or message.get("function_call"):
+            self._warn_once("tool_calls", f"the server answered with tool calls and no text (finish_reason "
+                                          f"{finish_reason}); rftgym envs offer no tools and read the reply's text, so "
+                                          "such replies are recorded as empty. Have the model answer in text (its "
+                                          "prompt, or turn off the server's tool-call parsing)")
+        elif finish_reason == "content_filter":
+            self._warn_once("content_filter", "the server's content filter withheld a reply (finish_reason "
+                                              "content_filter); such replies are recorded as empty. Check the "
+                                              "provider's content filtering, or use another model")
+        elif any(isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")):
+            self._warn_once("reasoning", f"the server sent reasoning but no answer (finish_reason {finish_reason}); "
+                                         "such replies are recorded as empty. A reasoning model may use up max_tokens "
+                                         f"before it answers: raise --max-new-tokens (max_tokens="
+                                         f"{self.config.max_tokens}), or turn off the server's reasoning parser")
 
     def _hint(self, status: int | None) -> str:
         cfg = self.config
+        retry_more = "raise --api-max-retries (max_retries) or --api-backoff (backoff_s)"
         if status is None:
             return (
                 f"Is the server running and reachable at {cfg.base_url}? Check --api-base "
-                f"(base_url, the part before /chat/completions) and --api-timeout (timeout_s)."
+                f"(base_url, the part before /chat/completions) and --api-timeout (timeout_s); for a "
+                f"server that drops requests now and then, {retry_more}."
             )
         if status in (401, 403):
             return f"Check the API key (api_key, or the {API_KEY_ENV} environment variable)."
         if status == 404:
             return (
                 f"Check --api-base (base_url must be the part before /chat/completions, "
-                f"e.g. http://127.0.0.1:8000/v1) and that the server serves model {cfg.model!r}."
+                f"e.g. http://127.0.0.1:8000/v1) and that the server serves model {cfg.model!r} (--api-model)."
             )
         if status == 429:
-            return "The server is rate limiting; lower max_concurrency or raise max_retries/backoff_s."
+            return f"The server is rate limiting; lower --num-envs (max_concurrency) or {retry_more}."
+        if status in _RETRIED_STATUSES:
+            return f"The server kept turning the request away (HTTP {status}); {retry_more}."
         if status >= 500:
             return (
                 f"The server at {cfg.base_url} is failing; check its logs (is model "
-                f"{cfg.model!r} loaded?)."
+                f"{cfg.model!r} loaded?), or for a server that fails now and then {retry_more}."
             )
         return (
-            f"The server rejected the request; check the model name ({cfg.model!r}), "
-            f"max_tokens (context length) and extra_body."
+            f"The server rejected the request; check --api-model (model={cfg.model!r}), "
+            f"--max-new-tokens (max_tokens={cfg.max_tokens}, against the model's context) and extra_body."
         )
+
+
+def _cut_short(raw: bytes, error: ValueError) -> bool:
+    """Whether a body that does not decode is the start of a JSON object: a reply whose connection
+    closed early where no length was announced to tell (HTTP/1.0, Connection: close)."""
+    if not raw.lstrip().startswith(b"{"):
+        return False
+    if isinstance(error, UnicodeDecodeError):  # cut inside a character
+        return error.reason == "unexpected end of data"
+    if isinstance(error, json.JSONDecodeError):
+        return error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string")
+    return False

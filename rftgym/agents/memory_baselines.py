@@ -70,13 +70,19 @@ class HeuristicPruner(Agent):
     def token_level(self) -> bool:  # type: ignore[override]
         return bool(getattr(self.agent, "token_level", False))
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
-        return self._act(contexts, None)
+    @property
+    def keyed_sampling(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.agent, "keyed_sampling", False))
 
-    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping]) -> list[AgentReply]:
-        return self._act(contexts, sampled_spans)
+    def act(self, contexts: Sequence[Context], *, sample_keys: Sequence | None = None) -> list[AgentReply]:
+        return self._act(contexts, None, sample_keys)
 
-    def _act(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping] | None) -> list[AgentReply]:
+    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping], *,
+                   sample_keys: Sequence | None = None) -> list[AgentReply]:
+        return self._act(contexts, sampled_spans, sample_keys)
+
+    def _act(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping] | None,
+             sample_keys: Sequence | None) -> list[AgentReply]:
         replies: list[AgentReply | None] = [None] * len(contexts)
         delegated = []
         for i, context in enumerate(contexts):
@@ -87,10 +93,13 @@ class HeuristicPruner(Agent):
                 replies[i] = AgentReply(text=action, finish_reason=PRUNE_FINISH_REASON)
         if delegated:
             chosen = [contexts[i] for i in delegated]
+            # The wrapped agent's replies keep their episodes' keys (the engine passes them only
+            # when that agent samples by key).
+            keyed = {} if sample_keys is None else {"sample_keys": [sample_keys[i] for i in delegated]}
             if sampled_spans is None:
-                inner = self.agent.act(chosen)
+                inner = self.agent.act(chosen, **keyed)
             else:
-                inner = self.agent.act_tokens(chosen, [sampled_spans[i] for i in delegated])
+                inner = self.agent.act_tokens(chosen, [sampled_spans[i] for i in delegated], **keyed)
             for i, reply in zip(delegated, inner):
                 replies[i] = reply
         return replies  # type: ignore[return-value]

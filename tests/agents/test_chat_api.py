@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+import gymnasium as gym
 import pytest
+
+import rftgym  # noqa: F401 (registers the envs)
 
 from rftgym.agents.base import CONTEXT_FULL, AgentReply
 from rftgym.agents.chat_api import ChatAPIAgent, ChatAPIConfig
@@ -29,6 +34,9 @@ class Response:
     headers: dict = field(default_factory=dict)
     trickle_s: float = 0.0  # > 0: the body goes out a byte at a time, this far apart
     missing_bytes: int = 0  # > 0: Content-Length promises this many bytes more, then the connection closes
+    # "chunked": one chunk announced, half of it sent; "unannounced": no length, half the body sent;
+    # then the connection closes.
+    cut: str = ""
 
 
 def completion(content: str | None = "ok", finish_reason: str | None = "stop") -> dict:
@@ -118,6 +126,15 @@ def make_handler(server: FakeServer):
                     payload = payload.encode("utf-8")
                 self.send_response(response.status)
                 self.send_header("Content-Type", "application/json")
+                if response.cut:
+                    if response.cut == "chunked":
+                        self.send_header("Transfer-Encoding", "chunked")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    chunk = f"{len(payload):x}\r\n".encode() if response.cut == "chunked" else b""
+                    self.wfile.write(chunk + payload[: len(payload) // 2])
+                    self.close_connection = True
+                    return
                 self.send_header("Content-Length", str(len(payload) + response.missing_bytes))
                 if response.missing_bytes:
                     self.send_header("Connection", "close")
@@ -372,9 +389,15 @@ def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, e
         reply = agent.act_one(later)
     assert (reply.text, reply.finish_reason) == ("", CONTEXT_FULL)
     assert len(server.requests) == 1  # not retried
-    # On an episode's first request the refusal is a setting every episode would hit: an error.
-    with pytest.raises(ChatAPIError, match=r"refused an episode's first request .*Lower --max-new-tokens"):
-        agent.act_one(ctx(("user", "q")))
+    # On an episode's first request too the episode ends there (as with a local policy), not the
+    # whole evaluation; the warning says what to change, once.
+    with pytest.warns(UserWarning, match=r"refused an episode's first request .*\(.+\).*Lower --max-new-tokens "
+                                         r"\(max_tokens=512\), give shorter tasks, or serve a model with a longer"):
+        reply = agent.act_one(ctx(("user", "q")))
+    assert (reply.text, reply.finish_reason) == ("", CONTEXT_FULL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert agent.act([ctx(("user", "q2")), later])[0].finish_reason == CONTEXT_FULL
 
 
 def test_a_prompt_that_mentions_context_length_is_not_a_context_refusal(server):
@@ -591,3 +614,287 @@ agent.act([Context((Message("user", "a", "u0"),)), Context((Message("user", "b",
         # Ctrl-C ends the process at once; before, the interpreter joined the request threads.
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr
+
+
+# -- retries: backoff, what is retried, what is said ---------------------------------------------
+
+
+def test_backoff_is_exponential_with_full_jitter_and_a_cap(monkeypatch):
+    import rftgym.agents.chat_api as chat_api
+
+    agent = ChatAPIAgent.from_url("http://127.0.0.1:9/v1", "m", api_key=None)
+    assert agent.config.max_retries == 5 and agent.config.backoff_s == 0.5
+
+    class Highest:  # the top of each draw's range
+        @staticmethod
+        def uniform(low, high):
+            return high
+
+    monkeypatch.setattr(chat_api, "_JITTER", Highest)
+    assert [agent._backoff_s(k, None) for k in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert agent._backoff_s(1, 30.0) == 30.0  # the server's Retry-After is the least wait
+    assert agent._backoff_s(10**6, None) == 8.0  # no overflow however many retries
+    slow = ChatAPIAgent.from_url("http://127.0.0.1:9/v1", "m", api_key=None, backoff_s=20.0)
+    assert slow._backoff_s(3, None) == 20.0  # a backoff above the cap is the cap
+    monkeypatch.undo()
+    # Full jitter: anywhere in [0, ceiling], so that requests that failed together spread out.
+    draws = [agent._backoff_s(3, None) for _ in range(200)]
+    assert all(0 <= d <= 2.0 for d in draws) and min(draws) < 0.5 and max(draws) > 1.5
+
+
+def test_retry_after_in_seconds_or_as_an_http_date():
+    from email.utils import formatdate
+
+    from rftgym.agents.chat_api import _retry_after_s
+
+    assert _retry_after_s({"Retry-After": "2.5"}) == 2.5
+    assert _retry_after_s({"Retry-After": "3600"}) == 60.0  # capped
+    assert 28 <= _retry_after_s({"Retry-After": formatdate(time.time() + 30, usegmt=True)}) <= 30
+    assert 28 <= _retry_after_s({"Retry-After": formatdate(time.time() + 30)[:-5] + "-0000"}) <= 30  # no zone: GMT
+    assert _retry_after_s({"Retry-After": formatdate(time.time() - 30, usegmt=True)}) == 0.0
+    assert _retry_after_s({"Retry-After": formatdate(time.time() + 3600, usegmt=True)}) == 60.0
+    for value in ("soon", "nan", "Wed, 99 Foo 2020 00:00:00 GMT", ""):
+        assert _retry_after_s({"Retry-After": value}) is None, value
+    assert _retry_after_s({}) is None
+
+
+def test_a_retry_after_date_is_waited_for(server):
+    from email.utils import formatdate
+
+    server.behaviour = lambda req, n: (Response(503, "busy", headers={"Retry-After": formatdate(time.time() + 2,
+                                                                                               usegmt=True)})
+                                       if n == 1 else Response())
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match="HTTP 503"):
+        assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert time.monotonic() - start >= 0.9  # the date has one-second resolution; backoff alone is 0.01 s
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("status", [408, 409])
+def test_request_timeout_and_conflict_are_retried(server, status):
+    server.behaviour = lambda req, n: Response(status, "try again") if n == 1 else Response()
+    with pytest.warns(UserWarning, match=f"attempt 1 of 2 failed: HTTP {status}"):
+        assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert len(server.requests) == 2
+    server.behaviour = lambda req, n: Response(status, "try again")
+    with pytest.raises(ChatAPIError, match=r"raise --api-max-retries \(max_retries\)") as info:
+        server.agent(max_retries=1).act_one(ctx(("user", "q")))
+    assert info.value.status == status
+
+
+def test_an_exhausted_quota_is_not_retried(server):
+    quota = {"error": {"message": "You exceeded your current quota, please check your plan and billing details.",
+                       "type": "insufficient_quota", "code": "insufficient_quota"}}
+    server.behaviour = lambda req, n: Response(429, quota)
+    with pytest.raises(ChatAPIError, match="the account is out of quota") as info:
+        server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    assert info.value.status == 429 and "OPENAI_API_KEY" in str(info.value)
+    assert len(server.requests) == 1
+
+
+def test_a_rate_limit_that_persists_names_the_flags_to_change(server):
+    server.behaviour = lambda req, n: Response(429, {"error": {"message": "Rate limit reached", "type": "requests"}})
+    with pytest.warns(UserWarning), pytest.raises(ChatAPIError) as info:
+        server.agent(max_retries=1).act_one(ctx(("user", "q")))
+    assert "lower --num-envs (max_concurrency) or raise --api-max-retries (max_retries) or --api-backoff " \
+           "(backoff_s)" in str(info.value)
+
+
+@pytest.mark.parametrize("cut", ["chunked", "unannounced"])
+def test_a_reply_cut_short_without_a_length_to_tell_is_retried(server, cut):
+    # IncompleteRead (a chunk that never ends), or JSON that breaks off where no length was announced.
+    server.behaviour = lambda req, n: Response(cut=cut) if n == 1 else Response()
+    with pytest.warns(UserWarning, match="attempt 1 of 2 failed"):
+        assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert len(server.requests) == 2
+    server.behaviour = lambda req, n: Response(cut=cut)
+    with pytest.raises(ChatAPIError, match="failed after 2 attempt") as info:
+        server.agent(max_retries=1).act_one(ctx(("user", "q")))
+    assert "not valid JSON" not in str(info.value)
+
+
+def test_the_first_retry_warns_once_naming_its_cause(server):
+    server.behaviour = lambda req, n: Response(503, "loading") if n <= 4 else Response()
+    agent = server.agent(max_retries=3, max_concurrency=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [r.text for r in agent.act([ctx(("user", "a")), ctx(("user", "b"))])] == ["ok", "ok"]
+        server.requests.clear()  # attempts count afresh
+        server.behaviour = lambda req, n: Response(503, "loading") if n <= 3 else Response()
+        assert agent.act_one(ctx(("user", "c"))).text == "ok"
+        assert len(server.requests) == 4
+    retries = [str(w.message) for w in caught if "retrying" in str(w.message)]
+    assert len(retries) == 1 and "attempt 1 of 4 failed: HTTP 503: loading" in retries[0], retries
+    # Timeouts and connection errors are named as such.
+    server.requests.clear()
+    server.behaviour = lambda req, n: Response(delay_s=2.0) if n == 1 else Response()
+    with pytest.warns(UserWarning, match=r"attempt 1 of 2 failed: timed out after 0.2 s"):
+        server.agent(timeout_s=0.2, max_retries=1).act_one(ctx(("user", "q")))
+    refused = ChatAPIAgent.from_url(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff_s=0.01)
+    with pytest.warns(UserWarning, match="attempt 1 of 2 failed: could not connect"), pytest.raises(ChatAPIError):
+        refused.act_one(ctx(("user", "q")))
+
+
+# -- redirects ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_not_followed_and_names_the_new_address(server, status):
+    server.behaviour = lambda req, n: Response(status, "", headers={"Location": "/v2/chat/completions"})
+    with pytest.raises(ChatAPIError) as info:
+        server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    message, new_base = str(info.value), server.base_url[: -len("/v1")] + "/v2"
+    assert info.value.status == status
+    assert f"redirected (HTTP {status}) to {new_base}/chat/completions" in message
+    assert f"({new_base}), as --api-base (base_url)" in message
+    assert len(server.requests) == 1  # nothing was resent (a GET would be answered 501, unrecorded, here)
+    server.behaviour = lambda req, n: Response(status, "")
+    with pytest.raises(ChatAPIError, match=r"no Location header.*check --api-base"):
+        server.agent().act_one(ctx(("user", "q")))
+
+
+# -- replies with no text ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message, finish_reason, warning", [
+    ({"content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                       "function": {"name": "search", "arguments": "{}"}}]},
+     "tool_calls", r"tool calls and no text .*rftgym envs offer no tools .*answer in text"),
+    ({"content": None}, "content_filter", r"content filter withheld a reply"),
+    ({"content": None, "reasoning_content": "Let me think..."}, "length",
+     r"reasoning but no answer \(finish_reason length\).*raise --max-new-tokens \(max_tokens=512\)"),
+    ({"content": "", "reasoning": "Let me think..."}, "length", r"reasoning but no answer"),
+])
+def test_an_empty_reply_for_a_reason_says_it_once(server, message, finish_reason, warning):
+    server.behaviour = lambda req, n: Response(body={"choices": [{"message": {"role": "assistant", **message},
+                                                                  "finish_reason": finish_reason}]})
+    agent = server.agent()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        replies = agent.act([ctx(("user", "a")), ctx(("user", "b"))]) + [agent.act_one(ctx(("user", "c")))]
+    assert [(r.text, r.finish_reason) for r in replies] == [("", finish_reason)] * 3
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert re.search(warning, str(caught[0].message)), str(caught[0].message)
+
+
+def test_an_empty_reply_with_no_reason_is_not_warned_about(server):
+    server.behaviour = lambda req, n: Response(body=completion(None, "stop"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert server.agent().act_one(ctx(("user", "q"))) == AgentReply(text="", finish_reason="stop")
+
+
+# -- seeds and sample keys ---------------------------------------------------------------------
+
+
+def seeds_by_content(server) -> dict[str, int | None]:
+    return {r.body["messages"][-1]["content"]: r.body.get("seed") for r in server.requests}
+
+
+def test_keyed_requests_carry_the_keys_seed_whatever_the_batch(server):
+    from rftgym.agents.sampling_keys import keyed_seed
+
+    agent = server.agent(temperature=0.7, seed=5, max_concurrency=3)
+    assert agent.keyed_sampling
+    keys = [(1, 2, 0, 0), (1, 3, 0, 0), (1, 3, 1, 0)]
+    agent.act([ctx(("user", f"q{i}")) for i in range(3)], sample_keys=keys)
+    assert seeds_by_content(server) == {f"q{i}": keyed_seed(5, key) for i, key in enumerate(keys)}
+    assert len(set(seeds_by_content(server).values())) == 3
+    server.requests.clear()
+    agent.act([ctx(("user", "q2"))], sample_keys=[keys[2]])  # alone this time: the same seed
+    assert seeds_by_content(server) == {"q2": keyed_seed(5, keys[2])}
+    assert all(0 <= seed < 2**31 for seed in (keyed_seed(5, k) for k in keys))
+
+
+def test_unkeyed_requests_sample_afresh_yet_replay(server):
+    def seeds(agent) -> list[int]:
+        server.requests.clear()
+        agent.act([ctx(("user", "same")), ctx(("user", "same"))])
+        first = sorted(r.body["seed"] for r in server.requests)
+        server.requests.clear()
+        agent.act_one(ctx(("user", "same")))
+        return first + [server.requests[0].body["seed"]]
+
+    one = seeds(server.agent(temperature=1.0, seed=3))
+    assert len(set(one)) == 3  # one context asked twice, or asked again, is not answered alike
+    assert seeds(server.agent(temperature=1.0, seed=3)) == one  # the same calls replay
+    assert seeds(server.agent(temperature=1.0, seed=4)) != one
+
+
+@pytest.mark.parametrize("kwargs, sent", [
+    ({"temperature": 0.0, "seed": 5}, None),  # greedy needs none
+    ({"temperature": 0.7}, None),  # no seed set
+    ({"temperature": 0.7, "seed": 5, "extra_body": {"seed": 11}}, 11),  # extra_body wins
+    ({"temperature": 0.0, "seed": 5, "extra_body": {"temperature": 0.5}}, "keyed"),  # the temperature sent counts
+])
+def test_when_a_seed_is_sent(server, kwargs, sent):
+    from rftgym.agents.sampling_keys import keyed_seed
+
+    server.agent(**kwargs).act([ctx(("user", "q"))], sample_keys=[(1, 0, 0, 0)])
+    body = server.requests[0].body
+    assert body.get("seed") == (keyed_seed(5, (1, 0, 0, 0)) if sent == "keyed" else sent)
+    assert ("seed" in body) == (sent is not None)
+
+
+def test_sample_keys_are_checked(server):
+    agent = server.agent(temperature=0.7, seed=1)
+    with pytest.raises(ValueError, match="2 sample keys for 1 contexts; give one per context"):
+        agent.act([ctx(("user", "q"))], sample_keys=[(1,), (2,)])
+    with pytest.raises(ValueError, match="non-negative ints"):
+        agent.act([ctx(("user", "q"))], sample_keys=[(1, -2)])
+    with pytest.raises(TypeError, match="non-negative ints"):
+        agent.act([ctx(("user", "q"))], sample_keys=["ab"])
+    assert server.requests == []
+
+
+def test_the_seed_is_validated():
+    import numpy as np
+
+    base = {"base_url": "http://127.0.0.1:8000/v1", "model": "m", "api_key": None}
+    for bad in (-1, 2**63, 1.5, True, "3"):
+        with pytest.raises(ConfigError, match="ChatAPIConfig.seed must be None or an integer in") as info:
+            ChatAPIConfig(**base, seed=bad)
+        assert info.value.fields == ("seed",)
+    config = ChatAPIConfig(**base, seed=np.int64(7))
+    assert config.seed == 7 and type(config.seed) is int
+    assert ChatAPIConfig(**base, seed=2**63 - 1).seed == 2**63 - 1
+
+
+def test_the_rollout_engine_gives_the_api_agent_its_keys(server):
+    """An episode samples the same whatever else shares its batch: its requests carry the same seeds."""
+    from rftgym.rollout import RolloutConfig, run_episodes
+
+    def seeds(num_envs: int) -> dict[str, int]:
+        server.requests.clear()
+        with server.agent(temperature=0.7, seed=9) as agent:
+            run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0"), agent, [0, 1, 2, 3],
+                         config=RolloutConfig(num_envs=num_envs))
+        return {json.dumps(r.body["messages"]): r.body["seed"] for r in server.requests}
+
+    alone, together = seeds(1), seeds(4)
+    assert alone == together and len(set(alone.values())) == len(alone) >= 4
+
+
+# -- the Python API --------------------------------------------------------------------------------
+
+
+def test_act_on_a_single_context_says_to_wrap_it():
+    agent = ChatAPIAgent.from_url("http://127.0.0.1:9/v1", "m", api_key=None)
+    with pytest.raises(TypeError, match=r"act takes a list of contexts; wrap one in a list: act\(\[context\]\)"):
+        agent.act(ctx(("user", "q")))
+
+
+def test_an_agent_copies_and_pickles(server):
+    import copy
+    import pickle
+
+    agent = server.agent(temperature=0.5, seed=2, api_key="sk-x")
+    assert [r.text for r in agent.act([ctx(("user", "a")), ctx(("user", "b"))])] == ["ok", "ok"]
+    for clone in (copy.deepcopy(agent), pickle.loads(pickle.dumps(agent))):
+        assert clone.config == agent.config and clone.name == agent.name
+        assert clone._lock is not agent._lock and clone._pool is None
+        assert [r.text for r in clone.act([ctx(("user", "c")), ctx(("user", "d"))])] == ["ok", "ok"]
+        clone.close()
+    assert agent.act_one(ctx(("user", "e"))).text == "ok"
+    agent.close()

@@ -99,3 +99,30 @@ def test_wrapper_replies_have_no_tokens_so_they_are_not_trained():
     reply = HeuristicPruner(ScriptedAgent("x"), keep_turns=0, min_stale=1).act(
         [ctx(("user", "T"), ("assistant", "a"), ("user", BATCH_A))])[0]
     assert isinstance(reply, AgentReply) and reply.sampled_ids is None
+
+
+def test_the_pruning_wrapper_passes_its_episodes_keys_to_a_keyed_agent():
+    from rftgym.agents.base import Agent
+
+    class Keyed(Agent):
+        keyed_sampling = True
+
+        def __init__(self):
+            self.keys = []
+
+        def act(self, contexts, *, sample_keys=None):
+            self.keys.append(sample_keys)
+            return [AgentReply(text="x") for _ in contexts]
+
+    stale = ctx(("user", "Task: answer all 1 questions below.\n1. q?"), ("assistant", "<search>a</search>"),
+                ("user", BATCH_A), ("assistant", "<search>b</search>"), ("user", BATCH_B),
+                ("assistant", "<search>c</search>"), ("user", BATCH_C))
+    fresh = ctx(("user", "Task: answer all 1 questions below.\n1. q?"))
+    inner = Keyed()
+    wrapper = HeuristicPruner(inner, keep_turns=1, min_stale=1)
+    assert wrapper.keyed_sampling and not HeuristicPruner(ScriptedAgent("x")).keyed_sampling
+    replies = wrapper.act([fresh, stale, fresh], sample_keys=[(1, 0, 0, 0), (1, 1, 0, 3), (1, 2, 0, 0)])
+    assert replies[1].text.startswith("<prune")  # the wrapper's own turn: no key spent
+    assert inner.keys == [[(1, 0, 0, 0), (1, 2, 0, 0)]]
+    wrapper.act([fresh])
+    assert inner.keys[-1] is None  # no keys given, none passed
