@@ -241,7 +241,15 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
                               "run in another output directory")
     free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed")
     return sorted(key for key, value in config.items()
-                  if key not in free and key in saved and str(saved[key]) != str(value))
+                  if key not in free and key in saved and not _same_setting(key, saved[key], value))
+
+
+def _same_setting(key: str, saved, value) -> bool:
+    if str(saved) == str(value):  # saved values may be strings
+        return True
+    # A model directory named another way (./m, m, an absolute path) is the same directory.
+    return key == "model" and isinstance(saved, str) and isinstance(value, str) and \
+        os.path.realpath(saved) == os.path.realpath(value)
 
 
 class OutputLock:

@@ -420,9 +420,13 @@ def with_lora(model, config: TrainConfig):
     """``model`` with LoRA adapters as ``config`` sets them (base weights frozen): how a run
     trains them, and how :mod:`rftgym.train.export` rebuilds a run's model."""
     peft = require("peft", "train", "LoRA training")
-    return peft.get_peft_model(model, peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                                      target_modules="all-linear", lora_dropout=0.0,
-                                                      task_type="CAUSAL_LM"))
+    with warnings.catch_warnings():
+        # peft reads the model's is_gradient_checkpointing, which transformers 5.2x deprecates with
+        # a FutureWarning on every LoRA run and every rebuilt run: not the user's to act on.
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        return peft.get_peft_model(model, peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                          target_modules="all-linear", lora_dropout=0.0,
+                                                          task_type="CAUSAL_LM"))
 
 
 def check_training_logprobs(model, autocast=nullcontext) -> None:

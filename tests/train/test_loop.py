@@ -354,3 +354,12 @@ def test_the_segment_generator_draws_apart_from_the_sampler():
         assert not torch.equal(torch.rand(8, generator=sampler), torch.rand(8, generator=segments))
     assert segment_seed(5, 0) == segment_seed(5, 0) and segment_seed(5, 0) != segment_seed(5, 1)
     assert 0 <= segment_seed(2**62, 9) < 2**63
+
+
+def test_adding_lora_adapters_warns_of_nothing_the_user_can_act_on(tmp_path, make_char_policy):
+    from rftgym.train.loop import with_lora
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = with_lora(make_char_policy().model, config(tmp_path, lora_rank=4))
+    assert any("lora_" in name for name, _ in model.named_parameters())

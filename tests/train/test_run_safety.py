@@ -465,3 +465,15 @@ def test_an_incomplete_checkpoint_says_it_cannot_be_resumed(tmp_path, make_char_
         train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv)
     with pytest.raises(ConfigError, match="nothing to resume"):
         train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+
+
+def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_way(tmp_path, monkeypatch):
+    from rftgym.train.checkpoint import resume_changes
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    saved = {"model": "./m", "seed": 0, "temperature": "1.0", "steps": 3}
+    assert resume_changes(saved, {"model": "m", "seed": 0, "temperature": 1.0, "steps": 5}) == []
+    assert resume_changes(saved, {"model": str(tmp_path / "m"), "seed": 1, "temperature": 0.7, "steps": 5}) == \
+        ["seed", "temperature"]
+    assert resume_changes(saved, {"model": "other", "seed": 0, "temperature": 1.0}) == ["model"]
