@@ -143,9 +143,9 @@ AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
             "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
-            "seed": "--seed"},
+            "seed": "--sample-seed"},
     "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
-           "max_batch_size": "--num-envs", "seed": "--seed"},
+           "max_batch_size": "--num-envs", "seed": "--sample-seed"},
 }
 
 
@@ -203,7 +203,7 @@ def _make_agent(args: argparse.Namespace):
         from .agents.hf_policy import HFPolicy, SamplingConfig
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.seed, max_batch_size=args.num_envs)
+                                  top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs)
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
                                           device=args.device)
         policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
@@ -219,17 +219,19 @@ def _make_agent(args: argparse.Namespace):
                                                      ("backoff_s", args.api_backoff)) if value is not None}
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs, seed=args.seed, **transport)
+                                     max_concurrency=args.num_envs, seed=args.sample_seed, **transport)
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
-    return RandomTextAgent(seed=args.seed) if args.agent == "random" else AdversarialAgent(seed=args.seed)
+    seed = args.sample_seed
+    return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
 
 
 def _check_common(args: argparse.Namespace) -> None:
     """Arguments every command that has them gets wrong the same way; refused before any work."""
-    seed = getattr(args, "seed", 0)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise UsageError(f"--seed must be in [0, 2^63), got {seed}")
+    for flag in ("seed", "sample_seed"):
+        seed = getattr(args, flag, 0)
+        if seed is not None and not 0 <= seed < 2**63:
+            raise UsageError(f"--{flag.replace('_', '-')} must be in [0, 2^63), got {seed}")
     device = getattr(args, "device", None)
     if device:
         import torch
@@ -826,8 +828,11 @@ def build_parser() -> argparse.ArgumentParser:
                                           "several, --env-arg applies to each and --out is a directory")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="environment option (JSON value or bare string); repeatable")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the first episode, and of the agent's sampling with --temperature > 0 (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    p.add_argument("--sample-seed", type=int, default=0,
+                   help="seed of the agent's sampling (with --temperature above 0): an episode draws from its own "
+                        "stream, keyed by this seed, its task seed and its turn, so it samples alike in any batch "
+                        "and in a run of other --seed/--episodes (default 0)")
     p.add_argument("--agent", choices=AGENTS, default="default",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text")

@@ -93,6 +93,23 @@ def test_eval_default_output_path(tmp_path, monkeypatch, capsys):
     assert f"episodes written to {Path('runs') / 'eval' / path.name}" in capsys.readouterr().out
 
 
+def test_a_sampled_episode_replays_alone_with_its_task_seed(tmp_path, capsys, make_char_policy):
+    model = tmp_path / "model"
+    policy = make_char_policy()
+    policy.model.save_pretrained(model)
+    policy.tokenizer.save_pretrained(model)
+    common = ["eval", ENV_ID, "--agent", "hf", "--model", str(model), "--temperature", "1", "--max-new-tokens", "12",
+              "--device", "cpu", "--sample-seed", "4"]
+    assert main([*common, "--seed", "0", "--episodes", "6", "--num-envs", "4", "--out", str(tmp_path / "all.jsonl")]) == 0
+    assert main([*common, "--seed", "5", "--episodes", "1", "--out", str(tmp_path / "one.jsonl")]) == 0
+    assert main([*common, "--seed", "5", "--episodes", "1", "--sample-seed", "5", "--out",
+                 str(tmp_path / "other.jsonl")]) == 0
+    everything, (alone,), (other,) = (list(read_episodes_jsonl(tmp_path / f"{name}.jsonl"))
+                                      for name in ("all", "one", "other"))
+    assert [t.sampled_ids for t in alone.turns] == [t.sampled_ids for t in everything[5].turns]
+    assert [t.sampled_ids for t in other.turns] != [t.sampled_ids for t in alone.turns]
+
+
 def test_eval_is_deterministic_under_the_seed(tmp_path, capsys):
     paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     for path in paths:
@@ -466,6 +483,7 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
     (["play", ENV_ID, "--episodes", "0"], "--episodes must be at least 1"),
     (["play", ENV_ID, "--seed", "-1"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
+    (["eval", ENV_ID, "--agent", "random", "--sample-seed", "-3"], "--sample-seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
     (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
@@ -870,7 +888,8 @@ def test_the_api_agents_flags_reach_its_config():
     from rftgym.cli import _build_agent, build_parser
 
     agent = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API, "--api-max-retries", "2", "--api-backoff",
-                                                    "0.25", "--api-timeout", "7", "--seed", "11", "--num-envs", "3"]))
+                                                    "0.25", "--api-timeout", "7", "--sample-seed", "11", "--num-envs",
+                                                    "3"]))
     config = agent.config
     assert (config.max_retries, config.backoff_s, config.timeout_s, config.seed, config.max_concurrency) == \
         (2, 0.25, 7.0, 11, 3)
@@ -897,12 +916,12 @@ def test_eval_with_an_api_agent_retries_as_told_and_seeds_each_request(tmp_path)
     with chat_server(lambda n: (503, {"error": {"message": "loading"}}) if n == 1 else (200, reply)) as (url, bodies):
         with pytest.warns(UserWarning, match="attempt 1 of 2 failed: HTTP 503"):
             assert main(["eval", ENV_ID, "--agent", "api", "--api-base", url, "--api-model", "m", "--temperature",
-                         "0.7", "--seed", "3", "--episodes", "2", "--api-max-retries", "1", "--api-backoff", "0.01",
-                         "--out", str(tmp_path / "e.jsonl")]) == 0
-    # Each request's seed comes from its episode's key (task seed, repeat) and turn.
+                         "0.7", "--seed", "3", "--sample-seed", "8", "--episodes", "2", "--api-max-retries", "1",
+                         "--api-backoff", "0.01", "--out", str(tmp_path / "e.jsonl")]) == 0
+    # Each request's seed comes from the sample seed, its episode's key (task seed, repeat) and turn.
     keys = episode_keys([3, 4])
-    assert {keyed_seed(3, (*key, 0)) for key in keys} <= {body["seed"] for body in bodies}
-    assert {body["seed"] for body in bodies} <= {keyed_seed(3, (*key, turn)) for key in keys for turn in range(64)}
+    assert {keyed_seed(8, (*key, 0)) for key in keys} <= {body["seed"] for body in bodies}
+    assert {body["seed"] for body in bodies} <= {keyed_seed(8, (*key, turn)) for key in keys for turn in range(64)}
     assert len(list(read_episodes_jsonl(tmp_path / "e.jsonl"))) == 2
 
 

@@ -46,7 +46,7 @@ from ..core.messages import Context
 from ..core.values import is_int
 from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
-from .sampling_keys import SampleKey, check_key, keyed_seed
+from .sampling_keys import UNKEYED, SampleKey, check_key, keyed_seed
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
 
@@ -98,7 +98,7 @@ MAX_BACKOFF_S = 8.0
 _RETRIED_STATUSES = (408, 409, 429)
 _REDIRECTS = (301, 302, 303, 307, 308)
 # The jitter comes from the OS, not the global generator: processes seeded alike (the same
-# --seed) would otherwise still retry in lockstep.
+# --sample-seed) would otherwise still retry in lockstep.
 _JITTER = random.SystemRandom()
 # extra_body may add or override sampling fields, but not these: they define the protocol.
 _RESERVED_BODY_KEYS = ("model", "messages", "stream")
@@ -538,8 +538,8 @@ class ChatAPIAgent(Agent):
             return [keyed_seed(self.config.seed, key) for key in keys]
         with self._lock:
             first, self._unkeyed_requests = self._unkeyed_requests, self._unkeyed_requests + count
-        # 0 first: the rollout engine's keys start with their kind (1 to 3), so no key is both.
-        return [keyed_seed(self.config.seed, (0, first + i)) for i in range(count)]
+        # In a domain of their own: no reply's key gives one of these seeds.
+        return [keyed_seed(self.config.seed, (first + i,), UNKEYED) for i in range(count)]
 
     def _body(self, context: Context, seed: int | None) -> dict:
         cfg = self.config

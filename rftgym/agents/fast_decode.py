@@ -232,7 +232,8 @@ def inverse_cdf_sample(filtered_logp: torch.Tensor, uniforms: torch.Tensor) -> t
         raise ValueError(f"sampling {tuple(filtered_logp.shape)} log-probs needs one uniform per row, shape "
                          f"[{filtered_logp.shape[0]}], got {None if uniforms is None else tuple(uniforms.shape)}")
     # float64: a float32 running sum over a 50k vocabulary drifts by about 1e-5, which would
-    # shift the odds of every token by as much.
+    # shift the odds of every token by as much. (Its cost is small next to the step's forward,
+    # even on GPUs with slow float64.)
     probs = torch.softmax(filtered_logp.double(), dim=-1)
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]

@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..core.errors import ConfigError, require
+from ..core.errors import AgentError, ConfigError, require
 from ..core.messages import Context, Message
 from ..core.values import is_int
 from .base import CONTEXT_FULL, Agent, AgentReply
@@ -318,6 +318,13 @@ class HFPolicy(Agent):
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
 
     def _replies(self, prompts, sampled, logprobs, lengths, stopped) -> list[AgentReply]:
+        # A sampled token's log-prob is finite unless the model's logits were not (NaN or inf):
+        # such replies would hand training NaN weights, and their tokens mean nothing.
+        taken = self.torch.arange(logprobs.shape[1])[None, :] < lengths[:, None]
+        if not bool(self.torch.isfinite(logprobs[taken]).all()):
+            raise AgentError(f"model {self.name!r} gave NaN or infinite logits while sampling; its weights or "
+                             "activations overflowed or are broken (float16 overflow, a diverged training run, "
+                             "a bad checkpoint): try bfloat16 or float32, or check the weights")
         replies = []
         for row, prompt in enumerate(prompts):
             n = int(lengths[row])

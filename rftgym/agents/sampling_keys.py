@@ -10,8 +10,13 @@ and turn, ``(*episode key, turn)``, where an episode's key is by default
 
 ``repeat`` counts the earlier episodes of the call with the same task seed (a GRPO group runs its
 task G times, and each of its episodes must sample differently). So ``rftgym eval --seed 5
---episodes 1`` replays episode 5 of ``--seed 0 --episodes 10`` token for token. The trainer gives
-its own episode keys, ``(step, task index, member of the group)``, counted over all ranks.
+--episodes 1`` draws for its episode what ``--seed 0 --episodes 10`` drew for episode 5 (under the
+same ``--sample-seed``). The trainer gives its own episode keys (:func:`training_keys`: step, task
+index over all ranks, member of the group).
+
+The draws are the episode's own; its tokens are the same wherever the model's logits are: with
+batch-invariant arithmetic (float32 on a CPU, as the tests check). On a GPU, kernels chosen by
+batch size may round a logit otherwise, which flips a token whose draw lies at a boundary.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from ..core.values import is_int
 SampleKey = tuple[int, ...]
 
 # The key's kind: a task seed, a negative task seed (negated, SeedSequence takes no negatives),
-# or no task seed at all (keyed by the episode's index in the call).
-_SEEDED, _NEGATIVE_SEED, _UNSEEDED = 1, 2, 3
+# no task seed at all (keyed by the episode's index in the call), or a training episode.
+_SEEDED, _NEGATIVE_SEED, _UNSEEDED, _TRAINING = 1, 2, 3, 4
+
+# What a stream is for: a keyed reply, or an agent's own stream for replies given no key.
+REPLY, UNKEYED = 0, 1
+_ENCODING = 1  # the layout of the words below, in case it ever changes
 
 
 def episode_keys(seeds: Sequence[int | None]) -> list[SampleKey]:
@@ -44,6 +53,12 @@ def episode_keys(seeds: Sequence[int | None]) -> list[SampleKey]:
     return keys
 
 
+def training_keys(step: int, tasks: Sequence[int], group_size: int) -> list[SampleKey]:
+    """The keys of a training step's episodes: ``tasks`` are the indices (over all ranks) of the
+    tasks this rank runs, each ``group_size`` times, in that order."""
+    return [(_TRAINING, step, task, member) for task in tasks for member in range(group_size)]
+
+
 def check_key(key, what: str = "a sample key") -> SampleKey:
     """``key`` as a tuple of non-negative ints, or a TypeError/ValueError that says what it was."""
     if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__"):
@@ -57,17 +72,35 @@ def check_key(key, what: str = "a sample key") -> SampleKey:
 def keyed_uniforms(seed: int, keys: Sequence[SampleKey], count: int) -> np.ndarray:
     """``[len(keys), count]`` float64 draws from U[0, 1): row i from the stream of ``(seed, keys[i])``
     alone, so a row is the same in any batch."""
-    rows = [np.random.default_rng(_seed_sequence(seed, key)).random(count) for key in keys]
+    rows = [np.random.default_rng(_seed_sequence(seed, key, REPLY)).random(count) for key in keys]
     return np.stack(rows) if rows else np.zeros((0, count))
 
 
-def keyed_seed(seed: int, key: SampleKey) -> int:
-    """One 31-bit seed from ``(seed, key)`` (for a server's per-request ``seed``; 31 bits because
-    some servers read it as a signed 32-bit integer)."""
-    return int(_seed_sequence(seed, key).generate_state(1, np.uint32)[0]) >> 1
+def keyed_seed(seed: int, key: SampleKey, domain: int = REPLY) -> int:
+    """One 31-bit seed from ``(seed, key)`` in ``domain`` (for a server's per-request ``seed``; 31
+    bits because some servers read it as a signed 32-bit integer)."""
+    return int(_seed_sequence(seed, key, domain).generate_state(1, np.uint32)[0]) >> 1
 
 
-def _seed_sequence(seed: int, key: SampleKey) -> np.random.SeedSequence:
+def _seed_sequence(seed: int, key: SampleKey, domain: int) -> np.random.SeedSequence:
+    """SeedSequence pads its input with zeros and cuts big ints into 32-bit words, so (5,) and
+    (5, 0), or a seed of 2**32 + 9 and one of 9, would share a stream if handed in as they are.
+    Each number goes in as its count of 32-bit words and then the words, after the key's length:
+    no two (seed, key, domain) give the same words, even padded."""
     if not is_int(seed) or seed < 0:
         raise ValueError(f"a sampling seed is a non-negative int, got {seed!r}")
-    return np.random.SeedSequence([int(seed), *check_key(key)])
+    key = check_key(key)
+    words = [_ENCODING, domain]
+    for number in (int(seed), len(key), *key):
+        words += _words(number)
+    return np.random.SeedSequence(words)
+
+
+def _words(number: int) -> list[int]:
+    """``number`` (>= 0) as [count, its 32-bit words from the lowest]."""
+    parts = [number & 0xFFFFFFFF]
+    number >>= 32
+    while number:
+        parts.append(number & 0xFFFFFFFF)
+        number >>= 32
+    return [len(parts), *parts]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
+from ..agents.sampling_keys import training_keys
 from ..core.errors import ConfigError, EnvContractError, TrainingError, require
 from ..core.values import is_int
 from ..rollout import RolloutConfig, run_episodes
@@ -214,7 +215,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
         tasks = ranks.shard(list(enumerate(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())))
         seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
         # Each episode's sampling stream: (step, task index over all ranks, member of the group).
-        sample_keys = [(step, task, member) for task, _ in tasks for member in range(config.group_size)]
+        sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
 
         # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
         # 3. Advantages -> per-token training samples.

@@ -190,3 +190,29 @@ def test_agents_without_keyed_sampling_are_not_passed_keys():
 
     episodes = run_episodes(CountDownEnv, Plain(), [0, 1], config=RolloutConfig(num_envs=2))
     assert [len(e.turns) for e in episodes] == [3, 3]
+
+
+def test_keys_that_pad_or_split_alike_still_have_streams_of_their_own():
+    # SeedSequence pads with zeros and cuts ints into 32-bit words; the encoding must not.
+    rows = keyed_uniforms(0, [(5,), (5, 0), (5, 0, 0), (0, 5), ()], 4)
+    assert len({tuple(row) for row in rows}) == 5
+    assert not np.array_equal(keyed_uniforms(2**32 + 9, [(5,)], 4), keyed_uniforms(9, [(1 + 5 * 2**32,)], 4))
+    assert not np.array_equal(keyed_uniforms(9, [(2**32,)], 4), keyed_uniforms(9, [(0, 1)], 4))
+    # an agent's own (unkeyed) stream is apart from any reply's key
+    from rftgym.agents.sampling_keys import UNKEYED, training_keys
+
+    assert keyed_seed(7, (3,), UNKEYED) != keyed_seed(7, (3,))
+    # training and the engine's default keys never coincide
+    assert not set(training_keys(1, [5, 6], 2)) & set(episode_keys([5, 6, 5, 6]))
+    assert training_keys(2, [7], 2) == [(4, 2, 7, 0), (4, 2, 7, 1)]
+
+
+def test_a_model_with_nan_logits_is_an_error_not_a_sample(make_char_policy):
+    from rftgym.core.errors import AgentError
+
+    policy = make_char_policy()
+    with torch.no_grad():
+        policy.model.lm_head.weight.fill_(float("nan"))
+    for sampling in (HOT, SamplingConfig(max_new_tokens=4, temperature=0.0)):
+        with pytest.raises(AgentError, match="NaN or infinite logits"):
+            policy.generate(PROMPTS, sampling)
