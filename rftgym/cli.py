@@ -405,6 +405,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         episodes_per_env[env_id] = args.episodes or getattr(probe.unwrapped, "eval_episodes", None) \
             or DEFAULT_EVAL_EPISODES
         probe.close()
+    for env_id in env_ids:
+        _check_eval_metadata(env_id)
     if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
         raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
                          "baselines; drop --baselines")
@@ -473,6 +475,26 @@ def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_f
               "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
     # Flushed: after a failure the error follows on stderr, and should not come before this.
     print("episodes written to " + ", ".join(str(p) for p in written), flush=True)
+
+
+def _check_eval_metadata(env_id: str) -> None:
+    """An env's own eval columns and baselines (its class's metadata), checked before any episode
+    runs: a malformed entry would otherwise fail after the whole evaluation."""
+    from .rollout.metrics import metric_spec_problem
+
+    metadata = _env_class(env_id).metadata
+    problem = metric_spec_problem(metadata.get("eval_metrics", ()))
+    if problem:
+        raise ConfigError(f"{env_id}: metadata['eval_metrics'] is malformed: {problem}; e.g. "
+                          "(('hit_rate', 'hit', 'final_rate'),) adds a column hit_rate, the share of episodes whose "
+                          "last turn's info['hit'] is true")
+    baselines = metadata.get("eval_baselines", ())
+    entries = baselines if isinstance(baselines, (list, tuple)) else [baselines]
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], dict) and (entry[2] is None or isinstance(entry[2], str))):
+            raise ConfigError(f"{env_id}: metadata['eval_baselines'] has the entry {entry!r}; each is a (label, env "
+                              "options dict, 'module:AgentWrapper' or None) triple")
 
 
 def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):

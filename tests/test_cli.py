@@ -774,6 +774,28 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
     assert "(your own: module:EnvId" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("metadata, message", [
+    ('"eval_metrics": ["said"]', "metadata['eval_metrics'] is malformed: the entry 'said' is not a (column, info "
+                                 "key, reducer) triple of strings"),
+    ('"eval_metrics": (("said", "said", "median"),)', "names the reducer 'median'; choose from final_mean, "
+                                                      "final_rate, turn_mean, turn_max"),
+    ('"eval_metrics": "said"', "it is str, not a tuple of (column, info key, reducer) triples"),
+    ('"eval_baselines": (("plain", None, None),)', "metadata['eval_baselines'] has the entry ('plain', None, None)"),
+])
+def test_an_envs_malformed_eval_metadata_is_named_before_any_episode(tmp_path, monkeypatch, capsys, metadata, message):
+    from support import ECHO_MODULE
+
+    name = f"echo_meta_{abs(hash(metadata))}"
+    module = ECHO_MODULE.replace('"eval_metrics": (("said", "said", "final_mean"),)', metadata)
+    (tmp_path / f"{name}.py").write_text(module.replace("mine/Echo-v0", f"mine/{name}-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "e.jsonl"
+    assert exit_code(["eval", f"{name}:mine/{name}-v0", "--agent", "random", "--episodes", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"mine/{name}-v0" in err
+    assert not out.exists() and not (tmp_path / "e.jsonl.partial").exists()
+
+
 def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, monkeypatch, capsys):
     (tmp_path / "rft_probe_syntax.py").write_text("def broken(:\n")
     (tmp_path / "rft_probe_raises.py").write_text("raise RuntimeError('boom at import')\n")

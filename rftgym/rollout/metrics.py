@@ -67,6 +67,19 @@ def _mean(values) -> float | None:
     return mean(kept) if kept else None
 
 
+def metric_spec_problem(spec) -> str | None:
+    """What is wrong with an env's ``metadata["eval_metrics"]``, or None: it is a sequence of
+    ``(column, info key, reducer)`` string triples, the reducer one of ``EVAL_REDUCERS``."""
+    if isinstance(spec, (str, bytes, dict)) or not isinstance(spec, (list, tuple)):
+        return f"it is {type(spec).__name__}, not a tuple of (column, info key, reducer) triples"
+    for entry in spec:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and all(isinstance(x, str) for x in entry)):
+            return f"the entry {entry!r} is not a (column, info key, reducer) triple of strings"
+        if entry[2] not in EVAL_REDUCERS:
+            return f"the entry {tuple(entry)!r} names the reducer {entry[2]!r}; choose from {', '.join(EVAL_REDUCERS)}"
+    return None
+
+
 def env_metrics(episodes: Sequence[Episode], spec: Iterable[tuple[str, str, str]]) -> dict[str, float | None]:
     """The env-specific columns of an evaluation (see ``EVAL_REDUCERS``)."""
     out = {}

@@ -117,8 +117,8 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
             free = shutil.disk_usage(output_dir).free
             raise TrainingError(f"cannot write the checkpoint of step {step} in {output_dir} ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else ''}; {free / 2**20:,.0f} MiB free "
-                                "there); the previous checkpoint, if any, is kept. Free space or choose another "
-                                "--output-dir, then resume") from exc
+                                f"there); the previous checkpoint, if any, is kept. Free space, "
+                                f"{how_to_continue(output_dir)}") from exc
         target = output_dir / CHECKPOINT_DIR
         if target.exists():
             old = output_dir / OLD_CHECKPOINT_DIR
@@ -141,6 +141,20 @@ def _checkpoint_path(output_dir: Path) -> Path | None:
         if (output_dir / name / "state.json").is_file():
             return output_dir / name
     return None
+
+
+def how_to_continue(output_dir: Path) -> str:
+    """What to run once a failure to write is mended: resume from the last complete checkpoint, or,
+    before the first one, start again (``--resume`` would find nothing to resume)."""
+    path = _checkpoint_path(output_dir)
+    if path is None:
+        return "then run it again (no checkpoint has been written yet, so there is nothing to resume)"
+    try:
+        step = json.loads((path / "state.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    at = f" at step {step}" if is_int(step) else ""
+    return f"then run it again with --resume, which continues from the last checkpoint{at}"
 
 
 def has_checkpoint(output_dir: Path) -> bool:

@@ -12,9 +12,12 @@ from ..core.errors import TrainingError
 from ..core.files import replace_text
 
 
-def cannot_write(what: Path, exc: BaseException, step: int | None = None) -> TrainingError:
+def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | None = None) -> TrainingError:
     """The error for an output the run cannot write (a full disk, a read-only file), saying how
-    much room is left there and that the run can be resumed from its last checkpoint."""
+    much room is left there and how the run goes on (resumed, or started again before its first
+    checkpoint)."""
+    from .checkpoint import how_to_continue
+
     folder = what if what.is_dir() else what.parent
     try:
         free = f"; {shutil.disk_usage(folder).free / 2**20:,.0f} MiB free there"
@@ -22,8 +25,8 @@ def cannot_write(what: Path, exc: BaseException, step: int | None = None) -> Tra
         free = ""
     when = f" at step {step}" if step is not None else ""
     detail = getattr(exc, "strerror", None) or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return TrainingError(f"cannot write {what}{when} ({detail}{free}). Free space (or make it writable) or choose "
-                         "another --output-dir, then resume from the last checkpoint")
+    return TrainingError(f"cannot write {what}{when} ({detail}{free}). Free space (or make it writable), "
+                         f"{how_to_continue(output_dir)}")
 
 
 class MetricsLog:
@@ -31,6 +34,7 @@ class MetricsLog:
     A file it cannot write stops the run with a :class:`TrainingError` that says so."""
 
     def __init__(self, output_dir: Path, resume_step: int = 0):
+        self.output_dir = output_dir
         self.path = output_dir / "metrics.jsonl"
         self._tb_dir = output_dir / "tensorboard"
         try:
@@ -40,7 +44,7 @@ class MetricsLog:
                 rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
                 replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         except OSError as exc:
-            raise cannot_write(self.path, exc) from exc
+            raise cannot_write(self.path, exc, output_dir) from exc
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -51,7 +55,7 @@ class MetricsLog:
         try:
             self._tb = SummaryWriter(str(self._tb_dir), purge_step=resume_step)
         except OSError as exc:
-            raise cannot_write(self._tb_dir, exc) from exc
+            raise cannot_write(self._tb_dir, exc, output_dir) from exc
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **metrics}
@@ -59,7 +63,7 @@ class MetricsLog:
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
         except OSError as exc:
-            raise cannot_write(self.path, exc, step) from exc
+            raise cannot_write(self.path, exc, self.output_dir, step) from exc
         if self._tb is not None:
             try:
                 for key, value in metrics.items():
@@ -68,7 +72,7 @@ class MetricsLog:
                 self._tb.flush()
             except Exception as exc:  # its writer thread's error comes back here, of any type
                 self._tb = None  # broken: closing it would raise the same error again
-                raise cannot_write(self._tb_dir, exc, step) from exc
+                raise cannot_write(self._tb_dir, exc, self.output_dir, step) from exc
 
     def close(self) -> None:
         if self._tb is not None:

@@ -137,7 +137,7 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     assert [(h["context_full_rate"], h["reward_mean"], h["samples"]) for h in history] == [(1.0, 0.0, 0)] * 2
     assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["context_full_rate"] == 1.0
     history = train(config(tmp_path, "roomy", steps=1), policy=make_char_policy(), make_env=SayAEnv)
-    assert history[0]["context_full_rate"] == 0.0 and history[0]["samples"] > 0
+    assert history[0]["context_full_rate"] == 0.0 and history[0]["sampled_tokens_mean"] > 0
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -276,7 +276,8 @@ def test_a_checkpoint_that_cannot_be_written_is_a_message_and_the_last_one_is_ke
 
     monkeypatch.setattr(checkpoint.torch, "save", full_disk)
     with pytest.raises(TrainingError, match=r"cannot write the checkpoint of step 2 in .* MiB free there\); the "
-                                            r"previous checkpoint, if any, is kept"):
+                                            r"previous checkpoint, if any, is kept. Free space, then run it again "
+                                            r"with --resume, which continues from the last checkpoint at step 1"):
         train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     monkeypatch.setattr(checkpoint.torch, "save", torch.serialization.save)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before  # no staging folder left
@@ -411,8 +412,10 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_a_message(tmp_path, ma
         return real_open(self, *args, **kwargs)
 
     monkeypatch.setattr(metrics_log.Path, "open", full_disk_for_metrics)
+    # Before the first checkpoint there is nothing to resume: the message says to run it again.
     with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl at step 0 \(No space left on device; "
-                                            r"[\d,]+ MiB free there\).*then resume from the last checkpoint"):
+                                            r"[\d,]+ MiB free there\).*then run it again \(no checkpoint has been "
+                                            r"written yet, so there is nothing to resume\)"):
         train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
 
 
