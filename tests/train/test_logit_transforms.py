@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import make_char_policy
+from support import SayAEnv, make_char_policy
 
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
@@ -54,14 +54,22 @@ def test_training_logprobs_equal_the_models_own(family):
     assert (plain[mask] - theirs[mask]).abs().max() > 1e-2
 
 
+class TellsRepliesApartEnv(SayAEnv):
+    """SayAEnv with a reward that two different replies almost surely differ in, so that a group's
+    advantages are not all zero whatever the draws (an update then runs)."""
+
+    def step(self, action):
+        context, _, terminated, truncated, info = super().step(action)
+        return context, sum(map(ord, action)) % 97 / 97, terminated, truncated, info
+
+
 def test_a_soft_capped_model_trains(tmp_path):
-    from support import SayAEnv
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     policy = make_char_policy(0, Gemma2ForCausalLM, Gemma2Config, final_logit_softcapping=5.0)
     config = TrainConfig(steps=1, tasks_per_step=1, group_size=4, max_new_tokens=4, learning_rate=1e-3,
                          minibatch_size=4, output_dir=str(tmp_path), seed=0, device="cpu")
-    history = train(config, policy=policy, make_env=SayAEnv)
+    history = train(config, policy=policy, make_env=TellsRepliesApartEnv)
     assert len(history) == 1 and history[0]["updates"] > 0 and history[0]["loss"] is not None
 
 
