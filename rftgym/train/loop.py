@@ -687,15 +687,15 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
     # sequences) and its number of passes: a minibatch's loss is one mean over all ranks' samples,
     # as in one process, so each rank weighs its share by its own count over the total; under FSDP
     # every rank runs the most passes any rank has.
-    own = (len(samples), [[(normalizer_count([s for part in parts for s in part], aggregation), len(parts))
-                           for parts in epoch] for epoch in planned])
+    own = (len(samples), [[(normalizer_count(flat := [s for part in parts for s in part], aggregation), len(parts),
+                            normalizer_count(flat, "token_mean")) for parts in epoch] for epoch in planned])
     per_rank = ranks.gather_objects(own)
     minibatches = max(-(-n // size) for n, _ in per_rank)
     if minibatches == 0:
         return {"loss": None, "grad_norm": None, "updates": 0}
     totals: dict[str, torch.Tensor] = {}
     grad_norms: torch.Tensor | float = 0.0
-    updates = local_updates = 0
+    updates = 0
     for epoch in range(len(orders)):
         for index in range(minibatches):
             parts = planned[epoch][index] if index < len(planned[epoch]) else []
@@ -707,6 +707,9 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             else:
                 counts = [c[epoch][index][0] if index < len(c[epoch]) else 0 for _, c in per_rank]
                 share = counts[ranks.rank] / sum(counts) if sum(counts) else 0.0
+            # The token-mean statistics (entropy, clip fraction, ...) combine by trained tokens.
+            tokens = [c[epoch][index][2] if index < len(c[epoch]) else 0 for _, c in per_rank]
+            token_share = tokens[ranks.rank] / sum(tokens) if sum(tokens) else 0.0
             # The gradients are then divided by the contributing ranks (DDP) or by all of them
             # (FSDP's reduce-scatter); scaled by that divisor, this rank's loss enters as its share.
             scale = share * (ranks.world_size if sharded else contributors)
@@ -722,20 +725,25 @@ def optimise(model, reference, optimizer, samples: list[TrainSample], config: Tr
             grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             updates += 1
-            # The gradient (and its norm) is every rank's; the loss and its stats are this rank's own.
+            # The gradient (and its norm) is every rank's. The loss and its stats are this rank's
+            # own, weighed by its share as in the gradient: summed over the ranks below, they make
+            # the minibatch's loss as one process would compute it.
             grad_norms = grad_norms + grad_norm.detach()
             if loss is None:
                 continue
-            local_updates += 1
             for key, value in {"loss": loss, **stats}.items():
-                totals[key] = totals.get(key, 0.0) + value
+                totals[key] = totals.get(key, 0.0) + value * (share if key in ("loss", "pg_loss") else token_share)
     if not updates:
         return {"loss": None, "grad_norm": None, "updates": 0}
     sums = read_back({**totals, "grad_norm": grad_norms})  # one wait for the device, at the end
     grad_norm = sums.pop("grad_norm") / updates
-    if not local_updates:
+    merged: dict[str, float] = {}
+    for rank_sums in ranks.gather_objects(sums):  # every rank reports every rank's loss, not its own
+        for key, value in rank_sums.items():
+            merged[key] = merged.get(key, 0.0) + value
+    if not merged:
         return {"loss": None, "grad_norm": grad_norm, "updates": updates}
-    return {**{key: value / local_updates for key, value in sums.items()}, "grad_norm": grad_norm, "updates": updates}
+    return {**{key: value / updates for key, value in merged.items()}, "grad_norm": grad_norm, "updates": updates}
 
 
 def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfig, pad_id: int,
