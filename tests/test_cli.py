@@ -369,6 +369,11 @@ def test_env_metric_reducers():
     episodes = [ep([np.float32(1.0)]), ep([np.int64(0)]), ep([np.bool_(True)]), ep([None])]
     got = env_metrics(episodes, [("fm", "x", "final_mean"), ("fr", "x", "final_rate")])
     assert got == pytest.approx({"fm": 2 / 3, "fr": 2 / 4})
+    # 0-d arrays are numbers; text and larger arrays are not, in every reducer (no traceback)
+    episodes = [ep([np.array(0.5), np.array([1.0, 9.0])]), ep(["t3", np.array(2.0)]), ep([np.array([1, 2])])]
+    got = env_metrics(episodes, [("fm", "x", "final_mean"), ("fr", "x", "final_rate"), ("tm", "x", "turn_mean"),
+                                 ("tx", "x", "turn_max")])
+    assert got == pytest.approx({"fm": 2.0, "fr": 1 / 3, "tm": 1.25, "tx": 2.0})
 
 
 def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):

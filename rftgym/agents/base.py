@@ -59,9 +59,11 @@ class Agent(ABC):
     def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
         """Return one reply per context, in order."""
 
-    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]]) -> list[AgentReply]:
-        """:meth:`act` with each episode's exact assistant spans; text agents ignore them."""
-        return self.act(contexts)
+    def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]],
+                   **keyed) -> list[AgentReply]:
+        """:meth:`act` with each episode's exact assistant spans; text agents ignore them (``keyed``:
+        ``sample_keys=`` for an agent with keyed sampling, passed on to :meth:`act`)."""
+        return self.act(contexts, **keyed)
 
     def assistant_span(self, message: Message, reply: AgentReply) -> tuple[int, ...] | None:
         """The exact token span of ``message`` (made from ``reply``) in later prompts, or None."""

@@ -144,6 +144,11 @@ class HFPolicy(Agent):
     def assistant_span(self, message: Message, reply: AgentReply) -> tuple[int, ...] | None:
         if reply.sampled_ids is None:
             return None
+        if self.chat.decode_reply(reply.sampled_ids) != message.content:
+            # Another agent (a wrapper) changed the text and kept these tokens: they are not what
+            # the message says, so the next prompt renders the text as it stands (the rollout
+            # engine warns of tokens left unbound).
+            return None
         return self.chat.assistant_span(message, reply.sampled_ids)
 
     # ------------------------------------------------------------------ generation

@@ -35,15 +35,16 @@ from ..core.values import is_int
 
 
 SAFETY_NET_TURNS = 64
+LOGPROB_ROUNDING = 1e-3  # how far above 0 a float32 log_softmax may round a near-certain token's log-prob
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
     num_envs: int = 8  # episodes run side by side (the agent's batch size)
     # None: a safety net of SAFETY_NET_TURNS for envs without a turn budget of their own (an
-    # env's config.max_turns), none for the others, whose budget ends them. A number: a cap on
-    # every episode, whatever the env's own budget (an episode cut by it is truncated and its
-    # last turn's info says "rollout_truncated").
+    # env's config.max_turns or spec.max_episode_steps), none for the others, whose budget ends
+    # them. A number: a cap on every episode, whatever the env's own budget (an episode cut by it
+    # is truncated and its last turn's info says "rollout_truncated").
     max_turns: int | None = None
 
     def __post_init__(self) -> None:
@@ -73,13 +74,16 @@ class _Slot:
     reset_info: dict[str, Any] = field(default_factory=dict)
     active: bool = False
     warned_changed_reply: bool = False  # the env changed a reply's text (warned once per slot)
+    warned_unbound_tokens: bool = False  # sampled tokens the agent did not bind to their message
 
     @property
     def own_max_turns(self) -> int:
-        """The env's own turn budget (its config's ``max_turns``), 0 when it declares none: the
+        """The env's own turn budget, 0 when it declares none: the larger of its config's
+        ``max_turns`` and Gymnasium's ``max_episode_steps`` (a TimeLimit from ``gym.make``). The
         rollout's safety net must not cut an episode before the env's budget ends it."""
         limit = getattr(getattr(self.env.unwrapped, "config", None), "max_turns", 0)
-        return int(limit) if is_int(limit) else 0
+        steps = getattr(getattr(self.env, "spec", None), "max_episode_steps", None)
+        return max(int(limit) if is_int(limit) else 0, int(steps) if is_int(steps) else 0)
 
 
 def _env_id(env: gym.Env) -> str:
@@ -228,7 +232,8 @@ def _check_replies(agent: Agent, replies, expected: int) -> None:
 
 def _check_tokens(name: str, reply: AgentReply) -> None:
     """A token-level reply's records, which become training data: both token lists or neither,
-    integers, and one log-prob (a number, not NaN) per sampled token."""
+    integers, and one log-prob (a finite number, at most 0) per sampled token. Sequences of
+    another kind (numpy arrays, tuples) are made lists of Python numbers, as the records keep them."""
     if reply.sampled_ids is None:
         if reply.prompt_ids is not None or reply.logprobs is not None:
             raise AgentError(f"agent {name!r} returned prompt_ids or logprobs without sampled_ids; a token-level "
@@ -242,13 +247,22 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
         # Plain ints first (a whole prompt, every turn: the numbers ABC is slow); numpy's count too.
         if isinstance(ids, (str, bytes)) or not (all(type(t) is int for t in ids) or all(is_int(t) for t in ids)):
             raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
+        if type(ids) is not list or not all(type(t) is int for t in ids):
+            setattr(reply, field, [int(t) for t in ids])
     if reply.logprobs is not None:
         if len(reply.logprobs) != len(reply.sampled_ids):
             raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
                              f"{len(reply.sampled_ids)} sampled tokens; give one per token")
-        if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x for x in reply.logprobs):
-            raise AgentError(f"agent {name!r} returned log-probs that are not numbers (or NaN); training would "
-                             "turn them into NaN weights")
+        if not all(isinstance(x, (numbers.Real, np.floating)) and not isinstance(x, bool) for x in reply.logprobs):
+            raise AgentError(f"agent {name!r} returned log-probs that are not numbers")
+        # A sampled token's log-prob is finite and at most 0 (a little above 0 is float rounding).
+        bad = [float(x) for x in reply.logprobs if not -math.inf < x <= LOGPROB_ROUNDING]
+        if bad:
+            raise AgentError(f"agent {name!r} returned the log-prob {bad[0]} for a sampled token; a sampled token's "
+                             "log-prob is finite and at most 0 (NaN, infinite or positive ones would turn training's "
+                             "importance ratios into NaN or nonsense)")
+        if type(reply.logprobs) is not list or not all(type(x) is float for x in reply.logprobs):
+            reply.logprobs = [float(x) for x in reply.logprobs]
 
 
 def _snapshot(info: dict) -> dict:
@@ -339,6 +353,17 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         span = agent.assistant_span(message, reply) if agent.token_level and kept else None
         if span is not None:
             slot.spans[message.id] = span
+        elif kept and reply.sampled_ids is not None and not slot.warned_unbound_tokens:
+            slot.warned_unbound_tokens = True
+            how = ("its assistant_span() gave none: the agent does not implement it, or the reply's text is not "
+                   "what its tokens decode to, e.g. a wrapping agent changed the text and kept the tokens"
+                   if agent.token_level else
+                   "the agent is not token_level, so act_tokens() and assistant_span() are not used")
+            warnings.warn(f"agent {getattr(agent, 'name', type(agent).__name__)!r} recorded sampled tokens for a reply "
+                          f"but they are not bound to its message ({how}); later prompts re-tokenize the text, "
+                          "which may differ from the tokens sampled. A token-level agent sets token_level = True and "
+                          "implements act_tokens() and assistant_span() (as HFPolicy does); one that changes a "
+                          "reply's text returns no token records for it", stacklevel=4)
         agent.on_assistant_message(message, reply)
     slot.turns.append(Turn(
         index=len(slot.turns),

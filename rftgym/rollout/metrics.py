@@ -51,19 +51,30 @@ EVAL_REDUCERS = {
     # mean over the episodes that report it of the value on the final turn (an env reports its
     # final keys on every ending turn, truncated ones too, so that none is left out)
     "final_mean": lambda eps, key: _mean([_final(e, key) for e in eps]),
-    # share of episodes whose final value is truthy / positive (a value not reported is not)
-    "final_rate": lambda eps, key: _mean([float(bool(_final(e, key))) for e in eps]),
+    # share of episodes whose final value is a true or nonzero number (one not reported, or not a
+    # number, is not)
+    "final_rate": lambda eps, key: _mean([float(any(_numbers([_final(e, key)]))) for e in eps]),
     # mean and max over every turn of every episode
     "turn_mean": lambda eps, key: _mean([t.info.get(key) for e in eps for t in e.turns]),
-    "turn_max": lambda eps, key: max((t.info[key] for e in eps for t in e.turns if t.info.get(key) is not None),
-                                     default=None),
+    "turn_max": lambda eps, key: max(_numbers(t.info.get(key) for e in eps for t in e.turns), default=None),
 }
 
 
+def _numbers(values) -> list[float]:
+    """The numbers among ``values`` as floats: Python's and numpy's, 0-d arrays included, bools as
+    0/1; anything else (None, text, lists, larger arrays) is not a number and is left out."""
+    kept = []
+    for value in values:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, (numbers.Real, np.bool_)):
+            kept.append(float(value))
+    return kept
+
+
 def _mean(values) -> float | None:
-    """The mean of the numbers among ``values`` (numpy scalars included; bools count as 0/1);
-    None when there are none."""
-    kept = [float(v) for v in values if isinstance(v, (numbers.Real, np.bool_))]
+    """The mean of the numbers among ``values``; None when there are none."""
+    kept = _numbers(values)
     return mean(kept) if kept else None
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import rftgym  # noqa: F401
 from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.agents.scripted import ScriptedAgent
-from rftgym.core.errors import ConfigError, EnvContractError
+from rftgym.core.errors import AgentError, ConfigError, EnvContractError
 from rftgym.core.messages import Context, MessageIds
 from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.rollout import RolloutConfig, run_episodes, summarize
@@ -206,7 +207,9 @@ class Returns(Agent):
     (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[2.5]) for _ in cs],
      "returned sampled_ids that are not a sequence of token ids"),
     (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[2, 3], logprobs=[float("nan"), 1.0]) for _ in cs],
-     "log-probs that are not numbers \\(or NaN\\)"),
+     "the log-prob nan for a sampled token"),
+    (lambda cs: [AgentReply("x", prompt_ids=[1], sampled_ids=[2], logprobs=["-1"]) for _ in cs],
+     "log-probs that are not numbers"),
     (lambda cs: [AgentReply("x", prompt_ids=[1]) for _ in cs], "prompt_ids or logprobs without sampled_ids"),
     (lambda cs: [AgentReply("x", logprobs=[0.0]) for _ in cs], "prompt_ids or logprobs without sampled_ids"),
     (lambda cs: [AgentReply("x", finish_reason=7) for _ in cs], "finish_reason 7; it is a str or None"),
@@ -362,6 +365,71 @@ def test_rollout_safety_net_truncates_an_env_without_a_budget_but_never_cuts_an_
     assert "rollout_truncated" not in episodes[0].turns[-1].info
 
 
+def test_a_gymnasium_time_limit_is_a_budget_of_the_envs_own():
+    gym.register("rftgym-tests/Endless-v0", entry_point=_EndlessEnv)
+    try:
+        episodes = run_episodes(lambda: gym.make("rftgym-tests/Endless-v0", max_episode_steps=SAFETY_NET_TURNS + 6),
+                                ScriptedAgent(["?"]), seeds=[0])
+    finally:
+        gym.registry.pop("rftgym-tests/Endless-v0")
+    assert len(episodes[0].turns) == SAFETY_NET_TURNS + 6 and episodes[0].truncated
+    assert "rollout_truncated" not in episodes[0].turns[-1].info  # the TimeLimit ended it
+
+
+class TokenAgent(Agent):
+    """Replies "ok" with token records of a given kind (numpy arrays, odd log-probs, ...)."""
+
+    def __init__(self, sampled=(7, 8), logprobs=(-0.5, -0.25), token_level=False):
+        self.sampled, self.logprobs, self.token_level = sampled, logprobs, token_level
+
+    def act(self, contexts, **keyed):
+        return [AgentReply(text="ok", prompt_ids=np.array([1, 2, 3]), sampled_ids=self.sampled,
+                           logprobs=self.logprobs) for _ in contexts]
+
+
+def test_token_records_are_kept_as_lists_of_python_numbers():
+    agent = TokenAgent(sampled=np.array([7, 8]), logprobs=np.array([-0.5, -0.25], dtype=np.float32))
+    with pytest.warns(UserWarning, match="not bound to its message"):
+        (episode,) = run_episodes(make_qa, agent, seeds=[0])
+    turn = episode.turns[0]
+    assert turn.prompt_ids == [1, 2, 3] and turn.sampled_ids == [7, 8] and turn.logprobs == [-0.5, -0.25]
+    assert all(type(t) is int for t in turn.sampled_ids) and all(type(x) is float for x in turn.logprobs)
+    assert summarize([episode])["episodes"] == 1
+    episode.to_json()  # as the eval command writes it
+
+
+@pytest.mark.parametrize("logprob", [5.0, float("-inf"), float("inf"), float("nan")])
+def test_an_impossible_log_prob_is_refused(logprob):
+    with pytest.raises(AgentError, match="a sampled token's log-prob is finite and at most 0"):
+        run_episodes(make_qa, TokenAgent(logprobs=(-0.5, logprob)), seeds=[0])
+
+
+@pytest.mark.parametrize("token_level", [False, True])
+def test_tokens_an_agent_leaves_unbound_are_said_once(token_level):
+    # Not token-level, or token-level without assistant_span: later prompts would be re-tokenized.
+    with pytest.warns(UserWarning, match="recorded sampled tokens for a reply but they are not bound") as caught:
+        run_episodes(make_qa, TokenAgent(token_level=token_level), seeds=[0])
+    assert sum("not bound" in str(w.message) for w in caught) == 1
+
+
+def test_a_wrapper_that_changes_the_text_and_keeps_the_tokens_is_not_bound(tiny_policy):
+    class Tidier(Agent):
+        token_level = keyed_sampling = True
+
+        def act(self, contexts, **keyed):
+            replies = tiny_policy.act(contexts, **keyed)
+            for reply in replies:
+                reply.text = reply.text.strip() + "."  # text changed, tokens kept
+            return replies
+
+        def assistant_span(self, message, reply):
+            return tiny_policy.assistant_span(message, reply)
+
+    with pytest.warns(UserWarning, match="the reply's text is not what its tokens decode to"):
+        (episode,) = run_episodes(make_qa, Tidier(), seeds=[0])
+    assert episode.turns[0].sampled_ids  # recorded, but not bound to the stored text
+
+
 @pytest.mark.parametrize("make_env", [_EndlessEnv, lambda: gym.make("rftgym/VerifiableQA-v0", max_turns=10)],
                          ids=["no budget", "larger budget"])
 def test_a_rollout_max_turns_caps_every_env(make_env):
@@ -441,3 +509,19 @@ def test_context_edit_starts_a_new_segment_with_the_edited_prompt(tiny_policy):
     first = segments[0]
     sampled = [t for i, t in enumerate(first.token_ids) if first.loss_mask[i]]
     assert sampled == episode.turns[0].sampled_ids + episode.turns[1].sampled_ids
+
+
+def test_a_keyed_token_level_agent_may_implement_act_alone():
+    class KeyedActOnly(Agent):
+        token_level = keyed_sampling = True
+
+        def __init__(self):
+            self.keys = []
+
+        def act(self, contexts, *, sample_keys=None):  # the base act_tokens passes the keys on
+            self.keys += sample_keys
+            return [AgentReply(text="<answer>1</answer>") for _ in contexts]
+
+    agent = KeyedActOnly()
+    run_episodes(make_qa, agent, seeds=[3, 3])
+    assert agent.keys == [(1, 3, 0, 0), (1, 3, 1, 0)]
