@@ -86,6 +86,49 @@ def _env_spec(env_id: str):
     return spec
 
 
+def _agent_choice(value: str) -> str:
+    """``--agent``'s value: a built-in agent, or module:name (loaded when the agent is made)."""
+    if value in AGENTS or (":" in value and all(value.partition(":")[::2])):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(AGENTS)}, or module:name for "
+                                     "an agent of your own)")
+
+
+def _agent_label(agent: str) -> str:
+    """``--agent`` as a part of a file name (``my_agents:Best`` -> ``my_agents-Best``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", agent)
+
+
+def _agent_of_your_own(path: str):
+    """The agent ``--agent module:name`` names: ``name`` in ``module`` (imported as an env module
+    is, the current directory on the path) is an Agent or a callable that returns one when called
+    with no arguments (a class, a factory)."""
+    from .agents.base import Agent
+
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise UsageError(f"--agent {path!r}: give one of {', '.join(AGENTS)}, or module:name for an agent of your own")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
+        raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r} ({type(exc).__name__}: {exc}); "
+                         "give module:name with a module on the Python path") from None
+    if not isinstance(found, Agent):
+        if not callable(found):
+            raise UsageError(f"--agent {path!r} is a {type(found).__name__}; name an Agent, or a class or function "
+                             "that makes one with no arguments")
+        try:
+            found = found()
+        except Exception as exc:  # noqa: BLE001 (the user's factory)
+            raise AgentError(f"--agent {path!r}: making the agent raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(found, Agent):
+        raise UsageError(f"--agent {path!r} made a {type(found).__name__}, not an rftgym Agent; subclass "
+                         "rftgym.agents.base.Agent (act(contexts) -> list of AgentReply)")
+    return found
+
+
 def _short_name(env_id: str) -> str:
     """``VerifiableQA-v0`` for ``rftgym/VerifiableQA-v0`` (and for ``module:ns/VerifiableQA-v0``)."""
     return env_id.rpartition(":")[2].split("/")[-1]
@@ -160,7 +203,10 @@ def _build_agent(args: argparse.Namespace):
     try:
         return _make_agent(args)
     except ConfigError as exc:
-        flagged = _flagged(exc, AGENT_FLAGS["api" if args.agent == "api" else "hf"])
+        # Only the built-in agents' fields are set by flags (an agent of your own sets its own).
+        flags = AGENT_FLAGS["api"] if args.agent == "api" else AGENT_FLAGS["hf"] if args.agent in ("default", "hf") \
+            else {}
+        flagged = _flagged(exc, flags)
         if flagged is None:
             raise
         raise flagged from None
@@ -222,8 +268,10 @@ def _make_agent(args: argparse.Namespace):
                                      max_concurrency=args.num_envs, seed=args.sample_seed, **transport)
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
-    seed = args.sample_seed
-    return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
+    if args.agent in ("random", "adversarial"):
+        seed = args.sample_seed
+        return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
+    return _agent_of_your_own(args.agent)
 
 
 def _check_common(args: argparse.Namespace) -> None:
@@ -420,7 +468,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             outs[env_id] = Path(args.out)
         else:
             outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
-                                   / f"{_short_name(env_id)}-{args.agent}-{stamp}.jsonl", set(outs.values()))
+                                   / f"{_short_name(env_id)}-{_agent_label(args.agent)}-{stamp}.jsonl",
+                                   set(outs.values()))
     # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
     paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
     if len(set(paths)) < len(paths):  # e.g. a baseline's file and another env's; never one file for two runs
@@ -855,9 +904,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the agent's sampling (with --temperature above 0): an episode draws from its own "
                         "stream, keyed by this seed, its task seed and its turn, so it samples alike in any batch "
                         "and in a run of other --seed/--episodes (default 0)")
-    p.add_argument("--agent", choices=AGENTS, default="default",
+    p.add_argument("--agent", type=_agent_choice, default="default", metavar="{" + ",".join(AGENTS) + ",module:name}",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
-                        "random/adversarial: scripted text")
+                        "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "
+                        "or function that makes one with no arguments)")
     p.add_argument("--episodes", type=int, default=None,
                    help=f"episodes, with seeds --seed, --seed+1, ... (default: every task once for an env over a "
                         f"fixed benchmark such as CodeTCG's HumanEval, else {DEFAULT_EVAL_EPISODES})")

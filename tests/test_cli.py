@@ -801,6 +801,52 @@ def test_an_envs_malformed_eval_metadata_is_named_before_any_episode(tmp_path, m
     assert not out.exists() and not (tmp_path / "e.jsonl.partial").exists()
 
 
+AGENT_MODULE = """
+from rftgym.agents.base import Agent, AgentReply
+
+
+class Answers4(Agent):
+    name = "answers-4"
+
+    def act(self, contexts):
+        return [AgentReply(text="<answer>4</answer>") for _ in contexts]
+
+
+def make_it():
+    return Answers4()
+
+
+def broken():
+    raise RuntimeError("no weights here")
+
+
+NOT_AN_AGENT = 3
+"""
+
+
+def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_agents_mod.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for target in ("my_agents_mod:Answers4", "my_agents_mod:make_it"):
+        assert main(["eval", ENV_ID, "--agent", target, "--episodes", "2"]) == 0
+        out = capsys.readouterr().out
+        assert "answers-4" in out.splitlines()[2]
+    files = sorted(p.name for p in (tmp_path / "runs" / "eval").glob("*.jsonl"))
+    assert len(files) == 2 and all(name.startswith("VerifiableQA-v0-my_agents_mod-") for name in files)
+    for argv, message, code in [
+        (["--agent", "my_agents_mod:nothing"], "cannot load 'nothing' from 'my_agents_mod'", 2),
+        (["--agent", "no_such_agents_mod:X"], "cannot load 'X' from 'no_such_agents_mod'", 2),
+        (["--agent", "my_agents_mod:NOT_AN_AGENT"], "is a int; name an Agent", 2),
+        (["--agent", "my_agents_mod:broken"], "making the agent raised RuntimeError: no weights here", 1),
+        (["--agent", "nonsense"], "invalid choice: 'nonsense'", 2),
+        (["--agent", "my_agents_mod:Answers4", "--model", "x"], "--model is for --agent hf", 2),
+    ]:
+        argv = ["eval", ENV_ID, "--episodes", "1", *argv]
+        assert (exit_code(argv) if code == 2 else main(argv)) == code, argv
+        assert message in capsys.readouterr().err, argv
+
+
 def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, monkeypatch, capsys):
     (tmp_path / "rft_probe_syntax.py").write_text("def broken(:\n")
     (tmp_path / "rft_probe_raises.py").write_text("raise RuntimeError('boom at import')\n")
