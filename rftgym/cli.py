@@ -390,10 +390,19 @@ def cmd_play(args: argparse.Namespace) -> int:
                 if text is None:
                     print("\nbye")
                     return 0
+                before = context
                 context, reward, terminated, truncated, info = env.step(text)
                 for message in context:
                     if message.role == "assistant":
                         seen.add(message.id)
+                # An env may edit the context (e.g. a memory prune): say what the model no longer sees.
+                kept = set(context.ids)
+                removed = [m for m in before if m.id not in kept]
+                if removed:
+                    print(f"[context edited: {len(removed)} earlier message(s) removed]")
+                    for message in removed:
+                        print(f"  - {message.id} ({message.role}): {_first_line(message.content)}")
+                    print()
                 shown = {k: v for k, v in info.items() if v not in (None, "")}
                 print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={shown}\n")
                 done = terminated or truncated
@@ -419,6 +428,11 @@ def _read_turn() -> str | None:
             continue
         lines.append(line)
         return "\n".join(lines)
+
+
+def _first_line(text: str, width: int = 70) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 def _valid_text(line: str) -> str:

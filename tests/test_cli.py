@@ -281,6 +281,45 @@ def test_play_shows_feedback_and_runs_several_episodes(monkeypatch, capsys):
     assert out.rstrip().endswith("bye")  # EOF in the second episode
 
 
+EDITING_MODULE = """
+import gymnasium as gym
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+
+
+class Forgets(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space, self.action_space = ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds.from_rng(self.np_random)
+        self.context = Context((self.ids.message("user", "remember 42"), self.ids.message("user", "now reply")))
+        return self.context, {}
+
+    def step(self, action):
+        kept = self.context.messages[1:]  # the first message is dropped
+        self.context = Context(kept + (self.ids.message("assistant", action), self.ids.message("user", "what was it?")))
+        return self.context, 0.0, False, False, {}
+
+
+gym.register("mine/Forgets-v0", entry_point=Forgets)
+"""
+
+
+def test_play_says_which_messages_an_edit_removed(tmp_path, monkeypatch, capsys):
+    (tmp_path / "forgets_env_mod.py").write_text(EDITING_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    feed(monkeypatch, ["ok"])
+    assert main(["play", "forgets_env_mod:mine/Forgets-v0", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "[context edited: 1 earlier message(s) removed]" in out
+    assert "(user): remember 42" in out.split("[context edited")[1]
+    assert "[user]\nwhat was it?" in out
+
+
 def test_play_handles_eof_at_once(monkeypatch, capsys):
     feed(monkeypatch, [])
     assert main(["play", ENV_ID]) == 0

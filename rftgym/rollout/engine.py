@@ -384,6 +384,6 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         if known != m:  # the records (and the model's exact spans) are keyed by id
             raise EnvContractError(f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns) - 1}) sent message "
                                    f"{m.id!r} again with other content; messages are immutable: give an edited "
-                                   "message a new id (DESIGN.md section 2)")
+                                   "message a new id (the records and the model's exact tokens are kept by id)")
     slot.context = context
     slot.active = not (terminated or truncated)

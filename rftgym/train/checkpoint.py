@@ -407,9 +407,15 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
     and where a longer or shorter run moves a decaying learning rate."""
     settings, step = saved["config"], saved["step"]
     notes = []
-    changed = resume_changes(settings, config.to_dict())
+    now = config.to_dict()
+    changed = resume_changes(settings, now)
     if changed:
-        notes.append(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)}")
+        def value(v) -> str:
+            text = repr(v)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        notes.append("resuming with settings that differ from the checkpoint's: "
+                     + ", ".join(f"{key} {value(settings[key])} -> {value(now[key])}" for key in changed))
     if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:
         def rate(c: dict) -> float:
             return learning_rate_at(step, base=float(c["learning_rate"]), total_steps=int(c["steps"]),

@@ -79,7 +79,7 @@ def test_resume_compares_settings_as_the_checkpoint_stored_them(tmp_path, make_c
     state["config"].update(lora_rank="0", model="/moved/models/tiny")
     state_file.write_text(json.dumps(state))
     train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
-    assert "differ from the checkpoint's: model" in capsys.readouterr().err
+    assert "differ from the checkpoint's: model '/moved/models/tiny' -> None" in capsys.readouterr().err
 
 
 def test_an_evaluation_is_logged_whatever_log_every_says(tmp_path, make_char_policy):
@@ -96,7 +96,7 @@ def test_resume_says_what_changed_and_where_a_longer_decay_moves_the_rate(tmp_pa
     train(config(tmp_path, steps=8, lr_schedule="linear", clip_high=0.3), policy=make_char_policy(),
           make_env=SayAEnv, resume=True)
     err = capsys.readouterr().err
-    assert "differ from the checkpoint's: clip_high" in err
+    assert "differ from the checkpoint's: clip_high 0.28 -> 0.3" in err
     # Linear decay over 4 steps: step 4 is past the end (rate 0); over 8 steps it is 1e-2 * 4/8.
     assert "now spans 8 steps, not 4: the run resumes at step 4 with a rate of 0.005, where the checkpoint's " \
            "run would have had 0" in err
