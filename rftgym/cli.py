@@ -64,10 +64,8 @@ def _env_spec(env_id: str):
     (Gymnasium's form: the module is imported first, and registers the env)."""
     module, _, bare = env_id.rpartition(":")
     if module:
-        if os.getcwd() not in sys.path and "" not in sys.path:  # the installed command's path lacks it
-            sys.path.append(os.getcwd())  # last: a module here never shadows an installed one
         try:
-            importlib.import_module(module)
+            _import_users_module(module)
         except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
             raise UsageError(f"environment {env_id!r}: cannot import {module!r} ({type(exc).__name__}: {exc}); give "
                              "module:EnvId with a module on the Python path that registers EnvId with "
@@ -84,6 +82,15 @@ def _env_spec(env_id: str):
                              f"({type(exc).__name__}: {exc}); register it as 'module:Class' with an importable "
                              "module") from None
     return spec
+
+
+def _seed_or_none(value: str) -> int | None:
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value: {value!r} (an integer, or none)") from None
 
 
 def _agent_choice(value: str) -> str:
@@ -105,13 +112,9 @@ def _agent_of_your_own(path: str):
     with no arguments (a class, a factory)."""
     from .agents.base import Agent
 
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise UsageError(f"--agent {path!r}: give one of {', '.join(AGENTS)}, or module:name for an agent of your own")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+    module, _, name = path.partition(":")  # both there: _agent_choice checked the flag
     try:
-        found = getattr(importlib.import_module(module), name)
+        found = _load_object(path)
     except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
         raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r} ({type(exc).__name__}: {exc}); "
                          "give module:name with a module on the Python path") from None
@@ -166,11 +169,21 @@ def _env_options_hint(env_id: str) -> str:
     return f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
 
 
+def _import_users_module(module: str):
+    """``module`` imported, with the current directory on the path: the installed command's path
+    lacks it, and a user's env or agent module usually lives there (appended last, so a module
+    here never shadows an installed one)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    return importlib.import_module(module)
+
+
 def _load_object(path: str):
+    """The object ``module:name`` names (an env's entry point, an agent, a baseline's wrapper)."""
     module_name, _, name = path.partition(":")
     if not module_name or not name:
         raise ValueError(f"{path!r} is not of the form 'module:name'")
-    return getattr(importlib.import_module(module_name), name)
+    return getattr(_import_users_module(module_name), name)
 
 
 def _env_class(env_id: str):
@@ -468,7 +481,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             or DEFAULT_EVAL_EPISODES
         probe.close()
     for env_id in env_ids:
-        _check_eval_metadata(env_id)
+        _check_eval_metadata(env_id, args.baselines)
     if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
         raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
                          "baselines; drop --baselines")
@@ -540,9 +553,10 @@ def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_f
     print("episodes written to " + ", ".join(str(p) for p in written), flush=True)
 
 
-def _check_eval_metadata(env_id: str) -> None:
-    """An env's own eval columns and baselines (its class's metadata), checked before any episode
-    runs: a malformed entry would otherwise fail after the whole evaluation."""
+def _check_eval_metadata(env_id: str, baselines: bool) -> None:
+    """An env's own eval columns and baselines (its class's metadata; the baselines' wrappers are
+    loaded when they will run, with ``--baselines``), checked before any episode runs: a
+    malformed entry would otherwise fail after the whole evaluation, or after the envs before it."""
     from .rollout.metrics import metric_spec_problem
 
     metadata = _env_class(env_id).metadata
@@ -551,13 +565,33 @@ def _check_eval_metadata(env_id: str) -> None:
         raise ConfigError(f"{env_id}: metadata['eval_metrics'] is malformed: {problem}; e.g. "
                           "(('hit_rate', 'hit', 'final_rate'),) adds a column hit_rate, the share of episodes whose "
                           "last turn's info['hit'] is true")
+    columns = [column for column, _, _ in metadata.get("eval_metrics", ())]
+    taken = sorted({c for c in columns if columns.count(c) > 1 or c in EVAL_COLUMNS})
+    if taken:
+        raise ConfigError(f"{env_id}: metadata['eval_metrics'] names the column(s) {', '.join(taken)} twice or as one "
+                          f"of the table's own ({', '.join(EVAL_COLUMNS)}); give each column a name of its own")
     baselines = metadata.get("eval_baselines", ())
     entries = baselines if isinstance(baselines, (list, tuple)) else [baselines]
+    labels = []
     for entry in entries:
         if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
                 and isinstance(entry[1], dict) and (entry[2] is None or isinstance(entry[2], str))):
             raise ConfigError(f"{env_id}: metadata['eval_baselines'] has the entry {entry!r}; each is a (label, env "
                               "options dict, 'module:AgentWrapper' or None) triple")
+        label, _, wrapper = entry
+        # The label names the baseline's row and its episodes' file (beside the agent's own).
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or label in labels:
+            raise ConfigError(f"{env_id}: metadata['eval_baselines'] has the label {label!r}"
+                              f"{' twice' if label in labels else ''}; labels are distinct, non-empty and made of "
+                              "letters, digits, '_', '.' and '-' (they name files)")
+        labels.append(label)
+        if wrapper is not None and baselines:
+            try:
+                _load_object(wrapper)
+            except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
+                raise ConfigError(f"{env_id}: the baseline {label!r}'s agent wrapper {wrapper!r} cannot be loaded "
+                                  f"({type(exc).__name__}: {exc}); give 'module:Wrapper' with an importable module") \
+                    from None
 
 
 def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):
@@ -914,10 +948,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="environment option (JSON value or bare string); repeatable")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
-    p.add_argument("--sample-seed", type=int, default=0,
-                   help="seed of the agent's sampling (with --temperature above 0): an episode draws from its own "
-                        "stream, keyed by this seed, its task seed and its turn, so it samples alike in any batch "
-                        "and in a run of other --seed/--episodes (default 0)")
+    p.add_argument("--sample-seed", type=_seed_or_none, default=0, metavar="{N,none}",
+                   help="seed of the agent's sampling (with --temperature above 0; also of the random and "
+                        "adversarial agents): the default and hf agents draw for each episode from a stream keyed "
+                        "by this seed, its task seed and its turn, so it samples alike in any batch and in a run of "
+                        "other --seed/--episodes; the api agent sends a seed so derived with each request. none: "
+                        "fresh randomness, and no seed sent (default 0)")
     p.add_argument("--agent", type=_agent_choice, default="default", metavar="{" + ",".join(AGENTS) + ",module:name}",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "

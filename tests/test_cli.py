@@ -825,6 +825,14 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
                                                       "final_rate, turn_mean, turn_max"),
     ('"eval_metrics": "said"', "it is str, not a tuple of (column, info key, reducer) triples"),
     ('"eval_baselines": (("plain", None, None),)', "metadata['eval_baselines'] has the entry ('plain', None, None)"),
+    ('"eval_baselines": (("a", {}, None), ("a", {"word": "x"}, None))', "has the label 'a' twice; labels are distinct"),
+    ('"eval_baselines": (("a/b", {}, None),)', "has the label 'a/b'; labels are distinct, non-empty"),
+    ('"eval_baselines": (("", {}, None),)', "has the label ''; labels are distinct, non-empty"),
+    ('"eval_baselines": (("w", {}, "no_such_wrapper_mod:W"),)',
+     "the baseline 'w''s agent wrapper 'no_such_wrapper_mod:W' cannot be loaded"),
+    ('"eval_metrics": (("said", "said", "final_mean"), ("said", "said", "turn_max"))',
+     "names the column(s) said twice or as one of the table's own"),
+    ('"eval_metrics": (("reward", "said", "final_mean"),)', "names the column(s) reward twice or as one"),
 ])
 def test_an_envs_malformed_eval_metadata_is_named_before_any_episode(tmp_path, monkeypatch, capsys, metadata, message):
     from support import ECHO_MODULE
@@ -834,7 +842,8 @@ def test_an_envs_malformed_eval_metadata_is_named_before_any_episode(tmp_path, m
     (tmp_path / f"{name}.py").write_text(module.replace("mine/Echo-v0", f"mine/{name}-v0"))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "e.jsonl"
-    assert exit_code(["eval", f"{name}:mine/{name}-v0", "--agent", "random", "--episodes", "2", "--out", str(out)]) == 2
+    assert exit_code(["eval", f"{name}:mine/{name}-v0", "--agent", "random", "--episodes", "2", "--baselines",
+                      "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert message in err and f"mine/{name}-v0" in err
     assert not out.exists() and not (tmp_path / "e.jsonl.partial").exists()
@@ -1007,6 +1016,8 @@ def test_the_api_agents_flags_reach_its_config():
         (2, 0.25, 7.0, 11, 3)
     defaults = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API])).config
     assert (defaults.max_retries, defaults.backoff_s, defaults.timeout_s, defaults.seed) == (5, 0.5, 60.0, 0)
+    # none: no seed (a server that refuses the field), fresh randomness for the local agents
+    assert _build_agent(build_parser().parse_args(["eval", ENV_ID, *API, "--sample-seed", "none"])).config.seed is None
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -478,6 +478,18 @@ class ChatAPIAgent(Agent):
             return []
         if len(contexts) == 1:
             return [self._request(contexts[0], seeds[0])]
+        replies = self._request_all(contexts, seeds)
+        # One task too long for the served context ends its episode; every first request of a
+        # batch refused is a setting (max_tokens past the context), which would end every episode.
+        if all(r.finish_reason == CONTEXT_FULL for r in replies) and \
+                not any(m.role == "assistant" for c in contexts for m in c):
+            raise ChatAPIError(f"POST {self.config.url}: the server refused every one of {len(contexts)} episodes' "
+                               "first requests as too long for the model's context; lower --max-new-tokens "
+                               f"(max_tokens={self.config.max_tokens}) or serve a model with a longer context")
+        return replies
+
+    def _request_all(self, contexts: list[Context], seeds: list[int | None]) -> list[AgentReply]:
+        """Every context's request, concurrently (at most ``max_concurrency`` in flight)."""
         pool = self._executor()
         abort = threading.Event()
         futures: list[Future] = [pool.submit(self._request, c, seed, abort) for c, seed in zip(contexts, seeds)]
@@ -809,9 +821,11 @@ class ChatAPIAgent(Agent):
                 f"The server at {cfg.base_url} is failing; check its logs (is model "
                 f"{cfg.model!r} loaded?), or for a server that fails now and then {retry_more}."
             )
+        seed = (" and the per-request seed it does not take (--sample-seed none, seed=None)"
+                if self._sends_seed else "")
         return (
             f"The server rejected the request; check --api-model (model={cfg.model!r}), "
-            f"--max-new-tokens (max_tokens={cfg.max_tokens}, against the model's context) and extra_body."
+            f"--max-new-tokens (max_tokens={cfg.max_tokens}, against the model's context), extra_body{seed}."
         )
 
 
@@ -823,5 +837,8 @@ def _cut_short(raw: bytes, error: ValueError) -> bool:
     if isinstance(error, UnicodeDecodeError):  # cut inside a character
         return error.reason == "unexpected end of data"
     if isinstance(error, json.JSONDecodeError):
-        return error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string")
+        rest = error.doc[error.pos:].rstrip()
+        # Cut at the end, inside a string, or inside a literal (`{"content": nul`).
+        return error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string") or \
+            any(literal.startswith(rest) for literal in ("true", "false", "null"))
     return False

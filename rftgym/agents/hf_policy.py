@@ -343,16 +343,12 @@ class HFPolicy(Agent):
             ))
         return replies
 
-    def _sample(self, logits, sampling: SamplingConfig, uniforms=None):
-        """Draw one token per row at its uniform draw (``uniforms``, ``[rows]``; None: from the
-        policy's generator); return it and its log-prob under ``logits / temperature``. The fast
-        path samples with the same function."""
+    def _sample(self, logits, sampling: SamplingConfig, uniforms):
+        """Draw one token per row at its uniform draw (``uniforms``, ``[rows]``; None when greedy);
+        return it and its log-prob under ``logits / temperature``. The fast path samples with the
+        same function."""
         from .fast_decode import DecodeSettings, sample_tokens
 
-        if uniforms is None and not sampling.greedy:
-            generator = self._sampling_generator()
-            uniforms = self.torch.rand(logits.shape[0], dtype=self.torch.float64, generator=generator,
-                                       device=generator.device).to(logits.device)
         settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
         return sample_tokens(logits, settings, uniforms)
 

@@ -6,7 +6,7 @@ neighbour that finished a turn earlier. With keys, each reply draws from a strea
 seeded by the policy's seed and the reply's key. The rollout engine keys a reply by its episode
 and turn, ``(*episode key, turn)``, where an episode's key is by default
 
-    (kind, task seed or episode index, repeat)
+    (kind, task seed, repeat)    or, for an episode without a task seed,    (kind, episode index)
 
 ``repeat`` counts the earlier episodes of the call with the same task seed (a GRPO group runs its
 task G times, and each of its episodes must sample differently). So ``rftgym eval --seed 5

@@ -253,7 +253,7 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
         if len(reply.logprobs) != len(reply.sampled_ids):
             raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
                              f"{len(reply.sampled_ids)} sampled tokens; give one per token")
-        if not all(isinstance(x, (numbers.Real, np.floating)) and not isinstance(x, bool) for x in reply.logprobs):
+        if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in reply.logprobs):
             raise AgentError(f"agent {name!r} returned log-probs that are not numbers")
         # A sampled token's log-prob is finite and at most 0 (a little above 0 is float rounding).
         bad = [float(x) for x in reply.logprobs if not -math.inf < x <= LOGPROB_ROUNDING]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from statistics import mean
 from typing import Iterable, Sequence
@@ -68,7 +69,10 @@ def _numbers(values) -> list[float]:
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value.item()
         if isinstance(value, (numbers.Real, np.bool_)):
-            kept.append(float(value))
+            try:
+                kept.append(float(value))
+            except OverflowError:  # an int past float's range
+                kept.append(math.inf if value > 0 else -math.inf)
     return kept
 
 

@@ -148,7 +148,9 @@ def how_to_continue(output_dir: Path) -> str:
     before the first one, start again (``--resume`` would find nothing to resume)."""
     path = _checkpoint_path(output_dir)
     if path is None:
-        return "then run it again (no checkpoint has been written yet, so there is nothing to resume)"
+        # A new run refuses an output directory that holds an earlier run's metrics.
+        return ("then start the run again in another --output-dir (no checkpoint has been written yet, so there is "
+                "nothing to resume)")
     try:
         step = json.loads((path / "state.json").read_text()).get("step")
     except (OSError, ValueError, AttributeError):
@@ -261,9 +263,13 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
 def _same_setting(key: str, saved, value) -> bool:
     if str(saved) == str(value):  # saved values may be strings
         return True
-    # A model directory named another way (./m, m, an absolute path) is the same directory.
-    return key == "model" and isinstance(saved, str) and isinstance(value, str) and \
-        os.path.realpath(saved) == os.path.realpath(value)
+    if key != "model" or not isinstance(saved, str) or not isinstance(value, str):
+        return False
+    # A model directory named another way is the same directory: ./m and m (relative to whatever
+    # directory each run started in, so only spelled alike), or two absolute paths to one place.
+    if os.path.isabs(saved) and os.path.isabs(value):
+        return os.path.realpath(saved) == os.path.realpath(value)
+    return not os.path.isabs(saved) and not os.path.isabs(value) and os.path.normpath(saved) == os.path.normpath(value)
 
 
 class OutputLock:

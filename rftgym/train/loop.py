@@ -248,7 +248,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
         update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
         ranks.together(lambda: check_finite_update(update, step, out, episodes, config))
 
-        # Episode statistics over all ranks; loss statistics are this rank's.
+        # Episode statistics over all ranks (optimise's loss statistics are already).
         rewards = [e.total_reward for e in episodes]
         n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens = ranks.sum_floats([
             len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),

@@ -398,6 +398,24 @@ def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, e
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert agent.act([ctx(("user", "q2")), later])[0].finish_reason == CONTEXT_FULL
+    # Every first request of a batch refused: a setting, which would end every episode.
+    with pytest.raises(ChatAPIError, match=r"refused every one of 2 episodes' first requests .* lower "
+                                           r"--max-new-tokens \(max_tokens=512\)"):
+        agent.act([ctx(("user", "q3")), ctx(("user", "q4"))])
+
+
+def test_a_reply_cut_inside_a_literal_is_taken_for_cut_short():
+    from rftgym.agents.chat_api import _cut_short
+
+    for body in ('{"choices": [{"message": {"content": nul', '{"a": tru', '{"a": fals', '{"a": 1, "b": '):
+        try:
+            json.loads(body)
+        except json.JSONDecodeError as exc:
+            assert _cut_short(body.encode(), exc), body
+    try:
+        json.loads('{"a": nope}')
+    except json.JSONDecodeError as exc:
+        assert not _cut_short(b'{"a": nope}', exc)  # not a literal's start: a malformed body
 
 
 def test_a_prompt_that_mentions_context_length_is_not_a_context_refusal(server):

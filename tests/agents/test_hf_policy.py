@@ -132,7 +132,7 @@ def test_top_p_keeps_only_the_nucleus(tiny_policy):
     cfg = SamplingConfig(temperature=1.0, top_p=0.5)
     probs = torch.softmax(logits, -1)[0]
     assert probs[0] > 0.5  # so the nucleus is the first token alone
-    tokens = {int(tiny_policy._sample(logits, cfg)[0]) for _ in range(50)}
+    tokens = {int(tiny_policy._sample(logits, cfg, torch.rand(1, dtype=torch.float64))[0]) for _ in range(50)}
     assert tokens == {0}
 
 

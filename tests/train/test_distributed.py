@@ -26,10 +26,17 @@ SCRIPT = textwrap.dedent('''
     policy = make_char_policy(seed=0)
     config = TrainConfig(steps=3, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
                          minibatch_size=4, output_dir=out, seed=0, save_every=100, eval_every=3, eval_episodes=3)
+    keys, act_tokens = [], policy.act_tokens
+
+    def recording(contexts, spans, **keyed):  # the sample keys of this rank's replies
+        keys.extend(keyed.get("sample_keys") or [])
+        return act_tokens(contexts, spans, **keyed)
+
+    policy.act_tokens = recording
     history = train(config, policy=policy, make_env=SayAEnv)
     rank = Distributed.from_env().rank
     weights = torch.cat([p.detach().reshape(-1) for p in policy.model.parameters()])
-    json.dump({"history": history, "checksum": float(weights.double().sum()),
+    json.dump({"history": history, "checksum": float(weights.double().sum()), "keys": keys,
                "first": weights[:8].tolist()}, open(f"{result_dir}/rank{rank}.json", "w"))
 ''')
 
@@ -70,6 +77,11 @@ def test_two_processes_stay_in_lockstep(tmp_path):
     assert (tmp_path / "run" / "checkpoint" / "state.json").is_file()
     # The loss statistics are over both ranks' samples too (as one process would compute them).
     assert [h["loss"] for h in rank0["history"]] == [h["loss"] for h in rank1["history"]]
+    # Each rank rolled out its own task each step (so the lockstep is no accident of identical
+    # data): training keys (kind 4: step, task, member, turn) split the tasks between the ranks.
+    tasks = [{(step, task) for kind, step, task, *_ in map(tuple, r["keys"]) if kind == 4} for r in (rank0, rank1)]
+    assert tasks[0] and tasks[1] and not tasks[0] & tasks[1]
+    assert tasks[0] | tasks[1] == {(step, task) for step in range(3) for task in range(2)}
 
 
 def test_tasks_must_split_evenly_across_ranks(tmp_path, monkeypatch, make_char_policy):

@@ -414,8 +414,9 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_a_message(tmp_path, ma
     monkeypatch.setattr(metrics_log.Path, "open", full_disk_for_metrics)
     # Before the first checkpoint there is nothing to resume: the message says to run it again.
     with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl at step 0 \(No space left on device; "
-                                            r"[\d,]+ MiB free there\).*then run it again \(no checkpoint has been "
-                                            r"written yet, so there is nothing to resume\)"):
+                                            r"[\d,]+ MiB free there\).*then start the run again in another "
+                                            r"--output-dir \(no checkpoint has been written yet, so there is nothing "
+                                            r"to resume\)"):
         train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
 
 
@@ -475,8 +476,13 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "m")
     saved = {"model": "./m", "seed": 0, "temperature": "1.0", "steps": 3}
     assert resume_changes(saved, {"model": "m", "seed": 0, "temperature": 1.0, "steps": 5}) == []
-    assert resume_changes(saved, {"model": str(tmp_path / "m"), "seed": 1, "temperature": 0.7, "steps": 5}) == \
-        ["seed", "temperature"]
+    assert resume_changes(saved, {"model": "m/", "seed": 1, "temperature": 0.7, "steps": 5}) == ["seed", "temperature"]
     assert resume_changes(saved, {"model": "other", "seed": 0, "temperature": 1.0}) == ["model"]
+    # Absolute paths to one place are one directory; a relative one is not compared with an
+    # absolute one (it was relative to the directory the first run started in).
+    absolute = {"model": str(tmp_path / "m")}
+    assert resume_changes(absolute, {"model": str(tmp_path / "link")}) == []
+    assert resume_changes(saved, absolute) == ["model"]
