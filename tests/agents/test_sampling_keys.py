@@ -3,17 +3,15 @@ depend on what shares its batch (policy, both decode paths, rollout engine, trai
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from support import SayAEnv
 
 from rftgym.agents.fast_decode import inverse_cdf_sample
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.agents.sampling_keys import check_key, episode_keys, keyed_seed, keyed_uniforms
 from rftgym.core.errors import ConfigError
-from rftgym.core.messages import Context, MessageIds
-from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.rollout import RolloutConfig, run_episodes
 
 PROMPTS = [[1, 5, 6, 7], [1, 8, 9], [1, 10, 11, 12, 13, 14], [1, 4]]
@@ -133,21 +131,13 @@ def test_keys_must_match_the_prompts(make_char_policy):
 # ---------------------------------------------------------------- the rollout engine
 
 
-class CountDownEnv(gym.Env):
+class CountDownEnv(SayAEnv):
     """Three turns of "say something"; the reward is the reply's length (so replies matter)."""
 
-    metadata = {"render_modes": []}
-
-    def __init__(self):
-        self.observation_space = ContextSpace()
-        self.action_space = AssistantText()
-
     def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.ids = MessageIds.from_rng(self.np_random)
-        self.left = 3
-        self.context = Context((self.ids.message("user", "say " + "abc"[int(self.np_random.integers(3))]),))
-        return self.context, {}
+        context, info = super().reset(seed=seed)
+        self.left, self.context = 3, context
+        return context, info
 
     def step(self, action):
         self.left -= 1
