@@ -84,6 +84,19 @@ def _env_spec(env_id: str):
     return spec
 
 
+def _json_object(text: str | None, flag: str) -> dict | None:
+    """A flag's JSON object (None when the flag is not given)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc}); give an object, e.g. {flag} '{{\"top_k\": 20}}'") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: give a JSON object, e.g. {flag} '{{\"top_k\": 20}}', not {type(value).__name__}")
+    return value
+
+
 def _seed_or_none(value: str) -> int | None:
     if value.strip().lower() == "none":
         return None
@@ -199,7 +212,7 @@ AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
             "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
-            "seed": "--sample-seed"},
+            "seed": "--sample-seed", "extra_body": "--api-extra"},
     "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
            "max_batch_size": "--num-envs", "seed": "--sample-seed"},
 }
@@ -240,7 +253,8 @@ def _check_model_dir(model: str | None) -> None:
 
 AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
                    "api": (("api_base", "--api-base"), ("api_model", "--api-model"), ("api_timeout", "--api-timeout"),
-                           ("api_max_retries", "--api-max-retries"), ("api_backoff", "--api-backoff"))}
+                           ("api_max_retries", "--api-max-retries"), ("api_backoff", "--api-backoff"),
+                           ("api_extra", "--api-extra"))}
 
 
 def _check_agent_flags(args: argparse.Namespace) -> None:
@@ -275,7 +289,9 @@ def _make_agent(args: argparse.Namespace):
         # A transport flag left out keeps ChatAPIConfig's default.
         transport = {name: value for name, value in (("timeout_s", args.api_timeout),
                                                      ("max_retries", args.api_max_retries),
-                                                     ("backoff_s", args.api_backoff)) if value is not None}
+                                                     ("backoff_s", args.api_backoff),
+                                                     ("extra_body", _json_object(args.api_extra, "--api-extra")))
+                     if value is not None}
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
                                      max_concurrency=args.num_envs, seed=args.sample_seed, **transport)
@@ -975,6 +991,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-backoff", type=float, default=None,
                    help="seconds the first retry waits at most; each later one up to twice as long, at most 8 s, "
                         "at random so that requests spread out (default 0.5)")
+    p.add_argument("--api-extra", default=None, metavar="JSON",
+                   help="a JSON object merged into every request body, for server options such as vLLM's "
+                        "'{\"top_k\": 20}' or '{\"chat_template_kwargs\": {\"enable_thinking\": false}}'")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per reply at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass (default 1.0: off)")

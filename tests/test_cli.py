@@ -1016,6 +1016,8 @@ def test_the_api_agents_flags_reach_its_config():
         (2, 0.25, 7.0, 11, 3)
     defaults = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API])).config
     assert (defaults.max_retries, defaults.backoff_s, defaults.timeout_s, defaults.seed) == (5, 0.5, 60.0, 0)
+    extra = build_parser().parse_args(["eval", ENV_ID, *API, "--api-extra", '{"top_k": 20, "chat_template_kwargs": {}}'])
+    assert _build_agent(extra).config.extra_body == {"top_k": 20, "chat_template_kwargs": {}}
     # none: no seed (a server that refuses the field), fresh randomness for the local agents
     assert _build_agent(build_parser().parse_args(["eval", ENV_ID, *API, "--sample-seed", "none"])).config.seed is None
 
@@ -1025,6 +1027,9 @@ def test_the_api_agents_flags_reach_its_config():
     ([*API, "--api-backoff", "-1"], "--api-backoff: ChatAPIConfig.backoff_s must be a number of seconds >= 0"),
     (["--agent", "random", "--api-max-retries", "2", "--api-backoff", "1"],
      "--api-max-retries and --api-backoff are for --agent api, and this run's agent is random"),
+    ([*API, "--api-extra", "{top_k: 20}"], "--api-extra: not valid JSON"),
+    ([*API, "--api-extra", "[1, 2]"], "--api-extra: give a JSON object"),
+    ([*API, "--api-extra", '{"model": "other"}'], "--api-extra: ChatAPIConfig.extra_body must not set ['model']"),
 ])
 def test_bad_api_flags_are_named(argv, message, tmp_path, capsys):
     assert exit_code(["eval", ENV_ID, *argv, "--out", str(tmp_path / "e.jsonl")]) == 2
