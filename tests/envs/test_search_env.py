@@ -165,6 +165,52 @@ def test_each_violation_is_flagged_and_gates_the_reward(second_turn, kind, gate,
         assert info["protocol_violation"] is None and info["protocol_violations"] == 1
     assert terminated and info["gated"] and info["f1"] == 1.0
     assert reward == pytest.approx(factor)
+    # The answer matched, but not within the protocol: no success (RFT keeps successes).
+    assert info["em"] == 1.0 and info["success"] is False
+
+
+@pytest.mark.parametrize("second_turn", [
+    "<think>The first result names it.</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
+    "<think>Weighing them <evaluate>score: 8 ok</evaluate></think><answer>{gold}</answer>",
+    "  <think>a</think>\n<think>b</think> <evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
+])
+def test_thinking_before_the_evaluation_keeps_the_protocol(second_turn):
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 1})
+    gold = env.question.answers[0]
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, reward, terminated, _, info = env.step(second_turn.format(gold=gold))
+    assert info["protocol_violation"] is None and info["evaluation_score"] == 8
+    assert terminated and reward == 1.0 and info["success"] is True
+    # Words outside a <think> before it still skip the evaluation.
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, _, _, _, info = env.step("<think>a</think> So: <evaluate>score: 8 ok</evaluate>")
+    assert info["protocol_violation"] == "skipped_evaluation"
+
+
+def test_with_search_in_think_the_default_prompt_says_to_search_while_thinking():
+    context, _ = SearchEvalQAEnv(search_in_think=True).reset(seed=0)
+    assert "search from within your thinking" in context[0].content
+    context, _ = SearchEvalQAEnv(search_in_think=True, system_prompt="mine").reset(seed=0)
+    assert context[0].content == "mine"  # a prompt of the user's own is kept
+
+
+def test_a_corpus_without_the_questions_evidence_is_warned_of(tmp_path):
+    import json
+
+    questions = [{"_id": "q1", "question": "Where was Alda born?", "answer": "Veloria",
+                  "context": [["Alda Mertz", ["Alda Mertz was born in Veloria."]]],
+                  "supporting_facts": [["Alda Mertz", 0]]}]
+    (tmp_path / "qa.json").write_text(json.dumps(questions))
+    (tmp_path / "other.json").write_text(json.dumps({"Bern": ["Bern is a city."]}))
+    (tmp_path / "same.json").write_text(json.dumps({"Alda Mertz": ["Alda Mertz was born in Veloria."],
+                                                    "Bern": ["Bern is a city."]}))
+    with pytest.warns(UserWarning, match=r"holds none of the 1 documents the questions name as evidence"):
+        SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "other.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "same.json"))
 
 
 def test_two_searches_in_one_turn_run_one_and_flag_it():

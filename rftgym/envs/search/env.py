@@ -27,7 +27,8 @@ Action
         a search nor an answer.
 
     The protocol: the turn right after a search must *begin* with ``<evaluate>`` (leading white
-    space aside); after it, the same turn may search again or answer. Example episode::
+    space and thinking aside: ``<think>…</think>`` blocks before it, or the text of the ``<think>``
+    it sits in); after it, the same turn may search again or answer. Example episode::
 
         assistant: <search>Alda Mertz</search>
         user:      <information>[1] id=person-3 | Alda Mertz …</information> …
@@ -64,8 +65,9 @@ Info keys
     violation kind, or None), ``protocol_violations`` (episode count of violating turns),
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
     ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1``, ``gated``, ``format_error``,
-    ``success`` (exact match, or a refusal of an unanswerable question), and ``expected`` (the
-    gold answers) once the episode has ended.
+    ``success`` (exact match, or a refusal of an unanswerable question, in an episode without a
+    protocol violation; ``em`` is the match alone), and ``expected`` (the gold answers) once the
+    episode has ended.
 
 Options to ``reset``
     ``task_index`` picks a question of a loaded dataset; ``hops`` (1-4) and ``answerable``
@@ -85,6 +87,8 @@ Version history
 
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +115,15 @@ DEFAULT_SYSTEM_PROMPT = (
     "<evaluate>score: N short note</evaluate>, rating the results' usefulness with an integer N from 0 to 10. "
     "Then search again or give the final answer, a short phrase, in <answer></answer>. If the question cannot "
     "be answered from the documents, answer <answer>unknown</answer>."
+)
+# With search_in_think=True (the default prompt only): searches go inside the model's thinking.
+THINKING_SYSTEM_PROMPT = (
+    "Answer the question using a search engine. Think inside <think></think>, and search from within your "
+    "thinking with <search>query</search>; the results come back inside <information></information>. Your "
+    "reply right after every search must begin with <evaluate>score: N short note</evaluate> (thinking in "
+    "<think></think> may come first), rating the results' usefulness with an integer N from 0 to 10. Then search "
+    "again or give the final answer, a short phrase, in <answer></answer>, outside <think>. If the question "
+    "cannot be answered from the documents, answer <answer>unknown</answer>."
 )
 MAX_QUERY_CHARS = 500
 RETRIEVER_NAMES = ("bm25", "dense", "remote")
@@ -217,6 +230,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             if cfg.corpus_path is None and not has_own_corpus(cfg.dataset_path):
                 raise ConfigError(f"{cfg.dataset_path} holds questions only; give corpus_path too")
             documents = load_corpus(cfg.corpus_path or cfg.dataset_path)
+            if cfg.corpus_path is not None:
+                _warn_if_no_evidence(self.questions, documents, cfg.corpus_path)
         self._documents = documents
         self._open_resources()
         # Every observation must lie in the space: the longest message is a search result (top_k
@@ -225,7 +240,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         longest_question = max((len(q.question) for q in self.questions or ()), default=0)
         self.observation_space, self.action_space = chat_spaces(
             max_messages=2 + 2 * cfg.max_turns, max_action_chars=cfg.max_action_chars,
-            longest_message=max(longest_question, len(cfg.system_prompt or ""),
+            longest_message=max(longest_question, len(cfg.system_prompt or ""), len(THINKING_SYSTEM_PROMPT),
                                 2_000 + cfg.top_k * (longest_title + cfg.max_doc_chars + 64)))
         self.question: Question | None = None
         self._context = Context()
@@ -262,7 +277,9 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
         if self.config.system_prompt:
-            messages.append(self._ids.message("system", self.config.system_prompt))
+            thinking = self.config.search_in_think and self.config.system_prompt == DEFAULT_SYSTEM_PROMPT
+            messages.append(self._ids.message("system", THINKING_SYSTEM_PROMPT if thinking else
+                                              self.config.system_prompt))
         messages.append(self._ids.message("user", f"Question: {self.question.question}"))
         self._context = Context(tuple(messages))
         self._turn = 0
@@ -289,6 +306,9 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if outcome.terminated:
             outcome.gated = self._violations > 0
             reward = outcome.score * (self.config.gate_multiplier if outcome.gated else 1.0)
+            # Solved within the protocol: a gated episode is no success (rejection-sampling
+            # fine-tuning keeps successes, and would teach skipping the evaluations); em keeps the match.
+            outcome.success = outcome.success and not outcome.gated
         self._done = outcome.terminated or truncated
         if not self._done:
             context = context.appended(self._ids.message("user", outcome.feedback()))
@@ -330,7 +350,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             first = calls[0] if calls else None
-            if first is not None and first.name == "evaluate" and not action[:first.start].strip():
+            if first is not None and first.name == "evaluate" and _only_thinking(action[:first.start]):
                 calls = calls[1:]
                 self._evaluate(first.body, out)
                 out.evaluation_end = first.end
@@ -465,6 +485,28 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if self._done:
             info["expected"] = list(self.question.answers)
         return info
+
+
+def _only_thinking(prefix: str) -> bool:
+    """Whether the text before a turn's ``<evaluate>`` is only thinking: closed ``<think>`` blocks
+    and, when the evaluation sits inside one still open, that block's text."""
+    opened, closed = prefix.rfind("<think>"), prefix.rfind("</think>")
+    if opened > closed:  # the evaluation is inside a <think> opened here
+        prefix = prefix[:opened]
+    return not re.sub(r"<think>.*?</think>", "", prefix, flags=re.S).strip()
+
+
+def _warn_if_no_evidence(questions: list[Question], documents, corpus_path: str) -> None:
+    """``corpus_path`` replaces the questions' own paragraphs as the corpus searched (as in
+    Search-R1, where a Wikipedia dump serves every dataset). A corpus that holds none of the
+    documents the questions name as evidence makes every question unanswerable from retrieval:
+    most likely the corpus of another dataset."""
+    gold = {title for q in questions for title in q.gold_titles}
+    if gold and not gold & {d.title for d in documents}:
+        warnings.warn(f"corpus_path {corpus_path} holds none of the {len(gold)} documents the questions name as "
+                      "evidence (by title); it replaces the questions' own paragraphs, so retrieval cannot find "
+                      "their evidence. Is it the corpus of another dataset? Leave corpus_path out to search the "
+                      "questions' own paragraphs", stacklevel=3)
 
 
 @dataclass
