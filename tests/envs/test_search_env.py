@@ -130,6 +130,7 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None), ("1e400", None), ("10abc", None),
     ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")), ("7 / 10 good", (7, "good")),
     ("score: 4/5", None), ("8/100", None), ("1 /2 useless", None),  # fractions of another whole
+    ("\uff17 good", None), ("\u0667", None),  # a fullwidth or Arabic-Indic 7 is not an ASCII score
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
@@ -481,3 +482,16 @@ def test_generator_reset_options_are_checked():
         env.reset(seed=0, options={"hops": 9})
     _, info = env.reset(seed=0, options={"answerable": False})
     assert info["answerable"] is False
+
+
+def test_nq_open_answers_load_and_a_bad_gold_answer_is_named(tmp_path):
+    from rftgym.core.errors import DataFormatError
+    from rftgym.envs.search.corpora import load_questions
+
+    path = tmp_path / "nq_open.jsonl"
+    path.write_text('{"question": "who wrote it?", "answer": ["Bob Ray", "Robert Ray"]}\n')
+    (question,) = load_questions(str(path))
+    assert question.answers == ("Bob Ray", "Robert Ray")
+    path.write_text('{"question": "when?", "golden_answers": ["1999", 2000]}\n')
+    with pytest.raises(DataFormatError, match=r"nq_open.jsonl:1: .*golden_answers\[1\] is 2000"):
+        load_questions(str(path))

@@ -51,7 +51,7 @@ HOTPOTQA_SHAPE = "a JSON list of HotpotQA records {_id, question, answer, contex
 TITLE_SENTENCES_SHAPE = "a JSON object {title: [sentences]}"
 TITLE_TEXT_SHAPE = "a JSON list of {title, text} objects"
 FLASHRAG_SHAPE = 'JSONL lines {"id": ..., "contents": "\\"Title\\"\\ntext"}'
-NQ_SHAPE = 'JSONL lines {"question": str, "golden_answers": [str, ...]} (optionally "id")'
+NQ_SHAPE = 'JSONL lines {"question": str, "golden_answers": [str, ...]} (or NQ-open\'s "answer"; optionally "id")'
 MUSIQUE_SHAPE = 'JSONL lines {"id", "question", "answer", "paragraphs": [{"title", "paragraph_text"}]}'
 
 
@@ -226,10 +226,14 @@ def load_nq_questions(path: str | os.PathLike) -> list[Question]:
     path = Path(path)
     questions = []
     for number, record in read_jsonl(path, NQ_SHAPE):
-        answers = record.get("golden_answers")
+        # FlashRAG's (Search-R1's) key, or NQ-open's own.
+        key = "golden_answers" if "golden_answers" in record or "answer" not in record else "answer"
+        answers = record.get(key)
         if not isinstance(record.get("question"), str) or not _is_str_list(answers) or not answers:
+            odd = next((f"; {key}[{i}] is {a!r}" for i, a in enumerate(answers) if not isinstance(a, str)), "") \
+                if isinstance(answers, list) else ""
             raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
-                                  f"'golden_answers'; expected {NQ_SHAPE}")
+                                  f"'golden_answers' (or NQ-open's 'answer'){odd}; expected {NQ_SHAPE}")
         questions.append(Question(str(record.get("id", number)), record["question"],
                                   _gold_answers(f"{path}:{number}", tuple(answers))))
     return questions

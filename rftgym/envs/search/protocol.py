@@ -13,7 +13,8 @@ import re
 
 # Lookaheads, not \b: "7.5" must fail rather than read as 7, and so must "1e400" and "10abc".
 # The last lookahead refuses a fraction of another whole ("4/5" is not 4 out of 10).
-_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?(\d{1,2})(?:\s*/\s*10)?(?!\.?\d)(?!\w)(?!\s*/)", re.IGNORECASE)
+# ASCII digits only: \d would also read a fullwidth or Arabic-Indic 7 as a score.
+_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})(?:\s*/\s*10)?(?!\.?[0-9])(?!\w)(?!\s*/)", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 
