@@ -238,7 +238,7 @@ def test_answer_without_any_search_is_not_a_violation():
 
 
 @pytest.mark.parametrize("reply, graded", [("<answer>wrong</answer> <answer>{gold}</answer>", "wrong"),
-                                            ("<answer><answer>{gold}</answer></answer>", "<answer>{gold}</answer>")])
+                                            ("<answer><answer>{gold}</answer></answer>", "{gold}")])
 def test_more_than_one_answer_is_reported(reply, graded):
     env = SearchEvalQAEnv()
     env.reset(seed=2, options={"hops": 1})
@@ -495,3 +495,11 @@ def test_nq_open_answers_load_and_a_bad_gold_answer_is_named(tmp_path):
     path.write_text('{"question": "when?", "golden_answers": ["1999", 2000]}\n')
     with pytest.raises(DataFormatError, match=r"nq_open.jsonl:1: .*golden_answers\[1\] is 2000"):
         load_questions(str(path))
+
+
+def test_tool_markup_inside_an_answer_is_not_part_of_it():
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 1})
+    gold = env.question.answers[0]
+    _, reward, terminated, _, info = env.step(f"<answer>{gold} <search>more</search></answer>")
+    assert terminated and info["answer"] == gold and info["em"] == 1.0 and reward == 1.0

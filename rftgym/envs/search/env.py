@@ -382,7 +382,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             else:
                 if searched:
                     out.flag("answer_before_evaluation")
-                self._answer(tag.text, out)
+                self._answer(_answer_text(tag.text), out)
                 return out
         if searched:
             self._awaiting_evaluation = True
@@ -485,6 +485,13 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if self._done:
             info["expected"] = list(self.question.answers)
         return info
+
+
+def _answer_text(text: str) -> str:
+    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
+    answers X): the tags and what they enclose are not part of the answer."""
+    text = re.sub(r"<(search|evaluate|think)>.*?</\1>", " ", text, flags=re.S)
+    return " ".join(re.sub(r"</?(?:search|evaluate|think|answer)>", " ", text).split())
 
 
 def _only_thinking(prefix: str) -> bool:
