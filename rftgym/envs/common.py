@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Any, TypeVar
 
@@ -96,6 +97,17 @@ MAX_REPORTED_PROBLEMS = 3
 
 # What an env says of an <answer> written inside <think>…</think> (reasoning, not the reply's answer).
 ANSWER_IN_THINK = "an <answer> inside <think> is reasoning, not an answer; it was not graded (give it after </think>)"
+
+
+def answer_text(text: str, tags) -> str:
+    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
+    answers X): the env's other tags and what they enclose are not part of the answer, and a
+    nested ``<answer>`` tag is not either."""
+    for tag in tags:
+        if tag != "answer":
+            text = re.sub(rf"<{re.escape(tag)}\b[^>]*>.*?</{re.escape(tag)}>", " ", text, flags=re.S)
+    names = "|".join(re.escape(tag) for tag in tags)
+    return " ".join(re.sub(rf"</?(?:{names})\b[^>]*>", " ", text).split())
 
 
 def summarize_problems(problems) -> str | None:

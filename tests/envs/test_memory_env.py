@@ -354,3 +354,14 @@ def test_reset_hops_must_be_integers(hops):
         env.reset(seed=0, options={"objectives": 1, "hops": hops})
     _, info = env.reset(seed=0, options={"objectives": 2, "hops": ["2", 1]})  # as --env-arg may give them
     assert len(info["hops"]) == 2 and set(info["hops"]) <= {1, 2}
+
+
+def test_tool_markup_inside_an_answer_is_not_part_of_it():
+    env = small_env()
+    env.reset(seed=3, options={"objectives": 1, "hops": 1})
+    gold = env.task.objectives[0].answers[0]
+    _, reward, terminated, _, info = env.step(f'<answer id="1">{gold} <search>more</search></answer>')
+    assert terminated and reward == 1.0 and info["answers"] == {"1": gold}
+    env.reset(seed=3, options={"objectives": 1, "hops": 1})
+    _, _, terminated, _, info = env.step('<answer id="1"><search>only markup</search></answer>')
+    assert not terminated and "the answer to objective 1 is empty" in info["format_error"]

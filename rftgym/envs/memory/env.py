@@ -111,8 +111,9 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
-                      check_step_call, read_action, render_context, resolve_config, summarize_problems)
+from ..common import (answer_text, chat_spaces, check_generator_only, check_path_options, check_render_mode,
+                      check_reset_options, check_step_call, read_action, render_context, resolve_config,
+                      summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -479,17 +480,17 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         count = len(self.task.objectives)
         if k is None:
             turn.problems.append(f'an <answer> needs id="N" with N from 1 to {count}; it was not recorded')
-        elif not tag.text:
+        elif not (text := answer_text(tag.text, self.config.tags)):
             turn.problems.append(f"the answer to objective {k} is empty; it was not recorded")
         elif k in self._answers:
             turn.problems.append(f"objective {k} was already answered; the first answer stands")
         else:
-            self._answers[k] = tag.text
+            self._answers[k] = text
             golds = self.task.objectives[k - 1].answers
             if self.config.answer_metric == "em":
-                self._correct[k] = best_score("em", tag.text, golds) == 1.0
+                self._correct[k] = best_score("em", text, golds) == 1.0
             else:
-                self._correct[k] = best_score("f1", tag.text, golds) >= self.config.f1_threshold
+                self._correct[k] = best_score("f1", text, golds) >= self.config.f1_threshold
             turn.notes.append(f"Answer to question {k} recorded.")
 
     def _objective_number(self, raw: str | None) -> int | None:

@@ -96,9 +96,9 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
-                      summarize_problems)
+from ..common import (ANSWER_IN_THINK, answer_text, chat_spaces, check_generator_only, check_path_options,
+                      check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -382,7 +382,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             else:
                 if searched:
                     out.flag("answer_before_evaluation")
-                self._answer(_answer_text(tag.text), out)
+                self._answer(answer_text(tag.text, self.config.tags), out)
                 return out
         if searched:
             self._awaiting_evaluation = True
@@ -485,13 +485,6 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if self._done:
             info["expected"] = list(self.question.answers)
         return info
-
-
-def _answer_text(text: str) -> str:
-    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
-    answers X): the tags and what they enclose are not part of the answer."""
-    text = re.sub(r"<(search|evaluate|think)>.*?</\1>", " ", text, flags=re.S)
-    return " ".join(re.sub(r"</?(?:search|evaluate|think|answer)>", " ", text).split())
 
 
 def _only_thinking(prefix: str) -> bool:
