@@ -101,13 +101,18 @@ ANSWER_IN_THINK = "an <answer> inside <think> is reasoning, not an answer; it wa
 
 def answer_text(text: str, tags) -> str:
     """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
-    answers X): the env's other tags and what they enclose are not part of the answer, and a
-    nested ``<answer>`` tag is not either."""
-    for tag in tags:
-        if tag != "answer":
-            text = re.sub(rf"<{re.escape(tag)}\b[^>]*>.*?</{re.escape(tag)}>", " ", text, flags=re.S)
+    answers X): the env's tags (any case) and what they enclose are not part of the answer, a
+    nested ``<answer>`` included (it is a call of its own); an inner tag never closed runs to the
+    end. White space is collapsed."""
     names = "|".join(re.escape(tag) for tag in tags)
-    return " ".join(re.sub(rf"</?(?:{names})\b[^>]*>", " ", text).split())
+    opening = rf"<\s*({names})(?=[\s>/])[^>]*>"
+    while True:  # innermost elements first, so nested ones go too
+        text, removed = re.subn(rf"{opening}(?:(?!<\s*/?\s*(?:{names})(?=[\s>/])).)*?<\s*/\s*\1\s*>", " ", text,
+                                flags=re.I | re.S)
+        if not removed:
+            break
+    text = re.sub(rf"{opening}.*", " ", text, flags=re.I | re.S)  # an element never closed
+    return " ".join(re.sub(rf"<\s*/\s*(?:{names})\s*>", " ", text, flags=re.I).split())
 
 
 def summarize_problems(problems) -> str | None:

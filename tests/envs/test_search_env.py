@@ -174,6 +174,11 @@ def test_each_violation_is_flagged_and_gates_the_reward(second_turn, kind, gate,
     "<think>The first result names it.</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
     "<think>Weighing them <evaluate>score: 8 ok</evaluate></think><answer>{gold}</answer>",
     "  <think>a</think>\n<think>b</think> <evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
+    "<THINK>a</THINK><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
+    '<think mode="deep">a<think>b</think>c</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>',
+    # thinking a template (or the turn before) opened, closed in this reply
+    "Rating them.</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>",
+    "Now rate: <evaluate>score: 8 ok</evaluate></think><answer>{gold}</answer>",
 ])
 def test_thinking_before_the_evaluation_keeps_the_protocol(second_turn):
     env = SearchEvalQAEnv()
@@ -209,9 +214,12 @@ def test_a_corpus_without_the_questions_evidence_is_warned_of(tmp_path):
                                                     "Bern": ["Bern is a city."]}))
     with pytest.warns(UserWarning, match=r"holds none of the 1 documents the questions name as evidence"):
         SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "other.json"))
+    (tmp_path / "cased.json").write_text(json.dumps({"alda  mertz": ["Alda Mertz was born in Veloria."]}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "same.json"))
+        # a title spelled in another case or spacing is still the document
+        SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "cased.json"))
 
 
 def test_two_searches_in_one_turn_run_one_and_flag_it():
@@ -497,9 +505,18 @@ def test_nq_open_answers_load_and_a_bad_gold_answer_is_named(tmp_path):
         load_questions(str(path))
 
 
-def test_tool_markup_inside_an_answer_is_not_part_of_it():
+@pytest.mark.parametrize("inner", ["<search>more</search>", "<SEARCH>more</SEARCH >", "<search>more"])
+def test_tool_markup_inside_an_answer_is_not_part_of_it(inner):
     env = SearchEvalQAEnv()
     env.reset(seed=5, options={"hops": 1})
     gold = env.question.answers[0]
-    _, reward, terminated, _, info = env.step(f"<answer>{gold} <search>more</search></answer>")
+    _, reward, terminated, _, info = env.step(f"<answer>{gold} {inner}</answer>")
     assert terminated and info["answer"] == gold and info["em"] == 1.0 and reward == 1.0
+    # An answer that is only markup is an empty answer: not graded, and the episode goes on.
+    env.reset(seed=5, options={"hops": 1})
+    _, reward, terminated, _, info = env.step("<answer><think>hmm</think></answer>")
+    assert not terminated and "an empty <answer> was not graded" in info["format_error"]
+    # Text that only looks like markup stays.
+    from rftgym.envs.common import answer_text
+
+    assert answer_text("x < y and a<b>c", ("search", "answer")) == "x < y and a<b>c"

@@ -350,7 +350,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             first = calls[0] if calls else None
-            if first is not None and first.name == "evaluate" and _only_thinking(action[:first.start]):
+            if first is not None and first.name == "evaluate" and _only_thinking(action[:first.start],
+                                                                                 action[first.end:]):
                 calls = calls[1:]
                 self._evaluate(first.body, out)
                 out.evaluation_end = first.end
@@ -377,12 +378,12 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
                     searched = self._search(tag.text, out)
                     if out.truncated:
                         return out
-            elif not tag.text.strip():  # an empty answer is no answer (the episode goes on)
+            elif not (answer := answer_text(tag.text, self.config.tags)):  # empty, or markup only: no answer
                 out.problems.append("an empty <answer> was not graded; put the answer inside <answer>…</answer>")
             else:
                 if searched:
                     out.flag("answer_before_evaluation")
-                self._answer(answer_text(tag.text, self.config.tags), out)
+                self._answer(answer, out)
                 return out
         if searched:
             self._awaiting_evaluation = True
@@ -487,13 +488,32 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         return info
 
 
-def _only_thinking(prefix: str) -> bool:
-    """Whether the text before a turn's ``<evaluate>`` is only thinking: closed ``<think>`` blocks
-    and, when the evaluation sits inside one still open, that block's text."""
-    opened, closed = prefix.rfind("<think>"), prefix.rfind("</think>")
-    if opened > closed:  # the evaluation is inside a <think> opened here
-        prefix = prefix[:opened]
-    return not re.sub(r"<think>.*?</think>", "", prefix, flags=re.S).strip()
+_THINK_OPEN = re.compile(r"<\s*think(?=[\s>])[^>]*>", re.I)
+_THINK_CLOSE = re.compile(r"<\s*/\s*think\s*>", re.I)
+_THINK_BLOCK = re.compile(r"<\s*think(?=[\s>])[^>]*>(?:(?!<\s*/?\s*think\b).)*<\s*/\s*think\s*>", re.I | re.S)
+
+
+def _only_thinking(prefix: str, rest: str = "") -> bool:
+    """Whether the text before a turn's ``<evaluate>`` (``prefix``; ``rest`` is what follows it)
+    is only thinking: ``<think>`` blocks (any case, nested too), the text of one still open around
+    the evaluation, and text before a ``</think>`` whose opening came earlier (a template that
+    opens the thinking, or thinking carried over from the turn before)."""
+    while True:  # innermost blocks first, so nested ones go too
+        prefix, removed = _THINK_BLOCK.subn(" ", prefix)
+        if not removed:
+            break
+    closing = _THINK_CLOSE.search(prefix)
+    if closing and not _THINK_OPEN.search(prefix, 0, closing.start()):
+        prefix = prefix[closing.end():]
+    elif not closing and not _THINK_OPEN.search(prefix):
+        # No thinking markup before it: thinking still open from earlier when a </think> closes it later.
+        later_close, later_open = _THINK_CLOSE.search(rest), _THINK_OPEN.search(rest)
+        if later_close and (later_open is None or later_close.start() < later_open.start()):
+            return True
+    opening = _THINK_OPEN.search(prefix)
+    if opening:  # the evaluation is inside a <think> opened here
+        prefix = prefix[:opening.start()]
+    return not prefix.strip()
 
 
 def _warn_if_no_evidence(questions: list[Question], documents, corpus_path: str) -> None:
@@ -501,8 +521,11 @@ def _warn_if_no_evidence(questions: list[Question], documents, corpus_path: str)
     Search-R1, where a Wikipedia dump serves every dataset). A corpus that holds none of the
     documents the questions name as evidence makes every question unanswerable from retrieval:
     most likely the corpus of another dataset."""
-    gold = {title for q in questions for title in q.gold_titles}
-    if gold and not gold & {d.title for d in documents}:
+    def norm(title: str) -> str:  # as a retriever would still find it: case, spaces, underscores aside
+        return " ".join(title.replace("_", " ").casefold().split())
+
+    gold = {norm(title) for q in questions for title in q.gold_titles}
+    if gold and not any(norm(d.title) in gold for d in documents):
         warnings.warn(f"corpus_path {corpus_path} holds none of the {len(gold)} documents the questions name as "
                       "evidence (by title); it replaces the questions' own paragraphs, so retrieval cannot find "
                       "their evidence. Is it the corpus of another dataset? Leave corpus_path out to search the "
