@@ -46,7 +46,7 @@ from ..core.messages import Context
 from ..core.values import is_int
 from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
-from .sampling_keys import UNKEYED, SampleKey, check_key, keyed_seed
+from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
 
@@ -541,7 +541,7 @@ class ChatAPIAgent(Agent):
         """Each request's ``seed`` (None: none sent). A keyed request's comes from its key alone;
         unkeyed ones take the agent's next streams in order, so that repeated calls (or one
         context asked several times in a batch) sample afresh, yet the same calls replay."""
-        keys = None if sample_keys is None else [check_key(key) for key in sample_keys]
+        keys = None if sample_keys is None else list(sample_keys)  # each checked where its seed is made
         if keys is not None and len(keys) != count:
             raise ValueError(f"{len(keys)} sample keys for {count} contexts; give one per context")
         if not self._sends_seed:

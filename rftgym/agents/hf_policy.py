@@ -32,7 +32,7 @@ from ..core.messages import Context, Message
 from ..core.values import is_int
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_tokens import ChatTokenizer
-from .sampling_keys import SampleKey, check_key, keyed_uniforms
+from .sampling_keys import SampleKey, keyed_uniforms
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class HFPolicy(Agent):
             return None
         n = sampling.max_new_tokens
         if keys is not None:
-            keys = [check_key(key) for key in keys]
+            keys = list(keys)  # each checked where its stream is made
             if len(keys) != rows:
                 raise ValueError(f"{len(keys)} sample keys for {rows} prompts; give one per prompt")
             if sampling.seed is not None:

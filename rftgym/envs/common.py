@@ -99,19 +99,27 @@ MAX_REPORTED_PROBLEMS = 3
 ANSWER_IN_THINK = "an <answer> inside <think> is reasoning, not an answer; it was not graded (give it after </think>)"
 
 
-def answer_text(text: str, tags) -> str:
-    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
-    answers X): the env's tags (any case) and what they enclose are not part of the answer, a
-    nested ``<answer>`` included (it is a call of its own); an inner tag never closed runs to the
-    end. White space is collapsed."""
-    names = "|".join(re.escape(tag) for tag in tags)
-    opening = rf"<\s*({names})(?=[\s>/])[^>]*>"
-    while True:  # innermost elements first, so nested ones go too
-        text, removed = re.subn(rf"{opening}(?:(?!<\s*/?\s*(?:{names})(?=[\s>/])).)*?<\s*/\s*\1\s*>", " ", text,
-                                flags=re.I | re.S)
+def without_elements(text: str, names, *, unclosed: bool = False) -> str:
+    """``text`` without its ``<name ...>…</name>`` elements for ``names`` (tags of any case, as
+    the tag parser reads them; nested ones too, innermost first). With ``unclosed``, an element
+    never closed runs to the end and goes as well."""
+    alternatives = "|".join(re.escape(name) for name in names)
+    opening = rf"<\s*({alternatives})(?=[\s>/])[^>]*>"
+    element = re.compile(rf"{opening}(?:(?!<\s*/?\s*(?:{alternatives})(?=[\s>/])).)*?<\s*/\s*\1\s*>", re.I | re.S)
+    while True:
+        text, removed = element.subn(" ", text)
         if not removed:
             break
-    text = re.sub(rf"{opening}.*", " ", text, flags=re.I | re.S)  # an element never closed
+    return re.sub(rf"{opening}.*", " ", text, flags=re.I | re.S) if unclosed else text
+
+
+def answer_text(text: str, tags) -> str:
+    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
+    answers X): the env's tags and what they enclose are not part of the answer, a nested
+    ``<answer>`` included (it is a call of its own); an inner tag never closed runs to the end.
+    White space is collapsed."""
+    text = without_elements(text, tags, unclosed=True)
+    names = "|".join(re.escape(tag) for tag in tags)
     return " ".join(re.sub(rf"<\s*/\s*(?:{names})\s*>", " ", text, flags=re.I).split())
 
 

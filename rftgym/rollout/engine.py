@@ -244,25 +244,27 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
                          "records both (or neither)")
     for field in ("prompt_ids", "sampled_ids"):
         ids = getattr(reply, field)
-        # Plain ints first (a whole prompt, every turn: the numbers ABC is slow); numpy's count too.
-        if isinstance(ids, (str, bytes)) or not (all(type(t) is int for t in ids) or all(is_int(t) for t in ids)):
+        # Plain ints in a list first, in one pass (a whole prompt, every turn: the numbers ABC is
+        # slow); other sequences of integers (numpy's too) become such a list.
+        if type(ids) is list and all(type(t) is int for t in ids):
+            continue
+        if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
             raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
-        if type(ids) is not list or not all(type(t) is int for t in ids):
-            setattr(reply, field, [int(t) for t in ids])
+        setattr(reply, field, [int(t) for t in ids])
     if reply.logprobs is not None:
         if len(reply.logprobs) != len(reply.sampled_ids):
             raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
                              f"{len(reply.sampled_ids)} sampled tokens; give one per token")
         if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in reply.logprobs):
             raise AgentError(f"agent {name!r} returned log-probs that are not numbers")
+        logprobs = [float(x) for x in reply.logprobs]
         # A sampled token's log-prob is finite and at most 0 (a little above 0 is float rounding).
-        bad = [float(x) for x in reply.logprobs if not -math.inf < x <= LOGPROB_ROUNDING]
-        if bad:
-            raise AgentError(f"agent {name!r} returned the log-prob {bad[0]} for a sampled token; a sampled token's "
+        bad = next((x for x in logprobs if not -math.inf < x <= LOGPROB_ROUNDING), None)
+        if bad is not None:
+            raise AgentError(f"agent {name!r} returned the log-prob {bad} for a sampled token; a sampled token's "
                              "log-prob is finite and at most 0 (NaN, infinite or positive ones would turn training's "
                              "importance ratios into NaN or nonsense)")
-        if type(reply.logprobs) is not list or not all(type(x) is float for x in reply.logprobs):
-            reply.logprobs = [float(x) for x in reply.logprobs]
+        reply.logprobs = logprobs
 
 
 def _snapshot(info: dict) -> dict:

@@ -98,7 +98,7 @@ import numpy as np
 from ...core.errors import ConfigError
 from ..common import (ANSWER_IN_THINK, answer_text, chat_spaces, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+                      render_context, resolve_config, summarize_problems, without_elements)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -490,7 +490,6 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
 _THINK_OPEN = re.compile(r"<\s*think(?=[\s>])[^>]*>", re.I)
 _THINK_CLOSE = re.compile(r"<\s*/\s*think\s*>", re.I)
-_THINK_BLOCK = re.compile(r"<\s*think(?=[\s>])[^>]*>(?:(?!<\s*/?\s*think\b).)*<\s*/\s*think\s*>", re.I | re.S)
 
 
 def _only_thinking(prefix: str, rest: str = "") -> bool:
@@ -498,10 +497,7 @@ def _only_thinking(prefix: str, rest: str = "") -> bool:
     is only thinking: ``<think>`` blocks (any case, nested too), the text of one still open around
     the evaluation, and text before a ``</think>`` whose opening came earlier (a template that
     opens the thinking, or thinking carried over from the turn before)."""
-    while True:  # innermost blocks first, so nested ones go too
-        prefix, removed = _THINK_BLOCK.subn(" ", prefix)
-        if not removed:
-            break
+    prefix = without_elements(prefix, ("think",))
     closing = _THINK_CLOSE.search(prefix)
     if closing and not _THINK_OPEN.search(prefix, 0, closing.start()):
         prefix = prefix[closing.end():]
