@@ -69,10 +69,15 @@ def check_key(key, what: str = "a sample key") -> SampleKey:
     return tuple(int(part) for part in parts)
 
 
+def keyed_generator(seed: int, key: SampleKey) -> np.random.Generator:
+    """The stream of one keyed reply: a generator seeded by ``(seed, key)`` alone."""
+    return np.random.default_rng(_seed_sequence(seed, key, REPLY))
+
+
 def keyed_uniforms(seed: int, keys: Sequence[SampleKey], count: int) -> np.ndarray:
     """``[len(keys), count]`` float64 draws from U[0, 1): row i from the stream of ``(seed, keys[i])``
     alone, so a row is the same in any batch."""
-    rows = [np.random.default_rng(_seed_sequence(seed, key, REPLY)).random(count) for key in keys]
+    rows = [keyed_generator(seed, key).random(count) for key in keys]
     return np.stack(rows) if rows else np.zeros((0, count))
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from ..core.messages import Context
 from ..core.spaces import random_text
 from .base import Agent, AgentReply
+from .sampling_keys import SampleKey, keyed_generator
 
 
 def assistant_turns(context: Context) -> int:
@@ -39,17 +40,41 @@ class ScriptedAgent(Agent):
         return out
 
 
-class RandomTextAgent(Agent):
+class _SeededTextAgent(Agent):
+    """A text agent that draws each reply from a generator: with ``sample_keys`` (the rollout
+    engine passes them), the stream of ``(seed, key)``, so an episode gets the same replies in any
+    batch; without keys, or with ``seed=None``, the agent's own stream, in call order."""
+
+    keyed_sampling = True
+
+    def __init__(self, seed: int | None = 0):
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, contexts: Sequence[Context], sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        if sample_keys is not None and len(sample_keys) != len(contexts):
+            raise ValueError(f"{len(sample_keys)} sample keys for {len(contexts)} contexts; give one per context")
+        if sample_keys is None or self.seed is None:
+            streams = [self.rng] * len(contexts)
+        else:
+            streams = [keyed_generator(self.seed, key) for key in sample_keys]
+        return [AgentReply(text=self.reply_text(stream), finish_reason="stop") for stream in streams]
+
+    def reply_text(self, rng: np.random.Generator) -> str:
+        raise NotImplementedError
+
+
+class RandomTextAgent(_SeededTextAgent):
     """Random text mixed with protocol tag fragments (seeded)."""
 
     name = "random"
 
-    def __init__(self, seed: int = 0, max_chars: int = 300):
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, seed: int | None = 0, max_chars: int = 300):
+        super().__init__(seed)
         self.max_chars = max_chars
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
-        return [AgentReply(text=random_text(self.rng, self.max_chars), finish_reason="stop") for _ in contexts]
+    def reply_text(self, rng: np.random.Generator) -> str:
+        return random_text(rng, self.max_chars)
 
 
 ADVERSARIAL_TEXTS = (
@@ -82,18 +107,11 @@ ADVERSARIAL_TEXTS = (
 )
 
 
-class AdversarialAgent(Agent):
+class AdversarialAgent(_SeededTextAgent):
     """Malformed, oversized and injection-style replies, drawn and spliced at random (seeded)."""
 
     name = "adversarial"
 
-    def __init__(self, seed: int = 0):
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
-        out = []
-        for _ in contexts:
-            k = int(self.rng.integers(1, 4))
-            picks = self.rng.integers(len(ADVERSARIAL_TEXTS), size=k)
-            out.append(AgentReply(text="".join(ADVERSARIAL_TEXTS[i] for i in picks), finish_reason="stop"))
-        return out
+    def reply_text(self, rng: np.random.Generator) -> str:
+        picks = rng.integers(len(ADVERSARIAL_TEXTS), size=int(rng.integers(1, 4)))
+        return "".join(ADVERSARIAL_TEXTS[i] for i in picks)

@@ -125,3 +125,39 @@ def test_adversarial_texts_cover_the_nasty_cases():
     assert max(map(len, ADVERSARIAL_TEXTS)) > 32_000  # longer than the default action limit
     assert any("```" in t and "<answer>" in t for t in ADVERSARIAL_TEXTS)
     assert all(isinstance(t, str) for t in ADVERSARIAL_TEXTS)
+
+
+# ---------------------------------------------------------------- keyed replies
+
+@pytest.mark.filterwarnings("ignore:VerifiableQAEnv stored a reply other")  # adversarial text is cut
+@pytest.mark.parametrize("agent_cls", [RandomTextAgent, AdversarialAgent])
+def test_text_agents_give_an_episode_the_same_replies_in_any_batch(agent_cls):
+    """Keyed by the engine, an episode's replies depend on its seed, not on --num-envs or on
+    which episodes share its batch; ``rftgym eval --seed 5 --episodes 1`` replays episode 5."""
+    from rftgym.rollout.engine import RolloutConfig, run_episodes
+
+    def replies(seeds, num_envs):
+        episodes = run_episodes(lambda: VerifiableQAEnv(max_turns=3), agent_cls(seed=7), seeds,
+                                config=RolloutConfig(num_envs=num_envs))
+        return {episode.seed: [turn.action for turn in episode.turns] for episode in episodes}
+
+    one_by_one = replies(list(range(6)), 1)
+    side_by_side = replies(list(range(6)), 4)
+    assert one_by_one == side_by_side
+    assert replies([5], 1)[5] == one_by_one[5]
+    assert len({tuple(actions) for actions in one_by_one.values()}) == 6  # episodes differ
+    other_seed = run_episodes(lambda: VerifiableQAEnv(max_turns=3), agent_cls(seed=8), [5])[0]
+    assert [turn.action for turn in other_seed.turns] != one_by_one[5]
+
+
+def test_text_agents_refuse_keys_that_do_not_match_the_contexts():
+    with pytest.raises(ValueError, match="2 sample keys for 1 contexts"):
+        RandomTextAgent(seed=0).act([context_with(0)], sample_keys=[(1, 0, 0, 0), (1, 1, 0, 0)])
+
+
+def test_text_agents_without_a_seed_draw_fresh_replies():
+    batch = [context_with(0)] * 8
+    keys = [(1, i, 0, 0) for i in range(8)]
+    first = [r.text for r in AdversarialAgent(seed=None).act(batch, sample_keys=keys)]
+    second = [r.text for r in AdversarialAgent(seed=None).act(batch, sample_keys=keys)]
+    assert first != second
