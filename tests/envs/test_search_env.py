@@ -131,6 +131,9 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")), ("7 / 10 good", (7, "good")),
     ("score: 4/5", None), ("8/100", None), ("1 /2 useless", None),  # fractions of another whole
     ("\uff17 good", None), ("\u0667", None),  # a fullwidth or Arabic-Indic 7 is not an ASCII score
+    ("5-6", None), ("score: 5 - 6 relevant", None), ("5\u20136", None), ("5 to 6", None),  # ranges
+    ("50%", None), ("5 % sure", None), ("7 - 2 of 3 hits relevant", None),  # a percentage; a range-like note
+    ("7 total hits", (7, "total hits")), ("6 -- partial", (6, "partial")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected

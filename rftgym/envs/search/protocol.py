@@ -4,7 +4,8 @@ An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an
 to 10 (how useful the last search results are for answering), optionally labelled ``score:``
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
-Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``note first, score: 7``.
+Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``5-6``, ``5 to 6``,
+``50%``, ``note first, score: 7``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import re
 # Lookaheads, not \b: "7.5" must fail rather than read as 7, and so must "1e400" and "10abc".
 # The last lookahead refuses a fraction of another whole ("4/5" is not 4 out of 10).
 # ASCII digits only: \d would also read a fullwidth or Arabic-Indic 7 as a score.
-_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})(?:\s*/\s*10)?(?!\.?[0-9])(?!\w)(?!\s*/)", re.IGNORECASE)
+# A range ("5-6") or a percentage ("5%") is not a score out of 10 either; "10 - exactly it" is.
+_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})(?:\s*/\s*10)?(?!\.?[0-9])(?!\w)(?!\s*/)"
+                         r"(?!\s*%)(?!\s*(?:[-\u2013\u2014]|to\b)\s*[0-9])", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 
