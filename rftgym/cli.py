@@ -119,10 +119,37 @@ def _agent_label(agent: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", agent)
 
 
-def _agent_of_your_own(path: str):
+# eval's sampling flags: the parameter of an agent of your own each one is passed as, and its default.
+SAMPLING_FLAGS = {"--max-new-tokens": ("max_new_tokens", 256), "--temperature": ("temperature", 0.0),
+                  "--top-p": ("top_p", 1.0), "--sample-seed": ("seed", 0)}
+
+
+def _sampling_flags_given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The sampling flags set to other than their defaults: flag -> (parameter, value)."""
+    given = {}
+    for flag, (parameter, default) in SAMPLING_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value != default:
+            given[flag] = (parameter, value)
+    return given
+
+
+def _takes(factory, parameter: str) -> bool:
+    """Whether calling ``factory`` accepts ``parameter=`` (by name, or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass nothing
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == parameter and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+               for p in parameters)
+
+
+def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
     """The agent ``--agent module:name`` names: ``name`` in ``module`` (imported as an env module
-    is, the current directory on the path) is an Agent or a callable that returns one when called
-    with no arguments (a class, a factory)."""
+    is, the current directory on the path) is an Agent or a callable that returns one (a class, a
+    factory), called with the ``sampling`` flags given, each as the keyword parameter it names
+    (``--temperature 0.7`` as ``temperature=0.7``). A flag it cannot take is refused rather than
+    ignored: the run would not sample as asked."""
     from .agents.base import Agent
 
     module, _, name = path.partition(":")  # both there: _agent_choice checked the flag
@@ -131,12 +158,20 @@ def _agent_of_your_own(path: str):
     except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
         raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r} ({type(exc).__name__}: {exc}); "
                          "give module:name with a module on the Python path") from None
-    if not isinstance(found, Agent):
-        if not callable(found):
-            raise UsageError(f"--agent {path!r} is a {type(found).__name__}; name an Agent, or a class or function "
-                             "that makes one with no arguments")
+    if not isinstance(found, Agent) and not callable(found):
+        raise UsageError(f"--agent {path!r} is a {type(found).__name__}; name an Agent, or a class or function "
+                         "that makes one")
+    made = isinstance(found, Agent)
+    refused = [flag for flag, (parameter, _) in sampling.items() if made or not _takes(found, parameter)]
+    if refused:
+        what = "is an Agent already made" if made else \
+            f"takes no {' or '.join(repr(sampling[flag][0]) for flag in refused)} parameter"
+        raise UsageError(f"{' and '.join(refused)} cannot reach --agent {path!r}: it {what}, and the run would not "
+                         f"sample as asked; drop {' and '.join(refused)}, or name a class or function that takes "
+                         f"{' and '.join(sampling[flag][0] + '=' for flag in refused)}")
+    if not made:
         try:
-            found = found()
+            found = found(**{parameter: value for parameter, value in sampling.values()})
         except Exception as exc:  # noqa: BLE001 (the user's factory)
             raise AgentError(f"--agent {path!r}: making the agent raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(found, Agent):
@@ -300,7 +335,7 @@ def _make_agent(args: argparse.Namespace):
     if args.agent in ("random", "adversarial"):
         seed = args.sample_seed
         return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
-    return _agent_of_your_own(args.agent)
+    return _agent_of_your_own(args.agent, _sampling_flags_given(args))
 
 
 def _check_common(args: argparse.Namespace) -> None:
@@ -964,7 +999,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="environment option (JSON value or bare string); repeatable")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
-    p.add_argument("--sample-seed", type=_seed_or_none, default=0, metavar="{N,none}",
+    p.add_argument("--sample-seed", type=_seed_or_none, default=SAMPLING_FLAGS["--sample-seed"][1], metavar="{N,none}",
                    help="seed of the agent's sampling (with --temperature above 0; also of the random and "
                         "adversarial agents): the default and hf agents draw for each episode from a stream keyed "
                         "by this seed, its task seed and its turn, so it samples alike in any batch and in a run of "
@@ -973,7 +1008,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", type=_agent_choice, default="default", metavar="{" + ",".join(AGENTS) + ",module:name}",
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
                         "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "
-                        "or function that makes one with no arguments)")
+                        "or function that makes one; the sampling flags given are passed to it as temperature=, top_p=, "
+                        "max_new_tokens=, seed=)")
     p.add_argument("--episodes", type=int, default=None,
                    help=f"episodes, with seeds --seed, --seed+1, ... (default: every task once for an env over a "
                         f"fixed benchmark such as CodeTCG's HumanEval, else {DEFAULT_EVAL_EPISODES})")
@@ -994,9 +1030,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-extra", default=None, metavar="JSON",
                    help="a JSON object merged into every request body, for server options such as vLLM's "
                         "'{\"top_k\": 20}' or '{\"chat_template_kwargs\": {\"enable_thinking\": false}}'")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per reply at most (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass (default 1.0: off)")
+    p.add_argument("--max-new-tokens", type=int, default=SAMPLING_FLAGS["--max-new-tokens"][1],
+                   help="tokens per reply at most (default 256)")
+    p.add_argument("--temperature", type=float, default=SAMPLING_FLAGS["--temperature"][1], help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1], help="nucleus sampling's probability mass (default 1.0: off)")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)

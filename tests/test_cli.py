@@ -181,7 +181,7 @@ def test_bad_env_arg_values_say_what_is_valid(env_arg, message, capsys):
 def test_an_agents_own_crash_shows_where_it_happened(monkeypatch, capsys):
     from rftgym.agents.scripted import RandomTextAgent
 
-    def crash(self, contexts):
+    def crash(self, contexts, sample_keys=None):
         raise ZeroDivisionError("inside the agent")
 
     monkeypatch.setattr(RandomTextAgent, "act", crash)
@@ -869,6 +869,21 @@ def broken():
 
 
 NOT_AN_AGENT = 3
+MADE = Answers4()
+
+
+class Sampler(Agent):
+    # answers with the sampling settings it was made with
+
+    def __init__(self, temperature=0.0, seed=0, **others):
+        self.settings = {"temperature": temperature, "seed": seed, **others}
+
+    def act(self, contexts):
+        return [AgentReply(text=f"<answer>{sorted(self.settings.items())}</answer>") for _ in contexts]
+
+
+def sampler_without_seed(temperature):
+    return Answers4()
 """
 
 
@@ -893,6 +908,34 @@ def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypat
         argv = ["eval", ENV_ID, "--episodes", "1", *argv]
         assert (exit_code(argv) if code == 2 else main(argv)) == code, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_sampling_flags_reach_an_agent_of_your_own_or_are_refused(tmp_path, monkeypatch, capsys):
+    """--temperature, --top-p, --max-new-tokens and --sample-seed given to an agent of your own
+    become its factory's keyword arguments; one it cannot take is refused, not ignored."""
+    (tmp_path / "my_sampling_agents.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "e.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--temperature", "0.7",
+                 "--top-p", "0.9", "--sample-seed", "none", "--out", str(out)]) == 0
+    action = json.loads(out.read_text().splitlines()[0])["turns"][0]["action"]
+    assert action == "<answer>[('seed', None), ('temperature', 0.7), ('top_p', 0.9)]</answer>"
+    # defaults are not passed: the agent keeps its own
+    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
+        "<answer>[('seed', 0), ('temperature', 0.0)]</answer>"
+    capsys.readouterr()
+    for target, flags, message in [
+        ("Answers4", ["--temperature", "0.7"], "--temperature cannot reach --agent 'my_sampling_agents:Answers4': "
+                                               "it takes no 'temperature' parameter"),
+        ("sampler_without_seed", ["--temperature", "0.5", "--sample-seed", "3", "--max-new-tokens", "9"],
+         "--max-new-tokens and --sample-seed cannot reach --agent 'my_sampling_agents:sampler_without_seed': it "
+         "takes no 'max_new_tokens' or 'seed' parameter"),
+        ("MADE", ["--top-p", "0.5"], "it is an Agent already made"),
+    ]:
+        assert exit_code(["eval", ENV_ID, "--agent", f"my_sampling_agents:{target}", "--episodes", "1", *flags]) == 2
+        assert message in capsys.readouterr().err, target
 
 
 def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, monkeypatch, capsys):
