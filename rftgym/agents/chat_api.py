@@ -373,8 +373,18 @@ def _snippet(body: bytes | str | None) -> str:
 
 
 def _retry_after_s(headers) -> float | None:
-    """The server's ``Retry-After`` (seconds, or an HTTP date) as seconds from now, in [0, 60]."""
-    value = headers.get("Retry-After") if headers is not None else None
+    """The server's ``Retry-After`` (seconds, or an HTTP date) as seconds from now, in [0, 60];
+    OpenAI's ``retry-after-ms`` (milliseconds, finer) first when it is there and a number."""
+    if headers is None:
+        return None
+    milliseconds = headers.get("retry-after-ms")
+    try:
+        seconds = float(milliseconds) / 1000.0 if milliseconds is not None else None
+    except ValueError:
+        seconds = None
+    if seconds is not None and math.isfinite(seconds):
+        return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    value = headers.get("Retry-After")
     if value is None:
         return None
     try:

@@ -676,6 +676,24 @@ def test_retry_after_in_seconds_or_as_an_http_date():
     assert _retry_after_s({}) is None
 
 
+def test_retry_after_ms_is_read_first():
+    """OpenAI sends ``retry-after-ms`` beside ``Retry-After``: milliseconds, finer, read first
+    (header names in any case, as an HTTP reply's headers are)."""
+    from email.message import Message
+
+    from rftgym.agents.chat_api import _retry_after_s
+
+    headers = Message()
+    headers["Retry-After-Ms"] = "250"
+    headers["Retry-After"] = "3"
+    assert _retry_after_s(headers) == 0.25
+    assert _retry_after_s({"retry-after-ms": "120000"}) == 60.0  # capped like Retry-After
+    assert _retry_after_s({"retry-after-ms": "-5"}) == 0.0
+    for broken in ("soon", "nan", "inf"):  # not a number: Retry-After decides
+        assert _retry_after_s({"retry-after-ms": broken, "Retry-After": "2"}) == 2.0, broken
+        assert _retry_after_s({"retry-after-ms": broken}) is None, broken
+
+
 def test_a_retry_after_date_is_waited_for(server):
     from email.utils import formatdate
 
