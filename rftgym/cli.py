@@ -22,6 +22,7 @@ import gymnasium as gym
 
 from . import envs as env_registry
 from .core.errors import AgentError, ConfigError, DataFormatError, EnvError, ModelLoadError, RftgymError
+from .envs.common import with_policy_token_counter
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
 
@@ -652,7 +653,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     from .core.records import write_episodes_jsonl
 
     env_class = _env_class(env_id)
-    env_kwargs = _with_policy_token_counter(env_class, env_kwargs, agent)
+    env_kwargs = with_policy_token_counter(env_class.metadata, env_kwargs, agent)
     seeds = [args.seed + i for i in range(episodes)]
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = [("", agent, env_kwargs)]
@@ -682,16 +683,6 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
     is) to ``out``, and with ``--baselines`` each baseline the env declares beside it."""
     labels = [label for label, _, _ in _env_class(env_id).metadata.get("eval_baselines", ())] if baselines else []
     return {"": out, **{label: out.with_name(f"{out.stem}-{label}{out.suffix}") for label in labels}}
-
-
-def _with_policy_token_counter(env_class, env_kwargs, agent):
-    """An env with a token budget names its counter option in ``metadata["token_counter_option"]``;
-    with a local policy as the agent, the budget is measured with the policy's own tokenizer and
-    chat template (otherwise the env uses its documented estimate)."""
-    option = env_class.metadata.get("token_counter_option")
-    if option is None or option in env_kwargs or not hasattr(agent, "chat"):
-        return env_kwargs
-    return {**env_kwargs, option: lambda context: len(agent.chat.prompt_ids(context))}
 
 
 def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):

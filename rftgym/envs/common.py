@@ -1,8 +1,10 @@
-"""Constructor plumbing every rftgym env shares: render-mode and config checks."""
+"""Constructor plumbing every rftgym env shares: render-mode and config checks, and the metadata
+that callers (eval, the trainer) read before they make an env."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import sys
@@ -173,3 +175,35 @@ def dataset_index(options: dict[str, Any], size: int, np_random, default: int | 
     if not is_int(index) or not 0 <= index < size:
         raise ValueError(f"task_index must be an int in [0, {size}), got {index!r}")
     return int(index)
+
+
+def env_metadata(env_id: str) -> dict:
+    """The ``metadata`` of a registered env's class, read without making an env (``{}`` for an
+    entry point that has none, such as a factory function). ``module:EnvId`` imports ``module``
+    first, as ``gymnasium.make`` does."""
+    import gymnasium
+
+    module, _, bare = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    entry = gymnasium.spec(bare).entry_point
+    if isinstance(entry, str):
+        module_name, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module_name), name)
+    metadata = getattr(entry, "metadata", None)
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def with_policy_token_counter(metadata: dict, env_kwargs: dict[str, Any], policy) -> dict[str, Any]:
+    """``env_kwargs`` with the policy's own token count for an env whose budget takes a counter.
+
+    An env with a token budget names its counter option in ``metadata["token_counter_option"]``;
+    with a local policy (anything with ``chat.prompt_ids``), the budget is measured with the
+    policy's own tokenizer and chat template, in evaluation and training alike, so that a budget a
+    policy learned to keep is the budget it is judged by. A counter the caller set is kept; without
+    a policy the env uses its documented estimate."""
+    option = metadata.get("token_counter_option")
+    chat = getattr(policy, "chat", None)
+    if option is None or option in env_kwargs or not hasattr(chat, "prompt_ids"):
+        return env_kwargs
+    return {**env_kwargs, option: lambda context: len(chat.prompt_ids(context))}

@@ -25,6 +25,7 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.errors import ConfigError, EnvContractError, TrainingError, require
 from ..core.values import is_int
+from ..envs.common import env_metadata, with_policy_token_counter
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
     PROCESS_SCORE_KEY,
@@ -134,7 +135,6 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
-    make_env = make_env or (lambda: gym.make(config.env_id, **config.env_kwargs))
     device = ranks.device(config.device) or ("cuda" if torch.cuda.is_available() else "cpu")
     # On a GPU the default is mixed precision: float32 master weights (AdamW steps of ~1e-5 vanish
     # in bfloat16) with bfloat16 autocast for rollouts and updates alike, so old and new log-probs
@@ -142,6 +142,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     mixed = device.startswith("cuda") and config.dtype is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
+    if make_env is None:
+        # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`.
+        env_kwargs = with_policy_token_counter(env_metadata(config.env_id), config.env_kwargs, policy)
+        make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
     base_model = base_fingerprint(policy.model)
     base_model_path = str(Path(config.model).expanduser().resolve()) if config.model not in (None, "default") \
         and Path(config.model).expanduser().is_dir() else None

