@@ -7,9 +7,12 @@ string hashing, e.g. a set's order, or on addresses is caught; every graded run 
 seed); inputs where it raises, times out or disagrees with itself are dropped.
 Tests are deduplicated by input and capped, example- and dataset-derived tests first.
 When one expected output dominates a function's tests (a predicate that random inputs almost
-always make False, a filter they leave empty), a constant would pass most of them: a second
-round mutates the inputs whose outputs are rare (:func:`~.inputs.neighbour_inputs`) and adds the
-mutants that keep a rare output, as random tests ahead of the others.
+always make False, a filter they leave empty), a constant would pass most of them: further
+rounds (up to ``RARE_ROUNDS``) mutate the inputs whose outputs are rare
+(:func:`~.inputs.neighbour_inputs`) and add the mutants that keep a rare output, as random tests
+ahead of the others; if the output still dominates, random tests that expect it are dropped,
+the last first, until it holds at most ``MAJORITY_SHARE`` of the suite (the spec's examples, the
+dataset's tests and edge cases are never dropped), so that a constant answer cannot earn more.
 Built suites are cached on disk (``$RFTGYM_CACHE`` or ``~/.cache/rftgym``, under ``tcg/``).
 LLM-proposed tests live in :mod:`.tcg_llm`.
 """
@@ -35,9 +38,11 @@ from .sandbox import DEFAULT_HASH_SEED, Sandbox
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
 
 # 2: inputs slow for the reference are dropped; 3: rare outputs searched for; 4: the second reference
-# run under another hash seed (in a warm jail both runs had had its zygote's)
-CACHE_VERSION = 4
+# run under another hash seed (in a warm jail both runs had had its zygote's); 5: several rounds of
+# rare-output search, then random tests of the dominant output dropped
+CACHE_VERSION = 5
 MAJORITY_SHARE = 0.6  # above this share of one expected output, search for inputs with other outputs
+RARE_ROUNDS = 3  # rounds of that search, each from the rare-output inputs found so far
 REFERENCE_TIME_SHARE = 0.25  # the reference may use at most this share of a test's time limit
 ORDER = ("example", "dataset", "llm", "edge", "random")  # what the cap keeps first
 
@@ -213,26 +218,33 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     runs_of = dict(zip(todo, runs))  # task index -> its reference runs
     built = {i: select_tests(tasks[i], candidates[i], task_runs, config) for i, task_runs in runs_of.items()}
     complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in runs_of.items()}
-    # Second round, for tasks whose tests one output dominates: inputs near the rare-output ones.
-    skewed = {i: rare for i in todo if (rare := _rare_outputs(tasks[i], built[i])) is not None}
-    near = {}
-    for i, (_, bases) in skewed.items():
-        tried = {source for source, _ in candidates[i]}
-        near[i] = [s for s in neighbour_inputs(bases, _rng(config, tasks[i], ":neighbours"), config.n_random)
-                   if s not in tried]
-    near = {i: sources for i, sources in near.items() if sources}
-    if near:
+    # Further rounds, for tasks whose tests one output dominates: inputs near the rare-output ones.
+    tried = {i: {source for source, _ in candidates[i]} for i in todo}
+    for round_ in range(1, RARE_ROUNDS + 1):
+        near = {}
+        for i in todo:
+            skewed = _rare_outputs(tasks[i], built[i])
+            if skewed is None:
+                continue
+            rng = _rng(config, tasks[i], ":neighbours" if round_ == 1 else f":neighbours{round_}")
+            sources = [s for s in neighbour_inputs(skewed[1], rng, config.n_random) if s not in tried[i]]
+            if sources:
+                near[i] = (skewed[0], sources)
+                tried[i].update(sources)
+        if not near:
+            break
         order = list(near)
-        second = run_reference_many([tasks[i] for i in order], [near[i] for i in order], sandbox,
-                                    config.per_test_seconds, repeats)
-        for i, task_runs in zip(order, second):
-            found = select_tests(tasks[i], [(s, "random") for s in near[i]], task_runs,
-                                 dataclasses.replace(config, max_tests=len(near[i])))
-            majority = skewed[i][0]
+        runs = run_reference_many([tasks[i] for i in order], [near[i][1] for i in order], sandbox,
+                                  config.per_test_seconds, repeats)
+        for i, task_runs in zip(order, runs):
+            majority, sources = near[i]
+            found = select_tests(tasks[i], [(s, "random") for s in sources], task_runs,
+                                 dataclasses.replace(config, max_tests=len(sources)))
             rare = [t for t in found if t.expected != majority]
             kept = [t for t in built[i] if t.origin != "random"] + rare + [t for t in built[i] if t.origin == "random"]
             built[i] = tuple(kept[: config.max_tests])
             complete[i] = complete[i] and all(run.status == "ok" for run in task_runs)
+    built = {i: _rebalanced(tasks[i], tests) for i, tests in built.items()}
     for i in todo:
         if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
             _cache_write(tasks[i], config, built[i])
@@ -275,6 +287,25 @@ def _rare_outputs(task: CodeTask, tests: Sequence[TestCase]) -> tuple[str, list[
             except (ValueError, SyntaxError):
                 continue
     return (majority, bases) if bases else None
+
+
+def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, ...]:
+    """``tests`` without random tests of a dominant output, the last first, until that output holds
+    at most ``MAJORITY_SHARE`` of them (or no such random test is left): a constant answer then
+    passes at most that share where the rare-output search found enough rare inputs."""
+    skewed = _rare_outputs(task, tests)
+    if skewed is None:
+        return tests
+    majority = skewed[0]
+    total, count = len(tests), sum(t.expected == majority for t in tests)
+    dropped = set()
+    for index in reversed(range(len(tests))):
+        if count <= MAJORITY_SHARE * total:
+            break
+        if tests[index].origin == "random" and tests[index].expected == majority:
+            dropped.add(index)
+            count, total = count - 1, total - 1
+    return tuple(t for index, t in enumerate(tests) if index not in dropped)
 
 
 def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:
