@@ -37,3 +37,9 @@ def is_finite_real(value) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (valid in JSON and in Python strings, not in UTF-8: no
+    tokenizer, encoder or file takes them) replaced by U+FFFD."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

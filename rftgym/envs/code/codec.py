@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.values import valid_text
+
 # Runs inside the sandbox (stdlib only) and on the host; keep it self-contained.
 ENCODER_SOURCE = r'''
 def _rft_encode(value, depth=0):
@@ -99,18 +101,28 @@ def _from_tagged(node: Any) -> Any:
     if tag == "t":
         return tuple(_from_tagged(v) for v in node[1])
     if tag == "d":
-        out = {}
-        for k, v in node[1]:
-            key = _from_tagged(k)
-            out[_hashable(key)] = _from_tagged(v)
-        return out
-    if tag == "set":
-        return {_hashable(_from_tagged(v)) for v in node[1]}
-    if tag == "fs":
-        return frozenset(_hashable(_from_tagged(v)) for v in node[1])
+        pairs = [(_hashable(_from_tagged(k)), _from_tagged(v)) for k, v in node[1]]
+        _check_hashes([key for key, _ in pairs])
+        return dict(pairs)
+    if tag in ("set", "fs"):
+        members = [_hashable(_from_tagged(v)) for v in node[1]]
+        _check_hashes(members)
+        return set(members) if tag == "set" else frozenset(members)
     if tag == "r":
         return Opaque(node[1])
     raise ValueError(f"unknown tag {tag!r}")
+
+
+# Distinct members that share a hash cost a set or dict quadratic time to build. Values reported by
+# code under test can be made to (ints that are multiples of 2**61 - 1 all hash to 0), which would
+# stall the host for minutes; honest outputs share a hash rarely (hash(-1) == hash(-2)).
+MAX_SHARED_HASHES = 64
+
+
+def _check_hashes(members: list) -> None:
+    hashes = [hash(member) for member in members]
+    if len(hashes) - len(set(hashes)) > MAX_SHARED_HASHES:
+        raise ValueError(f"a set or dict of {len(hashes)} members of which over {MAX_SHARED_HASHES} share hashes")
 
 
 def _hashable(value: Any) -> Any:
@@ -122,11 +134,17 @@ FLOAT_TOLERANCE = 1e-6
 
 
 def values_equal(expected: Any, got: Any, tol: float = FLOAT_TOLERANCE) -> bool:
-    """Python's ``==`` on decoded values, except that floats match within ``tol`` (absolute or
-    relative, like HumanEval's ``abs(a - b) < 1e-6``) and nan equals nan."""
+    """Python's ``==`` on decoded values, except that an expected float is matched within ``tol``
+    (absolute or relative, like HumanEval's ``abs(a - b) < 1e-6``) and nan equals nan. An expected
+    int is matched exactly, as HumanEval's ``==`` does: 55.0 matches 55, 55.00003 does not."""
     if isinstance(expected, float) or isinstance(got, float):
         if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-            a, b = float(expected), float(got)
+            if not isinstance(expected, float):
+                return expected == got  # int against float: exact, and without overflow
+            try:
+                a, b = float(expected), float(got)
+            except OverflowError:  # an int too big for a float is no float's match
+                return False
             if math.isnan(a) or math.isnan(b):
                 return math.isnan(a) and math.isnan(b)
             if math.isinf(a) or math.isinf(b):
@@ -155,7 +173,7 @@ def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE) 
         return False
     try:
         return values_equal(decode(expected), decode(got), tol)
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
         return False
 
 
@@ -175,6 +193,7 @@ def display(encoded: str | None, limit: int = 200) -> str:
         return "<none>"
     try:
         text = repr(decode(encoded))
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
         text = encoded
+    text = valid_text(text)  # a string the code returned may hold lone surrogates
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -8,7 +8,8 @@ Observation
 
 Action
     The text of one assistant turn. Code is submitted in a fenced block (```python … ```; the last
-    closed ``python``/``py`` block counts, else the last closed block without a language). With
+    closed ``python``/``py`` block counts, else the last closed block without a language; blocks
+    inside a closed ``<think>…</think>`` are reasoning and never graded). With
     ``pseudocode=True`` the first turn must instead hold numbered steps inside
     ``<pseudocode>…</pseudocode>`` and no code (O1-CODER's pseudocode-then-code protocol); the
     code follows in the next turn.

@@ -12,12 +12,19 @@ _STEP = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
 MAX_SHOWN_CHARS = 300
 
 
+CODE_IN_THINK = "the code is inside <think>, which is reasoning, not the submission; give it after </think>"
+
+
 def extract_code(parsed) -> tuple[str | None, str | None]:
     """The submitted code and what was wrong with the format (None when clean).
 
     The last closed python block counts; without one, the last closed block with no language.
+    Blocks inside a closed ``<think>`` are drafts, never graded (a parse that looked for ``think``
+    tags knows them).
     """
     closed = [b for b in parsed.code_blocks if b.closed]
+    drafts = [b for b in closed if parsed.inside_closed(b, "think")]
+    closed = [b for b in closed if b not in drafts]
     python = [b for b in closed if b.language.lower() in PYTHON_LANGUAGES]
     bare = [b for b in closed if not b.language]
     chosen = python or bare
@@ -27,10 +34,11 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
             return None, "the code block is not closed (end it with ```)"
         if closed:
             return None, f"no python code block (found a ```{closed[-1].language} block)"
-        return None, "no fenced code block"
+        return None, CODE_IN_THINK if drafts else "no fenced code block"
     if len(chosen) > 1:
         problems.append(f"{len(chosen)} code blocks; the last one was graded")
-    code = chosen[-1].code
+    # A byte-order mark that an editor put first is no code (Python reads a file's as encoding).
+    code = chosen[-1].code.lstrip("\ufeff")
     if not code.strip():
         return None, "the code block is empty"
     return code, "; ".join(problems) or None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ...core.errors import ConfigError
+from ...core.values import valid_text
 from .codec import display, encoded_equal, stdout_equal
 from .runner import runner_source
 from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLimits
@@ -134,7 +135,7 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         elif "phase" in record:
             phase = record["phase"] if isinstance(record["phase"], str) else "fatal"
             status = {"import": "import_error", "entry": "missing_entry_point"}.get(phase, "crashed")
-            message = f"{str(record.get('error'))[:500]}: {str(record.get('message'))[:500]}"
+            message = valid_text(f"{str(record.get('error'))[:500]}: {str(record.get('message'))[:500]}")
             done = True
         elif type(record.get("i")) is int and 0 <= record["i"] < n_inputs:
             records[record["i"]] = _test_record(record)
@@ -144,7 +145,7 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         else:
             why = result.limit_hit or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             status, reason = "crashed", f"the process stopped before this test finished ({why})"
-        message = message or reason + (f"; stderr: {result.stderr[-300:]}" if result.stderr.strip() else "")
+        message = message or reason + (f"; stderr: {valid_text(result.stderr[-300:])}" if result.stderr.strip() else "")
     missing = RunRecord(None, message or "not run", 0.0)
     return RunOutcome(status, tuple(records.get(i, missing) for i in range(n_inputs)), message)
 
@@ -155,8 +156,8 @@ def _test_record(record: dict) -> RunRecord:
     if not isinstance(got, str) or len(got) > MAX_GOT_CHARS:
         got = None
     error, message = record.get("error"), record.get("message")
-    if error is not None:
-        error = str(error)[:500] + (f": {str(message)[:500]}" if message else "")
+    if error is not None:  # the candidate's own text (an exception's message): made valid UTF-8
+        error = valid_text(str(error)[:500] + (f": {str(message)[:500]}" if message else ""))
     elif got is None:
         error = "no valid result was reported"
     seconds = record.get("s")
@@ -202,7 +203,7 @@ def _compare(task: CodeTask, test: TestCase, record: RunRecord) -> TestResult:
         expected, got = display(test.expected, _SHOWN), None if record.got is None else display(record.got, _SHOWN)
     else:
         passed = record.error is None and stdout_equal(test.expected, record.got)
-        expected, got = test.expected[:_SHOWN], None if record.got is None else record.got[:_SHOWN]
+        expected, got = test.expected[:_SHOWN], None if record.got is None else valid_text(record.got[:_SHOWN])
     return TestResult(test.input, expected, got, record.error, record.seconds, passed, test.origin, record.got)
 
 

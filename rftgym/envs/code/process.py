@@ -54,7 +54,7 @@ class RolloutStepScorer:
             prompt = COMPLETION_PROMPT.format(task=task.prompt, steps=plan)
             contexts.extend([Context((ids.message("user", prompt),))] * self.samples)
         replies = replies_with_room(self.agent.act(contexts), "scoring pseudocode steps") if contexts else []
-        codes = [extract_code(parse_tags(r.text, ()))[0] for r in replies]
+        codes = [extract_code(parse_tags(r.text, ("think",)))[0] for r in replies]
         rates = [grade(task, code, self.sandbox).pass_rate if code is not None else 0.0 for code in codes]
         return [sum(rates[i:i + self.samples]) / self.samples for i in range(0, len(rates), self.samples)]
 

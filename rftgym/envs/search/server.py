@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
+from ...core.values import valid_text
 from ...core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
@@ -228,7 +229,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _clean(text: str, limit: int | None = None) -> str:
     """A service's text as an observation may hold it: lone surrogates (valid in JSON, not in
     UTF-8) replaced, at most ``limit`` characters."""
-    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    text = valid_text(text)
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 

@@ -86,6 +86,43 @@ def test_unclosed_fence_is_reported(generated_env):
     assert "not closed" in context[-1].content
 
 
+def test_code_inside_think_is_reasoning_and_never_graded(generated_env):
+    generated_env.reset(seed=3)
+    task = generated_env.unwrapped.task
+    draft = "<think>A first try:\n" + fenced(task.reference) + "\nDone thinking.</think>"
+    context, reward, terminated, _, info = generated_env.step(draft)
+    assert not terminated and reward == 0.0 and info["status"] == "no_code"
+    assert "inside <think>" in info["format_error"] and "inside <think>" in context[-1].content
+    # the submission after </think> is graded, not a draft that follows it inside another <think>
+    reply = fenced(task.reference) + "\n<think>" + fenced("def nothing():\n    pass") + "\n</think>"
+    _, reward, terminated, _, info = generated_env.step(reply)
+    assert terminated and info["success"] and reward == pytest.approx(1.0)
+
+
+def test_a_byte_order_mark_before_the_code_is_not_a_syntax_error(generated_env):
+    generated_env.reset(seed=3)
+    task = generated_env.unwrapped.task
+    _, reward, terminated, _, info = generated_env.step(fenced("\ufeff" + task.reference))
+    assert terminated and info["success"] and reward == pytest.approx(1.0)
+
+
+def test_an_error_message_with_a_lone_surrogate_reaches_the_next_prompt_as_valid_text(tmp_path):
+    """An exception's message from the code under test goes into the feedback the policy reads
+    next: a lone surrogate there would stop its tokenizer, so it is replaced."""
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    env.reset(seed=1)  # a function task
+    entry = env.unwrapped.task.entry_point
+    context, _, terminated, _, info = env.step(fenced(f"def {entry}(*args):\n    raise ValueError('bad \\udc80 value')\n"))
+    assert not terminated and info["passed"] == 0
+    for text in [context[-1].content, *(t["error"] for t in info["tests"])]:
+        text.encode("utf-8")  # would raise on a lone surrogate
+    assert "bad \ufffd value" in info["tests"][0]["error"]
+    env.close()
+
+
 def test_second_attempt_after_failing_tests_feedback(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 

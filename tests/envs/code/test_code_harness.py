@@ -51,6 +51,44 @@ def test_comparison_follows_python_eq_with_float_tolerance():
     assert not encoded_equal(encode(1), "not json")
 
 
+def test_an_expected_int_is_matched_exactly_and_an_expected_float_within_tolerance():
+    """HumanEval's checks compare an int result with ``==``: a float near a big int answer (fib(n)
+    times 1 + 5e-7) is wrong, though it is within the float tolerance."""
+    assert values_equal(55, 55.0) and values_equal(10**20, 1e20)
+    assert not values_equal(55, 55.0000275) and not values_equal(12586269025, 12586269025 * (1 + 5e-7))
+    assert values_equal(55.0, 55.0000000275)  # an expected float keeps its tolerance
+    assert not values_equal(1, float("nan")) and not values_equal(True, 1.0000001)
+
+
+def test_values_too_big_for_a_float_are_a_failed_match_not_an_error():
+    huge = 10**400
+    assert not values_equal(0.5, huge) and not values_equal(huge, 0.5)
+    assert not encoded_equal(encode(0.5), encode(huge))
+    forged = '["f", ' + str(huge) + ']'  # a record the code under test printed itself
+    assert not encoded_equal(encode(0.5), forged) and display(forged).startswith('["f", 1000')
+
+
+def test_members_that_share_hashes_are_refused_before_a_quadratic_set_is_built():
+    """Ints that are multiples of 2**61 - 1 all hash to 0: a reported set of 20,000 of them would
+    take the host minutes to rebuild. Such a report matches nothing, and is shown raw."""
+    modulus = 2**61 - 1
+    members = ",".join(f'["i",{modulus * k}]' for k in range(1, 20_001))  # written out: a set takes minutes
+    colliding = f'["set",[{members}]]'
+    with pytest.raises(ValueError, match="of which over 64 share hashes"):
+        decode(colliding)
+    assert not encoded_equal(colliding, colliding)
+    assert display(colliding, 40).startswith('["set",[["i",')
+    with pytest.raises(ValueError, match="share hashes"):
+        decode('["d",[' + ",".join(f'[["i",{modulus * k}],["n"]]' for k in range(1, 5_001)) + "]]")  # dict keys too
+    few = {-1, -2, modulus, 2 * modulus}  # honest outputs may share a few hashes
+    assert encoded_equal(encode(few), encode(set(few)))
+
+
+def test_shown_values_and_errors_are_valid_utf8():
+    assert display(encode("a\udc80b")) == "'a\\udc80b'"  # repr escapes it
+    assert display('["r","a\\udc80b"]') == "a\ufffdb"  # an object's own repr, reported as it was
+
+
 def test_stdout_normalization():
     assert normalize_stdout("a  \r\nb\n\n\n") == "a\nb"
     assert stdout_equal("1 2\n", "1 2   \n\n") and not stdout_equal("1 2\n", "1  2\n")
