@@ -225,3 +225,21 @@ def test_neighbours_of_rare_outputs_are_added_when_one_output_dominates(sandbox,
     # Every added test is a real one: the reference passes them; "return False" no longer passes most.
     reference, constant = grade_many([(built, task.reference), (built, "def f(xs):\n    return False\n")], sandbox)
     assert reference.pass_rate == 1.0 and constant.pass_rate <= 0.75
+
+
+def test_random_tests_of_a_dominant_output_are_dropped_down_to_the_majority_share():
+    """12 tests, 10 expecting False (2 of them from the dataset, 8 random) and 2 True: random False
+    tests go, the last first, until False holds at most 60%: 3 False of 5 (the dataset's 2 and the
+    first random one), 0.6 for a constant where it was 10/12."""
+    from rftgym.envs.code.tcg import _rebalanced
+
+    task = CodeTask("t-skew", "unit", "function", "", "f", "def f(x):\n    return x == 7\n")
+    false, true = '["b",false]', '["b",true]'
+    tests = (TestCase("(1,)", false, "dataset"), TestCase("(7,)", true, "dataset"), TestCase("(2,)", false, "dataset"),
+             *(TestCase(f"({n},)", false, "random") for n in range(10, 18)), TestCase("(7.0,)", true, "random"))
+    kept = _rebalanced(task, tests)
+    assert [t.input for t in kept] == ["(1,)", "(7,)", "(2,)", "(10,)", "(7.0,)"]
+    balanced = tests[:3] + (tests[-1],)  # already at most 60% False (2 of 4): kept as it is
+    assert _rebalanced(task, balanced) == balanced
+    only_dataset = tuple(TestCase(f"({n},)", false, "dataset") for n in range(5)) + (TestCase("(7,)", true, "edge"),)
+    assert _rebalanced(task, only_dataset) == only_dataset  # nothing random to drop
