@@ -207,7 +207,9 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
 
 
 def _dcpo_group(group, gi, group_adv, keep, config, generator) -> list[TrainSample]:
-    segments = [episode.segments if keep[ei] else [] for ei, episode in enumerate(group)]
+    # Only segments with sampled tokens compete for the budget: one with none would take a slot
+    # and train nothing.
+    segments = [[s for s in episode.segments if s.num_sampled] if keep[ei] else [] for ei, episode in enumerate(group)]
     per_segment = dcpo_segment_advantages(group_adv, [len(s) for s in segments])
     budget = config.dcpo_segment_budget or sum(len(s) for s in segments)
     picks = sample_segments([len(s) for s in segments], budget, generator)

@@ -216,6 +216,19 @@ def test_dcpo_budget_takes_one_segment_per_trajectory_first():
     assert sorted(s.episode for s in samples) == [0, 1]
 
 
+def test_dcpo_budget_goes_to_segments_with_sampled_tokens():
+    # Episode 0's first segment sampled nothing (a custom token-level agent may return an empty
+    # reply); with a budget of 1 per trajectory's coverage it must not take a slot: the picks
+    # are episode 0's second segment and episode 1's only one, whatever the draw.
+    empty_first = episode([(0, 0, {}), (2, 1.0, {})], edit_before={1})
+    plain = episode([(2, 0.0, {})])
+    assert [s.num_sampled for s in empty_first.segments] == [0, 2]
+    for seed in range(8):
+        samples, _ = build_samples([[empty_first, plain]], TrainConfig(algo="dcpo", dcpo_segment_budget=2),
+                                   torch.Generator().manual_seed(seed))
+        assert sorted((s.episode, sum(s.loss_mask)) for s in samples) == [(0, 2), (1, 2)]
+
+
 def test_rft_keeps_only_successful_episodes():
     win = episode([(2, 1.0, {})], success=True)
     loss = episode([(2, 0.0, {})])
