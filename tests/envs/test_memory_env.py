@@ -112,6 +112,21 @@ def test_a_self_closing_prune_is_a_prune_without_a_note():
     assert "<answer/> is empty" in info["format_error"]
 
 
+def test_tool_tags_inside_a_note_run_as_tags_and_are_not_kept_in_it():
+    env = small_env()
+    obs, batch_ids, _ = two_searches(env)
+    new, *_, info = env.step(f'<prune ids="{batch_ids[0]}">kept <answer id="1">mining</answer> this</prune>')
+    assert info["answers"] == {"1": "mining"}  # the answer ran
+    assert info["pruned"][0]["note"] == "kept   this" and "[memory m1] kept   this" in [m.content for m in new]
+
+
+def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():
+    env = small_env()
+    obs, batch_ids, _ = two_searches(env)
+    new, *_, info = env.step(f'<prune ids="{batch_ids[0]}" ids="m1">x</prune>')
+    assert info["prunes"] == 0 and "more than one ids attribute" in info["prune_error"]
+
+
 @pytest.mark.parametrize("make_action, message", [
     (lambda ids, task_id: '<prune ids="r99">x</prune>', "not a search result or memory id"),
     (lambda ids, task_id: '<prune ids="task">x</prune>', "'task' is the task"),

@@ -31,7 +31,8 @@ Action
     ``<prune ids="r12,r13,m2">note</prune>``
         Deletes the WHOLE message holding each named id (naming one hit of a batch deletes the
         batch) and, if the note is not empty, adds ``[memory m<n>] note`` (cut to
-        ``max_note_chars``) at the end of this turn's messages. Memory notes can be pruned too.
+        ``max_note_chars``; tool tags inside it run as tags and are not kept in it) at the end of
+        this turn's messages. One ``ids`` attribute lists every id. Memory notes can be pruned too.
         Only ids shown in the observation this turn answered count. A prune whose ``ids`` is
         missing or empty, or names anything else (unknown or already pruned ids, the task, an
         objective number, a message id) deletes nothing, keeps no note, and is reported in the
@@ -118,7 +119,7 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ..common import (answer_text, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, read_action, render_context, resolve_config,
-                      summarize_problems)
+                      summarize_problems, without_elements)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -450,6 +451,9 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
             return
         if not self._take_tool_call("prune", turn):
             return
+        if sum(name == "ids" for name, _ in tag.attrs) > 1:
+            self._prune_error('the <prune> has more than one ids attribute; list every id in one, ids="r1,r2"', turn)
+            return
         named = context_ops.parse_prune_ids(tag.attr("ids"))
         # Ids already pruned earlier in this turn are no longer there to prune.
         still_visible = {k: v for k, v in visible.items() if k in self._prunable}
@@ -464,7 +468,9 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         turn.deleted.extend(check.message_ids)
         self._pruned_ids.extend(removed)
         self._prunes += 1
-        note = tag.text[: self.config.max_note_chars]
+        # The note is what the agent keeps to read; tool tags inside it ran (or were refused) as tags.
+        note = without_elements(tag.text, ("search", "prune", "answer"), unclosed=True).strip()
+        note = note[: self.config.max_note_chars]
         note_id = None
         if note:
             note_id = f"m{self._next_memory}"
