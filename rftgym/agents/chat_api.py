@@ -44,7 +44,7 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
+from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -724,16 +724,15 @@ class ChatAPIAgent(Agent):
         bounds each read, so a server trickling bytes could hold a request for ever) and at most
         ``MAX_REPLY_BYTES`` long (a completion is text; more is a misbehaving server)."""
         try:
-            body = read_body(response, self.config.timeout_s, MAX_REPLY_BYTES)
+            return read_body(response, self.config.timeout_s, MAX_REPLY_BYTES)
+        except BodyCutShort as exc:
+            raise _RetryableError(str(exc)) from None
         except BodyTooLarge:
             raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
                                "is far smaller. Check that --api-base points at a chat completions server") from None
         except BodyTooSlow:
             raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive") \
                 from None
-        if getattr(response, "length", None):  # bytes the Content-Length promised that never came
-            raise _RetryableError(f"the connection closed {response.length} bytes before the end of the reply")
-        return body
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:

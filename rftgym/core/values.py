@@ -42,4 +42,10 @@ def is_finite_real(value) -> bool:
 def valid_text(text: str) -> str:
     """``text`` with lone surrogates (valid in JSON and in Python strings, not in UTF-8: no
     tokenizer, encoder or file takes them) replaced by U+FFFD."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if text.isascii():  # the common case, and the cheapest test
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

@@ -29,10 +29,15 @@ class BodyTooSlow(Exception):
     """A reply's body did not arrive within its reader's time limit."""
 
 
+class BodyCutShort(Exception):
+    """The connection closed before the end of the body its Content-Length announced (asking
+    again may well get all of it)."""
+
+
 def read_body(response, timeout_s: float, max_bytes: int) -> bytes:
     """A response's body, read within ``timeout_s`` of its headers (a socket timeout bounds each
     read only, so a server trickling bytes could hold a request for ever) and at most
-    ``max_bytes`` long. Raises BodyTooSlow or BodyTooLarge."""
+    ``max_bytes`` long. Raises BodyTooSlow, BodyTooLarge or BodyCutShort."""
     deadline = time.monotonic() + timeout_s
     chunks, size = [], 0
     while chunk := response.read1(1 << 16):
@@ -42,4 +47,6 @@ def read_body(response, timeout_s: float, max_bytes: int) -> bytes:
         if time.monotonic() > deadline:
             raise BodyTooSlow(f"over {timeout_s:g} s")
         chunks.append(chunk)
+    if getattr(response, "length", None):  # bytes the Content-Length promised that never came
+        raise BodyCutShort(f"the connection closed {response.length} bytes before the end of the reply")
     return b"".join(chunks)

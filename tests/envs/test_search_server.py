@@ -340,3 +340,81 @@ def test_a_service_numbering_the_envs_documents_its_own_way_is_not_warned_of(ser
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url, world_seed=3).close()
+
+
+def test_a_busy_service_is_asked_again(fake_service):
+    body = json.dumps({"result": [[{"document": {"id": "d0", "contents": '"T"\ntext'}, "score": 1.0}]]}).encode()
+    answers = [lambda h: reply(h, 429, b"slow down"), lambda h: reply(h, 408, b"late"), lambda h: reply(h, 200, body)]
+    url, seen = fake_service(lambda h: answers[len(seen) - 1](h))
+    assert RemoteRetriever(url, retries=2, backoff=0.01).search(["q"], 1)[0][0].doc_id == "d0"
+    assert len(seen) == 3
+
+
+def test_a_reply_cut_short_is_asked_for_again(fake_service):
+    body = json.dumps({"result": [[{"document": {"id": "d0", "contents": '"T"\ntext'}, "score": 1.0}]]}).encode()
+    calls = []
+
+    def cut_once(handler):
+        calls.append(1)
+        if len(calls) == 1:  # promises the whole body, sends half, closes
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body[: len(body) // 2])
+            handler.close_connection = True
+            return
+        reply(handler, 200, body)
+
+    url, _ = fake_service(cut_once)
+    assert RemoteRetriever(url, retries=1, backoff=0.01).search(["q"], 1)[0][0].doc_id == "d0"
+    assert len(calls) == 2
+    calls.clear()
+    with pytest.raises(RetrievalServiceError, match=r"failed 1 attempt \(last: the connection closed \d+ bytes before"):
+        RemoteRetriever(url, retries=0).search(["q"], 1)
+
+
+def test_other_methods_and_paths_get_a_json_answer(service):
+    server = service()
+    address = urllib.parse.urlsplit(server.url)
+    for method, path, status, allow in [("PUT", "/retrieve", 405, "POST"), ("DELETE", "/retrieve", 405, "POST"),
+                                        ("GET", "/retrieve", 405, "POST"), ("POST", "/health", 405, "GET"),
+                                        ("OPTIONS", "/nowhere", 404, None), ("HEAD", "/retrieve", 405, "POST")]:
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=5)
+        connection.request(method, path, body=b"{}" if method in ("PUT", "POST") else None)
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        assert response.status == status and response.getheader("Allow") == allow, (method, path)
+        if method != "HEAD":
+            assert "error" in json.loads(body), (method, path)
+    # a query string does not change the path; the service still serves
+    status, body = post(server.url + "?verbose=1", {"queries": ["cheese"], "topk": 1})
+    assert status == 200 and body["result"][0][0]["document"]["id"] == "d2"
+
+
+def test_a_search_that_fails_is_a_500_with_its_reason_and_the_service_goes_on(service):
+    class Flaky(BM25Retriever):
+        def search(self, queries, k):
+            if queries == ["boom"]:
+                raise RuntimeError("index on fire")
+            return super().search(queries, k)
+
+    server = make_server(Flaky(DOCS), host="127.0.0.1", port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, body = post(server.url, {"queries": ["boom"], "topk": 1})
+        assert status == 500 and body == {"error": "the search failed: RuntimeError: index on fire"}
+        with pytest.raises(RetrievalServiceError, match="failed 1 attempt .*HTTP 500.*index on fire"):
+            RemoteRetriever(server.url, retries=0).search(["boom"], 1)
+        assert post(server.url, {"queries": ["cheese"], "topk": 1})[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_lone_surrogates_in_documents_and_queries_never_reach_an_observation():
+    """JSON may escape a lone surrogate (some Wikipedia dumps do); no tokenizer takes one."""
+    document = Document("d9", "Al\ud800pha", "alpha \udc80 gamma")
+    assert (document.title, document.text) == ("Al\ufffdpha", "alpha \ufffd gamma")
+    hits = BM25Retriever([*DOCS, document]).search(["alpha \ud800"], 1)
+    assert hits[0][0].doc_id == "d9" and "\ud800" not in hits[0][0].text

@@ -28,6 +28,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, DataFormatError
 from ...core.jsonl import is_jsonl, read_json, read_jsonl
+from ...core.values import valid_text
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class Document:
     id: str
     title: str
     text: str
+
+    def __post_init__(self) -> None:
+        # Data files may escape lone surrogates in JSON (some Wikipedia dumps do): valid there, but
+        # no tokenizer or encoder takes them, in a search result or in the dense index alike.
+        object.__setattr__(self, "title", valid_text(self.title))
+        object.__setattr__(self, "text", valid_text(self.text))
 
 
 @dataclass(frozen=True)

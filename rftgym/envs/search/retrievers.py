@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...core.errors import ConfigError, ModelLoadError, require
-from ...core.values import is_int
+from ...core.values import is_int, valid_text
 from .corpora import Document
 
 DEFAULT_DENSE_MODEL = "all-MiniLM-L6-v2"
@@ -73,7 +73,7 @@ def _check_search_args(queries: Sequence[str], k: int) -> list[str]:
         raise TypeError("every query must be a str")
     if not is_int(k) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    return queries
+    return [valid_text(q) for q in queries]  # an agent's query may hold lone surrogates
 
 
 def _check_documents(documents: Sequence[Document]) -> list[Document]:

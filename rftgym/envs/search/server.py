@@ -25,6 +25,7 @@ import math
 import socket
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,7 +35,7 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import BodyTooLarge, BodyTooSlow, is_loopback, read_body
+from ...core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
@@ -63,23 +64,39 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.verbose:
             super().log_message(format, *args)
 
-    def _send(self, status: int, payload: dict) -> None:
+    def _send(self, status: int, payload: dict, allow: str | None = None) -> None:
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if allow is not None:
+            self.send_header("Allow", allow)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a reply to HEAD has the headers of the body alone
+            self.wfile.write(body)
+
+    def _route(self) -> str:
+        """The request's path without a query string or a trailing slash."""
+        return urllib.parse.urlsplit(self.path).path.rstrip("/")
+
+    def _wrong_method(self) -> None:
+        allowed = {"/retrieve": "POST", "/health": "GET"}.get(self._route())
+        if allowed is None:
+            self._send(404, {"error": "unknown path; use POST /retrieve or GET /health"})
+            return
+        self._send(405, {"error": f"{self.command} is not served at {self._route()}; use {allowed}"}, allow=allowed)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _wrong_method  # noqa: N815 - the stdlib's names
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        if self.path.rstrip("/") != "/health":
-            self._send(404, {"error": "unknown path; use POST /retrieve or GET /health"})
+        if self._route() != "/health":
+            self._wrong_method()
             return
         self._send(200, {"status": "ok", "documents": self.server.document_count, "index": self.server.retriever.name})
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-        if self.path.rstrip("/") != "/retrieve":
-            self._send(404, {"error": "unknown path; use POST /retrieve"})
+        if self._route() != "/retrieve":
+            self._wrong_method()
             return
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             # http.server does not decode chunked bodies; reading one as a Content-Length body would
@@ -101,8 +118,14 @@ class _Handler(BaseHTTPRequestHandler):
         except RecursionError:
             self._send(400, {"error": "bad request: the JSON is nested too deeply"})
             return
-        with self.server.lock:
-            results = self.server.retriever.search(queries, topk)
+        try:
+            with self.server.lock:
+                results = self.server.retriever.search(queries, topk)
+        except Exception as exc:  # noqa: BLE001 - a failed search is the client's answer, not a dropped connection
+            if self.server.verbose:
+                traceback.print_exc()
+            self._send(500, {"error": f"the search failed: {type(exc).__name__}: {exc}"})
+            return
         if with_scores:
             payload = [[{"document": {"id": h.doc_id, "contents": to_contents(h)}, "score": h.score} for h in hits]
                        for hits in results]
@@ -322,12 +345,15 @@ class RemoteRetriever(Retriever):
                     raise RetrievalServiceError(
                         f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
                         "is not followed; give the service's own URL as retriever_url") from None
-                if exc.code < 500:  # the request itself is wrong: retrying will not help
+                if exc.code < 500 and exc.code not in (408, 429):  # the request itself is wrong: retrying will not help
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
                 last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
                 continue
             except BodyTooSlow:
                 last_error = f"the reply took over {self.timeout:g} s to arrive"
+                continue
+            except BodyCutShort as exc:
+                last_error = str(exc)
                 continue
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
