@@ -1023,8 +1023,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "'{\"top_k\": 20}' or '{\"chat_template_kwargs\": {\"enable_thinking\": false}}'")
     p.add_argument("--max-new-tokens", type=int, default=SAMPLING_FLAGS["--max-new-tokens"][1],
                    help="tokens per reply at most (default 256)")
-    p.add_argument("--temperature", type=float, default=SAMPLING_FLAGS["--temperature"][1], help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1], help="nucleus sampling's probability mass (default 1.0: off)")
+    p.add_argument("--temperature", type=float, default=SAMPLING_FLAGS["--temperature"][1],
+                   help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1],
+                   help="nucleus sampling's probability mass (default 1.0: off)")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.set_defaults(func=cmd_eval)

@@ -145,7 +145,8 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         else:
             why = result.limit_hit or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")
             status, reason = "crashed", f"the process stopped before this test finished ({why})"
-        message = message or reason + (f"; stderr: {valid_text(result.stderr[-300:])}" if result.stderr.strip() else "")
+        stderr = f"; stderr: {valid_text(result.stderr[-300:])}" if result.stderr.strip() else ""
+        message = message or reason + stderr
     missing = RunRecord(None, message or "not run", 0.0)
     return RunOutcome(status, tuple(records.get(i, missing) for i in range(n_inputs)), message)
 

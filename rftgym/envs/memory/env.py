@@ -15,8 +15,9 @@ Observation
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
     note, a refused prune, a tool-call limit, a turn with no tag that did anything) or the context
     reached 3/4 of its budget, one status message ``[env] …`` (those, then "Context: N of B
-    tokens" as the budget counts it, turns and tool calls left, questions answered). So the observation after a prune is exactly:
-    the previous observation minus the pruned messages, plus the new messages above.
+    tokens" as the budget counts it, turns and tool calls left, questions answered). So the
+    observation after a prune is exactly the previous observation minus the pruned messages,
+    plus the new messages above.
     Assistant turns, the task, the system message and status messages are never deleted.
     Message formats and the prune rule are in :mod:`.context_ops`.
 

@@ -345,7 +345,7 @@ class RemoteRetriever(Retriever):
                     raise RetrievalServiceError(
                         f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
                         "is not followed; give the service's own URL as retriever_url") from None
-                if exc.code < 500 and exc.code not in (408, 429):  # the request itself is wrong: retrying will not help
+                if exc.code < 500 and exc.code not in (408, 429):  # the request is wrong: asking again won't help
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
                 last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
                 continue
