@@ -562,6 +562,13 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
                                               "and this run has lora_rank=0"),
     (["train", ENV_ID, "--compile", "off", "--compile-scope", "decoder"],
      "--compile-scope: compile_scope='decoder' is only read with compile on (or auto), and this run has compile=False"),
+    (["train", ENV_ID, "--eval-episodes", "5"], "--eval-episodes: eval_episodes=5 is only read with eval_every > 0, "
+                                                "and this run has eval_every=0 (no evaluation)"),
+    (["train", ENV_ID, "--eval-seed", "7"], "--eval-seed: eval_seed=7 is only read with eval_every > 0"),
+    (["train", ENV_ID, "--min-lr-ratio", "0.5"], "--min-lr-ratio: min_lr_ratio=0.5 is only read with a linear or "
+                                                 "cosine lr_schedule, and this run has lr_schedule='constant'"),
+    (["train", ENV_ID, "--microbatch-size", "100", "--minibatch-size", "4"],
+     "--microbatch-size / --minibatch-size: microbatch_size=100 is larger than minibatch_size=4"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert exit_code(argv) == 2

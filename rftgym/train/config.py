@@ -258,11 +258,20 @@ class TrainConfig:
                 ("pcar_delta", self.algo == "pcar", "algo='pcar'", algo),
                 ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'", algo),
                 ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)", "lora_rank=0 (full fine-tuning)"),
-                ("compile_scope", self.compile is not False, "compile on (or auto)", "compile=False")):
+                ("compile_scope", self.compile is not False, "compile on (or auto)", "compile=False"),
+                ("eval_episodes", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
+                ("eval_seed", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
+                ("min_lr_ratio", self.lr_schedule != "constant", "a linear or cosine lr_schedule",
+                 "lr_schedule='constant'")):
             default = self.__dataclass_fields__[name].default
             if not used and getattr(self, name) != default:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
                                   f"{this_run}; drop {name}, or set what it belongs to", field=name)
+        if self.microbatch_size > self.minibatch_size:
+            raise ConfigError(f"microbatch_size={self.microbatch_size} is larger than minibatch_size="
+                              f"{self.minibatch_size}: a pass never holds more than one minibatch; set it at most "
+                              "minibatch_size (or 0: the whole minibatch at once)",
+                              field=("microbatch_size", "minibatch_size"))
         if self.microbatch_size and self.microbatch_tokens:
             raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
                               "are two ways to size a forward/backward pass; set one of them",

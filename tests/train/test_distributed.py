@@ -446,7 +446,7 @@ RANK_FAILS_SCRIPT = textwrap.dedent('''
         return BrokenOnRankOne() if broken else SayAEnv()
 
     config = TrainConfig(steps=3, tasks_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4,
-                         output_dir=out, save_every=1, eval_every=1 if phase == "eval" else 0, eval_episodes=2)
+                         output_dir=out, save_every=1, **(dict(eval_every=1, eval_episodes=2) if phase == "eval" else {}))
     try:
         train(config, policy=make_char_policy(seed=0), make_env=make_env)
         outcome = None

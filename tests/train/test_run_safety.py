@@ -200,7 +200,8 @@ def test_numpy_numbers_are_taken_as_python_ones():
     import numpy as np
 
     config = TrainConfig(seed=np.int64(3), lora_rank=np.int32(8), learning_rate=np.float32(0.5),
-                         temperature=5e-4, clip_high=1e6, weight_decay=2.0, eval_episodes=np.uint8(4))
+                         temperature=5e-4, clip_high=1e6, weight_decay=2.0, eval_every=1,
+                         eval_episodes=np.uint8(4))
     assert type(config.seed) is int and config.lora_rank == 8 and type(config.learning_rate) is float
     assert json.loads(json.dumps(config.to_dict()))["seed"] == 3  # saved as a number, not a string
 
