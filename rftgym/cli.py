@@ -125,14 +125,21 @@ SAMPLING_FLAGS = {"--max-new-tokens": ("max_new_tokens", 256), "--temperature": 
                   "--top-p": ("top_p", 1.0), "--sample-seed": ("seed", 0)}
 
 
+class _NoteGiven(argparse.Action):
+    """Stores a flag's value and notes that the flag was given, whatever its value: an agent of your
+    own gets the sampling flags given (``--temperature 0`` too), and keeps its own defaults else."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.flags_given = (*getattr(namespace, "flags_given", ()), self.dest)  # an abbreviation's too
+
+
 def _sampling_flags_given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
-    """The sampling flags set to other than their defaults: flag -> (parameter, value)."""
-    given = {}
-    for flag, (parameter, default) in SAMPLING_FLAGS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value != default:
-            given[flag] = (parameter, value)
-    return given
+    """The sampling flags given on the command line: flag -> (parameter, value)."""
+    given = set(getattr(args, "flags_given", ()))
+    dests = {flag: flag[2:].replace("-", "_") for flag in SAMPLING_FLAGS}
+    return {flag: (parameter, getattr(args, dests[flag]))
+            for flag, (parameter, _) in SAMPLING_FLAGS.items() if dests[flag] in given}
 
 
 def _takes(factory, parameter: str) -> bool:
@@ -991,6 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment option (JSON value or bare string); repeatable")
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
     p.add_argument("--sample-seed", type=_seed_or_none, default=SAMPLING_FLAGS["--sample-seed"][1], metavar="{N,none}",
+                   action=_NoteGiven,
                    help="seed of the agent's sampling (with --temperature above 0; also of the random and "
                         "adversarial agents): the default and hf agents draw for each episode from a stream keyed "
                         "by this seed, its task seed and its turn, so it samples alike in any batch and in a run of "
@@ -1021,11 +1029,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-extra", default=None, metavar="JSON",
                    help="a JSON object merged into every request body, for server options such as vLLM's "
                         "'{\"top_k\": 20}' or '{\"chat_template_kwargs\": {\"enable_thinking\": false}}'")
-    p.add_argument("--max-new-tokens", type=int, default=SAMPLING_FLAGS["--max-new-tokens"][1],
+    p.add_argument("--max-new-tokens", type=int, default=SAMPLING_FLAGS["--max-new-tokens"][1], action=_NoteGiven,
                    help="tokens per reply at most (default 256)")
-    p.add_argument("--temperature", type=float, default=SAMPLING_FLAGS["--temperature"][1],
+    p.add_argument("--temperature", type=float, default=SAMPLING_FLAGS["--temperature"][1], action=_NoteGiven,
                    help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1],
+    p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1], action=_NoteGiven,
                    help="nucleus sampling's probability mass (default 1.0: off)")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")

@@ -882,7 +882,7 @@ MADE = Answers4()
 class Sampler(Agent):
     # answers with the sampling settings it was made with
 
-    def __init__(self, temperature=0.0, seed=0, **others):
+    def __init__(self, temperature=0.7, seed=5, **others):
         self.settings = {"temperature": temperature, "seed": seed, **others}
 
     def act(self, contexts):
@@ -928,8 +928,13 @@ def test_sampling_flags_reach_an_agent_of_your_own_or_are_refused(tmp_path, monk
                  "--top-p", "0.9", "--sample-seed", "none", "--out", str(out)]) == 0
     action = json.loads(out.read_text().splitlines()[0])["turns"][0]["action"]
     assert action == "<answer>[('seed', None), ('temperature', 0.7), ('top_p', 0.9)]</answer>"
-    # defaults are not passed: the agent keeps its own
+    # flags not given are not passed: the agent keeps its own defaults; a flag given at the CLI's
+    # default value is passed all the same (--temperature 0 asks for greedy decoding)
     assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
+        "<answer>[('seed', 5), ('temperature', 0.7)]</answer>"
+    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--temp", "0",
+                 "--sample-seed=0", "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
         "<answer>[('seed', 0), ('temperature', 0.0)]</answer>"
     capsys.readouterr()

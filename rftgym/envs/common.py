@@ -202,8 +202,9 @@ def with_policy_token_counter(metadata: dict, env_kwargs: dict[str, Any], policy
     policy's own tokenizer and chat template, in evaluation and training alike, so that a budget a
     policy learned to keep is the budget it is judged by. A counter the caller set is kept; without
     a policy the env uses its documented estimate."""
+    from .memory.budget import policy_token_counter
+
     option = metadata.get("token_counter_option")
-    chat = getattr(policy, "chat", None)
-    if option is None or option in env_kwargs or not hasattr(chat, "prompt_ids"):
+    if option is None or option in env_kwargs or not hasattr(getattr(policy, "chat", None), "prompt_ids"):
         return env_kwargs
-    return {**env_kwargs, option: lambda context: len(chat.prompt_ids(context))}
+    return {**env_kwargs, option: policy_token_counter(policy)}

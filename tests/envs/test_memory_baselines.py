@@ -92,7 +92,7 @@ def test_heuristic_pruning_beats_no_memory_under_the_budget():
     assert prunes_none == 0 and prunes_prune >= 2
     assert score_prune == 1.0 > score_none
     assert any(e.truncated for e in no_memory) and not any(e.truncated for e in pruning)
-    assert all(f.info["context_tokens"] <= 1024 for e in pruning for f in e.turns)
+    assert all(f.info["budget_tokens"] <= 1024 for e in pruning for f in e.turns)
 
 
 def test_wrapper_replies_have_no_tokens_so_they_are_not_trained():

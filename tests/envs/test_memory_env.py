@@ -117,7 +117,7 @@ def test_tool_tags_inside_a_note_run_as_tags_and_are_not_kept_in_it():
     obs, batch_ids, _ = two_searches(env)
     new, *_, info = env.step(f'<prune ids="{batch_ids[0]}">kept <answer id="1">mining</answer> this</prune>')
     assert info["answers"] == {"1": "mining"}  # the answer ran
-    assert info["pruned"][0]["note"] == "kept   this" and "[memory m1] kept   this" in [m.content for m in new]
+    assert info["pruned"][0]["note"] == "kept this" and "[memory m1] kept this" in [m.content for m in new]
 
 
 def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():

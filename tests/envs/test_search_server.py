@@ -377,8 +377,9 @@ def test_other_methods_and_paths_get_a_json_answer(service):
     server = service()
     address = urllib.parse.urlsplit(server.url)
     for method, path, status, allow in [("PUT", "/retrieve", 405, "POST"), ("DELETE", "/retrieve", 405, "POST"),
-                                        ("GET", "/retrieve", 405, "POST"), ("POST", "/health", 405, "GET"),
-                                        ("OPTIONS", "/nowhere", 404, None), ("HEAD", "/retrieve", 405, "POST")]:
+                                        ("GET", "/retrieve", 405, "POST"), ("POST", "/health", 405, "GET, HEAD"),
+                                        ("OPTIONS", "/nowhere", 404, None), ("HEAD", "/retrieve", 405, "POST"),
+                                        ("HEAD", "/health", 200, None)]:
         connection = http.client.HTTPConnection(address.hostname, address.port, timeout=5)
         connection.request(method, path, body=b"{}" if method in ("PUT", "POST") else None)
         response = connection.getresponse()
@@ -387,9 +388,23 @@ def test_other_methods_and_paths_get_a_json_answer(service):
         assert response.status == status and response.getheader("Allow") == allow, (method, path)
         if method != "HEAD":
             assert "error" in json.loads(body), (method, path)
+        else:
+            assert body == b"", (method, path)
     # a query string does not change the path; the service still serves
     status, body = post(server.url + "?verbose=1", {"queries": ["cheese"], "topk": 1})
     assert status == 200 and body["result"][0][0]["document"]["id"] == "d2"
+
+
+def test_an_unread_body_is_never_read_as_the_next_request(service):
+    """A PUT's body is not read: on a kept-alive connection it would be parsed as a request."""
+    address = urllib.parse.urlsplit(service().url)
+    smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        sock.sendall(b"PUT /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 405") and received.count(b"HTTP/1.1 ") == 1
 
 
 def test_a_search_that_fails_is_a_500_with_its_reason_and_the_service_goes_on(service):
@@ -414,7 +429,7 @@ def test_a_search_that_fails_is_a_500_with_its_reason_and_the_service_goes_on(se
 
 def test_lone_surrogates_in_documents_and_queries_never_reach_an_observation():
     """JSON may escape a lone surrogate (some Wikipedia dumps do); no tokenizer takes one."""
-    document = Document("d9", "Al\ud800pha", "alpha \udc80 gamma")
-    assert (document.title, document.text) == ("Al\ufffdpha", "alpha \ufffd gamma")
+    document = Document("d9\ud800", "Al\ud800pha", "alpha \udc80 gamma")
+    assert (document.id, document.title, document.text) == ("d9\ufffd", "Al\ufffdpha", "alpha \ufffd gamma")
     hits = BM25Retriever([*DOCS, document]).search(["alpha \ud800"], 1)
-    assert hits[0][0].doc_id == "d9" and "\ud800" not in hits[0][0].text
+    assert hits[0][0].doc_id == "d9\ufffd" and "\ud800" not in hits[0][0].text

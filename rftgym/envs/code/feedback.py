@@ -22,9 +22,10 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
     Blocks inside a closed ``<think>`` are drafts, never graded (a parse that looked for ``think``
     tags knows them).
     """
-    closed = [b for b in parsed.code_blocks if b.closed]
-    drafts = [b for b in closed if parsed.inside_closed(b, "think")]
-    closed = [b for b in closed if b not in drafts]
+    closed, drafts = [], []
+    for block in parsed.code_blocks:
+        if block.closed:
+            (drafts if parsed.inside_closed(block, "think") else closed).append(block)
     python = [b for b in closed if b.language.lower() in PYTHON_LANGUAGES]
     bare = [b for b in closed if not b.language]
     chosen = python or bare

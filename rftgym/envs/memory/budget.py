@@ -1,8 +1,9 @@
 """Counting a context's tokens for the context budget.
 
 The env measures every context with ``count_tokens(context) -> int``. Give it the policy's own
-count (:func:`policy_token_counter`) to budget (nearly exactly) what the model is fed; without one the env
-uses :func:`estimate_tokens`, a tokenizer-free estimate documented here so budgets are
+count (:func:`policy_token_counter`; ``rftgym eval`` and ``rftgym train`` do so for a local model)
+to budget (nearly exactly) what the model is fed, less the env's own status messages, which the
+budget leaves out; without one the env uses :func:`estimate_tokens`, a tokenizer-free estimate documented here so budgets are
 reproducible: each message costs ``MESSAGE_OVERHEAD`` tokens of chat template plus one token per
 ``CHARS_PER_TOKEN`` characters of content, rounded up.
 """

@@ -32,8 +32,8 @@ Action
     ``<prune ids="r12,r13,m2">note</prune>``
         Deletes the WHOLE message holding each named id (naming one hit of a batch deletes the
         batch) and, if the note is not empty, adds ``[memory m<n>] note`` (cut to
-        ``max_note_chars``; tool tags inside it run as tags and are not kept in it) at the end of
-        this turn's messages. One ``ids`` attribute lists every id. Memory notes can be pruned too.
+        ``max_note_chars``; tool tags inside it run as tags and are not kept in it, and its white
+        space is collapsed) at the end of this turn's messages. One ``ids`` attribute lists every id. Memory notes can be pruned too.
         Only ids shown in the observation this turn answered count. A prune whose ``ids`` is
         missing or empty, or names anything else (unknown or already pruned ids, the task, an
         objective number, a message id) deletes nothing, keeps no note, and is reported in the
@@ -105,7 +105,8 @@ Data
     any :class:`~rftgym.envs.search.retrievers.Retriever` object.
 
 Version history
-    v0: first version.
+    v0: first version (2026-12-01, before any release: the budget stopped counting the env's own
+    status messages).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ..common import (answer_text, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, read_action, render_context, resolve_config,
-                      summarize_problems, without_elements)
+                      summarize_problems)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -332,7 +333,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._observation_tokens = self._budget_tokens = self.count_tokens(self._context)
         budget = self.config.max_context_tokens
         over_budget = budget is not None and self._budget_tokens > budget
-        if over_budget and not self._warned_start_over_budget:
+        if over_budget and not self._warned_start_over_budget:  # once per env: a setting, not an episode
             self._warned_start_over_budget = True
             warnings.warn(f"MemoryQA task {self.task.id}: its first observation is {self._budget_tokens} tokens, over "
                           f"max_context_tokens={budget}, so its episodes overflow on the first turn whatever the "
@@ -470,7 +471,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._pruned_ids.extend(removed)
         self._prunes += 1
         # The note is what the agent keeps to read; tool tags inside it ran (or were refused) as tags.
-        note = without_elements(tag.text, ("search", "prune", "answer"), unclosed=True).strip()
+        note = answer_text(tag.text, ("search", "prune", "answer"))
         note = note[: self.config.max_note_chars]
         note_id = None
         if note:

@@ -40,8 +40,10 @@ class Document:
     def __post_init__(self) -> None:
         # Data files may escape lone surrogates in JSON (some Wikipedia dumps do): valid there, but
         # no tokenizer or encoder takes them, in a search result or in the dense index alike.
-        object.__setattr__(self, "title", valid_text(self.title))
-        object.__setattr__(self, "text", valid_text(self.text))
+        for name in ("id", "title", "text"):  # a title may be the id too (HotpotQA's)
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, valid_text(value))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if allow is not None:
             self.send_header("Allow", allow)
+        if status >= 400:
+            # The request's body may be unread (a wrong method, a refused length): on a kept-alive
+            # connection it would be read as the next request.
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         if self.command != "HEAD":  # a reply to HEAD has the headers of the body alone
             self.wfile.write(body)
@@ -80,19 +85,21 @@ class _Handler(BaseHTTPRequestHandler):
         return urllib.parse.urlsplit(self.path).path.rstrip("/")
 
     def _wrong_method(self) -> None:
-        allowed = {"/retrieve": "POST", "/health": "GET"}.get(self._route())
+        allowed = {"/retrieve": "POST", "/health": "GET, HEAD"}.get(self._route())
         if allowed is None:
             self._send(404, {"error": "unknown path; use POST /retrieve or GET /health"})
             return
         self._send(405, {"error": f"{self.command} is not served at {self._route()}; use {allowed}"}, allow=allowed)
 
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _wrong_method  # noqa: N815 - the stdlib's names
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _wrong_method  # noqa: N815 - the stdlib's names
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name (HEAD too: its reply leaves the body out)
         if self._route() != "/health":
             self._wrong_method()
             return
         self._send(200, {"status": "ok", "documents": self.server.document_count, "index": self.server.retriever.name})
+
+    do_HEAD = do_GET  # noqa: N815 - the stdlib's name
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         if self._route() != "/retrieve":
