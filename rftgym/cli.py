@@ -958,12 +958,26 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from .envs.search.server import serve
 
-    if not Path(args.corpus).is_file():
+    if (args.corpus is None) == (args.world_seed is None):
+        raise UsageError("give --corpus FILE (a corpus file) or --world-seed N (the generated world of an env without "
+                         "dataset_path, as its world_seed and world_size make it), one of them")
+    if args.world_size is not None and args.world_seed is None:
+        raise UsageError("--world-size goes with --world-seed (it sizes the generated world)")
+    if args.corpus is not None and not Path(args.corpus).is_file():
         raise UsageError(f"--corpus {args.corpus!r} is not a file; give a corpus in one of the supported formats "
                          "(HotpotQA JSON, {title: [sentences]} JSON, [{title, text}] JSON, FlashRAG {id, contents} JSONL)")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
-    serve(args.corpus, args.index, args.host, args.port)  # a bad --host or a busy --port: ConfigError, before indexing
+    if args.world_seed is not None:
+        from .envs.search.world import World
+
+        size = 30 if args.world_size is None else args.world_size
+        if args.world_seed < 0 or size < 1:
+            raise UsageError(f"--world-seed must be >= 0 and --world-size >= 1, got {args.world_seed} and {size}")
+        corpus = lambda: World(args.world_seed, size).documents  # noqa: E731
+    else:
+        corpus = args.corpus
+    serve(corpus, args.index, args.host, args.port)  # a bad --host or a busy --port: ConfigError, before indexing
     return 0
 
 
@@ -1061,8 +1075,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
-    p.add_argument("--corpus", required=True, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
-                                                   "or FlashRAG JSONL)")
+    p.add_argument("--corpus", default=None, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
+                                                  "or FlashRAG JSONL)")
+    p.add_argument("--world-seed", type=int, default=None, metavar="N",
+                   help="instead of --corpus: the generated world with this seed, which an env without dataset_path "
+                        "searches (its world_seed)")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="the generated world's size, the env's world_size (default 30, SearchEvalQA's; MemoryQA's is 60)")
     p.add_argument("--index", choices=("bm25", "dense"), default="bm25",
                    help="bm25 (default) or dense (all-MiniLM-L6-v2 embeddings, FAISS)")
     p.add_argument("--host", default="127.0.0.1",

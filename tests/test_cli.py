@@ -383,6 +383,22 @@ def test_eval_adds_the_envs_own_columns(tmp_path, capsys):
     assert len(list(read_episodes_jsonl(out))) == 4
 
 
+def test_serve_retriever_serves_the_generated_world(monkeypatch, capsys, tmp_path):
+    from rftgym.envs.search import server
+    from rftgym.envs.search.world import World
+
+    served = []
+    monkeypatch.setattr(server.RetrievalServer, "serve_forever", lambda self, *a: served.append(self.document_count))
+    assert main(["serve-retriever", "--world-seed", "3", "--world-size", "20", "--port", "0"]) == 0
+    assert served == [len(World(3, 20).documents)] and "serving" in capsys.readouterr().out
+    for argv, message in [([], "give --corpus FILE (a corpus file) or --world-seed N"),
+                          (["--corpus", str(tmp_path / "c.json"), "--world-seed", "1"], "one of them"),
+                          (["--world-size", "20", "--corpus", str(tmp_path / "c.json")], "--world-size goes with"),
+                          (["--world-seed", "-1"], "--world-seed must be >= 0")]:
+        assert exit_code(["serve-retriever", *argv]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
 def test_serve_retriever_rejects_a_missing_corpus(capsys, tmp_path):
     assert exit_code(["serve-retriever", "--corpus", str(tmp_path / "none.json")]) == 2
     assert "supported formats" in capsys.readouterr().err

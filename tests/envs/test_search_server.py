@@ -323,7 +323,7 @@ def test_a_chunked_request_is_asked_for_a_content_length(service):
 
 def test_a_service_indexing_another_corpus_is_warned_of_once(service):
     server = service(DOCS)  # not the generated world the env's questions come from
-    with pytest.warns(RuntimeWarning, match="returned none of the env's documents \\(by id or title\\) when asked for 3 of their titles: "
+    with pytest.warns(RuntimeWarning, match="returned none of the env's documents \\(by id, title or text\\) when asked for 3 of them: "
                                             r"it indexes another corpus than the env's generated world \(world_seed=0"):
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
     with warnings.catch_warnings():
@@ -340,6 +340,20 @@ def test_a_service_numbering_the_envs_documents_its_own_way_is_not_warned_of(ser
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url, world_seed=3).close()
+
+
+def test_a_service_indexing_untitled_documents_is_checked_by_their_text(service):
+    """FlashRAG passages without a title line: asked for by their first words, not by an empty title."""
+    untitled = [Document(f"p{i}", "", text) for i, text in enumerate(
+        ["The river Alde flows east past the old mill.", "Copper was first mined in the northern hills.",
+         "A festival of lanterns is held each spring.", "The bridge was rebuilt after the flood of 1902."])]
+    remote = RemoteRetriever(service(untitled).url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        remote.check_corpus(untitled, "the env's corpus", 3)
+    other = RemoteRetriever(service(DOCS).url)
+    with pytest.warns(RuntimeWarning, match="indexes another corpus than the env's corpus"):
+        other.check_corpus(untitled, "the env's corpus", 3)
 
 
 def test_a_busy_service_is_asked_again(fake_service):

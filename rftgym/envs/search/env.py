@@ -262,8 +262,9 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             remote = RemoteRetriever(self.config.retriever_url)
             remote.probe(self.config.top_k)
             cfg = self.config
-            source = (f"the env's generated world (world_seed={cfg.world_seed}, world_size={cfg.world_size}; "
-                      "retriever=bm25 or dense index it in-process)" if cfg.dataset_path is None
+            source = (f"the env's generated world (world_seed={cfg.world_seed}, world_size={cfg.world_size}: "
+                      f"rftgym serve-retriever --world-seed {cfg.world_seed} --world-size {cfg.world_size} serves "
+                      "it)" if cfg.dataset_path is None
                       else f"the env's ({cfg.corpus_path or cfg.dataset_path})")
             remote.check_corpus(documents, source, cfg.top_k)
             return remote, True

@@ -201,16 +201,17 @@ def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
     return RetrievalServer((host, port), retriever, verbose=verbose)
 
 
-def serve(corpus: str, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Load a corpus, index it and serve it until interrupted (``rftgym serve-retriever``). The
-    address is taken first: a busy port or a wrong host is reported before the indexing."""
+def serve(corpus, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Load a corpus (a file's path, or a function that returns the documents), index it and serve
+    it until interrupted (``rftgym serve-retriever``). The address is taken first: a busy port or a
+    wrong host is reported before the indexing."""
     try:
         server = RetrievalServer((host, port), None, verbose=True)
     except OSError as exc:  # an unknown host, an address not this machine's, a port in use
         raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}. Use a host name or address of this "
                           "machine (e.g. 127.0.0.1 or ::1) and a free --port (0 picks one)") from None
     try:
-        server.attach(make_retriever(index, load_corpus(corpus)))
+        server.attach(make_retriever(index, corpus() if callable(corpus) else load_corpus(corpus)))
         print(f"serving {server.document_count} documents ({index}) at {server.url}", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
@@ -295,16 +296,21 @@ class RemoteRetriever(Retriever):
         if key in _CORPUS_CHECKED:
             return
         sample = list(documents[:: max(1, len(documents) // 3)])[:3]
-        hits = [hit for found in self.search([d.title for d in sample], k) for hit in found]
+        # A document without a title (FlashRAG contents without a title line) is asked for by its
+        # first words instead.
+        queries = [d.title or " ".join(d.text.split()[:12]) for d in sample]
+        hits = [hit for found in self.search(queries, k) for hit in found]
         _CORPUS_CHECKED.add(key)
-        # By id, or by title: a service may number the same documents its own way.
-        ids, titles = {str(d.id) for d in documents}, {d.title for d in sample}
-        if not any(hit.doc_id in ids or hit.title in titles for hit in hits):
+        # By id, or by title or text: a service may number the same documents its own way.
+        ids = {str(d.id) for d in documents}
+        titles, texts = {d.title for d in sample if d.title}, {d.text[:200] for d in sample}
+        if not any(hit.doc_id in ids or hit.title in titles or hit.text[:200] in texts for hit in hits):
             warnings.warn(
-                f"the retrieval service at {self.url} returned none of the env's documents (by id or title) when asked for "
-                f"{len(sample)} of their titles: it indexes another corpus than {source}, so searches cannot find "
+                f"the retrieval service at {self.url} returned none of the env's documents (by id, title or text) when "
+                f"asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot find "
                 "the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
-                "FILE), or give as dataset_path the questions of the corpus the service indexes.",
+                "FILE, or --world-seed N --world-size N for the generated world), or give as dataset_path the "
+                "questions of the corpus the service indexes.",
                 RuntimeWarning, stacklevel=4)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
