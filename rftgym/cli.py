@@ -969,11 +969,13 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
     if args.world_seed is not None:
-        from .envs.search.world import World
+        from .envs.search.world import MAX_PEOPLE, World
 
         size = 30 if args.world_size is None else args.world_size
-        if args.world_seed < 0 or size < 1:
-            raise UsageError(f"--world-seed must be >= 0 and --world-size >= 1, got {args.world_seed} and {size}")
+        if args.world_seed < 0:
+            raise UsageError(f"--world-seed must be >= 0 (the env's world_seed), got {args.world_seed}")
+        if not 2 <= size <= MAX_PEOPLE:
+            raise UsageError(f"--world-size must be in [2, {MAX_PEOPLE}] (the env's world_size), got {size}")
         corpus = lambda: World(args.world_seed, size).documents  # noqa: E731
     else:
         corpus = args.corpus
@@ -1081,7 +1083,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of --corpus: the generated world with this seed, which an env without dataset_path "
                         "searches (its world_seed)")
     p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="the generated world's size, the env's world_size (default 30, SearchEvalQA's; MemoryQA's is 60)")
+                   help="the generated world's size: SearchEvalQA's world_size (default 30, its default)")
     p.add_argument("--index", choices=("bm25", "dense"), default="bm25",
                    help="bm25 (default) or dense (all-MiniLM-L6-v2 embeddings, FAISS)")
     p.add_argument("--host", default="127.0.0.1",

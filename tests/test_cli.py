@@ -394,7 +394,9 @@ def test_serve_retriever_serves_the_generated_world(monkeypatch, capsys, tmp_pat
     for argv, message in [([], "give --corpus FILE (a corpus file) or --world-seed N"),
                           (["--corpus", str(tmp_path / "c.json"), "--world-seed", "1"], "one of them"),
                           (["--world-size", "20", "--corpus", str(tmp_path / "c.json")], "--world-size goes with"),
-                          (["--world-seed", "-1"], "--world-seed must be >= 0")]:
+                          (["--world-seed", "-1"], "--world-seed must be >= 0"),
+                          (["--world-seed", "0", "--world-size", "1"], "--world-size must be in [2, 2000]"),
+                          (["--world-seed", "0", "--world-size", "100000"], "--world-size must be in [2, 2000]")]:
         assert exit_code(["serve-retriever", *argv]) == 2, argv
         assert message in capsys.readouterr().err, argv
 
@@ -584,7 +586,7 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
     (["train", ENV_ID, "--min-lr-ratio", "0.5"], "--min-lr-ratio: min_lr_ratio=0.5 is only read with a linear or "
                                                  "cosine lr_schedule, and this run has lr_schedule='constant'"),
     (["train", ENV_ID, "--microbatch-size", "100", "--minibatch-size", "4"],
-     "--microbatch-size / --minibatch-size: microbatch_size=100 is larger than minibatch_size=4"),
+     "--microbatch-size: microbatch_size=100 is larger than minibatch_size=4"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert exit_code(argv) == 2

@@ -9,6 +9,11 @@ from ..core.errors import ConfigError
 from ..core.values import is_finite_real, is_int
 from .schedule import LR_SCHEDULES
 
+
+class UnreadSetting(ConfigError):
+    """A setting the run would never read (it belongs to another mode): refused for a new run, so
+    that a run is the one asked for; a saved run's is set back to its default (:meth:`TrainConfig.from_saved`)."""
+
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 COMPILE_SCOPES = ("layers", "decoder")  # what one compiled graph of the update covers (train/speed.py)
 AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
@@ -265,13 +270,13 @@ class TrainConfig:
                  "lr_schedule='constant'")):
             default = self.__dataclass_fields__[name].default
             if not used and getattr(self, name) != default:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
-                                  f"{this_run}; drop {name}, or set what it belongs to", field=name)
+                raise UnreadSetting(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
+                                    f"{this_run}; drop {name}, or set what it belongs to", field=name)
         if self.microbatch_size > self.minibatch_size:
-            raise ConfigError(f"microbatch_size={self.microbatch_size} is larger than minibatch_size="
+            raise UnreadSetting(f"microbatch_size={self.microbatch_size} is larger than minibatch_size="
                               f"{self.minibatch_size}: a pass never holds more than one minibatch; set it at most "
                               "minibatch_size (or 0: the whole minibatch at once)",
-                              field=("microbatch_size", "minibatch_size"))
+                                field="microbatch_size")
         if self.microbatch_size and self.microbatch_tokens:
             raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
                               "are two ways to size a forward/backward pass; set one of them",
@@ -294,4 +299,18 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown TrainConfig fields {unknown}; valid fields: {', '.join(sorted(known))}",
                               field=tuple(unknown))
+        return cls(**data)
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> "TrainConfig":
+        """A saved run's config (``state.json``): fields this version does not know are dropped, and
+        a setting the run never read, which a later version refuses (:class:`UnreadSetting`), is set
+        back to its default, so that a run saved before stays loadable (to export or evaluate it)."""
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for _ in range(len(cls.__dataclass_fields__)):
+            try:
+                return cls(**data)
+            except UnreadSetting as exc:
+                for name in exc.fields:
+                    data[name] = cls.__dataclass_fields__[name].default
         return cls(**data)

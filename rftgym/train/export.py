@@ -53,7 +53,7 @@ def _rebuild(run_dir: Path, base_model: str | Path | None):
     from ..agents.model_loading import load_model_and_tokenizer
 
     saved = _saved(run_dir)
-    config = TrainConfig.from_dict({k: v for k, v in saved["config"].items() if k in TrainConfig.__dataclass_fields__})
+    config = TrainConfig.from_saved(saved["config"])
     source = base_model or saved.get("base_model_path") or config.model
     named = f"from {source}" if source not in (None, "default") else "as the default model"
     try:

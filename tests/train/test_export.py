@@ -43,6 +43,25 @@ def test_the_trained_model_is_rebuilt_from_the_run(tmp_path, settings):
     assert tokenizer("ab")["input_ids"] == policy.tokenizer("ab")["input_ids"]
 
 
+def test_a_run_saved_with_settings_it_never_read_still_loads(tmp_path):
+    """A run saved before eval_episodes without eval_every (or min_lr_ratio with the constant
+    schedule, or a microbatch over the minibatch) was refused still exports: those settings were
+    never read, and go back to their defaults when the run is loaded."""
+    from rftgym.train.config import TrainConfig, UnreadSetting
+
+    run, policy = trained_run(tmp_path)
+    state_path = next(run.rglob("state.json"))
+    state = json.loads(state_path.read_text())
+    state["config"].update(eval_episodes=8, min_lr_ratio=0.5, microbatch_size=999, a_field_of_the_future=1)
+    state_path.write_text(json.dumps(state))
+    with pytest.raises(UnreadSetting):
+        TrainConfig.from_dict({k: v for k, v in state["config"].items() if k != "a_field_of_the_future"})
+    loaded = TrainConfig.from_saved(state["config"])
+    assert (loaded.eval_episodes, loaded.min_lr_ratio, loaded.microbatch_size) == (32, 0.0, 0)
+    model, _ = load_trained(run, device="cpu")
+    torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+
+
 def test_an_exported_run_loads_anywhere_and_evaluates(tmp_path):
     from rftgym.agents.hf_policy import HFPolicy
 

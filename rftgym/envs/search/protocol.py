@@ -18,7 +18,7 @@ import re
 # Without "/10", a range ("5-6", "5 to 6", "5 or 6") or a percentage ("5%") is not a score out of
 # 10 either; "10 - exactly it" and "7/10 - 3 hits" are.
 _EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})"
-                         r"(?:\s*/\s*10|(?!\s*(?:%|(?:[-~\u2013\u2014\u2212]|to\b|or\b)\s*[0-9])))"
+                         r"(?:\s*/\s*10|(?!\s*(?:%|(?:[-~\u2010-\u2015\u2212\uff0d]+|to\b|or\b)\s*[0-9])))"
                          r"(?!\.?[0-9])(?!\w)(?!\s*/)", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")

@@ -298,12 +298,15 @@ class RemoteRetriever(Retriever):
         sample = list(documents[:: max(1, len(documents) // 3)])[:3]
         # A document without a title (FlashRAG contents without a title line) is asked for by its
         # first words instead.
+        sample = [d for d in sample if d.title or d.text.strip()]  # nothing to ask for by an empty one
+        if not sample:
+            return
         queries = [d.title or " ".join(d.text.split()[:12]) for d in sample]
         hits = [hit for found in self.search(queries, k) for hit in found]
         _CORPUS_CHECKED.add(key)
         # By id, or by title or text: a service may number the same documents its own way.
         ids = {str(d.id) for d in documents}
-        titles, texts = {d.title for d in sample if d.title}, {d.text[:200] for d in sample}
+        titles, texts = {d.title for d in sample if d.title}, {d.text[:200] for d in sample if d.text.strip()}
         if not any(hit.doc_id in ids or hit.title in titles or hit.text[:200] in texts for hit in hits):
             warnings.warn(
                 f"the retrieval service at {self.url} returned none of the env's documents (by id, title or text) when "
