@@ -23,7 +23,6 @@ on a best-effort basis).
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import json
 import math
@@ -44,7 +43,7 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body
+from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, retry_after_s
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -91,7 +90,6 @@ class _RequestPool:
 
 API_KEY_ENV = "OPENAI_API_KEY"
 SNIPPET_CHARS = 300
-MAX_RETRY_AFTER_S = 60.0
 MAX_BACKOFF_S = 8.0
 # Worth another try besides 5xx, as in the OpenAI client: a request timeout, a conflict (a lock
 # held elsewhere for now), a rate limit.
@@ -372,35 +370,6 @@ def _snippet(body: bytes | str | None) -> str:
     return text
 
 
-def _retry_after_s(headers) -> float | None:
-    """The server's ``Retry-After`` (seconds, or an HTTP date) as seconds from now, in [0, 60];
-    OpenAI's ``retry-after-ms`` (milliseconds, finer) first when it is there and a number."""
-    if headers is None:
-        return None
-    milliseconds = headers.get("retry-after-ms")
-    try:
-        seconds = float(milliseconds) / 1000.0 if milliseconds is not None else None
-    except ValueError:
-        seconds = None
-    if seconds is not None and math.isfinite(seconds):
-        return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            date = email.utils.parsedate_tz(value)
-            # An HTTP date is in GMT; one that names no zone is read as GMT too, not as local time.
-            seconds = None if date is None else email.utils.mktime_tz((*date[:9], date[9] or 0)) - time.time()
-        except (TypeError, ValueError, OverflowError):
-            return None
-    if seconds is None or not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """Redirects are not followed: urllib would resend the POST as a GET (301-303: then an HTTP 405
     that blames the request) or give up on it (307, 308). The agent names the new address instead."""
@@ -665,7 +634,7 @@ class ChatAPIAgent(Agent):
                     status=status,
                 ) from None
             if status in _RETRIED_STATUSES or status >= 500:
-                raise _RetryableError(what, status, _retry_after_s(exc.headers)) from None
+                raise _RetryableError(what, status, retry_after_s(exc.headers)) from None
             raise ChatAPIError(
                 f"POST {url} failed with {what} (attempt {attempt}; HTTP {status} is not "
                 f"retried). {self._hint(status)}",

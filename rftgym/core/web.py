@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import email.utils
 import ipaddress
+import math
 import time
+
+MAX_RETRY_AFTER_S = 60.0  # the longest wait a server's Retry-After gets
 
 
 def is_loopback(host: str | None) -> bool:
@@ -50,3 +54,32 @@ def read_body(response, timeout_s: float, max_bytes: int) -> bytes:
     if getattr(response, "length", None):  # bytes the Content-Length promised that never came
         raise BodyCutShort(f"the connection closed {response.length} bytes before the end of the reply")
     return b"".join(chunks)
+
+
+def retry_after_s(headers) -> float | None:
+    """The server's ``Retry-After`` (seconds, or an HTTP date) as seconds from now, in [0, 60];
+    OpenAI's ``retry-after-ms`` (milliseconds, finer) first when it is there and a number."""
+    if headers is None:
+        return None
+    milliseconds = headers.get("retry-after-ms")
+    try:
+        seconds = float(milliseconds) / 1000.0 if milliseconds is not None else None
+    except ValueError:
+        seconds = None
+    if seconds is not None and math.isfinite(seconds):
+        return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            date = email.utils.parsedate_tz(value)
+            # An HTTP date is in GMT; one that names no zone is read as GMT too, not as local time.
+            seconds = None if date is None else email.utils.mktime_tz((*date[:9], date[9] or 0)) - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)

@@ -663,7 +663,7 @@ def test_backoff_is_exponential_with_full_jitter_and_a_cap(monkeypatch):
 def test_retry_after_in_seconds_or_as_an_http_date():
     from email.utils import formatdate
 
-    from rftgym.agents.chat_api import _retry_after_s
+    from rftgym.core.web import retry_after_s as _retry_after_s
 
     assert _retry_after_s({"Retry-After": "2.5"}) == 2.5
     assert _retry_after_s({"Retry-After": "3600"}) == 60.0  # capped
@@ -681,7 +681,7 @@ def test_retry_after_ms_is_read_first():
     (header names in any case, as an HTTP reply's headers are)."""
     from email.message import Message
 
-    from rftgym.agents.chat_api import _retry_after_s
+    from rftgym.core.web import retry_after_s as _retry_after_s
 
     headers = Message()
     headers["Retry-After-Ms"] = "250"

@@ -364,6 +364,18 @@ def test_a_busy_service_is_asked_again(fake_service):
     assert len(seen) == 3
 
 
+def test_a_busy_services_retry_after_is_waited_out(fake_service, monkeypatch):
+    import time as time_module
+
+    body = json.dumps({"result": [[{"document": {"id": "d0", "contents": '"T"\ntext'}, "score": 1.0}]]}).encode()
+    answers = [lambda h: reply(h, 429, b"slow down", [("Retry-After", "7")]), lambda h: reply(h, 200, body)]
+    url, seen = fake_service(lambda h: answers[len(seen) - 1](h))
+    waits = []
+    monkeypatch.setattr(time_module, "sleep", waits.append)
+    assert RemoteRetriever(url, retries=1, backoff=0.01).search(["q"], 1)[0][0].doc_id == "d0"
+    assert waits == [7.0]  # the server's 7 s, not the 0.01 s backoff
+
+
 def test_a_reply_cut_short_is_asked_for_again(fake_service):
     body = json.dumps({"result": [[{"document": {"id": "d0", "contents": '"T"\ntext'}, "score": 1.0}]]}).encode()
     calls = []

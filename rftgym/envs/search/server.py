@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body
+from ...core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, retry_after_s
 from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
@@ -346,10 +346,11 @@ class RemoteRetriever(Retriever):
                    _clean(text), float(score))
 
     def _post(self, body: bytes) -> dict:
-        last_error = "no attempt"
+        last_error, wait_at_least = "no attempt", 0.0
         for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+            if attempt:  # a busy service's Retry-After is waited out
+                time.sleep(max(self.backoff * 2 ** (attempt - 1), wait_at_least))
+                wait_at_least = 0.0
             request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
             try:
                 with self._opener.open(request, timeout=self.timeout) as response:
@@ -364,6 +365,7 @@ class RemoteRetriever(Retriever):
                 if exc.code < 500 and exc.code not in (408, 429):  # the request is wrong: asking again won't help
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
                 last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
+                wait_at_least = retry_after_s(exc.headers) or 0.0
                 continue
             except BodyTooSlow:
                 last_error = f"the reply took over {self.timeout:g} s to arrive"
