@@ -22,7 +22,7 @@ import gymnasium as gym
 
 from . import envs as env_registry
 from .core.errors import AgentError, ConfigError, DataFormatError, EnvError, ModelLoadError, RftgymError
-from .envs.common import with_policy_token_counter
+from .envs.common import env_entry_point, with_policy_token_counter
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
 
@@ -245,8 +245,8 @@ def _load_object(path: str):
 def _env_class(env_id: str):
     """The env's class, for its metadata (eval columns and baselines), without making an env; an
     entry point without metadata (e.g. a factory function) reads as empty metadata."""
-    entry = _env_spec(env_id).entry_point
-    found = _load_object(entry) if isinstance(entry, str) else entry
+    _env_spec(env_id)  # what cannot be found or imported, named as a usage error
+    found = env_entry_point(env_id)
     return found if isinstance(getattr(found, "metadata", None), dict) else types.SimpleNamespace(metadata={})
 
 
@@ -629,8 +629,8 @@ def _check_eval_metadata(env_id: str, baselines: bool) -> None:
     if taken:
         raise ConfigError(f"{env_id}: metadata['eval_metrics'] names the column(s) {', '.join(taken)} twice or as one "
                           f"of the table's own ({', '.join(EVAL_COLUMNS)}); give each column a name of its own")
-    baselines = metadata.get("eval_baselines", ())
-    entries = baselines if isinstance(baselines, (list, tuple)) else [baselines]
+    declared = metadata.get("eval_baselines", ())
+    entries = declared if isinstance(declared, (list, tuple)) else [declared]
     labels = []
     for entry in entries:
         if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
@@ -644,7 +644,7 @@ def _check_eval_metadata(env_id: str, baselines: bool) -> None:
                               f"{' twice' if label in labels else ''}; labels are distinct, non-empty and made of "
                               "letters, digits, '_', '.' and '-' (they name files)")
         labels.append(label)
-        if wrapper is not None and baselines:
+        if wrapper is not None and baselines:  # --baselines: the wrappers will run
             try:
                 _load_object(wrapper)
             except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
@@ -969,9 +969,10 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
     if args.world_seed is not None:
+        from .envs.search.env import SearchEvalQAConfig
         from .envs.search.world import MAX_PEOPLE, World
 
-        size = 30 if args.world_size is None else args.world_size
+        size = SearchEvalQAConfig.world_size if args.world_size is None else args.world_size
         if args.world_seed < 0:
             raise UsageError(f"--world-seed must be >= 0 (the env's world_seed), got {args.world_seed}")
         if not 2 <= size <= MAX_PEOPLE:

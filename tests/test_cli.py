@@ -843,6 +843,20 @@ def test_eval_runs_an_env_of_your_own_as_module_colon_id(tmp_path, monkeypatch, 
     assert "(your own: module:EnvId" in capsys.readouterr().err
 
 
+def test_a_baselines_wrapper_is_loaded_only_when_the_baselines_run(tmp_path, monkeypatch, capsys):
+    from support import ECHO_MODULE
+
+    module = ECHO_MODULE.replace('"eval_metrics": (("said", "said", "final_mean"),)',
+                                 '"eval_metrics": (), "eval_baselines": (("w", {}, "no_such_wrapper_mod:W"),)')
+    (tmp_path / "echo_lazy_wrapper.py").write_text(module.replace("mine/Echo-v0", "mine/EchoLazy-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["eval", "echo_lazy_wrapper:mine/EchoLazy-v0", "--agent", "random", "--episodes", "1",
+            "--out", str(tmp_path / "e.jsonl")]
+    assert main(argv) == 0  # without --baselines the wrapper never runs
+    assert exit_code([*argv, "--baselines"]) == 2
+    assert "'no_such_wrapper_mod:W' cannot be loaded" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("metadata, message", [
     ('"eval_metrics": ["said"]', "metadata['eval_metrics'] is malformed: the entry 'said' is not a (column, info "
                                  "key, reducer) triple of strings"),

@@ -177,10 +177,9 @@ def dataset_index(options: dict[str, Any], size: int, np_random, default: int | 
     return int(index)
 
 
-def env_metadata(env_id: str) -> dict:
-    """The ``metadata`` of a registered env's class, read without making an env (``{}`` for an
-    entry point that has none, such as a factory function). ``module:EnvId`` imports ``module``
-    first, as ``gymnasium.make`` does."""
+def env_entry_point(env_id: str):
+    """A registered env's entry point (its class, or a factory), loaded without making an env.
+    ``module:EnvId`` imports ``module`` first, as ``gymnasium.make`` does."""
     import gymnasium
 
     module, _, bare = env_id.rpartition(":")
@@ -190,7 +189,13 @@ def env_metadata(env_id: str) -> dict:
     if isinstance(entry, str):
         module_name, _, name = entry.partition(":")
         entry = getattr(importlib.import_module(module_name), name)
-    metadata = getattr(entry, "metadata", None)
+    return entry
+
+
+def env_metadata(env_id: str) -> dict:
+    """The ``metadata`` of a registered env's class, read without making an env (``{}`` for an
+    entry point that has none, such as a factory function)."""
+    metadata = getattr(env_entry_point(env_id), "metadata", None)
     return metadata if isinstance(metadata, dict) else {}
 
 

@@ -12,7 +12,9 @@ from .schedule import LR_SCHEDULES
 
 class UnreadSetting(ConfigError):
     """A setting the run would never read (it belongs to another mode): refused for a new run, so
-    that a run is the one asked for; a saved run's is set back to its default (:meth:`TrainConfig.from_saved`)."""
+    that a run is the one asked for; a saved run's is set back to its default
+    (:meth:`TrainConfig.from_saved`)."""
+
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 COMPILE_SCOPES = ("layers", "decoder")  # what one compiled graph of the update covers (train/speed.py)
@@ -274,9 +276,8 @@ class TrainConfig:
                                     f"{this_run}; drop {name}, or set what it belongs to", field=name)
         if self.microbatch_size > self.minibatch_size:
             raise UnreadSetting(f"microbatch_size={self.microbatch_size} is larger than minibatch_size="
-                              f"{self.minibatch_size}: a pass never holds more than one minibatch; set it at most "
-                              "minibatch_size (or 0: the whole minibatch at once)",
-                                field="microbatch_size")
+                                f"{self.minibatch_size}: a pass never holds more than one minibatch; set it at most "
+                                "minibatch_size (or 0: the whole minibatch at once)", field="microbatch_size")
         if self.microbatch_size and self.microbatch_tokens:
             raise ConfigError(f"microbatch_size={self.microbatch_size} and microbatch_tokens={self.microbatch_tokens} "
                               "are two ways to size a forward/backward pass; set one of them",

@@ -33,7 +33,8 @@ Action
         Deletes the WHOLE message holding each named id (naming one hit of a batch deletes the
         batch) and, if the note is not empty, adds ``[memory m<n>] note`` (cut to
         ``max_note_chars``; tool tags inside it run as tags and are not kept in it, and its white
-        space is collapsed) at the end of this turn's messages. One ``ids`` attribute lists every id. Memory notes can be pruned too.
+        space is collapsed) at the end of this turn's messages. One ``ids`` attribute lists every
+        id. Memory notes can be pruned too.
         Only ids shown in the observation this turn answered count. A prune whose ``ids`` is
         missing or empty, or names anything else (unknown or already pruned ids, the task, an
         objective number, a message id) deletes nothing, keeps no note, and is reported in the
