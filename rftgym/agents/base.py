@@ -7,6 +7,7 @@ sends them concurrently). Token-level agents also return the exact tokens fed an
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -48,12 +49,24 @@ class Agent(ABC):
     Agents that sample with a seed may set ``keyed_sampling = True``: the rollout engine then
     also passes ``sample_keys=`` to :meth:`act` / :meth:`act_tokens`, one key per context naming
     its episode and turn (:mod:`rftgym.agents.sampling_keys`), so that each reply can draw from a
-    stream of its own and an episode samples the same whatever else shares its batch.
+    stream of its own and an episode samples the same whatever else shares its batch. A subclass
+    of such an agent that overrides ``act`` without a ``sample_keys`` parameter is not keyed.
     """
 
     name: str = "agent"
     token_level: bool = False
     keyed_sampling: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.keyed_sampling is not True or _takes_sample_keys(cls):
+            return
+        if "keyed_sampling" in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} sets keyed_sampling = True, but its {_keyed_method(cls).__name__}() "
+                            "has no sample_keys parameter; add `sample_keys=None` to it or leave keyed_sampling False")
+        # A subclass of a keyed agent that overrides act() without keys (e.g. to script some turns)
+        # samples in its own way: the engine must not pass it keys it cannot take.
+        cls.keyed_sampling = False
 
     @abstractmethod
     def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
@@ -80,3 +93,16 @@ class Agent(ABC):
 
     def close(self) -> None:
         """Free resources (threads, connections, models)."""
+
+
+def _keyed_method(cls: type) -> object:
+    """The method the rollout engine calls with ``sample_keys=``: ``act_tokens`` for a token-level
+    agent that overrides it (the base one passes the keys on to ``act``), else ``act``."""
+    if cls.token_level and cls.act_tokens is not Agent.act_tokens:
+        return cls.act_tokens
+    return cls.act
+
+
+def _takes_sample_keys(cls: type) -> bool:
+    parameters = inspect.signature(_keyed_method(cls)).parameters.values()
+    return any(p.name == "sample_keys" or p.kind is p.VAR_KEYWORD for p in parameters)

@@ -182,6 +182,29 @@ def test_agents_without_keyed_sampling_are_not_passed_keys():
     assert [len(e.turns) for e in episodes] == [3, 3]
 
 
+def test_a_subclass_that_overrides_act_without_keys_is_not_passed_keys():
+    from rftgym.agents.base import Agent, AgentReply
+    from rftgym.agents.scripted import RandomTextAgent
+
+    class HalfScripted(RandomTextAgent):
+        def act(self, contexts):  # the parent's keys are not taken here
+            return [AgentReply(text="<answer>1</answer>") for _ in contexts]
+
+    class Forwarding(RandomTextAgent):
+        def act(self, contexts, **keyed):
+            return super().act(contexts, **keyed)
+
+    assert not HalfScripted.keyed_sampling and Forwarding.keyed_sampling and RandomTextAgent.keyed_sampling
+    episodes = run_episodes(CountDownEnv, HalfScripted(), [0, 1], config=RolloutConfig(num_envs=2))
+    assert [e.turns[0].action for e in episodes] == ["<answer>1</answer>"] * 2
+    with pytest.raises(TypeError, match="Claims sets keyed_sampling = True, but its act.. has no sample_keys"):
+        class Claims(Agent):
+            keyed_sampling = True
+
+            def act(self, contexts):
+                return []
+
+
 def test_keys_that_pad_or_split_alike_still_have_streams_of_their_own():
     # SeedSequence pads with zeros and cuts ints into 32-bit words; the encoding must not.
     rows = keyed_uniforms(0, [(5,), (5, 0), (5, 0, 0), (0, 5), ()], 4)

@@ -135,6 +135,8 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("50%", None), ("5 % sure", None), ("7 - 2 of 3 hits relevant", None),  # a percentage; a range-like note
     ("7 total hits", (7, "total hits")), ("6 -- partial", (6, "partial")), ("5\u22126", None), ("5~6", None),
     ("5 or 6", None), ("5 -- 6", None), ("8\u2012 9", None), ("8 \uff0d 9", None), ("5 or more agree", (5, "or more agree")), ("7/10 - 3 hits", (7, "3 hits")),
+    ("5/10 to 6/10", None), ("5/10-6/10 useful", None), ("5 / 10 or 6", None), ("score: 5/10 \u2013 6/10", None),
+    ("7/10 - 3/4 of the hits", (7, "3/4 of the hits")), ("7/10 to the point", (7, "to the point")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected

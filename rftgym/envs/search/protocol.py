@@ -5,7 +5,7 @@ to 10 (how useful the last search results are for answering), optionally labelle
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
 Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``5-6``, ``5 to 6``,
-``5 or 6``, ``50%``, ``note first, score: 7``.
+``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import re
 # Lookaheads, not \b: "7.5" must fail rather than read as 7, and so must "1e400" and "10abc".
 # The last lookahead refuses a fraction of another whole ("4/5" is not 4 out of 10).
 # ASCII digits only: \d would also read a fullwidth or Arabic-Indic 7 as a score.
-# Without "/10", a range ("5-6", "5 to 6", "5 or 6") or a percentage ("5%") is not a score out of
-# 10 either; "10 - exactly it" and "7/10 - 3 hits" are.
+# A range ("5-6", "5 to 6", "5 or 6", "5/10 to 6/10") or a percentage ("5%") is not a score out of
+# 10 either; "10 - exactly it" and "7/10 - 3 hits" are. After "/10" only a dash before another
+# "N/10", or "to"/"or" before a number, makes a range.
+_DASH = r"[-~\u2010-\u2015\u2212\uff0d]+"
 _EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})"
-                         r"(?:\s*/\s*10|(?!\s*(?:%|(?:[-~\u2010-\u2015\u2212\uff0d]+|to\b|or\b)\s*[0-9])))"
+                         r"(?:\s*/\s*10(?!\s*(?:(?:to\b|or\b)\s*[0-9]|" + _DASH + r"\s*[0-9]{1,2}\s*/\s*10))"
+                         r"|(?!\s*(?:%|(?:" + _DASH + r"|to\b|or\b)\s*[0-9])))"
                          r"(?!\.?[0-9])(?!\w)(?!\s*/)", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
