@@ -73,6 +73,29 @@ def test_title_text_and_flashrag_corpora(tmp_path):
     docs = load_corpus(write(tmp_path / "c.jsonl", '{"id": "x", "contents": "\\"T\\"\\nbody"}\n\n'))
     assert docs == [Document("x", "T", "body")]
     assert split_flashrag_contents("no title") == ("", "no title")
+    # one pair of quotes marks the title: a title that is quoted itself keeps its own
+    assert split_flashrag_contents('""Weird Al""\ntext') == ('"Weird Al"', "text")
+    assert split_flashrag_contents(' "T" \ntext') == ("T", "text") and split_flashrag_contents('"\nx') == ('"', "x")
+
+
+@pytest.mark.parametrize("bad_id", [None, True, 1.5, ["a"], {"a": 1}])
+def test_an_id_that_is_not_a_string_or_int_is_refused(tmp_path, bad_id):
+    flashrag = write(tmp_path / "c.jsonl", json.dumps({"id": bad_id, "contents": '"T"\nbody'}) + "\n")
+    with pytest.raises(DataFormatError, match=r"c.jsonl:1: 'id' is .*; give a string or an integer$"):
+        load_corpus(flashrag)
+    listed = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"id": bad_id, "title": "B", "text": "b"}]))
+    with pytest.raises(DataFormatError, match="c.json: record 1: 'id' is .*; give a string or an integer or leave it out"):
+        load_corpus(listed)
+    nq = write(tmp_path / "q.jsonl", json.dumps({"id": bad_id, "question": "q?", "golden_answers": ["a"]}) + "\n")
+    with pytest.raises(DataFormatError, match="q.jsonl:1: 'id' is"):
+        load_questions(nq)
+
+
+def test_an_implicit_id_that_repeats_an_explicit_one_is_explained(tmp_path):
+    listed = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"id": 0, "title": "B", "text": "b"}]))
+    with pytest.raises(DataFormatError, match=r"'0' \(2 times\) repeat \(a record without an 'id' is named by its "
+                                              r"position\)"):
+        load_corpus(listed)
 
 
 def test_a_corpus_limit_reads_a_json_lines_file_no_further(tmp_path):

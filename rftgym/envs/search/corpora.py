@@ -112,7 +112,7 @@ def _title_text_corpus(path: Path, data: list) -> list[Document]:
         if not (isinstance(record, dict) and isinstance(record.get("title"), str) and isinstance(record.get("text"), str)):
             raise DataFormatError(f"{path}: record {index} is not {{title, text}} strings; expected {TITLE_TEXT_SHAPE}")
         # Titles repeat in some corpora (2Wiki), so the id is the record's position.
-        documents.append(Document(str(record.get("id", index)), record["title"], record["text"]))
+        documents.append(Document(_record_id(record, index, f"{path}: record {index}"), record["title"], record["text"]))
     return documents
 
 
@@ -121,7 +121,10 @@ def split_flashrag_contents(contents: str) -> tuple[str, str]:
     first, newline, rest = contents.partition("\n")
     if not newline:
         return "", contents
-    return first.strip().strip('"'), rest
+    first = first.strip()
+    if len(first) >= 2 and first[0] == first[-1] == '"':  # one pair: a title may be quoted itself
+        first = first[1:-1]
+    return first, rest
 
 
 def _flashrag_corpus(path: Path, limit: int | None = None) -> list[Document]:
@@ -130,7 +133,7 @@ def _flashrag_corpus(path: Path, limit: int | None = None) -> list[Document]:
         if not isinstance(record.get("contents"), str) or "id" not in record:
             raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'; expected {FLASHRAG_SHAPE}")
         title, text = split_flashrag_contents(record["contents"])
-        documents.append(Document(str(record["id"]), title, text))
+        documents.append(Document(_record_id(record, None, f"{path}:{number}"), title, text))
         if len(documents) == limit:
             break
     return documents
@@ -196,8 +199,20 @@ def _refuse_repeated_ids(path: Path, kind: str, ids: list[str], why: str) -> Non
     if repeated:
         shown = ", ".join(f"{i!r} ({n} times)" for i, n in repeated[:3])
         more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
-        raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat; remove the "
-                              "repeats or give each its own id")
+        raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat (a record "
+                              "without an 'id' is named by its position); remove the repeats or give each its own id")
+
+
+def _record_id(record: dict, position: int | None, where: str) -> str:
+    """A record's 'id' as a string; without one, its ``position``. A null, boolean or nested id
+    would be read as "None", "True" or a dict's text and match nothing a user writes."""
+    if "id" not in record and position is not None:
+        return str(position)
+    value = record.get("id")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DataFormatError(f"{where}: 'id' is {value!r}; give a string or an integer"
+                              + (" or leave it out" if position is not None else ""))
+    return str(value)
 
 
 # ---------------------------------------------------------------- questions
@@ -243,7 +258,7 @@ def load_nq_questions(path: str | os.PathLike) -> list[Question]:
                 if isinstance(answers, list) else ""
             raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
                                   f"'golden_answers' (or NQ-open's 'answer'){odd}; expected {NQ_SHAPE}")
-        questions.append(Question(str(record.get("id", number)), record["question"],
+        questions.append(Question(_record_id(record, number, f"{path}:{number}"), record["question"],
                                   _gold_answers(f"{path}:{number}", tuple(answers))))
     return questions
 
@@ -267,7 +282,8 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
         gold = tuple(p["title"] for p in paragraphs if p.get("is_supporting"))
         answerable = record.get("answerable", True)
         answers = _gold_answers(f"{path}:{number}", (answer, *aliases)) if answerable else ()
-        questions.append(Question(str(record.get("id", number)), record["question"], answers, gold, hops=len(gold),
+        questions.append(Question(_record_id(record, number, f"{path}:{number}"), record["question"], answers, gold,
+                                  hops=len(gold),
                                   answerable=answerable))
     return questions
 
