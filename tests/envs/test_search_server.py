@@ -459,3 +459,48 @@ def test_lone_surrogates_in_documents_and_queries_never_reach_an_observation():
     assert (document.id, document.title, document.text) == ("d9\ufffd", "Al\ufffdpha", "alpha \ufffd gamma")
     hits = BM25Retriever([*DOCS, document]).search(["alpha \ud800"], 1)
     assert hits[0][0].doc_id == "d9\ufffd" and "\ud800" not in hits[0][0].text
+
+
+def test_a_body_over_the_limit_is_refused_with_a_reply_the_client_reads(service, monkeypatch):
+    monkeypatch.setattr("rftgym.envs.search.server.MAX_BODY_BYTES", 1000)
+    server = service()
+    # 4 MB, far past what the socket buffers hold: before, the server closed on the unread body and
+    # the client, still sending, got a broken pipe or a reset instead of the refusal.
+    status, body = post(server.url, {"queries": ["x" * (4 << 20)], "topk": 1})
+    assert status == 413 and "must be at most 1000 bytes: send fewer queries" in body["error"]
+    with pytest.raises(RetrievalServiceError, match="413"):
+        RemoteRetriever(server.url, retries=0).search(["x" * 2000], 1)
+    assert post(server.url, {"queries": ["cheese"], "topk": 1})[0] == 200  # the service goes on
+
+
+def test_a_request_body_that_trickles_in_is_cut_at_a_deadline(service, monkeypatch):
+    monkeypatch.setattr("rftgym.envs.search.server.REQUEST_BODY_S", 0.3)
+    server = service()
+    address = urllib.parse.urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        received = b""
+        for _ in range(40):  # a byte each 50 ms: each read is well within the socket timeout
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                break
+            sock.settimeout(0.05)
+            try:
+                received += sock.recv(65536)
+            except TimeoutError:
+                continue
+            if received:
+                break
+        sock.settimeout(5)
+        while chunk := sock.recv(65536):  # the rest of the reply, up to the server's close
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.3 s" in received
+
+
+def test_a_client_that_leaves_before_its_body_ends_costs_nothing(service):
+    server = service()
+    address = urllib.parse.urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"queries\"")
+    assert post(server.url, {"queries": ["cheese"], "topk": 1})[0] == 200

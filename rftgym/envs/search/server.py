@@ -40,6 +40,8 @@ from .corpora import load_corpus, split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read has the handler's timeout)
+LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
 MAX_TOPK = 1000
 MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
 MAX_REPLY_BYTES = 512 * 1024 * 1024  # the client's limit on a reply
@@ -64,6 +66,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.verbose:
             super().log_message(format, *args)
 
+    def parse_request(self) -> bool:  # the stdlib's, once per request on a kept-alive connection
+        self.body_read = False
+        return super().parse_request()
+
     def _send(self, status: int, payload: dict, allow: str | None = None) -> None:
         body = json.dumps(payload).encode()
         self.send_response(status)
@@ -79,6 +85,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":  # a reply to HEAD has the headers of the body alone
             self.wfile.write(body)
+        if status >= 400 and not self.body_read:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Read and drop what the client still sends, for up to LINGER_S: closing a socket with
+        unread bytes resets the connection, and a client still sending its body would see a
+        broken pipe instead of the refusal just written."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_S)
+            deadline = time.monotonic() + LINGER_S
+            while time.monotonic() < deadline and self.rfile.read1(1 << 16):
+                pass
+        except OSError:  # the client has gone, or went on sending past the linger: nothing to save
+            pass
+
+    def _read_body(self, length: int) -> bytes:
+        """The request body, all of it within REQUEST_BODY_S: the socket timeout bounds each read
+        only, so a client trickling bytes could hold a server thread for ever."""
+        deadline = time.monotonic() + REQUEST_BODY_S
+        chunks, left = [], length
+        while left:
+            chunk = self.rfile.read1(min(left, 1 << 16))
+            if not chunk:
+                raise ConnectionError(f"the client closed the connection {left} bytes before the end of its body")
+            chunks.append(chunk)
+            left -= len(chunk)
+            if left and time.monotonic() > deadline:
+                raise BodyTooSlow(f"the request body did not arrive within {REQUEST_BODY_S:g} s")
+        self.body_read = True
+        return b"".join(chunks)
 
     def _route(self) -> str:
         """The request's path without a query string or a trailing slash."""
@@ -109,16 +147,29 @@ class _Handler(BaseHTTPRequestHandler):
             # http.server does not decode chunked bodies; reading one as a Content-Length body would
             # answer as if the request were empty.
             self._send(411, {"error": "send the request body with a Content-Length, not chunked"})
-            self.close_connection = True
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
-            if length < 0:
-                raise ValueError(f"Content-Length must be a byte count, got {length}")
-            if length > MAX_BODY_BYTES:
-                raise ValueError(f"the request body must be at most {MAX_BODY_BYTES} bytes")
-            request = json.loads(self.rfile.read(length) or b"null")
-            queries, topk, with_scores = _parse_request(request)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._send(400, {"error": f"bad request: Content-Length must be a byte count, got "
+                                      f"{self.headers.get('Content-Length')}"})
+            return
+        if length > MAX_BODY_BYTES:
+            self._send(413, {"error": f"the request body is {length} bytes; it must be at most {MAX_BODY_BYTES} "
+                                      "bytes: send fewer queries per request"})
+            return
+        try:
+            raw = self._read_body(length)
+        except BodyTooSlow as exc:
+            self._send(408, {"error": str(exc)})
+            return
+        except ConnectionError:  # nobody is left to answer
+            self.close_connection = True
+            return
+        try:
+            queries, topk, with_scores = _parse_request(json.loads(raw or b"null"))
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, {"error": f"bad request: {exc}"})
             return
