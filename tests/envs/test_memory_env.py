@@ -195,21 +195,24 @@ def test_rewards_fraction_all_or_nothing_and_answer_rules():
     golds = [q.answers[0] for q in env.task.objectives]
     _, reward, terminated, _, info = env.step(f'<answer id="1">{golds[0]}</answer><answer>{golds[1]}</answer>'
                                               f'<answer id="1">wrong</answer>')
-    assert not terminated and reward == 0.0 and info["answers"] == {"1": golds[0]} and info["answered"] == 1
+    # a correct answer is paid when given: a third of the score
+    assert not terminated and reward == 1 / 3 and info["answers"] == {"1": golds[0]} and info["answered"] == 1
     assert "needs id=" in info["format_error"] and "already answered" in info["format_error"]
     # A digit int() cannot read ("²") is a bad id, an observation like any other.
     _, reward, terminated, _, info = env.step(f'<answer id="²">{golds[1]}</answer>')
-    assert not terminated and info["answered"] == 1 and "needs id=" in info["format_error"]
+    assert not terminated and info["answered"] == 1 and "needs id=" in info["format_error"] and reward == 0.0
     _, reward, terminated, _, info = env.step(f'<answer id="q2">{golds[1]} extra words here</answer>'
                                               f'<answer id="3">{golds[2]}</answer>')
-    # F1 of "gold + 3 words" is below 0.8: objective 2 is wrong.
-    assert terminated and reward == pytest.approx(2 / 3) and info["correct"] == 2 and not info["success"]
+    # F1 of "gold + 3 words" is below 0.8: objective 2 is wrong; objective 3 adds its third.
+    assert terminated and reward == pytest.approx(1 / 3) and info["correct"] == 2 and not info["success"]
+    assert info["score"] == pytest.approx(2 / 3)
     assert info["expected"] == {str(k): [g] for k, g in enumerate(golds, start=1)}
 
     env = small_env(reward_mode="all_or_nothing", answer_metric="em")
     env.reset(seed=3, options={"objectives": 2, "hops": 1})
     golds = [q.answers[0] for q in env.task.objectives]
-    *_, info = env.step(f'<answer id="1">{golds[0]}.</answer>')
+    _, reward, *_ = env.step(f'<answer id="1">{golds[0]}.</answer>')
+    assert reward == 0.0  # all or nothing: paid once all are right
     _, reward, terminated, _, info = env.step(f'<answer id="2">The {golds[1]}</answer>')
     assert terminated and reward == 1.0 and info["success"]
     env.reset(seed=3, options={"objectives": 1, "hops": 1})
@@ -237,7 +240,7 @@ def test_context_budget_truncates_and_penalizes():
     assert estimate_tokens(obs) == info["observation_tokens"]
     statuses = [m.id for m in obs if m.content.startswith("[env] ")]
     assert statuses and estimate_tokens(obs.without(statuses)) == info["budget_tokens"]  # the env's own text aside
-    assert reward == pytest.approx(info["score"] - 0.25)
+    assert sum(s[1] for s in steps) == pytest.approx(info["score"] - 0.25)  # the score, paid as earned
     assert all(s[4]["budget_tokens"] <= 600 for s in steps[:-1])
 
     env = small_env(max_context_tokens=600, overflow_penalty=0.25, on_context_overflow="penalize")
@@ -245,8 +248,10 @@ def test_context_budget_truncates_and_penalizes():
     rewards = [s[1] for s in steps]
     overflowing = [s for s in steps if s[4]["over_budget"]]
     assert steps[-1][2] and len(overflowing) == steps[-1][4]["overflows"] >= 2
-    assert all(s[1] == -0.25 for s in overflowing[:-1]) and sum(rewards) == pytest.approx(
-        steps[-1][4]["score"] - 0.25 * len(overflowing))
+    scores = [0.0] + [s[4]["score"] for s in steps]  # each turn: what its answers earned, less its penalty
+    assert rewards == pytest.approx([now - before - 0.25 * s[4]["over_budget"]
+                                     for before, now, s in zip(scores, scores[1:], steps)])
+    assert sum(rewards) == pytest.approx(steps[-1][4]["score"] - 0.25 * len(overflowing))
     assert "over its budget" in overflowing[0][0][-1].content
 
 
@@ -413,3 +418,25 @@ def test_tool_markup_inside_an_answer_is_not_part_of_it():
     env.reset(seed=3, options={"objectives": 1, "hops": 1})
     _, _, terminated, _, info = env.step('<answer id="1"><search>only markup</search></answer>')
     assert not terminated and "the answer to objective 1 is empty" in info["format_error"]
+
+
+def test_an_episode_cut_short_from_outside_keeps_what_its_answers_earned():
+    """A model whose context is full ends the episode without a step of the env: the answers it
+    gave before were paid as they were given, so the episode's return holds them."""
+    from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
+    from rftgym.rollout.engine import run_episodes
+
+    probe = small_env()
+    probe.reset(seed=4, options={"objectives": 3, "hops": 1})
+    first_gold = probe.task.objectives[0].answers[0]
+
+    class AnswersOnceThenFull(Agent):
+        def act(self, contexts):
+            return [AgentReply(text="", finish_reason=CONTEXT_FULL) if any(m.role == "assistant" for m in c)
+                    else AgentReply(text=f'<answer id="1">{first_gold}</answer>', finish_reason="stop")
+                    for c in contexts]
+
+    (episode,) = run_episodes(lambda: small_env(), AnswersOnceThenFull(), [4],
+                              options=[{"objectives": 3, "hops": 1}])
+    assert episode.context_full and len(episode.turns) == 2
+    assert episode.total_reward == pytest.approx(1 / 3) == episode.turns[0].info["score"]

@@ -50,8 +50,11 @@ Action
     so. Baselines (no memory, heuristic pruning) are in :mod:`rftgym.agents.memory_baselines`.
 
 Reward
-    On the turn that ends the episode: the score of the answers given, ``fraction`` (default:
-    share of objectives answered correctly) or ``all_or_nothing`` (1 only if all are correct).
+    The score of the answers, ``fraction`` (default: share of objectives answered correctly) or
+    ``all_or_nothing`` (1 only if all are correct), paid as it is earned: each turn's reward holds
+    what that turn's answers added to the score, so an episode's rewards sum to its score, and an
+    episode cut short from outside (a rollout's turn cap, a model whose context is full) keeps
+    what its earlier answers earned.
     An answer is correct when its exact match is 1 (``answer_metric="em"``) or its token F1
     against the gold answers is at least ``f1_threshold`` (``"f1"``, default), scored with
     :mod:`rftgym.envs.search.scoring`. On every turn whose returned observation, as the budget
@@ -62,7 +65,7 @@ Episode end
     ``terminated`` once every objective has an answer. ``truncated`` after ``max_turns`` turns,
     or, with ``on_context_overflow="truncate"`` (default), on the first turn whose observation
     exceeds the context budget (with ``"penalize"`` the episode goes on and the status message
-    warns). Answers given before truncation still score.
+    warns). Answers given before truncation still count.
 
 Context tokens
     ``count_tokens(context) -> int`` when given (e.g. :func:`.budget.policy_token_counter` for
@@ -107,7 +110,7 @@ Data
 
 Version history
     v0: first version (2026-12-01, before any release: the budget stopped counting the env's own
-    status messages).
+    status messages, and the score is paid as it is earned rather than at the episode's end).
 """
 
 from __future__ import annotations
@@ -330,6 +333,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._status_ids: set[str] = set()  # the env's status messages: not the agent's to budget
         self._answers: dict[int, str] = {}
         self._correct: dict[int, bool] = {}
+        self._paid = 0.0  # the score paid out so far
         self._done = False
         self._observation_tokens = self._budget_tokens = self.count_tokens(self._context)
         budget = self.config.max_context_tokens
@@ -375,8 +379,9 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         truncated = not terminated and (
             self._turn >= self.config.max_turns
             or (over_budget and self.config.on_context_overflow == "truncate"))
-        if terminated or truncated:
-            reward += self._score()
+        score = self._score()
+        reward += score - self._paid
+        self._paid = score
         self._context = context
         self._observation_tokens, self._budget_tokens = observation_tokens, budget_tokens
         self._done = terminated or truncated
