@@ -32,6 +32,7 @@ PER_TEST_SECONDS = 2.0
 MAX_TOTAL_SECONDS = 120.0
 MAX_GOT_CHARS = 1_000_000  # the runner's own cap on one encoded return value
 REPORT_BYTES_PER_TEST = 256 * 1024
+RUNNER_GRACE_SECONDS = 0.5  # the runner's _GRACE: how far past a limit its supervisor lets a test run
 MAX_RUN_OUTPUT_BYTES = 64 * 1024 * 1024
 _SHOWN = 2000  # chars of expected/got kept for display
 
@@ -101,9 +102,14 @@ def build_program(task: CodeTask, code: str, inputs: Sequence[str], limits: Sand
     marker = "@@RFT-" + secrets.token_hex(12) + "@@"
     config = {"style": task.style, "code": code, "setup": task.setup_code or "", "entry": task.entry_point,
               "inputs": list(inputs), "per_test": float(per_test_seconds),
-              "import_seconds": max(2.0, 2 * float(per_test_seconds)), "max_timeouts": max_timeouts}
+              "import_seconds": import_seconds(per_test_seconds), "max_timeouts": max_timeouts}
     files = {"main.py": runner_source(marker), "tests.json": json.dumps(config)}
     return Program(files=files, argv=("python", "main.py"), stdin="", limits=limits, hash_seed=hash_seed), marker
+
+
+def import_seconds(per_test_seconds: float) -> float:
+    """How long the runner gives the candidate's code to be defined."""
+    return max(2.0, 2 * float(per_test_seconds))
 
 
 def run_limits(base: SandboxLimits, n_tests: int, per_test_seconds: float,
@@ -114,7 +120,13 @@ def run_limits(base: SandboxLimits, n_tests: int, per_test_seconds: float,
     # Every test's report shares one stdout: leave room for a fair-sized value per test, so that
     # a correct solution with big outputs is not cut off as "crashed".
     output = max(base.output_bytes, min(n_tests * REPORT_BYTES_PER_TEST, MAX_RUN_OUTPUT_BYTES))
-    return replace(base, wall_seconds=budget, cpu_seconds=max(base.cpu_seconds, budget), output_bytes=output)
+    # The runner reports each test as it ends; between two reports its supervisor waits at most a
+    # definition of the code (after a child it had to kill) and a test, each with its grace. A run
+    # quiet for twice that (and a start-up's 3 s) has a supervisor that is not running: the
+    # candidate, as the same user, can stop it (SIGSTOP) and never let it go on.
+    longest_gap = import_seconds(per_test_seconds) + float(per_test_seconds) + 2 * RUNNER_GRACE_SECONDS
+    return replace(base, wall_seconds=budget, cpu_seconds=max(base.cpu_seconds, budget), output_bytes=output,
+                   quiet_seconds=3.0 + 2 * longest_gap)
 
 
 def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
@@ -140,7 +152,9 @@ def parse_run(result: ExecResult, marker: str, n_inputs: int) -> RunOutcome:
         elif type(record.get("i")) is int and 0 <= record["i"] < n_inputs:
             records[record["i"]] = _test_record(record)
     if not done:
-        if result.timed_out or result.limit_hit in ("wall", "cpu"):
+        if result.limit_hit == "quiet":
+            status, reason = "timeout", "the runner sent no report for too long (its supervisor was stopped)"
+        elif result.timed_out or result.limit_hit in ("wall", "cpu"):
             status, reason = "timeout", f"the run hit the sandbox time limit ({result.limit_hit or 'wall'})"
         else:
             why = result.limit_hit or (f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}")

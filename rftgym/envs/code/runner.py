@@ -35,7 +35,7 @@ MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 _MAX_GOT = 1000000
-_GRACE = 0.5   # seconds a test may run past its limit before it is stopped from outside
+_GRACE = 0.5   # seconds a test may run past its limit before it is stopped from outside (harness.RUNNER_GRACE_SECONDS)
 _now, _sleep, _exit = time.monotonic, time.sleep, os._exit   # the candidate may replace the modules' own
 _lock = threading.RLock()   # one record at a time; the watchdog reports under it
 _overrun = [None, None]   # the armed limit's deadline (with grace), and what to report when it passes

@@ -61,7 +61,10 @@ class SandboxError(RftgymError, RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits. ``disk_mb`` caps each writable tmpfs (the work dir and /tmp) in a jail."""
+    """Per-run limits. ``disk_mb`` caps each writable tmpfs (the work dir and /tmp) in a jail.
+    ``quiet_seconds``: the run is stopped once it has written nothing to stdout or stderr for this
+    long (None: no such limit), for a program that reports as it goes, so that one stuck (or
+    stopped) between its reports costs that long rather than the whole wall limit."""
 
     wall_seconds: float = 10.0
     cpu_seconds: float = 10.0
@@ -71,11 +74,18 @@ class SandboxLimits:
     processes: int = 32
     output_bytes: int = 1_000_000   # stdout and stderr each capped; the program is then stopped
     disk_mb: int = 64
+    quiet_seconds: float | None = None
 
     def __post_init__(self):
         minimum = {"wall_seconds": 0.01, "cpu_seconds": 0.01, "memory_mb": 64, "file_size_mb": 1,
                    "open_files": 16, "processes": 1, "output_bytes": 1, "disk_mb": 1}
+        quiet = self.quiet_seconds
+        if quiet is not None and (isinstance(quiet, bool) or not isinstance(quiet, (int, float))
+                                  or not 0.01 <= quiet < float("inf")):
+            raise ConfigError(f"SandboxLimits.quiet_seconds must be None or a finite number >= 0.01, got {quiet!r}")
         for field in fields(self):
+            if field.name == "quiet_seconds":
+                continue
             value = getattr(self, field.name)
             number = field.type == "float"
             allowed = (int, float) if number else int
@@ -132,10 +142,10 @@ class ExecResult:
     signal: int | None
     stdout: str
     stderr: str
-    timed_out: bool              # wall-clock limit hit
+    timed_out: bool              # a time limit hit: the wall clock, or quiet_seconds
     output_truncated: bool
     wall_seconds: float
-    limit_hit: str | None        # "wall" | "cpu" | "memory" | "output" | "file_size" | None, best effort
+    limit_hit: str | None        # "wall" | "quiet" | "cpu" | "memory" | "output" | "file_size" | None, best effort
 
     @property
     def ok(self) -> bool:
@@ -146,12 +156,22 @@ MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "cannot allocate memo
 FILE_SIZE_MARKERS = ("File too large", "No space left on device")
 
 
+def next_time_limit(limits: SandboxLimits, started: float, last_output: float) -> tuple[float, str]:
+    """When the run's next time limit falls (``time.monotonic()`` seconds) and which it is:
+    "wall", or "quiet" when the run will have written nothing for ``limits.quiet_seconds``."""
+    wall = (started + limits.wall_seconds, "wall")
+    if limits.quiet_seconds is None:
+        return wall
+    return min(wall, (last_output + limits.quiet_seconds, "quiet"))
+
+
 def make_result(*, returncode: int | None, term_signal: int | None, stdout: bytes, stderr: bytes,
-                timed_out: bool, truncated: bool, wall: float, oom_killed: bool = False) -> ExecResult:
-    """The result of a finished run, with a best-effort guess of which limit stopped it."""
+                timed_out: bool | str, truncated: bool, wall: float, oom_killed: bool = False) -> ExecResult:
+    """The result of a finished run, with a best-effort guess of which limit stopped it
+    (``timed_out``: the time limit that did, "wall" or "quiet", or True for the wall)."""
     err = stderr.decode("utf-8", "replace")
     if timed_out:
-        limit = "wall"
+        limit = timed_out if isinstance(timed_out, str) else "wall"
     elif truncated:
         limit = "output"
     elif term_signal == signals.SIGXCPU:
@@ -165,7 +185,7 @@ def make_result(*, returncode: int | None, term_signal: int | None, stdout: byte
     else:
         limit = None
     return ExecResult(exit_code=None if term_signal is not None else returncode, signal=term_signal,
-                      stdout=stdout.decode("utf-8", "replace"), stderr=err, timed_out=timed_out,
+                      stdout=stdout.decode("utf-8", "replace"), stderr=err, timed_out=bool(timed_out),
                       output_truncated=truncated, wall_seconds=wall, limit_hit=limit)
 
 

@@ -21,7 +21,7 @@ import time
 from ...core.errors import require
 from .docker_image import base_python, ensure_image
 from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result,
-                      python_command, python_environment)
+                      next_time_limit, python_command, python_environment)
 
 MB = 1 << 20
 ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
@@ -194,18 +194,20 @@ _SIGNALS = {int(s) for s in signal.Signals}
 
 def pump(sock: socket.socket, payload: bytes, limits: SandboxLimits, started: float):
     """Send ``payload`` (then half-close) while reading the multiplexed stdout/stderr frames of a
-    docker attach stream. Returns (stdout, stderr, timed_out, truncated)."""
+    docker attach stream. Returns (stdout, stderr, timed_out, truncated), ``timed_out`` the time
+    limit that stopped the run ("wall" or "quiet") or None."""
     sock.setblocking(False)
     pending = memoryview(payload)
     streams = {1: bytearray(), 2: bytearray()}
     raw = bytearray()
-    deadline = started + limits.wall_seconds
     cap = limits.output_bytes
-    timed_out = truncated = False
+    truncated, timed_out = False, None
+    last_output = started
     while True:
+        deadline, limit = next_time_limit(limits, started, last_output)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            timed_out = True
+            timed_out = limit
             break
         readable, writable, _ = select.select([sock], [sock] if pending else [], [], remaining)
         if writable:
@@ -236,6 +238,7 @@ def pump(sock: socket.socket, payload: bytes, limits: SandboxLimits, started: fl
                     break
                 if kind in streams:
                     streams[kind] += raw[8:8 + size]
+                    last_output = time.monotonic()
                 del raw[:8 + size]
             if len(streams[1]) > cap or len(streams[2]) > cap:
                 truncated = True

@@ -42,7 +42,7 @@ import warnings
 from .docker_image import base_python, readable_by_others, runtime_tree
 from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
-                      SandboxLimits, make_result, python_command, python_environment)
+                      SandboxLimits, make_result, next_time_limit, python_command, python_environment)
 from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, kill_and_wait, kill_group, memfd,
                            pipe, read_ready, rlimits)
 
@@ -317,7 +317,8 @@ def _preexec(limits: SandboxLimits, nproc_extra: int):
 def drive(proc: subprocess.Popen, limits: SandboxLimits, started: float, info_fd: int | None,
           init_pidfds: list[int]):
     """Read stdout and stderr (each capped) and ``info_fd`` until EOF, the wall limit, or the
-    output cap. Returns (stdout, stderr, timed_out, truncated); a pidfd of bwrap's namespace init,
+    output cap. Returns (stdout, stderr, timed_out, truncated), ``timed_out`` the time limit
+    that stopped the run ("wall" or "quiet") or None; a pidfd of bwrap's namespace init,
     once known, goes into ``init_pidfds`` (the caller closes it, also when this raises). Never
     reaps ``proc``."""
     streams = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
@@ -327,14 +328,15 @@ def drive(proc: subprocess.Popen, limits: SandboxLimits, started: float, info_fd
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     open_fds = set(streams) | ({info_fd} if info_fd is not None else set())
-    deadline = started + limits.wall_seconds
     cap = limits.output_bytes
-    timed_out = truncated = False
-    exited_at = None
+    truncated = False
+    exited_at = timed_out = None
+    last_output = started
     while open_fds & set(streams):
         now = time.monotonic()
+        deadline, limit = next_time_limit(limits, started, last_output)
         if now >= deadline:
-            timed_out = True
+            timed_out = limit
             break
         if exited_at is not None and now - exited_at > 0.2:
             break   # the program is gone; something it left behind still holds the pipes
@@ -347,6 +349,7 @@ def drive(proc: subprocess.Popen, limits: SandboxLimits, started: float, info_fd
                     _append(init_pidfds, init_pidfd(bytes(info)))
             else:
                 streams[fd] += chunk
+                last_output = time.monotonic()
                 truncated = truncated or len(streams[fd]) > cap
         if truncated:
             break

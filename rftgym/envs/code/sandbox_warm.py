@@ -37,7 +37,7 @@ from typing import Callable
 
 from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result,
-                      python_command, python_environment)
+                      next_time_limit, python_command, python_environment)
 
 log = logging.getLogger(__name__)
 MB = 1 << 20
@@ -63,7 +63,7 @@ class WarmOutcome:
     status: int | None     # the run's wait status; None when the jail was killed or died
     stdout: bytes
     stderr: bytes
-    timed_out: bool
+    timed_out: str | None  # the time limit that stopped the run ("wall" or "quiet"), if one did
     truncated: bool
     dirty: str | None      # why the jail must be replaced, if it must
     wall: float
@@ -264,14 +264,15 @@ class WarmJail:
             poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         open_fds = {out_r, err_r, sock}
         cap = limits.output_bytes
-        status = dirty = exited_at = cleaned_at = None
-        timed_out = truncated = False
+        status = dirty = exited_at = cleaned_at = timed_out = None
+        truncated = False
+        last_output = started
         while open_fds - {sock} or (cleaned_at is None and sock in open_fds):
             now = time.monotonic()
             if exited_at is None:
-                until = started + limits.wall_seconds
+                until, limit = next_time_limit(limits, started, last_output)
                 if now >= until:
-                    timed_out = True
+                    timed_out = limit
                     break
             elif cleaned_at is None:
                 until = exited_at + CLEANUP_WAIT_SECONDS
@@ -302,6 +303,7 @@ class WarmJail:
                             cleaned_at = cleaned_at or time.monotonic()
                 else:
                     streams[fd] += chunk
+                    last_output = time.monotonic()
                     truncated = truncated or len(streams[fd]) > cap
             if truncated:
                 break

@@ -185,6 +185,22 @@ def test_stopping_the_supervisor_to_run_on_unwatched_gains_nothing(sandbox):
     assert not graded.results[1].passed, graded
 
 
+def test_a_run_whose_supervisor_stays_stopped_ends_when_it_goes_quiet():
+    from rftgym.envs.code.harness import parse_run, run_limits
+    from rftgym.envs.code.sandbox import ExecResult, SandboxLimits
+
+    # 60 tests of 1 s: 65 s of wall time in all, but never over 11 s between two reports
+    limits = run_limits(SandboxLimits(), 60, 1.0)
+    assert limits.wall_seconds == 65.0 and limits.quiet_seconds == 3.0 + 2 * (2.0 + 1.0 + 1.0)
+    marker = "@@M@@"
+    reported = marker + '{"i":0,"got":"1","error":null,"message":null,"s":0.1}' + marker + "\n"
+    quiet = ExecResult(exit_code=None, signal=9, stdout=reported, stderr="", timed_out=True, output_truncated=False,
+                       wall_seconds=11.0, limit_hit="quiet")
+    outcome = parse_run(quiet, marker, 3)
+    assert outcome.status == "timeout" and outcome.records[0].got == "1"
+    assert outcome.records[2].error == "the runner sent no report for too long (its supervisor was stopped)"
+
+
 def test_a_stdio_exit_handler_past_the_limit_is_a_timeout(sandbox):
     slow = "import atexit, time\nn = int(input())\natexit.register(lambda: (time.sleep(1.5 if n == 5 else 0), print(n * 2)))\n"
     graded = grade(ECHO, slow, sandbox, per_test_seconds=0.3)

@@ -122,6 +122,20 @@ def test_per_program_limits_override_the_default(sandbox):
     assert result.output_truncated and result.limit_hit == "output" and len(result.stdout) <= 5
 
 
+def test_a_run_quiet_for_too_long_is_stopped_before_its_wall_limit(sandbox):
+    # A program that reports as it goes, then is stopped (here: it stops itself) and never goes on.
+    stopped = "import os, signal, time\nprint('first report', flush=True)\ntime.sleep(0.3)\n" \
+              "print('second report', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)\n"
+    limits = SandboxLimits(wall_seconds=30, quiet_seconds=1.5)
+    result = sandbox.run(Program({"main.py": stopped}, limits=limits))
+    assert result.timed_out and result.limit_hit == "quiet" and result.wall_seconds < 10, result
+    assert result.stdout.split() == ["first", "report", "second", "report"]
+    # a run that keeps reporting is not stopped, however long it takes in all
+    chatty = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.4)\n"
+    result = sandbox.run(Program({"main.py": chatty}, limits=limits))
+    assert result.ok and result.stdout.split() == [str(i) for i in range(8)], result
+
+
 def leaked_resources(action) -> list[str]:
     """The ResourceWarnings (unclosed files, sockets, running subprocesses) while ``action`` runs."""
     gc.collect()   # what earlier code left for the collector is not this action's
@@ -160,6 +174,9 @@ def test_limits_validation_says_what_is_allowed():
         SandboxLimits(processes=2.5)
     with pytest.raises(ConfigError, match="wall_seconds"):
         SandboxLimits(wall_seconds=float("nan"))
+    for quiet in (0, float("inf"), float("nan"), True, "5"):
+        with pytest.raises(ConfigError, match="quiet_seconds must be None or a finite number >= 0.01"):
+            SandboxLimits(quiet_seconds=quiet)
     with pytest.raises(ConfigError, match="relative"):
         Program({"../escape.py": ""})
     with pytest.raises(ConfigError, match="argv"):
