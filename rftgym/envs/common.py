@@ -115,10 +115,10 @@ def without_elements(text: str, names, *, unclosed: bool = False) -> str:
     return re.sub(rf"{opening}.*", " ", text, flags=re.I | re.S) if unclosed else text
 
 
-def answer_text(text: str, tags) -> str:
-    """An answer's text without tool markup inside it (``<answer>X <search>q</search></answer>``
-    answers X): the env's tags and what they enclose are not part of the answer, a nested
-    ``<answer>`` included (it is a call of its own); an inner tag never closed runs to the end.
+def without_tool_markup(text: str, tags) -> str:
+    """A tag's text (an answer, a query, a note) without tool markup inside it
+    (``<answer>X <search>q</search></answer>`` answers X): the env's tags and what they enclose
+    are not part of it, a nested ``<answer>`` included; an inner tag never closed runs to the end.
     White space is collapsed."""
     text = without_elements(text, tags, unclosed=True)
     names = "|".join(re.escape(tag) for tag in tags)

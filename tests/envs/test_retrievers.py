@@ -339,3 +339,13 @@ def test_a_missing_library_names_the_retrieval_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "bm25s", None)  # makes `import bm25s` fail
     with pytest.raises(MissingDependencyError, match=r"pip install 'rftgym\[retrieval\]'"):
         BM25Retriever(TINY)
+
+
+def test_a_blank_question_and_a_json_lines_record_in_a_json_file_are_named(tmp_path):
+    blank = write(tmp_path / "q.jsonl", json.dumps({"question": "q?", "golden_answers": ["Ann"]}) + "\n"
+                  + json.dumps({"question": "  ", "golden_answers": ["Bo"]}) + "\n")
+    with pytest.raises(DataFormatError, match="q.jsonl: question '2' is blank; give each record its question's text"):
+        load_questions(blank)
+    one_record = write(tmp_path / "nq.json", json.dumps({"question": "q?", "golden_answers": ["a"]}))
+    with pytest.raises(DataFormatError, match="got a JSON dict \\(a JSON-lines record\\? .* ends in .jsonl\\)"):
+        load_questions(one_record)

@@ -137,6 +137,8 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("5 or 6", None), ("5 -- 6", None), ("8\u2012 9", None), ("8 \uff0d 9", None), ("5 or more agree", (5, "or more agree")), ("7/10 - 3 hits", (7, "3 hits")),
     ("5/10 to 6/10", None), ("5/10-6/10 useful", None), ("5 / 10 or 6", None), ("score: 5/10 \u2013 6/10", None),
     ("7/10 - 3/4 of the hits", (7, "3/4 of the hits")), ("7/10 to the point", (7, "to the point")),
+    ("Score: 7,5/10 decent", None), ("7,5", None), ("score: 3 (out of 5)", None), ("3 out of 5", None),  # other wholes
+    ("8, 5 hits relevant", (8, "5 hits relevant")), ("7 out of 10", (7, "out of 10")), ("7 (out of 10) ok", (7, "(out of 10) ok")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
@@ -523,6 +525,22 @@ def test_tool_markup_inside_an_answer_is_not_part_of_it(inner):
     _, reward, terminated, _, info = env.step("<answer><think>hmm</think></answer>")
     assert not terminated and "an empty <answer> was not graded" in info["format_error"]
     # Text that only looks like markup stays.
-    from rftgym.envs.common import answer_text
+    from rftgym.envs.common import without_tool_markup
 
-    assert answer_text("x < y and a<b>c", ("search", "answer")) == "x < y and a<b>c"
+    assert without_tool_markup("x < y and a<b>c", ("search", "answer")) == "x < y and a<b>c"
+
+
+def test_a_call_inside_another_calls_body_is_its_text_not_a_call():
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 1})
+    title = env.question.gold_titles[0]
+    # a search inside a query: one search, for the text around the inner tag, and no double search
+    _, _, _, _, info = env.step(f"<search>{title} <search>other</search></search>")
+    assert info["query"] == title and info["searches"] == 1 and info["protocol_violation"] is None
+    assert "a <search> inside another tag's body was not run" in info["format_error"]
+    # a guess in an evaluation's note is not an answer; the search after the evaluation runs
+    _, _, terminated, _, info = env.step(f"<evaluate>score: 3 maybe <answer>pilot</answer>? need more</evaluate>"
+                                         f"<search>more {title}</search>")
+    assert not terminated and info["evaluation_score"] == 3 and info["searches"] == 2
+    assert info["query"] == f"more {title}" and info["protocol_violation"] is None
+    assert "a <answer> inside another tag's body was not run" in info["format_error"]

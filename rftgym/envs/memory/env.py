@@ -123,9 +123,9 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (answer_text, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, read_action, render_context, resolve_config,
-                      summarize_problems)
+from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
+                      check_step_call, read_action, render_context, resolve_config, summarize_problems,
+                      without_tool_markup)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -477,7 +477,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._pruned_ids.extend(removed)
         self._prunes += 1
         # The note is what the agent keeps to read; tool tags inside it ran (or were refused) as tags.
-        note = answer_text(tag.text, ("search", "prune", "answer"))
+        note = without_tool_markup(tag.text, ("search", "prune", "answer"))
         note = note[: self.config.max_note_chars]
         note_id = None
         if note:
@@ -510,7 +510,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         count = len(self.task.objectives)
         if k is None:
             turn.problems.append(f'an <answer> needs id="N" with N from 1 to {count}; it was not recorded')
-        elif not (text := answer_text(tag.text, self.config.tags)):
+        elif not (text := without_tool_markup(tag.text, self.config.tags)):
             turn.problems.append(f"the answer to objective {k} is empty; it was not recorded")
         elif k in self._answers:
             turn.problems.append(f"objective {k} was already answered; the first answer stands")

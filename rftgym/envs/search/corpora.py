@@ -75,7 +75,9 @@ def _hotpotqa_records(path: Path, data: Any = None) -> list[dict]:
     """The records of a HotpotQA file, checked; ``data``: the file, when already parsed."""
     data = read_json(path, HOTPOTQA_SHAPE) if data is None else data
     if not isinstance(data, list):
-        raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a JSON {type(data).__name__}")
+        lines = (" (a JSON-lines record? a JSON-lines file is read as such when its name ends in .jsonl)"
+                 if isinstance(data, dict) and "question" in data else "")
+        raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a JSON {type(data).__name__}{lines}")
     for index, record in enumerate(data):
         where = f"{path}: record {index}"
         if not isinstance(record, dict) or not isinstance(record.get("question"), str) \
@@ -301,6 +303,10 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
         questions = load_hotpotqa_questions(path)
     if not questions:
         raise DataFormatError(f"{path}: the file holds no questions")
+    blank = next((q for q in questions if not q.question.strip()), None)
+    if blank is not None:
+        raise DataFormatError(f"{path}: question {blank.id!r} is blank; give each record its question's text, or "
+                              "drop the record")
     _refuse_repeated_ids(path, "question", [q.id for q in questions], "an episode names its task by id")
     return questions
 

@@ -96,9 +96,9 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (ANSWER_IN_THINK, answer_text, chat_spaces, check_generator_only, check_path_options,
-                      check_render_mode, check_reset_options, check_step_call, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems, without_elements)
+from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
+                      check_reset_options, check_step_call, dataset_index, read_action, render_context,
+                      resolve_config, summarize_problems, without_elements, without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -126,6 +126,7 @@ THINKING_SYSTEM_PROMPT = (
     "cannot be answered from the documents, answer <answer>unknown</answer>."
 )
 MAX_QUERY_CHARS = 500
+CALL_TAGS = ("search", "evaluate", "answer")  # the tags that act: each on its own, never inside another
 RETRIEVER_NAMES = ("bm25", "dense", "remote")
 
 
@@ -338,12 +339,19 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             # Such a model stops generating at </search>, inside its open <think>: not a format error.
             problems.pop(never_closed("think"), None)
         out.problems.extend(problems)
-        # An <answer> inside <think> is part of the reasoning, not the reply's answer.
+        # An <answer> inside <think> is part of the reasoning, not the reply's answer; a call inside
+        # another call's body (a guess in an evaluation's note, a search inside a query) is its text.
+        # An answer wrapped twice is still answered (the outer one, once unwrapped, is empty).
         thought = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
-        calls = [t for t in parsed.tags if t.closed and t.name in ("search", "evaluate", "answer")
+        nested = [t for t in parsed.tags if t.closed and t.name in CALL_TAGS
+                  and any(parsed.inside_closed(t, outer) for outer in CALL_TAGS if not outer == t.name == "answer")]
+        calls = [t for t in parsed.tags if t.closed and t.name in CALL_TAGS and t not in nested
                  and not (t.name == "answer" and t.start in thought)]
         if thought:
             out.problems.append(ANSWER_IN_THINK)
+        if nested:
+            out.problems.append(f"a <{nested[0].name}> inside another tag's body was not run; write each "
+                                "<search>, <evaluate> and <answer> on its own")
         if sum(t.name == "answer" for t in calls) > 1:  # the first one ends the episode
             out.problems.append("more than one <answer> (or one inside another); the first one was graded")
         if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
@@ -376,10 +384,10 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
                 elif self.config.search_in_think and tag.parent != "think":
                     out.problems.append("searches go inside <think>…</think> here; this one was not run")
                 else:
-                    searched = self._search(tag.text, out)
+                    searched = self._search(without_tool_markup(tag.text, self.config.tags), out)
                     if out.truncated:
                         return out
-            elif not (answer := answer_text(tag.text, self.config.tags)):  # empty, or markup only: no answer
+            elif not (answer := without_tool_markup(tag.text, self.config.tags)):  # empty or markup only: none
                 out.problems.append("an empty <answer> was not graded; put the answer inside <answer>…</answer>")
             else:
                 if searched:

@@ -4,7 +4,7 @@ An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an
 to 10 (how useful the last search results are for answering), optionally labelled ``score:``
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
-Rejected: ``seven``, ``7.5``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``5-6``, ``5 to 6``,
+Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``5-6``, ``5 to 6``,
 ``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 
-# Lookaheads, not \b: "7.5" must fail rather than read as 7, and so must "1e400" and "10abc".
-# The last lookahead refuses a fraction of another whole ("4/5" is not 4 out of 10).
+# Lookaheads, not \b: "7.5" (or a decimal comma's "7,5") must fail rather than read as 7, and so
+# must "1e400" and "10abc". The last two refuse a fraction of another whole ("4/5", "3 out of 5"
+# are not 4 or 3 out of 10).
 # ASCII digits only: \d would also read a fullwidth or Arabic-Indic 7 as a score.
 # A range ("5-6", "5 to 6", "5 or 6", "5/10 to 6/10") or a percentage ("5%") is not a score out of
 # 10 either; "10 - exactly it" and "7/10 - 3 hits" are. After "/10" only a dash before another
@@ -22,7 +23,7 @@ _DASH = r"[-~\u2010-\u2015\u2212\uff0d]+"
 _EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})"
                          r"(?:\s*/\s*10(?!\s*(?:(?:to\b|or\b)\s*[0-9]|" + _DASH + r"\s*[0-9]{1,2}\s*/\s*10))"
                          r"|(?!\s*(?:%|(?:" + _DASH + r"|to\b|or\b)\s*[0-9])))"
-                         r"(?!\.?[0-9])(?!\w)(?!\s*/)", re.IGNORECASE)
+                         r"(?![.,]?[0-9])(?!\w)(?!\s*/)(?!\s*\(?\s*out\s+of\s+(?!10\b)[0-9])", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 
