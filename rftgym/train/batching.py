@@ -31,7 +31,7 @@ masked too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -70,7 +70,11 @@ class BatchStats:
     episodes_masked_overlong: int = 0
     samples: int = 0
     trained_tokens: int = 0
-    extra: dict = field(default_factory=dict)
+    # PCAR, over the kept groups: the scored Search->Evaluate spans, and their rescaling factors'
+    # sum and sum of squares (the factor is 1 for every span of a group whose scores do not vary).
+    pcar_spans: int = 0
+    pcar_factor_sum: float = 0.0
+    pcar_factor_sq_sum: float = 0.0
 
 
 def group_episodes(episodes: list[Episode], group_size: int) -> list[list[Episode]]:
@@ -198,7 +202,7 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
         if config.algo == "dcpo":
             samples += _dcpo_group(group, gi, group_adv, keep_episode[gi], config, generator)
         elif config.algo == "pcar":
-            samples += _pcar_group(group, gi, group_adv, keep_episode[gi], config, split_tokens)
+            samples += _pcar_group(group, gi, group_adv, keep_episode[gi], config, split_tokens, stats)
         else:
             for ei, episode in enumerate(group):
                 if keep_episode[gi, ei]:
@@ -217,13 +221,20 @@ def _dcpo_group(group, gi, group_adv, keep, config, generator) -> list[TrainSamp
             for ei, si in sorted(picks)]
 
 
-def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None) -> list[TrainSample]:
+def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None, stats: BatchStats | None = None
+                ) -> list[TrainSample]:
     # Every episode's scores enter the group's standardization, overlong-masked ones too: the
     # overlong filter masks an episode's loss, not its place in the group's statistics (its reward
     # stays in the advantage baseline as well, as in DAPO).
     spans_and_scores = [_pcar_spans(e, split_tokens) for e in group]
     scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
     rescaled = pcar_segment_advantages(group_adv, scores, config.pcar_lambda, config.pcar_delta)
+    if stats is not None:  # the factors alone: the rescaling of an advantage of 1
+        factors = torch.cat(pcar_segment_advantages(torch.ones(len(group)), scores, config.pcar_lambda,
+                                                    config.pcar_delta))
+        stats.pcar_spans += factors.numel()
+        stats.pcar_factor_sum += float(factors.sum())
+        stats.pcar_factor_sq_sum += float((factors * factors).sum())
     samples = []
     for ei, episode in enumerate(group):
         if not keep[ei]:

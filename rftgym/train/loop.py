@@ -273,6 +273,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
             **recomputed,
             **update,
         }
+        if config.algo == "pcar":
+            metrics.update(pcar_metrics(ranks.sum_floats([batch_stats.pcar_spans, batch_stats.pcar_factor_sum,
+                                                          batch_stats.pcar_factor_sq_sum]), int(kept) * config.group_size))
         if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
             metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
         history.append({"step": step, **metrics})
@@ -370,6 +373,17 @@ def check_finite_update(update: dict, step: int, out: Path, episodes, config: Tr
         f"longer finite; the run stops without saving them (the checkpoint in {out}, if any, is the last good "
         f"state). Rewards this step ranged over [{min(rewards, default=0):g}, {max(rewards, default=0):g}]. Lower "
         f"what scales the loss ({', '.join(suspects)}) or the env's rewards, then resume or start again")
+
+
+def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:
+    """PCAR's step metrics from ``[scored spans, factor sum, factor sum of squares]`` over the kept
+    groups' ``episodes``: scored spans per episode, and the rescaling factors' mean and spread
+    (1 and 0 when no group's scores varied, i.e. PCAR trained as GRPO)."""
+    spans, total, squares = sums
+    mean = total / spans if spans else 1.0
+    return {"pcar_scores_per_episode": spans / episodes if episodes else 0.0,
+            "pcar_factor_mean": mean,
+            "pcar_factor_std": float(np.sqrt(max(0.0, squares / spans - mean * mean))) if spans else 0.0}
 
 
 def unused_signal(algo: str, episodes) -> str | None:

@@ -133,6 +133,24 @@ def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():
     assert by_turn1 == pytest.approx({0: -SQRT_HALF, 1: -SQRT_HALF, 2: -SQRT_HALF}, abs=1e-5)
 
 
+def test_pcar_reports_its_spans_and_factors():
+    from rftgym.train.loop import pcar_metrics
+
+    # the example above: factors [1.5, 0.5, 1.0] over 3 spans of 2 episodes
+    ep0 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 8}), (2, 0, {}), (1, 0, {"evaluation_score": 2}), (1, 1.0, {})])
+    ep1 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 5}), (1, 0.0, {})])
+    _, stats = build_samples([[ep0, ep1]], TrainConfig(algo="pcar", pcar_lambda=0.5, pcar_delta=0.1))
+    assert stats.pcar_spans == 3 and stats.pcar_factor_sum == pytest.approx(3.0)
+    assert stats.pcar_factor_sq_sum == pytest.approx(1.5 ** 2 + 0.5 ** 2 + 1.0)
+    metrics = pcar_metrics([stats.pcar_spans, stats.pcar_factor_sum, stats.pcar_factor_sq_sum], 2)
+    assert metrics == pytest.approx({"pcar_scores_per_episode": 1.5, "pcar_factor_mean": 1.0,
+                                     "pcar_factor_std": (1 / 6) ** 0.5})  # population std of [1.5, 0.5, 1]
+    assert pcar_metrics([0, 0.0, 0.0], 4) == {"pcar_scores_per_episode": 0.0, "pcar_factor_mean": 1.0,
+                                              "pcar_factor_std": 0.0}
+    _, grpo = build_samples([[ep0, ep1]], TrainConfig(algo="grpo"))
+    assert grpo.pcar_spans == 0
+
+
 def test_pcar_standardizes_over_the_whole_group_even_when_an_episode_is_masked_overlong():
     # As DAPO masks a truncated sample's loss but keeps its reward in the group's baseline, an
     # overlong-masked episode's evaluation scores stay in the group's standardization: episode 0
