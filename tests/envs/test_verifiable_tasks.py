@@ -194,6 +194,10 @@ def free(answer: str) -> Task:
     ("Paris", "paris", True),
     ("Paris", "The Paris.", True),
     ("Paris", "Lyon", False),
+    ("H2O", "CO2", False),             # a text answer holding one number is text, not that number
+    ("Apollo 11", "Gemini 11", False),
+    ("Apollo 11", "apollo 11.", True),
+    ("x = 12", "12", False),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

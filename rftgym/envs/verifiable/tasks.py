@@ -78,13 +78,14 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def _same_choice(given: str, choice: str) -> bool:
-    """Whether ``given`` names ``choice``. Numeric choices compare by value, because dropping
-    punctuation would make "4.5" and "4/5" (or "1/12" and "11/2") the same text."""
-    if _NUMBER.fullmatch(choice.strip()):
-        value = parse_number(choice)
+def _same_answer(given: str, expected: str) -> bool:
+    """Whether ``given`` says ``expected`` (an answer or a choice). An ``expected`` that is a number
+    as a whole compares by value ("x = 12." says "12"; dropping punctuation would make "4.5" and
+    "4/5" the same text); any other compares as text, so "CO2" does not say "H2O"."""
+    if _NUMBER.fullmatch(expected.strip()):
+        value = parse_number(expected)
         return value is not None and parse_number(given) == value
-    return _same_text(given, choice)
+    return _same_text(given, expected)
 
 
 def _same_text(given: str, expected: str) -> bool:
@@ -114,7 +115,7 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
         letter_index = LETTERS.index(match.group(1).upper())
         rest = stripped[match.end(1):].strip(" ).:")
         # "(B) 42" is fine; "(B) 17" when B is 42 names a different choice and is ambiguous.
-        if not rest or _same_choice(rest, choices[letter_index]):
+        if not rest or _same_answer(rest, choices[letter_index]):
             return letter_index
     # The whole answer may be a choice's text that happens to start with a one-letter word
     # ("a dog" when the dog is choice C).
@@ -123,7 +124,7 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
         return exact[0]
     if letter_index is not None:
         return None
-    matches = [i for i, choice in enumerate(choices) if _same_choice(stripped, choice)]
+    matches = [i for i, choice in enumerate(choices) if _same_answer(stripped, choice)]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -132,10 +133,7 @@ def is_correct(task: Task, given: str) -> bool:
     if task.choices:
         index = _choice_index(given, task.choices)
         return index is not None and task.choices[index] == task.answer
-    expected_number = parse_number(task.answer)
-    if expected_number is not None:
-        return parse_number(given) == expected_number
-    return _same_text(given, task.answer)
+    return _same_answer(given, task.answer)
 
 
 # ---------------------------------------------------------------- generators
@@ -328,7 +326,7 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
         if answer not in choices:
             letter = answer.strip().strip("()").upper()
             # The answer may write a choice another way ("1.0" for a choice 1, "paris" for "Paris").
-            same = [c for c in choices if _same_choice(answer, c)]
+            same = [c for c in choices if _same_answer(answer, c)]
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:
                 answer = choices[LETTERS.index(letter)]
             elif len(same) == 1:
