@@ -166,10 +166,23 @@ def check_reset_options(options: dict[str, Any], *, from_dataset: bool, dataset_
                          f"{sorted(usable) or 'no options'}")
 
 
-def dataset_index(options: dict[str, Any], size: int, np_random, default: int | None = None) -> int:
-    """The dataset item for this episode: ``options["task_index"]``, else ``default``, else a draw
-    from the env's RNG. A bad index is the caller's mistake (ValueError), not the agent's."""
-    index = options.get("task_index", default)
+TASK_SELECTIONS = ("seed", "random")
+
+
+def check_task_selection(config) -> None:
+    if config.task_selection not in TASK_SELECTIONS:
+        raise ConfigError(f"task_selection must be 'seed' (reset(seed=i) gives dataset item i mod its size) or "
+                          f"'random' (a draw from the env's RNG), got {config.task_selection!r}")
+
+
+def dataset_index(options: dict[str, Any], size: int, np_random, seed: int | None = None,
+                  selection: str = "random") -> int:
+    """The dataset item for this episode: ``options["task_index"]``; else, with ``selection``
+    "seed" and a seed, ``seed % size`` (seeds 0 to size - 1 cover the dataset once: what
+    ``rftgym eval`` runs by default, through the env's ``eval_episodes``); else a draw from the
+    env's RNG. A bad index is the caller's mistake (ValueError), not the agent's."""
+    by_seed = seed % size if seed is not None and selection == "seed" else None
+    index = options.get("task_index", by_seed)
     if index is None:
         index = int(np_random.integers(size))
     if not is_int(index) or not 0 <= index < size:

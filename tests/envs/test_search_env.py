@@ -421,6 +421,12 @@ def test_hotpotqa_dataset(capsys):
     assert reward == 1.0 and terminated and info["segments"][0]["score"] == 8
     with pytest.raises(ValueError, match=r"task_index must be an int in \[0, 100\)"):
         env.reset(options={"task_index": 100})
+    # seeds 0..99 cover the file once (rftgym eval's default episodes); "random" draws
+    ids = [q.id for q in env.questions]
+    assert [env.reset(seed=s)[1]["question_id"] for s in (0, 1, 99, 100)] == [ids[0], ids[1], ids[99], ids[0]]
+    assert env.eval_episodes == 100 and SearchEvalQAEnv().eval_episodes is None
+    drawn = SearchEvalQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), task_selection="random")
+    assert drawn.eval_episodes is None and [drawn.reset(seed=s)[1]["question_id"] for s in range(5)] != ids[:5]
     with pytest.raises(ValueError, match=r"\['answerable', 'hops'\] do not apply here: this env serves a dataset"):
         env.reset(options={"hops": 2, "answerable": False})
 

