@@ -67,8 +67,11 @@ def _decode_error(where: str, exc: Exception, shape: str) -> DataFormatError:
     if isinstance(exc, RecursionError):
         return DataFormatError(f"{where}: the JSON is nested too deeply to read; expected {shape}")
     if isinstance(exc, json.JSONDecodeError):
-        return DataFormatError(f"{where}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}); "
-                               f"expected {shape}")
+        at = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+        # A string left open runs to the end of the text as well.
+        ends_early = exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
+        cut = "; the text ends before its JSON does (cut short, e.g. by an interrupted write?)" if ends_early else ""
+        return DataFormatError(f"{where}: not valid JSON ({exc.msg}, {at}){cut}; expected {shape}")
     # ValueError: an integer past Python's limit on digits converted from text.
     return DataFormatError(f"{where}: a value cannot be read ({exc}); expected {shape}")
 

@@ -16,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
+from .errors import DataFormatError
+from .jsonl import read_jsonl
 from .messages import Context, Message
 
 # The finish reason of a reply the agent could not give because the context left no room for it
@@ -248,8 +250,17 @@ def append_episode_jsonl(handle, episode: Episode) -> None:
     handle.flush()
 
 
+EPISODES_SHAPE = "one episode per line, as rftgym eval writes them"
+
+
 def read_episodes_jsonl(path) -> Iterator[Episode]:
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield Episode.from_json(json.loads(line))
+    """The episodes of a JSON-lines file that ``rftgym eval`` (or :func:`write_episodes_jsonl`)
+    wrote, in order, one at a time (``.gz`` through gzip). A line that is not an episode stops the
+    reading with a DataFormatError naming its line; the episodes before it have been yielded."""
+    for number, record in read_jsonl(path, EPISODES_SHAPE):
+        try:
+            episode = Episode.from_json(record)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataFormatError(f"{path}:{number}: not an episode ({type(exc).__name__}: {exc}); expected "
+                                  f"{EPISODES_SHAPE}") from None
+        yield episode

@@ -198,6 +198,33 @@ def test_reader_skips_blank_lines_and_the_writer_accepts_a_generator(tmp_path):
     assert [e.seed for e in read_episodes_jsonl(path)] == [7]
 
 
+def test_a_damaged_file_names_its_line_after_yielding_the_episodes_before_it(tmp_path):
+    import gzip
+
+    from rftgym.core.errors import DataFormatError
+
+    path = tmp_path / "eps.jsonl"
+    write_episodes_jsonl(path, [make_episode(), make_episode()])
+    whole = path.read_text(encoding="utf-8")
+    path.write_text(whole + whole.splitlines()[0][:300], encoding="utf-8")  # a run stopped mid-line
+    read = []
+    with pytest.raises(DataFormatError, match=r"eps.jsonl:3: not valid JSON \(.*, column \d+\); the text ends "
+                                              r"before its JSON does \(cut short"):
+        for episode in read_episodes_jsonl(path):
+            read.append(episode)
+    assert [e.seed for e in read] == [7, 7]
+    path.write_text(whole + "[1, 2]\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match="eps.jsonl:3: expected a JSON object, got list"):
+        list(read_episodes_jsonl(path))
+    path.write_text(whole + '{"env_id": "x"}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"eps.jsonl:3: not an episode \(KeyError: 'messages'\); expected one "
+                                              "episode per line, as rftgym eval writes them"):
+        list(read_episodes_jsonl(path))
+    packed = tmp_path / "eps.jsonl.gz"  # gzipped, and with a byte-order mark
+    packed.write_bytes(gzip.compress(("\ufeff" + whole).encode()))
+    assert [e.seed for e in read_episodes_jsonl(packed)] == [7, 7]
+
+
 def test_each_line_is_one_json_object(tmp_path):
     path = tmp_path / "eps.jsonl"
     write_episodes_jsonl(path, [make_episode()])
