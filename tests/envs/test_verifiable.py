@@ -169,9 +169,12 @@ def test_an_empty_answer_is_no_answer(empty):
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(empty)
     assert reward == 0.0 and not terminated and not truncated
-    assert info["format_error"].startswith("the <answer> tag is empty") and info["answer"] is None
+    said = "the <answer> tag is empty" if empty.count("<answer>") == 1 else \
+        "the last of several <answer> tags (the one that counts) is empty, so none was graded"
+    assert info["format_error"].startswith(said) and info["answer"] is None
+    assert "the last one was graded" not in info["format_error"]  # nothing was
     assert info["attempts"] == 0 and not info["format_ok"]
-    assert obs[-1].content.startswith("Your reply was not understood: the <answer> tag is empty")
+    assert obs[-1].content.startswith(f"Your reply was not understood: {said}")
     _, reward, terminated, truncated, info = env.step(empty)
     assert reward == 0.0 and truncated and not terminated
 

@@ -185,8 +185,11 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
         if not answers:
             format_error = "no <answer>…</answer> tag" + (f" ({problems})" if problems else "")
         elif not answers[-1].text.strip():
-            # An empty answer is no answer: it is not graded, and earns no format reward.
-            answers, format_error = [], "; ".join(["the <answer> tag is empty"] + notes)
+            # An empty answer is no answer: it is not graded, and earns no format reward. The last
+            # answer is the one that counts, so an empty one after another leaves none.
+            empty = "the <answer> tag is empty" if len(answers) == 1 else \
+                "the last of several <answer> tags (the one that counts) is empty, so none was graded"
+            answers, format_error = [], "; ".join([empty] + notes[len(answers) > 1:])
         elif notes:
             format_error = "; ".join(notes)
         format_ok = format_error is None
