@@ -21,7 +21,6 @@ the same temperature so that importance ratios compare like with like.
 from __future__ import annotations
 
 import inspect
-import math
 import sys
 import warnings
 from dataclasses import dataclass
@@ -29,10 +28,13 @@ from typing import Mapping, Sequence
 
 from ..core.errors import AgentError, ConfigError, require
 from ..core.messages import Context, Message
-from ..core.values import is_int
+from ..core.values import is_finite_real, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, keyed_uniforms
+
+
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -50,22 +52,20 @@ class SamplingConfig:
     max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}", field="max_new_tokens")
-        if not 0 <= self.temperature < math.inf:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}",
-                              field="temperature")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}", field="top_k")
+        for name in ("max_new_tokens", "max_batch_size", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if not (value is None and name == "max_prompt_tokens") and not (is_int(value) and value >= 1):
+                raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}", field=name)
+        # Below MIN_TEMPERATURE the logits divided by it overflow to infinity (NaN probabilities).
+        if not (is_finite_real(self.temperature) and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)):
+            raise ConfigError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got "
+                              f"{self.temperature!r}", field="temperature")
+        if not (is_finite_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}", field="top_p")
+        if not (is_int(self.top_k) and self.top_k >= 0):
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k")
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < 2**63):
             raise ConfigError(f"seed must be None or an integer in [0, 2^63), got {self.seed!r}", field="seed")
-        if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}", field="max_batch_size")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ConfigError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}",
-                              field="max_prompt_tokens")
 
     @property
     def greedy(self) -> bool:
@@ -105,6 +105,8 @@ class HFPolicy(Agent):
         self._generator = self.torch.Generator(device=self.device)
         if self.sampling.seed is not None:
             self._generator.manual_seed(self.sampling.seed)
+        else:  # a new Generator starts from one fixed seed: "no seed" must not mean the same samples each run
+            self._generator.seed()
 
     def _sampling_generator(self):
         # The model may have moved (e.g. to a GPU) since construction; keep the seed stream.

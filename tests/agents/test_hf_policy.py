@@ -137,13 +137,26 @@ def test_top_p_keeps_only_the_nucleus(tiny_policy):
 
 
 def test_sampling_config_errors_say_what_is_allowed():
-    for temperature in (-1, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="temperature must be a finite number >= 0"):
+    for temperature in (-1, float("nan"), float("inf"), True, 1e-40, "1"):  # 1e-40: NaN probabilities
+        with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or a finite number >= 0.001"):
             SamplingConfig(temperature=temperature)
-    with pytest.raises(ConfigError, match="top_p must be in"):
-        SamplingConfig(top_p=0)
-    with pytest.raises(ConfigError, match="max_new_tokens"):
-        SamplingConfig(max_new_tokens=0)
+    for top_p in (0, 1.5, "1", float("nan")):
+        with pytest.raises(ConfigError, match="top_p must be a number in"):
+            SamplingConfig(top_p=top_p)
+    for name in ("max_new_tokens", "max_batch_size", "max_prompt_tokens"):
+        for bad in (0, 4.5, True, "8"):
+            with pytest.raises(ConfigError, match=f"{name} must be an integer of at least 1"):
+                SamplingConfig(**{name: bad})
+    with pytest.raises(ConfigError, match="top_k must be an integer >= 0"):
+        SamplingConfig(top_k=2.5)
+    assert SamplingConfig(temperature=0).greedy and SamplingConfig(max_prompt_tokens=None, temperature=0.001)
+
+
+def test_no_seed_means_other_samples_each_run(make_char_policy):
+    # A new torch Generator starts from one fixed seed: without seeding it, "no seed" gave the same
+    # samples in every run.
+    first, second = (make_char_policy()._generator.initial_seed() for _ in range(2))  # SamplingConfig(seed=None)
+    assert first != second
 
 
 def test_prompt_limit_leaves_room_for_a_whole_reply(tiny_policy):
@@ -157,7 +170,7 @@ def test_prompt_limit_leaves_room_for_a_whole_reply(tiny_policy):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
         assert tiny_policy.prompt_limit(SamplingConfig(max_new_tokens=48, max_prompt_tokens=4000)) == context - 48
-    with pytest.raises(ConfigError, match="max_prompt_tokens must be at least 1"):
+    with pytest.raises(ConfigError, match="max_prompt_tokens must be an integer of at least 1"):
         SamplingConfig(max_prompt_tokens=0)
 
 
