@@ -284,9 +284,9 @@ def _build_agent(args: argparse.Namespace):
 def _check_model_dir(model: str | None) -> None:
     """A --model that is not a local model directory is a usage error, found before any other work
     (the default model is checked where it loads: finding it may convert its weights)."""
-    from .agents.model_loading import DEFAULT_MODEL_NAME, resolve_model_dir
+    from .agents.model_loading import names_default_model, resolve_model_dir
 
-    if model in (None, "default", DEFAULT_MODEL_NAME):
+    if names_default_model(model):
         return
     try:
         resolve_model_dir(model)

@@ -56,8 +56,13 @@ def default_model_dir() -> Path:
     target = cache_root() / "models" / DEFAULT_MODEL_NAME
     if _is_current(target, gguf):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w")
+    except OSError as exc:
+        raise ModelLoadError(f"the default model's weights are converted once into {target.parent}, which cannot be "
+                             f"written ({exc.strerror or exc}); set RFTGYM_CACHE to a writable directory") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _is_current(target, gguf):  # another process may have converted it meanwhile
             _convert_gguf(gguf, target)
@@ -111,9 +116,15 @@ WEIGHT_FILES = ("model*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+def names_default_model(model: str | None) -> bool:
+    """Whether ``model`` asks for the default model: None, ``"default"``, or its name when no
+    directory of that name is here (a model saved under the upstream name is that model)."""
+    return model in (None, "default") or (model == DEFAULT_MODEL_NAME and not Path(model).exists())
+
+
 def resolve_model_dir(model: str | None) -> Path:
     """``None`` or ``"default"`` gives the default model; anything else must be a local directory."""
-    if model in (None, "default", DEFAULT_MODEL_NAME):
+    if names_default_model(model):
         return default_model_dir()
     path = Path(model).expanduser()
     from ..train.checkpoint import has_checkpoint_files

@@ -33,6 +33,28 @@ def test_default_model_is_cached_as_plain_hf_directory():
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
 
 
+def test_a_directory_named_like_the_default_model_is_that_directory(tmp_path, monkeypatch):
+    from rftgym.agents.model_loading import DEFAULT_MODEL_NAME, names_default_model, resolve_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert names_default_model(DEFAULT_MODEL_NAME) and names_default_model(None) and names_default_model("default")
+    (tmp_path / DEFAULT_MODEL_NAME).mkdir()
+    (tmp_path / DEFAULT_MODEL_NAME / "config.json").write_text("{}")
+    assert not names_default_model(DEFAULT_MODEL_NAME)  # a fine-tuned copy saved under the upstream name
+    with pytest.raises(ModelLoadError, match="no weights"):
+        resolve_model_dir(DEFAULT_MODEL_NAME)
+
+
+def test_an_unwritable_model_cache_is_named(tmp_path, monkeypatch):
+    from rftgym.agents.model_loading import default_model_dir
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("RFTGYM_CACHE", str(blocker / "cache"))  # under a file: no directory can be made
+    with pytest.raises(ModelLoadError, match=r"cannot be written .*; set RFTGYM_CACHE to a writable directory"):
+        default_model_dir()
+
+
 def test_unknown_model_path_says_what_to_pass(tmp_path):
     with pytest.raises(ModelLoadError, match="local Hugging Face model directory"):
         HFPolicy.from_pretrained(str(tmp_path / "missing"))
