@@ -1111,7 +1111,8 @@ def test_the_api_agents_flags_reach_its_config():
 
 @pytest.mark.parametrize("argv, message", [
     ([*API, "--api-max-retries", "-1"], "--api-max-retries: ChatAPIConfig.max_retries must be an integer >= 0"),
-    ([*API, "--api-backoff", "-1"], "--api-backoff: ChatAPIConfig.backoff_s must be a number of seconds >= 0"),
+    ([*API, "--api-backoff", "-1"], "--api-backoff: ChatAPIConfig.backoff_s must be a number of seconds in [0, 3600]"),
+    ([*API, "--api-backoff", "1e308"], "--api-backoff: ChatAPIConfig.backoff_s must be a number of seconds in [0, 3600]"),
     (["--agent", "random", "--api-max-retries", "2", "--api-backoff", "1"],
      "--api-max-retries and --api-backoff are for --agent api, and this run's agent is random"),
     ([*API, "--api-extra", "{top_k: 20}"], "--api-extra: not valid JSON"),

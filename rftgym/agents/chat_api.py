@@ -58,13 +58,20 @@ class _RequestPool:
 
     def __init__(self, workers: int, name: str):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
-        for thread in self._threads:
-            thread.start()
+        self._most, self._name = workers, name
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
     def submit(self, fn, *args) -> Future:
         future: Future = Future()
         self._jobs.put((future, fn, args))
+        # A worker per job, up to the cap, started as jobs come: a high --num-envs with a few
+        # episodes starts a few threads (all at once, it took seconds per thousand).
+        with self._lock:
+            if len(self._threads) < self._most:
+                thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
         return future
 
     def shutdown(self) -> None:
@@ -91,6 +98,7 @@ class _RequestPool:
 API_KEY_ENV = "OPENAI_API_KEY"
 SNIPPET_CHARS = 300
 MAX_BACKOFF_S = 8.0
+MAX_BACKOFF_SETTING_S = 3600.0  # a longer first wait is a typo (and past time.sleep's range at 1e308)
 # Worth another try besides 5xx, as in the OpenAI client: a request timeout, a conflict (a lock
 # held elsewhere for now), a rate limit.
 _RETRIED_STATUSES = (408, 409, 429)
@@ -269,9 +277,10 @@ class ChatAPIConfig:
                 f"got {self.max_retries!r}",
                 field="max_retries",
             )
-        if not _is_number(self.backoff_s) or self.backoff_s < 0:
+        if not _is_number(self.backoff_s) or not 0 <= self.backoff_s <= MAX_BACKOFF_SETTING_S:
             raise ConfigError(
-                f"ChatAPIConfig.backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}",
+                f"ChatAPIConfig.backoff_s must be a number of seconds in [0, {MAX_BACKOFF_SETTING_S:g}], "
+                f"got {self.backoff_s!r}",
                 field="backoff_s",
             )
         if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
