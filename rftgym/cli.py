@@ -341,6 +341,11 @@ def _make_agent(args: argparse.Namespace):
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
     if args.agent in ("random", "adversarial"):
+        unread = [flag for flag in _sampling_flags_given(args) if flag != "--sample-seed"]
+        if unread:  # they draw text, not tokens from a model: the flags would be ignored
+            raise UsageError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --agent "
+                             f"{args.agent}, which draws its text without a model (only --sample-seed applies); "
+                             f"drop {' and '.join(unread)}")
         seed = args.sample_seed
         return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
     return _agent_of_your_own(args.agent, _sampling_flags_given(args))
@@ -353,6 +358,9 @@ def _check_common(args: argparse.Namespace) -> None:
         if seed is not None and not 0 <= seed < 2**63:
             raise UsageError(f"--{flag.replace('_', '-')} must be in [0, 2^63), got {seed}")
     device = getattr(args, "device", None)
+    if device and getattr(args, "agent", None) not in (None, "default", "hf"):
+        raise UsageError(f"--device is read by the local models (--agent default or hf) only, and this run's agent is "
+                         f"{args.agent}; drop --device")
     if device:
         import torch
 

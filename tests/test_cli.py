@@ -26,7 +26,7 @@ from rftgym.core.records import read_episodes_jsonl
 from rftgym.envs import ENVS
 
 ENV_ID = "rftgym/VerifiableQA-v0"
-VALID_OPTIONS = "Valid options: kinds, difficulties, dataset_path, max_attempts, max_turns, format_weight, " \
+VALID_OPTIONS = "Valid options: kinds, difficulties, dataset_path, task_selection, max_attempts, max_turns, format_weight, " \
                 "system_prompt, max_action_chars"
 
 
@@ -547,7 +547,13 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--sample-seed", "-3"], "--sample-seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
-    (["eval", ENV_ID, "--agent", "random", "--device", "foo"], "is not a torch device"),
+    (["eval", ENV_ID, "--agent", "hf", "--model", "m", "--device", "foo"], "is not a torch device"),
+    # flags the run's agent would not read
+    (["eval", ENV_ID, "--agent", "random", "--device", "cuda"], "--device is read by the local models (--agent "
+                                                                 "default or hf) only, and this run's agent is random"),
+    (["eval", ENV_ID, "--agent", "adversarial", "--temperature", "-3", "--top-p", "7"],
+     "--temperature and --top-p are not read by --agent adversarial, which draws its text without a model"),
+    (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5"], "--max-new-tokens is not read by --agent random"),
     (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
                                                          "model directory"),
     (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local"),
