@@ -26,8 +26,8 @@ from rftgym.core.records import read_episodes_jsonl
 from rftgym.envs import ENVS
 
 ENV_ID = "rftgym/VerifiableQA-v0"
-VALID_OPTIONS = "Valid options: kinds, difficulties, dataset_path, task_selection, max_attempts, max_turns, format_weight, " \
-                "system_prompt, max_action_chars"
+VALID_OPTIONS = "Valid options: kinds, difficulties, dataset_path, task_selection, max_attempts, max_turns, " \
+                "format_weight, system_prompt, max_action_chars"
 
 
 def exit_code(argv) -> int:

@@ -274,8 +274,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
             **update,
         }
         if config.algo == "pcar":
-            metrics.update(pcar_metrics(ranks.sum_floats([batch_stats.pcar_spans, batch_stats.pcar_factor_sum,
-                                                          batch_stats.pcar_factor_sq_sum]), int(kept) * config.group_size))
+            sums = ranks.sum_floats([batch_stats.pcar_spans, batch_stats.pcar_factor_sum,
+                                     batch_stats.pcar_factor_sq_sum])
+            metrics.update(pcar_metrics(sums, int(kept) * config.group_size))
         if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
             metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
         history.append({"step": step, **metrics})

@@ -114,7 +114,8 @@ def _title_text_corpus(path: Path, data: list) -> list[Document]:
         if not (isinstance(record, dict) and isinstance(record.get("title"), str) and isinstance(record.get("text"), str)):
             raise DataFormatError(f"{path}: record {index} is not {{title, text}} strings; expected {TITLE_TEXT_SHAPE}")
         # Titles repeat in some corpora (2Wiki), so the id is the record's position.
-        documents.append(Document(_record_id(record, index, f"{path}: record {index}"), record["title"], record["text"]))
+        documents.append(Document(_record_id(record, index, f"{path}: record {index}"), record["title"],
+                                  record["text"]))
     return documents
 
 

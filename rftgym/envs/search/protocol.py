@@ -4,8 +4,8 @@ An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an
 to 10 (how useful the last search results are for answering), optionally labelled ``score:``
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
-Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``11``, ``-1``, ``1e400``, ``10abc``, ``4/5``, ``5-6``, ``5 to 6``,
-``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
+Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``11``, ``-1``, ``1e400``, ``10abc``,
+``4/5``, ``5-6``, ``5 to 6``, ``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
 """
 
 from __future__ import annotations
