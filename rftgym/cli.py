@@ -281,9 +281,10 @@ def _build_agent(args: argparse.Namespace):
         raise flagged from None
 
 
-def _check_model_dir(model: str | None) -> None:
-    """A --model that is not a local model directory is a usage error, found before any other work
-    (the default model is checked where it loads: finding it may convert its weights)."""
+def _check_model_dir(model: str | None, flag: str = "--model") -> None:
+    """A --model (or ``flag``) that is not a local model directory is a usage error, found before
+    any other work (the default model is checked where it loads: finding it may convert its
+    weights)."""
     from .agents.model_loading import names_default_model, resolve_model_dir
 
     if names_default_model(model):
@@ -291,7 +292,7 @@ def _check_model_dir(model: str | None) -> None:
     try:
         resolve_model_dir(model)
     except ModelLoadError as exc:
-        raise UsageError(f"--model: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
@@ -958,6 +959,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")
+    if args.base_model is not None:
+        _check_model_dir(args.base_model, "--base-model")
     out = export(args.run, args.out, base_model=args.base_model)
     print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
     return 0

@@ -122,8 +122,10 @@ def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
     """``out_dir`` as an absolute path where a model may be written, or a ConfigError saying why
     not (before any model loads)."""
     out = out_dir.expanduser().resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out_dir} exists and is not an empty directory; choose a new one")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out_dir} is a file; the model is written to a directory: choose a new one")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out_dir} is a directory that is not empty; choose a new one")
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"{out_dir} cannot be made: {existing} is a file")

@@ -140,9 +140,14 @@ def test_an_export_checks_where_it_goes_before_loading_anything(tmp_path):
     for out, message in ((run / "checkpoint" / "model", "inside the run's checkpoint area"),
                          (run / ".checkpoint-mine", "inside the run's checkpoint area"),
                          (tmp_path / "afile" / "sub", "cannot be made: .* is a file"),
-                         (run, "not an empty directory")):
+                         (tmp_path / "afile", "afile is a file; the model is written to a directory"),
+                         (run, "is a directory that is not empty")):
         with pytest.raises(ConfigError, match=message):
             export(run, out)
+    from rftgym.cli import main
+
+    # a base model that is not there is a usage error (2), as --model is for eval and train
+    assert main(["export", str(run), str(tmp_path / "new"), "--base-model", str(tmp_path / "nowhere")]) == 2
     out = export(run, run / "model")  # beside the checkpoint is fine
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}  # readable by a model server
 
