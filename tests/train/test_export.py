@@ -147,7 +147,9 @@ def test_an_export_checks_where_it_goes_before_loading_anything(tmp_path):
     from rftgym.cli import main
 
     # a base model that is not there is a usage error (2), as --model is for eval and train
-    assert main(["export", str(run), str(tmp_path / "new"), "--base-model", str(tmp_path / "nowhere")]) == 2
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", str(run), str(tmp_path / "new"), "--base-model", str(tmp_path / "nowhere")])
+    assert stopped.value.code == 2
     out = export(run, run / "model")  # beside the checkpoint is fine
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}  # readable by a model server
 
