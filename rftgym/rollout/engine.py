@@ -246,11 +246,14 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
         ids = getattr(reply, field)
         # Plain ints in a list first, in one pass (a whole prompt, every turn: the numbers ABC is
         # slow); other sequences of integers (numpy's too) become such a list.
-        if type(ids) is list and all(type(t) is int for t in ids):
-            continue
-        if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
-            raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
-        setattr(reply, field, [int(t) for t in ids])
+        if not (type(ids) is list and all(type(t) is int for t in ids)):
+            if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
+                raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
+            ids = [int(t) for t in ids]
+            setattr(reply, field, ids)
+        if ids and min(ids) < 0:  # an embedding row would be read from the end, or an index error raised
+            raise AgentError(f"agent {name!r} returned a negative token id ({min(ids)}) in {field}; token ids "
+                             "are >= 0")
     if reply.logprobs is not None:
         if len(reply.logprobs) != len(reply.sampled_ids):
             raise AgentError(f"agent {name!r} returned {len(reply.logprobs)} log-probs for "
