@@ -61,16 +61,19 @@ class _RequestPool:
         self._most, self._name = workers, name
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._queued = self._idle = 0  # jobs no worker has taken yet; workers waiting for one
 
     def submit(self, fn, *args) -> Future:
         future: Future = Future()
-        self._jobs.put((future, fn, args))
-        # A worker per job, up to the cap, started as jobs come: a high --num-envs with a few
-        # episodes starts a few threads (all at once, it took seconds per thousand).
+        # Workers start as they are needed, up to the cap: a high --num-envs with a few episodes
+        # starts a few threads (all at once, it took seconds per thousand).
         with self._lock:
-            if len(self._threads) < self._most:
+            self._jobs.put((future, fn, args))
+            self._queued += 1
+            if self._queued > self._idle and len(self._threads) < self._most:
                 thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
+                self._idle += 1  # counted now: it takes a job as soon as it runs
                 thread.start()
         return future
 
@@ -87,13 +90,24 @@ class _RequestPool:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
+            with self._lock:
+                self._queued -= 1
+                self._idle -= 1
             future, fn, args = job
             if not future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._idle += 1
                 continue
             try:
-                future.set_result(fn(*args))
+                result, error = fn(*args), None
             except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-                future.set_exception(exc)
+                result, error = None, exc
+            with self._lock:  # idle again before the caller hears, so its next request finds this worker
+                self._idle += 1
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
 
 API_KEY_ENV = "OPENAI_API_KEY"
 SNIPPET_CHARS = 300
