@@ -34,7 +34,7 @@ from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, keyed_uniforms
 
 
-MIN_TEMPERATURE = 1e-3
+MIN_TEMPERATURE = 1e-6  # logits divided by much less overflow float32 (1e-40 gives NaN probabilities)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,6 @@ class SamplingConfig:
             value = getattr(self, name)
             if not (value is None and name == "max_prompt_tokens") and not (is_int(value) and value >= 1):
                 raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}", field=name)
-        # Below MIN_TEMPERATURE the logits divided by it overflow to infinity (NaN probabilities).
         if not (is_finite_real(self.temperature) and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)):
             raise ConfigError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got "
                               f"{self.temperature!r}", field="temperature")

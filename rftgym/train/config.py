@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..agents.hf_policy import MIN_TEMPERATURE
 from ..core.values import is_finite_real, is_int
 from .schedule import LR_SCHEDULES
 
@@ -210,8 +211,8 @@ class TrainConfig:
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
                               f"got {self.min_lr_ratio}", field="min_lr_ratio")
-        if not 1e-6 <= self.temperature <= 1e6:
-            raise ConfigError(f"temperature must be in [1e-6, 1e6] for RL sampling (greedy decoding has no "
+        if not MIN_TEMPERATURE <= self.temperature <= 1e6:
+            raise ConfigError(f"temperature must be in [{MIN_TEMPERATURE:g}, 1e6] for RL sampling (greedy decoding has no "
                               f"log-probs to train on), got {self.temperature}", field="temperature")
         if not 1e-30 <= self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] and at least 1e-30 (float32's range), got {self.top_p}",

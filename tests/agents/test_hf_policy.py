@@ -160,7 +160,7 @@ def test_top_p_keeps_only_the_nucleus(tiny_policy):
 
 def test_sampling_config_errors_say_what_is_allowed():
     for temperature in (-1, float("nan"), float("inf"), True, 1e-40, "1"):  # 1e-40: NaN probabilities
-        with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or a finite number >= 0.001"):
+        with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or a finite number >= 1e-06"):
             SamplingConfig(temperature=temperature)
     for top_p in (0, 1.5, "1", float("nan")):
         with pytest.raises(ConfigError, match="top_p must be a number in"):
@@ -171,7 +171,7 @@ def test_sampling_config_errors_say_what_is_allowed():
                 SamplingConfig(**{name: bad})
     with pytest.raises(ConfigError, match="top_k must be an integer >= 0"):
         SamplingConfig(top_k=2.5)
-    assert SamplingConfig(temperature=0).greedy and SamplingConfig(max_prompt_tokens=None, temperature=0.001)
+    assert SamplingConfig(temperature=0).greedy and SamplingConfig(max_prompt_tokens=None, temperature=1e-6)
 
 
 def test_no_seed_means_other_samples_each_run(make_char_policy):
