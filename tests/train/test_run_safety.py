@@ -152,7 +152,7 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     ({"weight_decay": 1e30}, "learning_rate x weight_decay at most 1"),
     ({"clip_high": 1e300}, r"clip_high must be in \[0, 1e6\]"),
     ({"top_p": 1e-300}, r"top_p must be in \(0, 1\] and at least 1e-30"),
-    ({"temperature": 1e-300}, r"temperature must be in \[1e-6, 1e6\]"),
+    ({"temperature": 1e-300}, r"temperature must be in \[1e-06, 1e6\]"),
     # Past these the loss or the advantage scale overflows (the run stepped NaN into the weights).
     ({"kl_coef": 1e300}, r"kl_coef must be in \[0, 1e3\]"),
     ({"algo": "pcar", "pcar_lambda": 1e300}, r"pcar_lambda must be in \[0, 1e3\]"),
