@@ -194,10 +194,16 @@ def free(answer: str) -> Task:
     ("Paris", "paris", True),
     ("Paris", "The Paris.", True),
     ("Paris", "Lyon", False),
-    ("H2O", "CO2", False),             # a text answer holding one number is text, not that number
+    ("H2O", "CO2", False),             # the same number with other words names something else
     ("Apollo 11", "Gemini 11", False),
     ("Apollo 11", "apollo 11.", True),
-    ("x = 12", "12", False),
+    ("x = 12", "12", True),            # a quantity: its number alone states it, or with the same words
+    ("$18", "18.00", True),
+    ("12 apples", "12", True),
+    ("12 apples", "12 pears", False),
+    ("50%", "50.0", True),
+    ("3,000 m", "3000", True),
+    ("1.5 hours", "It takes 1.5 hours.", False),  # other words
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

@@ -78,14 +78,24 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def _same_answer(given: str, expected: str) -> bool:
-    """Whether ``given`` says ``expected`` (an answer or a choice). An ``expected`` that is a number
-    as a whole compares by value ("x = 12." says "12"; dropping punctuation would make "4.5" and
-    "4/5" the same text); any other compares as text, so "CO2" does not say "H2O"."""
-    if _NUMBER.fullmatch(expected.strip()):
-        value = parse_number(expected)
+def _same_choice(given: str, choice: str) -> bool:
+    """Whether ``given`` names ``choice``. Numeric choices compare by value, because dropping
+    punctuation would make "4.5" and "4/5" (or "1/12" and "11/2") the same text."""
+    if _NUMBER.fullmatch(choice.strip()):
+        value = parse_number(choice)
         return value is not None and parse_number(given) == value
-    return _same_text(given, expected)
+    return _same_text(given, choice)
+
+
+def _same_quantity(given: str, expected: str) -> bool:
+    """Whether ``given`` states the quantity ``expected`` holds ("$18", "12 apples", "x = 5"): the
+    same single number, alone or with the same words around it. Other words around the same number
+    name something else: "Gemini 11" is not "Apollo 11", nor "CO2" "H2O"."""
+    value = parse_number(expected)
+    if value is None or parse_number(given) != value:
+        return False
+    words = normalize_text(_NUMBER.sub(" ", given))
+    return not words or words == normalize_text(_NUMBER.sub(" ", expected))
 
 
 def _same_text(given: str, expected: str) -> bool:
@@ -115,7 +125,7 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
         letter_index = LETTERS.index(match.group(1).upper())
         rest = stripped[match.end(1):].strip(" ).:")
         # "(B) 42" is fine; "(B) 17" when B is 42 names a different choice and is ambiguous.
-        if not rest or _same_answer(rest, choices[letter_index]):
+        if not rest or _same_choice(rest, choices[letter_index]):
             return letter_index
     # The whole answer may be a choice's text that happens to start with a one-letter word
     # ("a dog" when the dog is choice C).
@@ -124,7 +134,7 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
         return exact[0]
     if letter_index is not None:
         return None
-    matches = [i for i, choice in enumerate(choices) if _same_answer(stripped, choice)]
+    matches = [i for i, choice in enumerate(choices) if _same_choice(stripped, choice)]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -133,7 +143,7 @@ def is_correct(task: Task, given: str) -> bool:
     if task.choices:
         index = _choice_index(given, task.choices)
         return index is not None and task.choices[index] == task.answer
-    return _same_answer(given, task.answer)
+    return _same_choice(given, task.answer) or _same_quantity(given, task.answer)
 
 
 # ---------------------------------------------------------------- generators
@@ -326,7 +336,7 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
         if answer not in choices:
             letter = answer.strip().strip("()").upper()
             # The answer may write a choice another way ("1.0" for a choice 1, "paris" for "Paris").
-            same = [c for c in choices if _same_answer(answer, c)]
+            same = [c for c in choices if _same_choice(answer, c)]
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:
                 answer = choices[LETTERS.index(letter)]
             elif len(same) == 1:
