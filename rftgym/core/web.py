@@ -26,11 +26,11 @@ def is_loopback(host: str | None) -> bool:
 
 
 class BodyTooLarge(Exception):
-    """A reply's body is over the size its reader allows."""
+    """A body is over the size its reader allows."""
 
 
 class BodyTooSlow(Exception):
-    """A reply's body did not arrive within its reader's time limit."""
+    """A body did not arrive within its reader's time limit."""
 
 
 class BodyCutShort(Exception):
@@ -38,21 +38,29 @@ class BodyCutShort(Exception):
     again may well get all of it)."""
 
 
-def read_body(response, timeout_s: float, max_bytes: int) -> bytes:
-    """A response's body, read within ``timeout_s`` of its headers (a socket timeout bounds each
-    read only, so a server trickling bytes could hold a request for ever) and at most
-    ``max_bytes`` long. Raises BodyTooSlow, BodyTooLarge or BodyCutShort."""
+def read_body(stream, timeout_s: float, max_bytes: int, length: int | None = None) -> bytes:
+    """A body from ``stream`` (an HTTP response, or a server's request stream: anything with
+    ``read1``), read within ``timeout_s`` in all (a socket timeout bounds each read only, so a peer
+    trickling bytes could hold the reader for ever) and at most ``max_bytes`` long. Without
+    ``length``, to the end of the response; with it, exactly that many bytes (a request's
+    Content-Length, on a connection that stays open after it). Raises BodyTooSlow, BodyTooLarge
+    or BodyCutShort."""
     deadline = time.monotonic() + timeout_s
     chunks, size = [], 0
-    while chunk := response.read1(1 << 16):
+    while length is None or size < length:
+        chunk = stream.read1(1 << 16 if length is None else min(1 << 16, length - size))
+        if not chunk:
+            if length is not None:
+                raise BodyCutShort(f"the connection closed {length - size} bytes before the end of the body")
+            break
         size += len(chunk)
         if size > max_bytes:
             raise BodyTooLarge(f"over {max_bytes >> 20} MiB")
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and (length is None or size < length):
             raise BodyTooSlow(f"over {timeout_s:g} s")
         chunks.append(chunk)
-    if getattr(response, "length", None):  # bytes the Content-Length promised that never came
-        raise BodyCutShort(f"the connection closed {response.length} bytes before the end of the reply")
+    if length is None and getattr(stream, "length", None):  # bytes the Content-Length promised that never came
+        raise BodyCutShort(f"the connection closed {stream.length} bytes before the end of the reply")
     return b"".join(chunks)
 
 

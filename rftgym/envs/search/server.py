@@ -102,22 +102,6 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client has gone, or went on sending past the linger: nothing to save
             pass
 
-    def _read_body(self, length: int) -> bytes:
-        """The request body, all of it within REQUEST_BODY_S: the socket timeout bounds each read
-        only, so a client trickling bytes could hold a server thread for ever."""
-        deadline = time.monotonic() + REQUEST_BODY_S
-        chunks, left = [], length
-        while left:
-            chunk = self.rfile.read1(min(left, 1 << 16))
-            if not chunk:
-                raise ConnectionError(f"the client closed the connection {left} bytes before the end of its body")
-            chunks.append(chunk)
-            left -= len(chunk)
-            if left and time.monotonic() > deadline:
-                raise BodyTooSlow(f"the request body did not arrive within {REQUEST_BODY_S:g} s")
-        self.body_read = True
-        return b"".join(chunks)
-
     def _route(self) -> str:
         """The request's path without a query string or a trailing slash."""
         return urllib.parse.urlsplit(self.path).path.rstrip("/")
@@ -161,13 +145,14 @@ class _Handler(BaseHTTPRequestHandler):
                                       "bytes: send fewer queries per request"})
             return
         try:
-            raw = self._read_body(length)
-        except BodyTooSlow as exc:
-            self._send(408, {"error": str(exc)})
+            raw = read_body(self.rfile, REQUEST_BODY_S, length, length=length)
+        except BodyTooSlow:
+            self._send(408, {"error": f"the request body did not arrive within {REQUEST_BODY_S:g} s"})
             return
-        except ConnectionError:  # nobody is left to answer
+        except (BodyCutShort, ConnectionError):  # nobody is left to answer
             self.close_connection = True
             return
+        self.body_read = True
         try:
             queries, topk, with_scores = _parse_request(json.loads(raw or b"null"))
         except (ValueError, UnicodeDecodeError) as exc:
