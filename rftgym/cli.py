@@ -309,6 +309,12 @@ def _check_agent_flags(args: argparse.Namespace) -> None:
         if given and args.agent != agent:
             raise UsageError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --agent {agent}, and "
                              f"this run's agent is {args.agent}; add --agent {agent}, or drop {' and '.join(given)}")
+    if args.agent in ("random", "adversarial"):
+        unread = [flag for flag in _sampling_flags_given(args) if flag != "--sample-seed"]
+        if unread:  # they draw text, not tokens from a model: the flags would be ignored
+            raise UsageError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --agent "
+                             f"{args.agent}, which draws its text without a model (only --sample-seed applies); "
+                             f"drop {' and '.join(unread)}")
 
 
 def _make_agent(args: argparse.Namespace):
@@ -342,11 +348,6 @@ def _make_agent(args: argparse.Namespace):
     from .agents.scripted import AdversarialAgent, RandomTextAgent
 
     if args.agent in ("random", "adversarial"):
-        unread = [flag for flag in _sampling_flags_given(args) if flag != "--sample-seed"]
-        if unread:  # they draw text, not tokens from a model: the flags would be ignored
-            raise UsageError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --agent "
-                             f"{args.agent}, which draws its text without a model (only --sample-seed applies); "
-                             f"drop {' and '.join(unread)}")
         seed = args.sample_seed
         return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
     return _agent_of_your_own(args.agent, _sampling_flags_given(args))

@@ -553,7 +553,8 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
                                                                  "default or hf) only, and this run's agent is random"),
     (["eval", ENV_ID, "--agent", "adversarial", "--temperature", "-3", "--top-p", "7"],
      "--temperature and --top-p are not read by --agent adversarial, which draws its text without a model"),
-    (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5"], "--max-new-tokens is not read by --agent random"),
+    (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5", "--env-arg", "dataset_path=/nowhere/x.jsonl"],
+     "--max-new-tokens is not read by --agent random"),  # before any env is made
     (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
                                                          "model directory"),
     (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local"),
