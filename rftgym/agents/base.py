@@ -59,10 +59,11 @@ class Agent(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.keyed_sampling is not True or _takes_sample_keys(cls):
-            return
+        method = _keyed_method(cls)
+        if cls.keyed_sampling is not True or getattr(method, "__isabstractmethod__", False) or _takes_sample_keys(cls):
+            return  # (an abstract act is its subclasses' to write, and checked in them)
         if "keyed_sampling" in cls.__dict__:
-            raise TypeError(f"{cls.__qualname__} sets keyed_sampling = True, but its {_keyed_method(cls).__name__}() "
+            raise TypeError(f"{cls.__qualname__} sets keyed_sampling = True, but its {method.__name__}() "
                             "has no sample_keys parameter; add `sample_keys=None` to it or leave keyed_sampling False")
         # A subclass of a keyed agent that overrides act() without keys (e.g. to script some turns)
         # samples in its own way: the engine must not pass it keys it cannot take.

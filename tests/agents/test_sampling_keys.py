@@ -204,6 +204,16 @@ def test_a_subclass_that_overrides_act_without_keys_is_not_passed_keys():
             def act(self, contexts):
                 return []
 
+    class KeyedBase(Agent):  # abstract: its subclasses write act, and are checked then
+        keyed_sampling = True
+
+    with pytest.raises(TypeError, match="Concrete sets keyed_sampling = True"):
+        class Concrete(KeyedBase):
+            keyed_sampling = True
+
+            def act(self, contexts):
+                return []
+
 
 def test_keys_that_pad_or_split_alike_still_have_streams_of_their_own():
     # SeedSequence pads with zeros and cuts ints into 32-bit words; the encoding must not.

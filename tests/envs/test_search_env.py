@@ -261,7 +261,7 @@ def test_more_than_one_answer_is_reported(reply, graded):
     gold = env.question.answers[0]
     _, _, terminated, _, info = env.step(reply.format(gold=gold))
     assert terminated and info["answer"] == graded.format(gold=gold)
-    assert "more than one <answer> (or one inside another); the first one was graded" in info["format_error"]
+    assert "more than one <answer> (or one inside another); the first with text was graded" in info["format_error"]
 
 
 @pytest.mark.parametrize("reply, problem", [

@@ -358,7 +358,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             out.problems.append(f"a <{nested[0].name}> inside another tag's body was not run; write each "
                                 "<search>, <evaluate> and <answer> on its own")
         if sum(t.name == "answer" for t in calls) > 1:  # the first one ends the episode
-            out.problems.append("more than one <answer> (or one inside another); the first one was graded")
+            out.problems.append("more than one <answer> (or one inside another); the first with text was graded")
         if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
             out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
