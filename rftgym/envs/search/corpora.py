@@ -170,6 +170,7 @@ def load_corpus(path: str | os.PathLike, limit: int | None = None) -> list[Docum
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ConfigError(f"limit must be a positive int or None, got {limit!r}")
     path = Path(path)
+    by_position = False  # whether a document without an id of its own takes its position
     if is_jsonl(path):
         first = next(read_jsonl(path, f"{FLASHRAG_SHAPE} or {MUSIQUE_SHAPE}"), None)
         if first is None:
@@ -185,25 +186,28 @@ def load_corpus(path: str | os.PathLike, limit: int | None = None) -> list[Docum
             # HotpotQA records (one without a context is reported as such, not as a bad {title, text})
             documents = _hotpotqa_corpus(path, data)
         elif isinstance(data, list):
-            documents = _title_text_corpus(path, data)
+            documents, by_position = _title_text_corpus(path, data), True
         else:
             raise DataFormatError(f"{path}: got a JSON {type(data).__name__}; expected {shapes}")
         documents = documents[:limit]
     if not documents:
         raise DataFormatError(f"{path}: the corpus has no documents")
     _refuse_repeated_ids(path, "document", [d.id for d in documents],
-                         "a search result names its document by id (and MemoryQA prunes by it)")
+                         "a search result names its document by id (and MemoryQA prunes by it)",
+                         by_position)
     return documents
 
 
-def _refuse_repeated_ids(path: Path, kind: str, ids: list[str], why: str) -> None:
+def _refuse_repeated_ids(path: Path, kind: str, ids: list[str], why: str, by_position: bool = True) -> None:
+    """``by_position``: whether a record without an id of its own is named by its position here."""
     counts = Counter(ids)
     repeated = [(i, n) for i, n in counts.items() if n > 1]
     if repeated:
         shown = ", ".join(f"{i!r} ({n} times)" for i, n in repeated[:3])
         more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
-        raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat (a record "
-                              "without an 'id' is named by its position); remove the repeats or give each its own id")
+        implicit = " (a record without an 'id' is named by its position)" if by_position else ""
+        raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat{implicit}; remove "
+                              "the repeats or give each its own id")
 
 
 def _record_id(record: dict, position: int | None, where: str) -> str:

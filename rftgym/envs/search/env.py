@@ -85,7 +85,8 @@ Data
     e.g. a :class:`CallableRetriever` whose results another model writes.
 
 Version history
-    v0: first version.
+    v0: first version (2026-12-01, before any release: a dataset is served by seed, and a tag
+    inside another call's body is that call's text, not a call).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ Options to ``reset``
     from, or an unknown one, raises ValueError.
 
 Version history
-    v0: first version.
+    v0: first version (2026-12-01, before any release: a dataset is served by seed, and a text
+    answer holding a number is graded by value only as a quantity).
 """
 
 from __future__ import annotations
