@@ -132,6 +132,28 @@ def _check_group_lengths(advantages: torch.Tensor, count: int, what: str) -> tor
     return advantages
 
 
+def pcar_factors(segment_scores: list[torch.Tensor], lam: float, delta: float, eps: float = 1e-6,
+                 dtype: torch.dtype = torch.float32, device=None) -> list[torch.Tensor]:
+    """PCAR's rescaling factors for ONE group: ``max(1 + lam * z_ik, delta)`` per segment, with
+    ``z`` the segment scores standardized over the whole group (see
+    :func:`pcar_segment_advantages`). Returns one tensor of k_i factors per trajectory."""
+    if not lam >= 0:
+        raise ConfigError(f"PCAR lam must be >= 0 (it scales the standardized score), got {lam}")
+    if not delta >= 0:
+        raise ConfigError(f"PCAR delta must be >= 0 (the floor of the rescaling factor), got {delta}")
+    if not segment_scores:
+        return []
+    flat_scores = [torch.as_tensor(s, dtype=dtype, device=device).reshape(-1) for s in segment_scores]
+    counts = [s.numel() for s in flat_scores]
+    scores = torch.cat(flat_scores)
+    z = torch.zeros_like(scores)
+    if scores.numel() >= 2:
+        std = scores.std()
+        if std > 0:
+            z = (scores - scores.mean()) / (std + eps)
+    return list(torch.split(torch.clamp(1.0 + lam * z, min=delta), counts))
+
+
 def pcar_segment_advantages(
     advantages: torch.Tensor,
     segment_scores: list[torch.Tensor],
@@ -152,25 +174,9 @@ def pcar_segment_advantages(
     ``delta >= 0`` floors the factor, so a low score shrinks an advantage towards 0 but never flips
     its sign. A trajectory with no segments gets an empty tensor. Returns G tensors of k_i entries.
     """
-    if not lam >= 0:
-        raise ConfigError(f"PCAR lam must be >= 0 (it scales the standardized score), got {lam}")
-    if not delta >= 0:
-        raise ConfigError(f"PCAR delta must be >= 0 (the floor of the rescaling factor), got {delta}")
     advantages = _check_group_lengths(advantages, len(segment_scores), "segment score lists")
-    if not segment_scores:
-        return []
-    dtype, device = advantages.dtype, advantages.device
-    flat_scores = [torch.as_tensor(s, dtype=dtype, device=device).reshape(-1) for s in segment_scores]
-    counts = [s.numel() for s in flat_scores]
-    scores = torch.cat(flat_scores)
-    z = torch.zeros_like(scores)
-    if scores.numel() >= 2:
-        std = scores.std()
-        if std > 0:
-            z = (scores - scores.mean()) / (std + eps)
-    factors = torch.clamp(1.0 + lam * z, min=delta)
-    per_trajectory = torch.split(factors, counts)
-    return [advantages[i] * f for i, f in enumerate(per_trajectory)]
+    factors = pcar_factors(segment_scores, lam, delta, eps, advantages.dtype, advantages.device)
+    return [advantages[i] * f for i, f in enumerate(factors)]
 
 
 def dcpo_segment_advantages(

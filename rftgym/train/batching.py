@@ -42,7 +42,7 @@ from .advantages import (
     compute_advantages,
     dcpo_segment_advantages,
     overlong_mask,
-    pcar_segment_advantages,
+    pcar_factors,
     sample_segments,
     zero_variance_groups,
 )
@@ -228,13 +228,14 @@ def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None, stats: Ba
     # stays in the advantage baseline as well, as in DAPO).
     spans_and_scores = [_pcar_spans(e, split_tokens) for e in group]
     scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
-    rescaled = pcar_segment_advantages(group_adv, scores, config.pcar_lambda, config.pcar_delta)
-    if stats is not None:  # the factors alone: the rescaling of an advantage of 1
-        factors = torch.cat(pcar_segment_advantages(torch.ones(len(group)), scores, config.pcar_lambda,
-                                                    config.pcar_delta))
-        stats.pcar_spans += factors.numel()
-        stats.pcar_factor_sum += float(factors.sum())
-        stats.pcar_factor_sq_sum += float((factors * factors).sum())
+    factors = pcar_factors(scores, config.pcar_lambda, config.pcar_delta)
+    # pcar_segment_advantages, with the factors kept for the step's statistics
+    rescaled = [group_adv[i] * f for i, f in enumerate(factors)]
+    if stats is not None:
+        every = torch.cat(factors)
+        stats.pcar_spans += every.numel()
+        stats.pcar_factor_sum += float(every.sum())
+        stats.pcar_factor_sq_sum += float((every * every).sum())
     samples = []
     for ei, episode in enumerate(group):
         if not keep[ei]:

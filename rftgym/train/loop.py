@@ -254,10 +254,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
 
         # Episode statistics over all ranks (optimise's loss statistics are already).
         rewards = [e.total_reward for e in episodes]
-        n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens = ranks.sum_floats([
+        n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
             len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
             sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
-            batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens])
+            batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
+            batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
         metrics = {
             "reward_mean": r_sum / n,
             "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
@@ -274,9 +275,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
             **update,
         }
         if config.algo == "pcar":
-            sums = ranks.sum_floats([batch_stats.pcar_spans, batch_stats.pcar_factor_sum,
-                                     batch_stats.pcar_factor_sq_sum])
-            metrics.update(pcar_metrics(sums, int(kept) * config.group_size))
+            metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
         if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
             metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
         history.append({"step": step, **metrics})
