@@ -175,6 +175,12 @@ def check_task_selection(config) -> None:
                           f"'random' (a draw from the env's RNG), got {config.task_selection!r}")
 
 
+def covering_episodes(dataset, selection: str) -> int | None:
+    """An env's ``eval_episodes``: with a dataset served by seed, its size (seeds 0 to size - 1
+    cover it once: ``rftgym eval``'s default episodes); None otherwise (the CLI's default)."""
+    return len(dataset) if dataset is not None and selection == "seed" else None
+
+
 def dataset_index(options: dict[str, Any], size: int, np_random, seed: int | None = None,
                   selection: str = "random") -> int:
     """The dataset item for this episode: ``options["task_index"]``; else, with ``selection``

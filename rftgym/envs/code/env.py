@@ -78,8 +78,8 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_generator_only, check_render_mode, check_reset_options, check_step_call,
-                      check_task_selection, dataset_index, read_action, render_context, resolve_config,
-                      summarize_problems)
+                      check_task_selection, covering_episodes, dataset_index, read_action, render_context,
+                      resolve_config, summarize_problems)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -305,11 +305,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
 
     @property
     def eval_episodes(self) -> int | None:
-        """Episodes that cover each dataset task once under ``reset(seed=i)`` (``rftgym eval``'s
-        default), or None for the generator."""
-        if self.dataset is None or self.config.task_selection != "seed":
-            return None
-        return len(self.dataset)
+        return covering_episodes(self.dataset, self.config.task_selection)
 
     # ------------------------------------------------------------------ tasks
 

@@ -101,8 +101,9 @@ import numpy as np
 
 from ...core.errors import ConfigError
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, check_task_selection, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems, without_elements, without_tool_markup)
+                      check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
+                      read_action, render_context, resolve_config, summarize_problems, without_elements,
+                      without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -459,11 +460,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     @property
     def eval_episodes(self) -> int | None:
-        """Episodes that cover each dataset question once under ``reset(seed=i)`` (``rftgym
-        eval``'s default), or None for the generated world."""
-        if self.questions is None or self.config.task_selection != "seed":
-            return None
-        return len(self.questions)
+        return covering_episodes(self.questions, self.config.task_selection)
 
     def _draw_question(self, seed: int | None, options: dict[str, Any]) -> Question:
         check_reset_options(options, from_dataset=self.questions is not None, generator_options=("hops", "answerable"))

@@ -52,8 +52,8 @@ import gymnasium as gym
 from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, check_task_selection, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+                      check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
+                      read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -235,11 +235,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     @property
     def eval_episodes(self) -> int | None:
-        """Episodes that cover each dataset task once under ``reset(seed=i)`` (``rftgym eval``'s
-        default), or None for the generator."""
-        if self.dataset is None or self.config.task_selection != "seed":
-            return None
-        return len(self.dataset)
+        return covering_episodes(self.dataset, self.config.task_selection)
 
     def _draw_task(self, seed: int | None, options: dict[str, Any]) -> Task:
         check_reset_options(options, from_dataset=self.dataset is not None, generator_options=("kind", "difficulty"))
