@@ -23,7 +23,7 @@ from typing import Sequence
 from ...core.errors import ConfigError
 from ...core.values import valid_text
 from .codec import display, encoded_equal, stdout_equal
-from .runner import runner_source
+from .runner import GRACE_SECONDS, runner_source
 from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLimits
 from .tasks import CodeTask, TestCase
 
@@ -32,7 +32,6 @@ PER_TEST_SECONDS = 2.0
 MAX_TOTAL_SECONDS = 120.0
 MAX_GOT_CHARS = 1_000_000  # the runner's own cap on one encoded return value
 REPORT_BYTES_PER_TEST = 256 * 1024
-RUNNER_GRACE_SECONDS = 0.5  # the runner's _GRACE: how far past a limit its supervisor lets a test run
 MAX_RUN_OUTPUT_BYTES = 64 * 1024 * 1024
 _SHOWN = 2000  # chars of expected/got kept for display
 
@@ -124,7 +123,7 @@ def run_limits(base: SandboxLimits, n_tests: int, per_test_seconds: float,
     # definition of the code (after a child it had to kill) and a test, each with its grace. A run
     # quiet for twice that (and a start-up's 3 s) has a supervisor that is not running: the
     # candidate, as the same user, can stop it (SIGSTOP) and never let it go on.
-    longest_gap = import_seconds(per_test_seconds) + float(per_test_seconds) + 2 * RUNNER_GRACE_SECONDS
+    longest_gap = import_seconds(per_test_seconds) + float(per_test_seconds) + 2 * GRACE_SECONDS
     return replace(base, wall_seconds=budget, cpu_seconds=max(base.cpu_seconds, budget), output_bytes=output,
                    quiet_seconds=3.0 + 2 * longest_gap)
 

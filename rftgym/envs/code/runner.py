@@ -35,7 +35,7 @@ MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 _MAX_GOT = 1000000
-_GRACE = 0.5   # seconds a test may run past its limit before it is stopped from outside (harness.RUNNER_GRACE_SECONDS)
+_GRACE = __GRACE__   # seconds a test may run past its limit before it is stopped from outside
 _now, _sleep, _exit = time.monotonic, time.sleep, os._exit   # the candidate may replace the modules' own
 _lock = threading.RLock()   # one record at a time; the watchdog reports under it
 _overrun = [None, None]   # the armed limit's deadline (with grace), and what to report when it passes
@@ -464,6 +464,10 @@ _exit(0)
 '''
 
 
+GRACE_SECONDS = 0.5  # the runner's _GRACE (the host's limit on a quiet run counts it too)
+
+
 def runner_source(marker: str) -> str:
     """The runner program for one run, with its random marker."""
-    return RUNNER_TEMPLATE.replace("__MARK__", repr(marker)).replace("__ENCODER__", ENCODER_SOURCE)
+    return (RUNNER_TEMPLATE.replace("__MARK__", repr(marker)).replace("__GRACE__", repr(GRACE_SECONDS))
+            .replace("__ENCODER__", ENCODER_SOURCE))
