@@ -71,7 +71,7 @@ class ValueModel:
         if kind == "bool":
             return rng.random() < 0.5
         if kind == "int":
-            lo, hi = _widen(self.lo, self.hi, 0, 10)
+            lo, hi = _widen(self.lo, self.hi, 0, 10, positive_ints=True)
             return rng.randint(int(lo), int(hi))
         if kind == "float":
             lo, hi = _widen(self.lo, self.hi, 0.0, 10.0)
@@ -99,19 +99,23 @@ class ValueModel:
         return rng.randint(lo, max(lo, hi + max(1, hi // 2)))
 
     def edges(self) -> list[Any]:
-        """Boundary values of this kind: 0/1/-1 and the observed extremes, empty/one-element."""
+        """Boundary values of this kind inside the domain the examples show (a reference's output
+        outside it is arbitrary, and a correct solution may differ there): the observed extremes,
+        0 and -1 where the observed range holds them, 1 for positive ints, and the empty value
+        only where an example was empty."""
         out: list[Any] = []
+        may_be_empty = self.min_len is None or self.min_len == 0
         for kind in sorted(self.kinds):
             if kind == "int":
                 lo, hi = (self.lo, self.hi) if self.lo is not None else (0, 10)
-                out += [v for v in (0, 1, -1, lo, hi) if lo <= v <= hi or v in (lo, hi) or (v == 0 and lo >= 0)]
+                out += [v for v in (0, 1, -1, lo, hi) if lo <= v <= hi or v in (lo, hi) or (v == 1 and lo >= 1)]
             elif kind == "float":
                 out += [0.0, 1.0] + ([self.lo, self.hi] if self.lo is not None else [])
             elif kind == "str":
-                out += ["", (sorted(self.chars) or ["a"])[0]]
+                out += [""] * may_be_empty + [(sorted(self.chars) or ["a"])[0]]
             elif kind == "list":
                 first = self.items.sample(random.Random(0)) if self.items and self.items.kinds else 0
-                out += [[], [first]]
+                out += [[]] * may_be_empty + [[first]]
             elif kind == "bool":
                 out += [True, False]
         return out
@@ -138,14 +142,15 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def _widen(lo, hi, default_lo, default_hi):
-    """The observed range widened by half its width, never crossing zero the other way."""
+def _widen(lo, hi, default_lo, default_hi, positive_ints: bool = False):
+    """The observed range widened by half its width, never crossing zero the other way (nor, with
+    ``positive_ints``, down to 0 from ints that were all positive: "a positive integer n")."""
     if lo is None:
         return default_lo, default_hi
     span = max(hi - lo, (abs(lo) + abs(hi)) / 2, 2)
     new_lo, new_hi = lo - span / 2, hi + span / 2
     if lo >= 0:
-        new_lo = max(new_lo, 0)
+        new_lo = max(new_lo, 1 if positive_ints and lo >= 1 else 0)
     if hi <= 0:
         new_hi = min(new_hi, 0)
     return new_lo, new_hi
@@ -215,8 +220,9 @@ def _mutate_value(value: Any, rng: random.Random) -> Any:
     repeated or dropped; a number moved a little; anything else as it is."""
     if isinstance(value, bool) or value is None:
         return value
-    if isinstance(value, int):
-        return value + rng.choice((-2, -1, 1, 2))
+    if isinstance(value, int):  # on the same side of zero (a positive one stays positive)
+        moved = value + rng.choice((-2, -1, 1, 2))
+        return max(moved, 1) if value >= 1 else max(moved, 0) if value == 0 else moved
     if isinstance(value, float):
         return value * rng.choice((0.9, 1.1)) if value else rng.choice((-0.5, 0.5))
     if isinstance(value, (list, str)) and len(value) > 0:

@@ -4,6 +4,7 @@ and the full HumanEval / an MBPP subset (reference passes, a wrong solution fail
 from __future__ import annotations
 
 import collections
+import random
 import subprocess
 import sys
 import time
@@ -77,6 +78,23 @@ def test_random_inputs_stay_near_the_examples(config):
         if origin == "random":
             xs, s = eval(source)
             assert all(isinstance(x, int) and x >= 0 for x in xs) and set(s) <= {"a", "b"}
+
+
+def test_inputs_stay_in_the_domain_the_examples_show(config):
+    # "1 <= k <= len(nums)": with k = 0 the reference's sorted(nums)[-k] answers the largest, and a
+    # correct heapq.nlargest(k, nums)[-1] fails that test, so it could never pass its whole suite.
+    task = CodeTask("t-kth", "unit", "function", "", "kth", "def kth(nums, k):\n    return sorted(nums)[-k]\n",
+                    examples=(TestCase("([3, 1, 2], 1)", None, "example"), TestCase("([5, 4, 9, 7], 3)", None, "example")))
+    inputs = [eval(source) for source, _ in candidate_inputs(task, config)]
+    assert inputs and all(len(nums) >= 1 and k >= 1 for nums, k in inputs), inputs
+    from rftgym.envs.code.inputs import ValueModel, neighbour_inputs
+
+    model = ValueModel()
+    for value in (0, 4):
+        model.observe(value)
+    assert 0 in model.edges()  # an observed 0 is in the domain
+    assert [eval(s)[0] for s in neighbour_inputs([(1,)], random.Random(0), 20)] and all(
+        eval(s)[0] >= 1 for s in neighbour_inputs([(1,)], random.Random(0), 20))
 
 
 def test_nondeterministic_reference_outputs_are_dropped(sandbox, config):
