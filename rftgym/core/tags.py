@@ -151,15 +151,26 @@ def find_code_blocks(text: str) -> tuple[list[CodeBlock], list[str]]:
                 closing_index = j
                 break
         code_start = min(opening.end() + 1, len(text))
+        # A fence indented (in a list item, say) indents its lines as much: CommonMark takes that
+        # much indentation off each line, or the code would not even parse.
+        indent = len(opening.group(0)) - len(opening.group(0).lstrip(" \t"))
         if closing_index is None:
-            blocks.append(CodeBlock(opening.group(2).lower(), text[code_start:], opening.start(), len(text), closed=False))
+            blocks.append(CodeBlock(opening.group(2).lower(), _dedent(text[code_start:], indent), opening.start(),
+                                    len(text), closed=False))
             problems.append("a code block opened with ``` is never closed; end it with ``` on its own line")
             break
         closing = fences[closing_index]
-        code = text[code_start:closing.start()]
+        code = _dedent(text[code_start:closing.start()], indent)
         blocks.append(CodeBlock(opening.group(2).lower(), code, opening.start(), closing.end()))
         i = closing_index + 1
     return blocks, problems
+
+
+def _dedent(code: str, indent: int) -> str:
+    """``code`` with up to ``indent`` spaces or tabs taken off the start of each line."""
+    if not indent:
+        return code
+    return re.sub(rf"^[ \t]{{1,{indent}}}", "", code, flags=re.MULTILINE)
 
 
 def _split_token(token: re.Match) -> tuple[str, str, bool]:

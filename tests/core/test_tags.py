@@ -207,6 +207,15 @@ def test_a_shorter_or_other_fence_does_not_close_a_block():
     assert blocks[0].closed
 
 
+def test_an_indented_fence_takes_its_indentation_off_the_code():
+    # a fence in a Markdown list item: graded with its indentation, the code did not even parse
+    text = "1. The solution:\n\n   ```python\n   def f(x):\n       return x\n   ```\n"
+    (block,), problems = find_code_blocks(text)
+    assert problems == [] and block.code == "def f(x):\n    return x\n"
+    (block,), _ = find_code_blocks("  ```\n a\n    b\n")  # at most as much as the fence's, unclosed too
+    assert block.code == "a\n  b\n" and not block.closed
+
+
 def test_an_inline_triple_backtick_is_not_a_fence():
     r = parse_tags("use ```code``` here <answer>1</answer>", ["answer"])
     assert r.code_blocks == () and r.first("answer").body == "1"
