@@ -397,7 +397,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
         left = self.config.max_attempts - self._attempts
-        return 0.0, False, describe_failures(result, self.config.feedback_tests, left)
+        return 0.0, False, describe_failures(result, self.config.feedback_tests, left, format_error)
 
     def _untestable(self):
         """A task the TCG could make no tests for (arguments that are not literals, e.g. MBPP's

@@ -67,21 +67,30 @@ def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
     return steps, "; ".join(problems) or None
 
 
-def describe_failures(result, shown: int, attempts_left: int) -> str:
-    """Feedback after a failing submission: the status and up to ``shown`` failing tests."""
+def describe_failures(result, shown: int, attempts_left: int, format_error: str | None = None) -> str:
+    """Feedback after a failing submission: the status, what was wrong with the reply's form
+    (``format_error``, e.g. which of several code blocks was graded), and up to ``shown`` failing
+    tests (none for a submission that failed before any test ran: their expected outputs would
+    only be given away)."""
     plural = "s" if attempts_left != 1 else ""
     head = {
         "syntax_error": "Your code has a syntax error",
+        "import_error": "Your code failed before any test ran",
         "missing_entry_point": "Your code does not define the required function",
         "timeout": "Your code ran out of time",
         "crashed": "Your code crashed",
     }.get(result.status, f"Your code passed {result.passed} of {result.total} tests")
     lines = [f"{head}. Fix it and submit the whole solution again ({attempts_left} attempt{plural} left)."]
-    failing = [r for r in result.results if not r.passed][:shown]
+    if format_error:
+        lines.append(f"Note: {format_error}.")
+    before_tests = result.status in ("syntax_error", "import_error", "missing_entry_point")
+    failing = [] if before_tests else [r for r in result.results if not r.passed][:shown]
     for r in failing:
         outcome = f"error: {r.error}" if r.error else f"got: {r.got}"
         lines.append(f"- input: {_clip(r.input)}\n  expected: {_clip(r.expected)}\n  {_clip(outcome)}")
     detail = getattr(result, "message", None)
+    if before_tests and not detail:  # the error is the same for every test: say it once
+        detail = next((r.error for r in result.results if r.error), None)
     if detail and not failing:
         lines.append(_clip(str(detail)))
     return "\n".join(lines)

@@ -142,6 +142,23 @@ def test_second_attempt_after_failing_tests_feedback(tmp_path):
     env.close()
 
 
+def test_feedback_on_code_that_fails_before_any_test_names_the_cause_once(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=3,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
+    task = env.unwrapped.task
+    # the solution, then a usage block: the last block is graded, and the feedback says so
+    reply = fenced(task.reference) + f"\nUsage:\n```python\nprint({task.entry_point}())\n```"
+    context, _, terminated, _, info = env.step(reply)
+    feedback = context[-1].content
+    assert not terminated and info["status"] in ("import_error", "missing_entry_point"), info["status"]
+    assert "passed 0 of" not in feedback and "Note: 2 code blocks; the last one was graded." in feedback
+    assert "- input:" not in feedback and "expected:" not in feedback  # no test ran: no outputs given away
+    env.close()
+
+
 def test_turns_running_out_pay_the_last_graded_submission_even_after_a_turn_without_code(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
