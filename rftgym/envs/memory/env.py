@@ -123,9 +123,9 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_generator_only, check_path_options, check_render_mode, check_reset_options,
-                      check_step_call, read_action, render_context, resolve_config, summarize_problems,
-                      without_tool_markup)
+from ..common import (chat_spaces, check_bool_options, check_generator_only, check_path_options, check_render_mode,
+                      check_reset_options, check_step_call, read_action, render_context, resolve_config,
+                      summarize_problems, without_tool_markup)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -221,8 +221,7 @@ class MemoryQAConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not 0 <= value <= high:
                 raise ConfigError(f"{name} must be a number in [0, {high:g}], got {value!r}")
-        if not isinstance(self.allow_prune, bool):
-            raise ConfigError(f"allow_prune must be true or false, got {self.allow_prune!r}")
+        check_bool_options(self, ("allow_prune",))
         if self.answer_metric not in ("f1", "em"):
             raise ConfigError(f"answer_metric must be 'f1' or 'em', got {self.answer_metric!r}")
         if self.reward_mode not in ("fraction", "all_or_nothing"):

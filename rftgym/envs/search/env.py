@@ -100,10 +100,10 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, without_elements,
-                      without_tool_markup)
+from ..common import (ANSWER_IN_THINK, chat_spaces, check_bool_options, check_generator_only, check_path_options,
+                      check_render_mode, check_reset_options, check_step_call, check_task_selection,
+                      covering_episodes, dataset_index, read_action, render_context, resolve_config,
+                      summarize_problems, without_elements, without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -171,6 +171,7 @@ class SearchEvalQAConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
         check_path_options(self, ("dataset_path", "corpus_path"))
+        check_bool_options(self, ("search_in_think",))
         check_task_selection(self)
         check_generator_only(self, ("hops", "world_seed", "world_size"))
         if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:

@@ -279,6 +279,11 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(difficulties=3), "difficulties shapes generated tasks only, and this env reads dataset='humaneval'"),
     (dict(memory_mb=1 << 40), r"memory_mb must be in \[64, 1048576\]"),
     (dict(memory_mb=32), r"memory_mb must be in \[64, 1048576\]"),
+    # "yes" crashed in int(); "0" and "false", strings, turned pseudocode on
+    (dict(pseudocode="yes"), r"pseudocode must be true or false, got 'yes' \(on the command line: --env-arg "
+                              r"pseudocode=true\)"),
+    (dict(pseudocode="0"), "pseudocode must be true or false"),
+    (dict(pseudocode=None), "pseudocode must be true or false"),
 ])
 def test_bad_config_says_what_to_do(bad, message):
     with pytest.raises(ConfigError, match=message):
