@@ -485,12 +485,26 @@ def cmd_play(args: argparse.Namespace) -> int:
                     for message in removed:
                         print(f"  - {message.id} ({message.role}): {_first_line(message.content)}")
                     print()
-                shown = {k: v for k, v in info.items() if v not in (None, "")}
-                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={shown}\n")
+                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={_brief(info)}\n")
                 done = terminated or truncated
     finally:
         env.close()
     return 0
+
+
+def _brief(info: dict) -> dict:
+    """``info`` for a person playing: collections by their size (CodeTCG's tests hold every
+    expected output, and a wall of text per turn hides the rest), long text cut, empty values left out."""
+    shown = {}
+    for key, value in info.items():
+        if value in (None, ""):
+            continue
+        if isinstance(value, (list, tuple, dict, set)):
+            value = f"<{len(value)} item{'s' if len(value) != 1 else ''}>"
+        elif isinstance(value, str) and len(value) > 200:
+            value = value[:197] + "..."
+        shown[key] = value
+    return shown
 
 
 def _read_turn() -> str | None:
@@ -504,6 +518,7 @@ def _read_turn() -> str | None:
         except UnicodeDecodeError as exc:  # stdin decoded strictly (e.g. PYTHONIOENCODING=utf-8)
             print(f"\n(that line was not valid {exc.encoding}; type it again)", file=sys.stderr)
             continue
+        line = line.removesuffix("\r")  # piped Windows text: its continuation mark sits before a CR
         if line.endswith("\\"):
             lines.append(line[:-1])
             prompt = "........> "

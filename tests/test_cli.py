@@ -269,6 +269,17 @@ def test_play_completes_an_episode(monkeypatch, capsys):
     assert prompts == ["assistant> ", "........> "]  # a trailing backslash continues the turn
 
 
+def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys):
+    answer = answer_for_seed(5)
+    prompts = feed(monkeypatch, ["Let me think.\\\r", f"<answer>{answer}</answer>\r"])  # piped CRLF text
+    assert main(["play", ENV_ID, "--seed", "5"]) == 0
+    assert prompts == ["assistant> ", "........> "]  # the continuation mark before the CR still continues
+    from rftgym.cli import _brief
+
+    assert _brief({"tests": [{"expected": "secret"}] * 3, "note": "x" * 300, "none": None, "ok": True}) == {
+        "tests": "<3 items>", "note": "x" * 197 + "...", "ok": True}  # no expected outputs mid-episode
+
+
 def test_play_shows_feedback_and_runs_several_episodes(monkeypatch, capsys):
     feed(monkeypatch, ["no idea", "still none", "nope", "hmm"])
     assert main(["play", ENV_ID, "--seed", "1", "--episodes", "2", "--env-arg", "max_turns=3"]) == 0
