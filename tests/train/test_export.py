@@ -70,7 +70,7 @@ def test_an_exported_run_loads_anywhere_and_evaluates(tmp_path):
     loaded = HFPolicy.from_pretrained(str(out), device="cpu")
     torch.testing.assert_close(logits(loaded.model), logits(policy.model), atol=1e-5, rtol=1e-5)
     assert json.loads((out / "rftgym_run.json").read_text())["step"] == 2
-    with pytest.raises(ConfigError, match="not an empty directory"):
+    with pytest.raises(ConfigError, match="is a directory that is not empty"):
         export(run, out)
     # The command line: export, and evaluate a run's directory as it is.
     assert main(["export", str(run), str(tmp_path / "again")]) == 0
