@@ -100,7 +100,9 @@ class ParseResult:
         """Whether ``tag`` lies inside a closed ``<name>…</name>`` (e.g. reasoning in ``<think>``).
         An unclosed ``<name>`` encloses nothing: it is reported, and what follows it still counts."""
         starts, ends = self._closed_spans(name.lower())
-        k = bisect.bisect_left(starts, tag.start) - 1  # the last span that opens before the tag
+        k = bisect.bisect_right(starts, tag.start) - 1  # the last span that opens at or before the tag
+        if k >= 0 and starts[k] == tag.start and ends[k] == tag.end:  # the tag itself
+            k -= 1
         return k >= 0 and tag.end <= ends[k]
 
     def _closed_spans(self, name: str) -> tuple[list[int], list[int]]:
@@ -183,16 +185,22 @@ def _split_token(token: re.Match) -> tuple[str, str, bool]:
     return token.group("name").lower(), attrs, selfclose
 
 
-def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] = ()) -> ParseResult:
+def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] = (),
+               opened_before: Iterable[str] = ("think",)) -> ParseResult:
     """Parse the tags named in ``known`` (case-insensitive) and fenced code blocks out of ``text``.
     A self-closing tag (``<answer/>``) is reported as empty, except those named in ``may_be_empty``
-    (a tag whose attributes say all, e.g. MemoryQA's ``<prune ids="r1"/>``)."""
+    (a tag whose attributes say all, e.g. MemoryQA's ``<prune ids="r1"/>``). A tag named in
+    ``opened_before`` may have been opened before the text, by the chat template (a reasoning
+    model's generation prompt ends in ``<think>``): its first closing, before any opening of it,
+    closes one that opens at the text's start (everything before it is inside)."""
     if not isinstance(text, str):
         return ParseResult(problems=(f"expected text, got {type(text).__name__}",))
     if isinstance(known, str):
         known = (known,)
     known_names = {k.lower() for k in known}
     empty_ok = {k.lower() for k in may_be_empty}
+    implicit = {k.lower() for k in opened_before} & known_names  # still able to have been opened before
+    seen: set[str] = set()
     blocks, problems = find_code_blocks(text)
     # Blocks are sorted and disjoint: a token is in code if it starts before the end of the last
     # block that starts at or before it (bisect keeps this fast with thousands of blocks).
@@ -222,7 +230,12 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
         if name not in known_names:
             unknown.setdefault(name)
             continue
+        first_of_its_name = name not in seen
+        seen.add(name)
         if token.group("close"):
+            if not open_counts.get(name) and name in implicit and first_of_its_name:
+                tags.append(Tag(name, text, 0, token.start(), (), 0, token.end()))  # opened before the text
+                continue
             if not open_counts.get(name):
                 problems.append(f"</{name}> closes a tag that was never opened")
                 continue

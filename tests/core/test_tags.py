@@ -207,6 +207,23 @@ def test_a_shorter_or_other_fence_does_not_close_a_block():
     assert blocks[0].closed
 
 
+def test_a_think_the_template_opened_is_closed_in_the_reply():
+    # A reasoning model's generation prompt ends in <think>: its reply closes a tag it never opened.
+    r = parse_tags("plan: 6*7 <answer>41?</answer>\n</think>\n<answer>42</answer>", ["think", "answer"])
+    assert r.ok, r.problems
+    think, early, final = r.find("think")[0], *r.find("answer")
+    assert (think.start, think.body) == (0, "plan: 6*7 <answer>41?</answer>\n")
+    assert r.inside_closed(early, "think") and not r.inside_closed(final, "think")
+    assert not r.inside_closed(think, "think")  # not inside itself
+    # only its first closing, before any opening, and only for the names given
+    assert parse_tags("a</think>b</think>", ["think"]).problems == ("</think> closes a tag that was never opened",)
+    assert not parse_tags("<think>a</think>b</think>", ["think"]).ok
+    assert not parse_tags("a</answer>", ["answer"]).ok
+    assert not parse_tags("a</think>", ["think"], opened_before=()).ok
+    at_start = parse_tags("<answer>1</answer></think>", ["think", "answer"])
+    assert at_start.inside_closed(at_start.first("answer"), "think")  # a tag at the very start is inside too
+
+
 def test_an_indented_fence_takes_its_indentation_off_the_code():
     # a fence in a Markdown list item: graded with its indentation, the code did not even parse
     text = "1. The solution:\n\n   ```python\n   def f(x):\n       return x\n   ```\n"
@@ -268,7 +285,7 @@ def test_parse_never_raises_and_spans_lie_inside_the_text(text, known):
         assert 0 <= tag.start <= tag.end <= len(text)
         assert tag.name in known_lower
         assert tag.body in text[tag.start:tag.end]
-        assert text[tag.start] == "<"
+        assert text[tag.start] == "<" or (tag.start == tag.body_start == 0)  # or opened before the text
         if tag.closed:
             assert text[tag.end - 1] == ">"
     for block in r.code_blocks:

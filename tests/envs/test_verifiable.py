@@ -148,8 +148,20 @@ def test_wrong_but_clean_answer_gets_0_1():
 def test_wrong_and_sloppy_answer_gets_0():
     env = make()
     env.reset(seed=4)
-    _, reward, terminated, _, info = env.step(f"<answer>{wrong_answer_for(env)}</answer></think>")
+    _, reward, terminated, _, info = env.step(f"<answer>{wrong_answer_for(env)}</answer></answer>")
     assert reward == 0.0 and terminated and not info["format_ok"]
+
+
+def test_a_think_opened_by_the_template_closes_in_the_reply():
+    # A reasoning model's generation prompt ends in <think>; its reply closes it, then answers.
+    env = make()
+    env.reset(seed=4)
+    _, reward, terminated, _, info = env.step(f"Let me work it out.\n</think>\n<answer>{answer_for(env)}</answer>")
+    assert reward == 1.0 and terminated and info["format_ok"]
+    # a tentative answer in that thinking is reasoning, not the reply's answer
+    env.reset(seed=4)
+    _, reward, terminated, _, info = env.step(f"<answer>{wrong_answer_for(env)}</answer></think>")
+    assert not terminated and info["answer"] is None
 
 
 def test_format_weight_scales_the_rewards():
