@@ -135,6 +135,9 @@ def _parse_attrs(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+UNCLOSED_FENCE = "a code block opened with ``` is never closed; end it with ``` on its own line"
+
+
 def find_code_blocks(text: str) -> tuple[list[CodeBlock], list[str]]:
     """Fenced code blocks in order; an unclosed fence runs to the end and is reported."""
     blocks: list[CodeBlock] = []
@@ -159,7 +162,7 @@ def find_code_blocks(text: str) -> tuple[list[CodeBlock], list[str]]:
         if closing_index is None:
             blocks.append(CodeBlock(opening.group(2).lower(), _dedent(text[code_start:], indent), opening.start(),
                                     len(text), closed=False))
-            problems.append("a code block opened with ``` is never closed; end it with ``` on its own line")
+            problems.append(UNCLOSED_FENCE)
             break
         closing = fences[closing_index]
         code = _dedent(text[code_start:closing.start()], indent)

@@ -377,9 +377,8 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
 
         parsed = parse_tags(action, ("think", "pseudocode"))
         code, format_error = extract_code(parsed)
-        problems = summarize_problems([*cut, *parsed.problems])
-        if problems:
-            format_error = f"{format_error}; {problems}" if format_error else problems
+        # one list, so that the parser and the extraction saying the same thing say it once
+        format_error = summarize_problems([*([format_error] if format_error else []), *cut, *parsed.problems])
         self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)
         if code is None:
             self._last.update(status="no_code", passed=0, pass_rate=0.0, tests=[], syntax_error=False)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from ...core.tags import UNCLOSED_FENCE
+
 PYTHON_LANGUAGES = ("python", "py", "python3")
 _STEP = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
 MAX_SHOWN_CHARS = 300
@@ -32,7 +34,7 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
     problems = []
     if not chosen:
         if any(not b.closed for b in parsed.code_blocks):
-            return None, "the code block is not closed (end it with ```)"
+            return None, UNCLOSED_FENCE
         if closed:
             return None, f"no python code block (found a ```{closed[-1].language} block)"
         return None, CODE_IN_THINK if drafts else "no fenced code block"

@@ -82,8 +82,9 @@ def test_missing_code_block_is_an_observation_then_truncates(generated_env):
 def test_unclosed_fence_is_reported(generated_env):
     context, _ = generated_env.reset(seed=1)
     context, _, terminated, _, info = generated_env.step("```python\ndef f():\n    return 1\n")
-    assert not terminated and "not closed" in info["format_error"]
-    assert "not closed" in context[-1].content
+    said = "a code block opened with ``` is never closed; end it with ``` on its own line"
+    assert not terminated and info["format_error"] == said  # once, not twice
+    assert said in context[-1].content
 
 
 def test_code_inside_think_is_reasoning_and_never_graded(generated_env):
