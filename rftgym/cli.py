@@ -497,7 +497,7 @@ def _brief(info: dict) -> dict:
     expected output, and a wall of text per turn hides the rest), long text cut, empty values left out."""
     shown = {}
     for key, value in info.items():
-        if value in (None, ""):
+        if value is None or (isinstance(value, str) and not value):  # (`in` would compare arrays)
             continue
         if isinstance(value, (list, tuple, dict, set)):
             value = f"<{len(value)} item{'s' if len(value) != 1 else ''}>"

@@ -212,8 +212,8 @@ class TrainConfig:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (the final rate as a share of learning_rate), "
                               f"got {self.min_lr_ratio}", field="min_lr_ratio")
         if not MIN_TEMPERATURE <= self.temperature <= 1e6:
-            raise ConfigError(f"temperature must be in [{MIN_TEMPERATURE:g}, 1e6] for RL sampling (greedy decoding has no "
-                              f"log-probs to train on), got {self.temperature}", field="temperature")
+            raise ConfigError(f"temperature must be in [{MIN_TEMPERATURE:g}, 1e6] for RL sampling (greedy decoding "
+                              f"has no log-probs to train on), got {self.temperature}", field="temperature")
         if not 1e-30 <= self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] and at least 1e-30 (float32's range), got {self.top_p}",
                               field="top_p")

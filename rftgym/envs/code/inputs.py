@@ -220,7 +220,7 @@ def _mutate_value(value: Any, rng: random.Random) -> Any:
     repeated or dropped; a number moved a little; anything else as it is."""
     if isinstance(value, bool) or value is None:
         return value
-    if isinstance(value, int):  # on the same side of zero (a positive one stays positive)
+    if isinstance(value, int):  # a positive one stays positive, a zero non-negative ("n >= 1", "n >= 0")
         moved = value + rng.choice((-2, -1, 1, 2))
         return max(moved, 1) if value >= 1 else max(moved, 0) if value == 0 else moved
     if isinstance(value, float):
