@@ -237,6 +237,11 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
         seen.add(name)
         if token.group("close"):
             if not open_counts.get(name) and name in implicit and first_of_its_name:
+                while stack:  # opened inside that thinking, and left open at its end
+                    inner = pop()
+                    problems.append(f"<{inner[0]}> is never closed (before </{name}>)")
+                    tags.append(Tag(inner[0], text, inner[3], token.start(), inner[1], inner[2], token.start(),
+                                    closed=False, parent=parent_name()))
                 tags.append(Tag(name, text, 0, token.start(), (), 0, token.end()))  # opened before the text
                 continue
             if not open_counts.get(name):

@@ -222,6 +222,12 @@ def test_a_think_the_template_opened_is_closed_in_the_reply():
     assert not parse_tags("a</think>", ["think"], opened_before=()).ok
     at_start = parse_tags("<answer>1</answer></think>", ["think", "answer"])
     assert at_start.inside_closed(at_start.first("answer"), "think")  # a tag at the very start is inside too
+    # a tag opened inside that thinking and closed after it is never closed, as with an explicit <think>
+    for reply in ("<answer>1963</think></answer>", "<think><answer>1963</think></answer>"):
+        r = parse_tags(reply, ["think", "answer"])
+        answer = r.first("answer")
+        assert not answer.closed and "<answer> is never closed (before </think>)" in r.problems, reply
+        assert "</answer> closes a tag that was never opened" in r.problems
 
 
 def test_an_indented_fence_takes_its_indentation_off_the_code():
