@@ -28,7 +28,7 @@ from rftgym.envs.memory.budget import policy_token_counter
 from rftgym.envs.memory.env import MemoryQAEnv
 from rftgym.envs.search.world import World
 from rftgym.rollout import RolloutConfig, format_table, run_episodes, summarize
-from rftgym.rollout.metrics import env_metrics
+from rftgym.rollout.metrics import EVAL_REDUCERS, env_metrics
 
 
 def build_agent(args):
@@ -80,7 +80,8 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         s = summarize(episodes)
         m = env_metrics(episodes, MemoryQAEnv.metadata["eval_metrics"])
-        score = sum(e.turns[-1].info["score"] for e in episodes) / len(episodes)
+        # as eval's columns read it: an episode whose model context filled has the env's last score
+        score = EVAL_REDUCERS["final_mean"](episodes, "score")
         rows.append([label, getattr(runner, "name", args.agent), s["episodes"], s["success"], score,
                      m["ctx_tok_mean"], m["ctx_tok_max"], m["total_tok/ep"], m["prunes/ep"], m["overflow_rate"],
                      s["turns"], elapsed])

@@ -440,3 +440,18 @@ def test_an_episode_cut_short_from_outside_keeps_what_its_answers_earned():
                               options=[{"objectives": 3, "hops": 1}])
     assert episode.context_full and len(episode.turns) == 2
     assert episode.total_reward == pytest.approx(1 / 3) == episode.turns[0].info["score"]
+
+
+def test_the_last_status_says_the_task_is_over_and_a_query_holds_no_markup():
+    env = small_env(max_turns=2)
+    env.reset(seed=0, options={"objectives": 2, "hops": 1})
+    title = env.task.objectives[0].gold_titles[0]
+    obs, *_, info = env.step(f'<search>{title} <answer id="1">x</answer></search>')
+    assert info["queries"] == [title]  # the tags inside a query are not searched for
+    obs, _, terminated, truncated, _ = env.step("<search>more</search>")
+    assert truncated and not terminated and obs[-1].content.endswith("That was the last turn; the task is over.")
+    env = small_env(max_context_tokens=600)
+    steps = oracle_run(env, seed=0)
+    obs, _, _, truncated, info = steps[-1]
+    assert truncated and info["over_budget"] and "over its budget, so the task ends here" in obs[-1].content
+    assert "prune results you no longer need" not in obs[-1].content  # no advice for a task that is over

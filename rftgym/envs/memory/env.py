@@ -366,8 +366,10 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         budget = self.config.max_context_tokens
         near_budget = budget is not None and budget_tokens >= WARN_FRACTION * budget
         over_budget = budget is not None and budget_tokens > budget
-        if turn.notes or turn.problems or near_budget:
-            status = self._ids.message("user", self._status(turn, budget_tokens, terminated))
+        cut_by_budget = over_budget and self.config.on_context_overflow == "truncate"
+        truncated = not terminated and (self._turn >= self.config.max_turns or cut_by_budget)
+        if turn.notes or turn.problems or near_budget or truncated:
+            status = self._ids.message("user", self._status(turn, budget_tokens, terminated, truncated))
             self._status_ids.add(status.id)
             context = context.appended(status)
         observation_tokens = self.count_tokens(context)
@@ -375,9 +377,6 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         if over_budget:
             self._overflows += 1
             reward -= float(self.config.overflow_penalty)
-        truncated = not terminated and (
-            self._turn >= self.config.max_turns
-            or (over_budget and self.config.on_context_overflow == "truncate"))
         score = self._score()
         reward += score - self._paid
         self._paid = score
@@ -435,6 +434,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         return True
 
     def _search(self, query: str, turn: _Turn) -> None:
+        query = without_tool_markup(query, self.config.tags)  # a call inside a query is not part of it
         if not query:
             turn.problems.append("an empty <search> was not run")
             return
@@ -538,7 +538,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
             return float(correct == count)
         return correct / count
 
-    def _status(self, turn: _Turn, tokens: int, terminated: bool) -> str:
+    def _status(self, turn: _Turn, tokens: int, terminated: bool, truncated: bool = False) -> str:
         lines = list(dict.fromkeys(turn.notes))
         if turn.problems:
             lines.append(f"Problems: {summarize_problems(turn.problems)}.")
@@ -548,9 +548,13 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
                      f"Turn {self._turn} of {self.config.max_turns}; "
                      f"{self.config.max_tool_calls - self._tool_calls} tool calls left. "
                      f"Answered {len(self._answers)} of {count} questions.")
+        over_budget = budget is not None and tokens > budget
         if terminated:
             lines.append("All questions are answered; the task is over.")
-        elif budget is not None and tokens > budget:
+        elif truncated:
+            lines.append("The context is over its budget, so the task ends here." if over_budget and
+                         self.config.on_context_overflow == "truncate" else "That was the last turn; the task is over.")
+        elif over_budget:
             lines.append("The context is over its budget: prune results you no longer need."
                          if self.config.allow_prune else "The context is over its budget.")
         return "[env] " + "\n".join(lines)
