@@ -241,6 +241,25 @@ def test_the_env_with_a_remote_backend(service):
     env.close()
 
 
+def test_memoryqa_with_a_remote_backend_and_one_serving_another_world(service):
+    from rftgym.envs.memory.env import MemoryQAEnv
+
+    served = service(World(0, 60).documents)  # MemoryQA's default world: world_seed 0, world_size 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = MemoryQAEnv(retriever="remote", retriever_url=served.url)
+    env.reset(seed=0, options={"objectives": 1, "hops": 1})
+    title = env.task.objectives[0].gold_titles[0]
+    obs, *_ = env.step(f"<search>{title}</search>")
+    assert title in obs[-1].content
+    env.close()
+    other = service(World(1, 60).documents)  # another world, whose documents are numbered alike
+    with pytest.warns(RuntimeWarning, match=r"world_size=60: rftgym serve-retriever --world-seed 0 --world-size 60"):
+        MemoryQAEnv(retriever="remote", retriever_url=other.url).close()
+    with pytest.raises(ConfigError, match="retriever='remote' needs retriever_url"):
+        MemoryQAEnv(retriever="remote")
+
+
 @pytest.mark.parametrize("body, problem", [
     (b"<html>Welcome to nginx</html>", "not UTF-8 JSON"),
     (b"", "not UTF-8 JSON"),

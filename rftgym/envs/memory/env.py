@@ -105,8 +105,10 @@ Data
     With no files, tasks come from the search env's seeded world (``world_seed``, ``world_size``;
     ``objectives`` and ``hops`` are the difficulty). ``dataset_path`` (HotpotQA JSON) composes
     tasks of ``objectives`` questions; the corpus is its paragraphs plus the distractor corpus
-    ``corpus_path`` (first ``max_distractors`` documents). ``retriever`` is ``bm25``, ``dense`` or
-    any :class:`~rftgym.envs.search.retrievers.Retriever` object.
+    ``corpus_path`` (first ``max_distractors`` documents). ``retriever`` is ``bm25``, ``dense``,
+    ``remote`` (a service at ``retriever_url``, e.g. ``rftgym serve-retriever --world-seed 0
+    --world-size 60``; it is warned of when it does not serve the env's documents) or any
+    :class:`~rftgym.envs.search.retrievers.Retriever` object.
 
 Version history
     v0: first version (2026-12-01, before any release: the budget stopped counting the env's own
@@ -131,7 +133,7 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..copying import CopyableEnv, Share
 from ..search.corpora import has_own_corpus
-from ..search.retrievers import Retriever, make_retriever
+from ..search.retrievers import check_retriever_options, corpus_source, open_retriever
 from ..search.scoring import best_score
 from ..search.world import MAX_HOPS, World
 from . import context_ops
@@ -155,7 +157,6 @@ AUTO = "auto"
 MAX_QUERY_CHARS = 300
 WARN_FRACTION = 0.75  # a status message reports the context size from this share of the budget on
 MAX_OVERFLOW_PENALTY = 1000.0  # per turn; the task reward is at most 1
-RETRIEVER_NAMES = ("bm25", "dense")
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ class MemoryQAConfig:
     dataset_path: str | None = None
     corpus_path: str | None = None
     max_distractors: int | None = None
-    retriever: Any = "bm25"  # a name in RETRIEVER_NAMES or a Retriever object
+    retriever: Any = "bm25"  # a name in retrievers.ENV_RETRIEVERS or a Retriever object
+    retriever_url: str | None = None
     top_k: int = 5
     max_doc_chars: int = 300
     max_context_tokens: int | None = 1024
@@ -209,8 +211,7 @@ class MemoryQAConfig:
         if self.corpus_path is not None and self.dataset_path is None:
             raise ConfigError("corpus_path (distractors) needs dataset_path (the questions); "
                               "without both, the generated world is used")
-        if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
-            raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
+        check_retriever_options(self)
         if self.count_tokens is not None and not callable(self.count_tokens):
             raise ConfigError("count_tokens must be a function context -> int (e.g. budget.policy_token_counter(policy))")
         if self.on_context_overflow not in ("truncate", "penalize"):
@@ -396,11 +397,9 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._context = Context()
 
     def _open_resources(self) -> None:
-        if isinstance(self.config.retriever, Retriever):
-            self.retriever, self._retriever_share = self.config.retriever, None  # the caller closes it
-        else:
-            self.retriever = make_retriever(self.config.retriever, self._documents)
-            self._retriever_share = Share(self.retriever, self)
+        retriever, owned = open_retriever(self.config, self._documents, corpus_source(self.config))
+        self.retriever = retriever
+        self._retriever_share = Share(retriever, self) if owned else None  # None: the caller's to close
 
     # ------------------------------------------------------------------ the protocol
 

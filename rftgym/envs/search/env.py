@@ -110,7 +110,7 @@ from ...core.values import int_tuple, is_int
 from . import protocol
 from ..copying import CopyableEnv, Share
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
-from .retrievers import Hit, Retriever, make_retriever
+from .retrievers import Hit, check_retriever_options, corpus_source, open_retriever
 from .scoring import best_score, is_refusal
 from .world import MAX_HOPS, World
 
@@ -132,7 +132,6 @@ THINKING_SYSTEM_PROMPT = (
 )
 MAX_QUERY_CHARS = 500
 CALL_TAGS = ("search", "evaluate", "answer")  # the tags that act: each on its own, never inside another
-RETRIEVER_NAMES = ("bm25", "dense", "remote")
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ class SearchEvalQAConfig:
     dataset_path: str | None = None
     corpus_path: str | None = None
     task_selection: str = "seed"
-    retriever: Any = "bm25"  # a name in RETRIEVER_NAMES or a Retriever object
+    retriever: Any = "bm25"  # a name in retrievers.ENV_RETRIEVERS or a Retriever object
     retriever_url: str | None = None
     top_k: int = 3
     max_doc_chars: int = 300
@@ -174,17 +173,7 @@ class SearchEvalQAConfig:
         check_bool_options(self, ("search_in_think",))
         check_task_selection(self)
         check_generator_only(self, ("hops", "world_seed", "world_size"))
-        if not isinstance(self.retriever, Retriever) and self.retriever not in RETRIEVER_NAMES:
-            raise ConfigError(f"retriever must be one of {RETRIEVER_NAMES} or a Retriever object, got {self.retriever!r}")
-        if self.retriever_url is not None:
-            from .server import check_service_url
-
-            check_service_url(self.retriever_url)
-        if self.retriever == "remote" and not self.retriever_url:
-            raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
-        if self.retriever_url and self.retriever != "remote":
-            raise ConfigError(f"retriever_url is only used with retriever='remote' (got retriever={self.retriever!r}); "
-                              "add retriever=remote, or drop retriever_url")
+        check_retriever_options(self)
         if self.on_search_limit not in ("truncate", "message"):
             raise ConfigError(f"on_search_limit must be 'truncate' or 'message', got {self.on_search_limit!r}")
         if self.reward_metric not in ("f1", "em"):
@@ -257,27 +246,9 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._done = False
 
     def _open_resources(self) -> None:
-        retriever, owned = self._build_retriever(self._documents)
+        retriever, owned = open_retriever(self.config, self._documents, corpus_source(self.config))
         self.retriever = retriever
         self._retriever_share = Share(retriever, self) if owned else None  # None: the caller's to close
-
-    def _build_retriever(self, documents) -> tuple[Retriever, bool]:
-        choice = self.config.retriever
-        if isinstance(choice, Retriever):
-            return choice, False  # the caller's object: the caller closes it
-        if choice == "remote":
-            from .server import RemoteRetriever
-
-            remote = RemoteRetriever(self.config.retriever_url)
-            remote.probe(self.config.top_k)
-            cfg = self.config
-            source = (f"the env's generated world (world_seed={cfg.world_seed}, world_size={cfg.world_size}: "
-                      f"rftgym serve-retriever --world-seed {cfg.world_seed} --world-size {cfg.world_size} serves "
-                      "it)" if cfg.dataset_path is None
-                      else f"the env's ({cfg.corpus_path or cfg.dataset_path})")
-            remote.check_corpus(documents, source, cfg.top_k)
-            return remote, True
-        return make_retriever(choice, documents), True
 
     # ------------------------------------------------------------------ gymnasium API
 

@@ -280,3 +280,48 @@ def make_retriever(kind: str, documents: Sequence[Document], **kwargs) -> Retrie
     if kind not in RETRIEVERS:
         raise ConfigError(f"unknown retriever {kind!r}; choose one of {sorted(RETRIEVERS)}")
     return RETRIEVERS[kind](documents, **kwargs)
+
+
+ENV_RETRIEVERS = ("bm25", "dense", "remote")  # what an env's ``retriever`` option may name
+
+
+def check_retriever_options(config) -> None:
+    """An env config's ``retriever`` (a name in ENV_RETRIEVERS or a Retriever object) and
+    ``retriever_url`` (the service, for ``"remote"`` only)."""
+    if not isinstance(config.retriever, Retriever) and config.retriever not in ENV_RETRIEVERS:
+        raise ConfigError(f"retriever must be one of {ENV_RETRIEVERS} or a Retriever object, got {config.retriever!r}")
+    if config.retriever_url is not None:
+        from .server import check_service_url
+
+        check_service_url(config.retriever_url)
+    if config.retriever == "remote" and not config.retriever_url:
+        raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
+    if config.retriever_url and config.retriever != "remote":
+        raise ConfigError(f"retriever_url is only used with retriever='remote' (got retriever={config.retriever!r}); "
+                          "add retriever=remote, or drop retriever_url")
+
+
+def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[Retriever, bool]:
+    """The retriever an env config names over ``documents``, and whether the env owns it (a
+    Retriever object given is the caller's to close). ``"remote"``: the service at
+    ``config.retriever_url``, probed, and checked to serve ``documents`` (``source`` says where
+    they come from, for the warning when it does not)."""
+    if isinstance(config.retriever, Retriever):
+        return config.retriever, False
+    if config.retriever == "remote":
+        from .server import RemoteRetriever
+
+        remote = RemoteRetriever(config.retriever_url)
+        remote.probe(config.top_k)
+        remote.check_corpus(documents, source, config.top_k)
+        return remote, True
+    return make_retriever(config.retriever, documents), True
+
+
+def corpus_source(config) -> str:
+    """Where an env's documents come from, for a remote service that does not serve them: the
+    generated world (and the command that serves it), or the data file."""
+    if config.dataset_path is None:
+        return (f"the env's generated world (world_seed={config.world_seed}, world_size={config.world_size}: "
+                f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size} serves it)")
+    return f"the env's ({config.corpus_path or config.dataset_path})"

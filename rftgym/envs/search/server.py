@@ -340,10 +340,16 @@ class RemoteRetriever(Retriever):
         queries = [d.title or " ".join(d.text.split()[:12]) for d in sample]
         hits = [hit for found in self.search(queries, k) for hit in found]
         _CORPUS_CHECKED.add(key)
-        # By id, or by title or text: a service may number the same documents its own way.
-        ids = {str(d.id) for d in documents}
+        # By id (with that document's title: another world or version numbers its own documents
+        # alike), or by title or text: a service may number the same documents its own way.
+        titled = {str(d.id): d.title for d in documents}
         titles, texts = {d.title for d in sample if d.title}, {d.text[:200] for d in sample if d.text.strip()}
-        if not any(hit.doc_id in ids or hit.title in titles or hit.text[:200] in texts for hit in hits):
+
+        def ours(hit: Hit) -> bool:
+            title = titled.get(hit.doc_id)
+            return (title is not None and title in (hit.title, "")) or hit.title in titles or hit.text[:200] in texts
+
+        if not any(ours(hit) for hit in hits):
             warnings.warn(
                 f"the retrieval service at {self.url} returned none of the env's documents (by id, title or text) when "
                 f"asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot find "
