@@ -165,10 +165,10 @@ def check_reset_options(options: dict[str, Any], *, from_dataset: bool, dataset_
     absent (the env draws it). The caller's mistake: ValueError."""
     options = {name: value for name, value in options.items() if value is not None}
     known = set(dataset_options) | set(generator_options)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"unknown reset option(s) {unknown}; this env reads {sorted(known)}")
     usable = set(dataset_options) if from_dataset else set(generator_options)
+    unknown = sorted(set(options) - known)
+    if unknown:  # named with what this env reads as it is set up, not what another setting would
+        raise ValueError(f"unknown reset option(s) {unknown}; this env reads {sorted(usable) or 'no options'}")
     misplaced = sorted(set(options) - usable)
     if misplaced:
         source = "serves a dataset" if from_dataset else "generates its tasks"
