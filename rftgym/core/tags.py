@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 # Possessive quantifiers keep matching linear: the earlier pattern's lazy attribute run next to
@@ -194,8 +194,9 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
     A self-closing tag (``<answer/>``) is reported as empty, except those named in ``may_be_empty``
     (a tag whose attributes say all, e.g. MemoryQA's ``<prune ids="r1"/>``). A tag named in
     ``opened_before`` may have been opened before the text, by the chat template (a reasoning
-    model's generation prompt ends in ``<think>``): its first closing, before any opening of it,
-    closes one that opens at the text's start (everything before it is inside)."""
+    model's generation prompt ends in ``<think>``): its first closing, before any opening of it and
+    with more of the text after it, closes one that opens at the text's start (everything before
+    it is inside). A stray closing that ends the text is reported, as any other."""
     if not isinstance(text, str):
         return ParseResult(problems=(f"expected text, got {type(text).__name__}",))
     if isinstance(known, str):
@@ -236,12 +237,16 @@ def parse_tags(text: str, known: Iterable[str], *, may_be_empty: Iterable[str] =
         first_of_its_name = name not in seen
         seen.add(name)
         if token.group("close"):
-            if not open_counts.get(name) and name in implicit and first_of_its_name:
+            # The reply goes on after it: a model that ends its reply with a stray </think> (one
+            # that never thinks) keeps what it did before it.
+            if not open_counts.get(name) and name in implicit and first_of_its_name and text[token.end():].strip():
                 while stack:  # opened inside that thinking, and left open at its end
                     inner = pop()
                     problems.append(f"<{inner[0]}> is never closed (before </{name}>)")
                     tags.append(Tag(inner[0], text, inner[3], token.start(), inner[1], inner[2], token.start(),
                                     closed=False, parent=parent_name()))
+                # what came before lies inside it: the outermost of those tags are its children
+                tags[:] = [replace(t, parent=name) if t.parent is None else t for t in tags]
                 tags.append(Tag(name, text, 0, token.start(), (), 0, token.end()))  # opened before the text
                 continue
             if not open_counts.get(name):

@@ -215,15 +215,19 @@ def test_a_think_the_template_opened_is_closed_in_the_reply():
     assert (think.start, think.body) == (0, "plan: 6*7 <answer>41?</answer>\n")
     assert r.inside_closed(early, "think") and not r.inside_closed(final, "think")
     assert not r.inside_closed(think, "think")  # not inside itself
-    # only its first closing, before any opening, and only for the names given
+    assert early.parent == "think" and final.parent is None
+    # only its first closing, before any opening, with more after it, and only for the names given
     assert parse_tags("a</think>b</think>", ["think"]).problems == ("</think> closes a tag that was never opened",)
+    stray = parse_tags("<answer>9</answer></think>\n", ["think", "answer"])  # a model that never thinks
+    assert stray.problems == ("</think> closes a tag that was never opened",) and not stray.find("think")
+    assert not stray.inside_closed(stray.first("answer"), "think")
     assert not parse_tags("<think>a</think>b</think>", ["think"]).ok
     assert not parse_tags("a</answer>", ["answer"]).ok
     assert not parse_tags("a</think>", ["think"], opened_before=()).ok
-    at_start = parse_tags("<answer>1</answer></think>", ["think", "answer"])
+    at_start = parse_tags("<answer>1</answer></think>.", ["think", "answer"])
     assert at_start.inside_closed(at_start.first("answer"), "think")  # a tag at the very start is inside too
     # a tag opened inside that thinking and closed after it is never closed, as with an explicit <think>
-    for reply in ("<answer>1963</think></answer>", "<think><answer>1963</think></answer>"):
+    for reply in ("<answer>1963</think></answer> ok", "<think><answer>1963</think></answer>"):
         r = parse_tags(reply, ["think", "answer"])
         answer = r.first("answer")
         assert not answer.closed and "<answer> is never closed (before </think>)" in r.problems, reply

@@ -536,6 +536,21 @@ def test_tool_markup_inside_an_answer_is_not_part_of_it(inner):
     assert without_tool_markup("x < y and a<b>c", ("search", "answer")) == "x < y and a<b>c"
 
 
+def test_text_after_a_think_block_and_before_a_stray_close_is_no_thinking():
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    gold = env.question.answers[0]
+    _, reward, _, _, info = env.step(f"<think>a</think> I skip rating and just talk. </think>"
+                                     f"<evaluate>score: 8 ok</evaluate><answer>{gold}</answer>")
+    assert info["protocol_violation"] == "skipped_evaluation" and reward == 0.0
+    # thinking the template opened, closed before the evaluation, is thinking
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, reward, _, _, info = env.step(f"these look right</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>")
+    assert info["protocol_violation"] is None and reward == 1.0
+
+
 def test_a_call_inside_another_calls_body_is_its_text_not_a_call():
     env = SearchEvalQAEnv()
     env.reset(seed=5, options={"hops": 1})

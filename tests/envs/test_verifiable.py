@@ -160,8 +160,12 @@ def test_a_think_opened_by_the_template_closes_in_the_reply():
     assert reward == 1.0 and terminated and info["format_ok"]
     # a tentative answer in that thinking is reasoning, not the reply's answer
     env.reset(seed=4)
-    _, reward, terminated, _, info = env.step(f"<answer>{wrong_answer_for(env)}</answer></think>")
+    _, reward, terminated, _, info = env.step(f"<answer>{wrong_answer_for(env)}</answer></think> On reflection...")
     assert not terminated and info["answer"] is None
+    # a stray </think> that ends a reply (a model that never thinks) leaves its answer graded
+    env.reset(seed=4)
+    _, reward, terminated, _, info = env.step(f"<answer>{answer_for(env)}</answer></think>")
+    assert terminated and info["correct"] and reward == pytest.approx(0.9) and not info["format_ok"]
 
 
 def test_format_weight_scales_the_rewards():

@@ -490,15 +490,17 @@ def _only_thinking(prefix: str, rest: str = "") -> bool:
     is only thinking: ``<think>`` blocks (any case, nested too), the text of one still open around
     the evaluation, and text before a ``</think>`` whose opening came earlier (a template that
     opens the thinking, or thinking carried over from the turn before)."""
-    prefix = without_elements(prefix, ("think",))
-    closing = _THINK_CLOSE.search(prefix)
-    if closing and not _THINK_OPEN.search(prefix, 0, closing.start()):
+    # Only a </think> before any <think> in the reply closes thinking opened before it: a second
+    # stray one, after a <think> block, is visible text (the parser reports it).
+    closing, opening = _THINK_CLOSE.search(prefix), _THINK_OPEN.search(prefix)
+    if closing and (opening is None or closing.start() < opening.start()):
         prefix = prefix[closing.end():]
-    elif not closing and not _THINK_OPEN.search(prefix):
+    elif not closing and not opening:
         # No thinking markup before it: thinking still open from earlier when a </think> closes it later.
         later_close, later_open = _THINK_CLOSE.search(rest), _THINK_OPEN.search(rest)
         if later_close and (later_open is None or later_close.start() < later_open.start()):
             return True
+    prefix = without_elements(prefix, ("think",))
     opening = _THINK_OPEN.search(prefix)
     if opening:  # the evaluation is inside a <think> opened here
         prefix = prefix[:opening.start()]
