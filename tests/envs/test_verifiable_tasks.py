@@ -204,6 +204,12 @@ def free(answer: str) -> Task:
     ("50%", "50.0", True),
     ("3,000 m", "3000", True),
     ("1.5 hours", "It takes 1.5 hours.", False),  # other words
+    ("2", "CO2", False),               # digits inside a word are no number of their own
+    ("2", "m2", False),
+    ("12 m2", "12", True),             # nor in the unit of a quantity
+    ("44 g of CO2", "44", True),
+    ("-5", "\u22125", True),           # a minus sign
+    ("11", "The answer is 11.", True),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

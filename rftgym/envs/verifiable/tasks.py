@@ -53,6 +53,8 @@ class Task:
 # ---------------------------------------------------------------- answer checking
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
+# A number standing on its own: digits glued to letters are part of a word ("CO2", "m2", "2nd").
+_NUMBER_TOKEN = re.compile(rf"(?<![^\W\d_])(?:{_NUMBER.pattern})(?![^\W\d_])")
 
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -67,9 +69,10 @@ def normalize_text(text: str) -> str:
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."), or None if there is
-    not exactly one (an answer listing several numbers is not an answer)."""
-    found = _NUMBER.findall(text)
+    """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."; a minus sign U+2212 is a
+    minus), or None if there is not exactly one (an answer listing several numbers is not an
+    answer). Digits inside a word ("CO2", "m2") are not a number of their own."""
+    found = _NUMBER_TOKEN.findall(text.replace("\u2212", "-"))
     if len(found) != 1:
         return None
     try:
@@ -94,8 +97,8 @@ def _same_quantity(given: str, expected: str) -> bool:
     value = parse_number(expected)
     if value is None or parse_number(given) != value:
         return False
-    words = normalize_text(_NUMBER.sub(" ", given))
-    return not words or words == normalize_text(_NUMBER.sub(" ", expected))
+    words = normalize_text(_NUMBER_TOKEN.sub(" ", given))
+    return not words or words == normalize_text(_NUMBER_TOKEN.sub(" ", expected))
 
 
 def _same_text(given: str, expected: str) -> bool:
