@@ -1111,7 +1111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of --corpus: the generated world with this seed, which an env without dataset_path "
                         "searches (its world_seed)")
     p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="the generated world's size: SearchEvalQA's world_size (default 30, its default)")
+                   help="the generated world's size, the env's world_size (default 30, SearchEvalQA's; MemoryQA's "
+                        "is 60)")
     p.add_argument("--index", choices=("bm25", "dense"), default="bm25",
                    help="bm25 (default) or dense (all-MiniLM-L6-v2 embeddings, FAISS)")
     p.add_argument("--host", default="127.0.0.1",

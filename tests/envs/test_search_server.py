@@ -256,6 +256,9 @@ def test_memoryqa_with_a_remote_backend_and_one_serving_another_world(service):
     other = service(World(1, 60).documents)  # another world, whose documents are numbered alike
     with pytest.warns(RuntimeWarning, match=r"world_size=60: rftgym serve-retriever --world-seed 0 --world-size 60"):
         MemoryQAEnv(retriever="remote", retriever_url=other.url).close()
+    smaller = service(World(0).documents)  # serve-retriever's default size: a few of the same names
+    with pytest.warns(RuntimeWarning, match=r"returned only 1 of the env's documents .* when asked for 3"):
+        MemoryQAEnv(retriever="remote", retriever_url=smaller.url).close()
     with pytest.raises(ConfigError, match="retriever='remote' needs retriever_url"):
         MemoryQAEnv(retriever="remote")
 

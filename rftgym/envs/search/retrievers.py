@@ -313,7 +313,8 @@ def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[
 
         remote = RemoteRetriever(config.retriever_url)
         remote.probe(config.top_k)
-        remote.check_corpus(documents, source, config.top_k)
+        # a generated world is served whole or not at all: one of another size shares a few names
+        remote.check_corpus(documents, source, config.top_k, whole=config.dataset_path is None)
         return remote, True
     return make_retriever(config.retriever, documents), True
 

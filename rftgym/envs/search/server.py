@@ -177,6 +177,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"result": payload})
 
 
+def _same_document(document, hit: Hit) -> bool:
+    """Whether ``hit`` is ``document``: by id with its title (another world or version numbers its
+    own documents alike), or by title or text (a service may number the same documents its way)."""
+    if hit.doc_id == str(document.id) and document.title in (hit.title, ""):
+        return True
+    return bool(document.title) and hit.title == document.title or \
+        bool(document.text.strip()) and hit.text[:200] == document.text[:200]
+
+
 def _parse_request(request: Any) -> tuple[list[str], int, bool]:
     if not isinstance(request, dict):
         raise ValueError('expected a JSON object {"queries": [...], "topk": k, "return_scores": bool}')
@@ -322,10 +331,12 @@ class RemoteRetriever(Retriever):
             self.search(["probe"], k)
             _PROBED.add((self.url, k))
 
-    def check_corpus(self, documents: Sequence, source: str, k: int) -> None:
+    def check_corpus(self, documents: Sequence, source: str, k: int, whole: bool = False) -> None:
         """Warn, once per URL and corpus in a process, when the service finds none of ``documents``
-        when asked for three of their titles: it then indexes another corpus than the env's own
-        (``source`` names it), so the gold answers' documents can never come back."""
+        when asked for three of them by title: it then indexes another corpus than the env's own
+        (``source`` names it), so the gold answers' documents can never come back. With ``whole``
+        (a corpus the service must hold all of, such as a generated world, whose names are its
+        own), also when it misses any of the three: a world of another size shares some."""
         if not documents:
             return
         key = (self.url, len(documents), str(documents[0].id))
@@ -337,23 +348,15 @@ class RemoteRetriever(Retriever):
         sample = [d for d in sample if d.title or d.text.strip()]  # nothing to ask for by an empty one
         if not sample:
             return
-        queries = [d.title or " ".join(d.text.split()[:12]) for d in sample]
-        hits = [hit for found in self.search(queries, k) for hit in found]
+        results = self.search([d.title or " ".join(d.text.split()[:12]) for d in sample], k)
         _CORPUS_CHECKED.add(key)
-        # By id (with that document's title: another world or version numbers its own documents
-        # alike), or by title or text: a service may number the same documents its own way.
-        titled = {str(d.id): d.title for d in documents}
-        titles, texts = {d.title for d in sample if d.title}, {d.text[:200] for d in sample if d.text.strip()}
-
-        def ours(hit: Hit) -> bool:
-            title = titled.get(hit.doc_id)
-            return (title is not None and title in (hit.title, "")) or hit.title in titles or hit.text[:200] in texts
-
-        if not any(ours(hit) for hit in hits):
+        found = sum(any(_same_document(d, hit) for hit in hits) for d, hits in zip(sample, results))
+        if found == 0 or (whole and found < len(sample)):
+            what = "none" if found == 0 else f"only {found}"
             warnings.warn(
-                f"the retrieval service at {self.url} returned none of the env's documents (by id, title or text) when "
-                f"asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot find "
-                "the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
+                f"the retrieval service at {self.url} returned {what} of the env's documents (by id, title or text) "
+                f"when asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot "
+                "find the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
                 "FILE, or --world-seed N --world-size N for the generated world), or give as dataset_path the "
                 "questions of the corpus the service indexes.",
                 RuntimeWarning, stacklevel=4)
