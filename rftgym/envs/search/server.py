@@ -182,8 +182,8 @@ def _same_document(document, hit: Hit) -> bool:
     own documents alike), or by title or text (a service may number the same documents its way)."""
     if hit.doc_id == str(document.id) and document.title in (hit.title, ""):
         return True
-    return bool(document.title) and hit.title == document.title or \
-        bool(document.text.strip()) and hit.text[:200] == document.text[:200]
+    return (bool(document.title) and hit.title == document.title) or \
+        (bool(document.text.strip()) and hit.text[:200] == document.text[:200])
 
 
 def _parse_request(request: Any) -> tuple[list[str], int, bool]:
