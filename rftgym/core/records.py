@@ -13,6 +13,7 @@ exactly on the tokens the policy sampled, and 0 on prompt, tool output and templ
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -181,12 +182,12 @@ class Episode:
 def _json_default(obj: Any):
     # numpy scalars and arrays, tuples in info dicts
     if hasattr(obj, "tolist"):
-        return obj.tolist()
+        return _json_ready(obj.tolist())
     if isinstance(obj, (set, frozenset)):
         try:
-            return sorted(obj)
+            return _json_ready(sorted(obj))
         except TypeError:  # mixed types ({1, "a"}) have no order of their own
-            return sorted(obj, key=repr)
+            return _json_ready(sorted(obj, key=repr))
     return repr(obj)
 
 
@@ -206,11 +207,15 @@ def _key_text(key: Any) -> str:
     return str(key)
 
 
-def _string_keys(obj: Any) -> Any:
-    """``obj`` with every dict key a string: other keys (ints, tuples, numpy ints) are written as
-    JSON writes them, or as their ``str``. A key whose text another key of the same dict already
-    has (``1`` beside ``"1"``, ``(1, 2)`` beside ``"(1, 2)"``) gets its type added, ``"1 (int)"``,
-    so that no entry overwrites another when the line is read back."""
+def _json_ready(obj: Any) -> Any:
+    """``obj`` as strict JSON can hold it. Every dict key a string: other keys (ints, tuples, numpy
+    ints) are written as JSON writes them, or as their ``str``; a key whose text another key of the
+    same dict already has (``1`` beside ``"1"``, ``(1, 2)`` beside ``"(1, 2)"``) gets its type
+    added, ``"1 (int)"``, so that no entry overwrites another when the line is read back. A NaN or
+    infinite number becomes the string "NaN", "Infinity" or "-Infinity" (JSON has no such numbers:
+    written bare, they would stop any strict reader)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
     if isinstance(obj, dict):
         taken = {key for key in obj if isinstance(key, str)}
         texts = {}
@@ -226,9 +231,9 @@ def _string_keys(obj: Any) -> Any:
                 text, n = f"{base} #{n}", n + 1
             taken.add(text)
             texts[key] = text
-        return {texts[key]: _string_keys(value) for key, value in obj.items()}
+        return {texts[key]: _json_ready(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_string_keys(v) for v in obj]
+        return [_json_ready(v) for v in obj]
     return obj
 
 
@@ -237,9 +242,9 @@ def episode_json_line(episode: Episode) -> str:
     record = episode.to_json()
     # Only info dicts come from an env (and may have int, tuple or numpy keys); the token lists
     # beside them are left as they are.
-    record["reset_info"] = _string_keys(record["reset_info"])
+    record["reset_info"] = _json_ready(record["reset_info"])
     for turn in record["turns"]:
-        turn["info"] = _string_keys(turn["info"])
+        turn["info"] = _json_ready(turn["info"])
     return json.dumps(record, default=_json_default)
 
 

@@ -225,6 +225,21 @@ def test_a_damaged_file_names_its_line_after_yielding_the_episodes_before_it(tmp
     assert [e.seed for e in read_episodes_jsonl(packed)] == [7, 7]
 
 
+def test_numbers_json_has_none_of_are_written_as_strings(tmp_path):
+    import numpy as np
+
+    episode = make_episode()
+    episode.turns[0].info.update(nan=float("nan"), inf=float("inf"), scores=np.array([1.0, -np.inf]),
+                                 deep={"x": [float("-inf")]}, half=np.float32("nan"))
+    path = tmp_path / "eps.jsonl"
+    write_episodes_jsonl(path, [episode])
+    line = path.read_text(encoding="utf-8")
+    record = json.loads(line, parse_constant=lambda name: pytest.fail(f"bare {name} in the JSON"))  # strict
+    info = record["turns"][0]["info"]
+    assert (info["nan"], info["inf"], info["scores"], info["deep"], info["half"]) == (
+        "NaN", "Infinity", [1.0, "-Infinity"], {"x": ["-Infinity"]}, "NaN")
+
+
 def test_each_line_is_one_json_object(tmp_path):
     path = tmp_path / "eps.jsonl"
     write_episodes_jsonl(path, [make_episode()])
