@@ -351,6 +351,25 @@ def test_search_in_think_option():
     assert "<think> is never closed" in info["format_error"]
 
 
+def test_a_think_the_template_opens_holds_the_replys_searches_and_evaluations():
+    # A reasoning model's template opens <think>; with search_in_think it searches there and stops
+    # at </search>, so its reply holds no <think> tag at all.
+    env = SearchEvalQAEnv(search_in_think=True, think_opened_by_template=True)
+    env.reset(seed=5, options={"hops": 1})
+    title = env.question.gold_titles[0]
+    _, _, _, _, info = env.step(f"I need the page on it <search>{title}</search>")
+    assert info["searches"] == 1 and info["query"] == title and info["format_error"] is None
+    action = f"<evaluate>score: 8 found it</evaluate> so </think><answer>{env.question.answers[0]}</answer>"
+    _, reward, terminated, _, info = env.step(action)
+    assert terminated and reward == 1.0 and info["protocol_violation"] is None
+    assert action[:info["evaluation_end"]].endswith("</evaluate>")  # an offset into the reply as written
+    unset = SearchEvalQAEnv(search_in_think=True)
+    unset.reset(seed=5, options={"hops": 1})
+    assert unset.step(f"I need the page on it <search>{title}</search>")[4]["searches"] == 0
+    with pytest.raises(ConfigError, match="think_opened_by_template must be true or false"):
+        SearchEvalQAEnv(think_opened_by_template="yes")
+
+
 def test_a_simulated_search_backend():
     written = CallableRetriever(lambda query, k: [Hit("sim-1", "Simulated", f"An LLM says: {query}", 1.0)])
     env = SearchEvalQAEnv(retriever=written)

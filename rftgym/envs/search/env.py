@@ -28,7 +28,11 @@ Action
 
     The protocol: the turn right after a search must *begin* with ``<evaluate>`` (leading white
     space and thinking aside: ``<think>…</think>`` blocks before it, or the text of the ``<think>``
-    it sits in); after it, the same turn may search again or answer. Example episode::
+    it sits in); after it, the same turn may search again or answer. With
+    ``think_opened_by_template=True`` (a reasoning model whose chat template opens ``<think>``
+    before each reply) every reply begins inside thinking: with ``search_in_think``, a reply that
+    stops at ``</search>`` then searches inside it, as one that wrote the ``<think>`` itself does.
+    Example episode::
 
         assistant: <search>Alda Mertz</search>
         user:      <information>[1] id=person-3 | Alda Mertz …</information> …
@@ -85,8 +89,8 @@ Data
     e.g. a :class:`CallableRetriever` whose results another model writes.
 
 Version history
-    v0: first version (2026-12-01, before any release: a dataset is served by seed, and a tag
-    inside another call's body is that call's text, not a call).
+    v0: first version (2026-12-01, before any release: a dataset is served by seed, a tag inside
+    another call's body is that call's text, not a call, and ``think_opened_by_template``).
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ class SearchEvalQAConfig:
     max_turns: int = 8
     on_search_limit: str = "truncate"
     search_in_think: bool = False
+    think_opened_by_template: bool = False  # each reply begins inside a <think> the chat template opened
     reward_metric: str = "f1"
     violation_gate: Any = "zero"  # "zero" or a multiplier in [0, 1]
     unanswerable_rate: float = 0.0
@@ -170,7 +175,7 @@ class SearchEvalQAConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
         check_path_options(self, ("dataset_path", "corpus_path"))
-        check_bool_options(self, ("search_in_think",))
+        check_bool_options(self, ("search_in_think", "think_opened_by_template"))
         check_task_selection(self)
         check_generator_only(self, ("hops", "world_seed", "world_size"))
         check_retriever_options(self)
@@ -311,6 +316,10 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     def _play(self, action: str) -> "_TurnOutcome":
         """Apply the turn's tool calls in order and say what happened."""
         out = _TurnOutcome()
+        # The <think> a template opened is read as written before the reply; offsets into the
+        # reply (evaluation_end) are taken back by its length.
+        opened = "<think>" if self.config.think_opened_by_template else ""
+        action = opened + action
         parsed = parse_tags(action, self.config.tags)
         problems = dict.fromkeys(parsed.problems)
         if self.config.search_in_think and any(t.parent == "think" and not parsed.inside_closed(t, "think")
@@ -342,7 +351,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
                                                                                  action[first.end:]):
                 calls = calls[1:]
                 self._evaluate(first.body, out)
-                out.evaluation_end = first.end
+                out.evaluation_end = first.end - len(opened)
             else:
                 # An empty answer is not graded and an empty search not run (see below): what was
                 # skipped is then the evaluation.
