@@ -48,14 +48,20 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
 
 
 def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
-    """The numbered steps inside ``<pseudocode>`` and what was wrong (None when clean)."""
-    blocks = [t for t in parsed.find("pseudocode") if t.closed]
+    """The numbered steps inside ``<pseudocode>`` and what was wrong (None when clean).
+
+    As with code, a plan inside a closed ``<think>`` is a draft: the plan is what follows it.
+    """
+    closed = [t for t in parsed.find("pseudocode") if t.closed]
+    blocks = [t for t in closed if not parsed.inside_closed(t, "think")]
     if not blocks:
+        if closed:
+            return [], "the <pseudocode> block is inside <think>, which is reasoning; give the plan after </think>"
         return [], "no <pseudocode>…</pseudocode> block"
     problems = []
     if len(blocks) > 1:
         problems.append("more than one <pseudocode> block; the last one was used")
-    if parsed.code_blocks:
+    if any(not parsed.inside_closed(b, "think") for b in parsed.code_blocks):
         problems.append("code was written in the planning turn; it was ignored")
     steps = []
     for line in blocks[-1].text.splitlines():

