@@ -139,3 +139,21 @@ def test_context_space_equality_and_flattening():
     assert ContextSpace(roles=("user",)) != ContextSpace(roles=("user", "assistant"))
     assert ContextSpace().is_np_flattenable is False
     assert "max_messages=4" in repr(ContextSpace(max_messages=4))
+
+
+@pytest.mark.parametrize("mode, kwargs", [("sync", {}), ("async", {"shared_memory": False})])
+def test_envs_run_under_gymnasium_vector_envs(mode, kwargs):
+    """``gym.make_vec`` batches contexts and texts as tuples; the async one needs shared_memory off
+    (text has no fixed-size buffer), as the README says."""
+    import gymnasium as gym
+
+    import rftgym  # noqa: F401  (registers the envs)
+
+    envs = gym.make_vec("rftgym/VerifiableQA-v0", num_envs=2, vectorization_mode=mode, vector_kwargs=kwargs)
+    contexts, _ = envs.reset(seed=3)
+    assert len(contexts) == 2 and all(isinstance(c, Context) for c in contexts)
+    assert contexts[0] != contexts[1]  # seeds 3 and 4: two tasks
+    assert all(envs.single_observation_space.contains(c) for c in contexts)
+    _, rewards, terminated, _, _ = envs.step(("no answer here", "<answer>0</answer>"))
+    assert rewards.shape == (2,) and terminated.shape == (2,)
+    envs.close()
