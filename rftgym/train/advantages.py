@@ -36,6 +36,10 @@ def _as_reward_matrix(rewards: torch.Tensor) -> torch.Tensor:
         )
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
+    if not torch.isfinite(rewards).all():
+        # one NaN would make its whole group's advantages NaN, and NaN groups are never "flat"
+        raise ValueError(f"rewards must be finite; got {rewards[~torch.isfinite(rewards)][:4].tolist()} "
+                         "among them: fix the reward function (rollouts already refuse such rewards)")
     return rewards
 
 
@@ -50,9 +54,22 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     rewards = _as_reward_matrix(rewards)
     if rewards.shape[1] < 2:
         return torch.zeros_like(rewards)
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    return (rewards - mean) / (std + eps)
+    wide = _wide(rewards)
+    advantages = (wide - wide.mean(dim=1, keepdim=True)) / (wide.std(dim=1, keepdim=True) + eps)
+    return _zero_where_flat(wide, advantages).to(rewards.dtype)
+
+
+def _wide(rewards: torch.Tensor) -> torch.Tensor:
+    """Rewards in float64 for the group statistics (float32 where the device has no float64)."""
+    return rewards if rewards.device.type == "mps" else rewards.double()
+
+
+def _zero_where_flat(rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """Exactly 0 for every sample of a group whose rewards are all equal. Without it a float mean
+    of equal rewards (12.3 eight times) can sit one rounding step off them, and GRPO's division by
+    the equally tiny std turns that step into advantages near +-1 for the whole group."""
+    flat = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
+    return torch.where(flat, torch.zeros_like(advantages), advantages)
 
 
 def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -61,7 +78,8 @@ def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     rewards = _as_reward_matrix(rewards)
     if rewards.shape[1] == 0:
         return rewards.clone()
-    return rewards - rewards.mean(dim=1, keepdim=True)
+    wide = _wide(rewards)
+    return _zero_where_flat(wide, wide - wide.mean(dim=1, keepdim=True)).to(rewards.dtype)
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -74,8 +92,9 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     group_size = rewards.shape[1]
     if group_size < 2:
         return torch.zeros_like(rewards)
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)
-    return rewards - others_mean
+    wide = _wide(rewards)
+    others_mean = (wide.sum(dim=1, keepdim=True) - wide) / (group_size - 1)
+    return _zero_where_flat(wide, wide - others_mean).to(rewards.dtype)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
@@ -147,10 +166,11 @@ def pcar_factors(segment_scores: list[torch.Tensor], lam: float, delta: float, e
     counts = [s.numel() for s in flat_scores]
     scores = torch.cat(flat_scores)
     z = torch.zeros_like(scores)
-    if scores.numel() >= 2:
-        std = scores.std()
-        if std > 0:
-            z = (scores - scores.mean()) / (std + eps)
+    # Equal scores standardize to 0: tested as max > min, since the std of equal floats (0.7 seven
+    # times) can come out a rounding step above 0 and would blow that step up to z near +-1.
+    if scores.numel() >= 2 and scores.amax() > scores.amin():
+        wide = _wide(scores)
+        z = ((wide - wide.mean()) / (wide.std() + eps)).to(scores.dtype)
     return list(torch.split(torch.clamp(1.0 + lam * z, min=delta), counts))
 
 
@@ -168,7 +188,7 @@ def pcar_segment_advantages(
 
         s          = concat_i segment_scores[i]              (all scores of the group together)
         z_ik       = (s_ik - mean(s)) / (std(s) + eps)       (std unbiased)
-        z_ik       = 0 for all ik  if len(s) < 2 or std(s) == 0
+        z_ik       = 0 for all ik  if len(s) < 2 or all s are equal
         A_ik       = A_i * max(1 + lam * z_ik, delta)
 
     ``delta >= 0`` floors the factor, so a low score shrinks an advantage towards 0 but never flips

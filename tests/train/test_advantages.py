@@ -47,6 +47,27 @@ def test_grpo_two_groups_one_with_zero_variance():
     close(out, [[-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
 
 
+@pytest.mark.parametrize("value, size", [(12.3, 8), (100.1, 8), (0.7, 8), (0.1, 7)])
+@pytest.mark.parametrize("estimator", [grpo_advantages, dr_grpo_advantages, rloo_advantages])
+def test_equal_rewards_that_float32_cannot_hold_give_exactly_zero(estimator, value, size):
+    # float32's mean of eight 12.3s is a rounding step off 12.3; GRPO divided that step by the
+    # equally tiny std and gave the whole group -0.472. Equal rewards mean no signal: exactly 0.
+    out = estimator(torch.full((1, size), value, dtype=torch.float32))
+    assert out.dtype == torch.float32 and torch.equal(out, torch.zeros(1, size)), out
+
+
+def test_grpo_keeps_real_small_differences():
+    # [12.3, 12.3, 12.4]: mean 12.3333, deviations -1/30, -1/30, 2/30, variance (1+1+4)/900/2 =
+    # 1/300, std 0.057735 -> A = [-0.57735, -0.57735, 1.15470]
+    close(grpo_advantages(torch.tensor([[12.3, 12.3, 12.4]])), [[-0.57735, -0.57735, 1.15470]], atol=1e-4)
+
+
+@pytest.mark.parametrize("estimator", [grpo_advantages, dr_grpo_advantages, rloo_advantages, zero_variance_groups])
+def test_non_finite_rewards_are_refused(estimator):
+    with pytest.raises(ValueError, match=r"rewards must be finite; got \[nan\]"):
+        estimator(torch.tensor([[1.0, float("nan")], [0.0, 1.0]]))
+
+
 def test_grpo_group_size_one_is_zero_not_nan():
     out = grpo_advantages(torch.tensor([[3.0], [7.0]]))
     close(out, [[0.0], [0.0]])
@@ -175,6 +196,11 @@ def test_pcar_degenerate_scores_leave_advantages_unchanged():
     )
     close(out[0], [2.0, 2.0])
     close(out[1], [-3.0])
+    # equal scores that float32 cannot hold (0.7): the std came out a rounding step above 0 -> 1.056
+    out = pcar_segment_advantages(
+        torch.tensor([2.0, -3.0]), [torch.full((3,), 0.7), torch.full((4,), 0.7)], lam=1.0, delta=0.1
+    )
+    assert torch.equal(out[0], torch.full((3,), 2.0)) and torch.equal(out[1], torch.full((4,), -3.0)), out
 
 
 def test_pcar_lam_zero_is_plain_broadcast():
