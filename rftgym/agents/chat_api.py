@@ -36,6 +36,7 @@ import urllib.parse
 import urllib.request
 import warnings
 import queue
+import zlib
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
@@ -347,6 +348,9 @@ class _RetryableError(Exception):
 
 
 MAX_REPLY_BYTES = 64 << 20
+# First requests refused as too long, one at a time and none fitting, that stop the run (a batch of
+# two or more all refused stops it at once).
+FIRST_REFUSALS_TO_STOP = 3
 
 
 class _ContextFull(Exception):
@@ -432,6 +436,8 @@ class ChatAPIAgent(Agent):
         self.name = f"api:{config.model}"
         self._warned: set[str] = set()  # the kinds of warning this agent has given (each is given once)
         self._unkeyed_requests = 0  # seeded requests without a sample key so far: the next one's stream
+        self._first_requests_refused = 0  # episodes' first requests refused as too long, and those that fit
+        self._first_requests_fitted = 0
         self._connect()
 
     def _connect(self) -> None:
@@ -479,16 +485,26 @@ class ChatAPIAgent(Agent):
         if not contexts:
             return []
         if len(contexts) == 1:
-            return [self._request(contexts[0], seeds[0])]
-        replies = self._request_all(contexts, seeds)
-        # One task too long for the served context ends its episode; every first request of a
-        # batch refused is a setting (max_tokens past the context), which would end every episode.
-        if all(r.finish_reason == CONTEXT_FULL for r in replies) and \
-                not any(m.role == "assistant" for c in contexts for m in c):
-            raise ChatAPIError(f"POST {self.config.url}: the server refused every one of {len(contexts)} episodes' "
-                               "first requests as too long for the model's context; lower --max-new-tokens "
-                               f"(max_tokens={self.config.max_tokens}) or serve a model with a longer context")
+            replies = [self._request(contexts[0], seeds[0])]
+        else:
+            replies = self._request_all(contexts, seeds)
+        self._check_first_requests(contexts, replies)
         return replies
+
+    def _check_first_requests(self, contexts: list[Context], replies: list[AgentReply]) -> None:
+        """One task too long for the served context ends its episode. Every first request refused
+        (a whole batch of them, or the first few one at a time) is a setting instead, max_tokens
+        past the context, which would end every episode at once: that stops the run."""
+        firsts = [r for c, r in zip(contexts, replies) if not any(m.role == "assistant" for m in c)]
+        refused = sum(r.finish_reason == CONTEXT_FULL for r in firsts)
+        self._first_requests_refused += refused
+        self._first_requests_fitted += len(firsts) - refused
+        whole_batch = len(contexts) >= 2 and refused == len(contexts)
+        if self._first_requests_fitted == 0 and (whole_batch or self._first_requests_refused >= FIRST_REFUSALS_TO_STOP):
+            raise ChatAPIError(f"POST {self.config.url}: the server refused every one of "
+                               f"{self._first_requests_refused} episodes' first requests as too long for the model's "
+                               f"context; lower --max-new-tokens (max_tokens={self.config.max_tokens}) or serve a "
+                               "model with a longer context")
 
     def _request_all(self, contexts: list[Context], seeds: list[int | None]) -> list[AgentReply]:
         """Every context's request, concurrently (at most ``max_concurrency`` in flight)."""
@@ -635,7 +651,8 @@ class ChatAPIAgent(Agent):
         request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
         try:
             with self._opener.open(request, timeout=self.config.timeout_s) as response:
-                return response.status, self._read_body(response, url)
+                raw = self._read_body(response, url)
+                return response.status, _decoded(raw, response.headers.get("Content-Encoding"), url)
         except urllib.error.HTTPError as exc:
             try:
                 body = exc.read()
@@ -735,9 +752,21 @@ class ChatAPIAgent(Agent):
                 status=status,
             )
 
+        if not raw.strip():  # headers and then nothing: a connection that closed before the body
+            raise _RetryableError("the reply's body is empty, as when a connection closes early")
         try:
-            payload = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if _cut_short(raw, exc):
+                raise _RetryableError("the reply breaks off inside a character, as when a connection closes "
+                                      "early") from None
+            # The model's text is agent text, never an error: a stray byte is read as U+FFFD.
+            self._warn_once("not_utf8", f"POST {url} sent a reply that is not valid UTF-8 ({exc.reason} at byte "
+                                        f"{exc.start}); such bytes are read as U+FFFD (further ones are not reported)")
+            text = raw.decode("utf-8", errors="replace")
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
             if _cut_short(raw, exc):
                 raise _RetryableError("the reply's JSON breaks off at its end, as when a connection closes early") \
                     from None
@@ -828,6 +857,33 @@ class ChatAPIAgent(Agent):
             f"The server rejected the request; check --api-model (model={cfg.model!r}), "
             f"--max-new-tokens (max_tokens={cfg.max_tokens}, against the model's context), extra_body{seed}."
         )
+
+
+def _decoded(raw: bytes, encoding: str | None, url: str) -> bytes:
+    """The body without the content coding a server applied though the request asked for none
+    (urllib sends ``Accept-Encoding: identity``): gzip and deflate are undone, within the reply
+    size limit; another coding is an error that names it."""
+    coding = (encoding or "identity").strip().lower()
+    if coding in ("identity", ""):
+        return raw
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        raise ChatAPIError(f"POST {url} sent its reply in the {coding!r} content coding, which the agent does not "
+                           "read (it asks for none); turn the server's or proxy's compression off")
+    # gzip's header (wbits 16+), or deflate's zlib one (wbits 15); some servers send raw deflate (-15)
+    for wbits in ((31,) if coding != "deflate" else (15, -15)):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            body = inflater.decompress(raw, MAX_REPLY_BYTES + 1)
+        except zlib.error:
+            continue
+        if len(body) > MAX_REPLY_BYTES:
+            raise ChatAPIError(f"POST {url} sent a {coding} reply of over {MAX_REPLY_BYTES >> 20} MiB once "
+                               "inflated; a chat completion is far smaller")
+        if not inflater.eof:  # the compressed stream stops early: the connection closed mid-way
+            raise _RetryableError(f"the {coding} reply breaks off before its end")
+        return body
+    raise ChatAPIError(f"POST {url} said its reply is {coding}-compressed, but it does not inflate; turn the "
+                       "server's or proxy's compression off")
 
 
 def _cut_short(raw: bytes, error: ValueError) -> bool:

@@ -408,8 +408,9 @@ def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, e
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert agent.act([ctx(("user", "q2")), later])[0].finish_reason == CONTEXT_FULL
-    # Every first request of a batch refused: a setting, which would end every episode.
-    with pytest.raises(ChatAPIError, match=r"refused every one of 2 episodes' first requests .* lower "
+    # Every first request of a batch refused (and none fitting before): a setting, which would end
+    # every episode. The count is all the first requests refused so far: q, q2, q3 and q4.
+    with pytest.raises(ChatAPIError, match=r"refused every one of 4 episodes' first requests .* lower "
                                            r"--max-new-tokens \(max_tokens=512\)"):
         agent.act([ctx(("user", "q3")), ctx(("user", "q4"))])
 
@@ -944,3 +945,65 @@ def test_an_agent_copies_and_pickles(server):
         clone.close()
     assert agent.act_one(ctx(("user", "e"))).text == "ok"
     agent.close()
+
+
+def test_first_requests_refused_one_at_a_time_stop_the_run(server):
+    # --num-envs 1: each call holds one first request. One refused is a task too long; the first
+    # three refused with none fitting is max_tokens past the served context.
+    server.behaviour = lambda req, n: Response(400, {"error": {"message": "maximum context length is 2048 tokens"}})
+    agent = server.agent(max_retries=0)
+    with pytest.warns(UserWarning, match="refused an episode's first request"):
+        assert agent.act_one(ctx(("user", "q1"))).finish_reason == CONTEXT_FULL
+    assert agent.act_one(ctx(("user", "q2"))).finish_reason == CONTEXT_FULL
+    with pytest.raises(ChatAPIError, match=r"refused every one of 3 episodes' first requests .* lower --max-new"):
+        agent.act_one(ctx(("user", "q3")))
+    # once a first request has fit, refusals are tasks too long, however many
+    server.behaviour = lambda req, n: Response() if n == 1 else Response(
+        400, {"error": {"message": "maximum context length is 2048 tokens"}})
+    server.requests.clear()
+    agent = server.agent(max_retries=0)
+    assert agent.act_one(ctx(("user", "fits"))).text == "ok"
+    with pytest.warns(UserWarning):
+        for i in range(4):
+            assert agent.act_one(ctx(("user", f"long {i}"))).finish_reason == CONTEXT_FULL
+        assert all(r.finish_reason == CONTEXT_FULL for r in agent.act([ctx(("user", "a")), ctx(("user", "b"))]))
+
+
+def test_a_reply_that_is_not_utf8_is_read_with_replacement_characters(server):
+    body = json.dumps(completion("caf\u00e9 PLACEHOLDER")).encode("utf-8").replace(b"PLACEHOLDER", b"\xff\xfe!")
+    server.behaviour = lambda req, n: Response(body=body)
+    agent = server.agent()
+    with pytest.warns(UserWarning, match=r"not valid UTF-8 \(invalid start byte at byte \d+\).*U\+FFFD"):
+        assert agent.act_one(ctx(("user", "q"))).text == "caf\u00e9 \ufffd\ufffd!"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert agent.act_one(ctx(("user", "q"))).text == "caf\u00e9 \ufffd\ufffd!"
+
+
+def test_an_empty_body_is_retried_as_cut_short(server):
+    server.behaviour = lambda req, n: Response(body=b"") if n == 1 else Response()
+    with pytest.warns(UserWarning, match="attempt 1 of 2 failed: the reply's body is empty"):
+        assert server.agent(max_retries=1).act_one(ctx(("user", "q"))).text == "ok"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("coding, compress", [
+    ("gzip", lambda b: __import__("gzip").compress(b)),
+    ("deflate", lambda b: __import__("zlib").compress(b)),
+    ("deflate", lambda b: __import__("zlib").compress(b)[2:-4]),  # raw deflate, as some servers send
+])
+def test_a_compressed_reply_the_agent_did_not_ask_for_is_inflated(server, coding, compress):
+    packed = compress(json.dumps(completion("inflated")).encode())
+    server.behaviour = lambda req, n: Response(body=packed, headers={"Content-Encoding": coding})
+    assert server.agent().act_one(ctx(("user", "q"))).text == "inflated"
+    assert server.requests[0].headers.get("accept-encoding", "identity") == "identity"
+
+
+def test_an_unknown_or_broken_content_coding_is_named():
+    from rftgym.agents.chat_api import _decoded
+
+    with pytest.raises(ChatAPIError, match=r"'br' content coding, which the agent does not read"):
+        _decoded(b"\x00", "br", "http://127.0.0.1/v1/chat/completions")
+    with pytest.raises(ChatAPIError, match="said its reply is gzip-compressed, but it does not inflate"):
+        _decoded(b"{\"not\": \"gzip\"}", "gzip", "http://127.0.0.1/v1/chat/completions")
+    assert _decoded(b"{}", "Identity", "u") == b"{}"
