@@ -684,6 +684,10 @@ class ChatAPIAgent(Agent):
             reason = exc.reason
             if isinstance(reason, TimeoutError):
                 what = f"timed out after {self.config.timeout_s:g} s (timeout_s)"
+            elif "WRONG_VERSION_NUMBER" in str(reason) and url.startswith("https:"):
+                # TLS spoken to a plain-HTTP server: no retry mends that
+                raise ChatAPIError(f"POST {url}: the server does not speak TLS ({reason}); if it serves plain "
+                                   f"HTTP, use http:// in --api-base (base_url)") from None
             else:
                 what = f"could not connect ({reason})"
             raise _RetryableError(what) from None

@@ -1007,3 +1007,10 @@ def test_an_unknown_or_broken_content_coding_is_named():
     with pytest.raises(ChatAPIError, match="said its reply is gzip-compressed, but it does not inflate"):
         _decoded(b"{\"not\": \"gzip\"}", "gzip", "http://127.0.0.1/v1/chat/completions")
     assert _decoded(b"{}", "Identity", "u") == b"{}"
+
+
+def test_https_to_a_plain_http_server_says_to_use_http(server):
+    plain = server.base_url.replace("http://", "https://")
+    agent = ChatAPIAgent.from_url(plain, "test-model", backoff_s=0.01, timeout_s=5.0, api_key=None, max_retries=3)
+    with pytest.raises(ChatAPIError, match=r"does not speak TLS .*use http:// in --api-base"):
+        agent.act_one(ctx(("user", "q")))
