@@ -2,8 +2,9 @@
 
 A checkpoint holds the trainable weights (all of them, or only the LoRA adapters), the
 optimizer state, the step, and every random state the loop draws from (task seeds, sampling,
-segment sampling), written to a temporary directory and renamed into place so that a crash never
-leaves half a checkpoint.
+segment sampling), written to a temporary directory, synced to disk and renamed into place so
+that a crash never leaves half a checkpoint, with each file's sha256 in ``state.json`` so that a
+file damaged later is refused instead of trained on.
 """
 
 from __future__ import annotations
@@ -107,12 +108,14 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     staging.chmod(0o755)  # mkdtemp's 0700 would keep the checkpoint from the run's other readers
     try:
         try:
-            torch.save(state["weights"], staging / "trainable.pt")
-            torch.save(state["optimizer"], staging / "optimizer.pt")
-            torch.save(rng_states, staging / "rng.pt")
-            (staging / "state.json").write_text(json.dumps({"step": step, "config": config, "base_model": base_model,
-                                                            "base_model_path": base_model_path},
-                                                           indent=2, default=str))
+            files = {name: _save_hashed(value, staging / name) for name, value in
+                     (("trainable.pt", state["weights"]), ("optimizer.pt", state["optimizer"]), ("rng.pt", rng_states))}
+            with open(staging / "state.json", "w", encoding="utf-8") as handle:
+                json.dump({"step": step, "config": config, "base_model": base_model,
+                           "base_model_path": base_model_path, "files": files}, handle, indent=2, default=str)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _fsync_dir(staging)
         except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
             free = shutil.disk_usage(output_dir).free
             raise TrainingError(f"cannot write the checkpoint of step {step} in {output_dir} ({type(exc).__name__}: "
@@ -128,10 +131,69 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
+        _fsync_dir(output_dir)  # the renames themselves, so that a power loss keeps one whole checkpoint
         return target
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+class _HashingWriter:
+    """A file that hashes what is written to it, so that a checkpoint's checksum costs no second
+    read of a file that may be many gigabytes."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _save_hashed(value, path: Path) -> str:
+    """``torch.save`` to ``path``, on disk (fsync) before it returns; the file's sha256."""
+    with open(path, "wb") as handle:
+        writer = _HashingWriter(handle)
+        torch.save(value, writer)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return writer.digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system syncs a directory (nor needs to)
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def verify_checkpoint_file(folder: Path, name: str, state: dict | None = None) -> None:
+    """Refuse ``folder/name`` when its sha256 is not the one its save recorded in ``state.json``
+    (``state``, read here when not given): a byte flipped on disk or a file swapped in would
+    otherwise load, and train on, without a word. Checkpoints saved before checksums were kept
+    are not checked."""
+    if state is None:
+        state = json.loads((folder / "state.json").read_text())
+    files = state.get("files") if isinstance(state, dict) else None
+    if files is None:
+        return
+    expected = files.get(name) if isinstance(files, dict) else None
+    if not isinstance(expected, str):
+        raise ConfigError(f"{folder / 'state.json'} has no checksum for {name} ('files' must map each file to its "
+                          "sha256); the checkpoint is left as it is")
+    with open(folder / name, "rb") as handle:
+        actual = hashlib.file_digest(handle, "sha256").hexdigest()
+    if actual != expected:
+        raise ConfigError(f"{folder / name} is not the file its save wrote: its sha256 ({actual[:12]}…) is not the "
+                          f"one recorded in state.json ({expected[:12]}…), so it was changed or damaged since (a "
+                          "disk error, a copy cut short). The checkpoint is left as it is; restore the file from a "
+                          "copy, or start a new run in another output directory")
 
 
 def _checkpoint_path(output_dir: Path) -> Path | None:
@@ -380,6 +442,8 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
     _check_state(state, path / "state.json")
+    for name in ("trainable.pt", "optimizer.pt", "rng.pt"):  # all, before anything is changed
+        verify_checkpoint_file(path, name, state)
     apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)
     saved = torch.load(path / "optimizer.pt", map_location="cpu")
     # Saved indices follow the optimizer's parameter order; per-parameter states (AdamW's

@@ -28,6 +28,7 @@ from .checkpoint import (
     base_fingerprint,
     has_checkpoint,
     saved_state,
+    verify_checkpoint_file,
 )
 from .config import TrainConfig
 
@@ -104,7 +105,12 @@ def _read_weights(run_dir: Path) -> tuple[dict, Path, int]:
         try:
             if folder is None:
                 raise FileNotFoundError(run_dir / CHECKPOINT_DIR)
+            verify_checkpoint_file(folder, "trainable.pt")
             weights = torch.load(folder / "trainable.pt", map_location="cpu")
+        except ConfigError as exc:
+            if _saved(run_dir)["step"] == step:  # not replaced while read: damaged
+                raise ModelLoadError(str(exc)) from None
+            continue
         except FileNotFoundError:
             if _saved(run_dir)["step"] == step and folder is not None:  # not replaced: missing
                 raise ModelLoadError(f"{folder} holds no trainable.pt (the trained weights); the checkpoint is "

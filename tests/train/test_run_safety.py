@@ -258,9 +258,48 @@ def test_random_states_that_are_not_a_runs_are_named(tmp_path, make_char_policy)
     import torch
 
     train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
-    torch.save({}, tmp_path / "run" / "checkpoint" / "rng.pt")
+    folder = tmp_path / "run" / "checkpoint"
+    torch.save({}, folder / "rng.pt")
+    _record_checksums(folder)  # a file saved whole, but not a run's
     with pytest.raises(ConfigError, match=r"rng.pt does not hold a run's random states"):
         train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+
+
+def _record_checksums(folder, drop=False):
+    import hashlib
+
+    state = json.loads((folder / "state.json").read_text())
+    state["files"] = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in state["files"]}
+    if drop:  # as a checkpoint saved before checksums were kept
+        del state["files"]
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("name", ["trainable.pt", "optimizer.pt", "rng.pt"])
+def test_a_checkpoint_file_damaged_after_its_save_is_refused_not_trained_on(tmp_path, make_char_policy, name):
+    from rftgym.core.errors import ModelLoadError
+    from rftgym.train.export import _read_weights
+
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    folder = tmp_path / "run" / "checkpoint"
+    state = json.loads((folder / "state.json").read_text())
+    assert sorted(state["files"]) == ["optimizer.pt", "rng.pt", "trainable.pt"]
+    data = bytearray((folder / name).read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])  # it still loads, wrong
+    (folder / name).write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=rf"checkpoint/{name} is not the file its save wrote: its sha256 .* changed "
+                                          r"or damaged since .* left as it is"):
+        train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    if name == "trainable.pt":  # export reads only the weights, and checks them
+        with pytest.raises(ModelLoadError, match="is not the file its save wrote"):
+            _read_weights(tmp_path / "run")
+    # a checkpoint written before checksums were kept is not checked
+    shutil.rmtree(tmp_path / "run")
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    _record_checksums(folder, drop=True)
+    train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert json.loads((folder / "state.json").read_text())["step"] == 2
 
 
 def test_a_checkpoint_that_cannot_be_written_is_a_message_and_the_last_one_is_kept(tmp_path, make_char_policy,
