@@ -873,6 +873,11 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--parallelism", "parallelism", opt(model, d.parallelism, "under torchrun / accelerate launch: ddp "
                                              "replicates the model on every process, fsdp shards parameters, "
                                              "gradients and optimizer state", choices=PARALLELISM)),
+        ("--dist-timeout", "dist_timeout_s", opt(model, d.dist_timeout_s, "under a launcher: seconds a process "
+                                                 "waits for the others in a collective before the run stops with an "
+                                                 "error (unset: PyTorch's default, 30 minutes on CPU, 10 on CUDA); set it "
+                                                 "above a step's "
+                                                 "slowest rollout", type=float, metavar="SECONDS")),
     ]
 
 
@@ -886,12 +891,43 @@ def train_config_from_args(args: argparse.Namespace):
     settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
                     dtype=None if args.dtype == "auto" else args.dtype)
+    if getattr(args, "resume", False):
+        settings = _with_checkpoint_settings(settings, getattr(args, "given", None), Path(output_dir))
     try:
         return TrainConfig(**settings)
     except ConfigError as exc:
         flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
         flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
         raise (_flagged(exc, flags) or UsageError(str(exc))) from exc
+
+
+def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir: Path) -> dict:
+    """A resume's settings: those its command line gives, and the checkpoint's for the rest, not
+    TrainConfig's defaults (which would quietly turn the run into another: another group size or
+    reply length). ``--env-arg`` pairs update the checkpoint's env options. ``given`` (the fields
+    whose flags were on the command line) None, or no readable checkpoint: the settings as they
+    are (a missing or damaged checkpoint is refused later, with its message)."""
+    from .core.errors import ConfigError
+    from .train import TrainConfig
+    from .train.checkpoint import has_checkpoint, saved_state
+
+    if given is None or not has_checkpoint(output_dir):
+        return settings
+    try:
+        saved = TrainConfig.from_saved(saved_state(output_dir)["config"]).to_dict()
+    except (ConfigError, TypeError, ValueError):
+        return settings
+    merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
+    merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
+                  env_kwargs={**(saved.get("env_kwargs") or {}), **settings["env_kwargs"]})
+    return merged
+
+
+def given_train_flags(argv: Sequence[str] | None) -> set[str]:
+    """The TrainConfig fields (and ``seed``) whose flags ``rftgym train``'s command line gives: the
+    same arguments parsed again with no defaults, so that only what was given remains."""
+    namespace = vars(build_parser(defaults=False).parse_args(argv))
+    return {name for name in namespace if name in {field for _, field, _ in TRAIN_FLAGS} | {"seed"}}
 
 
 class _Terminated(KeyboardInterrupt):
@@ -1016,7 +1052,9 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 TRAIN_FLAGS = _train_flags()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """The command line. ``defaults=False`` leaves ``rftgym train``'s flags without defaults, so a
+    parse holds only the flags given (:func:`given_train_flags`)."""
     parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
     sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,export,serve-retriever}")
     sub.required = True
@@ -1024,11 +1062,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("envs", help="list registered environments")
     p.set_defaults(func=cmd_envs)
 
-    def env_args(p: argparse.ArgumentParser) -> None:
+    def env_args(p: argparse.ArgumentParser, seed_default=0) -> None:
         p.add_argument("env", help="environment id, e.g. rftgym/VerifiableQA-v0 (see `rftgym envs`)")
         p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="environment option (JSON value or bare string); repeatable")
-        p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+        p.add_argument("--seed", type=int, default=seed_default, help="seed of the first episode (default 0)")
 
     p = sub.add_parser("play", help="play an environment by typing the assistant's turns")
     env_args(p)
@@ -1086,11 +1124,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
                        description="Train a local model on an environment. Every TrainConfig field has a flag "
                                    "(defaults shown); see rftgym/train/config.py.")
-    env_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir")
+    env_args(p, seed_default=0 if defaults else argparse.SUPPRESS)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir; the "
+                                                         "flags not given are the checkpoint's settings")
     groups = {}
     for flag, field_name, options in TRAIN_FLAGS:
         options = dict(options)
+        if not defaults:
+            options["default"] = argparse.SUPPRESS
         group = options.pop("group")
         if group not in groups:
             groups[group] = p.add_argument_group(group)
@@ -1133,6 +1174,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "train":
+        args.given = given_train_flags(argv)
     # An evaluation stopped by SIGTERM says where its finished episodes are, as after Ctrl-C
     # (rftgym train installs its own handler).
     previous = _stop_on_sigterm() if args.command == "eval" else None

@@ -317,7 +317,8 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
                               f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
                               "run in another output directory")
-    free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed")
+    free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
+            "dist_timeout_s")
     return sorted(key for key, value in config.items()
                   if key not in free and key in saved and not _same_setting(key, saved[key], value))
 

@@ -94,6 +94,11 @@ class TrainConfig:
     # "fsdp" shards parameters, gradients and optimizer state (FSDP2) for models whose training
     # state does not fit one GPU. One process without a launcher is "ddp".
     parallelism: str = "ddp"
+    # How long a rank waits in a collective for the others (seconds) before the run stops with an
+    # error: one hung rank (a stuck env or server) otherwise holds every rank for the process
+    # group's default (30 minutes on gloo, 10 on NCCL). Set it above a step's slowest rollout.
+    # None: that default.
+    dist_timeout_s: float | None = None
     # Update-phase speed (rftgym/train/speed.py): compile each decoder layer, and recompute each
     # MLP in the backward pass (None = on CUDA, off on CPU). Measured on an H200 at 64 x 384
     # tokens: compiled 14.7% MFU / 15.4 GB peak, compiled + MLP recompute 15.5% / 8.0 GB.
@@ -170,6 +175,11 @@ class TrainConfig:
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}",
                               field="lr_schedule")
+        if self.dist_timeout_s is not None:
+            if not is_finite_real(self.dist_timeout_s) or not 0 < self.dist_timeout_s <= 1e7:
+                raise ConfigError(f"dist_timeout_s must be a number of seconds in (0, 1e7] (or None: the process "
+                                  f"group's default), got {self.dist_timeout_s!r}", field="dist_timeout_s")
+            object.__setattr__(self, "dist_timeout_s", float(self.dist_timeout_s))
         if self.parallelism not in PARALLELISM:
             raise ConfigError(f"parallelism must be 'ddp' (every rank holds the whole model; the default, also for one "
                               f"process) or 'fsdp' (parameters, gradients and optimizer state sharded across ranks; "

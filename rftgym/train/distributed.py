@@ -72,9 +72,11 @@ class Distributed:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, device: str | None = None, process_group_for_one: bool = False) -> "Distributed":
+    def from_env(cls, device: str | None = None, process_group_for_one: bool = False,
+                 timeout_s: float | None = None) -> "Distributed":
         """Join the launcher's process group. One process needs none, except FSDP (which shards
-        over a process group even of one, e.g. ``torchrun --nproc_per_node=1``)."""
+        over a process group even of one, e.g. ``torchrun --nproc_per_node=1``). ``timeout_s``
+        bounds each collective's wait for the other ranks (None: PyTorch's default)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1 and not (process_group_for_one and "RANK" in os.environ):
             return cls()
@@ -83,7 +85,10 @@ class Distributed:
             use_cuda = torch.cuda.is_available() and not (device or "").startswith("cpu")
             if use_cuda:
                 torch.cuda.set_device(local_rank)
-            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+            from datetime import timedelta
+
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                    **({} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}))
         return cls(rank=rank, world_size=world, local_rank=local_rank)
 
     def device(self, requested: str | None) -> str | None:
@@ -167,6 +172,11 @@ class Distributed:
         except Exception as gather_error:  # e.g. a broken device: the work's own error still comes first
             if failure is not None:
                 raise failure from gather_error
+            if "timed out" in str(gather_error).lower() or "timeout" in str(gather_error).lower():
+                raise PeerRankError(f"rank {self.rank} waited for the other ranks past the process group's timeout "
+                                    f"({gather_error}); one of them is stuck (its env, a server, the model) or slower "
+                                    "than that. Raise --dist-timeout (dist_timeout_s) if its steps take that "
+                                    "long") from gather_error
             raise
         if failure is not None:
             raise failure

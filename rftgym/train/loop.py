@@ -89,7 +89,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
                           "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
     # One process unless started by torchrun / accelerate launch.
-    ranks = Distributed.from_env(config.device, process_group_for_one=fsdp)
+    ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rftgym.cli import TRAIN_FLAGS, build_parser, main, train_config_from_args
+from rftgym.cli import TRAIN_FLAGS, build_parser, given_train_flags, main, train_config_from_args
 from rftgym.train import TrainConfig
 
 
@@ -92,3 +92,33 @@ def test_train_flags_reach_the_config():
     assert {name: getattr(config, name) for name in expected} == expected
     args = build_parser().parse_args(["train", "rftgym/MemoryQA-v0", "--algo", "dcpo", "--dcpo-segment-budget", "3"])
     assert train_config_from_args(args).dcpo_segment_budget == 3
+
+
+def _config_of(argv: list[str]) -> TrainConfig:
+    args = build_parser().parse_args(argv)
+    args.given = given_train_flags(argv)
+    return train_config_from_args(args)
+
+
+def test_a_resume_takes_the_flags_it_does_not_give_from_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = _config_of(["train", "rftgym/MemoryQA-v0", "--algo", "dcpo", "--group-size", "2", "--max-new-tokens",
+                        "16", "--lr", "3e-6", "--compile", "off", "--seed", "7", "--env-arg", "max_turns=2",
+                        "--env-arg", "budget_tokens=900", "--output-dir", str(out)])
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 2, "config": first.to_dict()}))
+    resumed = _config_of(["train", "rftgym/MemoryQA-v0", "--resume", "--steps", "40", "--lr", "1e-6",
+                          "--env-arg", "max_turns=3", "--output-dir", str(out)])
+    # given: steps, lr, one env option; the rest is the checkpoint's, not TrainConfig's defaults
+    assert (resumed.steps, resumed.learning_rate) == (40, 1e-6)
+    assert (resumed.algo, resumed.group_size, resumed.max_new_tokens, resumed.compile, resumed.seed) == \
+        ("dcpo", 2, 16, False, 7)
+    assert resumed.env_kwargs == {"max_turns": 3, "budget_tokens": 900}
+    # a flag given with its default value is still given
+    again = _config_of(["train", "rftgym/MemoryQA-v0", "--resume", "--group-size", "8", "--seed", "0",
+                        "--output-dir", str(out)])
+    assert (again.group_size, again.seed) == (8, 0)
+    # without --resume, or with nothing to resume, the defaults stand
+    assert _config_of(["train", "rftgym/MemoryQA-v0", "--output-dir", str(out)]).group_size == TrainConfig.group_size
+    assert _config_of(["train", "rftgym/MemoryQA-v0", "--resume", "--output-dir",
+                       str(tmp_path / "none")]).algo == TrainConfig.algo

@@ -526,3 +526,47 @@ def test_the_train_command_leaves_its_process_group(monkeypatch):
     with pytest.raises(RuntimeError, match="the run failed"):
         cli.main(["train", "rftgym/VerifiableQA-v0", "--steps", "1"])
     assert not dist.is_initialized()
+
+
+HUNG_RANK_SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    from support import SayAEnv, make_char_policy
+    from rftgym.train import TrainConfig
+    from rftgym.train.loop import train
+
+    out, result_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+
+    class HangsOnRankOne(SayAEnv):  # a stuck env (or server) on one rank only
+        def step(self, action):
+            if rank == 1:
+                time.sleep(120)
+                open(f"{result_dir}/rank1-woke", "w").close()
+            return super().step(action)
+
+    config = TrainConfig(steps=2, tasks_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4,
+                         output_dir=out, dist_timeout_s=3)
+    try:
+        train(config, policy=make_char_policy(seed=0), make_env=HangsOnRankOne)
+        outcome = None
+    except Exception as exc:
+        outcome = [type(exc).__name__, str(exc), os.path.exists(f"{result_dir}/rank1-woke")]
+    json.dump({"outcome": outcome}, open(f"{result_dir}/hung{rank}.json", "w"))
+    sys.exit(1 if outcome else 0)
+''')
+
+
+def test_dist_timeout_stops_the_ranks_a_hung_rank_holds(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(HUNG_RANK_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path / "run"), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode != 0
+    outcome = json.loads((tmp_path / "hung0.json").read_text())["outcome"]
+    # rank 0 gave up waiting while rank 1 was still stuck (not at the default 30 minutes)
+    assert outcome is not None and outcome[2] is False, outcome
+    assert outcome[0] == "PeerRankError" and "rank 0 waited for the other ranks past the process group's " \
+        "timeout" in outcome[1] and "Raise --dist-timeout" in outcome[1], outcome
