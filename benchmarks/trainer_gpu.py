@@ -546,7 +546,9 @@ def main() -> None:
     parser.add_argument("--update-batch", type=int, default=None, help="update-only batch (default 64; cpu 2)")
     parser.add_argument("--update-seq", type=int, default=None, help="update-only tokens per sample (default 384; cpu 24)")
     parser.add_argument("--update-repeats", type=int, default=3)
-    parser.add_argument("--update-variants", default=",".join(UPDATE_VARIANTS))
+    parser.add_argument("--update-variants", default=None,
+                        help="comma list (default: all; the microbatch ones only where --update-batch exceeds "
+                             "their microbatch size)")
     parser.add_argument("--profile-variants", default="",
                         help="comma list of update variants to profile once more (where the time goes)")
     parser.add_argument("--no-speed", dest="speed", action="store_false", help="our GRPO step without speed.py")
@@ -556,7 +558,14 @@ def main() -> None:
     cpu = args.device == "cpu"
     args.update_batch = args.update_batch or (2 if cpu else 64)
     args.update_seq = args.update_seq or (24 if cpu else 384)
+    if args.update_variants is None:  # a microbatch as large as the batch is no variant (and is refused)
+        args.update_variants = ",".join(v for v in UPDATE_VARIANTS if MICROBATCH.get(v, 0) < args.update_batch)
     args.update_variants = [v for v in args.update_variants.split(",") if v]
+    too_large = [v for v in args.update_variants if MICROBATCH.get(v, 0) >= args.update_batch]
+    if too_large:
+        parser.error(f"update variants {too_large} split the update batch into microbatches of "
+                     f"{[MICROBATCH[v] for v in too_large]} samples: give --update-batch above that "
+                     f"(it is {args.update_batch}) or leave them out")
     args.profile_variants = [v for v in args.profile_variants.split(",") if v]
     if set(args.profile_variants) - set(args.update_variants):
         parser.error("--profile-variants must be among --update-variants")
