@@ -123,8 +123,9 @@ def _merge_intervals(rng: random.Random, d: int) -> _Spec:
             spans.append([a, a + r.randint(0, 5 * d)])
         return args_source((spans,))
     return _Spec("function", "merge_intervals", "def merge_intervals(intervals: list) -> list",
-                 "intervals is a list of [start, end] pairs with start <= end. Merge overlapping or touching "
-                 "intervals and return the merged [start, end] lists sorted by start.", ref, sample)
+                 "intervals is a list of [start, end] pairs with start <= end. Merge intervals that overlap or "
+                 "share an endpoint ([1, 3] and [3, 5] merge into [1, 5]; [1, 3] and [4, 5] stay apart) and "
+                 "return the merged [start, end] lists sorted by start.", ref, sample)
 
 
 def _collatz(rng: random.Random, d: int) -> _Spec:

@@ -43,6 +43,15 @@ def test_generator_is_deterministic_and_covers_both_styles():
         generate_task(np.random.default_rng(0), "nope", 1)
 
 
+def test_merge_intervals_says_what_touching_means_and_its_reference_does_that():
+    task = generate_task(np.random.default_rng(0), "merge_intervals", 2)
+    assert "[1, 3] and [3, 5] merge into [1, 5]; [1, 3] and [4, 5] stay apart" in task.prompt
+    namespace: dict = {}
+    exec(task.reference, namespace)  # our own template's source
+    merge = namespace["merge_intervals"]
+    assert merge([[1, 3], [3, 5]]) == [[1, 5]] and merge([[1, 3], [4, 5]]) == [[1, 3], [4, 5]]
+
+
 def test_parsing_calls_and_docstring_examples():
     check = "def check(candidate):\n    assert candidate([1, 2], 3) == 1\n    assert abs(candidate(-1.5, x) - 2) < 1e-6\n" \
             "    assert candidate(*args)\n    assert candidate('a)b', k=1)\n    assert candidate([1, 2], 3) == 1\n"
