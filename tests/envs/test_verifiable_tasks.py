@@ -130,6 +130,15 @@ def test_comparison_answers_are_the_extreme_value():
         assert t.answer == pick(values, key=values.get), t
 
 
+def test_comparison_choices_are_no_rounding_apart():
+    # 1/7 beside 0.143 (its rounding) asked which way the rounding went
+    for seed in range(3000):
+        rng = np.random.default_rng(seed)
+        task = generate_task(rng, "comparison", 3 + seed % 3)
+        values = sorted(Fraction(c) for c in task.choices)
+        assert all(b - a > Fraction(1, 1000) for a, b in zip(values, values[1:])), (seed, task.choices)
+
+
 def test_comparison_difficulties_differ():
     # Difficulties 3-5 once drew the same numbers for the same seed.
     for seed in range(10):
@@ -210,6 +219,17 @@ def free(answer: str) -> Task:
     ("44 g of CO2", "44", True),
     ("-5", "\u22125", True),           # a minus sign
     ("11", "The answer is 11.", True),
+    ("-2", "- 2", True),               # a sign spaced from its number, where no operator can stand
+    ("-2", "x = - 2", True),
+    ("2", "7 - 5", False),             # an expression is no answer
+    ("-2", "5 - 2", False),
+    ("Tuesday", "\\boxed{Tuesday}", True),  # the markup a model puts around an answer
+    ("Tuesday", "**Tuesday**", True),
+    ("Tuesday", "$\\text{Tuesday}$", True),
+    ("Tuesday", "The answer is Tuesday", True),
+    ("Tuesday", "\\boxed{Monday}", False),
+    ("-5", "$\\boxed{-5}$", True),
+    ("Paris", "`Paris`", True),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok
@@ -238,6 +258,9 @@ def mc(answer: str, *choices: str) -> Task:
     ("(B) 17", False),     # the right letter with the text of another choice
     ("(C) 42", False),     # the wrong letter with the right text
     ("A", False), ("17", False), ("(Z)", False), ("E", False), ("B or C", False), ("", False),
+    ("**B**", True), ("\\boxed{B}", True), ("Option B", True), ("option (B)", True), ("Choice: B", True),
+    ("The answer is B", True), ("The answer is: (B) 42", True), ("**A**", False), ("Option C", False),
+    ("Option", False),
 ])
 def test_is_correct_on_multiple_choice(given, ok):
     assert is_correct(mc("42", "17", "42", "99", "7"), given) is ok

@@ -7,8 +7,10 @@ Observation
 
 Action
     The text of one assistant turn. The final answer goes in ``<answer>…</answer>``: a number,
-    a choice letter (``B`` or ``(B)``) or the choice's text. Reasoning may precede it, optionally
-    inside ``<think>…</think>``; an ``<answer>`` inside ``<think>`` is reasoning and is not graded.
+    a choice letter (``B`` or ``(B)``) or the choice's text. Markup around it (``\\boxed{…}``,
+    ``**…**``, ``$…$``) and a leading "Option", "Choice" or "The answer is" are read past. Reasoning
+    may precede it, optionally inside ``<think>…</think>``; an ``<answer>`` inside ``<think>`` is
+    reasoning and is not graded.
 
 Reward (paid on the turn that ends the episode; 0 on other turns)
     ``(1 - format_weight) * correct + format_weight * well_formatted`` where ``correct`` is 1 if
@@ -39,7 +41,8 @@ Options to ``reset``
 
 Version history
     v0: first version (2026-12-01, before any release: a dataset is served by seed, and a text
-    answer holding a number is graded by value only as a quantity).
+    answer holding a number is graded by value only as a quantity; markup around an answer is read
+    past; comparison choices at difficulty 3-5 lie more than 0.001 apart).
 """
 
 from __future__ import annotations

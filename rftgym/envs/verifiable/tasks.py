@@ -58,6 +58,34 @@ _NUMBER_TOKEN = re.compile(rf"(?<![^\W\d_])(?:{_NUMBER.pattern})(?![^\W\d_])")
 
 
 _PUNCTUATION = frozenset(string.punctuation)
+# A sign parted from its number by spaces, where it cannot be an operator ("- 5", "x = - 5";
+# not "7 - 5").
+_SPACED_SIGN = re.compile(r"(?:^|(?<=[=:(\[]))\s*([-+])\s+(?=[\d.])")
+# Markup a model puts around its answer: \boxed{…}, \text{…}, $…$, **…**, *…*, `…`.
+_WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL), re.compile(r"\\text(?:bf|rm)?\s*\{(.*)\}", re.DOTALL),
+             re.compile(r"\$+(.*?)\$+", re.DOTALL), re.compile(r"(\*\*|__|\*|_|`+)(.*?)\1", re.DOTALL))
+# Words that introduce an answer rather than being part of it ("Option B", "The answer is: B").
+_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*[:\-]?\s+|"
+                            r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*:\s*", re.IGNORECASE)
+
+
+def unwrapped_answer(text: str) -> str:
+    """``text`` without the markup around it (``\\boxed{B}``, ``**Tuesday**``, ``$-5$``) and a
+    leading "Option", "Choice" or "The answer is": what is left is what the reply answers."""
+    text = text.strip()
+    for _ in range(8):  # markup may nest: $\boxed{5}$
+        before = text
+        for pattern in _WRAPPERS:
+            match = pattern.fullmatch(text)
+            if match:
+                text = match.group(match.lastindex).strip()
+                break
+        prefix = _ANSWER_PREFIX.match(text)
+        if prefix and prefix.end() < len(text):
+            text = text[prefix.end():].strip()
+        if text == before:
+            break
+    return text
 
 
 def normalize_text(text: str) -> str:
@@ -72,7 +100,7 @@ def parse_number(text: str) -> Fraction | None:
     """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."; a minus sign U+2212 is a
     minus), or None if there is not exactly one (an answer listing several numbers is not an
     answer). Digits inside a word ("CO2", "m2") are not a number of their own."""
-    found = _NUMBER_TOKEN.findall(text.replace("\u2212", "-"))
+    found = _NUMBER_TOKEN.findall(_SPACED_SIGN.sub(r"\1", text.replace("\u2212", "-")))
     if len(found) != 1:
         return None
     try:
@@ -142,7 +170,12 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
 
 
 def is_correct(task: Task, given: str) -> bool:
-    """Whether the text inside <answer> answers ``task``."""
+    """Whether the text inside <answer> answers ``task``: as it is, or without the markup and
+    the words that introduce it (:func:`unwrapped_answer`)."""
+    return any(_answers(task, text) for text in dict.fromkeys((given, unwrapped_answer(given))))
+
+
+def _answers(task: Task, given: str) -> bool:
     if task.choices:
         index = _choice_index(given, task.choices)
         return index is not None and task.choices[index] == task.answer
@@ -238,6 +271,7 @@ def _weekday(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple
 # (largest denominator; numerators span +-spread around 0, or 1..spread when positive only).
 COMPARISON_SIZES = {1: 3, 2: 4, 3: 4, 4: 5, 5: 6}
 _FRACTIONS = {3: (8, 15, False), 4: (12, 25, False), 5: (16, 2, True)}
+NEAR_TIE = Fraction(1, 1000)  # comparison choices lie further apart than this
 
 
 def _comparison(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
@@ -254,7 +288,9 @@ def _comparison(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tu
             if num % den == 0:
                 continue
             label = f"{num}/{den}" if rng.random() < 0.6 else f"{num / den:.3f}".rstrip("0").rstrip(".")
-            if Fraction(label) not in {Fraction(x) for x in labels}:
+            # Apart by more than a 3-decimal rounding: "0.143" beside "1/7" would ask which way
+            # the rounding went, not which number is the smallest.
+            if all(abs(Fraction(label) - Fraction(x)) > NEAR_TIE for x in labels):
                 labels.append(label)
         values = [Fraction(x) for x in labels]
     else:
