@@ -131,6 +131,8 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
+            # a run resumed from the previous checkpoint a crash left under its temporary name
+            shutil.rmtree(output_dir / OLD_CHECKPOINT_DIR, ignore_errors=True)
         _fsync_dir(output_dir)  # the renames themselves, so that a power loss keeps one whole checkpoint
         return target
     finally:

@@ -418,6 +418,16 @@ def test_cli_interrupt_before_anything_was_written_says_to_run_again(tmp_path, m
            "again" in capsys.readouterr().err
 
 
+def test_a_crash_between_the_renames_of_a_save_resumes_from_the_previous_checkpoint(tmp_path, make_char_policy):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    run = tmp_path / "run"
+    (run / "checkpoint").rename(run / ".checkpoint-old")  # the old one moved aside, the new one not yet in
+    history = train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [h["step"] for h in history] == [1]
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 2
+    assert not (run / ".checkpoint-old").exists()  # no longer the last whole checkpoint: removed
+
+
 def test_a_staging_folder_a_killed_run_left_is_removed_at_the_next_save(tmp_path, make_char_policy):
     train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     (tmp_path / "run" / ".checkpoint-x1y2z3").mkdir()  # what a SIGKILL during a save leaves
