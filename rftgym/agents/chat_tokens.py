@@ -21,11 +21,15 @@ model on real episodes.
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
 from ..core.errors import TokenizationError
 from ..core.messages import Context, Message
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # A system message placed before a message renders it "in the middle" of a chat, so that
 # templates that add a default system prompt before the first message do not do so.
@@ -100,6 +104,14 @@ class ChatTokenizer:
         )
 
     def _encode(self, text: str) -> list[int]:
+        if _LONE_SURROGATE.search(text):
+            # Not text UTF-8 can hold (a "\ud83d" escape in a data file, a reply quoted half): the
+            # tokenizer refuses it outright, so the model sees U+FFFD there.
+            if not getattr(self, "_warned_surrogate", False):
+                self._warned_surrogate = True
+                warnings.warn("a message holds a lone surrogate (half of a UTF-16 pair, not text UTF-8 can hold); "
+                              "the model sees U+FFFD in its place (further ones are not reported)", stacklevel=3)
+            text = _LONE_SURROGATE.sub("\ufffd", text)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _stop_ids(self, extra: Sequence[int]) -> tuple[int, ...]:

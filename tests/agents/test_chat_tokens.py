@@ -167,3 +167,12 @@ def test_an_end_of_turn_token_added_to_the_vocabulary_stops_and_so_does_the_mode
 
 CHATML_WITH_END = ("{% for message in messages %}{{" + _TURN.format(content="message['content']") + "}}{% endfor %}"
                    + _GENERATION)
+
+
+def test_a_lone_surrogate_in_a_message_is_seen_as_a_replacement_character(default_policy):
+    chat = default_policy.chat
+    half = Context((Message("user", "What is \ud83d?", "q"),))
+    whole = Context((Message("user", "What is \ufffd?", "q2"),))
+    with pytest.warns(UserWarning, match=r"lone surrogate .* U\+FFFD"):
+        ids = chat.prompt_ids(half)  # the tokenizer refused it with a bare TypeError
+    assert ids == chat.prompt_ids(whole)
