@@ -634,6 +634,9 @@ def test_an_interrupted_batch_does_not_hold_the_process_until_its_requests_time_
         port = silent.getsockname()[1]
         script = f"""
 import os, signal, threading
+# A test run started in the background (`pytest &` in a script) ignores SIGINT, and so would
+# this process, which inherits that: Ctrl-C is taken as a terminal delivers it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from rftgym.agents.chat_api import ChatAPIAgent
 from rftgym.core.messages import Context, Message
 agent = ChatAPIAgent.from_url("http://127.0.0.1:{port}/v1", "m", timeout_s=300, max_retries=0, max_concurrency=2)
