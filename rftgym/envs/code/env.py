@@ -42,8 +42,9 @@ Episode end
     pass_rate, tests, format_ok), even when that turn held no code (bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env, so nothing is paid there). With ``max_attempts > 1``
-    a failing submission is answered with up to ``feedback_tests`` failing tests (input, expected,
-    got or error) and the agent tries again.
+    a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
+    error, and the expected output for the task's own examples only: a hidden test's expected
+    output would let a later attempt pass it from a lookup table) and the agent tries again.
 
 Info keys
     ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code"),

@@ -75,11 +75,14 @@ def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
     return steps, "; ".join(problems) or None
 
 
+HIDDEN_EXPECTED = "expected: (not shown for a hidden test)"
+
+
 def describe_failures(result, shown: int, attempts_left: int, format_error: str | None = None) -> str:
     """Feedback after a failing submission: the status, what was wrong with the reply's form
     (``format_error``, e.g. which of several code blocks was graded), and up to ``shown`` failing
-    tests (none for a submission that failed before any test ran: their expected outputs would
-    only be given away)."""
+    tests, the task's examples first, with what the code gave; only an example's expected output
+    is shown (none at all for a submission that failed before any test ran)."""
     plural = "s" if attempts_left != 1 else ""
     head = {
         "syntax_error": "Your code has a syntax error",
@@ -92,10 +95,14 @@ def describe_failures(result, shown: int, attempts_left: int, format_error: str 
     if format_error:
         lines.append(f"Note: {format_error}.")
     before_tests = result.status in ("syntax_error", "import_error", "missing_entry_point")
-    failing = [] if before_tests else [r for r in result.results if not r.passed][:shown]
+    # The task's own examples first: their expected outputs are in the prompt already. A hidden
+    # test's is withheld, or a later attempt could pass it from a table of what feedback showed.
+    failing = [] if before_tests else sorted((r for r in result.results if not r.passed),
+                                             key=lambda r: r.origin != "example")[:shown]
     for r in failing:
         outcome = f"error: {r.error}" if r.error else f"got: {r.got}"
-        lines.append(f"- input: {_clip(r.input)}\n  expected: {_clip(r.expected)}\n  {_clip(outcome)}")
+        expected = f"expected: {_clip(r.expected)}" if r.origin == "example" else HIDDEN_EXPECTED
+        lines.append(f"- input: {_clip(r.input)}\n  {expected}\n  {_clip(outcome)}")
     detail = getattr(result, "message", None)
     if before_tests and not detail:  # the error is the same for every test: say it once
         detail = next((r.error for r in result.results if r.error), None)

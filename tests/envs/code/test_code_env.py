@@ -143,6 +143,26 @@ def test_second_attempt_after_failing_tests_feedback(tmp_path):
     env.close()
 
 
+def test_feedback_shows_expected_outputs_of_the_tasks_examples_only(tmp_path):
+    # A hidden test's expected output in the feedback let a later attempt pass it from a lookup
+    # table: 0.50 mean reward over four attempts without solving anything.
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=50,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
+    task = env.unwrapped.task
+    context, _, _, _, info = env.step(fenced(f"def {task.entry_point}(*args, **kwargs):\n    return 'wrong'"))
+    shown = context[-1].content.split("\n- input: ")[1:]
+    origins = [t["origin"] for t in info["tests"]]
+    assert len(shown) == len(origins) == origins.count("example") + sum(o != "example" for o in origins)
+    examples = origins.count("example")
+    assert examples >= 1 and len(shown) > examples
+    assert all("expected: (not shown" not in item for item in shown[:examples])  # examples come first
+    assert all("\n  expected: (not shown for a hidden test)\n  got: 'wrong'" in item for item in shown[examples:])
+    env.close()
+
+
 def test_feedback_on_code_that_fails_before_any_test_names_the_cause_once(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
