@@ -230,6 +230,10 @@ def free(answer: str) -> Task:
     ("Tuesday", "\\boxed{Monday}", False),
     ("-5", "$\\boxed{-5}$", True),
     ("Paris", "`Paris`", True),
+    ("-5", "$- 5$", True),             # one reply is right for one sign only (it was for both)
+    ("5", "$- 5$", False),
+    ("-5", "The answer is \u2212 5", True),
+    ("5", "The answer is \u2212 5", False),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

@@ -171,8 +171,12 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
 
 def is_correct(task: Task, given: str) -> bool:
     """Whether the text inside <answer> answers ``task``: as it is, or without the markup and
-    the words that introduce it (:func:`unwrapped_answer`)."""
-    return any(_answers(task, text) for text in dict.fromkeys((given, unwrapped_answer(given))))
+    the words that introduce it (:func:`unwrapped_answer`). Where the two readings hold different
+    numbers, only the one without markup counts: "$- 5$" reads 5 as it is and -5 unwrapped, and
+    one reply must not be right for both."""
+    unwrapped = unwrapped_answer(given)
+    readings = (given, unwrapped) if parse_number(given) == parse_number(unwrapped) else (unwrapped,)
+    return any(_answers(task, text) for text in dict.fromkeys(readings))
 
 
 def _answers(task: Task, given: str) -> bool:
