@@ -234,6 +234,8 @@ def free(answer: str) -> Task:
     ("5", "$- 5$", False),
     ("-5", "The answer is \u2212 5", True),
     ("5", "The answer is \u2212 5", False),
+    ("5", "The answer is - 5", False),  # the prefix does not eat a spaced minus
+    ("-5", "Answer - 5", True),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok
@@ -409,3 +411,11 @@ def test_loader_rejects_a_missing_file_or_a_directory(tmp_path):
         load_tasks_jsonl(tmp_path / "missing.jsonl")
     with pytest.raises(DataFormatError, match="a directory, not a file"):
         load_tasks_jsonl(tmp_path)
+
+
+def test_unwrapping_runs_of_delimiters_takes_linear_time():
+    # "$" * N took cubic time (6.7 s at N=2000): a reply could stall the env.
+    from rftgym.envs.verifiable.tasks import unwrapped_answer
+
+    for text in ("$" * 100_000 + "x", "`" * 100_000 + "x", "*" * 100_000 + "x"):
+        assert unwrapped_answer(text)  # returns at all; the suite's timeout would catch a stall

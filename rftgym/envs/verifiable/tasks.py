@@ -63,9 +63,9 @@ _PUNCTUATION = frozenset(string.punctuation)
 _SPACED_SIGN = re.compile(r"(?:^|(?<=[=:(\[]))\s*([-+])\s+(?=[\d.])")
 # Markup a model puts around its answer: \boxed{…}, \text{…}, $…$, **…**, *…*, `…`.
 _WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL), re.compile(r"\\text(?:bf|rm)?\s*\{(.*)\}", re.DOTALL),
-             re.compile(r"\$+(.*?)\$+", re.DOTALL), re.compile(r"(\*\*|__|\*|_|`+)(.*?)\1", re.DOTALL))
+             re.compile(r"(\$\$?)(.*?)\1", re.DOTALL), re.compile(r"(\*\*|__|\*|_|`{1,3})(.*?)\1", re.DOTALL))
 # Words that introduce an answer rather than being part of it ("Option B", "The answer is: B").
-_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*[:\-]?\s+|"
+_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*(?:[:]|-(?!\s*[\d.]))?\s+|"
                             r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*:\s*", re.IGNORECASE)
 
 
