@@ -21,15 +21,13 @@ model on real episodes.
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
 from ..core.errors import TokenizationError
 from ..core.messages import Context, Message
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+from ..core.values import valid_text
 
 # A system message placed before a message renders it "in the middle" of a chat, so that
 # templates that add a default system prompt before the first message do not do so.
@@ -73,6 +71,7 @@ class ChatTokenizer:
                 "The tokenizer has no chat template; use an instruct/chat model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
+        self._warned_surrogate = False
         self._spans = _LRU(capacity)  # rendered spans by (id, role, content, first); recomputable
         try:
             base = self._render([_ANCHOR], add_generation_prompt=False)
@@ -104,15 +103,14 @@ class ChatTokenizer:
         )
 
     def _encode(self, text: str) -> list[int]:
-        if _LONE_SURROGATE.search(text):
-            # Not text UTF-8 can hold (a "\ud83d" escape in a data file, a reply quoted half): the
-            # tokenizer refuses it outright, so the model sees U+FFFD there.
-            if not getattr(self, "_warned_surrogate", False):
-                self._warned_surrogate = True
-                warnings.warn("a message holds a lone surrogate (half of a UTF-16 pair, not text UTF-8 can hold); "
-                              "the model sees U+FFFD in its place (further ones are not reported)", stacklevel=3)
-            text = _LONE_SURROGATE.sub("\ufffd", text)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        valid = valid_text(text)
+        if valid is not text and not self._warned_surrogate:
+            # A lone surrogate (a "\ud83d" escape in a data file, a reply quoted in half) is no text
+            # UTF-8 can hold, and the tokenizer refuses it outright: the model sees U+FFFD there.
+            self._warned_surrogate = True
+            warnings.warn("a message holds a lone surrogate (half of a UTF-16 pair, not text UTF-8 can hold); "
+                          "the model sees U+FFFD in its place (further ones are not reported)", stacklevel=3)
+        return list(self.tokenizer(valid, add_special_tokens=False)["input_ids"])
 
     def _stop_ids(self, extra: Sequence[int]) -> tuple[int, ...]:
         ids = {i for i in extra if isinstance(i, int)}
