@@ -114,7 +114,7 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
                 json.dump({"step": step, "config": config, "base_model": base_model,
                            "base_model_path": base_model_path, "files": files}, handle, indent=2, default=str)
                 handle.flush()
-                os.fsync(handle.fileno())
+                _fsync(handle.fileno())
             _fsync_dir(staging)
         except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
             free = shutil.disk_usage(output_dir).free
@@ -162,15 +162,25 @@ def _save_hashed(value, path: Path) -> str:
         writer = _HashingWriter(handle)
         torch.save(value, writer)
         handle.flush()
-        os.fsync(handle.fileno())
+        _fsync(handle.fileno())
     return writer.digest.hexdigest()
+
+
+def _fsync(descriptor: int) -> None:
+    """``os.fsync``, except where the file system cannot sync (some FUSE and network mounts say
+    EINVAL or ENOTSUP): the data is written all the same, only not forced to disk."""
+    try:
+        os.fsync(descriptor)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
+            raise
 
 
 def _fsync_dir(folder: Path) -> None:
     with contextlib.suppress(OSError):  # not every file system syncs a directory (nor needs to)
         descriptor = os.open(folder, os.O_RDONLY)
         try:
-            os.fsync(descriptor)
+            _fsync(descriptor)
         finally:
             os.close(descriptor)
 

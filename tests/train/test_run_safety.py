@@ -418,6 +418,19 @@ def test_cli_interrupt_before_anything_was_written_says_to_run_again(tmp_path, m
            "again" in capsys.readouterr().err
 
 
+def test_a_file_system_that_cannot_fsync_still_gets_its_checkpoint(tmp_path, make_char_policy, monkeypatch):
+    import errno
+
+    import rftgym.train.checkpoint as checkpoint
+
+    def refused(descriptor):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", refused)
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
+
+
 def test_a_crash_between_the_renames_of_a_save_resumes_from_the_previous_checkpoint(tmp_path, make_char_policy):
     train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     run = tmp_path / "run"
