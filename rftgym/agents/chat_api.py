@@ -654,10 +654,12 @@ class ChatAPIAgent(Agent):
                 raw = self._read_body(response, url)
                 return response.status, _decoded(raw, response.headers.get("Content-Encoding"), url)
         except urllib.error.HTTPError as exc:
-            try:
+            body = b""
+            try:  # read for its reason and the message, inflated as a reply's would be
                 body = exc.read()
-            except Exception:  # noqa: BLE001 (the body is only used in the message)
-                body = b""
+                body = _decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
+            except Exception:  # noqa: BLE001 (then the raw body, or none, serves the message)
+                pass
             finally:
                 exc.close()
             status = exc.code

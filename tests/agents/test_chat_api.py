@@ -1017,3 +1017,13 @@ def test_https_to_a_plain_http_server_says_to_use_http(server):
     agent = ChatAPIAgent.from_url(plain, "test-model", backoff_s=0.01, timeout_s=5.0, api_key=None, max_retries=3)
     with pytest.raises(ChatAPIError, match=r"does not speak TLS .*use http:// in --api-base"):
         agent.act_one(ctx(("user", "q")))
+
+
+def test_a_compressed_error_reply_is_read_for_its_reason(server):
+    import gzip
+
+    packed = gzip.compress(json.dumps({"error": {"message": "...", "code": "context_length_exceeded"}}).encode())
+    server.behaviour = lambda req, n: Response(400, packed, headers={"Content-Encoding": "gzip"})
+    later = ctx(("user", "q"), ("assistant", "a"), ("user", "more"))
+    with pytest.warns(UserWarning, match="outgrown the model's window"):
+        assert server.agent().act_one(later).finish_reason == CONTEXT_FULL  # it stopped the run
