@@ -914,12 +914,18 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     if given is None or not has_checkpoint(output_dir):
         return settings
     try:
-        saved = TrainConfig.from_saved(saved_state(output_dir)["config"]).to_dict()
+        state = saved_state(output_dir)
+        saved = TrainConfig.from_saved(state["config"]).to_dict()
     except (ConfigError, TypeError, ValueError):
         return settings
     merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
                   env_kwargs={**(saved.get("env_kwargs") or {}), **settings["env_kwargs"]})
+    # A model given by a path relative to where the run started: where it was loaded from, absolute.
+    loaded_from = state.get("base_model_path")
+    if "model" not in given and isinstance(merged["model"], str) and not os.path.isabs(merged["model"]) \
+            and isinstance(loaded_from, str) and os.path.isdir(loaded_from):
+        merged["model"] = loaded_from
     return merged
 
 

@@ -122,3 +122,18 @@ def test_a_resume_takes_the_flags_it_does_not_give_from_the_checkpoint(tmp_path)
     assert _config_of(["train", "rftgym/MemoryQA-v0", "--output-dir", str(out)]).group_size == TrainConfig.group_size
     assert _config_of(["train", "rftgym/MemoryQA-v0", "--resume", "--output-dir",
                        str(tmp_path / "none")]).algo == TrainConfig.algo
+
+
+def test_a_resume_finds_a_model_given_by_a_relative_path_from_another_directory(tmp_path, monkeypatch):
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    out = tmp_path / "run"
+    first = _config_of(["train", "rftgym/VerifiableQA-v0", "--model", "models/m", "--output-dir", str(out)])
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 1, "config": first.to_dict(),
+                                                               "base_model_path": str(model)}))
+    monkeypatch.chdir(out)  # not where models/m is
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)]).model == str(model)
+    # given on the command line, it is taken as given
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--model", "models/m", "--output-dir",
+                       str(out)]).model == "models/m"
