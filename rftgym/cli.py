@@ -797,7 +797,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--algo", "algo", opt(run, d.algo, "algorithm", choices=ALGORITHMS)),
         ("--model", "model", opt(run, d.model, "local Hugging Face model directory (default model: SmolLM2-135M-Instruct)")),
         ("--output-dir", "output_dir", opt(run, None, "where metrics, the PNG and checkpoints go "
-                                                      "(runs/train/<env>-<algo> when unset)")),
+                                                      "(runs/train/<env>-<algo> when unset; with --resume and "
+                                                      "no --algo, the env's one run there)")),
         ("--steps", "steps", opt(run, d.steps, "training steps")),
         ("--save-every", "save_every", opt(run, d.save_every, "checkpoint every N steps (and after the last)")),
         ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
@@ -857,7 +858,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--lora-rank", "lora_rank", opt(model, d.lora_rank, "LoRA rank (0 = full fine-tuning)")),
         ("--lora-alpha", "lora_alpha", opt(model, d.lora_alpha, "LoRA alpha")),
         ("--gradient-checkpointing", "gradient_checkpointing", opt(
-            model, d.gradient_checkpointing, "recompute each decoder layer in the backward pass", action="store_true")),
+            model, d.gradient_checkpointing, "recompute each decoder layer in the backward pass",
+            action=argparse.BooleanOptionalAction)),
         ("--compile", "compile", opt(model, "auto", "torch.compile each decoder layer for the update "
                                                     "(auto: on CUDA only)", choices=tuple(AUTO_SWITCH))),
         ("--compile-scope", "compile_scope", opt(model, d.compile_scope, "what one compiled graph covers: each "
@@ -886,7 +888,7 @@ def train_config_from_args(args: argparse.Namespace):
     from .core.errors import ConfigError
     from .train import TrainConfig
 
-    output_dir = args.output_dir or str(Path("runs") / "train" / f"{_short_name(args.env)}-{args.algo}")
+    output_dir = args.output_dir or _default_output_dir(args)
     settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
     settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
@@ -899,6 +901,28 @@ def train_config_from_args(args: argparse.Namespace):
         flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
         flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
         raise (_flagged(exc, flags) or UsageError(str(exc))) from exc
+
+
+def _default_output_dir(args: argparse.Namespace) -> str:
+    """runs/train/<env>-<algo>. A resume that names neither the folder nor the algorithm resumes
+    the one run of the env with a checkpoint there (not necessarily the default algorithm's), and
+    is refused where there are several."""
+    from .train.checkpoint import has_checkpoint
+    from .train.config import ALGORITHMS
+
+    def folder(algo: str) -> Path:
+        return Path("runs") / "train" / f"{_short_name(args.env)}-{algo}"
+
+    given = getattr(args, "given", None)
+    if getattr(args, "resume", False) and given is not None and "algo" not in given:
+        runs = [folder(algo) for algo in ALGORITHMS if has_checkpoint(folder(algo))]
+        if len(runs) == 1:
+            print(f"resuming the run in {runs[0]}", file=sys.stderr)
+            return str(runs[0])
+        if len(runs) > 1:
+            raise UsageError(f"--resume: {len(runs)} runs of {args.env} have a checkpoint ("
+                             + ", ".join(map(str, runs)) + "); say which with --output-dir (or --algo)")
+    return str(folder(args.algo))
 
 
 def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir: Path) -> dict:

@@ -29,6 +29,7 @@ import math
 import os
 import random
 import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -405,6 +406,20 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
+# How OpenSSL versions word a TLS hello answered in plain HTTP (1.1 and 3.0: wrong version
+# number; 3.2 on: record layer failure; others: packet length, unknown protocol, http request).
+_NOT_TLS = ("wrong_version_number", "wrong version number", "record layer failure", "packet length too long",
+            "packet_length_too_long", "unknown protocol", "unknown_protocol", "http request", "http_request")
+
+
+def _plain_http_answer(reason: object) -> bool:
+    """Whether a TLS failure says the server answered in plain HTTP (not a certificate problem,
+    which another scheme would not mend)."""
+    if not isinstance(reason, ssl.SSLError) or isinstance(reason, ssl.SSLCertVerificationError):
+        return False
+    return any(marker in str(reason).lower() for marker in _NOT_TLS)
+
+
 def _build_opener(url: str) -> urllib.request.OpenerDirector:
     handlers: list = [_NoRedirects()]
     # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
@@ -686,7 +701,7 @@ class ChatAPIAgent(Agent):
             reason = exc.reason
             if isinstance(reason, TimeoutError):
                 what = f"timed out after {self.config.timeout_s:g} s (timeout_s)"
-            elif "WRONG_VERSION_NUMBER" in str(reason) and url.startswith("https:"):
+            elif url.startswith("https:") and _plain_http_answer(reason):
                 # TLS spoken to a plain-HTTP server: no retry mends that
                 raise ChatAPIError(f"POST {url}: the server does not speak TLS ({reason}); if it serves plain "
                                    f"HTTP, use http:// in --api-base (base_url)") from None

@@ -320,10 +320,11 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
 
 
-def resume_changes(saved: dict, config: dict) -> list[str]:
+def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) -> list[str]:
     """The settings of ``config`` that differ from the checkpoint's ``saved`` ones (the length of
     the run and how often it logs, saves and evaluates may change freely); a ConfigError for one
-    of :data:`RESUME_FIXED`."""
+    of :data:`RESUME_FIXED`. ``loaded_from``: the absolute directory the checkpoint's model was
+    loaded from (state.json's base_model_path), which names the same model as its saved path."""
     for key in RESUME_FIXED:
         if key in saved and str(saved[key]) != str(config.get(key)):  # saved values may be strings
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
@@ -332,14 +333,17 @@ def resume_changes(saved: dict, config: dict) -> list[str]:
     free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
             "dist_timeout_s")
     return sorted(key for key, value in config.items()
-                  if key not in free and key in saved and not _same_setting(key, saved[key], value))
+                  if key not in free and key in saved and not _same_setting(key, saved[key], value, loaded_from))
 
 
-def _same_setting(key: str, saved, value) -> bool:
+def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
     if str(saved) == str(value):  # saved values may be strings
         return True
     if key != "model" or not isinstance(saved, str) or not isinstance(value, str):
         return False
+    if isinstance(loaded_from, str) and os.path.isabs(value) \
+            and os.path.realpath(value) == os.path.realpath(loaded_from):
+        return True  # the directory the checkpoint's model was loaded from, however the run named it
     # A model directory named another way is the same directory: ./m and m (relative to whatever
     # directory each run started in, so only spelled alike), or two absolute paths to one place.
     if os.path.isabs(saved) and os.path.isabs(value):
@@ -491,7 +495,7 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
     settings, step = saved["config"], saved["step"]
     notes = []
     now = config.to_dict()
-    changed = resume_changes(settings, now)
+    changed = resume_changes(settings, now, saved.get("base_model_path"))
     if changed:
         def value(v) -> str:
             text = repr(v)

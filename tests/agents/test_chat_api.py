@@ -1027,3 +1027,20 @@ def test_a_compressed_error_reply_is_read_for_its_reason(server):
     later = ctx(("user", "q"), ("assistant", "a"), ("user", "more"))
     with pytest.warns(UserWarning, match="outgrown the model's window"):
         assert server.agent().act_one(later).finish_reason == CONTEXT_FULL  # it stopped the run
+
+
+def test_the_plain_http_hint_reads_how_other_openssl_versions_word_it():
+    import ssl
+
+    from rftgym.agents.chat_api import _plain_http_answer
+
+    def failure(library_text: str) -> ssl.SSLError:
+        return ssl.SSLError(1, library_text)
+
+    assert _plain_http_answer(failure("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"))
+    assert _plain_http_answer(failure("[SSL] record layer failure (_ssl.c:1010)"))  # OpenSSL 3.2 on
+    assert _plain_http_answer(failure("[SSL: PACKET_LENGTH_TOO_LONG] packet length too long"))
+    # a certificate problem, or anything not TLS, is not mended by http://
+    assert not _plain_http_answer(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] wrong version number"))
+    assert not _plain_http_answer(ConnectionRefusedError(111, "Connection refused"))
+    assert not _plain_http_answer("wrong version number")

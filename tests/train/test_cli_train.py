@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from rftgym.cli import TRAIN_FLAGS, build_parser, given_train_flags, main, train_config_from_args
+from rftgym.cli import TRAIN_FLAGS, UsageError, build_parser, given_train_flags, main, train_config_from_args
 from rftgym.train import TrainConfig
 
 
@@ -137,3 +138,36 @@ def test_a_resume_finds_a_model_given_by_a_relative_path_from_another_directory(
     # given on the command line, it is taken as given
     assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--model", "models/m", "--output-dir",
                        str(out)]).model == "models/m"
+
+
+def _fake_checkpoint(out: Path, config) -> None:
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 1, "config": config.to_dict()}))
+
+
+def test_a_resume_without_output_dir_or_algo_finds_the_envs_one_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    pcar = _config_of(["train", "rftgym/SearchEvalQA-v0", "--algo", "pcar", "--group-size", "3"])
+    assert pcar.output_dir == str(Path("runs/train/SearchEvalQA-v0-pcar"))
+    _fake_checkpoint(tmp_path / pcar.output_dir, pcar)
+    resumed = _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume"])
+    assert (resumed.output_dir, resumed.algo, resumed.group_size) == (pcar.output_dir, "pcar", 3)
+    assert "resuming the run in runs/train/SearchEvalQA-v0-pcar" in capsys.readouterr().err
+    # --algo names the folder, as without --resume
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume", "--algo", "grpo"]).output_dir == \
+        str(Path("runs/train/SearchEvalQA-v0-grpo"))
+    # two runs with checkpoints: which one is the user's to say
+    grpo = _config_of(["train", "rftgym/SearchEvalQA-v0", "--algo", "grpo"])
+    _fake_checkpoint(tmp_path / grpo.output_dir, grpo)
+    with pytest.raises(UsageError, match=r"2 runs of rftgym/SearchEvalQA-v0 have a checkpoint .*--output-dir"):
+        _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume"])
+
+
+def test_gradient_checkpointing_can_be_turned_off_on_resume(tmp_path):
+    out = tmp_path / "run"
+    first = _config_of(["train", "rftgym/VerifiableQA-v0", "--gradient-checkpointing", "--output-dir", str(out)])
+    assert first.gradient_checkpointing
+    _fake_checkpoint(out, first)
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)]).gradient_checkpointing
+    assert not _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--no-gradient-checkpointing",
+                           "--output-dir", str(out)]).gradient_checkpointing

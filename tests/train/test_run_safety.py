@@ -552,3 +552,7 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
     absolute = {"model": str(tmp_path / "m")}
     assert resume_changes(absolute, {"model": str(tmp_path / "link")}) == []
     assert resume_changes(saved, absolute) == ["model"]
+    # ... unless it is where the checkpoint's model was loaded from (a resume without --model
+    # takes that directory for a relative saved path)
+    assert resume_changes(saved, absolute, loaded_from=str(tmp_path / "link")) == []
+    assert resume_changes(saved, {"model": str(tmp_path / "other")}, loaded_from=str(tmp_path / "m")) == ["model"]
