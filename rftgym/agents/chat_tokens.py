@@ -43,7 +43,7 @@ _USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of singl
 
 
 class _LRU(OrderedDict):
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int = 0):  # a default: pickle rebuilds an OrderedDict with no arguments
         super().__init__()
         self.capacity = capacity
 

@@ -158,6 +158,42 @@ def test_unclosed_prune_and_prune_inside_think_are_not_run():
         new, *_, info = env.step(action)
         assert set(obs.ids) <= set(new.ids) and info["prunes"] == 0 and info["format_error"]
         obs = new
+    # an open prune is most often a note cut at the reply's length limit: the status says so
+    assert "keep the note shorter" in env.step(f'<prune ids="{ids[0]}">a long note')[4]["format_error"]
+
+
+@pytest.mark.parametrize("written", ['"[memory m1]"', '"memory m1"', "\u201cm1\u201d", '"[M1]"'])
+def test_a_prune_may_name_a_note_as_the_context_shows_it(written):
+    env = small_env()
+    obs, ids, _ = two_searches(env)
+    env.step(f'<prune ids="{ids[0]}">Alda was born in Veloria</prune>')
+    new, *_, info = env.step(f"<prune ids={written}></prune>")
+    assert info["prune_error"] is None and info["prunes"] == 2 and info["pruned"][-1]["named"] == ["m1"]
+    assert all(not m.content.startswith("[memory") for m in new)
+
+
+def test_parse_prune_ids_reads_brackets_quotes_and_the_word_memory():
+    from rftgym.envs.memory.context_ops import parse_prune_ids
+
+    assert parse_prune_ids("[R4], [memory m1]; r4") == ["r4", "m1"]
+    assert parse_prune_ids("\u201cr3, r5\u201d") == ["r3", "r5"]
+    assert parse_prune_ids("memory") == [] and parse_prune_ids("memories") == ["memories"]  # unknown: refused later
+
+
+def test_an_answer_id_in_typographic_quotes_is_read():
+    env = small_env()
+    env.reset(seed=0, options={"objectives": 2, "hops": 2})
+    *_, info = env.step("<answer id=\u201c2\u201d>x</answer>")
+    assert info["answers"] == {"2": "x"}
+
+
+def test_the_prompt_and_task_read_well_without_a_budget_and_with_one_question():
+    env = small_env(max_context_tokens=None)
+    obs, _ = env.reset(seed=0, options={"objectives": 1})
+    assert "unlimited" not in obs[0].content and "no token limit" in obs[0].content
+    assert obs[1].content.startswith("Task: answer the question below.\n1. ")
+    obs, _ = small_env(max_context_tokens=900).reset(seed=0, options={"objectives": 2})
+    assert "at most about 900 tokens" in obs[0].content and obs[1].content.startswith("Task: answer all 2 questions")
 
 
 @pytest.mark.parametrize("action", ["", "   ", "just thinking", "<think>what to search next</think>"])

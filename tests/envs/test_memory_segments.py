@@ -109,3 +109,12 @@ def test_tiny_policy_rollout_runs_and_records(tiny_policy):
                     slack = sum(len(u.sampled_ids or ()) + 2 for u in episode.turns[: t.index])
                     assert abs(t.info["context_tokens"] - len(t.prompt_ids)) <= slack
             assert episode.turns[0].info["context_tokens"] == len(episode.turns[0].prompt_ids)
+
+
+def test_an_env_counting_the_policys_tokens_can_be_pickled(tiny_policy):
+    import pickle
+
+    env = MemoryQAEnv(world_size=30, count_tokens=policy_token_counter(tiny_policy))
+    obs, info = env.reset(seed=3)
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.count_tokens(obs) == env.count_tokens(obs) == info["observation_tokens"]

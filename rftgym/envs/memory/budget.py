@@ -39,4 +39,15 @@ def policy_token_counter(policy) -> TokenCounter:
     if chat is None or not hasattr(chat, "prompt_ids"):
         raise TypeError(f"{type(policy).__name__} has no chat tokenizer (.chat.prompt_ids); "
                         "pass a function context -> int instead")
-    return lambda context: len(chat.prompt_ids(context))
+    return PromptLength(chat)
+
+
+class PromptLength:
+    """A token counter over a chat tokenizer: a class, not a closure, so that an env holding one
+    can still be pickled (to another process of a vector env)."""
+
+    def __init__(self, chat):
+        self.chat = chat
+
+    def __call__(self, context) -> int:
+        return len(self.chat.prompt_ids(context))

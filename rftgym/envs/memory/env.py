@@ -13,8 +13,8 @@ Observation
     (b) appends, in this order: the assistant's turn; one message per tool call, in the order of
     the tags (a search batch for each ``<search>``, a memory note for each ``<prune>`` that has a
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
-    note, a refused prune, a tool-call limit, a turn with no tag that did anything) or the context
-    reached 3/4 of its budget, one status message ``[env] …`` (those, then "Context: N of B
+    note, a refused prune, a tool-call limit, a turn with no tag that did anything), the context
+    reached 3/4 of its budget, or the episode was truncated, one status message ``[env] …`` (those, then "Context: N of B
     tokens" as the budget counts it, turns and tool calls left, questions answered). So the
     observation after a prune is exactly the previous observation minus the pruned messages,
     plus the new messages above.
@@ -129,7 +129,7 @@ from ..common import (chat_spaces, check_bool_options, check_generator_only, che
                       check_reset_options, check_step_call, read_action, render_context, resolve_config,
                       summarize_problems, without_tool_markup)
 from ...core.messages import Context, Message, MessageIds
-from ...core.tags import parse_tags
+from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from ..copying import CopyableEnv, Share
 from ..search.corpora import has_own_corpus
@@ -142,14 +142,14 @@ from .tasks import MemoryTask, build_corpus, compose_task, draw_indices, generat
 
 PROMPT_WITH_MEMORY = (
     "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
-    "has an id such as [r3]. Your context holds at most about {budget} tokens, so delete results you no longer "
+    "has an id such as [r3]. {budget}, so delete results you no longer "
     "need with <prune ids=\"r3,r4\">a short note of the facts to keep</prune>: the messages holding those ids "
     "are removed and the note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
     "</answer>; you may answer the questions one at a time. The task ends when all are answered."
 )
 PROMPT_WITHOUT_MEMORY = (
     "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
-    "has an id such as [r3]. Your context holds at most about {budget} tokens. Answer question N with "
+    "has an id such as [r3]. {budget}. Answer question N with "
     "<answer id=\"N\">short answer</answer>; you may answer the questions one at a time. The task ends when "
     "all are answered."
 )
@@ -234,7 +234,9 @@ class MemoryQAConfig:
         if self.system_prompt != AUTO:
             return self.system_prompt
         template = PROMPT_WITH_MEMORY if self.allow_prune else PROMPT_WITHOUT_MEMORY
-        budget = self.max_context_tokens if self.max_context_tokens is not None else "unlimited"
+        budget = (f"Your context holds at most about {self.max_context_tokens} tokens"
+                  if self.max_context_tokens is not None else "Your context has no token limit, but a short one "
+                                                               "is easier to read")
         return template.format(budget=budget)
 
 
@@ -406,7 +408,10 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
     def _play(self, action: str) -> _Turn:
         turn = _Turn()
         parsed = parse_tags(action, self.config.tags, may_be_empty=("prune",))  # a prune without a note
-        turn.problems.extend(dict.fromkeys(parsed.problems))
+        turn.problems.extend(dict.fromkeys(
+            # a reply cut at the token limit most often leaves a long note open
+            problem + " (if the reply was cut off at its length limit, keep the note shorter)"
+            if problem == never_closed("prune") else problem for problem in parsed.problems))
         visible = dict(self._prunable)  # what the observation showed: prunes can name only these
         for tag in parsed.tags:
             if tag.name == "think" or not tag.closed:
@@ -525,7 +530,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         count = len(self.task.objectives)
         if raw is None or not raw.strip():
             return 1 if count == 1 else None
-        text = raw.strip().lower().lstrip("q#")
+        text = raw.strip().strip("\u201c\u201d\u2018\u2019").lower().lstrip("q#")  # typographic quotes: left unquoted
         if text.isdecimal() and 1 <= int(text) <= count:  # not isdigit: "²" is a digit int() refuses
             return int(text)
         return None

@@ -34,7 +34,8 @@ class MemoryTask:
         return tuple(q.hops for q in self.objectives)
 
     def prompt(self) -> str:
-        lines = [f"Task: answer all {len(self.objectives)} questions below."]
+        count = len(self.objectives)
+        lines = [f"Task: answer all {count} questions below." if count > 1 else "Task: answer the question below."]
         lines += [f"{k}. {q.question}" for k, q in enumerate(self.objectives, start=1)]
         return "\n".join(lines)
 
