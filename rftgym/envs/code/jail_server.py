@@ -34,6 +34,7 @@ anything but ``CONTROL`` with four fds.
 
 import builtins
 import ctypes
+import errno
 import json
 import os
 import select
@@ -59,7 +60,8 @@ REPORT = struct.Struct("!4sii")   # zygote -> host: tag, wait status, index into
 READY, EXITED, CLEANED = b"redy", b"exit", b"done"
 DIRTY = (None, "processes survive the run", "a writable dir is not clean after the wipe",
          "could not wipe a writable dir", "SysV IPC objects left", "keys were added",
-         "the wipe did not finish in time", "the wipe failed")
+         "the wipe did not finish in time", "the wipe failed",
+         "a writable dir keeps extended attributes (e.g. a default ACL)")
 
 
 def main(control_fd: int) -> None:
@@ -298,6 +300,12 @@ def wipe(baseline: dict) -> int:
             for name in os.listdir(root):
                 remove(os.path.join(root, name))
             os.utime(root, ns=times)   # a run could leave a number in a directory's times for the next
+            # A default ACL (an xattr, which takes no blocks) on a root would deny every later
+            # run its own files there: removed, and a jail where one stays is replaced.
+            for name in xattrs(root):
+                os.removexattr(root, name)
+            if xattrs(root):
+                return DIRTY.index("a writable dir keeps extended attributes (e.g. a default ACL)")
             vfs = os.statvfs(root)
             if os.listdir(root) or (vfs.f_bfree, vfs.f_ffree) != (bfree, ffree):
                 return DIRTY.index("a writable dir is not clean after the wipe")
@@ -313,6 +321,15 @@ def wipe(baseline: dict) -> int:
     if key_ids() != baseline["keys"]:
         return DIRTY.index("keys were added")
     return 0
+
+
+def xattrs(path: str) -> list[str]:
+    try:
+        return os.listxattr(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):  # a file system without xattrs holds none
+            return []
+        raise
 
 
 def reap() -> None:

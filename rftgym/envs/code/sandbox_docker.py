@@ -51,6 +51,14 @@ for path, text in spec["files"].items():
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
 # Stay pid 1 (which ignores default-action signals such as SIGXCPU) and run the program as a child.
+# Not dumpable, so that the program (same uid) cannot ptrace this process, which holds the
+# attach stream's stdout, to write there past the test runner (the program's own copy is reset
+# by exec, so nothing it does changes).
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+except (ImportError, OSError, AttributeError):
+    pass
 child = os.fork()
 if child == 0:
     try:

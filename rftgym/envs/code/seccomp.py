@@ -13,6 +13,11 @@ It refuses (EPERM) the few system calls whose effects escape a jail's limits, an
   the jail. (SysV semaphores stay: they hold almost nothing, and the warm jail's cleaner finds
   any left over.)
 
+- ``ptrace``, ``process_vm_readv``/``process_vm_writev`` and ``pidfd_getfd``: reaching into another
+  process of the jail. In a cold jail bubblewrap's own init runs as the same uid and still holds
+  the host's end of the output pipe; taking it (``pidfd_getfd``) would let a program write the
+  runner's records itself, past every per-test limit. Nothing a graded program needs uses them.
+
 A system call of another ABI (32-bit calls on x86-64, the x32 ABI) is refused too: the numbers
 above are the native ones, so another ABI could reach the same calls under other numbers. On a
 machine whose architecture is not listed, :func:`jail_filter` returns None and the jail runs
@@ -38,9 +43,11 @@ _X32_BIT = 0x40000000
 # (audit arch, {name: native number}) per machine.
 _REFUSED = {
     "x86_64": (0xC000003E, {"add_key": 248, "request_key": 249, "keyctl": 250, "shmget": 29, "msgget": 68,
-                            "memfd_create": 319, "memfd_secret": 447}),
+                            "memfd_create": 319, "memfd_secret": 447, "ptrace": 101, "process_vm_readv": 310,
+                            "process_vm_writev": 311, "pidfd_getfd": 438}),
     "aarch64": (0xC00000B7, {"add_key": 217, "request_key": 218, "keyctl": 219, "shmget": 194, "msgget": 186,
-                             "memfd_create": 279, "memfd_secret": 447}),
+                             "memfd_create": 279, "memfd_secret": 447, "ptrace": 117, "process_vm_readv": 270,
+                             "process_vm_writev": 271, "pidfd_getfd": 438}),
 }
 _REFUSED["amd64"] = _REFUSED["x86_64"]
 _REFUSED["arm64"] = _REFUSED["aarch64"]

@@ -430,6 +430,25 @@ def test_a_dirty_run_recycles_the_jail(warm, source):
     assert jail(warm) is not before, "the jail should have been replaced"
 
 
+DENY_ALL_DEFAULT_ACL = """
+import os, struct
+# user::--- group::--- other::--- as the default ACL of /work: files made there later get mode 000
+entries = b"".join(struct.pack("<HHI", tag, 0, 0xffffffff) for tag in (0x01, 0x04, 0x20))
+os.setxattr("/work", "system.posix_acl_default", struct.pack("<I", 2) + entries)
+print(os.listxattr("/work"))
+"""
+
+
+def test_extended_attributes_left_on_a_writable_dir_do_not_reach_the_next_run(warm):
+    poisoned = run_in(warm, DENY_ALL_DEFAULT_ACL)
+    if not poisoned.ok:
+        pytest.skip(f"this file system takes no ACLs or xattrs: {poisoned.stderr[-200:]}")
+    assert poisoned.stdout == "['system.posix_acl_default']\n", poisoned
+    for _ in range(2):  # the next runs read their own files and find no attribute left
+        after = run_in(warm, "import os\nprint(os.listxattr('/work'), os.listxattr('/tmp'), open(__file__).read(5))")
+        assert after.ok and after.stdout == "[] [] impor\n", after
+
+
 def test_a_garbled_zygote_report_means_no_status_and_a_new_jail():
     from rftgym.envs.code.jail_server import CLEANED, EXITED, REPORT
     assert sandbox_warm._parse_report(REPORT.pack(EXITED, 3 << 8, 0), EXITED) == (3 << 8, None)
@@ -651,6 +670,32 @@ def test_memory_outside_the_address_space_is_refused_or_capped(sandbox):
     held = [int(line) for line in result.stdout.split()]
     # 512 MiB would be held without a cap; the run may hold up to its memory limit (docker's cgroup).
     assert max(held, default=0) <= sandbox.limits.memory_mb, (held, result)
+
+
+REACH_INTO_PID_1 = """
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE, PIDFD_GETFD = (101, 438) if platform.machine() == "x86_64" else (117, 438)
+outcomes = []
+try:
+    pidfd = os.pidfd_open(1)
+except OSError as exc:
+    outcomes.append(("pidfd_open", exc.errno))
+else:
+    for fd in (0, 1, 2):   # in a cold jail, bubblewrap's init: it holds the host's ends of the pipes
+        got = libc.syscall(PIDFD_GETFD, pidfd, fd, 0)
+        outcomes.append(("pidfd_getfd", fd, got if got >= 0 else -ctypes.get_errno()))
+got = libc.syscall(PTRACE, 16, 1, None, None)   # PTRACE_ATTACH
+outcomes.append(("ptrace", got if got >= 0 else -ctypes.get_errno()))
+print(outcomes)
+"""
+
+
+def test_a_program_cannot_take_the_jail_inits_descriptors(sandbox):
+    result = run(sandbox, REACH_INTO_PID_1)
+    assert result.ok, result
+    outcomes = eval(result.stdout)
+    assert all(outcome[-1] < 0 for outcome in outcomes), outcomes  # each refused
 
 
 KEYRING = """
