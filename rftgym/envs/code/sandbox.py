@@ -201,6 +201,8 @@ class Sandbox(ABC):
 
     name: str = "abstract"
     isolation: str = ""
+    # Whether programs are kept from the network and the host's files (False: rlimits only).
+    isolated: bool = True
 
     def __init__(self, *, limits: SandboxLimits | None = None, workers: int | None = None):
         if limits is not None and not isinstance(limits, SandboxLimits):

@@ -97,6 +97,7 @@ class LocalSandbox(Sandbox):
             self.isolation = ("bubblewrap: no network, read-only system, private tmpfs /work and /tmp, own pid "
                               f"namespace, uid {NOBODY}, {self._filter_text}, rlimits")
         else:
+            self.isolated = False
             uid = f"uid {NOBODY}" if self.as_root else "the current user"
             self.isolation = (f"rlimits + process group + temp dir only, as {uid} (NO network or filesystem "
                               "isolation: bubblewrap " + ("disabled" if use_bwrap is False else "unavailable") + ")")

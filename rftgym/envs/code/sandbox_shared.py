@@ -68,7 +68,7 @@ class SandboxView(Sandbox):
     def __init__(self, inner: Sandbox, key: tuple[int, str], limits: SandboxLimits | None):
         super().__init__(limits=limits, workers=inner.workers)
         self.inner = inner
-        self.name, self.isolation = inner.name, inner.isolation
+        self.name, self.isolation, self.isolated = inner.name, inner.isolation, inner.isolated
         # Runs once: on close(), or when the view is garbage-collected without one.
         self._release = weakref.finalize(self, _release, key, inner)
 
@@ -92,8 +92,10 @@ class SandboxView(Sandbox):
         self._release()
 
 
-def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None) -> SandboxView:
-    """A view of this process's sandbox for ``backend`` (made on first use), with ``limits``."""
+def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None,
+                   require_isolation: bool = False) -> SandboxView:
+    """A view of this process's sandbox for ``backend`` (made on first use), with ``limits``;
+    ``require_isolation``: a SandboxError instead of a local sandbox without bubblewrap."""
     if backend == "auto":
         from .sandbox_docker import docker_reachable
 
@@ -108,6 +110,13 @@ def shared_sandbox(backend: str = "local", *, limits: SandboxLimits | None = Non
             entry = _shared[key] = [make_sandbox(backend), 0]
         entry[1] += 1
     try:
+        if require_isolation and not entry[0].isolated:
+            from .sandbox_local import INSTALL_HINT
+
+            raise SandboxError(
+                f"require_isolation=True, but the {backend} sandbox has none ({entry[0].isolation}); a program "
+                f"there can read the host's files (the benchmark's own solutions) and reach the network. "
+                f"To fix: {INSTALL_HINT}; or use sandbox='docker'; or, knowing this, set require_isolation=False")
         return SandboxView(entry[0], key, limits)
     except BaseException:
         _release(key, entry[0])

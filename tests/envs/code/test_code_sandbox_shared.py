@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 
@@ -134,3 +135,43 @@ def test_a_child_forked_while_a_sandbox_starts_can_make_its_own(monkeypatch):
     finally:
         release.set()
         thread.join(30)
+
+
+def _without_bubblewrap(monkeypatch):
+    """This process's local sandbox made as where bubblewrap is missing (rlimits only)."""
+    from rftgym.envs.code.sandbox import make_sandbox
+
+    monkeypatch.setattr(sandbox_shared.os, "getpid", lambda: -54321)  # a fresh entry, not the session's
+    monkeypatch.setattr(sandbox_shared, "make_sandbox", lambda backend: make_sandbox(backend, use_bwrap=False))
+
+
+@pytest.mark.filterwarnings("ignore:rftgym local sandbox")
+def test_require_isolation_refuses_a_sandbox_without_bubblewrap(monkeypatch):
+    _without_bubblewrap(monkeypatch)
+    loose = shared_sandbox("local")
+    try:
+        assert not loose.isolated and "NO network or filesystem isolation" in loose.isolation
+        with pytest.raises(SandboxError, match=r"require_isolation=True, but the local sandbox has none .*"
+                                               r"install bubblewrap.*sandbox='docker'"):
+            shared_sandbox("local", require_isolation=True)
+        assert open_shares("local") == 1  # the refused share was released
+        with pytest.raises(SandboxError, match="require_isolation=True"):
+            gym.make("rftgym/CodeTCG-v0", dataset="generated", require_isolation=True)
+    finally:
+        loose.close()
+
+
+def test_training_requires_isolation_unless_told_otherwise():
+    from rftgym.envs.common import env_metadata, with_training_defaults
+
+    code, verifiable = env_metadata("rftgym/CodeTCG-v0"), env_metadata("rftgym/VerifiableQA-v0")
+    assert with_training_defaults(code, {"dataset": "generated"}) == {"dataset": "generated", "require_isolation": True}
+    assert with_training_defaults(code, {"require_isolation": False}) == {"require_isolation": False}
+    assert with_training_defaults(verifiable, {"max_attempts": 2}) == {"max_attempts": 2}
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    isolated = shared_sandbox("local", require_isolation=True)
+    try:
+        assert isolated.isolated
+    finally:
+        isolated.close()
