@@ -203,6 +203,22 @@ def test_a_hotpotqa_corpus_is_parsed_once(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_hotpotqa_title_with_two_texts_keeps_both_paragraphs(tmp_path):
+    records = [{"_id": "1", "question": "q1", "answer": "a", "context": [["T", ["s1", " s2"]], ["U", ["u"]]]},
+               {"_id": "2", "question": "q2", "answer": "b", "context": [["T", ["other"]], ["T", ["s1", " s2"]]]}]
+    documents = load_corpus(write(tmp_path / "h.json", json.dumps(records)))
+    assert [(d.id, d.title, d.text) for d in documents] == [("T", "T", "s1 s2"), ("U", "U", "u"),
+                                                           ("T#2", "T", "other")]
+
+
+def test_a_hotpotqa_id_that_is_null_is_its_position_and_a_nested_one_is_refused(tmp_path):
+    record = {"question": "q", "answer": "Bob", "context": [["T", ["t"]]], "supporting_facts": [["T", 0]]}
+    path = write(tmp_path / "h.json", json.dumps([{**record, "_id": None}, {**record, "_id": 7}]))
+    assert [q.id for q in load_hotpotqa_questions(path)] == ["0", "7"]
+    with pytest.raises(DataFormatError, match=r"record 0: '_id' is \{'a': 1\}; give a string or an integer"):
+        load_hotpotqa_questions(write(tmp_path / "bad.json", json.dumps([{**record, "_id": {"a": 1}}])))
+
+
 def test_shape_errors_name_the_field_that_is_wrong(tmp_path):
     hotpot = write(tmp_path / "h.json", json.dumps([{"_id": "1", "question": "q", "answer": "a"}]))
     with pytest.raises(DataFormatError, match=r"record 0: needs string 'question' and 'answer' and a list 'context'"):

@@ -257,8 +257,13 @@ def test_memoryqa_with_a_remote_backend_and_one_serving_another_world(service):
     with pytest.warns(RuntimeWarning, match=r"world_size=60: rftgym serve-retriever --world-seed 0 --world-size 60"):
         MemoryQAEnv(retriever="remote", retriever_url=other.url).close()
     smaller = service(World(0).documents)  # serve-retriever's default size: a few of the same names
-    with pytest.warns(RuntimeWarning, match=r"returned only 1 of the env's documents .* when asked for 3"):
+    with pytest.warns(RuntimeWarning, match=r"returned (none|only \d) of the env's documents .* when asked for 3"):
         MemoryQAEnv(retriever="remote", retriever_url=smaller.url).close()
+    # a neighbouring size holds every id and name of the env's world, with other facts
+    neighbour = service(World(0, 61).documents)
+    assert {(d.id, d.title) for d in World(0, 60).documents} <= {(d.id, d.title) for d in World(0, 61).documents}
+    with pytest.warns(RuntimeWarning, match=r"world_size=60"):
+        MemoryQAEnv(retriever="remote", retriever_url=neighbour.url).close()
     with pytest.raises(ConfigError, match="retriever='remote' needs retriever_url"):
         MemoryQAEnv(retriever="remote")
 
@@ -529,3 +534,20 @@ def test_a_client_that_leaves_before_its_body_ends_costs_nothing(service, capsys
     assert post(server.url, {"queries": ["cheese"], "topk": 1})[0] == 200
     time.sleep(0.3)  # the first request's thread has seen the connection close by now
     assert "Traceback" not in capsys.readouterr().err  # before: a broken pipe answering nobody
+
+
+def test_a_burst_of_simultaneous_clients_is_served_without_retries(service):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = service()
+    remote = RemoteRetriever(server.url, timeout=30, retries=0)
+    clients = 64
+    start = threading.Barrier(clients)
+
+    def search(_):
+        start.wait()  # all connect at once, as a batch of rollout workers does
+        return [hit.doc_id for hit in remote.search(["paris"], 2)[0]]
+
+    with ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(search, range(clients)))
+    assert answers == [answers[0]] * clients and answers[0]

@@ -92,10 +92,19 @@ def _hotpotqa_records(path: Path, data: Any = None) -> list[dict]:
 
 
 def _hotpotqa_corpus(path: Path, data: Any = None) -> list[Document]:
-    documents: dict[str, Document] = {}
+    """One document per distinct paragraph: a title's repeats are the same paragraph (kept once,
+    id = the title), but a paragraph of another text under a title already seen (two questions'
+    contexts that disagree) is another document, ``title#2`` and on, so no question loses its
+    evidence."""
+    documents: dict[tuple[str, str], Document] = {}
+    per_title: dict[str, int] = {}
     for record in _hotpotqa_records(path, data):
         for title, sentences in record["context"]:
-            documents.setdefault(title, Document(title, title, "".join(sentences).strip()))
+            text = "".join(sentences).strip()
+            if (title, text) not in documents:
+                per_title[title] = per_title.get(title, 0) + 1
+                doc_id = title if per_title[title] == 1 else f"{title}#{per_title[title]}"
+                documents[(title, text)] = Document(doc_id, title, text)
     return list(documents.values())
 
 
@@ -248,7 +257,10 @@ def load_hotpotqa_questions(path: str | os.PathLike) -> list[Question]:
             raise DataFormatError(f"{where}: 'supporting_facts' must be a list of [title, sentence index] pairs, "
                                   f"got {str(facts)[:80]}")
         titles = tuple(dict.fromkeys(f[0] for f in facts))
-        questions.append(Question(str(record.get("_id", index)), record["question"],
+        record_id = record.get("_id")
+        if record_id is not None and (isinstance(record_id, bool) or not isinstance(record_id, (str, int))):
+            raise DataFormatError(f"{where}: '_id' is {record_id!r}; give a string or an integer, or leave it out")
+        questions.append(Question(str(index if record_id is None else record_id), record["question"],
                                   _gold_answers(where, (record["answer"],)), titles, hops=len(titles)))
     return questions
 
