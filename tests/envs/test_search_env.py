@@ -138,7 +138,12 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("5/10 to 6/10", None), ("5/10-6/10 useful", None), ("5 / 10 or 6", None), ("score: 5/10 \u2013 6/10", None),
     ("7/10 - 3/4 of the hits", (7, "3/4 of the hits")), ("7/10 to the point", (7, "to the point")),
     ("Score: 7,5/10 decent", None), ("7,5", None), ("score: 3 (out of 5)", None), ("3 out of 5", None),  # other wholes
-    ("8, 5 hits relevant", (8, "5 hits relevant")), ("7 out of 10", (7, "out of 10")), ("7 (out of 10) ok", (7, "(out of 10) ok")),
+    ("8, 5 hits relevant", (8, "5 hits relevant")), ("7 out of 10", (7, "")), ("7 (out of 10) ok", (7, "(out of 10) ok")),
+    ("score: 7 out of 10, close", (7, "close")), ("7 out of 100", None), ("score: 7 out of 10x", None),
+    # markdown emphasis around the label or the score is read past; not around a bad score
+    ("**Score:** 7 names it", (7, "names it")), ("Score: **7** ok", (7, "ok")), ("**7/10** good", (7, "good")),
+    ("__Score__: 3", (3, "")), ("**score: 7.5**", None), ("**11**", None), ("**5**-6", None),
+    ("note **first**, score: 7", None), ("7 is **key**", (7, "is **key**")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
@@ -309,6 +314,18 @@ def test_search_limit_message_mode():
     obs, _, terminated, truncated, info = env.step("<evaluate>score: 1 no</evaluate><search>b</search>")
     assert not (terminated or truncated) and info["searches"] == 1
     assert "Search limit reached (1 searches)" in obs[-1].content
+    # no hint or prompt to search again once none is left
+    assert "search again" not in obs[-1].content and "Continue: search" not in obs[-1].content
+    assert "no searches are left: give your best answer" in obs[-1].content
+    obs, *_ = env.step("hmm")
+    assert obs[-1].content.endswith("No searches are left: give your final answer in <answer>…</answer>.")
+
+
+def test_a_query_cut_to_its_limit_says_so():
+    env = SearchEvalQAEnv()
+    env.reset(seed=0)
+    obs, *_, info = env.step(f"<search>{'capital ' * 100}</search>")
+    assert len(info["query"]) == 500 and "only its first 500 were searched" in obs[-1].content
 
 
 def test_turn_budget_truncates():

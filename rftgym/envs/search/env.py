@@ -297,7 +297,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             outcome.success = outcome.success and not outcome.gated
         self._done = outcome.terminated or truncated
         if not self._done:
-            context = context.appended(self._ids.message("user", outcome.feedback()))
+            context = context.appended(self._ids.message(
+                "user", outcome.feedback(searches_left=self._searches < self.config.max_searches)))
         self._context = context
         info = self._info(outcome)
         if self.render_mode == "human":
@@ -393,7 +394,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             return
         score, note = parsed
         out.evaluation_score, out.evaluation_note = score, note
-        out.notes.append(protocol.hint_message(score))
+        out.notes.append(protocol.hint_message(score, self._searches < self.config.max_searches))
         self._segments[-1].update(evaluate_turn=self._turn, score=score)
 
     def _search(self, query: str, out: "_TurnOutcome") -> bool:
@@ -407,7 +408,10 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
                 out.notes.append(f"Search limit reached ({self.config.max_searches} searches); the search was not "
                                  "run. Give your final answer in <answer>…</answer>.")
             return False
-        query = query[:MAX_QUERY_CHARS]
+        if len(query) > MAX_QUERY_CHARS:
+            out.notes.append(f"Your query was {len(query)} characters long; only its first {MAX_QUERY_CHARS} were "
+                             "searched. A query of a few words finds more.")
+            query = query[:MAX_QUERY_CHARS]
         hits = self.retriever.search([query], self.config.top_k)[0]
         self._searches += 1
         out.query, out.doc_ids = query, [h.doc_id for h in hits]
@@ -560,14 +564,14 @@ class _TurnOutcome:
         if kind not in self.violation_kinds:
             self.violation_kinds.append(kind)
 
-    def feedback(self) -> str:
+    def feedback(self, searches_left: bool = True) -> str:
         parts = [protocol.violation_message(kind) for kind in self.violation_kinds]
         parts += self.notes
         if self.problems:
             parts.append(f"Format problems: {summarize_problems(self.problems)}.")
         if self.results is not None:
             parts += [self.results, protocol.EVALUATE_REMINDER]
-        else:
-            parts.append(protocol.CONTINUE_PROMPT)
+        elif not any(note.startswith("Search limit reached") for note in self.notes):  # which says to answer
+            parts.append(protocol.CONTINUE_PROMPT if searches_left else protocol.ANSWER_PROMPT)
         return "\n\n".join(parts)
 

@@ -3,7 +3,8 @@
 An evaluation is ``<evaluate>score: N note</evaluate>``: the body starts with an integer N from 0
 to 10 (how useful the last search results are for answering), optionally labelled ``score:``
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
-Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``.
+Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``,
+``**Score:** 7`` (markdown emphasis before the note is read past), ``7 out of 10: close``.
 Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``11``, ``-1``, ``1e400``, ``10abc``,
 ``4/5``, ``5-6``, ``5 to 6``, ``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
 """
@@ -31,6 +32,7 @@ EVALUATE_REMINDER = ("Begin your next reply with <evaluate>score: N short note</
                      "from 0 (useless) to 10 (answers the question) rating these results.")
 CONTINUE_PROMPT = ("Continue: search with <search>query</search>, or give your final answer in "
                    "<answer>…</answer>.")
+ANSWER_PROMPT = "No searches are left: give your final answer in <answer>…</answer>."
 
 VIOLATION_MESSAGES = {
     "skipped_evaluation": "your reply did not begin with an evaluation of the search results",
@@ -43,12 +45,21 @@ PROTOCOL_RULE = ("The protocol: after every <search>, your very next reply must 
                  "again or answer.")
 
 
+# Markdown emphasis around the label or the score ("**Score:** 7", "score: **7/10**"), which small
+# models write often, is read past: the head up to the score loses its * and _.
+_MARKED_HEAD = re.compile(r"^[^0-9]{0,40}?[0-9]{1,2}(?:[*_\s]*/[*_\s]*10)?[*_]*")
+_OUT_OF_TEN = re.compile(r"^\s*out\s+of\s+10(?![0-9])", re.IGNORECASE)
+
+
 def parse_evaluation(body: str) -> tuple[int, str] | None:
     """(score, note) of an evaluation body, or None when it does not start with a 0-10 integer."""
+    head = _MARKED_HEAD.match(body)
+    if head is not None and re.search(r"[*_]", head.group(0)):
+        body = re.sub(r"[*_]+", "", head.group(0)) + body[head.end():]
     match = _EVALUATION.match(body)
     if match is None or int(match.group(1)) > 10:
         return None
-    note = body[match.end():].strip().lstrip(".,;:-\u2013\u2014 ").strip()
+    note = _OUT_OF_TEN.sub("", body[match.end():]).strip().lstrip(".,;:-\u2013\u2014 ").strip()
     return int(match.group(1)), note
 
 
@@ -64,9 +75,18 @@ CONFIDENCE_HINTS = {
 }
 
 
-def hint_message(score: int) -> str:
+# Once no search is left, a hint to search again would contradict the limit.
+LAST_HINTS = {
+    "low": "the evidence does not answer the question yet, and no searches are left: give your best answer",
+    "medium": "the evidence is partial, and no searches are left: give your best answer",
+    "high": CONFIDENCE_HINTS["high"],
+}
+
+
+def hint_message(score: int, searches_left: bool = True) -> str:
     level = confidence(score)
-    return f"Evaluation recorded: {score}/10, {level} confidence: {CONFIDENCE_HINTS[level]}."
+    hint = (CONFIDENCE_HINTS if searches_left else LAST_HINTS)[level]
+    return f"Evaluation recorded: {score}/10, {level} confidence: {hint}."
 
 
 def violation_message(kind: str) -> str:
