@@ -25,7 +25,10 @@ _TAG_TOKEN = re.compile(
 )
 # The lookbehind stops a search from restarting inside a name, which made a long run of letters
 # without "=" quadratic.
-_ATTRIBUTE = re.compile(r"""(?<![\w-])([A-Za-z_][\w-]*+)\s*+=\s*+(?:"([^"]*)"|'([^']*)'|([^\s"'>]++))""")
+# Values quoted with ASCII or typographic quotes (a model's text often "smartens" them), or bare.
+_ATTRIBUTE = re.compile(r"""(?<![\w-])([A-Za-z_][\w-]*+)\s*+=\s*+"""
+                        r"""(?:"([^"]*)"|'([^']*)'|\u201c([^\u201d]*)\u201d|\u2018([^\u2019]*)\u2019"""
+                        r"""|([^\s"'>\u201c\u2018]++))""")
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 

@@ -232,8 +232,7 @@ def with_training_defaults(metadata: dict, env_kwargs: dict[str, Any]) -> dict[s
     """``env_kwargs`` with the options an env asks training to set unless the caller gave them
     (``metadata["training_options"]``; e.g. CodeTCG's ``require_isolation``: a policy under
     training is rewarded for whatever a weaker sandbox lets its programs reach)."""
-    defaults = metadata.get("training_options") or {}
-    return {**{name: value for name, value in defaults.items() if name not in env_kwargs}, **env_kwargs}
+    return {**(metadata.get("training_options") or {}), **env_kwargs}
 
 
 def with_policy_token_counter(metadata: dict, env_kwargs: dict[str, Any], policy) -> dict[str, Any]:

@@ -54,6 +54,8 @@ def test_several_tags_in_order_of_opening():
     ("<prune ids='a,b'>note</prune>", "a,b"),
     ("<prune ids=a,b>note</prune>", "a,b"),
     ('<prune IDS = "x y" >note</prune>', "x y"),
+    ("<prune ids=\u201ca, b\u201d>note</prune>", "a, b"),  # typographic quotes, as text is often "smartened"
+    ("<prune ids=\u2018a\u2019>note</prune>", "a"),
 ])
 def test_attributes_in_every_quoting_style(text, ids):
     tag = parse_tags(text, KNOWN).first("prune")

@@ -176,7 +176,10 @@ def test_parse_prune_ids_reads_brackets_quotes_and_the_word_memory():
     from rftgym.envs.memory.context_ops import parse_prune_ids
 
     assert parse_prune_ids("[R4], [memory m1]; r4") == ["r4", "m1"]
-    assert parse_prune_ids("\u201cr3, r5\u201d") == ["r3", "r5"]
+    from rftgym.core.tags import parse_tags  # typographic quotes are the attribute parser's to read
+
+    (prune,) = parse_tags('<prune ids=\u201cr3, r5\u201d>n</prune>', ("prune",)).tags
+    assert parse_prune_ids(prune.attr("ids")) == ["r3", "r5"]
     assert parse_prune_ids("memory") == [] and parse_prune_ids("memories") == ["memories"]  # unknown: refused later
 
 

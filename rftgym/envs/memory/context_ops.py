@@ -31,7 +31,6 @@ MEMORY_PREFIX = "[memory "
 RESULT_LINE = re.compile(r"^\[(r\d+)\] (.*)$", re.MULTILINE)
 MEMORY_LINE = re.compile(r"^\[memory (m\d+)\] ", re.MULTILINE)
 _ID_SEPARATORS = re.compile(r"[\s,;]+")
-_ID_WRAPPING = "[]()\u201c\u201d\u2018\u2019"  # brackets; typographic quotes an unquoted attribute keeps
 MAX_SHOWN_ID_CHARS = 40  # a refusal quotes the bad ids, cut so that its message stays short
 
 
@@ -69,11 +68,11 @@ def result_lines(content: str) -> list[tuple[str, str]]:
 
 def parse_prune_ids(raw: str | None) -> list[str]:
     """The ids named in a prune's ``ids`` attribute: comma/space separated, case-insensitive,
-    brackets, typographic quotes and the word ``memory`` tolerated, as the context shows a note as
-    ``[memory m1]`` (``"[R4], [memory m1]"`` -> ``["r4", "m1"]``); order kept, duplicates dropped."""
+    brackets and the word ``memory`` tolerated, as the context shows a note as ``[memory m1]``
+    (``"[R4], [memory m1]"`` -> ``["r4", "m1"]``); order kept, duplicates dropped."""
     if not raw:
         return []
-    names = (name.strip(_ID_WRAPPING).lower() for name in _ID_SEPARATORS.split(raw.strip(_ID_WRAPPING + " ")))
+    names = (name.strip("[]()").lower() for name in _ID_SEPARATORS.split(raw.strip()))
     return list(dict.fromkeys(name for name in names if name and name != "memory"))
 
 

@@ -530,7 +530,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         count = len(self.task.objectives)
         if raw is None or not raw.strip():
             return 1 if count == 1 else None
-        text = raw.strip().strip("\u201c\u201d\u2018\u2019").lower().lstrip("q#")  # typographic quotes: left unquoted
+        text = raw.strip().lower().lstrip("q#")
         if text.isdecimal() and 1 <= int(text) <= count:  # not isdigit: "²" is a digit int() refuses
             return int(text)
         return None

@@ -405,6 +405,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             if self.config.on_search_limit == "truncate":
                 out.truncated = True
             else:
+                out.search_refused = True
                 out.notes.append(f"Search limit reached ({self.config.max_searches} searches); the search was not "
                                  "run. Give your final answer in <answer>…</answer>.")
             return False
@@ -558,6 +559,7 @@ class _TurnOutcome:
     gated: bool = False
     terminated: bool = False
     truncated: bool = False
+    search_refused: bool = False  # a search past the limit: its note says to answer
 
     def flag(self, kind: str) -> None:
         self.violation = self.violation or kind
@@ -571,7 +573,7 @@ class _TurnOutcome:
             parts.append(f"Format problems: {summarize_problems(self.problems)}.")
         if self.results is not None:
             parts += [self.results, protocol.EVALUATE_REMINDER]
-        elif not any(note.startswith("Search limit reached") for note in self.notes):  # which says to answer
+        elif not self.search_refused:  # its note already says to answer
             parts.append(protocol.CONTINUE_PROMPT if searches_left else protocol.ANSWER_PROMPT)
         return "\n\n".join(parts)
 
