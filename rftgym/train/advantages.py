@@ -8,7 +8,8 @@ Trajectory-level estimators (GRPO, Dr.GRPO, RLOO) give one advantage per episode
 schemes turn those into one advantage per segment (DESIGN.md section 2):
 
 - PCAR (EvalAct's Process-Calibrated Advantage Rescaling) rescales each segment's advantage by its
-  evaluation score standardized over the group, :func:`pcar_segment_advantages`;
+  evaluation score standardized over the group (a segment without a score keeps the advantage and
+  stays out of the group's statistics), :func:`pcar_segment_advantages`;
 - DCPO (Memory-as-Action's Dynamic Context Policy Optimization) broadcasts the trajectory advantage
   to every segment, :func:`dcpo_segment_advantages`, and trains on a per-group sample of segments,
   :func:`sample_segments`.
@@ -20,7 +21,9 @@ whose rewards are all equal: every advantage is 0, so they carry no gradient) an
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+import numbers
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -151,32 +154,64 @@ def _check_group_lengths(advantages: torch.Tensor, count: int, what: str) -> tor
     return advantages
 
 
-def pcar_factors(segment_scores: list[torch.Tensor], lam: float, delta: float, eps: float = 1e-6,
+# One trajectory's segment scores, in order; None for a segment without a score.
+ScoreRow = Union[torch.Tensor, Sequence[Optional[float]]]
+
+
+def pcar_factors(segment_scores: list[ScoreRow], lam: float, delta: float, eps: float = 1e-6,
                  dtype: torch.dtype = torch.float32, device=None) -> list[torch.Tensor]:
-    """PCAR's rescaling factors for ONE group: ``max(1 + lam * z_ik, delta)`` per segment, with
-    ``z`` the segment scores standardized over the whole group (see
-    :func:`pcar_segment_advantages`). Returns one tensor of k_i factors per trajectory."""
+    """PCAR's rescaling factors for ONE group: ``max(1 + lam * z_ik, delta)`` per scored segment,
+    with ``z`` the scores standardized over the whole group, and exactly 1 per segment whose score is
+    None (see :func:`pcar_segment_advantages`). Returns one tensor of k_i factors per trajectory."""
     if not lam >= 0:
         raise ConfigError(f"PCAR lam must be >= 0 (it scales the standardized score), got {lam}")
     if not delta >= 0:
         raise ConfigError(f"PCAR delta must be >= 0 (the floor of the rescaling factor), got {delta}")
-    if not segment_scores:
-        return []
-    flat_scores = [torch.as_tensor(s, dtype=dtype, device=device).reshape(-1) for s in segment_scores]
-    counts = [s.numel() for s in flat_scores]
-    scores = torch.cat(flat_scores)
-    z = torch.zeros_like(scores)
+    rows = [_score_list(s) for s in segment_scores]
+    scored = [s for row in rows for s in row if s is not None]
+    factors = iter(_scored_factors(scored, lam, delta, eps).tolist())
+    return [torch.tensor([1.0 if s is None else next(factors) for s in row], dtype=dtype, device=device)
+            for row in rows]
+
+
+def _score_list(scores: ScoreRow) -> list[float | None]:
+    """One trajectory's scores as floats (None kept); anything but a finite real number is a
+    ValueError: one NaN would make its group's spread NaN and silently switch PCAR off there."""
+    values = scores.reshape(-1).tolist() if isinstance(scores, torch.Tensor) else list(scores)
+    out = []
+    for value in values:
+        number = None
+        if value is not None and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an int past the float range
+                number = math.inf
+        if value is not None and (number is None or not math.isfinite(number)):
+            raise ValueError(f"segment scores must be finite numbers (or None for a segment without a score); got "
+                             f"{value!r}: fix the record or the env that scored it")
+        out.append(number)
+    return out
+
+
+def _scored_factors(scores: list[float], lam: float, delta: float, eps: float) -> torch.Tensor:
+    """``max(1 + lam * z, delta)`` over the scored segments of a group, in float64 on the host (a
+    handful of numbers; float32 would overflow on scores past 3.4e38 and make every factor NaN)."""
+    wide = torch.tensor(scores, dtype=torch.float64)
+    z = torch.zeros_like(wide)
     # Equal scores standardize to 0: tested as max > min, since the std of equal floats (0.7 seven
     # times) can come out a rounding step above 0 and would blow that step up to z near +-1.
-    if scores.numel() >= 2 and scores.amax() > scores.amin():
-        wide = _wide(scores)
-        z = ((wide - wide.mean()) / (wide.std() + eps)).to(scores.dtype)
-    return list(torch.split(torch.clamp(1.0 + lam * z, min=delta), counts))
+    if wide.numel() >= 2 and wide.amax() > wide.amin():
+        # Standardization ignores scale: scores divided by their largest magnitude first cannot
+        # overflow the mean or the std, whatever their size.
+        scale = wide.abs().amax()
+        scaled = wide / scale
+        z = (scaled - scaled.mean()) / (scaled.std() + eps / scale)
+    return torch.clamp(1.0 + lam * z, min=delta)
 
 
 def pcar_segment_advantages(
     advantages: torch.Tensor,
-    segment_scores: list[torch.Tensor],
+    segment_scores: list[ScoreRow],
     lam: float,
     delta: float,
     eps: float = 1e-6,
@@ -184,15 +219,19 @@ def pcar_segment_advantages(
     """PCAR (EvalAct): rescale each segment's advantage by its standardized evaluation score.
 
     For ONE group of G trajectories, with ``advantages[i] = A_i`` and ``segment_scores[i]`` the
-    k_i scores ``s_ik`` of trajectory i's segments::
+    k_i scores ``s_ik`` of trajectory i's segments (None for a segment without a score: a search
+    whose evaluation was skipped or unreadable)::
 
-        s          = concat_i segment_scores[i]              (all scores of the group together)
+        s          = every score of the group that is not None, together
         z_ik       = (s_ik - mean(s)) / (std(s) + eps)       (std unbiased)
         z_ik       = 0 for all ik  if len(s) < 2 or all s are equal
         A_ik       = A_i * max(1 + lam * z_ik, delta)
+        A_ik       = A_i                                      where s_ik is None
 
     ``delta >= 0`` floors the factor, so a low score shrinks an advantage towards 0 but never flips
-    its sign. A trajectory with no segments gets an empty tensor. Returns G tensors of k_i entries.
+    its sign. A segment without a score neither enters the group's mean and std nor is rescaled. A
+    trajectory with no segments gets an empty tensor. Returns G tensors of k_i entries. Scores must
+    be finite (a ValueError otherwise); their scale and sign do not matter.
     """
     advantages = _check_group_lengths(advantages, len(segment_scores), "segment score lists")
     factors = pcar_factors(segment_scores, lam, delta, eps, advantages.dtype, advantages.device)

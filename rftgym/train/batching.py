@@ -7,12 +7,18 @@ the same task), and their total rewards:
   episode's segments.
 * PCAR: the GRPO advantage, rescaled per Search->Evaluate span by the standardized evaluation
   score (:func:`~rftgym.train.advantages.pcar_segment_advantages`). A span ends at a turn whose
-  ``info`` carries ``evaluation_score``; turns after the last scored one keep the plain advantage.
+  ``info`` carries ``evaluation_score``. A search left unevaluated ends its span without a score
+  where the next search runs (a turn whose ``info["query"]`` is not None while the last search
+  is still unevaluated): such a span, and the turns after the last span, keep the plain advantage
+  (factor 1), and their missing score takes no part in the group's standardization, so a skipped
+  or unreadable evaluation never borrows the next one's score.
   A turn that evaluates and then searches again (``<evaluate>…</evaluate><search>…</search>``)
   belongs to two spans: when its ``info`` has ``evaluation_end`` (the character offset just after
   the evaluation) and a ``split_tokens`` function is given (the trainer maps the offset to
   sampled tokens with the policy's tokenizer), its tokens up to there close the span and the
-  rest, the next query, open the next one. Without them the whole turn closes the span.
+  rest, the next query, open the next one. Without them the whole turn closes the span. An
+  unreadable evaluation followed by a search is split the same way when its ``info`` has
+  ``evaluation_end``; without it the whole turn opens the next span.
 * DCPO: the episode's advantage broadcast to each of its segments (split at context edits), with
   at most ``dcpo_segment_budget`` segments per group chosen by
   :func:`~rftgym.train.advantages.sample_segments`. Each segment is trained with its own prompt
@@ -51,6 +57,7 @@ from .config import BASE_ESTIMATOR, TrainConfig
 CUT_SHORT = ("length", CONTEXT_FULL)  # last-turn finish reasons that overlong filtering masks
 PROCESS_SCORE_KEY = "evaluation_score"
 PROCESS_SPLIT_KEY = "evaluation_end"  # character offset in the action just after the evaluation
+PROCESS_SEARCH_KEY = "query"  # the query a turn ran (None on turns that did not search)
 
 
 @dataclass
@@ -123,30 +130,48 @@ def tokens_covering(decode, token_ids: list[int], chars: int) -> int:
     return low
 
 
-def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]], list[float]]:
-    """The pieces of each scored Search->Evaluate span, and the spans' scores (see the module
-    docstring for turns split after their evaluation)."""
+def _pcar_spans(episode: Episode, split_tokens=None) -> tuple[list[list[Piece]], list[float | None]]:
+    """The pieces of each Search->Evaluate span, and each span's score, None for a span whose
+    search was never evaluated (see the module docstring for the spans' bounds)."""
     spans, scores, current = [], [], []
+    open_search = False  # whether ``current`` holds a search still owed its evaluation
     for turn in episode.turns:
         score = turn.info.get(PROCESS_SCORE_KEY)
-        if score is None:
+        searched = turn.info.get(PROCESS_SEARCH_KEY) is not None
+        if score is None and not (searched and open_search):
             current.append((turn.index, 0, None))
+            open_search = open_search or searched
             continue
-        if not is_finite_real(score):
+        if score is not None and not is_finite_real(score):
             # One NaN would make the group's score spread NaN and silently switch PCAR off for it.
             raise EnvContractError(f"{_where(episode, turn)}: info[{PROCESS_SCORE_KEY!r}] is {score!r}; a process "
                                    "score is a finite number (or absent on turns that do not evaluate)")
-        try:
-            split = split_tokens(turn) if split_tokens is not None else None
-        except EnvContractError as exc:  # the split function sees the turn only; name the episode too
-            raise EnvContractError(f"{_where(episode, turn)}: {exc}") from None
-        if split is not None and not 0 < split < len(turn.sampled_ids or ()):
-            split = None  # nothing after the evaluation (or nothing before it): the whole turn
-        current.append((turn.index, 0, split))
-        spans.append(current)
-        scores.append(float(score))
-        current = [] if split is None else [(turn.index, split, None)]
-    return spans, scores
+        # This turn evaluates the open search, or searches again with it unevaluated: either way
+        # the open span ends here, scored or not.
+        split = _evaluation_split(episode, turn, split_tokens)
+        if score is None and split is None:  # no evaluation to cut at: the whole turn opens the next span
+            spans.append(current)
+            current = [(turn.index, 0, None)]
+        else:
+            current.append((turn.index, 0, split))
+            spans.append(current)
+            current = [] if split is None else [(turn.index, split, None)]
+        scores.append(None if score is None else float(score))
+        open_search = searched  # an evaluation opens its turn, so the turn's search comes after it
+    spans.append(current)  # after the last evaluation: an unevaluated search, or the answer
+    scores.append(None)
+    return [s for s in spans if s], [score for span, score in zip(spans, scores) if span]
+
+
+def _evaluation_split(episode: Episode, turn, split_tokens) -> int | None:
+    """How many of ``turn``'s sampled tokens its evaluation takes, when it is followed by more."""
+    try:
+        split = split_tokens(turn) if split_tokens is not None else None
+    except EnvContractError as exc:  # the split function sees the turn only; name the episode too
+        raise EnvContractError(f"{_where(episode, turn)}: {exc}") from None
+    if split is not None and not 0 < split < len(turn.sampled_ids or ()):
+        return None  # nothing after the evaluation (or nothing before it): the whole turn
+    return split
 
 
 def _where(episode: Episode, turn) -> str:
@@ -227,15 +252,15 @@ def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None, stats: Ba
     # overlong filter masks an episode's loss, not its place in the group's statistics (its reward
     # stays in the advantage baseline as well, as in DAPO).
     spans_and_scores = [_pcar_spans(e, split_tokens) for e in group]
-    scores = [torch.tensor(s, dtype=torch.float32) for _, s in spans_and_scores]
-    factors = pcar_factors(scores, config.pcar_lambda, config.pcar_delta)
+    factors = pcar_factors([s for _, s in spans_and_scores], config.pcar_lambda, config.pcar_delta)
     # pcar_segment_advantages, with the factors kept for the step's statistics
     rescaled = [group_adv[i] * f for i, f in enumerate(factors)]
     if stats is not None:
-        every = torch.cat(factors)
-        stats.pcar_spans += every.numel()
-        stats.pcar_factor_sum += float(every.sum())
-        stats.pcar_factor_sq_sum += float((every * every).sum())
+        scored = [f for (_, scores), row in zip(spans_and_scores, factors)
+                  for score, f in zip(scores, row.tolist()) if score is not None]
+        stats.pcar_spans += len(scored)
+        stats.pcar_factor_sum += sum(scored)
+        stats.pcar_factor_sq_sum += sum(f * f for f in scored)
     samples = []
     for ei, episode in enumerate(group):
         if not keep[ei]:

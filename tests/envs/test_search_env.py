@@ -528,8 +528,12 @@ def test_evaluation_end_marks_where_the_evaluation_stops():
     *_, info = env.step(action)
     assert info["evaluation_score"] == 6
     assert info["evaluation_end"] == action.index("</evaluate>") + len("</evaluate>")
-    *_, info = env.step("<evaluate>no score here</evaluate><answer>x</answer>")  # malformed: no span closed
-    assert info["evaluation_score"] is None and info["evaluation_end"] is None
+    # Unreadable: no score, but still where the evaluation stops, so PCAR can cut a turn that
+    # searches after it (the unscored span keeps the plain advantage).
+    action = "<evaluate>no score here</evaluate><answer>x</answer>"
+    *_, info = env.step(action)
+    assert info["evaluation_score"] is None
+    assert info["evaluation_end"] == action.index("</evaluate>") + len("</evaluate>")
 
 
 def test_generator_reset_options_are_checked():

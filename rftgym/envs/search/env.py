@@ -63,8 +63,9 @@ Info keys
     ``question_id``, ``hops``, ``answerable``, ``turn``, ``searches``, ``query`` and ``doc_ids``
     (this turn's search, or None and []), ``evaluation_score`` (the 0-10 score on the turn whose
     evaluation closes a Search->Evaluate span, else None; PCAR reads it), ``evaluation_end``
-    (on that turn: the character offset in the action just after ``</evaluate>``, where the next
-    span's tokens begin if the turn searches again; PCAR splits the turn there), ``confidence`` (low /
+    (on a turn that opens with an evaluation, scored or unreadable: the character offset in the
+    action just after ``</evaluate>``, where the next span's tokens begin if the turn searches
+    again; PCAR splits the turn there), ``confidence`` (low /
     medium / high, or None), ``evaluation_note``, ``protocol_violation`` (this turn's first
     violation kind, or None), ``protocol_violations`` (episode count of violating turns),
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
@@ -477,7 +478,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
             "evaluation_score": out.evaluation_score,
             "confidence": None if out.evaluation_score is None else protocol.confidence(out.evaluation_score),
             "evaluation_note": out.evaluation_note,
-            "evaluation_end": out.evaluation_end if out.evaluation_score is not None else None,
+            "evaluation_end": out.evaluation_end,
             "protocol_violation": out.violation,
             "protocol_violations": self._violations,
             "segments": [dict(s) for s in self._segments],

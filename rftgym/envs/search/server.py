@@ -6,8 +6,18 @@ index by querying one server::
     POST /retrieve  {"queries": ["q1", "q2"], "topk": 3, "return_scores": true}
     ->  {"result": [[{"document": {"id": "...", "contents": "\\"Title\\"\\ntext"}, "score": 1.2}, ...], ...]}
 
-With ``"return_scores": false`` each result is the bare document ``{"id", "contents"}``.
-``GET /health`` answers ``{"status": "ok", "documents": N, "index": "bm25"}``.
+With ``"return_scores": false`` each result is the bare document ``{"id", "contents"}``;
+``"topk"`` is 3 when left out or null. ``GET /health`` answers
+``{"status": "ok", "documents": N, "index": "bm25"}``.
+
+Every refusal is a JSON object ``{"error": "..."}`` that says what was wrong and what to send
+instead: 400 (a request line, JSON body or field it cannot read, an unknown field such as a
+misspelt ``top_k``, HTTP/0.9, an https:// client), 404 (another path), 405 (another method of a
+known path), 408 (a body too slow to arrive), 411 (a body without a Content-Length), 413 (a body
+over 8 MiB), 415 (a body labelled as another type, such as text/html, though curl's and
+urllib's default label is read as JSON; a compressed body; a charset other than UTF-8), 414 and 431 (a
+request line or headers too long), 501 (an unknown method), 505 (HTTP/2 or later); a search that
+fails is a 500 with its reason. The service goes on serving other clients after any of them.
 
 :func:`make_server` builds a server over any :class:`Retriever` (standard library
 ``http.server``, one thread per request, searches serialized by a lock because the indexes are
@@ -46,6 +56,7 @@ MAX_TOPK = 1000
 MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
 MAX_REPLY_BYTES = 512 * 1024 * 1024  # the client's limit on a reply
 MAX_ID_CHARS, MAX_TITLE_CHARS = 200, 500
+MAX_ERROR_BYTES = 64 * 1024  # of a refusal's body, read for its reason
 
 
 class RetrievalServiceError(RftgymError, RuntimeError):
@@ -57,18 +68,68 @@ def to_contents(hit: Hit) -> str:
     return f'"{hit.title}"\n{hit.text}'
 
 
+REQUEST_SHAPE = '{"queries": ["..."], "topk": 3, "return_scores": true}'
+USAGE = (f"this service answers POST /retrieve with a JSON body {REQUEST_SHAPE} (Content-Type: application/json) "
+         "and GET /health, over HTTP/1.1")
+REQUEST_FIELDS = ("queries", "topk", "return_scores")
+# Tools that send a body as written label it so by default (curl -d, urllib): read as JSON too.
+LENIENT_TYPES = ("application/x-www-form-urlencoded", "text/plain")
+MAX_BLANK_LINES = 8  # empty lines read past before a request line (RFC 9112 2.2: some clients send one)
+# Hints for the errors the standard library finds before a request reaches this service's code.
+_STDLIB_ERROR_HINTS = {
+    414: "queries go in the JSON body of POST /retrieve, not in the URL",
+    431: "send fewer and shorter headers (at most 100, each under 64 KiB)",
+    501: "this service serves POST /retrieve and GET /health (method names are upper case)",
+    505: "send HTTP/1.1 (or HTTP/1.0)",
+}
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "RetrievalServer"
     protocol_version = "HTTP/1.1"
     timeout = 60  # seconds a client may leave a request unfinished (e.g. a body short of its Content-Length)
+    body_read = False
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         if self.server.verbose:
             super().log_message(format, *args)
 
+    def handle_one_request(self) -> None:
+        try:
+            # A TLS handshake (an https:// URL) holds no line end: the line read would wait for the timeout.
+            if self.rfile.peek(1)[:1] == b"\x16":
+                self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
+                self._send(400, {"error": "this service speaks plain HTTP, not HTTPS: use an http:// URL"})
+                return
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):  # the client has gone, or stayed silent: nobody to answer
+            self.close_connection = True
+
     def parse_request(self) -> bool:  # the stdlib's, once per request on a kept-alive connection
         self.body_read = False
-        return super().parse_request()
+        for _ in range(MAX_BLANK_LINES):
+            if self.raw_requestline.strip():
+                break
+            self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline.strip():  # only empty lines, then the client left: no request
+            self.close_connection = True
+            return False
+        if not super().parse_request():
+            return False
+        if len(self.requestline.split()) == 2:  # HTTP/0.9: no headers, so no body and no JSON
+            self.send_error(400, f"HTTP/0.9 request ({_shown(self.requestline)})")
+            return False
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (a request line or headers it cannot read, an unknown
+        method) in this service's JSON, never its HTML page."""
+        if self.request_version in ("HTTP/0.9", ""):
+            self.request_version = "HTTP/1.1"  # a reply with a status line and headers: what any client reads
+        what = _shown(message or self.responses.get(code, ("error",))[0], 200, quoted=False)
+        if explain and code == 431:
+            what += f" ({_shown(explain, quoted=False)})"
+        self._send(code, {"error": f"{what}: {_STDLIB_ERROR_HINTS.get(code, USAGE)}"})
 
     def _send(self, status: int, payload: dict, allow: str | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -109,7 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _wrong_method(self) -> None:
         allowed = {"/retrieve": "POST", "/health": "GET, HEAD"}.get(self._route())
         if allowed is None:
-            self._send(404, {"error": "unknown path; use POST /retrieve or GET /health"})
+            path = _shown(self._route() or "/")
+            self._send(404, {"error": f"unknown path {path}; use POST /retrieve or GET /health"})
             return
         self._send(405, {"error": f"{self.command} is not served at {self._route()}; use {allowed}"}, allow=allowed)
 
@@ -123,43 +185,37 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET  # noqa: N815 - the stdlib's name
 
+    def handle_expect_100(self) -> bool:
+        """"100 Continue" only to a request whose body will be read: a refused one gets its refusal
+        at once, before its client sends the body."""
+        if self.command == "POST" and self._route() == "/retrieve" and self._refusal_before_body() is None:
+            return super().handle_expect_100()
+        return True
+
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         if self._route() != "/retrieve":
             self._wrong_method()
             return
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            # http.server does not decode chunked bodies; reading one as a Content-Length body would
-            # answer as if the request were empty.
-            self._send(411, {"error": "send the request body with a Content-Length, not chunked"})
+        refusal = self._refusal_before_body()
+        if refusal is not None:
+            self._send(*refusal)
             return
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if length < 0:
-            self._send(400, {"error": f"bad request: Content-Length must be a byte count, got "
-                                      f"{self.headers.get('Content-Length')}"})
-            return
-        if length > MAX_BODY_BYTES:
-            self._send(413, {"error": f"the request body is {length} bytes; it must be at most {MAX_BODY_BYTES} "
-                                      "bytes: send fewer queries per request"})
-            return
+        length = int(self.headers.get("Content-Length", "0"))
         try:
             raw = read_body(self.rfile, REQUEST_BODY_S, length, length=length)
         except BodyTooSlow:
-            self._send(408, {"error": f"the request body did not arrive within {REQUEST_BODY_S:g} s"})
+            self._send(408, {"error": f"the request body did not arrive within {REQUEST_BODY_S:g} s; send it whole "
+                                      "at once"})
             return
         except (BodyCutShort, ConnectionError):  # nobody is left to answer
             self.close_connection = True
             return
         self.body_read = True
         try:
-            queries, topk, with_scores = _parse_request(json.loads(raw or b"null"))
-        except (ValueError, UnicodeDecodeError) as exc:
+            sent_as = self.headers.get_content_type() if "Content-Type" in self.headers else None
+            queries, topk, with_scores = _parse_request(_json_body(raw, sent_as))
+        except ValueError as exc:
             self._send(400, {"error": f"bad request: {exc}"})
-            return
-        except RecursionError:
-            self._send(400, {"error": "bad request: the JSON is nested too deeply"})
             return
         try:
             with self.server.lock:
@@ -175,6 +231,72 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             payload = [[{"id": h.doc_id, "contents": to_contents(h)} for h in hits] for hits in results]
         self._send(200, {"result": payload})
+
+    def _refusal_before_body(self) -> tuple[int, dict] | None:
+        """(status, payload) for a POST /retrieve whose headers already show it cannot be served."""
+        if "Transfer-Encoding" in self.headers:
+            # http.server does not decode chunked bodies; reading one as a Content-Length body would
+            # answer as if the request were empty.
+            return 411, {"error": f"send the request body with a Content-Length, not Transfer-Encoding: "
+                                  f"{_shown(self.headers['Transfer-Encoding'])}"}
+        lengths = {value.strip() for value in self.headers.get_all("Content-Length", [])}
+        if len(lengths) > 1:  # which one frames the body? (a request smuggling trick)
+            return 400, {"error": f"bad request: {len(lengths)} different Content-Length headers; send one"}
+        length = lengths.pop() if lengths else "0"
+        if not (length.isascii() and length.isdigit()):
+            got = _shown(length, quoted=False)
+            return 400, {"error": f"bad request: Content-Length must be a byte count, got {got}"}
+        if int(length) > MAX_BODY_BYTES:
+            return 413, {"error": f"the request body is {int(length)} bytes; it must be at most {MAX_BODY_BYTES} "
+                                  "bytes: send fewer queries per request"}
+        encoding = self.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            return 415, {"error": f"the request body is {_shown(encoding)}-encoded; send it uncompressed, as JSON"}
+        problem = _content_type_problem(self.headers)
+        return None if problem is None else (415, {"error": problem})
+
+
+def _content_type_problem(headers) -> str | None:
+    """Why a request's Content-Type cannot label its JSON body, or None: none given, a JSON type
+    (``application/json``, ``application/*+json``), or a default of tools that send a body as
+    written (LENIENT_TYPES), in UTF-8."""
+    if "Content-Type" not in headers:
+        return None
+    media = headers.get_content_type()  # lower case; "text/plain" for a value it cannot read
+    maintype, _, subtype = media.partition("/")
+    if not (maintype == "application" and (subtype == "json" or subtype.endswith("+json"))) \
+            and media not in LENIENT_TYPES:
+        return (f"the request body is labelled {_shown(headers['Content-Type'])}; send it as JSON, "
+                f"{REQUEST_SHAPE}, with Content-Type: application/json")
+    charset = (headers.get_content_charset() or "utf-8").lower()
+    if charset not in ("utf-8", "utf8", "us-ascii", "ascii"):
+        return f"the request body is in {_shown(charset)}; send it in UTF-8 (Content-Type: application/json)"
+    return None
+
+
+def _json_body(raw: bytes, sent_as: str | None) -> Any:
+    """The request body's JSON, or a ValueError that says what the body was instead (``sent_as``:
+    the media type its Content-Type named, if any)."""
+    labelled = f" (it came as {sent_as})" if sent_as in LENIENT_TYPES else ""
+    if not raw.strip():
+        raise ValueError(f"the request body is empty; send the JSON object {REQUEST_SHAPE}")
+    try:
+        return json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the request body is not UTF-8 text ({exc.reason} at byte {exc.start}); send the JSON "
+                         f"object {REQUEST_SHAPE} in UTF-8") from None
+    except RecursionError:
+        raise ValueError(f"the JSON is nested too deeply; send the JSON object {REQUEST_SHAPE}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the request body is not JSON{labelled} ({exc}; it begins {_shown(raw[:40])}); send the "
+                         f"JSON object {REQUEST_SHAPE} with Content-Type: application/json") from None
+
+
+def _shown(value: Any, limit: int = 100, quoted: bool = True) -> str:
+    """A client's text (or bytes) for an error message: cut to ``limit`` characters, quoted."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return repr(text) if quoted else text
 
 
 def _same_document(document, hit: Hit, exact: bool = False) -> bool:
@@ -196,20 +318,29 @@ def _opening(text: str) -> str:
 
 def _parse_request(request: Any) -> tuple[list[str], int, bool]:
     if not isinstance(request, dict):
-        raise ValueError('expected a JSON object {"queries": [...], "topk": k, "return_scores": bool}')
+        raise ValueError(f"expected a JSON object {REQUEST_SHAPE}, got {_json_kind(request)}")
+    unknown = [key for key in request if key not in REQUEST_FIELDS]
+    if unknown:  # a misspelt "top_k" would otherwise be answered with the default 3 documents
+        raise ValueError(f"unknown field {_shown(unknown[0])}; the fields are \"queries\", \"topk\" and "
+                         f"\"return_scores\": {REQUEST_SHAPE}")
     queries = request.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-        raise ValueError('"queries" must be a list of strings')
-    topk = request.get("topk", 3)
+        raise ValueError(f'"queries" must be a list of strings, e.g. {REQUEST_SHAPE}')
+    topk = request.get("topk")
+    topk = 3 if topk is None else topk  # as in Search-R1, where null is the server's default
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
-        raise ValueError(f'"topk" must be an int in [1, {MAX_TOPK}]')
+        raise ValueError(f'"topk" must be an int in [1, {MAX_TOPK}], got {_shown(json.dumps(topk))}')
     if len(queries) * topk > MAX_RESULTS:
         raise ValueError(f"{len(queries)} queries x topk {topk} is more than {MAX_RESULTS:,} results in one request; "
                          "send fewer queries per request")
     scores = request.get("return_scores", True)
     if not isinstance(scores, bool):
-        raise ValueError('"return_scores" must be true or false')
+        raise ValueError(f'"return_scores" must be true or false, got {_shown(json.dumps(scores))}')
     return queries, topk, scores
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
 
 
 class RetrievalServer(ThreadingHTTPServer):
@@ -320,6 +451,22 @@ def _clean(text: str, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
+def _error_detail(error: urllib.error.HTTPError) -> str:
+    """What a refusal says: the ``error`` of this service's JSON body (or of any service that
+    answers so), else the start of the body as text."""
+    try:
+        raw = error.read(MAX_ERROR_BYTES)
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):  # cut short, or no body at all
+        return "(no readable reason)"
+    try:
+        message = json.loads(raw.decode("utf-8-sig")).get("error")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, or JSON without an "error"
+        message = None
+    if isinstance(message, str) and message.strip():
+        return _clean(message, 1000)
+    return _clean(raw[:300].decode("utf-8", "replace")).strip() or "(no reason given)"
+
+
 class RemoteRetriever(Retriever):
     """A :class:`Retriever` backed by a retrieval service in Search-R1's ``/retrieve`` shape."""
 
@@ -379,6 +526,8 @@ class RemoteRetriever(Retriever):
             return []
         body = json.dumps({"queries": queries, "topk": int(k), "return_scores": True}).encode()
         payload = self._post(body)
+        if isinstance(payload, dict) and "result" not in payload and isinstance(payload.get("error"), str):
+            raise RetrievalServiceError(f"{self.url} answered with an error: {_clean(payload['error'], 1000)}")
         try:
             results = payload["result"]
             if not isinstance(results, list) or len(results) != len(queries):
@@ -414,14 +563,14 @@ class RemoteRetriever(Retriever):
                     raw = self._read(response)
             except urllib.error.HTTPError as exc:
                 with exc:
-                    detail = exc.read(300).decode("utf-8", "replace")
+                    detail = _error_detail(exc)
                 if 300 <= exc.code < 400:
                     raise RetrievalServiceError(
                         f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
                         "is not followed; give the service's own URL as retriever_url") from None
                 if exc.code < 500 and exc.code not in (408, 429):  # the request is wrong: asking again won't help
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
-                last_error = f"it failed with HTTP {exc.code}: {detail[:120]}"
+                last_error = f"it failed with HTTP {exc.code}: {detail[:300]}"
                 wait_at_least = retry_after_s(exc.headers) or 0.0
                 continue
             except BodyTooSlow:
