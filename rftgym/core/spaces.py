@@ -115,6 +115,18 @@ class ContextSpace(spaces.Space[Context]):
             messages.append(Message(role=role, content=text, id=f"sample-{i}"))
         return Context(tuple(messages))
 
+    def to_jsonable(self, sample_n: Sequence[Context]) -> list[list[dict[str, str]]]:
+        """Each context as a list of ``{"role", "content", "id"}`` dicts (what ``json.dumps`` takes)."""
+        return [context.to_list() for context in sample_n]
+
+    def from_jsonable(self, sample_n: Sequence[Sequence[dict[str, str]]]) -> list[Context]:
+        """The contexts that :meth:`to_jsonable` wrote, equal to the originals."""
+        try:
+            return [Context.from_list(items) for items in sample_n]
+        except (KeyError, TypeError) as exc:
+            raise ValueError("a JSON context is a list of {\"role\", \"content\", \"id\"} objects, one per "
+                             f"message, as to_jsonable writes it; got {str(sample_n)[:200]}") from exc
+
     def __repr__(self) -> str:
         return f"ContextSpace(max_messages={self.max_messages}, roles={self.roles})"
 

@@ -8,6 +8,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from typing import Any, TypeVar
 
 from ..core.errors import ConfigError
@@ -23,16 +24,46 @@ def check_render_mode(render_mode: str | None, metadata: dict) -> None:
 
 
 def resolve_config(config_class: type[ConfigT], options: dict[str, Any]) -> ConfigT:
-    """The env's config from ``config=ConfigClass(...)`` or from its fields as keywords (not both)."""
+    """The env's config from ``config=ConfigClass(...)``, ``config={field: value}`` or its fields
+    as keywords (not two of them). A dict is what ``env.spec.to_json()`` writes of a config, so
+    that ``gym.make`` of a spec read back from JSON makes the same env."""
     options = dict(options)
     given = options.pop("config", None)
     name = config_class.__name__
-    if given is not None and not isinstance(given, config_class):
-        raise ConfigError(f"config must be a {name}, got {type(given).__name__}; or pass its fields as keywords")
+    if given is not None and not isinstance(given, (config_class, dict)):
+        raise ConfigError(f"config must be a {name} or a dict of its fields, got {type(given).__name__}; "
+                          "or pass its fields as keywords")
     if given is not None and options:
         raise ConfigError(f"pass either config={name}(...) or its fields as keywords, not both "
                           f"(got config= and {', '.join(sorted(options))})")
+    if isinstance(given, dict):
+        return config_from_dict(config_class, given)
     return given if given is not None else config_class(**options)
+
+
+def config_from_dict(config_class: type[ConfigT], values: dict[str, Any]) -> ConfigT:
+    """A config from a dict of its fields, as ``dataclasses.asdict`` (and so a JSON spec) writes
+    it: lists stand for tuples, and a field the config sets itself (``init=False``) may appear
+    with the value it would get anyway."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    settable = sorted(name for name, f in fields.items() if f.init)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"config has unknown field(s) {unknown}; {config_class.__name__}'s fields are {settable}")
+    given = {name: _tuples_for_lists(value) for name, value in values.items()}
+    config = config_class(**{name: value for name, value in given.items() if fields[name].init})
+    for name in sorted(set(given) - set(settable)):
+        if given[name] != getattr(config, name):
+            raise ConfigError(f"config field {name} is set by {config_class.__name__} itself "
+                              f"({getattr(config, name)!r}), got {values[name]!r}; leave it out")
+    return config
+
+
+def _tuples_for_lists(value: Any) -> Any:
+    """JSON has no tuples: a config's tuples come back as lists (nested ones too)."""
+    if isinstance(value, list):
+        return tuple(_tuples_for_lists(item) for item in value)
+    return value
 
 
 def render_context(context, render_mode: str | None) -> str | None:
@@ -102,6 +133,18 @@ def check_step_call(started: bool, done: bool, action) -> None:
         raise RuntimeError("the episode has ended; call reset() to start a new one")
     if not isinstance(action, str):
         raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+
+
+def warn_if_reward_unpaid(env_name: str, owed: float) -> None:
+    """Say so when ``reset`` ends an episode that was owed ``owed`` (what the env's own turn budget
+    would have paid on its last step). An env that pays on the turn that ends the episode cannot
+    see a cut made outside it (gymnasium's TimeLimit, a rollout's turn cap): the reward is lost.
+    The text is the same every time, so Python shows it once, not once per episode."""
+    if owed > 0:
+        warnings.warn(f"{env_name} was reset in the middle of an episode that had earned a reward it pays only on "
+                      "the turn that ends the episode. If a TimeLimit (gymnasium.make's max_episode_steps), a "
+                      "rollout's turn cap or a full context cut that episode, its reward was lost: bound the "
+                      "turns with the env's own max_turns option, which pays it", UserWarning, stacklevel=3)
 
 
 MAX_REPORTED_PROBLEMS = 3

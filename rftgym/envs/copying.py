@@ -7,6 +7,9 @@ never changes (its config, corpus, generated world, dataset) is shared, not copi
 expensive resources, a retriever's index or a code sandbox: each copy holds a
 share, and the resource is closed when the last env holding it is closed, whichever that is.
 
+``copy.copy(env)`` is the same branch: a shallow copy would share the episode's state with the
+original, so a step on one would change the other.
+
 ``pickle`` sends an env, mid-episode too, to another process (a worker pool): there the resources
 are made afresh from the config (an index is built again, a sandbox share taken in that process).
 """
@@ -66,7 +69,8 @@ class Share:
 
 
 class CopyableEnv:
-    """Mixin giving an env ``copy.deepcopy`` and ``pickle`` support (see the module docstring).
+    """Mixin giving an env ``copy.deepcopy`` (and ``copy.copy``, the same) and ``pickle`` support
+    (see the module docstring).
 
     An env lists in ``shared_attributes`` what it never changes after ``__init__`` (shared by a
     copy, pickled as is; not its spaces, which hold a random generator of their own) and in
@@ -88,6 +92,12 @@ class CopyableEnv:
             clone.__dict__[key] = value if key in shared else copy.deepcopy(value, memo)
         self._share_resources(clone)
         return clone
+
+    def __copy__(self) -> "CopyableEnv":
+        # A shallow copy would share the episode's mutable state (message ids, counters, records)
+        # and this env's resource shares (closing it would close the original's sandbox): a
+        # copy of an env is always a branch.
+        return copy.deepcopy(self)
 
     def __getstate__(self) -> dict:
         return {key: value for key, value in self.__dict__.items() if key not in self.resource_attributes}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,20 @@ def test_context_space_samples_are_contained_valid_and_seeded():
     assert {m.role for s in samples for m in s} == {"system", "user"}
     again = ContextSpace(max_messages=6, max_message_chars=40, roles=("system", "user"), seed=11)
     assert [again.sample() for _ in range(100)] == samples
+
+
+def test_context_space_samples_round_trip_through_json():
+    space = ContextSpace(seed=4)
+    samples = [space.sample() for _ in range(50)]
+    written = space.to_jsonable(samples)
+    assert all(isinstance(c, list) and all(set(m) == {"role", "content", "id"} for m in c) for c in written)
+    assert space.from_jsonable(json.loads(json.dumps(written))) == samples
+    assert space.to_jsonable([Context()]) == [[]] and space.from_jsonable([[]]) == [Context()]
+
+
+def test_context_space_from_jsonable_says_what_a_json_context_is():
+    with pytest.raises(ValueError, match=r'a JSON context is a list of \{"role", "content", "id"\} objects'):
+        ContextSpace().from_jsonable([[{"role": "user", "content": "hi"}]])
 
 
 def test_context_space_single_role_samples():

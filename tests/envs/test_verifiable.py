@@ -445,8 +445,9 @@ def test_config_object_or_keywords_not_both():
     assert env.config.max_turns == 5
     with pytest.raises(ConfigError, match=r"either config=.* not both \(got config= and max_turns\)"):
         VerifiableQAEnv(config=VerifiableQAConfig(), max_turns=5)
-    with pytest.raises(ConfigError, match="config must be a VerifiableQAConfig, got dict"):
-        VerifiableQAEnv(config={"max_turns": 5})
+    assert VerifiableQAEnv(config={"max_turns": 5}).config == VerifiableQAConfig(max_turns=5)
+    with pytest.raises(ConfigError, match="config must be a VerifiableQAConfig or a dict of its fields, got int"):
+        VerifiableQAEnv(config=5)
 
 
 def test_tags_is_not_a_constructor_field():

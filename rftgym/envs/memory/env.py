@@ -99,7 +99,8 @@ Info keys
 
 Options to ``reset``
     ``objectives`` and ``hops`` override the generator's draw; with a dataset,
-    ``question_indices`` picks the questions of the task.
+    ``question_indices`` picks the questions of the task. A reset that raises ends the episode
+    before it: step() refuses, as before a first reset, until a reset succeeds.
 
 Data
     With no files, tasks come from the search env's seeded world (``world_seed``, ``world_size``;
@@ -318,6 +319,8 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
+        self.task, self._context = None, Context()
         self.task = self._draw_task(dict(options or {}))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []

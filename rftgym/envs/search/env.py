@@ -79,7 +79,8 @@ Options to ``reset``
     ``task_selection="seed"`` (the default) ``reset(seed=i)`` gives question ``i % len(dataset)``,
     so that ``rftgym eval`` (whose default episodes are ``eval_episodes``, the dataset's size)
     covers it once; without a seed, or with ``"random"``, the question is drawn. ``hops`` (1-4)
-    and ``answerable`` override the generator's draw.
+    and ``answerable`` override the generator's draw. A reset that raises ends the episode before
+    it: step() refuses, as before a first reset, until a reset succeeds.
 
 Data
     With no files, questions come from a seeded generated world (:mod:`.world`; ``world_seed``,
@@ -260,6 +261,8 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
+        self.question, self._context = None, Context()
         self.question = self._draw_question(seed, dict(options or {}))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []

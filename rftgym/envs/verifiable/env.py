@@ -23,7 +23,10 @@ Reward (paid on the turn that ends the episode; 0 on other turns)
 Episode end
     ``terminated`` when the answer is right or ``max_attempts`` wrong answers were given;
     ``truncated`` when ``max_turns`` assistant turns passed without that (turns without an
-    ``<answer>`` tag get a format reminder and count against ``max_turns``).
+    ``<answer>`` tag get a format reminder and count against ``max_turns``). Bound the turns with
+    ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
+    the env knowing, so a wrong answer on the step it cuts (with attempts left) is paid 0, not
+    the format reward that truncation by ``max_turns`` pays; the next ``reset`` then warns.
 
 Info keys
     ``task_id``, ``kind``, ``difficulty``, ``turn``, ``attempts``, ``answer`` (text inside the
@@ -37,7 +40,8 @@ Options to ``reset``
     (whose default episodes are ``eval_episodes``, the dataset's size) covers it once; without a
     seed, or with ``"random"``, the task is drawn. ``kind`` and ``difficulty`` override the
     generator's draw for this episode. An option that does not apply to where the tasks come
-    from, or an unknown one, raises ValueError.
+    from, or an unknown one, raises ValueError. A reset that raises ends the episode before it:
+    step() refuses, as before a first reset, until a reset succeeds.
 
 Version history
     v0: first version (2026-12-01, before any release: a dataset is served by seed, and a text
@@ -56,7 +60,7 @@ from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems)
+                      read_action, render_context, resolve_config, summarize_problems, warn_if_reward_unpaid)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -151,11 +155,15 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._turn = 0
         self._attempts = 0
         self._done = False
+        self._owed = 0.0  # what the turn budget running out now would pay (see step)
 
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        warn_if_reward_unpaid("VerifiableQA", self._owed)
+        # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
+        self.task, self._context, self._owed = None, Context(), 0.0
         options = dict(options or {})
         self.task = self._draw_task(seed, options)
         self._ids = MessageIds.from_rng(self.np_random)
@@ -214,14 +222,17 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
                 "Give your final answer inside <answer></answer> tags."
             )
         truncated = not terminated and self._turn >= self.config.max_turns
-        if answer_text is not None and (terminated or truncated):
-            # Paid on the turn that ends the episode, also when the turn budget (not the attempts)
-            # ran out on a graded answer.
-            reward = (1 - self.config.format_weight) * float(correct) + self.config.format_weight * float(format_ok)
+        # Paid on the turn that ends the episode, also when the turn budget (not the attempts) ran
+        # out on a graded answer; a turn without one is worth nothing.
+        worth = 0.0 if answer_text is None else \
+            (1 - self.config.format_weight) * float(correct) + self.config.format_weight * float(format_ok)
+        if terminated or truncated:
+            reward = worth
         if feedback is not None and not truncated:
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
         self._done = terminated or truncated
+        self._owed = 0.0 if self._done else worth
         info = self._info(answer=answer_text, correct=correct, format_ok=format_ok, format_error=format_error)
         if self.render_mode == "human":
             self.render()
