@@ -16,11 +16,18 @@ decode itself over the Hugging Face modules (their weights are used in place, ne
   which is what the tests check against the Hugging Face forward.
 
 Sampling inverts the cumulative distribution of the (top-k / top-p filtered) probabilities at
-one uniform draw per row and step. The policy hands every row's draws for the whole generation
-in before the loop (from its seeded generator, or from each row's own keyed stream,
-:mod:`rftgym.agents.sampling_keys`), so seeded sampling is reproducible, a row's tokens do not
-depend on the other rows, and the graph itself holds no random-number state. Log-probs are those
-of ``log_softmax(logits / temperature)`` before truncation, as in :mod:`rftgym.agents.hf_policy`.
+one uniform draw per row and step; top-p's nucleus is taken over the top-k survivors renormalised,
+as Hugging Face's ``TopKLogitsWarper`` then ``TopPLogitsWarper`` and vLLM do. The policy hands
+every row's draws for the whole generation in before the loop (from its seeded generator, or
+from each row's own keyed stream, :mod:`rftgym.agents.sampling_keys`), so seeded sampling is
+reproducible, a row's tokens do not depend on the other rows, and the graph itself holds no
+random-number state. Recorded log-probs are those of the untruncated
+``log_softmax(logits / temperature)`` (not of the top-k / top-p renormalised distribution
+sampled from), and of ``log_softmax(logits)`` when greedy, as in :mod:`rftgym.agents.hf_policy`.
+
+A decoder runs one generation at a time: a generation's state (KV cache, buffers) and captured
+graph are shared by every call of its shape, so concurrent calls from several threads take turns
+on a lock (a GPU runs them one after another anyway).
 
 Linear layers, norms and MLPs are called as modules, so a peft LoRA-wrapped model decodes
 merge-free with its adapters. Captured graphs are keyed by the parameters' storage addresses
@@ -30,6 +37,7 @@ updates are seen by the graph as they are.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -39,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import ConfigError
+from ..core.values import is_finite_real, is_int
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE types whose frequencies do not depend on the sequence length: cos/sin follow from
@@ -76,6 +85,19 @@ class DecodeSettings:
     temperature: float
     top_k: int
     top_p: float
+
+    def __post_init__(self) -> None:
+        # The same bounds as SamplingConfig's, for callers of FastDecoder who make these directly.
+        if not (is_int(self.max_new_tokens) and self.max_new_tokens >= 1):
+            raise ConfigError(f"max_new_tokens must be an integer of at least 1, got {self.max_new_tokens!r}",
+                              field="max_new_tokens")
+        if not (is_finite_real(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be 0 (greedy) or a positive finite number, got "
+                              f"{self.temperature!r}", field="temperature")
+        if not (is_int(self.top_k) and self.top_k >= 0):
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k")
+        if not (is_finite_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}", field="top_p")
 
     @property
     def greedy(self) -> bool:
@@ -210,6 +232,9 @@ class DecodeState:
 def sample_tokens(logits: torch.Tensor, settings: DecodeSettings, uniforms: torch.Tensor | None):
     """One token per row and its log-prob under ``logits / temperature``, with static shapes.
 
+    The log-prob is that of the untruncated ``log_softmax(logits / temperature)`` whatever top-k /
+    top-p keep (``log_softmax(logits)`` when greedy), which is what the trainer recomputes.
+
     Sampling inverts the cumulative distribution: row i takes the first token whose cumulative
     probability exceeds ``uniforms[i] * total``, which draws exactly from
     ``softmax(filtered_logp)`` with one uniform per row, and needs no host-side ``multinomial``.
@@ -247,14 +272,19 @@ def inverse_cdf_sample(filtered_logp: torch.Tensor, uniforms: torch.Tensor) -> t
 
 def filter_logprobs(logp: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
     """``logp`` with the tokens outside top-k and outside the top-p nucleus set to -inf (static
-    shapes, no host sync: usable inside a CUDA graph). Both decode paths sample from this."""
+    shapes, no host sync: usable inside a CUDA graph). Both decode paths sample from this.
+
+    Top-k first (ties with the k-th value stay), then top-p over what top-k left, renormalised:
+    the order and arithmetic of Hugging Face's ``TopKLogitsWarper`` + ``TopPLogitsWarper`` and of
+    vLLM. The result is not renormalised (sampling is: :func:`inverse_cdf_sample`)."""
     filtered = logp
     if top_k:
         kth = torch.topk(filtered, min(top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logp, sorted_index = torch.sort(filtered, descending=True, dim=-1)
-        probs = sorted_logp.exp()
+        # softmax, not exp: the nucleus holds top_p of the mass top-k left, not of the whole vocabulary.
+        probs = torch.softmax(sorted_logp, dim=-1)
         # Drop a token when the mass before it already reaches top_p (keeps at least one).
         drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
@@ -284,7 +314,10 @@ def record_sample(state: DecodeState, token: torch.Tensor, token_logprob: torch.
 
 
 class FastDecoder:
-    """Prefill and decode for one Llama-family model, reading its modules in place."""
+    """Prefill and decode for one Llama-family model, reading its modules in place.
+
+    Thread-safe: :meth:`generate` holds a lock for the whole call, because every call of one
+    shape writes the same cached state and replays the same graph; concurrent calls take turns."""
 
     def __init__(self, model, options: FastDecodeOptions | None = None):
         reason = unsupported_reason(model)
@@ -309,6 +342,17 @@ class FastDecoder:
         self.window = sliding_window(model)
         self._graphs: OrderedDict = OrderedDict()
         self._pool = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # A lock cannot be copied or pickled, nor can captured graphs: a copy captures its own.
+        state = self.__dict__.copy()
+        state.update(_graphs=OrderedDict(), _pool=None, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -411,7 +455,18 @@ class FastDecoder:
                  pad_id: int, uniforms: torch.Tensor | None = None):
         """Sample for left-padded ``prompts``; return CPU tensors ``(sampled [B, N], logprobs [B, N],
         lengths [B], stopped [B])`` with the generic loop's contract. ``uniforms`` (``[B, N]`` in
-        [0, 1), not needed when greedy) are each row's draws, one per new token."""
+        [0, 1), not needed when greedy) are each row's draws, one per new token. No prompts give
+        empty results; an empty prompt is refused (there is nothing to condition the first token on).
+        One call at a time runs (a lock): concurrent calls from threads wait their turn."""
+        empty = [row for row, prompt in enumerate(prompts) if len(prompt) == 0]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} of {len(prompts)} is empty (no token ids); the model needs at "
+                             "least one token to condition on: give each prompt its chat rendering (which ends "
+                             "with the generation prompt) or start it with the tokenizer's bos token")
+        if not prompts:
+            n = settings.max_new_tokens
+            return (torch.zeros((0, n), dtype=torch.long), torch.zeros((0, n), dtype=torch.float32),
+                    torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
         if not settings.greedy and (uniforms is None or tuple(uniforms.shape) != (len(prompts),
                                                                                    settings.max_new_tokens)):
             raise ValueError(f"sampling {len(prompts)} prompts for {settings.max_new_tokens} new tokens needs "
@@ -434,7 +489,10 @@ class FastDecoder:
         finished_rows = (torch.arange(batch) >= real).to(device)
         # Streams and graph capture use the current CUDA device: make it the model's (a single
         # process may run on cuda:1 without ever setting the current device).
-        with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+        # inference_mode here too: the cached state is made of inference tensors, which a call
+        # outside that mode could not update in place.
+        on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+        with self._lock, torch.inference_mode(), on_device:
             return self._decode(input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id,
                                 graphs, uniforms)
 
@@ -456,8 +514,10 @@ class FastDecoder:
                     graph.replay()
                 else:
                     self.decode_step(state)
-        return (state.sampled[:real].cpu(), state.logprobs[:real].cpu(),
-                state.lengths[:real].cpu(), state.stopped[:real].cpu())
+        # Copies, also on a CPU (where .cpu() would return views): the next call of this shape
+        # overwrites the state in place.
+        return tuple(t[:real].to("cpu", copy=True) for t in (state.sampled, state.logprobs, state.lengths,
+                                                              state.stopped))
 
     # .............................................................. graph cache
 

@@ -11,11 +11,15 @@ keeps the generic loop, which any causal LM can use.
 
 With a seed, the replies the rollout engine asks for are keyed (:mod:`rftgym.agents.sampling_keys`):
 each draws from a stream of its own, so an episode samples the same tokens whatever else shares
-its batch. Direct calls without keys draw from the policy's one seeded generator.
+its batch. Direct calls without keys draw from the policy's one seeded generator, unless the call
+is given a ``SamplingConfig`` with a seed of its own, which makes that call reproducible.
 
-Log-probabilities are those of the sampling distribution before top-k/top-p truncation, i.e.
-``log_softmax(logits / temperature)`` (temperature 1 when decoding greedily); the trainer uses
-the same temperature so that importance ratios compare like with like.
+Top-k and top-p filter as Hugging Face's ``TopKLogitsWarper`` then ``TopPLogitsWarper`` do (the
+nucleus is taken over the top-k survivors, renormalised). The recorded log-probabilities are
+those of the untruncated distribution, ``log_softmax(logits / temperature)``, not of the
+renormalised one sampled from; greedy decoding records ``log_softmax(logits)`` (temperature 1).
+The trainer recomputes them at the same temperature, so that importance ratios compare like with
+like.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ..core.messages import Context, Message
 from ..core.values import is_finite_real, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_tokens import ChatTokenizer
-from .sampling_keys import SampleKey, keyed_uniforms
+from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
 
 
 MIN_TEMPERATURE = 1e-6  # logits divided by much less overflow float32 (1e-40 gives NaN probabilities)
@@ -39,12 +43,17 @@ MIN_TEMPERATURE = 1e-6  # logits divided by much less overflow float32 (1e-40 gi
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """How :class:`HFPolicy` samples. Top-p is applied after top-k, over its survivors renormalised.
+    Whatever the filters, a reply's ``logprobs`` are those of the untruncated
+    ``log_softmax(logits / temperature)`` (of ``log_softmax(logits)`` when greedy)."""
+
     max_new_tokens: int = 256
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no top-k truncation
     # With a seed, sampling is reproducible; replies the rollout engine keys (each episode's turns)
     # then sample the same whatever else shares their batch. None: fresh randomness each run.
+    # A config handed to one generate() call with a seed makes that call reproducible on its own.
     seed: int | None = None
     max_batch_size: int = 32
     # The longest prompt the policy answers; None = whatever leaves room for a whole reply in the
@@ -162,14 +171,27 @@ class HFPolicy(Agent):
         back in the order of ``prompts``.
 
         ``sample_keys`` (one per prompt): with a seed, each reply samples from the stream of
-        ``(seed, key)`` alone, the same in any batch; without keys (or seed) every reply draws from
-        the policy's one generator, in the order of ``prompts``.
+        ``(seed, key)`` alone, the same in any batch. Without keys: given ``sampling`` with a seed,
+        reply i draws from the stream of ``(seed, i)``, so the call gives the same tokens each time
+        it is made with that seed; otherwise (the policy's own settings, or no seed) every reply
+        draws from the policy's one generator, in the order of ``prompts`` (seeded by the policy's
+        seed: a run replays as a whole, and successive calls sample afresh).
+
+        An empty prompt is refused with a ValueError (nothing to condition the first token on; a
+        context's prompt ends with the template's generation prompt); no prompts give no replies.
 
         A prompt longer than :meth:`prompt_limit` is not generated for: its reply is empty with
         finish reason ``CONTEXT_FULL`` (the episode cannot go on, which is the episode's fate, not
         an error of the run).
         """
+        # A seed handed to this call (not the policy's settings) makes the call reproducible.
+        own_seed = sampling is not None and sampling.seed is not None
         sampling = sampling or self.sampling
+        empty = [i for i, prompt in enumerate(prompts) if len(prompt) == 0]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} of {len(prompts)} is empty (no token ids); the model needs at "
+                             "least one token to condition on: give chat.prompt_ids(context), which ends with the "
+                             "chat template's generation prompt, or start the prompt with the tokenizer's bos token")
         limit = self.prompt_limit(sampling)
         replies: list[AgentReply | None] = [None] * len(prompts)
         for i, prompt in enumerate(prompts):
@@ -181,7 +203,7 @@ class HFPolicy(Agent):
                           "its episode ends there as truncated, with info context_full. Raise max_prompt_tokens if "
                           "set, give the env a context budget, fewer turns or shorter tool outputs, or ask for fewer "
                           "new tokens", stacklevel=2)
-        uniforms = self._uniforms(sampling, len(prompts), sample_keys)
+        uniforms = self._uniforms(sampling, len(prompts), sample_keys, own_seed)
         order = sorted((i for i in range(len(prompts)) if replies[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), sampling.max_batch_size):
             chunk = order[start:start + sampling.max_batch_size]
@@ -190,8 +212,11 @@ class HFPolicy(Agent):
                 replies[index] = reply
         return replies  # type: ignore[return-value]
 
-    def _uniforms(self, sampling: SamplingConfig, rows: int, keys: Sequence[SampleKey] | None):
-        """Every reply's draws, ``[rows, max_new_tokens]`` float64 in [0, 1) (None when greedy).
+    def _uniforms(self, sampling: SamplingConfig, rows: int, keys: Sequence[SampleKey] | None,
+                  call_seeded: bool = False):
+        """Every reply's draws, ``[rows, max_new_tokens]`` float64 in [0, 1) (None when greedy):
+        keyed streams (keys and a seed), the call's own streams (``call_seeded``: the call was
+        given a seed), else the policy's generator.
 
         Drawn for every prompt, also one that gets no reply (CONTEXT_FULL), so that the generator's
         stream does not depend on which prompts fit."""
@@ -204,6 +229,8 @@ class HFPolicy(Agent):
                 raise ValueError(f"{len(keys)} sample keys for {rows} prompts; give one per prompt")
             if sampling.seed is not None:
                 return self.torch.from_numpy(keyed_uniforms(sampling.seed, keys, n))
+        if call_seeded:
+            return self.torch.from_numpy(call_uniforms(sampling.seed, rows, n))
         generator = self._sampling_generator()
         return self.torch.rand((rows, n), dtype=self.torch.float64, generator=generator, device=generator.device)
 
@@ -346,8 +373,8 @@ class HFPolicy(Agent):
 
     def _sample(self, logits, sampling: SamplingConfig, uniforms):
         """Draw one token per row at its uniform draw (``uniforms``, ``[rows]``; None when greedy);
-        return it and its log-prob under ``logits / temperature``. The fast path samples with the
-        same function."""
+        return it and its log-prob under the untruncated ``logits / temperature`` (temperature 1
+        when greedy). The fast path samples with the same function."""
         from .fast_decode import DecodeSettings, sample_tokens
 
         settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
@@ -363,6 +390,9 @@ class HFPolicy(Agent):
         torch = self.torch
         if not completion_ids:
             return []
+        if not prompt_ids:
+            raise ValueError("score() needs at least one prompt token: the first completion token is scored given "
+                             "what comes before it; give the prompt the reply was sampled after (its prompt_ids)")
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         n = len(completion_ids)
         with torch.inference_mode():

@@ -14,6 +14,11 @@ task G times, and each of its episodes must sample differently). So ``rftgym eva
 same ``--sample-seed``). The trainer gives its own episode keys (:func:`training_keys`: step, task
 index over all ranks, member of the group).
 
+Unkeyed draws (replies asked for without keys) come from an agent's own stream, apart from every
+reply's key (the ``UNKEYED`` domain). A call given a seed of its own draws row i of its batch from
+``(seed, (i,))`` in that domain (:func:`call_uniforms`), so the same call with the same seed
+samples the same.
+
 The draws are the episode's own; its tokens are the same wherever the model's logits are: with
 batch-invariant arithmetic (float32 on a CPU, as the tests check). On a GPU, kernels chosen by
 batch size may round a logit otherwise, which flips a token whose draw lies at a boundary.
@@ -69,16 +74,23 @@ def check_key(key, what: str = "a sample key") -> SampleKey:
     return tuple(int(part) for part in parts)
 
 
-def keyed_generator(seed: int, key: SampleKey) -> np.random.Generator:
-    """The stream of one keyed reply: a generator seeded by ``(seed, key)`` alone."""
-    return np.random.default_rng(_seed_sequence(seed, key, REPLY))
+def keyed_generator(seed: int, key: SampleKey, domain: int = REPLY) -> np.random.Generator:
+    """The stream of one keyed reply: a generator seeded by ``(seed, key)`` alone (in ``domain``)."""
+    return np.random.default_rng(_seed_sequence(seed, key, domain))
 
 
-def keyed_uniforms(seed: int, keys: Sequence[SampleKey], count: int) -> np.ndarray:
+def keyed_uniforms(seed: int, keys: Sequence[SampleKey], count: int, domain: int = REPLY) -> np.ndarray:
     """``[len(keys), count]`` float64 draws from U[0, 1): row i from the stream of ``(seed, keys[i])``
     alone, so a row is the same in any batch."""
-    rows = [keyed_generator(seed, key).random(count) for key in keys]
+    rows = [keyed_generator(seed, key, domain).random(count) for key in keys]
     return np.stack(rows) if rows else np.zeros((0, count))
+
+
+def call_uniforms(seed: int, rows: int, count: int) -> np.ndarray:
+    """The draws of one unkeyed call made with a seed of its own, ``[rows, count]``: row i from
+    ``(seed, (i,))`` in the ``UNKEYED`` domain, so the call replays under the same seed and no
+    keyed reply shares a stream with it."""
+    return keyed_uniforms(seed, [(row,) for row in range(rows)], count, UNKEYED)
 
 
 def keyed_seed(seed: int, key: SampleKey, domain: int = REPLY) -> int:

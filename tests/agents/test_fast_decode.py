@@ -282,6 +282,19 @@ def test_cuda_graph_sampling_is_seeded_and_bf16_autocast_runs(make_char_policy):
 
 
 @cuda
+def test_cuda_graph_top_k_top_p_sampling_equals_eager_on_the_same_draws(make_char_policy, monkeypatch):
+    slow, graphed = policy_pair(make_char_policy)
+    slow.model.to("cuda")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    eager = HFPolicy(slow.model, slow.tokenizer, fast_decode=True)
+    eager._fast = (eager.model, FastDecoder(eager.model, FastDecodeOptions(graphs=False, bucket=True)), None)
+    sampling = SamplingConfig(max_new_tokens=24, temperature=1.2, top_k=6, top_p=0.7, seed=4)  # the call's own draws
+    ours = graphed.generate(PROMPTS, sampling)
+    assert next(iter(graphed._fast[1]._graphs.values()))["graph"] is not None
+    assert_same_replies(ours, eager.generate(PROMPTS, sampling), atol=1e-3)
+
+
+@cuda
 def test_cuda_graph_sees_in_place_weight_updates(make_char_policy, monkeypatch):
     slow, fast = policy_pair(make_char_policy)
     slow.model.to("cuda")

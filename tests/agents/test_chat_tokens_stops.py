@@ -1,0 +1,87 @@
+"""A reply that stops on a stop id other than the template's end of a turn (e.g. <|endoftext|>
+from the model's generation config): the next prompt is still the template's rendering of the
+context, and the turn's record still holds what was sampled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support import SayAEnv, char_tokenizer
+
+from rftgym.agents.chat_tokens import ChatTokenizer
+from rftgym.agents.hf_policy import SamplingConfig
+from rftgym.core.messages import Context, Message
+from rftgym.rollout import run_episodes
+
+
+def rendered_ids(chat: ChatTokenizer, context: Context) -> list[int]:
+    return list(chat.tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"])
+
+
+def test_a_span_closed_by_another_stop_id_is_the_templates_rendering():
+    tokenizer = char_tokenizer()
+    end_of_text, end_of_turn = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    chat = ChatTokenizer(tokenizer, extra_stop_ids=[end_of_text])
+    assert end_of_text in chat.stop_ids and end_of_turn in chat.stop_ids
+    reply = tokenizer("hi there", add_special_tokens=False)["input_ids"]
+    question, follow_up = Message("user", "greet me", "q"), Message("user", "thanks", "f")
+    for stop in (end_of_text, end_of_turn):
+        text = chat.decode_reply(reply + [stop])
+        assert text == "hi there"  # no stop token in the message's text
+        answer = Message("assistant", text, "a")
+        context = Context((question, answer, follow_up))
+        span = chat.assistant_span(answer, reply + [stop])
+        assert chat.prompt_ids(context, {answer.id: span}) == rendered_ids(chat, context)
+        # the reply's tokens are fed back as sampled, closed by the template's own end of a turn
+        assert list(span) == list(chat.generation_prompt_ids) + reply + tokenizer("<|im_end|>\n")["input_ids"]
+
+
+class TwoTurns(SayAEnv):
+    """SayAEnv with one more turn first: the reply is kept and a user message follows."""
+
+    def reset(self, *, seed=None, options=None):
+        self.context, info = super().reset(seed=seed)
+        return self.context, info
+
+    def step(self, action):
+        if len(self.context) > 1:
+            return super().step(action)
+        self.context = self.context.appended(self.ids.message("assistant", action), self.ids.message("user", "more"))
+        return self.context, 0.0, False, False, {}
+
+
+def test_a_rollout_stopping_on_end_of_text_records_the_stop_and_feeds_the_template(make_char_policy):
+    policy = make_char_policy()
+    end_of_text, end_of_turn = policy.tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    policy.model.generation_config.eos_token_id = [end_of_turn, end_of_text]
+    policy = type(policy)(policy.model, policy.tokenizer, sampling=SamplingConfig(max_new_tokens=6, temperature=0.0))
+    assert end_of_text in policy.chat.stop_ids
+    calls = []
+
+    def steer(module, inputs, logits):
+        # No end of turn; <|endoftext|> exactly at the third token of the first reply.
+        calls.append(None)
+        logits = logits.clone()
+        logits[..., end_of_turn] = -1e4
+        logits[..., end_of_text] = 1e4 if len(calls) == 3 else -1e4
+        return logits
+
+    handle = policy.model.lm_head.register_forward_hook(steer)
+    try:
+        episode = run_episodes(TwoTurns, policy, [0])[0]
+    finally:
+        handle.remove()
+    first, second = episode.turns
+    assert first.finish_reason == "stop" and first.sampled_ids[-1] == end_of_text and len(first.sampled_ids) == 3
+    assert "<|endoftext|>" not in first.action and len(first.logprobs) == 3
+    context = Context(tuple(episode.messages[i] for i in second.context_ids))
+    assert second.prompt_ids == rendered_ids(policy.chat, context)
+    # The record keeps what was sampled: the stop token is trained on (mask 1) with its log-prob;
+    # it was not fed back, so the second turn's prompt starts a segment of its own.
+    segments = episode.segments
+    assert [s.turn_indices for s in segments] == [(0,), (1,)]
+    head = segments[0]
+    assert head.token_ids == first.prompt_ids + first.sampled_ids
+    assert head.loss_mask == [0] * len(first.prompt_ids) + [1] * 3
+    assert head.logprobs[-3:] == pytest.approx(first.logprobs)
+    assert segments[1].token_ids[: len(second.prompt_ids)] == second.prompt_ids
