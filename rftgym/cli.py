@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib
 import inspect
 import json
@@ -14,6 +15,7 @@ import sys
 import time
 import traceback
 import types
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Collection, Sequence
@@ -72,8 +74,11 @@ def _env_spec(env_id: str):
                              "module:EnvId with a module on the Python path that registers EnvId with "
                              "gymnasium.register") from None
     if bare not in gym.registry:
-        raise UsageError(f"unknown environment {env_id!r}; registered environments: {', '.join(env_registry.env_ids())} "
-                         "(your own: module:EnvId, where importing module registers EnvId with gymnasium.register)")
+        close = _close_env_ids(bare)
+        guess = f" (did you mean {' or '.join(filter(None, [', '.join(close[:-1]), close[-1]]))}?)" if close else ""
+        raise UsageError(f"unknown environment {env_id!r}{guess}; registered environments: "
+                         f"{', '.join(env_registry.env_ids())} (your own: module:EnvId, where importing module "
+                         "registers EnvId with gymnasium.register)")
     spec = gym.spec(bare)
     if isinstance(spec.entry_point, str):
         try:
@@ -83,6 +88,23 @@ def _env_spec(env_id: str):
                              f"({type(exc).__name__}: {exc}); register it as 'module:Class' with an importable "
                              "module") from None
     return spec
+
+
+def _close_env_ids(env_id: str) -> list[str]:
+    """Registered ids that ``env_id`` is probably a slip of: another case, a version or a letter
+    off, or the name without its namespace (``VerifiableQA-v0``)."""
+    def forms(name: str) -> set[str]:
+        name = name.lower()
+        bare = name.rpartition("/")[2]
+        return {name, bare, re.sub(r"-v\d+$", "", bare)}
+
+    wanted = forms(env_id)
+    scored = []
+    for known in gym.registry:
+        score = max(difflib.SequenceMatcher(None, a, b).ratio() for a in wanted for b in forms(known))
+        if score >= 0.8:
+            scored.append((-score, known not in env_registry.ENVS, known))
+    return [known for _, _, known in sorted(scored)[:3]]
 
 
 def _json_object(text: str | None, flag: str) -> dict | None:
@@ -206,11 +228,16 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         if unknown is None:  # a type error inside the env (e.g. from a data file), not an unknown option
             raise UsageError(f"{env_id} could not be made: {str(exc).split(' was raised from')[0]}. Check the "
                              "--env-arg values and the data files they name") from exc
-        raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}. "
-                         f"{_env_options_hint(env_id)} (and gymnasium's max_episode_steps)") from exc
+        names = _env_option_names(env_id)
+        close = difflib.get_close_matches(unknown.group(1), [*names, "max_episode_steps"], n=1, cutoff=0.75)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
+        raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
+                         f"{valid} (and gymnasium's max_episode_steps)") from exc
 
 
-def _env_options_hint(env_id: str) -> str:
+def _env_option_names(env_id: str) -> list[str]:
+    """The options an env takes: its config dataclass's fields, else its constructor's keywords."""
     module = sys.modules.get(getattr(_env_class(env_id), "__module__", ""), None)
     configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and v.__name__.endswith("Config")
                and v.__module__ == module.__name__] if module is not None else []
@@ -222,7 +249,7 @@ def _env_options_hint(env_id: str) -> str:
         except (TypeError, ValueError):
             parameters = []
         names = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
+    return names
 
 
 def _import_users_module(module: str):
@@ -334,6 +361,12 @@ def _make_agent(args: argparse.Namespace):
     if args.agent == "api":
         if not args.api_base or not args.api_model:
             raise UsageError("--agent api needs --api-base URL (e.g. http://127.0.0.1:8000/v1) and --api-model NAME")
+        try:  # a bracket left open is a ValueError of urllib's, not a refusal of the config's
+            urllib.parse.urlsplit(args.api_base)
+        except ValueError as exc:
+            raise UsageError(f"--api-base {args.api_base!r} is not a valid URL ({exc}); give the server's base URL, "
+                             "e.g. http://127.0.0.1:8000/v1 (an IPv6 address in brackets: http://[::1]:8000/v1)") \
+                from None
         from .agents.chat_api import ChatAPIAgent
 
         # A transport flag left out keeps ChatAPIConfig's default.
@@ -388,9 +421,10 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")
 
 
-def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
+def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: dict | None = None) -> None:
     """Refuse an output file path that cannot be written, or that names one of the run's input
-    files (an ``--env-arg`` path), before any episode runs. Creating the partial file beside it
+    files (an ``--env-arg`` path, or a file in one of the input ``folders``: flag -> directory,
+    such as the model's), before any episode runs. Creating the partial file beside it
     (:func:`_partial`) is the test: it is where the episodes go while the run lasts."""
     try:
         if path.is_dir():
@@ -409,11 +443,30 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None) -> None:
                     else os.path.realpath(path) == os.path.realpath(value)):
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
+        for flag, folder in (folders or {}).items():
+            # Episodes beside the model's files are fine (a run's eval.jsonl, again); its files are not.
+            if path.is_file() and os.path.isdir(folder) and path.resolve().is_relative_to(Path(folder).resolve()) \
+                    and not _holds_episodes(path):
+                raise UsageError(f"{what} {path} is a file of the {flag} directory {folder}; the evaluation would "
+                                 "overwrite it with its episodes. Give another --out")
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()
     except OSError as exc:
         raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def _holds_episodes(path: Path) -> bool:
+    """Whether ``path`` starts as an episode record does (an earlier evaluation's --out): by its
+    first bytes only, since a model's weights file may have no line end for gigabytes."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(EPISODE_START)) == EPISODE_START
+    except OSError:
+        return False
+
+
+EPISODE_START = b'{"env_id": '  # how every line of rftgym's episode files starts (Episode.to_json)
 
 
 def _partial(path: Path) -> Path:
@@ -591,7 +644,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     agent = None
     try:
         for path in paths:
-            _writable_file(path, "--out", env_kwargs)
+            _writable_file(path, "--out", env_kwargs, {"--model": args.model} if args.agent == "hf" and args.model
+                           else {})
         agent = _build_agent(args)
         for env_id in env_ids:
             for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
@@ -930,7 +984,9 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     TrainConfig's defaults (which would quietly turn the run into another: another group size or
     reply length). ``--env-arg`` pairs update the checkpoint's env options. ``given`` (the fields
     whose flags were on the command line) None, or no readable checkpoint: the settings as they
-    are (a missing or damaged checkpoint is refused later, with its message)."""
+    are (a missing or damaged checkpoint is refused later, with its message). Saved settings that
+    TrainConfig refuses (a state.json edited by hand) are refused here, naming their flags: the
+    defaults in their place would quietly resume another run."""
     from .core.errors import ConfigError
     from .train import TrainConfig
     from .train.checkpoint import has_checkpoint, saved_state
@@ -939,9 +995,19 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
         return settings
     try:
         state = saved_state(output_dir)
-        saved = TrainConfig.from_saved(state["config"]).to_dict()
-    except (ConfigError, TypeError, ValueError):
+    except ConfigError:
         return settings
+    # A setting given on the command line replaces the saved one, so that it can mend a bad one.
+    overrides = {name: settings[name] for name in given if name in settings}
+    try:
+        saved = TrainConfig.from_saved({**state["config"], **overrides}).to_dict()
+    except (ConfigError, TypeError, ValueError) as exc:
+        flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
+        named = [flags[field] for field in getattr(exc, "fields", ()) if field in flags]
+        fix = f"give {' and '.join(dict.fromkeys(named))} to set it for this run, or " if named else ""
+        raise UsageError(f"--resume: the settings saved with the checkpoint in {output_dir} (the 'config' of "
+                         f"checkpoint/state.json) are refused: {exc}. The checkpoint is left as it is; {fix}mend "
+                         "state.json, or start a new run in another output directory") from None
     merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
                   env_kwargs={**(saved.get("env_kwargs") or {}), **settings["env_kwargs"]})
@@ -1041,6 +1107,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")
+    from .train.checkpoint import saved_state
+    from .train.export import saved_config
+
+    try:  # a state.json that cannot be read is the argument's fault, said before any model loads
+        run = Path(args.run).expanduser()
+        saved_config(run, saved_state(run, doing="export"))
+    except (ConfigError, ModelLoadError) as exc:
+        raise UsageError(str(exc)) from None
     if args.base_model is not None:
         _check_model_dir(args.base_model, "--base-model")
     out = export(args.run, args.out, base_model=args.base_model)

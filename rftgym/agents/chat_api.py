@@ -196,7 +196,14 @@ class ChatAPIConfig:
                 f"'/chat/completions' suffix",
                 field="base_url",
             )
-        parsed = urllib.parse.urlsplit(base_url)
+        try:
+            parsed = urllib.parse.urlsplit(base_url)
+        except ValueError as exc:  # e.g. an unclosed IPv6 bracket: 'http://[::1/v1'
+            raise ConfigError(
+                f"ChatAPIConfig.base_url is not a valid URL ({exc}), got {self.base_url!r}; "
+                f"expected e.g. 'http://127.0.0.1:8000/v1' or 'http://[::1]:8000/v1'",
+                field="base_url",
+            ) from None
         if not parsed.hostname:
             raise ConfigError(
                 f"ChatAPIConfig.base_url has no host name (expected e.g. "

@@ -62,14 +62,20 @@ def _open(path: Path, shape: str):
         raise DataFormatError(f"{path}: cannot be read ({exc.strerror or exc}); expected {shape}") from None
 
 
+def _runs_past_the_line(exc: Exception) -> bool:
+    """Whether :func:`json.loads` refused the text because it ended inside a value (a string left
+    open runs to the end of the text as well): cut short, or continued on the next line."""
+    return isinstance(exc, json.JSONDecodeError) and (exc.pos >= len(exc.doc.rstrip())
+                                                      or exc.msg.startswith("Unterminated string"))
+
+
 def _decode_error(where: str, exc: Exception, shape: str) -> DataFormatError:
     """The data error for JSON text that :func:`json.loads` refused at ``where``."""
     if isinstance(exc, RecursionError):
         return DataFormatError(f"{where}: the JSON is nested too deeply to read; expected {shape}")
     if isinstance(exc, json.JSONDecodeError):
         at = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
-        # A string left open runs to the end of the text as well.
-        ends_early = exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
+        ends_early = _runs_past_the_line(exc)
         cut = "; the text ends before its JSON does (cut short, e.g. by an interrupted write?)" if ends_early else ""
         return DataFormatError(f"{where}: not valid JSON ({exc.msg}, {at}){cut}; expected {shape}")
     # ValueError: an integer past Python's limit on digits converted from text.
@@ -103,7 +109,8 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
     ``.gz`` files are read through gzip."""
     path = Path(path)
     with _open(path, shape) as handle:
-        for number, raw in enumerate(_lines(handle, path), start=1):
+        lines = _lines(handle, path)
+        for number, raw in enumerate(lines, start=1):
             where = f"{path}:{number}"
             try:
                 # utf-8-sig on the first line: files saved by some editors start with a BOM.
@@ -115,9 +122,16 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
             try:
                 record = json.loads(line)
             except (RecursionError, ValueError) as exc:
+                if _runs_past_the_line(exc) and any(more.strip() for more in lines):
+                    raise DataFormatError(f"{where}: the JSON value goes on past the end of the line, and JSON "
+                                          "lines holds each object whole on one line (is this a JSON file, e.g. a "
+                                          f"pretty-printed list, or an object split over lines?); expected {shape}"
+                                          ) from None
                 raise _decode_error(where, exc, shape) from None
             if not isinstance(record, dict):
-                raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}; "
+                listed = " (a JSON list: JSON lines holds each object on a line of its own, not in a list)" \
+                    if isinstance(record, list) and record and all(isinstance(r, dict) for r in record) else ""
+                raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}{listed}; "
                                       f"expected {shape}")
             yield number, record
 

