@@ -15,6 +15,33 @@ from typing import Mapping, Sequence
 from ..core.errors import ConfigError
 from ..core.messages import Context, Message
 from ..core.records import CONTEXT_FULL  # noqa: F401 (agents answer it; re-exported for them)
+from ..core.values import is_finite_real, is_int
+
+
+def check_decoding_bounds(config, min_temperature: float = 0.0) -> None:
+    """``config``'s ``max_new_tokens``, ``temperature``, ``top_k`` and ``top_p`` are in range (a
+    ConfigError naming the field otherwise): the policy's settings and the fast decoder's share them."""
+    if not (is_int(config.max_new_tokens) and config.max_new_tokens >= 1):
+        raise ConfigError(f"max_new_tokens must be an integer of at least 1, got {config.max_new_tokens!r}",
+                          field="max_new_tokens")
+    temperature = config.temperature
+    if not (is_finite_real(temperature) and (temperature == 0 or temperature >= min_temperature) and temperature >= 0):
+        floor = f"a finite number >= {min_temperature:g}" if min_temperature > 0 else "a positive finite number"
+        raise ConfigError(f"temperature must be 0 (greedy) or {floor}, got {temperature!r}", field="temperature")
+    if not (is_finite_real(config.top_p) and 0 < config.top_p <= 1):
+        raise ConfigError(f"top_p must be a number in (0, 1], got {config.top_p!r}", field="top_p")
+    if not (is_int(config.top_k) and config.top_k >= 0):
+        raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {config.top_k!r}", field="top_k")
+
+
+def refuse_empty_prompts(prompts: Sequence[Sequence[int]]) -> None:
+    """A ValueError naming the first empty prompt: the model needs a token to condition the first
+    sampled one on (a context's prompt ends with the chat template's generation prompt)."""
+    empty = [i for i, prompt in enumerate(prompts) if len(prompt) == 0]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} of {len(prompts)} is empty (no token ids); the model needs at least one "
+                         "token to condition on: give chat.prompt_ids(context), which ends with the chat template's "
+                         "generation prompt, or start the prompt with the tokenizer's bos token")
 
 
 @dataclass

@@ -11,12 +11,11 @@ their message ids, and may hold the same text sampled as different tokens.
 
 A reply ends where the model samples a stop token. When that token is the template's own end of
 a turn (``<|im_end|>``), the span keeps it and adds the rest of the closing. Any other stop (e.g.
-``<|endoftext|>`` from the model's generation config) is no text of the message, which the
-template closes with its own end of a turn: the span is then generation prompt + the reply's
-tokens + the template's closing, without the stop token, so that the next prompt is the
-template's rendering of the context, as it would be anywhere else. The stop token stays in the
-turn's record (sampled, with its log-prob); since it was not fed back, the next turn's prompt
-does not extend the tokens sampled and starts a new segment (DESIGN.md section 2).
+``<|endoftext|>`` from the model's generation config) is no text of the message, but it was fed
+to the model with the rest of the reply, so the span keeps it too, followed by the template's
+whole closing: the next prompt extends what was sampled and the episode stays one segment
+(DESIGN.md section 2), while the template's own rendering of the context lacks that token, as it
+lacks a non-canonical split of the reply's text.
 
 This needs a template in which each message renders on its own once the first message is
 placed (ChatML and most others): then the concatenated spans equal the tokenized full rendering.
@@ -231,19 +230,15 @@ class ChatTokenizer:
 
     def assistant_span(self, message: Message, sampled_ids: Sequence[int]) -> tuple[int, ...]:
         """The exact span of an assistant ``message`` that was produced by sampling ``sampled_ids``:
-        generation prompt + sampled tokens + whatever the template writes after the content. A
-        final stop token that begins the closing (the template's end of a turn) stands for it;
-        another stop token (e.g. ``<|endoftext|>``) is left out, as the message's text leaves it
-        out, and the template's closing ends the turn."""
+        generation prompt + sampled tokens + whatever the template writes after the content, minus
+        the end of a turn when the model already sampled it (another stop token stays: it was
+        sampled, and the next prompt extends the sampled tokens)."""
         if message.role != "assistant":
             raise ValueError(f"only assistant messages are bound to sampled tokens, got {message.role}")
         closing = self._encode(self.closing)
         sampled = list(sampled_ids)
-        if sampled and sampled[-1] in self.stop_ids:
-            if closing and closing[0] == sampled[-1]:
-                closing = closing[1:]
-            else:
-                sampled = sampled[:-1]
+        if sampled and closing and sampled[-1] in self.stop_ids and closing[0] == sampled[-1]:
+            closing = closing[1:]
         return tuple(self.generation_prompt_ids) + tuple(sampled) + tuple(closing)
 
     def decode_reply(self, sampled_ids: Sequence[int]) -> str:

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import ConfigError
-from ..core.values import is_finite_real, is_int
+from .base import check_decoding_bounds, refuse_empty_prompts
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE types whose frequencies do not depend on the sequence length: cos/sin follow from
@@ -88,16 +88,7 @@ class DecodeSettings:
 
     def __post_init__(self) -> None:
         # The same bounds as SamplingConfig's, for callers of FastDecoder who make these directly.
-        if not (is_int(self.max_new_tokens) and self.max_new_tokens >= 1):
-            raise ConfigError(f"max_new_tokens must be an integer of at least 1, got {self.max_new_tokens!r}",
-                              field="max_new_tokens")
-        if not (is_finite_real(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be 0 (greedy) or a positive finite number, got "
-                              f"{self.temperature!r}", field="temperature")
-        if not (is_int(self.top_k) and self.top_k >= 0):
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k")
-        if not (is_finite_real(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}", field="top_p")
+        check_decoding_bounds(self)
 
     @property
     def greedy(self) -> bool:
@@ -458,11 +449,7 @@ class FastDecoder:
         [0, 1), not needed when greedy) are each row's draws, one per new token. No prompts give
         empty results; an empty prompt is refused (there is nothing to condition the first token on).
         One call at a time runs (a lock): concurrent calls from threads wait their turn."""
-        empty = [row for row, prompt in enumerate(prompts) if len(prompt) == 0]
-        if empty:
-            raise ValueError(f"prompt {empty[0]} of {len(prompts)} is empty (no token ids); the model needs at "
-                             "least one token to condition on: give each prompt its chat rendering (which ends "
-                             "with the generation prompt) or start it with the tokenizer's bos token")
+        refuse_empty_prompts(prompts)
         if not prompts:
             n = settings.max_new_tokens
             return (torch.zeros((0, n), dtype=torch.long), torch.zeros((0, n), dtype=torch.float32),
@@ -492,9 +479,14 @@ class FastDecoder:
         # inference_mode here too: the cached state is made of inference tensors, which a call
         # outside that mode could not update in place.
         on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
-        with self._lock, torch.inference_mode(), on_device:
-            return self._decode(input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id,
-                                graphs, uniforms)
+        with self._lock:
+            with torch.inference_mode(), on_device:
+                results = self._decode(input_ids, attention, finished_rows, real, max_len, settings, stop_ids,
+                                       pad_id, graphs, uniforms)
+            # Copies, under the lock (the next call of this shape overwrites the state in place; on
+            # a CPU .cpu() would return views) and outside inference mode, so that they are plain
+            # tensors a caller may change in place, like the generic loop's.
+            return tuple(t.to("cpu", copy=True) for t in results)
 
     def _decode(self, input_ids, attention, finished_rows, real, max_len, settings, stop_ids, pad_id, graphs,
                 uniforms):
@@ -514,10 +506,7 @@ class FastDecoder:
                     graph.replay()
                 else:
                     self.decode_step(state)
-        # Copies, also on a CPU (where .cpu() would return views): the next call of this shape
-        # overwrites the state in place.
-        return tuple(t[:real].to("cpu", copy=True) for t in (state.sampled, state.logprobs, state.lengths,
-                                                              state.stopped))
+        return tuple(t[:real] for t in (state.sampled, state.logprobs, state.lengths, state.stopped))
 
     # .............................................................. graph cache
 

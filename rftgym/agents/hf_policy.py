@@ -12,7 +12,8 @@ keeps the generic loop, which any causal LM can use.
 With a seed, the replies the rollout engine asks for are keyed (:mod:`rftgym.agents.sampling_keys`):
 each draws from a stream of its own, so an episode samples the same tokens whatever else shares
 its batch. Direct calls without keys draw from the policy's one seeded generator, unless the call
-is given a ``SamplingConfig`` with a seed of its own, which makes that call reproducible.
+is given a ``SamplingConfig`` with a seed of its own (not the policy's), which makes that call
+reproducible.
 
 Top-k and top-p filter as Hugging Face's ``TopKLogitsWarper`` then ``TopPLogitsWarper`` do (the
 nucleus is taken over the top-k survivors, renormalised). The recorded log-probabilities are
@@ -33,7 +34,7 @@ from typing import Mapping, Sequence
 from ..core.errors import AgentError, ConfigError, require
 from ..core.messages import Context, Message
 from ..core.values import is_finite_real, is_int
-from .base import CONTEXT_FULL, Agent, AgentReply
+from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
 
@@ -53,7 +54,8 @@ class SamplingConfig:
     top_k: int = 0  # 0 means no top-k truncation
     # With a seed, sampling is reproducible; replies the rollout engine keys (each episode's turns)
     # then sample the same whatever else shares their batch. None: fresh randomness each run.
-    # A config handed to one generate() call with a seed makes that call reproducible on its own.
+    # A config handed to one generate() call with a seed other than the policy's makes that call
+    # reproducible on its own.
     seed: int | None = None
     max_batch_size: int = 32
     # The longest prompt the policy answers; None = whatever leaves room for a whole reply in the
@@ -61,17 +63,11 @@ class SamplingConfig:
     max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "max_batch_size", "max_prompt_tokens"):
+        for name in ("max_batch_size", "max_prompt_tokens"):
             value = getattr(self, name)
             if not (value is None and name == "max_prompt_tokens") and not (is_int(value) and value >= 1):
                 raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}", field=name)
-        if not (is_finite_real(self.temperature) and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)):
-            raise ConfigError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got "
-                              f"{self.temperature!r}", field="temperature")
-        if not (is_finite_real(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}", field="top_p")
-        if not (is_int(self.top_k) and self.top_k >= 0):
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k")
+        check_decoding_bounds(self, MIN_TEMPERATURE)
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < 2**63):
             raise ConfigError(f"seed must be None or an integer in [0, 2^63), got {self.seed!r}", field="seed")
 
@@ -171,9 +167,9 @@ class HFPolicy(Agent):
         back in the order of ``prompts``.
 
         ``sample_keys`` (one per prompt): with a seed, each reply samples from the stream of
-        ``(seed, key)`` alone, the same in any batch. Without keys: given ``sampling`` with a seed,
-        reply i draws from the stream of ``(seed, i)``, so the call gives the same tokens each time
-        it is made with that seed; otherwise (the policy's own settings, or no seed) every reply
+        ``(seed, key)`` alone, the same in any batch. Without keys: given ``sampling`` with a seed
+        other than the policy's, reply i draws from the stream of ``(seed, i)``, so the call gives
+        the same tokens each time it is made with that seed; otherwise (the policy's seed, or none) every reply
         draws from the policy's one generator, in the order of ``prompts`` (seeded by the policy's
         seed: a run replays as a whole, and successive calls sample afresh).
 
@@ -184,14 +180,12 @@ class HFPolicy(Agent):
         finish reason ``CONTEXT_FULL`` (the episode cannot go on, which is the episode's fate, not
         an error of the run).
         """
-        # A seed handed to this call (not the policy's settings) makes the call reproducible.
-        own_seed = sampling is not None and sampling.seed is not None
+        # A seed of the call's own makes the call reproducible. The policy's seed is not one: a
+        # config made from the policy's settings (dataclasses.replace(policy.sampling, ...)) in a
+        # loop of calls must sample afresh each time, as without a config.
+        own_seed = sampling is not None and sampling.seed is not None and sampling.seed != self.sampling.seed
         sampling = sampling or self.sampling
-        empty = [i for i, prompt in enumerate(prompts) if len(prompt) == 0]
-        if empty:
-            raise ValueError(f"prompt {empty[0]} of {len(prompts)} is empty (no token ids); the model needs at "
-                             "least one token to condition on: give chat.prompt_ids(context), which ends with the "
-                             "chat template's generation prompt, or start the prompt with the tokenizer's bos token")
+        refuse_empty_prompts(prompts)
         limit = self.prompt_limit(sampling)
         replies: list[AgentReply | None] = [None] * len(prompts)
         for i, prompt in enumerate(prompts):
@@ -293,9 +287,8 @@ class HFPolicy(Agent):
             from .fast_decode import DecodeSettings
 
             settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
-            with self.torch.inference_mode():
-                sampled, logprobs, lengths, stopped = fast.generate(
-                    prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id, uniforms=uniforms)
+            sampled, logprobs, lengths, stopped = fast.generate(  # in inference mode itself
+                prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id, uniforms=uniforms)
         else:
             sampled, logprobs, lengths, stopped = self._generic_decode(prompts, sampling, uniforms)
         return self._replies(prompts, sampled, logprobs, lengths, stopped)

@@ -1,11 +1,10 @@
 """A reply that stops on a stop id other than the template's end of a turn (e.g. <|endoftext|>
-from the model's generation config): the next prompt is still the template's rendering of the
-context, and the turn's record still holds what was sampled."""
+from the model's generation config): the stop token is no text of the message, but the next
+prompt feeds it back as sampled, closed by the template's own end of a turn, so the episode
+stays one segment."""
 
 from __future__ import annotations
 
-import pytest
-import torch
 from support import SayAEnv, char_tokenizer
 
 from rftgym.agents.chat_tokens import ChatTokenizer
@@ -18,22 +17,29 @@ def rendered_ids(chat: ChatTokenizer, context: Context) -> list[int]:
     return list(chat.tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"])
 
 
-def test_a_span_closed_by_another_stop_id_is_the_templates_rendering():
+def test_a_span_keeps_another_stop_id_and_closes_with_the_template():
     tokenizer = char_tokenizer()
     end_of_text, end_of_turn = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     chat = ChatTokenizer(tokenizer, extra_stop_ids=[end_of_text])
     assert end_of_text in chat.stop_ids and end_of_turn in chat.stop_ids
     reply = tokenizer("hi there", add_special_tokens=False)["input_ids"]
+    closing = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
     question, follow_up = Message("user", "greet me", "q"), Message("user", "thanks", "f")
-    for stop in (end_of_text, end_of_turn):
+    for stop, fed in ((end_of_turn, reply), (end_of_text, reply + [end_of_text])):
         text = chat.decode_reply(reply + [stop])
         assert text == "hi there"  # no stop token in the message's text
         answer = Message("assistant", text, "a")
         context = Context((question, answer, follow_up))
         span = chat.assistant_span(answer, reply + [stop])
-        assert chat.prompt_ids(context, {answer.id: span}) == rendered_ids(chat, context)
-        # the reply's tokens are fed back as sampled, closed by the template's own end of a turn
-        assert list(span) == list(chat.generation_prompt_ids) + reply + tokenizer("<|im_end|>\n")["input_ids"]
+        # the sampled end of a turn stands for the closing's first token; another stop is kept
+        assert list(span) == list(chat.generation_prompt_ids) + fed + closing
+        prompt = chat.prompt_ids(context, {answer.id: span})
+        if stop == end_of_turn:
+            assert prompt == rendered_ids(chat, context)
+        else:  # the template's rendering, with the sampled stop token where the model put it
+            rendered = rendered_ids(chat, context)
+            cut = prompt.index(end_of_text)
+            assert prompt[:cut] + prompt[cut + 1:] == rendered
 
 
 class TwoTurns(SayAEnv):
@@ -50,7 +56,7 @@ class TwoTurns(SayAEnv):
         return self.context, 0.0, False, False, {}
 
 
-def test_a_rollout_stopping_on_end_of_text_records_the_stop_and_feeds_the_template(make_char_policy):
+def test_a_rollout_stopping_on_end_of_text_feeds_the_stop_back_in_one_segment(make_char_policy):
     policy = make_char_policy()
     end_of_text, end_of_turn = policy.tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     policy.model.generation_config.eos_token_id = [end_of_turn, end_of_text]
@@ -74,14 +80,16 @@ def test_a_rollout_stopping_on_end_of_text_records_the_stop_and_feeds_the_templa
     first, second = episode.turns
     assert first.finish_reason == "stop" and first.sampled_ids[-1] == end_of_text and len(first.sampled_ids) == 3
     assert "<|endoftext|>" not in first.action and len(first.logprobs) == 3
+    # The next prompt extends what was sampled, the stop token included, so the episode is one
+    # segment whose every sampled token is trained on (mask 1) with its log-prob.
+    assert second.prompt_ids[: len(first.prompt_ids) + 3] == first.prompt_ids + first.sampled_ids
     context = Context(tuple(episode.messages[i] for i in second.context_ids))
-    assert second.prompt_ids == rendered_ids(policy.chat, context)
-    # The record keeps what was sampled: the stop token is trained on (mask 1) with its log-prob;
-    # it was not fed back, so the second turn's prompt starts a segment of its own.
+    cut = len(first.prompt_ids) + 2
+    assert second.prompt_ids[:cut] + second.prompt_ids[cut + 1:] == rendered_ids(policy.chat, context)
     segments = episode.segments
-    assert [s.turn_indices for s in segments] == [(0,), (1,)]
-    head = segments[0]
-    assert head.token_ids == first.prompt_ids + first.sampled_ids
-    assert head.loss_mask == [0] * len(first.prompt_ids) + [1] * 3
-    assert head.logprobs[-3:] == pytest.approx(first.logprobs)
-    assert segments[1].token_ids[: len(second.prompt_ids)] == second.prompt_ids
+    assert [s.turn_indices for s in segments] == [(0, 1)]
+    whole = segments[0]
+    assert whole.token_ids[: len(second.prompt_ids)] == second.prompt_ids
+    assert whole.loss_mask[: len(first.prompt_ids) + 3] == [0] * len(first.prompt_ids) + [1] * 3
+    assert whole.loss_mask[len(first.prompt_ids) + 3: len(second.prompt_ids)] == \
+        [0] * (len(second.prompt_ids) - len(first.prompt_ids) - 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,6 +77,19 @@ def test_a_seed_given_to_a_call_makes_it_reproducible(make_char_policy, path):
     # Without a seed, or with the policy's own settings, calls draw from the policy's stream.
     unseeded = [[r.sampled_ids for r in policy.generate(PROMPTS, hot)] for _ in range(2)]
     assert unseeded[0] != unseeded[1]
+
+
+def test_a_config_made_from_the_policys_settings_samples_afresh_each_call(make_char_policy):
+    # The policy's own seed is no seed of the call's: a loop of calls with
+    # replace(policy.sampling, ...) (pass@k, a scorer) must not repeat one sample k times.
+    base = make_char_policy()
+    policy = HFPolicy(base.model, base.tokenizer, sampling=SamplingConfig(max_new_tokens=8, temperature=1.5, seed=3))
+    again = dataclasses.replace(policy.sampling, max_new_tokens=6)
+    draws = [[r.sampled_ids for r in policy.generate(PROMPTS, again)] for _ in range(2)]
+    assert draws[0] != draws[1]
+    # ... and it replays with the policy, as the policy's stream does
+    replay = HFPolicy(base.model, base.tokenizer, sampling=policy.sampling)
+    assert [[r.sampled_ids for r in replay.generate(PROMPTS, again)] for _ in range(2)] == draws
 
 
 def test_a_seeded_call_does_not_replay_a_keyed_reply(make_char_policy):

@@ -86,6 +86,9 @@ def test_a_decoder_the_policy_used_runs_outside_inference_mode(make_char_policy)
     got = policy._fast[1].generate(FIRST, DecodeSettings(8, 0.0, 0, 1.0), stop_ids=policy.chat.stop_ids,
                                    pad_id=policy.pad_id)
     assert [row[:n].tolist() for row, n in zip(got[0], got[2])] == replies
+    for tensor in got:  # plain tensors, as the generic loop gives: a caller may change them in place
+        assert not tensor.is_inference()
+        tensor.zero_()
 
 
 def test_a_decoder_copies_and_pickles(make_char_policy):
