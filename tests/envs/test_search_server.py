@@ -18,7 +18,8 @@ from rftgym.core.errors import ConfigError
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.env import SearchEvalQAEnv
 from rftgym.envs.search.retrievers import BM25Retriever
-from rftgym.envs.search.server import RemoteRetriever, RetrievalServiceError, make_server
+from rftgym.envs.search.client import RemoteRetriever, RetrievalServiceError
+from rftgym.envs.search.server import make_server
 from rftgym.envs.search.world import World
 
 DOCS = [
@@ -114,7 +115,7 @@ def test_a_down_service_is_a_clear_error():
 ])
 def test_a_service_url_that_cannot_be_one_is_a_config_error(url, problem):
     from rftgym.core.errors import ConfigError
-    from rftgym.envs.search.server import check_service_url
+    from rftgym.envs.search.client import check_service_url
 
     with pytest.raises(ConfigError, match=problem):
         check_service_url(url)

@@ -13,7 +13,8 @@ import pytest
 
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.retrievers import BM25Retriever
-from rftgym.envs.search.server import RemoteRetriever, RetrievalServiceError, make_server
+from rftgym.envs.search.client import RemoteRetriever, RetrievalServiceError
+from rftgym.envs.search.server import make_server
 
 DOCS = [
     Document("d0", "Paris", "Paris is the capital of France."),
@@ -104,13 +105,26 @@ CASES = [
     (post(GOOD, f"Content-Length: {len(GOOD) + 3}"), 400, "2 different Content-Length headers"),
     (post(GOOD, length="+34"), 400, "Content-Length must be a byte count, got +34"),
     (post(b"", length=10 ** 12), 413, "must be at most 8388608 bytes: send fewer queries"),
-    (post(b'{"queries": ["cheese"], "top_k": 2}'), 400, "unknown field 'top_k'; the fields are"),
+    (post(b'{"queries": ["cheese"], "top_k": 2}'), 400, "unknown field 'top_k' (did you mean \"topk\"?); the fields"),
+    (post(b'{"query": ["cheese"]}'), 400, "unknown field 'query' (did you mean \"queries\"?)"),
+    (post(b'{"queries": ["cheese"], "return_score": false}'), 400, 'did you mean "return_scores"?'),
+    # No Content-Length: the body was read as empty ("the request body is empty", which it was not).
+    (b"POST /retrieve HTTP/1.1\r\nHost: x\r\n\r\n" + GOOD, 411, "with a Content-Length header"),
+    (b"POST /retrieve HTTP/1.0\r\n\r\n" + GOOD, 411, "with a Content-Length header"),
+    # A request line over 64 KiB after an empty line: the standard library checked only the empty line.
+    (b"\r\nGET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, ""),
     (post(b'{"queries": ["cheese"], "topk": NaN}'), 400, '"topk" must be an int in [1, 1000], got \'NaN\''),
     (post(b'["cheese"]'), 400, "expected a JSON object"),
     (post(b'{"queries": [1]}'), 400, '"queries" must be a list of strings, e.g.'),
     (post(GOOD, path="/search"), 404, "unknown path '/search'; use POST /retrieve or GET /health"),
     (b"DELETE /retrieve HTTP/1.1\r\nHost: x\r\n\r\n", 405, "use POST"),
 ]
+
+
+def test_extra_fields_of_other_clients_are_ignored_as_search_r1_does(server):
+    body = b'{"queries": ["cheese"], "topk": 1, "request_id": "r-7", "model": "e5"}'
+    (status, _, reply), = replies(exchange(server, post(body, "Connection: close")))
+    assert status == 200 and len(json.loads(reply)["result"][0]) == 1
 
 
 @pytest.mark.parametrize("data, status, message", CASES, ids=range(len(CASES)))

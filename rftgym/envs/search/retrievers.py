@@ -12,7 +12,7 @@ occurs in the document) are left out, so an empty list means "nothing matched".
   ``cache_root()/embeddings``, keyed by a hash of the corpus contents and the model name.
 * :class:`CallableRetriever`: results written by any function (e.g. an LLM acting as a
   simulated search engine, AutoCoA's world model).
-* ``RemoteRetriever`` (in :mod:`.server`): a client of the HTTP retrieval service.
+* ``RemoteRetriever`` (in :mod:`.client`): a client of the HTTP retrieval service (:mod:`.server`).
 
 Heavy dependencies are imported lazily; a missing one raises an error naming the
 ``retrieval`` extra.
@@ -291,7 +291,7 @@ def check_retriever_options(config) -> None:
     if not isinstance(config.retriever, Retriever) and config.retriever not in ENV_RETRIEVERS:
         raise ConfigError(f"retriever must be one of {ENV_RETRIEVERS} or a Retriever object, got {config.retriever!r}")
     if config.retriever_url is not None:
-        from .server import check_service_url
+        from .client import check_service_url
 
         check_service_url(config.retriever_url)
     if config.retriever == "remote" and not config.retriever_url:
@@ -309,7 +309,7 @@ def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[
     if isinstance(config.retriever, Retriever):
         return config.retriever, False
     if config.retriever == "remote":
-        from .server import RemoteRetriever
+        from .client import RemoteRetriever
 
         remote = RemoteRetriever(config.retriever_url)
         remote.probe(config.top_k)

@@ -1,4 +1,4 @@
-"""A retrieval HTTP service in Search-R1's ``/retrieve`` shape, and its client.
+"""A retrieval HTTP service in Search-R1's ``/retrieve`` shape (its client: :mod:`.client`).
 
 Many rollout workers (and other frameworks, e.g. Search-R1 and FlashRAG pipelines) can share one
 index by querying one server::
@@ -12,55 +12,53 @@ With ``"return_scores": false`` each result is the bare document ``{"id", "conte
 
 Every refusal is a JSON object ``{"error": "..."}`` that says what was wrong and what to send
 instead: 400 (a request line, JSON body or field it cannot read, an unknown field such as a
-misspelt ``top_k``, HTTP/0.9, an https:// client), 404 (another path), 405 (another method of a
+misspelt ``top_k``, though other extra fields are ignored as Search-R1's server ignores them; HTTP/0.9, an https:// client), 404 (another path), 405 (another method of a
 known path), 408 (a body too slow to arrive), 411 (a body without a Content-Length), 413 (a body
 over 8 MiB), 415 (a body labelled as another type, such as text/html, though curl's and
 urllib's default label is read as JSON; a compressed body; a charset other than UTF-8), 414 and 431 (a
 request line or headers too long), 501 (an unknown method), 505 (HTTP/2 or later); a search that
 fails is a 500 with its reason. The service goes on serving other clients after any of them.
 
+Connections: at most ``max_connections`` (default 128) are handled at once, a thread each;
+more wait in the listen backlog until one ends, so a burst of workers is served late rather
+than refused (a search is short and searches are serialized anyway, so a wait costs little,
+and a refusal would cost a failed rollout once the client's retries ran out). A kept-alive
+connection with no next request within ``idle_timeout_s`` (default 5 s) is closed; while
+connections wait for a slot, every reply closes its connection, so that the slots go round.
+
 :func:`make_server` builds a server over any :class:`Retriever` (standard library
-``http.server``, one thread per request, searches serialized by a lock because the indexes are
-not documented as thread-safe); :func:`serve` runs it until interrupted (what the
-``rftgym serve-retriever`` command should call). :class:`RemoteRetriever` is the client: a
-:class:`Retriever` whose searches go to the service, with a timeout, retries with backoff, and
-an error saying how to start the service when it is down.
+``http.server``, searches serialized by a lock because the indexes are not documented as
+thread-safe); :func:`serve` runs it until interrupted (what the ``rftgym serve-retriever``
+command calls).
 """
 
 from __future__ import annotations
 
-import http.client
+import difflib
 import json
 import math
 import socket
 import threading
 import time
 import traceback
-import urllib.error
 import urllib.parse
-import urllib.request
-import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any
 
-from ...core.errors import ConfigError, RftgymError
-from ...core.values import valid_text
-from ...core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, retry_after_s
-from .corpora import load_corpus, split_flashrag_contents
-from .retrievers import Hit, Retriever, _check_search_args, make_retriever
+from ...core.errors import ConfigError
+from ...core.web import BodyCutShort, BodyTooSlow, read_body
+# The client lived here before it had a module of its own: its names still import from here.
+from .client import RemoteRetriever, RetrievalServiceError  # noqa: F401
+from .corpora import load_corpus
+from .retrievers import Hit, Retriever, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read has the handler's timeout)
 LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
 MAX_TOPK = 1000
 MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
-MAX_REPLY_BYTES = 512 * 1024 * 1024  # the client's limit on a reply
-MAX_ID_CHARS, MAX_TITLE_CHARS = 200, 500
-MAX_ERROR_BYTES = 64 * 1024  # of a refusal's body, read for its reason
-
-
-class RetrievalServiceError(RftgymError, RuntimeError):
-    """The retrieval service is down, timed out or answered in an unexpected shape."""
+DEFAULT_MAX_CONNECTIONS = 128  # handled at once: a 64-worker rollout twice over (a thread each)
+IDLE_TIMEOUT_S = 5.0  # a kept-alive connection's wait for its next request (as uvicorn's and Apache's)
 
 
 def to_contents(hit: Hit) -> str:
@@ -96,14 +94,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         try:
+            first = self._first_byte_of_next_request()
+            if not first:  # the client left, or sent nothing within the idle timeout
+                self.close_connection = True
+                return
             # A TLS handshake (an https:// URL) holds no line end: the line read would wait for the timeout.
-            if self.rfile.peek(1)[:1] == b"\x16":
+            if first == b"\x16":
                 self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
                 self._send(400, {"error": "this service speaks plain HTTP, not HTTPS: use an http:// URL"})
                 return
             super().handle_one_request()
         except (ConnectionError, TimeoutError):  # the client has gone, or stayed silent: nobody to answer
             self.close_connection = True
+
+    def _first_byte_of_next_request(self) -> bytes:
+        """The next request's first byte, waited for at most the server's idle timeout (a kept-alive
+        connection holds a thread and a slot while it waits); b"" when none came. The rest of the
+        request then has the handler's longer ``timeout`` for each read."""
+        self.connection.settimeout(self.server.idle_timeout_s)
+        try:
+            return self.rfile.peek(1)[:1]
+        except TimeoutError:
+            self.server.connections.count_idle_close()
+            return b""
+        finally:
+            self.connection.settimeout(self.timeout)
 
     def parse_request(self) -> bool:  # the stdlib's, once per request on a kept-alive connection
         self.body_read = False
@@ -113,6 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.raw_requestline = self.rfile.readline(65537)
         if not self.raw_requestline.strip():  # only empty lines, then the client left: no request
             self.close_connection = True
+            return False
+        if len(self.raw_requestline) > 65536:  # the stdlib's own check saw only the empty line
+            self.requestline, self.request_version, self.command = "", "", ""  # as the stdlib sets them there
+            self.send_error(414)
             return False
         if not super().parse_request():
             return False
@@ -143,6 +162,11 @@ class _Handler(BaseHTTPRequestHandler):
             # connection it would be read as the next request.
             self.send_header("Connection", "close")
             self.close_connection = True
+        elif not self.close_connection and self.server.connections.contended():
+            self.send_header("Connection", "close")  # a connection waits for a slot: this one gives its slot up
+        elif not self.close_connection:
+            # How long the connection waits for the next request, for the clients that read it.
+            self.send_header("Keep-Alive", f"timeout={math.floor(self.server.idle_timeout_s)}")
         self.end_headers()
         if self.command != "HEAD":  # a reply to HEAD has the headers of the body alone
             self.wfile.write(body)
@@ -242,7 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
         lengths = {value.strip() for value in self.headers.get_all("Content-Length", [])}
         if len(lengths) > 1:  # which one frames the body? (a request smuggling trick)
             return 400, {"error": f"bad request: {len(lengths)} different Content-Length headers; send one"}
-        length = lengths.pop() if lengths else "0"
+        if not lengths:  # a body with no length: how much of what follows is it? (nothing is JSON either)
+            return 411, {"error": f"send the request body with a Content-Length header: {REQUEST_SHAPE}"}
+        length = lengths.pop()
         if not (length.isascii() and length.isdigit()):
             got = _shown(length, quoted=False)
             return 400, {"error": f"bad request: Content-Length must be a byte count, got {got}"}
@@ -299,30 +325,14 @@ def _shown(value: Any, limit: int = 100, quoted: bool = True) -> str:
     return repr(text) if quoted else text
 
 
-def _same_document(document, hit: Hit, exact: bool = False) -> bool:
-    """Whether ``hit`` is ``document``: by id with its title (another world or version numbers its
-    own documents alike), or by title or text (a service may number the same documents its way).
-    ``exact``: by title and text, whatever the id (a generated world of a neighbouring size has
-    the same ids and names, and other facts)."""
-    if exact:
-        return hit.title == document.title and _opening(hit.text) == _opening(document.text)
-    if hit.doc_id == str(document.id) and document.title in (hit.title, ""):
-        return True
-    return (bool(document.title) and hit.title == document.title) or \
-        (bool(document.text.strip()) and hit.text[:200] == document.text[:200])
-
-
-def _opening(text: str) -> str:
-    return " ".join(text.split())[:200]
-
-
 def _parse_request(request: Any) -> tuple[list[str], int, bool]:
     if not isinstance(request, dict):
         raise ValueError(f"expected a JSON object {REQUEST_SHAPE}, got {_json_kind(request)}")
-    unknown = [key for key in request if key not in REQUEST_FIELDS]
-    if unknown:  # a misspelt "top_k" would otherwise be answered with the default 3 documents
-        raise ValueError(f"unknown field {_shown(unknown[0])}; the fields are \"queries\", \"topk\" and "
-                         f"\"return_scores\": {REQUEST_SHAPE}")
+    for key in request:
+        meant = _meant_field(key)
+        if meant is not None:  # a misspelt "top_k" would otherwise be answered with the default 3 documents
+            raise ValueError(f"unknown field {_shown(key)} (did you mean \"{meant}\"?); the fields are \"queries\", "
+                             f"\"topk\" and \"return_scores\": {REQUEST_SHAPE}")
     queries = request.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise ValueError(f'"queries" must be a list of strings, e.g. {REQUEST_SHAPE}')
@@ -339,17 +349,94 @@ def _parse_request(request: Any) -> tuple[list[str], int, bool]:
     return queries, topk, scores
 
 
+# Spellings of the request's fields in other retrieval APIs, too far from ours for a close match.
+FIELD_ALIASES = {"k": "topk", "n": "topk", "top_n": "topk", "num_docs": "topk", "q": "queries", "query": "queries", "texts": "queries",
+                 "scores": "return_scores", "with_scores": "return_scores"}
+
+
+def _meant_field(key: str) -> str | None:
+    """The field an unknown ``key`` is a misspelling of (``top_k``, ``query``, ``return_score``),
+    or None for one of ours or an unrelated extra (a request id), which is ignored, as Search-R1's
+    server ignores extra fields."""
+    if key in REQUEST_FIELDS or not isinstance(key, str):
+        return None
+    folded = key.lower().replace("-", "_")
+    if folded in FIELD_ALIASES:
+        return FIELD_ALIASES[folded]
+    squeezed = folded.replace("_", "")
+    close = difflib.get_close_matches(squeezed, [f.replace("_", "") for f in REQUEST_FIELDS], n=1, cutoff=0.75)
+    return None if not close else next(f for f in REQUEST_FIELDS if f.replace("_", "") == close[0])
+
+
 def _json_kind(value: Any) -> str:
     return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
 
 
+class ConnectionSlots:
+    """At most ``limit`` connections handled at once. The accept loop takes a slot before a
+    connection gets its thread, and waits while none is free (the connections behind it wait in
+    the listen backlog); a handler's thread gives its slot back when its connection ends."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.busy = 0  # connections being handled
+        self.waiting = False  # whether the accept loop holds a connection that waits for a slot
+        self.idle_closed = 0  # connections closed for sending no request within the idle timeout
+        self._stopping = False
+        self._changed = threading.Condition()
+
+    def take(self) -> bool:
+        """Wait for a free slot and take it; False when the server is shutting down."""
+        with self._changed:
+            while self.busy >= self.limit and not self._stopping:
+                self.waiting = True
+                self._changed.wait()
+            self.waiting = False
+            if self._stopping:
+                return False
+            self.busy += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._changed:
+            self.busy -= 1
+            self._changed.notify_all()
+
+    def contended(self) -> bool:
+        """Whether a connection is waiting for a slot (a reply then closes its connection)."""
+        return self.waiting
+
+    def count_idle_close(self) -> None:
+        with self._changed:
+            self.idle_closed += 1
+
+    def stop(self) -> None:
+        """Make ``take`` give up, now and until ``reopen``: the server is shutting down."""
+        self._set_stopping(True)
+
+    def reopen(self) -> None:
+        self._set_stopping(False)
+
+    def _set_stopping(self, stopping: bool) -> None:
+        with self._changed:
+            self._stopping = stopping
+            self._changed.notify_all()
+
+
 class RetrievalServer(ThreadingHTTPServer):
+    """The service on ``address``, over ``retriever`` (or one attached later). ``connections``
+    counts the connections handled (``busy``), whether one waits for a slot, and the idle ones
+    closed."""
+
     daemon_threads = True
     # Connections waiting to be accepted: socketserver's 5 refuses a burst of rollout workers
-    # (64 at once lost 49 of them); the kernel caps it at net.core.somaxconn.
+    # (64 at once lost 49 of them); the kernel caps it at net.core.somaxconn. Those beyond
+    # max_connections wait here too.
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], retriever: Retriever | None, verbose: bool = False):
+    def __init__(self, address: tuple[str, int], retriever: Retriever | None, verbose: bool = False,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        _check_connection_limits(max_connections, idle_timeout_s)  # before the port is taken
         # IPv4 or IPv6, as the host names it ("::1" and "localhost" may be either).
         self.address_family = _address_family(*address)
         super().__init__(address, _Handler)
@@ -357,8 +444,36 @@ class RetrievalServer(ThreadingHTTPServer):
         self.document_count = 0
         self.lock = threading.Lock()
         self.verbose = verbose
+        self.connections = ConnectionSlots(max_connections)
+        self.idle_timeout_s = float(idle_timeout_s)
         if retriever is not None:
             self.attach(retriever)
+
+    def process_request(self, request, client_address) -> None:  # the accept loop's, once per connection
+        if not self.connections.take():
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started (e.g. none left to start): nobody else gives the slot back
+            self.connections.give_back()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.give_back()
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        try:
+            super().serve_forever(poll_interval)
+        finally:
+            self.connections.reopen()  # a later serve_forever waits for slots again
+
+    def shutdown(self) -> None:
+        self.connections.stop()  # an accept loop waiting for a slot would never see the request
+        super().shutdown()
 
     def attach(self, retriever: Retriever) -> None:
         """Serve ``retriever`` (the socket may be bound first, so that a busy port is found before
@@ -383,23 +498,43 @@ def _address_family(host: str, port: int) -> socket.AddressFamily:
     return infos[0][0]
 
 
-def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> RetrievalServer:
-    """A server over ``retriever``; port 0 picks a free port (see ``server.url``)."""
-    return RetrievalServer((host, port), retriever, verbose=verbose)
+def _check_connection_limits(max_connections: Any, idle_timeout_s: Any) -> None:
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ConfigError(f"max_connections must be a whole number >= 1 (connections handled at once; default "
+                          f"{DEFAULT_MAX_CONNECTIONS}), got {max_connections!r}", field="max_connections")
+    if isinstance(idle_timeout_s, bool) or not isinstance(idle_timeout_s, (int, float)) \
+            or not math.isfinite(idle_timeout_s) or idle_timeout_s <= 0:
+        raise ConfigError(f"idle_timeout_s must be a number of seconds > 0 (how long a kept-alive connection may "
+                          f"wait for its next request; default {IDLE_TIMEOUT_S:g}), got {idle_timeout_s!r}",
+                          field="idle_timeout_s")
 
 
-def serve(corpus, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000) -> None:
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
+                max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S
+                ) -> RetrievalServer:
+    """A server over ``retriever``; port 0 picks a free port (see ``server.url``). At most
+    ``max_connections`` connections are handled at once (more wait to be accepted); a kept-alive
+    connection is closed after ``idle_timeout_s`` without a request."""
+    return RetrievalServer((host, port), retriever, verbose=verbose, max_connections=max_connections,
+                           idle_timeout_s=idle_timeout_s)
+
+
+def serve(corpus, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
     """Load a corpus (a file's path, or a function that returns the documents), index it and serve
     it until interrupted (``rftgym serve-retriever``). The address is taken first: a busy port or a
-    wrong host is reported before the indexing."""
+    wrong host is reported before the indexing. ``max_connections`` and ``idle_timeout_s``: as
+    for :func:`make_server`."""
     try:
-        server = RetrievalServer((host, port), None, verbose=True)
+        server = RetrievalServer((host, port), None, verbose=True, max_connections=max_connections,
+                                 idle_timeout_s=idle_timeout_s)
     except OSError as exc:  # an unknown host, an address not this machine's, a port in use
         raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}. Use a host name or address of this "
                           "machine (e.g. 127.0.0.1 or ::1) and a free --port (0 picks one)") from None
     try:
         server.attach(make_retriever(index, corpus() if callable(corpus) else load_corpus(corpus)))
-        print(f"serving {server.document_count} documents ({index}) at {server.url}", flush=True)
+        print(f"serving {server.document_count} documents ({index}) at {server.url}, at most {max_connections} "
+              "connections at once", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
@@ -407,200 +542,3 @@ def serve(corpus, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000
         server.server_close()
         if server.retriever is not None:
             server.retriever.close()
-
-
-_PROBED: set[tuple[str, int]] = set()  # (URL, k) pairs that have answered a probe in this process
-_CORPUS_CHECKED: set[tuple[str, int, str]] = set()  # (URL, corpus size, first id) checked in this process
-
-
-def check_service_url(url: Any) -> str:
-    """``url`` as the retrieval service's ``/retrieve`` endpoint, or a ConfigError saying what is
-    wrong with it: an http(s) URL with a host, a port in 1-65535 (urllib would wrap a larger one
-    round to another port), and no query or fragment."""
-    example = "e.g. http://127.0.0.1:8000/retrieve"
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"retriever_url must be the service's URL, {example}; got {url!r}", field="retriever_url")
-    try:
-        parts = urllib.parse.urlsplit(url.strip())
-        port = parts.port
-    except ValueError as exc:  # a bad IPv6 literal, a port that is not a number or out of range
-        raise ConfigError(f"retriever_url {url!r} is not a valid URL ({exc}); {example}", field="retriever_url") from None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"retriever_url must be an http:// or https:// URL with a host, {example}; got {url!r}",
-                          field="retriever_url")
-    if port == 0 or parts.query or parts.fragment or any(c.isspace() for c in url.strip()):
-        raise ConfigError(f"retriever_url {url!r} has a port 0, a query, a fragment or a space; {example}",
-                          field="retriever_url")
-    path = parts.path.rstrip("/")
-    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc, path if path.endswith("/retrieve")
-                                    else path + "/retrieve", "", ""))
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is reported, not followed: urllib would follow it anywhere, as a GET without the
-    request's body."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 (urllib's hook)
-        return None
-
-
-def _clean(text: str, limit: int | None = None) -> str:
-    """A service's text as an observation may hold it: lone surrogates (valid in JSON, not in
-    UTF-8) replaced, at most ``limit`` characters."""
-    text = valid_text(text)
-    return text if limit is None or len(text) <= limit else text[:limit] + "…"
-
-
-def _error_detail(error: urllib.error.HTTPError) -> str:
-    """What a refusal says: the ``error`` of this service's JSON body (or of any service that
-    answers so), else the start of the body as text."""
-    try:
-        raw = error.read(MAX_ERROR_BYTES)
-    except (OSError, ValueError, AttributeError, http.client.HTTPException):  # cut short, or no body at all
-        return "(no readable reason)"
-    try:
-        message = json.loads(raw.decode("utf-8-sig")).get("error")
-    except (ValueError, AttributeError, RecursionError):  # not JSON, or JSON without an "error"
-        message = None
-    if isinstance(message, str) and message.strip():
-        return _clean(message, 1000)
-    return _clean(raw[:300].decode("utf-8", "replace")).strip() or "(no reason given)"
-
-
-class RemoteRetriever(Retriever):
-    """A :class:`Retriever` backed by a retrieval service in Search-R1's ``/retrieve`` shape."""
-
-    name = "remote"
-
-    def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5):
-        self.url = check_service_url(url)
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
-        # A service on this machine is never reached through an HTTP(S)_PROXY from the environment.
-        handlers = [_NoRedirect()] + ([urllib.request.ProxyHandler({})]
-                                      if is_loopback(urllib.parse.urlsplit(self.url).hostname) else [])
-        self._opener = urllib.request.build_opener(*handlers)
-
-    def probe(self, k: int = 1) -> None:
-        """One search for ``k`` documents, once per URL and process: a service that is down, answers
-        in another shape or refuses ``k`` is then found when the first env is made rather than at
-        the agent's first search (``/health`` is this project's own; other Search-R1-style
-        services have only ``/retrieve``)."""
-        if (self.url, k) not in _PROBED:
-            self.search(["probe"], k)
-            _PROBED.add((self.url, k))
-
-    def check_corpus(self, documents: Sequence, source: str, k: int, whole: bool = False) -> None:
-        """Warn, once per URL and corpus in a process, when the service finds none of ``documents``
-        when asked for three of them by title: it then indexes another corpus than the env's own
-        (``source`` names it), so the gold answers' documents can never come back. With ``whole``
-        (a corpus the service must hold all of, such as a generated world, whose names are its
-        own), also when it misses any of the three, each compared by title and text: a world of
-        another size shares some names, and even all of them with other facts."""
-        if not documents:
-            return
-        key = (self.url, len(documents), str(documents[0].id))
-        if key in _CORPUS_CHECKED:
-            return
-        sample = list(documents[:: max(1, len(documents) // 3)])[:3]
-        # A document without a title (FlashRAG contents without a title line) is asked for by its
-        # first words instead.
-        sample = [d for d in sample if d.title or d.text.strip()]  # nothing to ask for by an empty one
-        if not sample:
-            return
-        results = self.search([d.title or " ".join(d.text.split()[:12]) for d in sample], k)
-        _CORPUS_CHECKED.add(key)
-        found = sum(any(_same_document(d, hit, exact=whole) for hit in hits) for d, hits in zip(sample, results))
-        if found == 0 or (whole and found < len(sample)):
-            what = "none" if found == 0 else f"only {found}"
-            warnings.warn(
-                f"the retrieval service at {self.url} returned {what} of the env's documents (by id, title or text) "
-                f"when asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot "
-                "find the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
-                "FILE, or --world-seed N --world-size N for the generated world), or give as dataset_path the "
-                "questions of the corpus the service indexes.",
-                RuntimeWarning, stacklevel=4)
-
-    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        queries = _check_search_args(queries, k)
-        if not queries:
-            return []
-        body = json.dumps({"queries": queries, "topk": int(k), "return_scores": True}).encode()
-        payload = self._post(body)
-        if isinstance(payload, dict) and "result" not in payload and isinstance(payload.get("error"), str):
-            raise RetrievalServiceError(f"{self.url} answered with an error: {_clean(payload['error'], 1000)}")
-        try:
-            results = payload["result"]
-            if not isinstance(results, list) or len(results) != len(queries):
-                raise ValueError(f"{len(results) if isinstance(results, list) else 'no'} result lists for "
-                                 f"{len(queries)} queries")
-            return [[self._hit(item) for item in hits][:k] for hits in results]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RetrievalServiceError(f"{self.url} answered in an unexpected shape ({exc}); expected "
-                                        '{"result": [[{"document": {"id", "contents"}, "score"}]]}') from None
-
-    @staticmethod
-    def _hit(item: dict) -> Hit:
-        document = item["document"] if "document" in item else item
-        doc_id, contents, score = document["id"], document["contents"], item.get("score", 0.0)
-        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not isinstance(contents, str):
-            raise ValueError(f"a document needs a string (or int) 'id' and string 'contents', got id {doc_id!r}")
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-            raise ValueError(f"a score must be a finite number, got {score!r}")
-        title, text = split_flashrag_contents(contents)
-        # Ids and titles go into the observation whole (texts are cut there): a line each at most.
-        return Hit(_clean(str(doc_id), MAX_ID_CHARS).replace("\n", " "), _clean(title, MAX_TITLE_CHARS),
-                   _clean(text), float(score))
-
-    def _post(self, body: bytes) -> dict:
-        last_error, wait_at_least = "no attempt", 0.0
-        for attempt in range(self.retries + 1):
-            if attempt:  # a busy service's Retry-After is waited out
-                time.sleep(max(self.backoff * 2 ** (attempt - 1), wait_at_least))
-                wait_at_least = 0.0
-            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-            try:
-                with self._opener.open(request, timeout=self.timeout) as response:
-                    raw = self._read(response)
-            except urllib.error.HTTPError as exc:
-                with exc:
-                    detail = _error_detail(exc)
-                if 300 <= exc.code < 400:
-                    raise RetrievalServiceError(
-                        f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
-                        "is not followed; give the service's own URL as retriever_url") from None
-                if exc.code < 500 and exc.code not in (408, 429):  # the request is wrong: asking again won't help
-                    raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
-                last_error = f"it failed with HTTP {exc.code}: {detail[:300]}"
-                wait_at_least = retry_after_s(exc.headers) or 0.0
-                continue
-            except BodyTooSlow:
-                last_error = f"the reply took over {self.timeout:g} s to arrive"
-                continue
-            except BodyCutShort as exc:
-                last_error = str(exc)
-                continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                last_error = f"no answer: {reason}"
-                continue
-            # It answered: a body that is not JSON is its shape, which asking again will not change.
-            try:
-                return json.loads(raw.decode("utf-8-sig"))
-            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-                problem = "nested too deeply" if isinstance(exc, RecursionError) else f"not UTF-8 JSON ({exc})"
-                raise RetrievalServiceError(
-                    f"{self.url} answered, but its body is {problem}; it begins {raw[:80]!r}; expected "
-                    '{"result": [[{"document": {"id", "contents"}, "score"}]]}. Is this URL a Search-R1-style '
-                    "/retrieve service (e.g. rftgym serve-retriever)?") from None
-        raise RetrievalServiceError(
-            f"the retrieval service at {self.url} failed {self.retries + 1} attempt{'s' if self.retries else ''} "
-            f"(last: {last_error}). Is it "
-            "running and healthy? Start one with: rftgym serve-retriever --corpus <file> --index bm25") from None
-
-    def _read(self, response) -> bytes:
-        """The body, within ``timeout`` of the headers and at most MAX_REPLY_BYTES."""
-        try:
-            return read_body(response, self.timeout, MAX_REPLY_BYTES)
-        except BodyTooLarge:
-            raise RetrievalServiceError(f"{self.url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; lower "
-                                        "top_k or the number of queries per search") from None

@@ -1,0 +1,199 @@
+"""The retrieval service's connections: at most ``max_connections`` handled at once (more wait to
+be accepted and are then served, none refused), kept-alive connections closed after the idle
+timeout, and clients that go on after such a close. Real servers on 127.0.0.1 only; the tests wait
+on the server's own counters, never on the clock."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import math
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rftgym.core.errors import ConfigError
+from rftgym.envs.search import server as server_module
+from rftgym.envs.search.client import RemoteRetriever
+from rftgym.envs.search.corpora import Document
+from rftgym.envs.search.retrievers import BM25Retriever
+from rftgym.envs.search.server import make_server, serve
+
+DOCS = [
+    Document("d0", "Paris", "Paris is the capital of France."),
+    Document("d1", "Berlin", "Berlin is the capital of Germany."),
+    Document("d2", "Cheese", "Camembert is a soft cheese."),
+]
+GOOD = b'{"queries": ["cheese"], "topk": 1}'
+CLOSE_REQUEST = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(GOOD), GOOD))
+
+
+@contextlib.contextmanager
+def running(**limits):
+    """A service with these connection limits, served from a thread for the ``with`` block."""
+    server = make_server(BM25Retriever(DOCS), host="127.0.0.1", port=0, **limits)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def address(server) -> tuple[str, int]:
+    return server.server_address[:2]
+
+
+def until(condition, what: str) -> None:
+    """Wait for the server to reach a state (a generous bound, only so that a failure ends)."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"the server never reached: {what}"
+        time.sleep(0.002)
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def kept_alive_post(connection: http.client.HTTPConnection) -> http.client.HTTPResponse:
+    connection.request("POST", "/retrieve", body=GOOD, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and json.loads(response.read())["result"][0][0]["document"]["id"] == "d2"
+    return response
+
+
+def test_connections_beyond_the_limit_wait_to_be_accepted_and_are_then_served():
+    with running(max_connections=2, idle_timeout_s=30) as server, \
+            socket.create_connection(address(server), timeout=10) as held, \
+            socket.create_connection(address(server), timeout=10):  # silent: a slot each
+        until(lambda: server.connections.busy == 2, "both slots taken")
+        with socket.create_connection(address(server), timeout=10) as late:
+            late.sendall(CLOSE_REQUEST)
+            until(server.connections.contended, "a connection waiting for a slot")
+            late.setblocking(False)
+            with pytest.raises(BlockingIOError):  # no thread reads it while both slots are held
+                late.recv(1)
+            late.settimeout(10)
+            held.close()  # a slot is free: the waiting connection gets it
+            assert read_to_close(late).startswith(b"HTTP/1.1 200")
+
+
+def test_a_burst_far_beyond_the_limit_is_served_without_a_refusal():
+    with running(max_connections=4) as server:
+        busy_when_taken = []
+        take = server.connections.take
+
+        def counting_take():
+            taken = take()
+            busy_when_taken.append(server.connections.busy)
+            return taken
+
+        server.connections.take = counting_take
+        remote = RemoteRetriever(server.url, timeout=30, retries=0)  # one refusal would fail the test
+        clients = 64
+        start = threading.Barrier(clients)
+
+        def search(_):
+            start.wait()  # all at once, as a batch of rollout workers
+            return [hit.doc_id for hit in remote.search(["paris"], 1)[0]]
+
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(search, range(clients)))
+    assert answers == [["d0"]] * clients
+    assert len(busy_when_taken) == clients and max(busy_when_taken) <= 4
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout():
+    with running(idle_timeout_s=0.2) as server:
+        connection = http.client.HTTPConnection(*address(server), timeout=10)
+        with contextlib.closing(connection):
+            response = kept_alive_post(connection)
+            assert response.getheader("Connection") is None  # kept alive after the reply
+            # Before, the server held the connection (and a thread) for 60 s: this read timed out first.
+            assert connection.sock.recv(1) == b""
+        until(lambda: server.connections.busy == 0, "the slot given back")
+        assert server.connections.idle_closed == 1
+
+
+def test_a_keep_alive_client_goes_on_after_the_server_closed_its_idle_connection():
+    requests = pytest.importorskip("requests")
+    with running(idle_timeout_s=0.2) as server, requests.Session() as session:
+        first = session.post(server.url, json={"queries": ["cheese"], "topk": 1}, timeout=10)
+        assert first.status_code == 200 and first.headers.get("Connection") is None
+        until(lambda: server.connections.idle_closed == 1, "the idle connection closed")
+        until(lambda: server.connections.busy == 0, "its slot given back")
+        second = session.post(server.url, json={"queries": ["cheese"], "topk": 1}, timeout=10)  # a new connection
+        assert second.status_code == 200 and second.json() == first.json()
+
+
+def test_the_client_holds_no_connection_between_searches():
+    with running(idle_timeout_s=0.2) as server:
+        remote = RemoteRetriever(server.url, retries=0)
+        for _ in range(3):
+            assert remote.search(["cheese"], 1)[0][0].doc_id == "d2"
+            until(lambda: server.connections.busy == 0, "the search's connection closed")
+        assert server.connections.idle_closed == 0  # each closed after its reply: none left for the server to time out
+
+
+def test_while_a_connection_waits_for_a_slot_each_reply_closes_its_connection():
+    with running(max_connections=1, idle_timeout_s=30) as server:
+        keeper = http.client.HTTPConnection(*address(server), timeout=10)
+        with contextlib.closing(keeper):
+            first = kept_alive_post(keeper)
+            assert first.getheader("Connection") is None and first.getheader("Keep-Alive") == "timeout=30"
+            with socket.create_connection(address(server), timeout=10) as late:
+                late.sendall(CLOSE_REQUEST)
+                until(server.connections.contended, "a connection waiting for the slot")
+                second = kept_alive_post(keeper)
+                assert second.getheader("Connection") == "close"  # it gives the slot up at once, not in 30 s
+                assert read_to_close(late).startswith(b"HTTP/1.1 200")
+
+
+def test_shutdown_does_not_wait_for_a_slot_to_come_free():
+    server = make_server(BM25Retriever(DOCS), host="127.0.0.1", port=0, max_connections=1, idle_timeout_s=30)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    held = socket.create_connection(address(server), timeout=10)
+    try:
+        until(lambda: server.connections.busy == 1, "the slot taken")
+        with socket.create_connection(address(server), timeout=10) as waiting:
+            until(server.connections.contended, "a connection waiting for the slot")
+            stopper = threading.Thread(target=server.shutdown, daemon=True)
+            stopper.start()
+            stopper.join(10)
+            assert not stopper.is_alive(), "shutdown() hung behind the connection waiting for a slot"
+            assert waiting.recv(1) == b""  # closed unanswered: the server is going away
+    finally:
+        held.close()
+        server.server_close()
+
+
+@pytest.mark.parametrize("limits, field", [
+    ({"max_connections": 0}, "max_connections"), ({"max_connections": 2.5}, "max_connections"),
+    ({"max_connections": True}, "max_connections"), ({"max_connections": "64"}, "max_connections"),
+    ({"idle_timeout_s": 0}, "idle_timeout_s"), ({"idle_timeout_s": -1.0}, "idle_timeout_s"),
+    ({"idle_timeout_s": math.nan}, "idle_timeout_s"), ({"idle_timeout_s": math.inf}, "idle_timeout_s"),
+    ({"idle_timeout_s": "5"}, "idle_timeout_s"),
+])
+def test_connection_limits_that_cannot_be_are_config_errors(limits, field):
+    with pytest.raises(ConfigError, match=f"{field} must be") as info:
+        make_server(BM25Retriever(DOCS), host="127.0.0.1", port=0, **limits)
+    assert info.value.fields == (field,)
+
+
+def test_serve_takes_the_connection_limits(monkeypatch, capsys):
+    served = []
+    monkeypatch.setattr(server_module.RetrievalServer, "serve_forever",
+                        lambda self, *a: served.append((self.connections.limit, self.idle_timeout_s)))
+    serve(lambda: DOCS, port=0, max_connections=7, idle_timeout_s=2.5)
+    assert served == [(7, 2.5)] and "at most 7 connections at once" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="max_connections must be"):
+        serve(lambda: DOCS, port=0, max_connections=0)
