@@ -9,8 +9,9 @@ Backends (``make_sandbox(backend)``):
 
 - ``"local"`` (default, :mod:`.sandbox_local`): with bubblewrap, one jail per worker (no network,
   a read-only system, private tmpfs work dir and /tmp, fresh /proc, its own pid namespace, uid
-  65534) whose zygote forks a fresh process per run; the jail is cleaned between runs and
-  replaced on anything unusual (:mod:`.sandbox_warm`). ``warm_jails=False``: a fresh jail per run.
+  65534) whose zygote forks a fresh process per run, in mount, IPC and network namespaces of its
+  own (fresh tmpfs's) and with the pid counter set back, so that nothing one run did is seen by
+  the next; the jail is cleaned between runs and replaced on anything unusual (:mod:`.sandbox_warm`). ``warm_jails=False``: a fresh jail per run.
   Without bubblewrap, a fallback with rlimits only. rlimits in every mode.
 - ``"docker"`` (:mod:`.sandbox_docker`): one container per run from a locally built image.
 - ``"auto"``: docker if an engine is reachable, else local.

@@ -7,11 +7,22 @@ CPU-quota limits from the cgroup, rlimits (cpu, address space, file size, open f
 driver (output never reaches the engine's disk). The program's files and stdin go in on the
 attach stream: a tiny bootstrap writes the files into /work and execs the argv, whose stdin is
 the rest of the stream. Wall timeout, output cap and every exit remove the container.
+
+Reaching into other processes: the engine's default seccomp profile (which the sandbox checks is
+in force, see :func:`engine_seccomp`) refuses the kernel keyring, ``process_vm_readv``/``writev``
+and ``pidfd_getfd``, as the local jail's filter does; it allows ``ptrace``, which the local
+filter refuses. That reaches only dumpable processes of the same uid, i.e. those running the
+program's own code: the bootstrap (pid 1, which holds the attach stream) and the test runner's
+supervisor make themselves non-dumpable, and with every capability dropped (no
+``CAP_SYS_PTRACE``) and no-new-privileges the kernel refuses to attach to them, or to read their
+memory or take their fds, whatever the profile. So no profile of our own is needed. Each run is a
+new container: no file, pid, IPC object or packet counter of one run is seen by the next.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import select
 import signal
 import socket
@@ -23,6 +34,7 @@ from .docker_image import base_python, ensure_image
 from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
 
+log = logging.getLogger(__name__)
 MB = 1 << 20
 ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
                "or use the local backend: make_sandbox('local')")
@@ -74,6 +86,17 @@ while True:
 """
 
 
+def engine_seccomp(info: dict) -> bool:
+    """Whether an engine (its ``docker info``) confines containers with a seccomp profile: its
+    default one unless the daemon was told otherwise (``--seccomp-profile unconfined``), or none
+    where the kernel has no seccomp."""
+    for option in info.get("SecurityOptions") or []:
+        fields = dict(part.split("=", 1) for part in str(option).split(",") if "=" in part)
+        if fields.get("name") == "seccomp":
+            return fields.get("profile") != "unconfined"
+    return False
+
+
 def docker_reachable(timeout: float = 2.0) -> bool:
     """Whether the docker SDK is installed and an engine answers a ping."""
     try:
@@ -105,6 +128,7 @@ class DockerSandbox(Sandbox):
                 client = docker.DockerClient(base_url=base_url, timeout=60) if base_url else docker.from_env(timeout=60)
             self.client = client
             self.client.ping()
+            self.seccomp = engine_seccomp(self.client.info())
         except docker.errors.DockerException as exc:
             self.close()   # a client made here would otherwise leave its connection pool open
             raise SandboxError(f"no docker engine is reachable ({exc}); {ENGINE_HINT}") from exc
@@ -115,8 +139,13 @@ class DockerSandbox(Sandbox):
             raise
         self.python = base_python().executable
         self.cpus = cpus
+        profile = "the engine's seccomp profile" if self.seccomp else "NO seccomp profile"
         self.isolation = (f"docker ({self.image}): network none, read-only root, tmpfs /work and /tmp, uid 65534, "
-                          "no capabilities, memory/pids/cpu cgroup limits, rlimits")
+                          f"no capabilities, {profile}, memory/pids/cpu cgroup limits, rlimits")
+        if not self.seccomp:
+            log.warning("rftgym docker sandbox: the docker engine runs containers without a seccomp profile; runs "
+                        "can reach the kernel keyring (kept per uid, across containers). Start dockerd without "
+                        "--seccomp-profile=unconfined, or use the local backend")
 
     def close(self) -> None:
         super().close()

@@ -6,20 +6,26 @@ user namespaces), read-only binds of /usr (and /lib*, /bin) and the Python prefi
 dir and /tmp (program files are copied in from memfds: nothing touches the host disk), a new
 session, uid/gid 65534 (as root, bwrap itself runs as 65534 so that RLIMIT_NPROC bites; the
 count is per jail, since each jail has its own user namespace), and rlimits. Killing the jail's
-init ends its pid namespace, so nothing outlives the jail.
+init ends its pid namespace, so nothing outlives the jail. A cold jail's init is the shell, which
+runs the program as its child; bwrap reaps it, so no process of a run is left on the host for
+its pid 1 to reap.
 
 Warm jails (``warm_jails=True``, the default with bwrap; :mod:`.sandbox_warm`): each worker
-keeps one such jail, set up the same way, whose pid 1 is a small non-dumpable supervisor
-(:mod:`.jail_server`, the stdlib pre-imported). Per run it forks a fresh process that reads the
-request (from a memfd the supervisor never reads: no run's data is left in the memory later runs
-are forked from), writes the files into the empty /work, applies the rlimits (RLIMIT_NPROC counts
-per user namespace, i.e. per jail, and nothing of an earlier run is left to count) and runs the
-program. A seccomp filter (:mod:`.seccomp`) refuses the kernel keyring (shared by every jail's uid)
-and memory outside the address space (SysV shared memory, memfds), which no rlimit caps. When it exits,
-every other process in the jail is killed and /work, /tmp and /dev/shm are wiped and checked; the
-host replaces the whole jail on anything unusual. ``warm_jails=False`` starts one jail (and
-interpreter) per run: slower. This module builds the bwrap command lines for both and runs the
-cold path; :mod:`.sandbox_warm` runs the warm one.
+keeps one such jail, set up the same way, whose supervisor is a small non-dumpable zygote
+(:mod:`.jail_server`, the stdlib pre-imported; it keeps ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN``
+in the jail's own user namespace, and no run does). Per run it forks a fresh process, always pid
+2 (the zygote sets its pid namespace's counter back), which takes new mount, IPC and network
+namespaces with fresh tmpfs's on /work, /tmp and /dev/shm (so no inode number, pid, packet
+counter or IPC id tells it what an earlier run did), drops its capabilities, reads the request
+(from a memfd the zygote never reads: no run's data is left in the memory later runs are forked
+from), writes the files, applies the rlimits (RLIMIT_NPROC counts per user namespace, i.e. per
+jail, and nothing of an earlier run is left to count) and runs the program. A seccomp filter
+(:mod:`.seccomp`) refuses the kernel keyring (shared by every jail's uid) and memory outside the
+address space (SysV shared memory, memfds), which no rlimit caps. When it exits, every other
+process in the jail is killed and the keyring checked; the host replaces the whole jail on
+anything unusual. ``warm_jails=False`` starts one jail (and interpreter) per run: slower. This
+module builds the bwrap command lines for both and runs the cold path; :mod:`.sandbox_warm` runs
+the warm one.
 
 Without bwrap (missing or not usable here), the fallback gives rlimits, a process group, a
 temporary work dir and (as root) uid 65534 only: no network or filesystem isolation, and a
@@ -35,6 +41,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -49,6 +56,7 @@ from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, k
 log = logging.getLogger(__name__)
 NOBODY = 65534
 JAIL_PATH = "/usr/local/bin:/usr/bin:/bin"
+JAIL_SHELL = "/bin/sh"   # a cold jail's pid 1, where it lies under /usr (bound into every jail)
 PASSWD = b"nobody:x:65534:65534:nobody:/work:/usr/sbin/nologin\n"
 GROUP = b"nogroup:x:65534:\n"
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
@@ -92,7 +100,8 @@ class LocalSandbox(Sandbox):
         if self.warm:
             self.isolation = ("bubblewrap jail per worker (no network, read-only system, private tmpfs /work and "
                               f"/tmp, own pid namespace, uid {NOBODY}, {self._filter_text}), fresh forked process per "
-                              "run with rlimits, jail cleaned between runs")
+                              "run with rlimits in its own mount, IPC and network namespaces (fresh tmpfs's), jail "
+                              "cleaned between runs")
         elif self.bwrap_base:
             self.isolation = ("bubblewrap: no network, read-only system, private tmpfs /work and /tmp, own pid "
                               f"namespace, uid {NOBODY}, {self._filter_text}, rlimits")
@@ -157,7 +166,19 @@ class LocalSandbox(Sandbox):
             cmd += ["--dir", f"{WORK_DIR}/{d}"]
         for path, text in program.files.items():
             cmd += ["--perms", "0644", "--file", str(memfd(text.encode(), keep)), f"{WORK_DIR}/{path}"]
-        return cmd + self._jail_settings("{info}", program.hash_seed) + self._limited(program, limits, nproc_extra=1)
+        return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(),
+                *self._limited(program, limits, nproc_extra=1)]
+
+    @staticmethod
+    def _cold_init() -> list[str]:
+        """The start of a cold jail's command after its options: the shell as the jail's pid 1.
+        bwrap's own init (without --as-pid-1) reports the program's exit and exits before bwrap
+        has reaped it, so each run would leave it to the host's pid 1 to reap: a zombie under a pid
+        1 that reaps late, or never (a container's own program). bwrap reaps the shell itself."""
+        shell = os.path.realpath(JAIL_SHELL)   # a link through /etc (alternatives) would dangle in the jail
+        if not shell.startswith("/usr/") or not os.access(shell, os.X_OK):
+            return ["--"]
+        return ["--as-pid-1", "--", shell, "-c", '"$@"; exit "$?"', "sh"]   # not exec'd: the last command is exit
 
     def _jail_mounts(self, base: list[str], disk_mb: int, keep: list[int]) -> list[str]:
         disk = str(disk_mb * MB)
@@ -181,7 +202,7 @@ class LocalSandbox(Sandbox):
         if argv[0] in PYTHON_NAMES:
             argv = python_command(self.python, argv[1:])   # the script dir stays importable (no -P)
         if self.prlimit is None:
-            return ["--", *argv] if self.bwrap_base else argv
+            return argv
         return [self.prlimit, *(f"--{k}={s}:{h}" for k, (s, h) in rlimits(limits, nproc_extra).items()), "--", *argv]
 
     @property
@@ -271,7 +292,10 @@ class LocalSandbox(Sandbox):
         # jails outlive threads. The zygote exits (ending the namespace) when the host's end closes.
         base = [a for a in self.bwrap_base if a != "--die-with-parent"]
         # The zygote's hash seed is every forked run's; a run with another seed is exec'd afresh.
-        cmd = [*self._jail_mounts(base, disk_mb, keep), "--as-pid-1",
+        # The zygote gives each run fresh namespaces and mounts (see .jail_server), with these
+        # capabilities in the jail's own user namespace; no run keeps any.
+        cmd = [*self._jail_mounts(base, disk_mb, keep), "--as-pid-1", "--cap-add", "CAP_SYS_ADMIN",
+               "--cap-add", "CAP_NET_ADMIN",
                *self._jail_settings(str(info_fd), DEFAULT_HASH_SEED), "--",
                *python_command(self.python, ["-c", ZYGOTE_SOURCE, str(zygote_fd)])]
         return self._popen_as_nobody(cmd, "a warm jail", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -408,4 +432,27 @@ def _warn_fallback(problem: str) -> None:
                "group and a temp dir only: NO network isolation, NO filesystem isolation, daemons may survive. "
                f"To fix: {INSTALL_HINT}.")
     log.warning(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    warnings.warn(message, RuntimeWarning, stacklevel=_stacklevel_outside(_library_dirs()))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where the code that makes a sandbox for its user lives: rftgym, and gymnasium (whose
+    ``make`` builds the env that makes it)."""
+    modules = [sys.modules[__name__.split(".")[0]], sys.modules.get("gymnasium")]
+    return tuple(os.path.dirname(m.__file__) + os.sep for m in modules if m is not None and m.__file__)
+
+
+def _stacklevel_outside(prefixes: tuple[str, ...]) -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the caller of this function that names the
+    first frame outside ``prefixes`` (the outermost frame if there is none): what Python 3.12's
+    ``skip_file_prefixes`` does. Frames of importlib's bootstrap are skipped uncounted, as
+    ``warnings`` skips them."""
+    def internal(frame) -> bool:
+        name = frame.f_code.co_filename
+        return "importlib" in name and "_bootstrap" in name
+
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and (frame.f_code.co_filename.startswith(prefixes) or internal(frame)):
+        frame = frame.f_back
+        level += not internal(frame)
+    return level

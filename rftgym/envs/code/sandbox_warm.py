@@ -1,6 +1,6 @@
 """The host side of the local sandbox's warm jails: a pool of long-lived bubblewrap jails.
 
-Each :class:`WarmJail` is one bwrap jail whose pid 1 is the zygote (:mod:`.jail_server`). Per run
+Each :class:`WarmJail` is one bwrap jail whose supervisor is the zygote (:mod:`.jail_server`). Per run
 the host writes the request (files, argv, rlimits) into a sealed memfd and sends it over a unix
 socket as an fd, with the run's stdin, stdout and stderr fds, attached to one control byte (the
 zygote only forks; the forked child reads the request, so no run's data is ever in the memory
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT
+from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT, SUPERVISORS
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
 
@@ -91,8 +91,8 @@ class WarmJails:
             argv = python_command(self.python, argv[1:])
         request = {"files": dict(program.files), "argv": argv, "script": script,
                    "environment": python_environment(program.hash_seed),
-                   # no POSIX message queues: they would outlive the run in the jail's ipc namespace
-                   "rlimits": {**rlimits(limits, nproc_extra=1), "msgqueue": (0, 0)}}
+                   # no POSIX message queues: RLIMIT_AS does not count their memory
+                   "rlimits": {**rlimits(limits, nproc_extra=SUPERVISORS), "msgqueue": (0, 0)}}
         for attempt in range(2):
             jail = self._take(limits.disk_mb)
             try:
@@ -186,7 +186,7 @@ def _kill_all(jails: list[WarmJail]) -> None:
 
 
 class WarmJail:
-    """One long-lived bwrap jail whose zygote (:mod:`.jail_server`, pid 1 there) forks each run.
+    """One long-lived bwrap jail whose zygote (:mod:`.jail_server`) forks each run.
 
     Used by one thread at a time. The program's stdout and stderr are pipes read here; the jail
     is killed when a limit is hit or the zygote does not report in time."""
@@ -194,7 +194,7 @@ class WarmJail:
     def __init__(self, proc: subprocess.Popen, sock: socket.socket, disk_mb: int):
         self.proc, self.sock, self.disk_mb = proc, sock, disk_mb
         sock.settimeout(START_SECONDS)   # for sends; the fd stays non-blocking, reads are polled
-        self.pidfd: int | None = None   # of the zygote, the namespace's init
+        self.pidfd: int | None = None   # of the jail's init (the zygote's parent): killing it ends the jail
         self.runs = 0
         self._report = bytearray()
 

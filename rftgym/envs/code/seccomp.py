@@ -14,9 +14,11 @@ It refuses (EPERM) the few system calls whose effects escape a jail's limits, an
   any left over.)
 
 - ``ptrace``, ``process_vm_readv``/``process_vm_writev`` and ``pidfd_getfd``: reaching into another
-  process of the jail. In a cold jail bubblewrap's own init runs as the same uid and still holds
-  the host's end of the output pipe; taking it (``pidfd_getfd``) would let a program write the
-  runner's records itself, past every per-test limit. Nothing a graded program needs uses them.
+  process of the jail. In a cold jail the jail's init (a shell, see ``LocalSandbox._cold_init``)
+  runs as the same uid, is dumpable and still holds the host's end of the output pipe; taking it
+  (``pidfd_getfd``) would let a program write the runner's records itself, past every per-test
+  limit. Nothing a graded program needs uses them. (/proc/<pid>/mem still reads a dumpable
+  process of the same uid; whatever holds anything of the runner's is non-dumpable.)
 
 A system call of another ABI (32-bit calls on x86-64, the x32 ABI) is refused too: the numbers
 above are the native ones, so another ABI could reach the same calls under other numbers. On a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import shutil
 import warnings
@@ -247,6 +248,44 @@ def test_fallback_warns_once_and_still_applies_limits(monkeypatch):
     flood = sandbox.run(Program({"main.py": "while True: print('x' * 1000)"}))
     assert flood.output_truncated and len(flood.stdout) <= HOSTILE_LIMITS.output_bytes
     sandbox.close()
+
+
+def _fallback_warnings(make) -> list[tuple[str, int]]:
+    """Where the fallback warnings that ``make()`` gives point (file, line)."""
+    with pytest.warns(RuntimeWarning, match="bubblewrap is not in use") as caught:
+        made = make()
+    made.close()
+    return [(w.filename, w.lineno) for w in caught if "bubblewrap is not in use" in str(w.message)]
+
+
+def test_the_fallback_warning_names_the_line_that_made_the_sandbox(monkeypatch):
+    monkeypatch.setattr(sandbox_local, "_warned_fallback", False)
+    line = inspect.currentframe().f_lineno + 1
+    where = _fallback_warnings(lambda: make_sandbox("local", limits=HOSTILE_LIMITS, use_bwrap=False))
+    assert where == [(__file__, line)]
+
+
+def test_the_fallback_warning_names_the_line_that_made_the_env(monkeypatch):
+    # Through gymnasium.make, the env and the process's shared sandbox: still the user's line.
+    gymnasium = pytest.importorskip("gymnasium")
+    import rftgym  # noqa: F401 - registers the envs
+    from rftgym.envs.code import sandbox_shared
+
+    monkeypatch.setattr(sandbox_shared, "_shared", {})   # a sandbox of its own, not one another test made
+    monkeypatch.setattr(sandbox_local, "_warned_fallback", False)
+    monkeypatch.setattr(sandbox_local.shutil, "which", lambda name: None)   # no bwrap: the fallback
+    line = inspect.currentframe().f_lineno + 1
+    where = _fallback_warnings(lambda: gymnasium.make("rftgym/CodeTCG-v0"))
+    assert where == [(__file__, line)]
+
+
+def test_the_docker_backend_tells_an_engine_without_seccomp():
+    from rftgym.envs.code.sandbox_docker import engine_seccomp
+
+    assert engine_seccomp({"SecurityOptions": ["name=apparmor", "name=seccomp,profile=builtin", "name=cgroupns"]})
+    assert engine_seccomp({"SecurityOptions": ["name=seccomp,profile=/etc/docker/seccomp.json"]})
+    assert not engine_seccomp({"SecurityOptions": ["name=seccomp,profile=unconfined"]})
+    assert not engine_seccomp({"SecurityOptions": ["name=apparmor"]}) and not engine_seccomp({})
 
 
 def test_docker_engine_gone_is_a_typed_error():

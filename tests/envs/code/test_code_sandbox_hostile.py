@@ -419,8 +419,7 @@ print(os.getppid(), denied)
     "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 2**20)\n    i += 1",
     "import time\ntime.sleep(3600)",
     "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)",
-    "import ctypes\nprint(ctypes.CDLL(None).semget(0, 1, 0o1600))",   # IPC_CREAT | 0600: outlives the run
-], ids=["memory", "disk", "wall", "output", "sysv-ipc"])
+], ids=["memory", "disk", "wall", "output"])
 def test_a_dirty_run_recycles_the_jail(warm, source):
     run_in(warm, "print(1)")
     before = jail(warm)
@@ -428,6 +427,73 @@ def test_a_dirty_run_recycles_the_jail(warm, source):
     after = run_in(warm, LIST_JAIL)
     assert after.ok and after.stdout == "[]\n['main.py'] [] []\n", after
     assert jail(warm) is not before, "the jail should have been replaced"
+
+
+# Moves every counter a run can move in its jail: a tmpfs's inode numbers (files made and removed),
+# the pid counter (processes forked), the loopback device's packet counters and SysV IPC ids; it
+# leaves nothing behind (so the jail stays in use).
+MOVE_THE_COUNTERS = """
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+for root in ("/work", "/tmp", "/dev/shm"):
+    for i in range(1500):
+        open(f"{root}/f", "w").close()
+        os.unlink(f"{root}/f")
+for _ in range(150):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", 0))
+for _ in range(50):
+    udp.sendto(b"x" * 1000, udp.getsockname())
+for _ in range(30):
+    libc.semctl(libc.semget(0, 1, 0o1600), 0, 0)   # IPC_PRIVATE, IPC_CREAT | 0600; IPC_RMID
+print("moved")
+"""
+
+# What a run can read of those counters.
+READ_THE_COUNTERS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+inodes = []
+for root in ("/work", "/tmp", "/dev/shm"):
+    open(f"{root}/probe", "w").close()
+    inodes.append(os.stat(f"{root}/probe").st_ino)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+with open("/proc/net/dev") as handle:
+    loopback = [line.split()[1:3] for line in handle if line.strip().startswith("lo:")]
+semaphores = libc.semget(0, 1, 0o1600)   # IPC_PRIVATE, IPC_CREAT | 0600
+libc.semctl(semaphores, 0, 0)   # IPC_RMID
+print(inodes, os.getpid(), pid, loopback, semaphores)
+"""
+
+
+def test_nothing_a_run_counted_reaches_the_next_run_in_the_same_jail(warm):
+    """Inode numbers, pids, packet counters and IPC ids count what earlier runs did: in a shared
+    jail one run could leave a number there for the next. Each run sees them as a fresh jail would."""
+    run_in(warm, "print(1)")
+    before = jail(warm)
+    quiet = run_in(warm, READ_THE_COUNTERS)
+    moved = run_in(warm, MOVE_THE_COUNTERS, limits=replace(warm.limits, cpu_seconds=20, wall_seconds=30))
+    assert moved.ok and moved.stdout == "moved\n", moved
+    after = run_in(warm, READ_THE_COUNTERS)
+    assert jail(warm) is before, "all the runs must share the jail for this test to mean anything"
+    assert quiet.ok and after.ok, (quiet, after)
+    assert after.stdout == quiet.stdout, f"what a run counted reached the next: {quiet.stdout} then {after.stdout}"
+
+
+def test_a_sysv_semaphore_set_left_by_a_run_is_gone_for_the_next(warm):
+    # Semaphores are the SysV IPC the seccomp filter allows; a set outlives its process.
+    left = run_in(warm, "import ctypes\nprint(ctypes.CDLL(None).semget(1234, 1, 0o1600) >= 0)")  # IPC_CREAT | 0600
+    assert left.ok and left.stdout == "True\n", left
+    after = run_in(warm, "import ctypes\nprint(ctypes.CDLL(None).semget(1234, 1, 0), open('/proc/sysvipc/sem').read()"
+                         ".count('\\n'))")
+    assert after.ok and after.stdout == "-1 1\n", after   # no such set; only the table's header line
 
 
 DENY_ALL_DEFAULT_ACL = """
@@ -453,7 +519,7 @@ def test_a_garbled_zygote_report_means_no_status_and_a_new_jail():
     from rftgym.envs.code.jail_server import CLEANED, EXITED, REPORT
     assert sandbox_warm._parse_report(REPORT.pack(EXITED, 3 << 8, 0), EXITED) == (3 << 8, None)
     assert sandbox_warm._parse_report(REPORT.pack(CLEANED, 0, 0), CLEANED) == (None, None)
-    assert sandbox_warm._parse_report(REPORT.pack(CLEANED, 0, 4), CLEANED) == (None, "SysV IPC objects left")
+    assert sandbox_warm._parse_report(REPORT.pack(CLEANED, 0, 2), CLEANED) == (None, "keys were added")
     for garbled, expected in ((REPORT.pack(b"redy", 0, 0), EXITED), (REPORT.pack(CLEANED, 0, 0), EXITED),
                               (REPORT.pack(EXITED, 0, 0), CLEANED), (REPORT.pack(EXITED, 0, 3), EXITED),
                               (REPORT.pack(CLEANED, 0, 99), CLEANED), (REPORT.pack(EXITED, -1, 0), EXITED)):
@@ -579,6 +645,10 @@ def test_docker_container_options_isolate(docker_sandbox):
     assert options["nano_cpus"] > 0 and options["pids_limit"] == docker_sandbox.limits.processes + 1
     assert options["user"] == "65534:65534" and options["mem_limit"] == options["memswap_limit"]
     assert options["environment"]["PYTHONHASHSEED"] == "0"
+    # The engine's own seccomp profile refuses the keyring, process_vm_readv and pidfd_getfd: in force.
+    assert "the engine's seccomp profile" in docker_sandbox.isolation, docker_sandbox.isolation
+    status = run(docker_sandbox, "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+    assert status.stdout == "2\n", status   # SECCOMP_MODE_FILTER
 
 
 # Scans the run's own readable mappings for each secret, given as two halves that are joined
@@ -696,6 +766,58 @@ def test_a_program_cannot_take_the_jail_inits_descriptors(sandbox):
     assert result.ok, result
     outcomes = eval(result.stdout)
     assert all(outcome[-1] < 0 for outcome in outcomes), outcomes  # each refused
+
+
+# A process that makes itself non-dumpable, as the test runner's supervisor (and the jails' and
+# the docker bootstrap's own processes) do, holding a secret in memory and an fd: its parent, the
+# program, tries to read the memory, take the fd and attach to it.
+REACH_A_NON_DUMPABLE_PROCESS = """
+import ctypes, os, platform, time
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE, PROCESS_VM_READV, PIDFD_GETFD = (101, 310, 438) if platform.machine() == "x86_64" else (117, 270, 438)
+
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+secret = ctypes.create_string_buffer(b"rftgym-secret", 16)   # at the same address in the forked child
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+    os.write(ready_w, b"x")
+    time.sleep(30)
+    os._exit(0)
+os.read(ready_r, 1)
+secret.value = b"overwritten"
+copy = ctypes.create_string_buffer(16)
+local, remote = IoVec(ctypes.addressof(copy), 16), IoVec(ctypes.addressof(secret), 16)
+outcomes = []
+def outcome(name, got):
+    outcomes.append((name, got if got >= 0 else -ctypes.get_errno()))
+outcome("process_vm_readv", libc.syscall(PROCESS_VM_READV, child, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0))
+outcome("pidfd_getfd", libc.syscall(PIDFD_GETFD, os.pidfd_open(child), ready_w, 0))
+outcome("ptrace", libc.syscall(PTRACE, 16, child, None, None))   # PTRACE_ATTACH
+try:
+    with open(f"/proc/{child}/mem", "rb") as mem:
+        mem.seek(ctypes.addressof(secret))
+        outcome("/proc/pid/mem", len(mem.read(16)))
+except OSError as exc:
+    outcome("/proc/pid/mem", -exc.errno)
+os.kill(child, 9)
+os.waitpid(child, 0)
+print(outcomes, copy.value)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers of x86_64/aarch64")
+def test_a_program_cannot_reach_into_a_non_dumpable_process(sandbox):
+    """What the docker backend relies on instead of a filter of its own: its engine's profile lets
+    ptrace through, but no process that holds anything of the runner's is dumpable."""
+    result = run(sandbox, REACH_A_NON_DUMPABLE_PROCESS)
+    assert result.ok, result
+    outcomes, copied = result.stdout.rsplit(" ", 1)
+    assert all(got < 0 for _, got in eval(outcomes)), result.stdout   # each refused
+    assert copied.strip() == "b''", result.stdout
 
 
 KEYRING = """
