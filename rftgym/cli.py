@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -35,6 +36,11 @@ class UsageError(Exception):
 
 # ---------------------------------------------------------------- helpers
 
+# gymnasium.make's own parameters that no env can be given as an option (make(id, **options)
+# takes the first for itself). Its max_episode_steps and disable_env_checker are options it applies.
+GYM_MAKE_OWN = ("id",)
+
+
 def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for pair in pairs:
@@ -43,6 +49,10 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
         key, raw = pair.split("=", 1)
         if not key.strip():
             raise UsageError(f"--env-arg {pair!r} has no KEY before '='; give KEY=VALUE (e.g. --env-arg max_attempts=2)")
+        if key.strip() in GYM_MAKE_OWN:
+            raise UsageError(f"--env-arg {key.strip()}: {key.strip()!r} is gymnasium.make's own parameter (the "
+                             "environment's id, which the ENV argument gives), so no environment can take an option "
+                             "of that name; drop it (an env of your own needs another name for such an option)")
         if key.strip() in kwargs:  # the last one would win without a word
             raise UsageError(f"--env-arg {key.strip()} is given twice; give each option once")
         try:
@@ -229,7 +239,12 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
             raise UsageError(f"{env_id} could not be made: {str(exc).split(' was raised from')[0]}. Check the "
                              "--env-arg values and the data files they name") from exc
         names = _env_option_names(env_id)
-        close = difflib.get_close_matches(unknown.group(1), [*names, "max_episode_steps"], n=1, cutoff=0.75)
+        # render_mode reaches the env's constructor (gymnasium checks it against the env's modes).
+        modes = _env_class(env_id).metadata.get("render_modes") or []
+        if modes and "render_mode" not in names:
+            names = [*names, f"render_mode ({' or '.join(map(str, modes))})"]
+        candidates = [name.split(" ")[0] for name in names] + ["max_episode_steps"]
+        close = difflib.get_close_matches(unknown.group(1), candidates, n=1, cutoff=0.75)
         guess = f" (did you mean {close[0]!r}?)" if close else ""
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
         raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
@@ -259,6 +274,48 @@ def _import_users_module(module: str):
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
     return importlib.import_module(module)
+
+
+def _users_sources(env_ids: Sequence[str], agent: str, baselines: bool) -> dict[str, tuple[str, str]]:
+    """The Python source files of the modules this evaluation imports to run what it was given:
+    an env's ``module:EnvId`` module and its entry point's, ``--agent module:name``'s, and with
+    ``--baselines`` the baselines' wrappers' (each with the packages above it). Real path ->
+    (module, what named it), so that ``--out`` is never one of them."""
+    named: dict[str, str] = {}
+    for env_id in env_ids:
+        module, _, bare = env_id.rpartition(":")
+        if module:
+            named.setdefault(module, f"the environment {env_id}")
+        entry = gym.spec(bare).entry_point
+        named.setdefault(entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", ""),
+                         f"the environment {env_id}")
+        for _, _, wrapper in _env_class(env_id).metadata.get("eval_baselines", ()) if baselines else ():
+            if wrapper:
+                named.setdefault(wrapper.partition(":")[0], f"the baselines of {env_id}")
+    if ":" in agent:
+        named.setdefault(agent.partition(":")[0], f"--agent {agent}")
+    sources: dict[str, tuple[str, str]] = {}
+    for module, what in named.items():
+        parts = module.split(".") if module else []
+        for depth in range(len(parts), 0, -1):  # the module, then the packages it is in
+            source = _module_source(".".join(parts[:depth]))
+            if source is not None:
+                sources.setdefault(os.path.realpath(source), (".".join(parts[:depth]), what))
+    return sources
+
+
+def _module_source(module: str) -> str | None:
+    """Where ``module``'s code is, found as an import would find it (the agent's module is not
+    imported yet), or None (a module that cannot be found is refused where it is loaded)."""
+    if module in sys.modules:
+        return getattr(sys.modules[module], "__file__", None)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # as _import_users_module finds it
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception:  # noqa: BLE001 (a parent package's own import may raise anything)
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
 
 
 def _load_object(path: str):
@@ -421,11 +478,13 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")
 
 
-def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: dict | None = None) -> None:
+def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: dict | None = None,
+                   sources: dict[str, tuple[str, str]] | None = None) -> None:
     """Refuse an output file path that cannot be written, or that names one of the run's input
-    files (an ``--env-arg`` path, or a file in one of the input ``folders``: flag -> directory,
-    such as the model's), before any episode runs. Creating the partial file beside it
-    (:func:`_partial`) is the test: it is where the episodes go while the run lasts."""
+    files (an ``--env-arg`` path, a file in one of the input ``folders``: flag -> directory, such
+    as the model's, or the source of a module imported for the run: :func:`_users_sources`),
+    before any episode runs. Creating the partial file beside it (:func:`_partial`) is the test:
+    it is where the episodes go while the run lasts."""
     try:
         if path.is_dir():
             raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new "
@@ -443,6 +502,11 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
                     else os.path.realpath(path) == os.path.realpath(value)):
                 raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
                                  "overwrite its own input. Give another --out")
+        code = (sources or {}).get(os.path.realpath(path))
+        if code is not None:
+            module, named_by = code
+            raise UsageError(f"{what} {path} is the source of the Python module {module!r}, imported for {named_by}; "
+                             "the evaluation would overwrite that code with its episodes. Give another --out")
         for flag, folder in (folders or {}).items():
             # Episodes beside the model's files are fine (a run's eval.jsonl, again); its files are not.
             if path.is_file() and os.path.isdir(folder) and path.resolve().is_relative_to(Path(folder).resolve()) \
@@ -642,10 +706,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     context_full: dict[str, int] = {}
     agent = None
+    sources = _users_sources(env_ids, args.agent, args.baselines)
     try:
         for path in paths:
             _writable_file(path, "--out", env_kwargs, {"--model": args.model} if args.agent == "hf" and args.model
-                           else {})
+                           else {}, sources)
         agent = _build_agent(args)
         for env_id in env_ids:
             for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
@@ -952,9 +1017,14 @@ def train_config_from_args(args: argparse.Namespace):
     try:
         return TrainConfig(**settings)
     except ConfigError as exc:
-        flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
-        flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
-        raise (_flagged(exc, flags) or UsageError(str(exc))) from exc
+        raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
+
+
+def _train_field_flags() -> dict[str, str]:
+    """TrainConfig's fields and the parts of ``rftgym train``'s command line that set them."""
+    flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
+    flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
+    return flags
 
 
 def _default_output_dir(args: argparse.Namespace) -> str:
@@ -1044,7 +1114,6 @@ def _stop_on_sigterm():
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train.distributed import leave_process_group
     from .train.loop import train
 
     config = train_config_from_args(args)
@@ -1054,13 +1123,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .core.errors import ConfigError
     from .train.checkpoint import check_output_dir
 
-    try:  # before the model loads
-        check_output_dir(Path(output_dir), args.resume)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from exc
+    # Before the model loads. Under a launcher train() does it, on the writing rank alone, before the
+    # model loads too: another rank checking here could find that rank's lock, and stop alone.
+    if _launch()[1] <= 1:
+        try:
+            check_output_dir(Path(output_dir), args.resume)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
     previous = _stop_on_sigterm()
     try:
         history = train(config, resume=args.resume)
+    except ConfigError as exc:  # a setting the model refuses (e.g. --max-new-tokens past its context), by its flag
+        flagged = _flagged(exc, _train_field_flags())
+        if flagged is None:
+            raise
+        raise flagged from exc
     except KeyboardInterrupt as stop:
         from .train.checkpoint import METRICS_FILE, saved_state
 
@@ -1077,10 +1154,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
                   "command with --resume to continue from there", file=sys.stderr)
         return 143 if isinstance(stop, _Terminated) else 130
-    finally:
+    finally:  # (main leaves the launcher's process group, after any error is reported)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        leave_process_group()
     if int(os.environ.get("RANK", "0")) != 0:  # under a launcher, rank 0 reports for the run
         return 0
     from .rollout.metrics import format_table
@@ -1135,6 +1211,8 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
                          "(HotpotQA JSON, {title: [sentences]} JSON, [{title, text}] JSON, FlashRAG {id, contents} JSONL)")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0-65535, got {args.port}")
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections must be >= 1 (connections handled at once), got {args.max_connections}")
     if args.world_seed is not None:
         from .envs.search.env import SearchEvalQAConfig
         from .envs.search.world import MAX_PEOPLE, World
@@ -1147,7 +1225,8 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
         corpus = lambda: World(args.world_seed, size).documents  # noqa: E731
     else:
         corpus = args.corpus
-    serve(corpus, args.index, args.host, args.port)  # a bad --host or a busy --port: ConfigError, before indexing
+    # a bad --host or a busy --port: ConfigError, before indexing
+    serve(corpus, args.index, args.host, args.port, max_connections=args.max_connections)
     return 0
 
 
@@ -1159,7 +1238,7 @@ TRAIN_FLAGS = _train_flags()
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """The command line. ``defaults=False`` leaves ``rftgym train``'s flags without defaults, so a
     parse holds only the flags given (:func:`given_train_flags`)."""
-    parser = argparse.ArgumentParser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
+    parser = _Parser(prog="rftgym", description="Environments, agents and trainers for RL fine-tuning of LLM agents.")
     sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,export,serve-retriever}")
     sub.required = True
 
@@ -1249,6 +1328,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                    help="where the run's base model is now, if it has moved (default: where the run loaded it)")
     p.set_defaults(func=cmd_export)
 
+    from .envs.search.server import DEFAULT_MAX_CONNECTIONS  # standard library only, with the retriever's names
+
     p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
     p.add_argument("--corpus", default=None, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
                                                   "or FlashRAG JSONL)")
@@ -1263,6 +1344,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help=f"connections handled at once (default {DEFAULT_MAX_CONNECTIONS}); more wait their turn to "
+                        "be accepted, none is refused")
     p.set_defaults(func=cmd_serve_retriever)
     return parser
 
@@ -1275,14 +1359,72 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     tqdm.write(f"{category.__name__}: {message}", file=sys.stderr)
 
 
+def _launch() -> tuple[int, int]:
+    """This process's rank and the number of processes, as torchrun or accelerate launch set them
+    (``(0, 1)`` for a plain process)."""
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+def _report_error(prog: str, exc: BaseException, message: str, same_on_every_rank: bool, details=None) -> None:
+    """Print ``PROG: error: message`` (after ``details()``, e.g. a traceback). Under a launcher
+    every rank has its part of the error, and the user reads each error once: the rank that reports
+    it (:func:`~rftgym.train.distributed.who_reports`) prints it, with its rank unless every rank
+    stopped with it, and the others one line that names that rank."""
+    rank, world = _launch()
+    if world <= 1:
+        if details is not None:
+            details()
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return
+    from .train.distributed import who_reports
+
+    report = who_reports(exc, rank, world, same_on_every_rank)
+    if report.reporter != rank:
+        print(f"{prog}: rank {rank}: stopped, see rank {report.reporter}", file=sys.stderr)
+        return
+    if details is not None:
+        details()
+    print(f"{prog}: {'' if report.every_rank else f'rank {rank}: '}error: {message}", file=sys.stderr)
+
+
+class _LaunchedArgumentError(Exception):
+    """An argparse error under a launcher: :func:`main` prints it once for the run."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (and its subcommands'), whose errors under a launcher go to :func:`main`,
+    which prints them once for the run instead of once per rank."""
+
+    def error(self, message):
+        if _launch()[1] > 1:
+            raise _LaunchedArgumentError(self, message)
+        super().error(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _LaunchedArgumentError as exc:  # every rank has the same command line: rank 0 says what is wrong
+        if _launch()[0] == 0:
+            exc.parser.print_usage(sys.stderr)
+        _report_error(exc.parser.prog, exc, str(exc), same_on_every_rank=True)
+        _leave_launch(reported=True)
+        return 2
     if args.command == "train":
         args.given = given_train_flags(argv)
     # An evaluation stopped by SIGTERM says where its finished episodes are, as after Ctrl-C
     # (rftgym train installs its own handler).
     previous = _stop_on_sigterm() if args.command == "eval" else None
+    reported = False
+    prog = f"rftgym {args.command}"
     try:
         with warnings.catch_warnings():
             if argv is None:  # run as a program (a caller of main() may be recording warnings: tests)
@@ -1290,14 +1432,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_common(args)
             return args.func(args)
     except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
-        parser.exit(2, f"rftgym {args.command}: error: {exc}\n")
+        reported = True
+        _report_error(prog, exc, str(exc), same_on_every_rank=True)
+        parser.exit(2)
     except RftgymError as exc:  # something else failed: a sandbox, a model, a server
         cause = exc.__cause__
         # An agent's or an env's own crash: where it was is the cause's traceback (a server that is
         # down or a sandbox that failed needs only the message).
-        if isinstance(exc, (AgentError, EnvError)) and cause is not None and not isinstance(cause, RftgymError):
-            traceback.print_exception(cause, file=sys.stderr)
-        print(f"rftgym {args.command}: error: {exc}", file=sys.stderr)
+        crash = isinstance(exc, (AgentError, EnvError)) and cause is not None and not isinstance(cause, RftgymError)
+        reported = True
+        _report_error(prog, exc, str(exc), same_on_every_rank=False,
+                      details=(lambda: traceback.print_exception(cause, file=sys.stderr)) if crash else None)
         return 1
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, _Terminated)
@@ -1308,9 +1453,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
+    except Exception as exc:  # a crash: under a launcher reported once, like the errors above
+        if _launch()[1] <= 1:
+            raise
+        reported = True
+        _report_error(prog, exc, f"{type(exc).__name__}: {exc}", same_on_every_rank=False,
+                      details=lambda: traceback.print_exception(exc, file=sys.stderr))
+        return 1
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if args.command == "train" or _launch()[1] > 1:
+            _leave_launch(reported)
+
+
+def _leave_launch(reported: bool) -> None:
+    """End this process's part in a launcher's process group (or in one of one: FSDP); after an
+    error report, once every rank has printed its part of it."""
+    launched = _launch()[1] > 1
+    if not launched and "torch.distributed" not in sys.modules:  # no process group without it: nothing to leave
+        return
+    from .train.distributed import leave_after_report, leave_process_group
+
+    if reported and launched:
+        leave_after_report()
+    else:
+        leave_process_group()
 
 
 if __name__ == "__main__":

@@ -399,15 +399,20 @@ def test_serve_retriever_serves_the_generated_world(monkeypatch, capsys, tmp_pat
     from rftgym.envs.search.world import World
 
     served = []
-    monkeypatch.setattr(server.RetrievalServer, "serve_forever", lambda self, *a: served.append(self.document_count))
+    monkeypatch.setattr(server.RetrievalServer, "serve_forever",
+                        lambda self, *a: served.append((self.document_count, self.connections.limit)))
     assert main(["serve-retriever", "--world-seed", "3", "--world-size", "20", "--port", "0"]) == 0
-    assert served == [len(World(3, 20).documents)] and "serving" in capsys.readouterr().out
+    assert served == [(len(World(3, 20).documents), server.DEFAULT_MAX_CONNECTIONS)]
+    assert "serving" in capsys.readouterr().out
+    assert main(["serve-retriever", "--world-seed", "3", "--port", "0", "--max-connections", "16"]) == 0
+    assert served[-1][1] == 16
     for argv, message in [([], "give --corpus FILE (a corpus file) or --world-seed N"),
                           (["--corpus", str(tmp_path / "c.json"), "--world-seed", "1"], "one of them"),
                           (["--world-size", "20", "--corpus", str(tmp_path / "c.json")], "--world-size goes with"),
                           (["--world-seed", "-1"], "--world-seed must be >= 0"),
                           (["--world-seed", "0", "--world-size", "1"], "--world-size must be in [2, 2000]"),
-                          (["--world-seed", "0", "--world-size", "100000"], "--world-size must be in [2, 2000]")]:
+                          (["--world-seed", "0", "--world-size", "100000"], "--world-size must be in [2, 2000]"),
+                          (["--world-seed", "0", "--max-connections", "0"], "--max-connections must be >= 1")]:
         assert exit_code(["serve-retriever", *argv]) == 2, argv
         assert message in capsys.readouterr().err, argv
 

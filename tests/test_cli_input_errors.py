@@ -198,3 +198,56 @@ def test_export_of_a_run_whose_state_cannot_be_read_says_which_file(tmp_path, ca
     assert f"the settings saved with the checkpoint in {edited} (the 'config' of checkpoint/state.json) are refused: " \
            "group_size must be an integer" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- refusals that leave nothing behind
+
+def test_train_names_the_flag_of_a_setting_the_model_refuses_and_leaves_no_run_behind(tmp_path, model_dir, capsys):
+    run = tmp_path / "runs" / "run"
+    assert exit_code(["train", ENV_ID, "--model", str(model_dir), "--output-dir", str(run), "--steps", "1",
+                      "--device", "cpu", "--max-new-tokens", "100000"]) == 2
+    assert "rftgym train: error: --max-new-tokens: max_new_tokens=100000 does not fit the model's context of 512 " \
+           "tokens" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # no empty tensorboard/, no .lock: the folders it made are gone too
+
+
+def test_gymnasium_makes_own_id_is_refused_as_an_env_arg_and_render_mode_is_an_option(tmp_path, capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "id=x"]) == 2
+    err = capsys.readouterr().err
+    assert "--env-arg id: 'id' is gymnasium.make's own parameter (the environment's id, which the ENV argument " \
+           "gives), so no environment can take an option of that name" in err and "multiple values" not in err
+    # render_mode reaches the env (its own modes), and is named when mistyped.
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--env-arg", "render_mode=ansi",
+                 "--out", str(tmp_path / "e.jsonl")]) == 0
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "render_mod=ansi"]) == 2
+    assert "unknown option 'render_mod' (did you mean 'render_mode'?)" in capsys.readouterr().err
+
+
+AGENT_SOURCE = """
+from rftgym.agents.base import Agent, AgentReply
+
+
+class Answers4(Agent):
+    def act(self, contexts):
+        return [AgentReply(text="<answer>4</answer>") for _ in contexts]
+"""
+
+
+def test_eval_never_writes_its_episodes_over_the_code_of_an_agent_or_env_of_your_own(tmp_path, monkeypatch, capsys):
+    from support import ECHO_MODULE
+
+    (tmp_path / "agents_of_mine.py").write_text(AGENT_SOURCE)
+    (tmp_path / "envs_of_mine.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoOfMine-v0"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for out, module, named_by in [
+        ("agents_of_mine.py", "agents_of_mine", "--agent agents_of_mine:Answers4"),
+        ("sub/../envs_of_mine.py", "envs_of_mine", "the environment envs_of_mine:mine/EchoOfMine-v0"),
+    ]:
+        before = (tmp_path / f"{module}.py").read_text()
+        assert exit_code(["eval", "envs_of_mine:mine/EchoOfMine-v0", "--agent", "agents_of_mine:Answers4",
+                          "--episodes", "1", "--out", out]) == 2
+        assert f"--out {out} is the source of the Python module {module!r}, imported for {named_by}; the " \
+               "evaluation would overwrite that code with its episodes" in capsys.readouterr().err
+        assert (tmp_path / f"{module}.py").read_text() == before
+    assert not list(tmp_path.glob("*.partial")) and not (tmp_path / "sub").exists()

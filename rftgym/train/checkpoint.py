@@ -34,6 +34,7 @@ METRICS_FILE = "metrics.jsonl"
 STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
 OLD_CHECKPOINT_DIR = ".checkpoint-old"  # the previous checkpoint, while the new one takes its place
 LOCK_FILE = ".lock"
+TENSORBOARD_DIR = "tensorboard"  # (metrics_log.MetricsLog writes there)
 
 
 def _unwrap(model):
@@ -266,7 +267,7 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
     if holder is not None:  # before what its files say: a live run's are not an earlier run's
         raise ConfigError(_locked_message(output_dir, holder))
     for name, is_folder, what in ((METRICS_FILE, False, "metrics"), ("learning_curve.png", False, "learning curve"),
-                                  ("tensorboard", True, "TensorBoard logs"), (CHECKPOINT_DIR, True, "checkpoint")):
+                                  (TENSORBOARD_DIR, True, "TensorBoard logs"), (CHECKPOINT_DIR, True, "checkpoint")):
         path = output_dir / name
         if path.exists() and path.is_dir() != is_folder:
             raise ConfigError(f"{path} is a {'file' if is_folder else 'directory'}, where the run writes its {what}; "
@@ -416,6 +417,53 @@ class OutputLock:
             self._file.truncate(0)  # no stale process id is left behind
             self._file.close()
             self._file = None
+
+
+RUN_FILES = (LOCK_FILE, METRICS_FILE, "learning_curve.png", TENSORBOARD_DIR)  # what a run adds beside its checkpoint
+
+
+class RunFootprint:
+    """What a run adds to its output directory, noted before it adds anything, so that a run that
+    stops before it has written a result (a metrics row or a checkpoint: a refused setting, a
+    crash in the first step, Ctrl-C) leaves the directory as it found it. Only what this run made
+    is removed (its lock, metrics and TensorBoard files, and the folders it created, the output
+    directory and any above it), never a file an earlier run wrote; a run that wrote a result
+    keeps everything."""
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = output_dir
+        self.results_written = False
+        try:
+            self._made_folders = []  # deepest first
+            folder = output_dir
+            while not os.path.lexists(folder):
+                self._made_folders.append(folder)
+                folder = folder.parent
+            self._before: set[Path] | None = self._entries()
+        except OSError:  # what was there cannot be told: nothing will be removed
+            self._before = None
+
+    def _entries(self) -> set[Path]:
+        found = {self.output_dir / name for name in RUN_FILES if os.path.lexists(self.output_dir / name)}
+        board = self.output_dir / TENSORBOARD_DIR
+        if board.is_dir() and not board.is_symlink():  # a resumed run adds its events file to the old ones
+            found.update(board.iterdir())
+        return found
+
+    def remove_unless_results(self, held_lock: bool = True) -> None:
+        """Remove what the run made, unless it wrote a result; call while the run holds its lock.
+        A run refused before it held the lock (``held_lock=False``) may have met another run that
+        holds it now, whose files these may be: only the empty folders it made itself go."""
+        if self.results_written or self._before is None:
+            return
+        try:
+            made = self._entries() - self._before if held_lock else set()
+        except OSError:
+            return
+        # Deepest first: a folder this run made is empty once its own files are gone.
+        for path in [*sorted(made, key=lambda p: len(p.parts), reverse=True), *self._made_folders]:
+            with contextlib.suppress(OSError):  # a folder that is not empty (someone else's files) stays
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def lock_holder(output_dir: Path) -> str | None:

@@ -29,11 +29,66 @@ import torch.distributed as dist
 from ..core.errors import RftgymError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 class PeerRankError(RftgymError, RuntimeError):
     """Another rank of a distributed run stopped with an error, so this one stops too (the message
-    names the rank and its error; that rank reports the full error itself)."""
+    names the rank and its error; that rank, ``failed_rank``, reports the full error itself)."""
+
+    def __init__(self, message: str, failed_rank: int | None = None):
+        super().__init__(message)
+        self.failed_rank = failed_rank
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """Who prints an error of a launched run: ``reporter`` prints it in full, the other ranks one
+    line that names it; ``every_rank``: all ranks stopped with this same error, so it is printed
+    as one process would print it (else with the reporter's rank)."""
+    reporter: int
+    every_rank: bool
+
+
+def who_reports(error: BaseException, rank: int, world_size: int, same_on_every_rank: bool) -> ErrorReport:
+    """The :class:`ErrorReport` of ``error``, this rank's, so that the user reads each error once
+    rather than once per rank. A :class:`PeerRankError` is reported by the rank that failed; an
+    error that :meth:`Distributed.together` (or :meth:`Distributed.every_rank`) noted the ranks'
+    reports of, by the first rank that had it; else ``same_on_every_rank`` (an error of input that
+    every rank reads alike: a flag, a config, a data file) by rank 0, and anything else by this
+    rank itself (it may be its own alone: a crash, a device)."""
+    if isinstance(error, PeerRankError) and error.failed_rank is not None:
+        return ErrorReport(error.failed_rank, False)
+    reports = next((getattr(e, "rank_reports", None) for e in (error, error.__cause__)
+                    if getattr(e, "rank_reports", None) is not None), None)  # a front end's error made from it
+    if reports is not None and len(reports) == world_size and reports[rank] is not None:
+        own = reports[rank]
+        return ErrorReport(reports.index(own), all(report == own for report in reports))
+    return ErrorReport(0, True) if same_on_every_rank else ErrorReport(rank, False)
+
+
+def _note_reports(error: BaseException, reports: list[str | None]) -> None:
+    """Keep every rank's report (None: no error) on ``error``, for :func:`who_reports`."""
+    try:
+        error.rank_reports = list(reports)
+    except AttributeError:  # an exception type that takes no attributes: reported by its rank
+        pass
+
+
+def leave_after_report(wait_s: float = 30.0) -> None:
+    """Under a launcher, once this rank has printed its part of an error report: wait for every
+    rank to have printed its own, then leave the process group. The launcher ends all ranks as
+    soon as one exits, and the rank that prints the error in full must not be ended before it has.
+    A rank without a process group (the error came before the run joined one) joins one on CPU
+    for this; every rank then has the same error (it came from input they all read), so all join."""
+    from datetime import timedelta
+
+    if not dist.is_initialized():
+        try:
+            dist.init_process_group("gloo", timeout=timedelta(seconds=wait_s))
+        except Exception:  # noqa: BLE001 (no launcher's rendezvous, or a rank that never came: leave)
+            return
+    leave_process_group(wait_s)
 
 
 def leave_process_group(wait_s: float = 30.0) -> None:
@@ -179,14 +234,21 @@ class Distributed:
                                     "long") from gather_error
             raise
         if failure is not None:
+            _note_reports(failure, reports)
             raise failure
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
         if failed:
             rank, report = failed[0]
             others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
             raise PeerRankError(f"rank {rank}{others} stopped the run with {report}; rank {self.rank} stops too. "
-                                f"Rank {rank}'s own output has the full error.")
+                                f"Rank {rank}'s own output has the full error.", failed_rank=rank)
         return result
+
+    def every_rank(self, error: E) -> E:
+        """``error``, noted as the one every rank raises alike (e.g. the writing rank's refusal of
+        the output directory, sent to all), so that a launched run prints it once."""
+        _note_reports(error, [f"{type(error).__name__}: {error}"] * self.world_size)
+        return error
 
     def _comm_device(self):
         return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")

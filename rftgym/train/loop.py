@@ -38,6 +38,7 @@ from .batching import (
 )
 from .checkpoint import (
     OutputLock,
+    RunFootprint,
     base_fingerprint,
     check_base_model,
     check_checkpoint_files,
@@ -96,8 +97,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
     # The writing rank checks the output directory and locks it; every rank then stops alike if
     # it may not be used (a rank that went on alone would wait forever at its first collective).
-    lock, refusal = None, None
+    # What it adds there is noted first: a run that stops before any result leaves nothing behind.
+    lock, refusal, footprint = None, None, None
     if ranks.is_main:
+        footprint = RunFootprint(out)
         try:
             check_output_dir(out, resume)
             try:
@@ -110,10 +113,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
                 raise TrainingError(f"cannot lock the output directory {out}: {exc.strerror or exc}") from None
         except (ConfigError, TrainingError) as exc:  # bad input, or a lock file that cannot be written
             refusal = (type(exc) is TrainingError, str(exc))
+            footprint.remove_unless_results(held_lock=False)
     refusal = ranks.gather_objects(refusal)[0]
     if refusal is not None:
         unwritable, message = refusal
-        raise (TrainingError if unwritable else ConfigError)(message)
+        raise ranks.every_rank((TrainingError if unwritable else ConfigError)(message))
     try:
         saved = saved_state(out) if resume else None
         if saved is not None:
@@ -126,15 +130,20 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
-        return _train(config, policy, saved, make_env, ranks)
+        return _train(config, policy, saved, make_env, ranks, footprint)
+    except BaseException:
+        if footprint is not None:  # while the lock is held, so that no other run starts in between
+            footprint.remove_unless_results()
+        raise
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, make_env,
-           ranks: Distributed) -> list[dict]:
-    """The run itself; ``saved``: the state of the checkpoint it resumes (None for a new run)."""
+           ranks: Distributed, footprint: RunFootprint | None = None) -> list[dict]:
+    """The run itself; ``saved``: the state of the checkpoint it resumes (None for a new run);
+    ``footprint`` (the writing rank's) learns when the run has written a result."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
@@ -145,6 +154,12 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     mixed = device.startswith("cuda") and config.dtype is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
     mixed = mixed and policy.device.type == "cuda"
+    # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
+    # not on the rollout batch size or the number of ranks (rftgym.agents.sampling_keys).
+    sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                              top_p=config.top_p, max_batch_size=config.rollout_batch_size,
+                              max_prompt_tokens=config.max_prompt_tokens or None, seed=config.seed)
+    policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
@@ -194,11 +209,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     # 16-bit weights get float32 master copies in the optimizer (FSDP has its own mixed precision).
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
                                fused=not fsdp, master_weights=not fsdp)
-    # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
-    # not on the rollout batch size or the number of ranks (rftgym.agents.sampling_keys).
-    policy.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                     top_p=config.top_p, max_batch_size=config.rollout_batch_size,
-                                     max_prompt_tokens=config.max_prompt_tokens or None, seed=config.seed)
+    policy.sampling = sampling
     task_rng = np.random.default_rng(config.seed)  # the same on every rank: all draw the same tasks
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
@@ -287,6 +298,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
         if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
             # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
             ranks.together(lambda: log is not None and log.write(step, metrics))
+            if footprint is not None:
+                footprint.results_written = True
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
@@ -298,6 +311,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
                 out, state=state, step=step + 1, config=config.to_dict(), base_model=base_model,
                 base_model_path=base_model_path,
                 rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
+            if footprint is not None:
+                footprint.results_written = True
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group
     # (and the launcher) while another still works.

@@ -389,6 +389,20 @@ def test_loader_rejects_bad_lines_naming_file_and_line(tmp_path, lines, line_no,
     assert str(excinfo.value).startswith(f"{path}:{line_no}: ")
 
 
+@pytest.mark.parametrize("record, shape", [
+    ({"id": "test_0", "question": "who?", "golden_answers": ["Ada"]}, "a record with 'golden_answers' is an NQ-style"),
+    ({"question": "who?", "answer": ["Ada", "Ada Lovelace"]}, "a record whose 'answer' is a list is an NQ-open-style"),
+])
+def test_an_open_domain_question_file_is_named_and_sent_to_search_eval_qa(tmp_path, record, shape):
+    path = write(tmp_path / "nq.jsonl", [record])
+    with pytest.raises(DataFormatError) as excinfo:
+        load_tasks_jsonl(path)
+    assert str(excinfo.value) == (
+        f"{path}:1: 'answer' must be a non-empty string or number ({shape} question file, for "
+        "rftgym/SearchEvalQA-v0: --env-arg dataset_path=FILE with --env-arg corpus_path=CORPUS, the documents its "
+        "questions are searched in)")
+
+
 def test_loader_rejects_invalid_utf8_naming_the_line(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n')

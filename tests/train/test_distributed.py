@@ -146,7 +146,7 @@ FSDP_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def assert_same_run(a, b, rel=1e-4):
+def assert_same_run(a, b, rel=1e-4, weights_atol=1e-5):
     (history_a, weights_a), (history_b, weights_b) = a, b
     assert [h["reward_mean"] for h in history_a] == [h["reward_mean"] for h in history_b]
     for x, y in zip(history_a, history_b):
@@ -156,7 +156,7 @@ def assert_same_run(a, b, rel=1e-4):
             assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=rel)
     assert weights_a.keys() == weights_b.keys()
     for name in weights_a:
-        torch.testing.assert_close(weights_b[name], weights_a[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(weights_b[name], weights_a[name], rtol=1e-4, atol=weights_atol, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +209,12 @@ def test_fsdp_passes_sized_by_tokens_give_the_same_training(fsdp_runs):
     # Each rank plans its own passes by length; every rank runs the most passes any rank has.
     _, ranks = fsdp_runs
     for rank in ranks:
-        assert_same_run(rank["fsdp"], rank["fsdp_tokens"])
-        assert_same_run(rank["idle_ddp"], rank["idle_fsdp_tokens"])
+        # Passes of other sizes add the same gradients in another order: float32 rounding, which
+        # AdamW at lr 1e-2 turns into weight differences of about 1e-5 where an element's gradient
+        # is near 0 (one of 2,048 in a layer's MLP differed by 1.15e-5); a wrong pass is off by
+        # about the learning rate.
+        assert_same_run(rank["fsdp"], rank["fsdp_tokens"], weights_atol=5e-5)
+        assert_same_run(rank["idle_ddp"], rank["idle_fsdp_tokens"], weights_atol=5e-5)
 
 
 def test_fsdp_with_recomputation_trains_alike(fsdp_runs):

@@ -556,3 +556,46 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
     # takes that directory for a relative saved path)
     assert resume_changes(saved, absolute, loaded_from=str(tmp_path / "link")) == []
     assert resume_changes(saved, {"model": str(tmp_path / "other")}, loaded_from=str(tmp_path / "m")) == ["model"]
+
+
+def test_a_run_stopped_before_any_result_leaves_its_output_directory_as_it_was(tmp_path, make_char_policy):
+    policy = make_char_policy()
+    context = policy.model.config.max_position_embeddings
+    # A new directory (and the folder above it) is removed whole.
+    with pytest.raises(ConfigError, match=f"max_new_tokens={context} does not fit"):
+        train(config(tmp_path, "new/run", max_new_tokens=context), policy=policy, make_env=SayAEnv)
+    assert not (tmp_path / "new").exists()
+
+    # One that was there keeps what it held, an earlier run's lock file too; only the run's own go.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    OutputLock(run).release()  # the (empty) lock file an earlier run left
+    before = sorted(p.name for p in run.iterdir())
+
+    class BreaksInTheFirstStep(SayAEnv):  # a crash after the metrics and TensorBoard logs were opened
+        def step(self, action):
+            raise RuntimeError("the env broke")
+
+    with pytest.raises(Exception, match="the env broke"):
+        train(config(tmp_path), policy=policy, make_env=BreaksInTheFirstStep)
+    assert sorted(p.name for p in run.iterdir()) == before == [".lock", "notes.txt"]
+
+
+def test_a_run_that_wrote_a_result_keeps_its_outputs_when_it_stops(tmp_path, make_char_policy, monkeypatch):
+    import rftgym.train.loop as loop
+
+    build_samples, steps = loop.build_samples, []
+
+    def fails_in_the_second_step(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 2:
+            raise RuntimeError("the second step broke")
+        return build_samples(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "build_samples", fails_in_the_second_step)
+    with pytest.raises(RuntimeError, match="the second step broke"):
+        train(config(tmp_path, steps=3, save_every=100), policy=make_char_policy(), make_env=SayAEnv)
+    run = tmp_path / "run"
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0]  # a result: nothing is removed
+    assert (run / "tensorboard").is_dir() and any((run / "tensorboard").iterdir()) and (run / ".lock").exists()

@@ -359,7 +359,7 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = _number_text(answer)
     if not isinstance(answer, str) or not answer.strip():
-        raise DataFormatError(f"{where}: 'answer' must be a non-empty string or number")
+        raise DataFormatError(f"{where}: 'answer' must be a non-empty string or number{_other_dataset(record)}")
     if _NUMBER.fullmatch(answer.strip()) and parse_number(answer) is None:
         raise DataFormatError(f"{where}: 'answer' {answer!r} reads as a number but has no value (a zero "
                               "denominator); give the number it stands for")
@@ -394,6 +394,20 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
     if not is_int(difficulty):
         raise DataFormatError(f"{where}: 'difficulty' must be an integer (0 = unrated), got {difficulty!r}")
     return Task(str(task_id), question.strip(), answer, choices, str(record.get("kind", "custom")), int(difficulty))
+
+
+def _other_dataset(record: dict) -> str:
+    """The note for a record of an open-domain QA file (a list of accepted answers: NQ's
+    ``golden_answers``, or NQ-open's ``answer``) given as tasks: SearchEvalQA reads such files.
+    Empty for any other record."""
+    if "golden_answers" in record:
+        shape = "a record with 'golden_answers' is an NQ-style question file"
+    elif isinstance(record.get("answer"), list):
+        shape = "a record whose 'answer' is a list is an NQ-open-style question file"
+    else:
+        return ""
+    return (f" ({shape}, for rftgym/SearchEvalQA-v0: --env-arg dataset_path=FILE with --env-arg "
+            "corpus_path=CORPUS, the documents its questions are searched in)")
 
 
 def _number_text(value: int | float) -> str:
