@@ -39,6 +39,7 @@ def test_an_env_with_a_remote_retriever_pickles_and_its_copy_searches_the_servic
 
 
 def test_the_client_names_still_import_from_the_server_module():
-    from rftgym.envs.search.server import RemoteRetriever, RetrievalServiceError
+    from rftgym.envs.search.server import RemoteRetriever, RetrievalServiceError, check_service_url
 
     assert RemoteRetriever is client.RemoteRetriever and RetrievalServiceError is client.RetrievalServiceError
+    assert check_service_url is client.check_service_url

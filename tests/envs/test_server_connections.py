@@ -21,7 +21,7 @@ from rftgym.envs.search import server as server_module
 from rftgym.envs.search.client import RemoteRetriever
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.retrievers import BM25Retriever
-from rftgym.envs.search.server import make_server, serve
+from rftgym.envs.search.server import ConnectionSlots, make_server, serve
 
 DOCS = [
     Document("d0", "Paris", "Paris is the capital of France."),
@@ -197,3 +197,18 @@ def test_serve_takes_the_connection_limits(monkeypatch, capsys):
     assert served == [(7, 2.5)] and "at most 7 connections at once" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="max_connections must be"):
         serve(lambda: DOCS, port=0, max_connections=0)
+
+
+def test_a_wait_for_a_slot_that_is_interrupted_leaves_no_connection_marked_waiting(monkeypatch):
+    # Ctrl-C while the accept loop waits: "waiting" stayed True, so every later reply closed its
+    # connection as if slots were contended.
+    slots = ConnectionSlots(1)
+    assert slots.take()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slots._changed, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        slots.take()
+    assert not slots.contended() and slots.busy == 1

@@ -122,7 +122,8 @@ CASES = [
 
 
 def test_extra_fields_of_other_clients_are_ignored_as_search_r1_does(server):
-    body = b'{"queries": ["cheese"], "topk": 1, "request_id": "r-7", "model": "e5"}'
+    body = (b'{"queries": ["cheese"], "topk": 1, "request_id": "r-7", "model": "e5", "query_ids": [3], '
+            b'"top_p": 0.9, "return_scores_only": false}')
     (status, _, reply), = replies(exchange(server, post(body, "Connection: close")))
     assert status == 200 and len(json.loads(reply)["result"][0]) == 1
 

@@ -48,7 +48,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...core.web import BodyCutShort, BodyTooSlow, read_body
 # The client lived here before it had a module of its own: its names still import from here.
-from .client import RemoteRetriever, RetrievalServiceError  # noqa: F401
+from .client import RemoteRetriever, RetrievalServiceError, check_service_url  # noqa: F401
 from .corpora import load_corpus
 from .retrievers import Hit, Retriever, make_retriever
 
@@ -364,7 +364,8 @@ def _meant_field(key: str) -> str | None:
     if folded in FIELD_ALIASES:
         return FIELD_ALIASES[folded]
     squeezed = folded.replace("_", "")
-    close = difflib.get_close_matches(squeezed, [f.replace("_", "") for f in REQUEST_FIELDS], n=1, cutoff=0.75)
+    # Close only: a field of another client (query_ids, top_p, return_scores_only) is no misspelling.
+    close = difflib.get_close_matches(squeezed, [f.replace("_", "") for f in REQUEST_FIELDS], n=1, cutoff=0.9)
     return None if not close else next(f for f in REQUEST_FIELDS if f.replace("_", "") == close[0])
 
 
@@ -388,10 +389,12 @@ class ConnectionSlots:
     def take(self) -> bool:
         """Wait for a free slot and take it; False when the server is shutting down."""
         with self._changed:
-            while self.busy >= self.limit and not self._stopping:
-                self.waiting = True
-                self._changed.wait()
-            self.waiting = False
+            try:
+                while self.busy >= self.limit and not self._stopping:
+                    self.waiting = True
+                    self._changed.wait()
+            finally:  # also when the wait is interrupted (Ctrl-C): no reply should close for nothing
+                self.waiting = False
             if self._stopping:
                 return False
             self.busy += 1
