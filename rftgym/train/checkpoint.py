@@ -433,6 +433,7 @@ class RunFootprint:
     def __init__(self, output_dir: Path):
         self.output_dir = output_dir
         self.results_written = False
+        self._writers: list = []  # closed before their files are removed (TensorBoard writes from a thread)
         try:
             self._made_folders = []  # deepest first
             folder = output_dir
@@ -442,6 +443,11 @@ class RunFootprint:
             self._before: set[Path] | None = self._entries()
         except OSError:  # what was there cannot be told: nothing will be removed
             self._before = None
+
+    def close_before_removing(self, writer) -> None:
+        """``writer`` (anything with ``close()``) writes into the run's files: it is closed before
+        they are removed, so that no thread of it writes on into a removed folder."""
+        self._writers.append(writer)
 
     def _entries(self) -> set[Path]:
         found = {self.output_dir / name for name in RUN_FILES if os.path.lexists(self.output_dir / name)}
@@ -456,6 +462,8 @@ class RunFootprint:
         holds it now, whose files these may be: only the empty folders it made itself go."""
         if self.results_written or self._before is None:
             return
+        for writer in self._writers:
+            writer.close()
         try:
             made = self._entries() - self._before if held_lock else set()
         except OSError:

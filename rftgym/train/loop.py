@@ -227,6 +227,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
         torch.set_rng_state(rng["torch"])
     # Rank 0 opens the metrics (and rewrites them on resume); the others stop with it if it cannot.
     log = ranks.together(lambda: MetricsLog(out, resume_step=start) if ranks.is_main else None)
+    if footprint is not None and log is not None:
+        footprint.close_before_removing(log)
     history = []
 
     for step in range(start, config.steps):

@@ -599,3 +599,24 @@ def test_a_run_that_wrote_a_result_keeps_its_outputs_when_it_stops(tmp_path, mak
     run = tmp_path / "run"
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0]  # a result: nothing is removed
     assert (run / "tensorboard").is_dir() and any((run / "tensorboard").iterdir()) and (run / ".lock").exists()
+
+
+def test_a_stopped_runs_writers_are_closed_before_its_files_are_removed(tmp_path):
+    # TensorBoard writes from a thread of its own: removing its folder first left that thread
+    # writing into a removed path (FileNotFoundError in a thread, after the run had stopped).
+    from rftgym.train.checkpoint import RunFootprint
+
+    out = tmp_path / "run"
+    footprint = RunFootprint(out)
+    events = out / "tensorboard" / "events.out"
+    events.parent.mkdir(parents=True)
+    events.write_text("x")
+    seen = []
+
+    class Writer:
+        def close(self):
+            seen.append(events.exists())
+
+    footprint.close_before_removing(Writer())
+    footprint.remove_unless_results()
+    assert seen == [True] and not out.exists()
