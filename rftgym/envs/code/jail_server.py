@@ -2,8 +2,9 @@
 
 :mod:`.sandbox_local` starts it as pid 1 of the jail's pid namespace (``bwrap --as-pid-1``), as
 ``python -s -c <this source> <fd>``, where ``fd`` is a unix stream socket to the host, with
-``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` in the jail's own user namespace (which every run drops
-before it reads its request). It pre-imports common stdlib modules, then serves one run at a time:
+``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN`` and ``CAP_SETPCAP`` in the jail's own user namespace (which
+every run drops, from its bounding set too, before it reads its request). It pre-imports common
+stdlib modules, then serves one run at a time:
 
 - host -> zygote: the one byte ``CONTROL`` with four fds attached (SCM_RIGHTS): a sealed memfd
   holding the JSON request ``{"files", "argv", "script", "environment", "rlimits"}``, then the run's stdin (a
@@ -23,25 +24,31 @@ interpreter with ``__main__`` semantics (exit code and traceback as CPython give
 the zygote's own). All the zygote learns of a run is its wait status. When the child is gone the
 zygote kills every other process of its namespace (``kill(-1)`` from pid 1 reaches them all) and
 reaps them; a forked checker (so that what it reads stays out of the zygote) checks that no key
-was added to the keyring, and says what is off as its exit code; anything off is reported as
-dirty and the host replaces the whole jail.
+was added to the keyring and that what it inherited from the zygote (rlimits, nice value, CPU
+affinity, scheduling policy: a process of the same uid may set another's rlimits, see
+:mod:`.seccomp`) is as at start, and says what is off as its exit code; anything off is reported
+as dirty and the host replaces the whole jail. A run whose namespaces could not be set up is
+reported so (before anything else off), and the host runs it again in a fresh jail.
 
 No state of the kernel that a run can change reaches the next run: neither the files it wrote
 nor the counters of what it did (a tmpfs's inode numbers count the files ever made in it, the
 pid counter the processes ever forked, the loopback device the packets it carried, SysV IPC the
 ids it gave out). At start the jail's init forks the zygote proper into a new pid (and mount)
-namespace of the jail's own user namespace, where it is pid 1, has its own /proc and may set the
-pid counter: before each run it sets the counter back, so every run's process is pid 2 and its
-children's pids follow from what it does alone. The run's process unshares new mount, IPC and
-network namespaces, mounts fresh, size-capped tmpfs's on /work, /tmp and /dev/shm (the sizes and
-modes of the jail's own, which no run sees), brings its new loopback device up and drops every
+namespace of the jail's own user namespace, where it is pid 1, has its own /proc (with
+/proc/sys, /proc/sysrq-trigger, /proc/irq and /proc/bus read-only) and
+may set the pid counter: before each run it sets the counter back, so every run's process is
+pid 2 and its children's pids follow from what it does alone. The run's process unshares new
+mount, IPC and network namespaces, mounts fresh, size-capped tmpfs's on /work, /tmp and /dev/shm
+(the sizes and modes of the jail's own, which no run sees; one inode per page of the size, since
+inodes are kernel memory that no size counts), brings its new loopback device up and drops every
 capability; its files, IPC objects and network go when its last process does.
 
 Integrity: the zygote (and the jail's init, which only waits for it, outside the runs' pid
 namespace) is non-dumpable, so runs (same uid, no capabilities) can neither ptrace it nor reach
-its memory or fds through /proc; as the namespace's init it installs no signal handlers, so
-signals from runs do not reach it; it exits when the host's end of the socket closes, or on
-anything but ``CONTROL`` with four fds.
+its memory or fds through /proc; it keeps capabilities that runs lack, so the kernel refuses them
+its nice value, CPU affinity and scheduling policy; the seccomp filter refuses them its rlimits;
+as the namespace's init it installs no signal handlers, so signals from runs do not reach it; it
+exits when the host's end of the socket closes, or on anything but ``CONTROL`` with four fds.
 
 What the runs of one jail still share: its user namespace (whose keyring the seccomp filter
 refuses, and which is checked after each run), its hostname, and what every process on the
@@ -59,6 +66,7 @@ import errno
 import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -75,20 +83,27 @@ PRELOAD = ("abc", "array", "bisect", "collections", "copy", "dataclasses", "date
 ROOTS = ("/work", "/tmp", "/dev/shm")   # the writable tmpfs's, fresh per run; /work is the run's cwd
 RLIMITS = {"cpu": "RLIMIT_CPU", "as": "RLIMIT_AS", "fsize": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE",
            "nproc": "RLIMIT_NPROC", "core": "RLIMIT_CORE", "msgqueue": "RLIMIT_MSGQUEUE"}
-PR_SET_DUMPABLE = 4
+PR_SET_DUMPABLE, PR_CAPBSET_READ, PR_CAPBSET_DROP = 4, 23, 24
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x08000000, 0x40000000, 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 CAPABILITY_VERSION_3 = 0x20080522
 LAST_PID = "/proc/sys/kernel/ns_last_pid"   # of the reader's pid namespace
+# The kernel's and the devices' settings, read-only in the zygote's fresh /proc as docker has them
+# (bwrap covers the same paths in its own /proc where its user could write them).
+PROC_COVERED = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+LAST_CAP = "/proc/sys/kernel/cap_last_cap"
 CLEAN_SECONDS = 2.0
 CONTROL = b"R"                    # host -> zygote, with the request, stdin, stdout and stderr fds
 REPORT = struct.Struct("!4sii")   # zygote -> host: tag, wait status, index into DIRTY
 READY, EXITED, CLEANED = b"redy", b"exit", b"done"
 SET_UP = b"+"                     # a run's process -> the zygote: its namespaces are ready
+NOT_SET_UP = "the run's namespaces could not be set up"   # the program never ran
 DIRTY = (None, "processes survive the run", "keys were added", "the check did not finish in time",
-         "the check failed", "the run's namespaces could not be set up")
+         "the check failed", NOT_SET_UP,
+         "the zygote's rlimits, nice value, CPU affinity or scheduling policy changed")
 SUPERVISORS = 2   # the jail's init and the zygote: the uid's processes besides the run's own
 
 
@@ -111,21 +126,22 @@ def main(control_fd: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
     signal.signal(signal.SIGINT, signal.SIG_DFL)   # pid 1 without a handler: runs cannot signal it
     os.chdir("/")
-    become_zygote(libc, control_fd)
+    last_pid = become_zygote(libc, control_fd)
     sock = socket.socket(fileno=control_fd)
     mounts = run_mounts()
-    last_pid = os.open(LAST_PID, os.O_WRONLY | os.O_CLOEXEC)
     reset_pids(last_pid)   # here, where a failure stops the jail before it is used
-    baseline = key_ids()
+    jail_caps = bounding_set(libc)
+    baseline = (key_ids(), inherited_attributes())
     send(sock, READY, 0, 0)
     while True:
         fds = receive(sock)
         if fds is None:
             return   # the host closed the socket (or died): the namespace dies with us
         reset_pids(last_pid)
-        status, problem = run_one(fds, sock, libc, mounts)
+        status, problem = run_one(fds, sock, libc, mounts, jail_caps)
         send(sock, EXITED, status, 0)
-        send(sock, CLEANED, 0, clean(baseline) or problem)
+        found = clean(baseline)   # a failed set-up first: the host tells it from a dirty run
+        send(sock, CLEANED, 0, problem or found)
 
 
 def send(sock: socket.socket, tag: bytes, status: int, dirty: int) -> None:
@@ -145,10 +161,11 @@ def receive(sock: socket.socket):
     raise RuntimeError(f"expected the control byte with 4 fds, got {len(data)} bytes, {len(fds)} fds (flags {flags})")
 
 
-def become_zygote(libc, control_fd: int) -> None:
+def become_zygote(libc, control_fd: int) -> int:
     """Fork the zygote proper into a pid namespace of the jail's user namespace (bwrap's own
     belongs to the one above, where the jail has no capability), with its own /proc there, and
-    return in it. This process, the jail's init, waits for it and then ends the jail."""
+    return in it: an fd to write its pid counter. This process, the jail's init, waits for it and
+    then ends the jail."""
     check(libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare the zygote's pid namespace")
     pid = os.fork()
     if pid != 0:
@@ -157,6 +174,27 @@ def become_zygote(libc, control_fd: int) -> None:
         os._exit(0)
     check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
           "mount the zygote's /proc")
+    last_pid = os.open(LAST_PID, os.O_WRONLY | os.O_CLOEXEC)   # before /proc/sys is read-only
+    cover_proc(libc)
+    return last_pid
+
+
+def cover_proc(libc) -> None:
+    """Bind each of PROC_COVERED that exists read-only onto itself."""
+    for path in PROC_COVERED:
+        if not os.path.exists(path):
+            continue
+        target = path.encode()
+        check(libc.mount(target, target, None, MS_BIND | MS_REC, None), f"bind {path}")
+        check(libc.mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                         None), f"make {path} read-only")
+
+
+def bounding_set(libc) -> list:
+    """The capabilities in the jail's bounding set (those bwrap was told to add)."""
+    with open(LAST_CAP) as f:
+        last = int(f.read())
+    return [cap for cap in range(last + 1) if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1]
 
 
 def reset_pids(last_pid: int) -> None:
@@ -165,14 +203,14 @@ def reset_pids(last_pid: int) -> None:
         raise OSError(errno.EIO, f"could not write {LAST_PID}")
 
 
-def run_one(fds: list, sock: socket.socket, libc, mounts: list) -> tuple[int, int]:
+def run_one(fds: list, sock: socket.socket, libc, mounts: list, jail_caps: list) -> tuple[int, int]:
     """Fork the run, wait for it (or for the host to go away); its wait status and the index in
     DIRTY of what went wrong (0: nothing)."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        child(fds, ready_w, libc, mounts)   # never returns
+        child(fds, ready_w, libc, mounts, jail_caps)   # never returns
     for fd in (*fds, ready_w):   # the request memfd above all: never read here
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -187,29 +225,31 @@ def run_one(fds: list, sock: socket.socket, libc, mounts: list) -> tuple[int, in
     os.close(pidfd)
     set_up = os.read(ready_r, len(SET_UP)) == SET_UP   # written before the program ran, or never
     os.close(ready_r)
-    return os.waitpid(pid, 0)[1], 0 if set_up else DIRTY.index("the run's namespaces could not be set up")
+    return os.waitpid(pid, 0)[1], 0 if set_up else DIRTY.index(NOT_SET_UP)
 
 
 def run_mounts() -> list:
-    """mount(2) arguments for a run's fresh copies of the jail's tmpfs's."""
+    """mount(2) arguments for a run's fresh copies of the jail's tmpfs's. Their inodes are capped
+    at one per page of the size (a file that holds anything takes a page anyway): an empty file
+    costs no page, but its inode is kernel memory that no size cap or rlimit counts."""
     mounts = []
     for root in ROOTS:
         vfs, mode = os.statvfs(root), stat.S_IMODE(os.lstat(root).st_mode)
-        options = f"size={vfs.f_blocks * vfs.f_frsize},mode={mode:o}".encode()
+        options = f"size={vfs.f_blocks * vfs.f_frsize},nr_inodes={vfs.f_blocks},mode={mode:o}".encode()
         mounts.append((b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options))
     return mounts
 
 
-def set_up_namespaces(libc, mounts: list) -> None:
+def set_up_namespaces(libc, mounts: list, jail_caps: list) -> None:
     """(In a run's process.) Its own mount, IPC and network namespaces, with fresh tmpfs's and
-    loopback; then no capability."""
+    loopback; then no capability, and none in its bounding set."""
     check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare the run's namespaces")
     # Private, so that no mount of the run's can ever propagate into the zygote's namespace.
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make the run's mounts private")
     for source, target, kind, flags, options in mounts:
         check(libc.mount(source, target, kind, flags, options), f"mount a fresh tmpfs on {target.decode()}")
     loopback_up()
-    drop_capabilities(libc)
+    drop_capabilities(libc, jail_caps)
 
 
 def loopback_up() -> None:
@@ -219,9 +259,11 @@ def loopback_up() -> None:
         fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
-def drop_capabilities(libc) -> None:
-    """Drop every capability (bwrap set no_new_privs, so none can come back through an exec),
-    and check that none is left."""
+def drop_capabilities(libc, jail_caps: list) -> None:
+    """Drop every capability, from the bounding set too (bwrap set no_new_privs, so none can
+    come back through an exec anyway), and check that none is left."""
+    for cap in jail_caps:   # needs CAP_SETPCAP in the effective set, which the bounding set does not change
+        check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap} from the bounding set")
     check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear the ambient capabilities")
     header, sets = CapabilityHeader(CAPABILITY_VERSION_3, 0), (CapabilitySets * 2)()
     check(libc.capset(ctypes.byref(header), sets), "drop the capabilities")
@@ -257,12 +299,12 @@ def write_files(files: dict) -> None:
             f.write(text)
 
 
-def child(fds: list, ready_fd: int, libc, mounts: list) -> None:
+def child(fds: list, ready_fd: int, libc, mounts: list, jail_caps: list) -> None:
     request_fd, *stdio = fds
     try:
         try:
-            set_up_namespaces(libc, mounts)
-        except OSError as exc:   # the zygote reports the jail dirty: the host replaces it
+            set_up_namespaces(libc, mounts, jail_caps)
+        except OSError as exc:   # reported as not set up: the host runs the program in a fresh jail
             os.write(stdio[2], f"rftgym jail: could not set up the run's own namespaces: {exc}\n".encode())
             os._exit(126)
         os.write(ready_fd, SET_UP)
@@ -280,7 +322,6 @@ def child(fds: list, ready_fd: int, libc, mounts: list) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.chdir(ROOTS[0])
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        import resource
         for name, (soft, hard) in request["rlimits"].items():
             resource.setrlimit(getattr(resource, RLIMITS[name]), (soft, hard))
         argv = request["argv"]
@@ -371,9 +412,10 @@ def finish(status: int = 0) -> int:
 
 
 # -- cleaning up between runs ---------------------------------------------------------------
-def clean(baseline: list) -> int:
+def clean(baseline: tuple) -> int:
     """Kill everything but pid 1, then check the jail in a forked checker; the index in DIRTY of
-    what is still off (0: clean). The run's files, IPC objects and network went with its namespaces."""
+    what is still off (0: clean). ``baseline``: the keyring's key ids and :func:`inherited_attributes`
+    at start. The run's files, IPC objects and network went with its namespaces."""
     deadline = time.monotonic() + CLEAN_SECONDS
     while True:
         try:
@@ -390,7 +432,13 @@ def clean(baseline: list) -> int:
     if pid == 0:
         code = DIRTY.index("the check failed")
         try:
-            code = 0 if key_ids() == baseline else DIRTY.index("keys were added")
+            keys, attributes = baseline
+            if key_ids() != keys:
+                code = DIRTY.index("keys were added")
+            elif inherited_attributes() != attributes:   # the checker's are the zygote's: forked from it
+                code = DIRTY.index("the zygote's rlimits, nice value, CPU affinity or scheduling policy changed")
+            else:
+                code = 0
         finally:
             os._exit(code)
     pidfd = os.pidfd_open(pid)
@@ -413,6 +461,17 @@ def reap() -> None:
             return
         if pid == 0:
             return
+
+
+def inherited_attributes() -> tuple:
+    """What a process forked from this one inherits that a process of the same uid may change in
+    the zygote: its rlimits (prlimit; refused to runs by the seccomp filter), nice value, CPU
+    affinity and scheduling policy (refused to runs for lack of the zygote's capabilities). The
+    checker reads its own, i.e. what the next run would start with."""
+    limits = tuple((name, resource.getrlimit(getattr(resource, name)))
+                   for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), tuple(sorted(os.sched_getaffinity(0))),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
 
 
 def key_ids() -> list:

@@ -10,13 +10,14 @@ the rest of the stream. Wall timeout, output cap and every exit remove the conta
 
 Reaching into other processes: the engine's default seccomp profile (which the sandbox checks is
 in force, see :func:`engine_seccomp`) refuses the kernel keyring, ``process_vm_readv``/``writev``
-and ``pidfd_getfd``, as the local jail's filter does; it allows ``ptrace``, which the local
-filter refuses. That reaches only dumpable processes of the same uid, i.e. those running the
-program's own code: the bootstrap (pid 1, which holds the attach stream) and the test runner's
-supervisor make themselves non-dumpable, and with every capability dropped (no
-``CAP_SYS_PTRACE``) and no-new-privileges the kernel refuses to attach to them, or to read their
-memory or take their fds, whatever the profile. So no profile of our own is needed. Each run is a
-new container: no file, pid, IPC object or packet counter of one run is seen by the next.
+and ``pidfd_getfd``, as the local jail's filter does; it allows ``ptrace`` (and /proc/<pid>/mem),
+which the local filter refuses. That reaches only dumpable processes of the same uid, i.e. those
+running the program's own code: the bootstrap (pid 1, which holds the attach stream; one that
+cannot does not run the program) and the test runner's supervisor make themselves non-dumpable,
+and with every capability dropped (no ``CAP_SYS_PTRACE``) and no-new-privileges the kernel
+refuses to attach to them, or to read or write their memory or take their fds, whatever the
+profile. So no profile of our own is needed. Each run is a new container: no file, pid, IPC
+object or packet counter of one run is seen by the next.
 """
 
 from __future__ import annotations
@@ -63,14 +64,20 @@ for path, text in spec["files"].items():
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
 # Stay pid 1 (which ignores default-action signals such as SIGXCPU) and run the program as a child.
-# Not dumpable, so that the program (same uid) cannot ptrace this process, which holds the
-# attach stream's stdout, to write there past the test runner (the program's own copy is reset
-# by exec, so nothing it does changes).
+# Not dumpable, so that the program (same uid) can neither ptrace this process, which holds the
+# attach stream's stdout, nor write code into it through /proc/1/mem, to write there past the test
+# runner (the program's own copy is reset by exec, so nothing it does changes). Where that fails
+# the program does not run.
 try:
     import ctypes
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
-except (ImportError, OSError, AttributeError):
-    pass
+    failed = ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0   # PR_SET_DUMPABLE, 0
+    why = os.strerror(ctypes.get_errno())
+except (ImportError, OSError, AttributeError) as e:
+    failed, why = True, repr(e)
+if failed:
+    os.write(2, ("sandbox bootstrap: could not make itself non-dumpable (%s), so the program could write "
+                 "past the test runner: not running it\n" % why).encode())
+    os._exit(125)
 child = os.fork()
 if child == 0:
     try:

@@ -6,23 +6,27 @@ user namespaces), read-only binds of /usr (and /lib*, /bin) and the Python prefi
 dir and /tmp (program files are copied in from memfds: nothing touches the host disk), a new
 session, uid/gid 65534 (as root, bwrap itself runs as 65534 so that RLIMIT_NPROC bites; the
 count is per jail, since each jail has its own user namespace), and rlimits. Killing the jail's
-init ends its pid namespace, so nothing outlives the jail. A cold jail's init is the shell, which
-runs the program as its child; bwrap reaps it, so no process of a run is left on the host for
-its pid 1 to reap.
+init ends its pid namespace, so nothing outlives the jail. A cold jail's init is a tiny Python
+program (:data:`COLD_INIT`) that runs the program as its child; it is non-dumpable and gives up
+its copies of the host's pipes before the program starts, so that the program (same uid) can
+neither reopen them through /proc/1/fd nor make the init write there through /proc/1/mem; bwrap
+reaps it, so no process of a run is left on the host for its pid 1 to reap.
 
 Warm jails (``warm_jails=True``, the default with bwrap; :mod:`.sandbox_warm`): each worker
 keeps one such jail, set up the same way, whose supervisor is a small non-dumpable zygote
-(:mod:`.jail_server`, the stdlib pre-imported; it keeps ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN``
-in the jail's own user namespace, and no run does). Per run it forks a fresh process, always pid
-2 (the zygote sets its pid namespace's counter back), which takes new mount, IPC and network
-namespaces with fresh tmpfs's on /work, /tmp and /dev/shm (so no inode number, pid, packet
-counter or IPC id tells it what an earlier run did), drops its capabilities, reads the request
-(from a memfd the zygote never reads: no run's data is left in the memory later runs are forked
-from), writes the files, applies the rlimits (RLIMIT_NPROC counts per user namespace, i.e. per
-jail, and nothing of an earlier run is left to count) and runs the program. A seccomp filter
-(:mod:`.seccomp`) refuses the kernel keyring (shared by every jail's uid) and memory outside the
-address space (SysV shared memory, memfds), which no rlimit caps. When it exits, every other
-process in the jail is killed and the keyring checked; the host replaces the whole jail on
+(:mod:`.jail_server`, the stdlib pre-imported; it keeps ``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN`` and
+``CAP_SETPCAP`` in the jail's own user namespace, and no run does, not even in its bounding set).
+Per run it forks a fresh process, always pid 2 (the zygote sets its pid namespace's counter
+back), which takes new mount, IPC and network namespaces with fresh tmpfs's on /work, /tmp and
+/dev/shm (so no inode number, pid, packet counter or IPC id tells it what an earlier run did;
+their inodes are capped too), drops its capabilities, reads the request (from a memfd the zygote
+never reads: no run's data is left in the memory later runs are forked from), writes the files,
+applies the rlimits (RLIMIT_NPROC counts per user namespace, i.e. per jail, and nothing of an
+earlier run is left to count) and runs the program. A seccomp filter (:mod:`.seccomp`) refuses
+the kernel keyring (shared by every jail's uid), memory outside the address space (SysV shared
+memory, memfds), which no rlimit caps, and setting another process's rlimits (the zygote's,
+which later runs would inherit). When it exits, every other process in the jail is killed, and
+the keyring and the zygote's rlimits and scheduling checked; the host replaces the whole jail on
 anything unusual. ``warm_jails=False`` starts one jail (and interpreter) per run: slower. This
 module builds the bwrap command lines for both and runs the cold path; :mod:`.sandbox_warm` runs
 the warm one.
@@ -56,12 +60,46 @@ from .sandbox_warm import (MB, ZYGOTE_SOURCE, WarmJails, close_fd, init_pidfd, k
 log = logging.getLogger(__name__)
 NOBODY = 65534
 JAIL_PATH = "/usr/local/bin:/usr/bin:/bin"
-JAIL_SHELL = "/bin/sh"   # a cold jail's pid 1, where it lies under /usr (bound into every jail)
 PASSWD = b"nobody:x:65534:65534:nobody:/work:/usr/sbin/nologin\n"
 GROUP = b"nogroup:x:65534:\n"
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
                 "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
 _warned_fallback = False
+
+# A cold jail's pid 1 (``python -I -S -c COLD_INIT argv...``), which runs ``argv`` and exits as it
+# did (128 + the signal after a signal death, as a shell would). bwrap hands it the host's ends of
+# the output pipes and it runs as the program's uid, so the program must not reach it: it makes
+# itself non-dumpable (no /proc/1/mem to write code into, no /proc/1/fd to reopen the pipes, which
+# on a non-root host belong to that uid) and lets go of the pipes before the program starts (the
+# child waits for that), so that even where prctl failed it holds nothing of the host's. It reaps
+# every process left to it; when it exits, the pid namespace ends and bwrap reaps it. (``_signal``:
+# the ``signal`` module imports ``enum``, which would double the init's start-up time.)
+COLD_INIT = r"""
+import _signal, ctypes, os, sys
+_signal.signal(_signal.SIGINT, _signal.SIG_DFL)   # pid 1 without a handler: the program cannot signal it
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+released_r, released_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(released_w)
+    os.read(released_r, 1)   # end of file once the init holds no copy of stdin, stdout or stderr
+    os.close(released_r)
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):   # Python ignores them; exec'd programs expect the default
+        _signal.signal(sig, _signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as exc:
+        os.write(2, ("rftgym jail: cannot execute %s: %s\n" % (sys.argv[1], exc.strerror)).encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+os.closerange(0, 3)
+os.close(released_r)
+os.close(released_w)
+while True:
+    pid, status = os.wait()
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+"""
 
 
 class LocalSandbox(Sandbox):
@@ -169,16 +207,12 @@ class LocalSandbox(Sandbox):
         return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(),
                 *self._limited(program, limits, nproc_extra=1)]
 
-    @staticmethod
-    def _cold_init() -> list[str]:
-        """The start of a cold jail's command after its options: the shell as the jail's pid 1.
-        bwrap's own init (without --as-pid-1) reports the program's exit and exits before bwrap
-        has reaped it, so each run would leave it to the host's pid 1 to reap: a zombie under a pid
-        1 that reaps late, or never (a container's own program). bwrap reaps the shell itself."""
-        shell = os.path.realpath(JAIL_SHELL)   # a link through /etc (alternatives) would dangle in the jail
-        if not shell.startswith("/usr/") or not os.access(shell, os.X_OK):
-            return ["--"]
-        return ["--as-pid-1", "--", shell, "-c", '"$@"; exit "$?"', "sh"]   # not exec'd: the last command is exit
+    def _cold_init(self) -> list[str]:
+        """The start of a cold jail's command after its options: :data:`COLD_INIT` as the jail's
+        pid 1. bwrap's own init (without --as-pid-1) reports the program's exit and exits before
+        bwrap has reaped it, so each run would leave it to the host's pid 1 to reap: a zombie under
+        a pid 1 that reaps late, or never (a container's own program). bwrap reaps this one itself."""
+        return ["--as-pid-1", "--", self.python, "-I", "-S", "-c", COLD_INIT]
 
     def _jail_mounts(self, base: list[str], disk_mb: int, keep: list[int]) -> list[str]:
         disk = str(disk_mb * MB)
@@ -295,7 +329,7 @@ class LocalSandbox(Sandbox):
         # The zygote gives each run fresh namespaces and mounts (see .jail_server), with these
         # capabilities in the jail's own user namespace; no run keeps any.
         cmd = [*self._jail_mounts(base, disk_mb, keep), "--as-pid-1", "--cap-add", "CAP_SYS_ADMIN",
-               "--cap-add", "CAP_NET_ADMIN",
+               "--cap-add", "CAP_NET_ADMIN", "--cap-add", "CAP_SETPCAP",
                *self._jail_settings(str(info_fd), DEFAULT_HASH_SEED), "--",
                *python_command(self.python, ["-c", ZYGOTE_SOURCE, str(zygote_fd)])]
         return self._popen_as_nobody(cmd, "a warm jail", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -8,7 +8,9 @@ later runs are forked from). It then reads the outputs (capped) and the zygote's
 report (wait status, dirty or not). The host keeps the wall-clock limit and the output caps. :class:`WarmJails` keeps at most one idle
 jail per worker and replaces a jail when the zygote dies or does not report in time, when a run
 hits the wall, output, memory or disk limit, when the zygote's clean-up finds anything off, and
-every ``RECYCLE_AFTER`` runs.
+every ``RECYCLE_AFTER`` runs. A run whose namespaces the zygote could not set up never started the
+program: it is not the program's result, so it runs again in a fresh jail, once, and then raises
+:class:`~.sandbox.SandboxError`.
 
 :class:`~.sandbox_local.LocalSandbox` builds the bwrap command line (it knows the mounts and the
 user to run as) and hands this module a ``spawn`` function. The fd and process helpers at the
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, READY, REPORT, SUPERVISORS
+from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, NOT_SET_UP, READY, REPORT, SUPERVISORS
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
 
@@ -98,7 +100,7 @@ class WarmJails:
             try:
                 outcome = jail.run(request, program.stdin.encode(), limits)
                 break
-            except JailBroken as exc:   # it died while idle: a fresh one, once
+            except JailBroken as exc:   # it died while idle, or could not set the run up: a fresh one, once
                 jail.kill()
                 if attempt:
                     raise SandboxError(f"a fresh warm jail broke before the program started ({exc}); "
@@ -246,10 +248,14 @@ class WarmJail:
             for fd in (request_fd, stdin_fd, out_w, err_w):   # the zygote has its own copies now
                 keep.remove(fd)
                 close_fd(fd)
-            return self._collect(out_r, err_r, limits, started)
+            outcome = self._collect(out_r, err_r, limits, started)
         finally:
             for fd in keep:
                 close_fd(fd)
+        if outcome.dirty == NOT_SET_UP:   # the program never ran: a broken jail, not the program's result
+            detail = outcome.stderr.decode("utf-8", "replace").strip()[-300:]
+            raise JailBroken(f"{NOT_SET_UP}: {detail}" if detail else NOT_SET_UP)
+        return outcome
 
     def _collect(self, out_r: int, err_r: int, limits: SandboxLimits, started: float) -> WarmOutcome:
         """Read both outputs (capped) and the zygote's two reports, until both pipes close after the

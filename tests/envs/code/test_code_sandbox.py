@@ -6,6 +6,8 @@ import gc
 import inspect
 import json
 import shutil
+import subprocess
+import sys
 import warnings
 from dataclasses import replace
 
@@ -286,6 +288,31 @@ def test_the_docker_backend_tells_an_engine_without_seccomp():
     assert engine_seccomp({"SecurityOptions": ["name=seccomp,profile=/etc/docker/seccomp.json"]})
     assert not engine_seccomp({"SecurityOptions": ["name=seccomp,profile=unconfined"]})
     assert not engine_seccomp({"SecurityOptions": ["name=apparmor"]}) and not engine_seccomp({})
+
+
+# A ctypes whose prctl fails, in front of the real one: what the docker bootstrap sees where it cannot
+# make itself non-dumpable.
+FAILING_CTYPES = """
+class CDLL:
+    def __init__(self, *args, **kwargs):
+        pass
+    def prctl(self, *args):
+        return -1
+def get_errno():
+    return 1
+"""
+
+
+def test_the_docker_bootstrap_does_not_run_the_program_while_dumpable(tmp_path):
+    from rftgym.envs.code.sandbox_docker import BOOTSTRAP
+
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "ctypes.py").write_text(FAILING_CTYPES)
+    header = json.dumps({"files": {}, "argv": [sys.executable, "-c", "print('the program ran')"]}).encode()
+    done = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=b"%d\n" % len(header) + header,
+                          capture_output=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "fake")}, timeout=30)
+    assert done.returncode == 125 and done.stdout == b"", done
+    assert b"could not make itself non-dumpable" in done.stderr and b"not running it" in done.stderr, done
 
 
 def test_docker_engine_gone_is_a_typed_error():

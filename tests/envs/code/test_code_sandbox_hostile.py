@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import pytest
 
-from rftgym.envs.code import sandbox_warm
-from rftgym.envs.code.sandbox import Program, SandboxLimits, make_sandbox
+from rftgym.envs.code import sandbox_local, sandbox_warm
+from rftgym.envs.code.sandbox import Program, SandboxError, SandboxLimits, make_sandbox
 
 
 def run(sandbox, source: str, wall: float | None = None):
@@ -270,6 +270,47 @@ print([int(status[k], 16) for k in ("CapEff", "CapPrm", "CapAmb")], int(status["
     assert result.stdout == "[0, 0, 0] 1 -1 True\n", result
 
 
+def test_no_capability_even_in_the_bounding_set_and_the_kernels_settings_read_only(sandbox):
+    """No capability a program could ever gain (a warm jail's zygote keeps some; its runs must not
+    have them even as bounds), and /proc's settings read-only where runs share a pid namespace."""
+    source = """
+import json, os
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+covered = [p for p in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus") if os.path.exists(p)]
+print(json.dumps([int(status["CapBnd"], 16), "/proc/sys" in covered,
+                  [p for p in covered if not os.statvfs(p).f_flag & os.ST_RDONLY]]))
+"""
+    result = run(sandbox, source)
+    assert result.ok, result
+    bounding, has_sys, writable = json.loads(result.stdout)
+    assert bounding == 0 and has_sys, result
+    # bwrap covers only what its user may write (none of these), and a cold jail's namespaces are
+    # its one run's; the warm jail's runs share the zygote's pid namespace, docker covers them.
+    if sandbox.name != "local" or sandbox.warm:
+        assert writable == [], result
+
+
+# Every other process of the jail whose memory it could write (code there runs with that
+# process's fds: a cold jail's init held the host's output pipes) or whose fds it could reopen.
+WRITE_INTO_OTHER_PROCESSES = """
+import os
+reached = []
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+    for path in [f"/proc/{pid}/mem", *(f"/proc/{pid}/fd/{fd}" for fd in range(10))]:
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+            reached.append(path)
+        except OSError:
+            pass
+print(reached)
+"""
+
+
+def test_no_other_process_of_the_jail_can_be_written_into_through_proc(sandbox):
+    result = run(sandbox, WRITE_INTO_OTHER_PROCESSES)
+    assert result.ok and result.stdout == "[]\n", result
+
+
 # -- warm jails: one jail, many runs ---------------------------------------------------------
 @pytest.fixture
 def warm(local_sandbox):
@@ -494,6 +535,111 @@ def test_a_sysv_semaphore_set_left_by_a_run_is_gone_for_the_next(warm):
     after = run_in(warm, "import ctypes\nprint(ctypes.CDLL(None).semget(1234, 1, 0), open('/proc/sysvipc/sem').read()"
                          ".count('\\n'))")
     assert after.ok and after.stdout == "-1 1\n", after   # no such set; only the table's header line
+
+
+SET_THE_ZYGOTES_LIMITS = """
+import resource
+try:
+    resource.prlimit(1, resource.RLIMIT_STACK, (1 << 20, 1 << 20))   # pid 1: the warm jail's zygote
+    print("set")
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+READ_THE_LIMITS = "import resource\nprint([resource.getrlimit(r) for r in (resource.RLIMIT_STACK, resource.RLIMIT_DATA)])"
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the filter's architectures")
+@pytest.mark.parametrize("backend", ["local", "local-cold"])
+def test_a_run_cannot_set_another_processs_rlimits_only_its_own(request, backend):
+    sandbox = request.getfixturevalue({"local": "local_sandbox", "local-cold": "cold_local_sandbox"}[backend])
+    source = """
+import os, resource
+outcomes = []
+for name, call in [("pid 1", lambda: resource.prlimit(1, resource.RLIMIT_STACK, (1 << 20, 1 << 20))),
+                   ("own pid", lambda: resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE)),
+                   ("pid 0", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE)),
+                   ("setrlimit", lambda: resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, 1 << 20)))]:
+    try:
+        call()
+        outcomes.append((name, "ok"))
+    except OSError as exc:
+        outcomes.append((name, exc.errno))
+print(outcomes)
+"""
+    result = run(sandbox, source)
+    assert result.ok, result
+    assert result.stdout == "[('pid 1', 1), ('own pid', 1), ('pid 0', 'ok'), ('setrlimit', 'ok')]\n", result
+
+
+def test_a_jail_whose_zygote_limits_a_run_changed_is_replaced_even_without_the_filter(monkeypatch):
+    """The cleaner's own check, with the seccomp filter (which refuses the change) off."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: warm jails need it")
+    monkeypatch.setattr(sandbox_local, "jail_filter", lambda: None)
+    with make_sandbox("local", limits=SandboxLimits(wall_seconds=20, cpu_seconds=5), workers=1) as sandbox:
+        assert sandbox.warm and "NO seccomp filter" in sandbox.isolation, sandbox.isolation
+        before = run_in(sandbox, READ_THE_LIMITS)
+        zygote = jail(sandbox)
+        changed = run_in(sandbox, SET_THE_ZYGOTES_LIMITS)
+        assert changed.ok and changed.stdout == "set\n", changed
+        assert sandbox.jails.idle == [], "the jail should have been replaced"
+        after = run_in(sandbox, READ_THE_LIMITS)
+        assert jail(sandbox) is not zygote and after.stdout == before.stdout, (before, after)
+
+
+def test_empty_files_past_the_inode_cap_fail_cleanly(warm):
+    # An empty file takes no page of a tmpfs's size, but its inode is kernel memory.
+    source = """
+import json, os
+made = {}
+for root in ("/work", "/tmp", "/dev/shm"):
+    n, error = 0, None
+    try:
+        while n < 20000:
+            os.close(os.open(f"{root}/empty{n}", os.O_CREAT | os.O_WRONLY, 0o600))
+            n += 1
+    except OSError as exc:
+        error = exc.errno
+    made[root] = (n, error)
+print(json.dumps(made))
+"""
+    result = run(warm, source)
+    assert result.ok, result
+    pages = warm.limits.disk_mb * (1 << 20) // 4096
+    for root, (made, error) in json.loads(result.stdout).items():
+        assert error == 28 and pages // 2 < made <= pages, (root, made, error)   # ENOSPC
+
+
+def with_set_up_failing(zygote_source: str) -> str:
+    """The zygote's source with each run's namespace set-up failing at once."""
+    head, rest = zygote_source.split("\ndef set_up_namespaces(", 1)
+    signature, body = rest.split("\n", 1)
+    return f"{head}\ndef set_up_namespaces({signature}\n    raise OSError(1, 'set-up refused for a test')\n{body}"
+
+
+def test_a_run_whose_namespaces_could_not_be_set_up_runs_again_in_a_fresh_jail(warm, monkeypatch):
+    run_in(warm, "print(1)")
+    warm.jails.idle.pop().kill()   # the next run starts a jail, with the failing zygote
+    sound = sandbox_local.ZYGOTE_SOURCE
+    monkeypatch.setattr(sandbox_local, "ZYGOTE_SOURCE", with_set_up_failing(sound))
+    spawn = warm.jails.spawn
+
+    def spawn_then_heal(*args):
+        proc = spawn(*args)
+        monkeypatch.setattr(sandbox_local, "ZYGOTE_SOURCE", sound)   # the jail after this one is sound
+        return proc
+
+    monkeypatch.setattr(warm.jails, "spawn", spawn_then_heal)
+    result = run_in(warm, "print(6 * 7)")
+    assert result.ok and result.stdout == "42\n", result   # not exit 126 charged to the program
+
+
+def test_a_jail_that_cannot_set_up_any_run_is_a_sandbox_error(warm, monkeypatch):
+    run_in(warm, "print(1)")
+    warm.jails.idle.pop().kill()
+    monkeypatch.setattr(sandbox_local, "ZYGOTE_SOURCE", with_set_up_failing(sandbox_local.ZYGOTE_SOURCE))
+    with pytest.raises(SandboxError, match="could not be set up.*set-up refused for a test"):
+        run_in(warm, "print(1)")
 
 
 DENY_ALL_DEFAULT_ACL = """
@@ -752,7 +898,7 @@ try:
 except OSError as exc:
     outcomes.append(("pidfd_open", exc.errno))
 else:
-    for fd in (0, 1, 2):   # in a cold jail, bubblewrap's init: it holds the host's ends of the pipes
+    for fd in (0, 1, 2):   # in a cold jail, its init: bwrap gave it the host's ends of the pipes
         got = libc.syscall(PIDFD_GETFD, pidfd, fd, 0)
         outcomes.append(("pidfd_getfd", fd, got if got >= 0 else -ctypes.get_errno()))
 got = libc.syscall(PTRACE, 16, 1, None, None)   # PTRACE_ATTACH
