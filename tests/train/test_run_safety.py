@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 
 import pytest
 from support import SayAEnv, train_config
@@ -491,8 +492,12 @@ def test_tensorboard_logs_that_cannot_be_written_stop_the_run_with_a_message(tmp
     from torch.utils.tensorboard import SummaryWriter
 
     monkeypatch.setattr(SummaryWriter, "flush", _no_space)  # what its writer thread's error looks like here
+    before = set(threading.enumerate())
     with pytest.raises(TrainingError, match=r"cannot write .*tensorboard at step 0 \(No space left on device"):
         train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    # The broken writer is closed too: its thread wrote on into the folder the stopped run removed.
+    left = [t for t in set(threading.enumerate()) - before if "tensorboard" in type(t).__module__]
+    assert not left
 
 
 def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, make_char_policy, monkeypatch):
