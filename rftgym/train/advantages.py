@@ -21,13 +21,12 @@ whose rewards are all equal: every advantage is 0, so they carry no gradient) an
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from ..core.errors import ConfigError
+from ..core.values import is_finite_real
 
 
 def _as_reward_matrix(rewards: torch.Tensor) -> torch.Tensor:
@@ -178,19 +177,11 @@ def _score_list(scores: ScoreRow) -> list[float | None]:
     """One trajectory's scores as floats (None kept); anything but a finite real number is a
     ValueError: one NaN would make its group's spread NaN and silently switch PCAR off there."""
     values = scores.reshape(-1).tolist() if isinstance(scores, torch.Tensor) else list(scores)
-    out = []
     for value in values:
-        number = None
-        if value is not None and isinstance(value, numbers.Real) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError:  # an int past the float range
-                number = math.inf
-        if value is not None and (number is None or not math.isfinite(number)):
+        if value is not None and not is_finite_real(value):
             raise ValueError(f"segment scores must be finite numbers (or None for a segment without a score); got "
                              f"{value!r}: fix the record or the env that scored it")
-        out.append(number)
-    return out
+    return [None if value is None else float(value) for value in values]
 
 
 def _scored_factors(scores: list[float], lam: float, delta: float, eps: float) -> torch.Tensor:
