@@ -8,7 +8,6 @@ import importlib
 import os
 import re
 import sys
-import warnings
 from typing import Any, TypeVar
 
 from ..core.errors import ConfigError
@@ -133,18 +132,6 @@ def check_step_call(started: bool, done: bool, action) -> None:
         raise RuntimeError("the episode has ended; call reset() to start a new one")
     if not isinstance(action, str):
         raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
-
-
-def warn_if_reward_unpaid(env_name: str, owed: float) -> None:
-    """Say so when ``reset`` ends an episode that was owed ``owed`` (what the env's own turn budget
-    would have paid on its last step). An env that pays on the turn that ends the episode cannot
-    see a cut made outside it (gymnasium's TimeLimit, a rollout's turn cap): the reward is lost.
-    The text is the same every time, so Python shows it once, not once per episode."""
-    if owed > 0:
-        warnings.warn(f"{env_name} was reset in the middle of an episode that had earned a reward it pays only on "
-                      "the turn that ends the episode. If a TimeLimit (gymnasium.make's max_episode_steps), a "
-                      "rollout's turn cap or a full context cut that episode, its reward was lost: bound the "
-                      "turns with the env's own max_turns option, which pays it", UserWarning, stacklevel=3)
 
 
 MAX_REPORTED_PROBLEMS = 3

@@ -133,53 +133,6 @@ def test_an_envs_observations_and_actions_round_trip_through_json(env_id, tmp_pa
 
 # ---------------------------------------------------------------- TimeLimit and deferred rewards
 
-def test_a_time_limit_that_cuts_a_verifiable_reward_is_warned_of_at_the_next_reset():
-    env = gym.make(VERIFIABLE, max_attempts=2, max_turns=3, max_episode_steps=1)
-    env.reset(seed=8)
-    # The env's own budget ending here would pay the clean wrong answer its format reward (0.1).
-    _, reward, terminated, truncated, _ = env.step(f"<answer>{wrong_answer_for(env)}</answer>")
-    assert truncated and not terminated and reward == 0.0
-    with pytest.warns(UserWarning, match="its reward was lost: bound the turns with the env's own max_turns"):
-        env.reset(seed=8)
-
-
-def test_a_time_limit_that_cuts_a_graded_submission_is_warned_of_at_the_next_reset(tmp_path):
-    env = make(CODE, tmp_path, max_attempts=2, max_episode_steps=1)
-    try:
-        env.reset(seed=0)
-        _, reward, terminated, truncated, info = env.step(PROGRAM)
-        assert truncated and not terminated and reward == 0.0 and info["format_ok"]
-        with pytest.warns(UserWarning, match="CodeTCG was reset in the middle of an episode"):
-            env.reset(seed=0)
-    finally:
-        env.close()
-
-
-def no_warning_at_reset(env) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        env.reset(seed=0)
-    assert not [w for w in caught if "was reset in the middle of an episode" in str(w.message)]
-
-
-def test_no_warning_when_an_episode_ends_by_the_envs_own_budget_or_owes_nothing(tmp_path):
-    code = make(CODE, tmp_path, max_attempts=2, max_turns=2)
-    try:
-        code.reset(seed=0)
-        code.step(PROGRAM)
-        _, reward, _, truncated, _ = code.step(NO_CODE)  # the env's own budget: the graded reward is paid
-        assert truncated and reward == pytest.approx(0.1)
-        no_warning_at_reset(code)
-        code.step(NO_CODE)  # nothing graded: nothing owed
-        no_warning_at_reset(code)
-    finally:
-        code.close()
-    verifiable = gym.make(VERIFIABLE, max_attempts=2)
-    verifiable.reset(seed=0)
-    verifiable.step(f"<answer>{wrong_answer_for(verifiable)}</answer>")
-    verifiable.step("no answer this time")  # the budget ending now would pay nothing
-    no_warning_at_reset(verifiable)
-
 
 # ---------------------------------------------------------------- configs through a JSON spec
 

@@ -44,7 +44,7 @@ Episode end
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env knowing, so the step it cuts pays only what a turn that does not end the episode
     pays, and the last graded submission's reward is lost (as it is when a rollout's turn cap
-    or a full context cuts the episode); the next ``reset`` then warns. With ``max_attempts > 1``
+    or a full context cuts the episode). With ``max_attempts > 1``
     a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
     error, and the expected output for the task's own examples only: a hidden test's expected
     output would let a later attempt pass it from a lookup table) and the agent tries again.
@@ -85,7 +85,7 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
                       check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, warn_if_reward_unpaid)
+                      read_action, render_context, resolve_config, summarize_problems)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -262,7 +262,6 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        warn_if_reward_unpaid("CodeTCG", self._owed_reward())
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
         self.task = self.tested_task(self._draw_task(seed, dict(options or {})))

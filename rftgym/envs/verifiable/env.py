@@ -26,7 +26,7 @@ Episode end
     ``<answer>`` tag get a format reminder and count against ``max_turns``). Bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env knowing, so a wrong answer on the step it cuts (with attempts left) is paid 0, not
-    the format reward that truncation by ``max_turns`` pays; the next ``reset`` then warns.
+    the format reward that truncation by ``max_turns`` pays.
 
 Info keys
     ``task_id``, ``kind``, ``difficulty``, ``turn``, ``attempts``, ``answer`` (text inside the
@@ -60,7 +60,7 @@ from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, warn_if_reward_unpaid)
+                      read_action, render_context, resolve_config, summarize_problems)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -155,15 +155,13 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
         self._turn = 0
         self._attempts = 0
         self._done = False
-        self._owed = 0.0  # what the turn budget running out now would pay (see step)
 
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        warn_if_reward_unpaid("VerifiableQA", self._owed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
-        self.task, self._context, self._owed = None, Context(), 0.0
+        self.task, self._context = None, Context()
         options = dict(options or {})
         self.task = self._draw_task(seed, options)
         self._ids = MessageIds.from_rng(self.np_random)
@@ -232,7 +230,6 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
         self._done = terminated or truncated
-        self._owed = 0.0 if self._done else worth
         info = self._info(answer=answer_text, correct=correct, format_ok=format_ok, format_error=format_error)
         if self.render_mode == "human":
             self.render()
