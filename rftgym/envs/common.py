@@ -134,6 +134,13 @@ def check_step_call(started: bool, done: bool, action) -> None:
         raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
 
 
+# The info key of an env that pays on the turn that ends the episode (CodeTCG, VerifiableQA): what
+# its own turn budget running out on this step would have paid, beyond this step's reward (0 once
+# the episode has ended). A cut the env cannot see (gymnasium's TimeLimit, a rollout's turn cap, a
+# full context) would otherwise lose that reward: whoever cuts the episode adds it to its return.
+REWARD_IF_CUT = "reward_if_cut"
+
+
 MAX_REPORTED_PROBLEMS = 3
 
 

@@ -10,8 +10,14 @@ reply's key (the episode's task seed, its repeat and the turn: :mod:`rftgym.agen
 so a seeded episode samples the same whatever ``num_envs`` is and whichever episodes share a batch.
 
 When the agent answers ``CONTEXT_FULL`` (the context leaves no room for a reply), the episode
-ends there as truncated: the engine records a turn with empty action, reward 0 and
-``info["context_full"]``, and does not step the env with it.
+ends there as truncated: the engine records a turn with empty action and ``info["context_full"]``,
+and does not step the env with it.
+
+An env that pays on the turn that ends the episode (CodeTCG, VerifiableQA) cannot see a cut made
+outside it (a Gymnasium TimeLimit, the rollout's turn cap, a full context); each of its steps says
+in ``info["reward_if_cut"]`` what its own budget running out there would have paid. The last turn
+of an episode that ends truncated gets that amount (from the step before, for a full context)
+added to its reward, so a cut episode is paid as the env's own truncation would have paid it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, R
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 from ..core.values import is_int
+from ..envs.common import REWARD_IF_CUT
 
 
 SAFETY_NET_TURNS = 64
@@ -327,15 +334,20 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
     if not math.isfinite(value):
         raise EnvContractError(f"{where} returned the reward {value}; a reward is a finite number (a NaN or "
                                "infinite one would make every advantage of its group, then the weights, NaN)")
+    owed = info.get(REWARD_IF_CUT, 0.0)
+    if isinstance(owed, bool) or not isinstance(owed, (int, float)) or not math.isfinite(owed):
+        raise EnvContractError(f"{where} returned info[{REWARD_IF_CUT!r}]={owed!r}; it is the reward a cut of the "
+                               "episode on this step is paid, a finite number (0 when nothing would be)")
     return value
 
 
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     before = slot.context
     if reply.finish_reason == CONTEXT_FULL:  # no room for a reply: the episode ends, the env unstepped
-        slot.turns.append(Turn(index=len(slot.turns), context_ids=before.ids, action="", reward=0.0,
-                               terminated=False, truncated=True, info={"context_full": True},
-                               finish_reason=CONTEXT_FULL))
+        owed = slot.turns[-1].info.get(REWARD_IF_CUT, 0.0) if slot.turns else 0.0  # checked at that step
+        info = {"context_full": True, **({REWARD_IF_CUT: owed} if owed else {})}
+        slot.turns.append(Turn(index=len(slot.turns), context_ids=before.ids, action="", reward=owed,
+                               terminated=False, truncated=True, info=info, finish_reason=CONTEXT_FULL))
         slot.active = False
         return
     context, reward, terminated, truncated, info = _unpack(
@@ -344,6 +356,8 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     if not (terminated or truncated) and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}
+    if truncated and not terminated:  # cut by whoever: pay what the env's own budget would have
+        reward += info.get(REWARD_IF_CUT, 0.0)
     message = _new_assistant_message(before, context, reply.text)
     if message is not None:
         # The sampled tokens stand for the message only when the env kept the reply's text as it

@@ -133,6 +133,43 @@ def test_an_envs_observations_and_actions_round_trip_through_json(env_id, tmp_pa
 
 # ---------------------------------------------------------------- TimeLimit and deferred rewards
 
+def test_a_time_limit_cut_of_a_verifiable_answer_is_owed_in_its_info():
+    env = gym.make(VERIFIABLE, max_attempts=2, max_turns=3, max_episode_steps=1)
+    env.reset(seed=8)
+    # The env's own budget ending here would pay the clean wrong answer its format reward (0.1).
+    _, reward, terminated, truncated, info = env.step(f"<answer>{wrong_answer_for(env)}</answer>")
+    assert truncated and not terminated and reward == 0.0 and info["reward_if_cut"] == pytest.approx(0.1)
+
+
+def test_a_time_limit_cut_of_a_graded_submission_is_owed_in_its_info(tmp_path):
+    env = make(CODE, tmp_path, max_attempts=2, max_episode_steps=2)
+    try:
+        _, info = env.reset(seed=0)
+        assert info["reward_if_cut"] == 0.0  # nothing graded yet
+        _, reward, _, truncated, info = env.step(PROGRAM)
+        assert not truncated and reward == 0.0 and info["reward_if_cut"] == pytest.approx(0.1)  # format only
+        _, reward, terminated, truncated, info = env.step(NO_CODE)  # the TimeLimit cuts: the env pays nothing
+        assert truncated and not terminated and reward == 0.0 and info["reward_if_cut"] == pytest.approx(0.1)
+    finally:
+        env.close()
+
+
+def test_an_episode_ended_by_the_envs_own_budget_owes_nothing_more(tmp_path):
+    code = make(CODE, tmp_path, max_attempts=2, max_turns=2)
+    try:
+        code.reset(seed=0)
+        code.step(PROGRAM)
+        _, reward, _, truncated, info = code.step(NO_CODE)  # the env's own budget: the graded reward is paid
+        assert truncated and reward == pytest.approx(0.1) and info["reward_if_cut"] == 0.0
+    finally:
+        code.close()
+    verifiable = gym.make(VERIFIABLE, max_attempts=2)
+    verifiable.reset(seed=0)
+    _, _, _, _, info = verifiable.step(f"<answer>{wrong_answer_for(verifiable)}</answer>")
+    assert info["reward_if_cut"] == pytest.approx(0.1)
+    _, _, _, _, info = verifiable.step("no answer this time")  # the budget ending now would pay nothing
+    assert info["reward_if_cut"] == 0.0
+
 
 # ---------------------------------------------------------------- configs through a JSON spec
 

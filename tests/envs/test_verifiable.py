@@ -25,7 +25,7 @@ from rftgym.envs.verifiable.tasks import DIFFICULTIES, GENERATORS
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 INFO_KEYS = {"task_id", "kind", "difficulty", "turn", "attempts", "answer", "correct", "format_ok",
-             "format_error", "success"}
+             "format_error", "success", "reward_if_cut"}
 
 
 def make(**kwargs) -> gym.Env:

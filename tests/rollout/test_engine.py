@@ -529,3 +529,62 @@ def test_a_keyed_token_level_agent_may_implement_act_alone():
     agent = KeyedActOnly()
     run_episodes(make_qa, agent, seeds=[3, 3])
     assert agent.keys == [(1, 3, 0, 0), (1, 3, 1, 0)]
+
+
+# ---------------------------------------------------------------- cuts the env cannot see
+
+@pytest.fixture
+def sum_task(tmp_path):
+    """One task whose wrong answer ("41") is known: a clean wrong answer is worth the format reward."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"question": "What is 6 times 7?", "answer": "42", "id": "mul"}\n', encoding="utf-8")
+    return str(path)
+
+
+WRONG = "<answer>41</answer>"
+FORMAT_REWARD = 0.1  # VerifiableQA's default format_weight: what a clean wrong answer is worth
+
+
+class WrongThenFull(Agent):
+    """Answers wrongly (a clean answer) once, then has no room left."""
+
+    def act(self, contexts):
+        return [AgentReply(text="", finish_reason=CONTEXT_FULL) if any(m.role == "assistant" for m in c)
+                else AgentReply(text=WRONG) for c in contexts]
+
+
+@pytest.mark.parametrize("cut", ["rollout cap", "time limit", "full context"])
+def test_a_cut_the_env_cannot_see_is_paid_what_its_own_budget_would_pay(sum_task, cut):
+    kwargs = {"dataset_path": sum_task, "max_attempts": 3, "max_turns": 5}
+    make_env, agent, config = (lambda: gym.make("rftgym/VerifiableQA-v0", **kwargs)), ScriptedAgent(WRONG), None
+    if cut == "rollout cap":
+        config = RolloutConfig(max_turns=2)
+    elif cut == "time limit":
+        make_env = lambda: gym.make("rftgym/VerifiableQA-v0", max_episode_steps=2, **kwargs)  # noqa: E731
+    else:
+        agent = WrongThenFull()
+    episode = run_episodes(make_env, agent, seeds=[0], config=config)[0]
+    *early, last = episode.turns
+    assert episode.truncated and not episode.terminated
+    assert [t.reward for t in early] == [0.0] * len(early)  # a turn that does not end the episode pays nothing
+    assert last.reward == pytest.approx(FORMAT_REWARD) and last.info["reward_if_cut"] == pytest.approx(FORMAT_REWARD)
+    assert episode.total_reward == pytest.approx(FORMAT_REWARD)
+
+
+def test_the_envs_own_budget_is_paid_once():
+    # The env's own truncation pays the answer itself; its info then owes nothing more.
+    episode = run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0", max_attempts=2, max_turns=2),
+                           ScriptedAgent(["no tag here", "<answer>no such answer</answer>"]), seeds=[0])[0]
+    assert episode.truncated and [t.reward for t in episode.turns] == [0.0, pytest.approx(FORMAT_REWARD)]
+    assert episode.turns[-1].info["reward_if_cut"] == 0.0
+
+
+@pytest.mark.parametrize("owed", [float("nan"), "0.1", True, None])
+def test_an_env_owing_a_reward_that_is_not_a_number_is_named(owed):
+    class BadOwed(gym.Wrapper):
+        def step(self, action):
+            context, reward, terminated, truncated, info = self.env.step(action)
+            return context, reward, terminated, truncated, {**info, "reward_if_cut": owed}
+
+    with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['reward_if_cut'\]=.*a finite number"):
+        run_episodes(lambda: BadOwed(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])

@@ -43,8 +43,9 @@ Episode end
     pass_rate, tests, format_ok), even when that turn held no code. Bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env knowing, so the step it cuts pays only what a turn that does not end the episode
-    pays, and the last graded submission's reward is lost (as it is when a rollout's turn cap
-    or a full context cuts the episode). With ``max_attempts > 1``
+    pays. That step's ``info["reward_if_cut"]`` holds the last graded submission's reward, which
+    the rollout engine adds to the turn of any episode that ends truncated (a TimeLimit, its own
+    turn cap, a full context); a loop of your own adds it likewise. With ``max_attempts > 1``
     a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
     error, and the expected output for the task's own examples only: a hidden test's expected
     output would let a later attempt pass it from a lookup table) and the agent tries again.
@@ -56,7 +57,9 @@ Info keys
     limit is an error of that test), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
     input, expected, got, error, seconds, passed, origin), ``format_ok``, ``format_error``,
     ``success`` (every test passed), ``step_scores`` (pseudocode turns), ``sandbox`` (its
-    isolation, one line).
+    isolation, one line), ``reward_if_cut`` (what the turn budget running out on this step would
+    have paid: the last graded submission's reward while the episode is under way, 0 once it has
+    ended).
 
 Options to ``reset``
     ``task_index`` picks a task of the dataset. Otherwise, with ``task_selection="seed"`` (the
@@ -85,7 +88,7 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
                       check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems)
+                      read_action, render_context, resolve_config, summarize_problems, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -458,6 +461,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
             "success": bool(last["total"] and last["passed"] == last["total"]),
             "step_scores": last["step_scores"],
             "sandbox": self.sandbox.isolation,
+            REWARD_IF_CUT: self._owed_reward(),
         }
 
 

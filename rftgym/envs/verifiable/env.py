@@ -26,13 +26,17 @@ Episode end
     ``<answer>`` tag get a format reminder and count against ``max_turns``). Bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env knowing, so a wrong answer on the step it cuts (with attempts left) is paid 0, not
-    the format reward that truncation by ``max_turns`` pays.
+    the format reward that truncation by ``max_turns`` pays. That step's ``info["reward_if_cut"]``
+    holds it, and the rollout engine adds it to the turn of any episode that ends truncated (a
+    TimeLimit, its own turn cap, a full context); a loop of your own adds it likewise.
 
 Info keys
     ``task_id``, ``kind``, ``difficulty``, ``turn``, ``attempts``, ``answer`` (text inside the
     tag, or None), ``correct``, ``format_ok``, ``format_error`` (None or what was wrong; at
-    most three distinct tag problems are spelled out), ``success`` (answered correctly), and
-    ``expected`` once the episode has ended.
+    most three distinct tag problems are spelled out), ``success`` (answered correctly),
+    ``reward_if_cut`` (what the turn budget running out on this step would have paid: the graded
+    answer's reward while the episode is under way, 0 for a turn without one and once the episode
+    has ended), and ``expected`` once the episode has ended.
 
 Options to ``reset``
     ``task_index`` picks a task of a loaded dataset. Otherwise, with ``task_selection="seed"``
@@ -60,7 +64,7 @@ from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems)
+                      read_action, render_context, resolve_config, summarize_problems, REWARD_IF_CUT)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -230,7 +234,8 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
             context = context.appended(self._ids.message("user", feedback))
         self._context = context
         self._done = terminated or truncated
-        info = self._info(answer=answer_text, correct=correct, format_ok=format_ok, format_error=format_error)
+        info = self._info(answer=answer_text, correct=correct, format_ok=format_ok, format_error=format_error,
+                          reward_if_cut=worth)
         if self.render_mode == "human":
             self.render()
         return self._context, float(reward), terminated, truncated, info
@@ -264,7 +269,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
         return generate_task(self.np_random, kind, int(difficulty))
 
-    def _info(self, *, answer, correct, format_ok, format_error) -> dict[str, Any]:
+    def _info(self, *, answer, correct, format_ok, format_error, reward_if_cut=0.0) -> dict[str, Any]:
         info = {
             "task_id": self.task.id,
             "kind": self.task.kind,
@@ -276,6 +281,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
             "format_ok": bool(format_ok),
             "format_error": format_error,
             "success": bool(correct),
+            REWARD_IF_CUT: 0.0 if self._done else float(reward_if_cut),
         }
         if self._done:
             info["expected"] = self.task.answer
