@@ -1,7 +1,8 @@
-"""The retrieval service's connections: at most ``max_connections`` handled at once (more wait to
-be accepted and are then served, none refused), kept-alive connections closed after the idle
-timeout, and clients that go on after such a close. Real servers on 127.0.0.1 only; the tests wait
-on the server's own counters, never on the clock."""
+"""The retrieval service's connections: at most ``max_connections`` handled at once (more wait to be
+accepted and are then served, none refused), kept-alive connections closed after the idle timeout,
+request heads cut at their deadline, and clients that go on after such a close. Real servers on
+127.0.0.1 only; the tests wait on the server's own counters, never on the clock, but to let
+a deadline pass."""
 
 from __future__ import annotations
 
@@ -133,6 +134,80 @@ def test_a_keep_alive_client_goes_on_after_the_server_closed_its_idle_connection
         until(lambda: server.connections.busy == 0, "its slot given back")
         second = session.post(server.url, json={"queries": ["cheese"], "topk": 1}, timeout=10)  # a new connection
         assert second.status_code == 200 and second.json() == first.json()
+
+
+def trickle_until_answered(sock: socket.socket, byte: bytes = b"a", every_s: float = 0.05, for_s: float = 3.0) -> bytes:
+    """Send ``byte`` each ``every_s`` (each send well within the server's socket timeout) until the
+    server answers or ``for_s`` has passed; then what the server sends up to its close (b"" if it
+    never answered)."""
+    received = b""
+    deadline = time.monotonic() + for_s
+    while not received:
+        if time.monotonic() > deadline:
+            return b""  # still holding the connection open
+        try:
+            sock.sendall(byte)
+        except OSError:  # closed by the server: its answer, if any, is still there to read
+            break
+        sock.settimeout(every_s)
+        try:
+            received = sock.recv(65536)
+        except TimeoutError:
+            continue
+    sock.settimeout(10)
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+@pytest.mark.parametrize("sent_first", [b"P", b"POST /retrieve HTTP/1.1\r\nHost: x\r\nX-Slow: "],
+                         ids=["request line", "headers"])
+def test_a_request_head_that_trickles_in_is_cut_at_a_deadline_and_its_slot_given_back(monkeypatch, sent_first):
+    # Before, each read had 60 s: a header byte every 50 s held the thread and the slot for ever.
+    monkeypatch.setattr(server_module, "REQUEST_HEAD_S", 0.3)
+    with running(max_connections=1, idle_timeout_s=30) as server, \
+            socket.create_connection(address(server), timeout=10) as slow:
+        slow.sendall(sent_first)
+        until(lambda: server.connections.busy == 1, "the slow connection holding the only slot")
+        with socket.create_connection(address(server), timeout=10) as late:
+            late.sendall(CLOSE_REQUEST)
+            until(server.connections.contended, "a connection waiting for the slot")
+            received = trickle_until_answered(slow)
+            assert received.startswith(b"HTTP/1.1 408"), f"the trickling head was not cut: {received[:200]!r}"
+            reply = json.loads(received.partition(b"\r\n\r\n")[2])
+            assert reply == {"error": "the request line and headers did not arrive within 0.3 s; send them whole "
+                                      "at once"}
+            slow.close()
+            assert read_to_close(late).startswith(b"HTTP/1.1 200")  # the slot came back
+        until(lambda: server.connections.busy == 0, "every slot given back")
+        assert server.connections.idle_closed == 0  # a slow head is no idle connection
+
+
+def test_a_request_head_in_pieces_within_the_deadline_is_served(monkeypatch):
+    monkeypatch.setattr(server_module, "REQUEST_HEAD_S", 5.0)
+    with running() as server, socket.create_connection(address(server), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        head_end = CLOSE_REQUEST.index(b"\r\n\r\n")
+        # Cut inside the request line, between a \r and its \n, and inside the blank line that ends the head.
+        cuts = [0, 7, CLOSE_REQUEST.index(b"\r\n") + 1, 40, head_end + 3, len(CLOSE_REQUEST)]
+        for start, end in zip(cuts, cuts[1:]):
+            sock.sendall(CLOSE_REQUEST[start:end])
+            time.sleep(0.02)  # each piece in a read of its own
+        received = read_to_close(sock)
+    assert received.startswith(b"HTTP/1.1 200")
+    assert json.loads(received.partition(b"\r\n\r\n")[2])["result"][0][0]["document"]["id"] == "d2"
+
+
+def test_the_head_deadline_counts_from_each_request_first_byte_not_from_the_connection(monkeypatch):
+    monkeypatch.setattr(server_module, "REQUEST_HEAD_S", 0.3)
+    with running(idle_timeout_s=30) as server:
+        connection = http.client.HTTPConnection(*address(server), timeout=10)
+        with contextlib.closing(connection):
+            kept_alive_post(connection)
+            time.sleep(0.5)  # past the head deadline, but waiting between requests is the idle timeout's to bound
+            second = kept_alive_post(connection)
+            assert second.getheader("Connection") is None  # still kept alive
 
 
 def test_the_client_holds_no_connection_between_searches():

@@ -12,18 +12,22 @@ With ``"return_scores": false`` each result is the bare document ``{"id", "conte
 
 Every refusal is a JSON object ``{"error": "..."}`` that says what was wrong and what to send
 instead: 400 (a request line, JSON body or field it cannot read, an unknown field such as a
-misspelt ``top_k``, though other extra fields are ignored as Search-R1's server ignores them; HTTP/0.9, an https:// client), 404 (another path), 405 (another method of a
-known path), 408 (a body too slow to arrive), 411 (a body without a Content-Length), 413 (a body
-over 8 MiB), 415 (a body labelled as another type, such as text/html, though curl's and
-urllib's default label is read as JSON; a compressed body; a charset other than UTF-8), 414 and 431 (a
-request line or headers too long), 501 (an unknown method), 505 (HTTP/2 or later); a search that
-fails is a 500 with its reason. The service goes on serving other clients after any of them.
+misspelt ``top_k``, though other extra fields are ignored as Search-R1's server ignores them;
+HTTP/0.9, an https:// client), 404 (another path), 405 (another method of a known path), 408 (a
+request line, headers or body too slow to arrive), 411 (a body without a Content-Length), 413 (a
+body over 8 MiB), 415 (a body labelled as another type, such as text/html, though curl's and
+urllib's default label is read as JSON; a compressed body; a charset other than UTF-8), 414 and
+431 (a request line or headers too long), 501 (an unknown method), 505 (HTTP/2 or later); a
+search that fails is a 500 with its reason. The service goes on serving other clients after any
+of them.
 
 Connections: at most ``max_connections`` (default 128) are handled at once, a thread each;
 more wait in the listen backlog until one ends, so a burst of workers is served late rather
 than refused (a search is short and searches are serialized anyway, so a wait costs little,
 and a refusal would cost a failed rollout once the client's retries ran out). A kept-alive
-connection with no next request within ``idle_timeout_s`` (default 5 s) is closed; while
+connection with no next request within ``idle_timeout_s`` (default 5 s) is closed; a request's
+line and headers must then arrive within REQUEST_HEAD_S of its first byte, and its body within
+REQUEST_BODY_S, so that a client trickling a byte at a time cannot hold a slot for ever; while
 connections wait for a slot, every reply closes its connection, so that the slots go round.
 
 :func:`make_server` builds a server over any :class:`Retriever` (standard library
@@ -35,6 +39,7 @@ command calls).
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import math
 import socket
@@ -53,6 +58,7 @@ from .corpora import load_corpus
 from .retrievers import Hit, Retriever, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+REQUEST_HEAD_S = 10.0  # a request's line and headers must arrive within this of its first byte
 REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read has the handler's timeout)
 LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
 MAX_TOPK = 1000
@@ -82,6 +88,53 @@ _STDLIB_ERROR_HINTS = {
 }
 
 
+class RequestHeadTooSlow(Exception):
+    """A request's line and headers did not arrive within REQUEST_HEAD_S. (Neither a TimeoutError
+    nor an http.client.HTTPException: the standard library would answer those itself, the first
+    by closing the connection unanswered, the second as a 431.)"""
+
+
+class _RequestStream(io.BufferedReader):
+    """A connection's request stream. While ``head_deadline`` is set (a time.monotonic() value), a
+    line must end by then: a socket timeout bounds each read only, so a client trickling a byte
+    at a time could take for ever over its request line and headers, holding a thread and a slot."""
+
+    def __init__(self, connection: socket.socket):
+        super().__init__(connection.makefile("rb", buffering=0))
+        self.connection = connection
+        self.head_deadline: float | None = None
+
+    def readline(self, limit: int | None = -1) -> bytes:
+        if self.head_deadline is None:
+            return super().readline(limit)
+        limit = -1 if limit is None else limit
+        per_read_s = self.connection.gettimeout()
+        line = bytearray()
+        try:
+            while limit < 0 or len(line) < limit:
+                left_s = self.head_deadline - time.monotonic()
+                if left_s <= 0:
+                    raise RequestHeadTooSlow
+                deadline_first = per_read_s is None or left_s <= per_read_s
+                self.connection.settimeout(left_s if deadline_first else per_read_s)
+                try:
+                    buffered = self.peek(1)  # what is buffered, or else one read from the socket
+                except TimeoutError:
+                    if deadline_first:
+                        raise RequestHeadTooSlow from None
+                    raise
+                if not buffered:  # the client closed its side
+                    break
+                wanted = len(buffered) if limit < 0 else min(len(buffered), limit - len(line))
+                end = buffered.find(b"\n", 0, wanted)
+                line += self.read(wanted if end < 0 else end + 1)  # from the buffer: no wait
+                if end >= 0:
+                    break
+        finally:
+            self.connection.settimeout(per_read_s)
+        return bytes(line)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "RetrievalServer"
     protocol_version = "HTTP/1.1"
@@ -92,25 +145,40 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.verbose:
             super().log_message(format, *args)
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the standard library's stream, replaced by one that keeps a head to its deadline
+        self.rfile = _RequestStream(self.connection)
+
     def handle_one_request(self) -> None:
         try:
             first = self._first_byte_of_next_request()
             if not first:  # the client left, or sent nothing within the idle timeout
                 self.close_connection = True
                 return
+            # This request's, not the last one's on a kept-alive connection, for a refusal before its line is read.
+            self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
+            self.body_read = False
             # A TLS handshake (an https:// URL) holds no line end: the line read would wait for the timeout.
             if first == b"\x16":
-                self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
                 self._send(400, {"error": "this service speaks plain HTTP, not HTTPS: use an http:// URL"})
                 return
-            super().handle_one_request()
+            self.rfile.head_deadline = time.monotonic() + REQUEST_HEAD_S
+            try:
+                super().handle_one_request()
+            except RequestHeadTooSlow:
+                self._send(408, {"error": f"the request line and headers did not arrive within {REQUEST_HEAD_S:g} s; "
+                                          "send them whole at once"})
+            finally:
+                self.rfile.head_deadline = None  # the body has a deadline of its own, and so has the idle wait
         except (ConnectionError, TimeoutError):  # the client has gone, or stayed silent: nobody to answer
             self.close_connection = True
 
     def _first_byte_of_next_request(self) -> bytes:
         """The next request's first byte, waited for at most the server's idle timeout (a kept-alive
         connection holds a thread and a slot while it waits); b"" when none came. The rest of the
-        request then has the handler's longer ``timeout`` for each read."""
+        request then has the handler's longer ``timeout`` for each read, and REQUEST_HEAD_S for its
+        line and headers in all."""
         self.connection.settimeout(self.server.idle_timeout_s)
         try:
             return self.rfile.peek(1)[:1]
@@ -121,7 +189,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(self.timeout)
 
     def parse_request(self) -> bool:  # the stdlib's, once per request on a kept-alive connection
-        self.body_read = False
         for _ in range(MAX_BLANK_LINES):
             if self.raw_requestline.strip():
                 break
@@ -182,7 +249,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_WR)
             self.connection.settimeout(LINGER_S)
             deadline = time.monotonic() + LINGER_S
-            while time.monotonic() < deadline and self.rfile.read1(1 << 16):
+            # From the socket: a stream whose read timed out (a head past its deadline) reads no more.
+            while time.monotonic() < deadline and self.connection.recv(1 << 16):
                 pass
         except OSError:  # the client has gone, or went on sending past the linger: nothing to save
             pass
