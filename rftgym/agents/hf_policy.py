@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -87,6 +88,9 @@ class HFPolicy(Agent):
         self.torch = require("torch", "hf", "The Hugging Face policy")
         self.fast_decode = fast_decode
         self._fast: tuple | None = None  # (model it was built for, FastDecoder or None, reason)
+        # Threads whose first generations meet must build one decoder, not one each (each would
+        # hold its own static caches and CUDA graphs, and all but the last would be dropped mid-use).
+        self._fast_lock = threading.Lock()
         self.model = model
         self.tokenizer = tokenizer
         # The model's own generation config may name more end-of-turn tokens (as generate() reads it).
@@ -265,14 +269,15 @@ class HFPolicy(Agent):
         """The fast decoder for the current model, or None when it is off or does not apply."""
         if self.fast_decode is False or (self.fast_decode is None and self.device.type != "cuda"):
             return None
-        if self._fast is None or self._fast[0] is not self.model:  # e.g. prepare_model wrapped it in LoRA
-            from .fast_decode import FastDecoder, unsupported_reason
+        with self._fast_lock:
+            if self._fast is None or self._fast[0] is not self.model:  # e.g. prepare_model wrapped it in LoRA
+                from .fast_decode import FastDecoder, unsupported_reason
 
-            reason = unsupported_reason(self.model)
-            self._fast = (self.model, None if reason else FastDecoder(self.model), reason)
-            if reason and self.fast_decode:
-                warnings.warn(f"fast_decode=True but {reason}; using the generic decode loop", stacklevel=3)
-        fast = self._fast[1]
+                reason = unsupported_reason(self.model)
+                self._fast = (self.model, None if reason else FastDecoder(self.model), reason)
+                if reason and self.fast_decode:
+                    warnings.warn(f"fast_decode=True but {reason}; using the generic decode loop", stacklevel=3)
+            fast = self._fast[1]
         return fast if fast is not None and fast.supports_length(length) else None
 
     @property

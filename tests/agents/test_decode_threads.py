@@ -98,3 +98,35 @@ def test_a_decoder_copies_and_pickles(make_char_policy):
         twin = HFPolicy(clone.model, policy.tokenizer, fast_decode=True)
         twin._fast = (clone.model, clone, None)
         assert sampled(twin.generate(FIRST, GREEDY)) == replies
+
+
+def test_threads_meeting_at_a_fresh_policy_build_one_decoder(make_char_policy, monkeypatch):
+    import rftgym.agents.fast_decode as fast_decode
+
+    built = []
+
+    class SlowFastDecoder(FastDecoder):  # slow to build, so that the threads all meet while it builds
+        def __init__(self, model, options=None):
+            built.append(self)
+            threading.Event().wait(0.05)
+            super().__init__(model, options)
+
+    monkeypatch.setattr(fast_decode, "FastDecoder", SlowFastDecoder)
+    policy = fast_policy(make_char_policy)
+    start = threading.Barrier(4)
+    got, errors = [], []
+
+    def first_call():
+        try:
+            start.wait(timeout=30)
+            got.append(policy._fast_decoder(16))
+        except Exception as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors and len(built) == 1
+    assert len(got) == 4 and all(decoder is built[0] for decoder in got)
