@@ -366,15 +366,18 @@ def _build_agent(args: argparse.Namespace):
 
 
 def _check_model_dir(model: str | None, flag: str = "--model") -> None:
-    """A --model (or ``flag``) that is not a local model directory is a usage error, found before
-    any other work (the default model is checked where it loads: finding it may convert its
-    weights)."""
-    from .agents.model_loading import names_default_model, resolve_model_dir
+    """A --model (or ``flag``) that is not a local model directory, or a training run's directory
+    whose checkpoint is damaged, is a usage error, found before any other work (the default model
+    is checked where it loads: finding it may convert its weights)."""
+    from .agents.model_loading import check_trained_run, names_default_model, resolve_model_dir
+    from .train.export import is_run_dir
 
     if names_default_model(model):
         return
     try:
-        resolve_model_dir(model)
+        path = resolve_model_dir(model)
+        if is_run_dir(path):
+            check_trained_run(path)
     except ModelLoadError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 

@@ -133,6 +133,46 @@ def test_a_resume_refuses_saved_settings_it_would_replace_by_defaults(tmp_path, 
     assert (run / "checkpoint" / "state.json").read_text() == before
 
 
+@pytest.mark.parametrize("damage, said, fix", [
+    ("cut short", "checkpoint/trainable.pt is not the file its save wrote", "restore the file from a copy"),
+    ("deleted", "checkpoint has no trainable.pt (the trained weights: deleted, or a copy cut short)",
+     "restore the file from a copy, or give another model directory"),
+    ("unreadable state", "checkpoint/state.json is unreadable",
+     "restore state.json from a copy, or give another model directory"),
+])
+def test_a_damaged_run_given_as_model_is_bad_input_said_before_any_model_loads(tmp_path, model_dir, make_char_policy,
+                                                                                 monkeypatch, capsys, damage, said, fix):
+    from support import SayAEnv, train_config
+
+    from rftgym.agents.hf_policy import HFPolicy
+    from rftgym.train.loop import train
+
+    run = tmp_path / "run"
+    train(train_config(tmp_path, "run", steps=1, tasks_per_step=1, group_size=2, minibatch_size=2,
+                       model=str(model_dir)), policy=make_char_policy(), make_env=SayAEnv)
+    checkpoint = run / "checkpoint"
+    if damage == "cut short":
+        weights = (checkpoint / "trainable.pt").read_bytes()
+        (checkpoint / "trainable.pt").write_bytes(weights[: len(weights) // 2])
+    elif damage == "deleted":
+        (checkpoint / "trainable.pt").unlink()
+    else:
+        (checkpoint / "state.json").write_text('{"step": 1, "config": {')
+    before = listing(run)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(no_model))
+    for command in (["eval", ENV_ID, "--agent", "hf", "--out", str(tmp_path / "eval.jsonl")],
+                    ["train", ENV_ID, "--steps", "1", "--output-dir", str(tmp_path / "again")]):
+        assert exit_code([*command, "--model", str(run), "--device", "cpu"]) == 2  # as a resume of it says
+        err = capsys.readouterr().err
+        assert f"rftgym {command[0]}: error: --model: " in err and said in err and fix in err
+        assert "Traceback" not in err
+    assert listing(run) == before and not (tmp_path / "eval.jsonl").exists() and not (tmp_path / "again").exists()
+
+
 # ---------------------------------------------------------------- data files in another shape
 
 def test_a_json_file_given_for_json_lines_is_named_as_one(tmp_path, capsys):

