@@ -40,8 +40,8 @@ may set the pid counter: before each run it sets the counter back, so every run'
 pid 2 and its children's pids follow from what it does alone. The run's process unshares new
 mount, IPC and network namespaces, mounts fresh, size-capped tmpfs's on /work, /tmp and /dev/shm
 (the sizes and modes of the jail's own, which no run sees; one inode per page of the size, since
-inodes are kernel memory that no size counts), brings its new loopback device up and drops every
-capability; its files, IPC objects and network go when its last process does.
+inodes are kernel memory that no size counts: :func:`inode_cap`), brings its new loopback device
+up and drops every capability; its files, IPC objects and network go when its last process does.
 
 Integrity: the zygote (and the jail's init, which only waits for it, outside the runs' pid
 namespace) is non-dumpable, so runs (same uid, no capabilities) can neither ptrace it nor reach
@@ -228,14 +228,21 @@ def run_one(fds: list, sock: socket.socket, libc, mounts: list, jail_caps: list)
     return os.waitpid(pid, 0)[1], 0 if set_up else DIRTY.index(NOT_SET_UP)
 
 
+def inode_cap(size_bytes: int) -> int:
+    """The inodes a run's tmpfs of ``size_bytes`` may hold, on every backend: one per page of the
+    size (a file that holds anything takes a page anyway). An empty file costs no page, but its
+    inode is kernel memory that no size cap or rlimit counts. At least 1: nr_inodes=0 means no cap."""
+    return max(1, size_bytes // os.sysconf("SC_PAGE_SIZE"))
+
+
 def run_mounts() -> list:
-    """mount(2) arguments for a run's fresh copies of the jail's tmpfs's. Their inodes are capped
-    at one per page of the size (a file that holds anything takes a page anyway): an empty file
-    costs no page, but its inode is kernel memory that no size cap or rlimit counts."""
+    """mount(2) arguments for a run's fresh copies of the jail's tmpfs's, their inodes capped
+    by :func:`inode_cap`."""
     mounts = []
     for root in ROOTS:
         vfs, mode = os.statvfs(root), stat.S_IMODE(os.lstat(root).st_mode)
-        options = f"size={vfs.f_blocks * vfs.f_frsize},nr_inodes={vfs.f_blocks},mode={mode:o}".encode()
+        size = vfs.f_blocks * vfs.f_frsize
+        options = f"size={size},nr_inodes={inode_cap(size)},mode={mode:o}".encode()
         mounts.append((b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options))
     return mounts
 

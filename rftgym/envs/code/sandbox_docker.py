@@ -1,12 +1,13 @@
 """The docker sandbox backend: one container per run, through the ``docker`` SDK.
 
 Each run is a fresh container from the locally built image (:func:`.docker_image.ensure_image`):
-no network (``network_mode="none"``), read-only root fs, size-capped tmpfs work dir, /tmp and
-/dev/shm, uid/gid 65534, all capabilities dropped, no-new-privileges, memory (no swap), pids and
-CPU-quota limits from the cgroup, rlimits (cpu, address space, file size, open files), no log
-driver (output never reaches the engine's disk). The program's files and stdin go in on the
-attach stream: a tiny bootstrap writes the files into /work and execs the argv, whose stdin is
-the rest of the stream. Wall timeout, output cap and every exit remove the container.
+no network (``network_mode="none"``), read-only root fs, size- and inode-capped tmpfs work dir,
+/tmp and /dev/shm (:func:`.jail_server.inode_cap`: an empty file costs no page), uid/gid 65534,
+all capabilities dropped, no-new-privileges, memory (no swap), pids and CPU-quota limits from the
+cgroup, rlimits (cpu, address space, file size, open files), no log driver (output never reaches
+the engine's disk). The program's files and stdin go in on the attach stream: a tiny bootstrap
+writes the files into /work and execs the argv, whose stdin is the rest of the stream. Wall
+timeout, output cap and every exit remove the container.
 
 Reaching into other processes: the engine's default seccomp profile (which the sandbox checks is
 in force, see :func:`engine_seccomp`) refuses the kernel keyring, ``process_vm_readv``/``writev``
@@ -32,6 +33,7 @@ import time
 
 from ...core.errors import require
 from .docker_image import base_python, ensure_image
+from .jail_server import inode_cap
 from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
 
@@ -184,14 +186,16 @@ class DockerSandbox(Sandbox):
                 pass
 
     def _container_options(self, limits: SandboxLimits, hash_seed: int) -> dict:
-        disk = f"size={limits.disk_mb}m"
+        size = limits.disk_mb * MB
+        # A tmpfs entry for /dev/shm replaces the engine's own (shm_size), which takes no nr_inodes.
+        disk = f"size={size},nr_inodes={inode_cap(size)},mode=1777"
         cpu = max(1, int(limits.cpu_seconds + 0.999))
         Ulimit = self._ulimit
         return dict(
             command=python_command(self.python, ["-c", BOOTSTRAP]), user="65534:65534", working_dir=WORK_DIR,
             stdin_open=True, detach=False, tty=False,   # detach=False: StdinOnce
             network_mode="none", read_only=True,
-            tmpfs={WORK_DIR: f"{disk},mode=1777", "/tmp": f"{disk},mode=1777"}, shm_size=limits.disk_mb * MB,
+            tmpfs={WORK_DIR: disk, "/tmp": disk, "/dev/shm": disk},
             mem_limit=limits.memory_mb * MB, memswap_limit=limits.memory_mb * MB,
             pids_limit=limits.processes + 1,   # + the bootstrap (pid 1)
             nano_cpus=int(self.cpus * 1e9),

@@ -7,10 +7,13 @@ dir and /tmp (program files are copied in from memfds: nothing touches the host 
 session, uid/gid 65534 (as root, bwrap itself runs as 65534 so that RLIMIT_NPROC bites; the
 count is per jail, since each jail has its own user namespace), and rlimits. Killing the jail's
 init ends its pid namespace, so nothing outlives the jail. A cold jail's init is a tiny Python
-program (:data:`COLD_INIT`) that runs the program as its child; it is non-dumpable and gives up
-its copies of the host's pipes before the program starts, so that the program (same uid) can
-neither reopen them through /proc/1/fd nor make the init write there through /proc/1/mem; bwrap
-reaps it, so no process of a run is left on the host for its pid 1 to reap.
+program (:data:`COLD_INIT`) that runs the program as its child; it first replaces bwrap's tmpfs's
+with inode-capped ones (bwrap cannot cap inodes: an empty file costs no page of a tmpfs's size,
+but its inode is kernel memory) with capabilities in the jail's own user namespace, which it then
+drops, from its bounding set too; it is non-dumpable and gives up its copies of the host's pipes
+before the program starts, so that the program (same uid) can neither reopen them through
+/proc/1/fd nor make the init write there through /proc/1/mem; bwrap reaps it, so no process of a
+run is left on the host for its pid 1 to reap.
 
 Warm jails (``warm_jails=True``, the default with bwrap; :mod:`.sandbox_warm`): each worker
 keeps one such jail, set up the same way, whose supervisor is a small non-dumpable zygote
@@ -51,6 +54,7 @@ import time
 import warnings
 
 from .docker_image import base_python, readable_by_others, runtime_tree
+from .jail_server import inode_cap
 from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
                       SandboxLimits, make_result, next_time_limit, python_command, python_environment)
@@ -66,18 +70,94 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; 
                 "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
 _warned_fallback = False
 
-# A cold jail's pid 1 (``python -I -S -c COLD_INIT argv...``), which runs ``argv`` and exits as it
-# did (128 + the signal after a signal death, as a shell would). bwrap hands it the host's ends of
-# the output pipes and it runs as the program's uid, so the program must not reach it: it makes
-# itself non-dumpable (no /proc/1/mem to write code into, no /proc/1/fd to reopen the pipes, which
-# on a non-root host belong to that uid) and lets go of the pipes before the program starts (the
-# child waits for that), so that even where prctl failed it holds nothing of the host's. It reaps
-# every process left to it; when it exits, the pid namespace ends and bwrap reaps it. (``_signal``:
-# the ``signal`` module imports ``enum``, which would double the init's start-up time.)
+# A cold jail's pid 1 (``python -I -S -c COLD_INIT tmpfs_options argv...``), which runs ``argv`` and
+# exits as it did (128 + the signal after a signal death, as a shell would). bwrap hands it the
+# host's ends of the output pipes and it runs as the program's uid, so the program must not reach
+# it: it makes itself non-dumpable (no /proc/1/mem to write code into, no /proc/1/fd to reopen the
+# pipes, which on a non-root host belong to that uid) and lets go of the pipes before the program
+# starts (the child waits for that), so that even where prctl failed it holds nothing of the
+# host's. It reaps every process left to it; when it exits, the pid namespace ends and bwrap reaps
+# it. (``_signal``: the ``signal`` module imports ``enum``, which would double the init's start-up
+# time.)
+#
+# bwrap cannot cap a tmpfs's inodes, and the jail cannot remount bwrap's tmpfs's (their
+# superblocks belong to bwrap's outer user namespace; the jail's capabilities are in the one
+# nested in it). So, given ``tmpfs_options`` (else "": bwrap's tmpfs's as they are), the init,
+# holding COLD_CAPABILITIES, takes a mount namespace of its own, mounts fresh tmpfs's with those
+# options on /tmp, /dev/shm and /work, moves the program's files into the new /work, and drops
+# every capability, from its bounding set and ambient set too, checking that none is left (as a
+# warm jail's runs do, see .jail_server.drop_capabilities), before the program is forked; on any
+# failure the program does not run (exit 126).
 COLD_INIT = r"""
 import _signal, ctypes, os, sys
 _signal.signal(_signal.SIGINT, _signal.SIG_DFL)   # pid 1 without a handler: the program cannot signal it
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+
+def check(result, what):
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, "could not %s: %s" % (what, os.strerror(code)))
+
+def move_files(source, target):
+    for entry in list(os.scandir(source)):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if entry.is_dir(follow_symlinks=False):
+            os.mkdir(entry.name, 0o700, dir_fd=target)
+            inner_source = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=source)
+            inner_target = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=target)
+            move_files(inner_source, inner_target)
+            os.fchmod(inner_target, mode & 0o7777)   # as bwrap made it, whatever the umask
+            os.close(inner_source)
+            os.close(inner_target)
+            os.rmdir(entry.name, dir_fd=source)
+            continue
+        reader = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=source)
+        writer = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=target)
+        os.fchmod(writer, mode & 0o7777)
+        while os.sendfile(writer, reader, None, 1 << 20):
+            pass
+        os.close(reader)
+        os.close(writer)
+        os.unlink(entry.name, dir_fd=source)   # its pages are freed, not left under the new /work
+
+def fresh_tmpfs(options):
+    check(libc.unshare(0x20000), "unshare a mount namespace")   # CLONE_NEWNS
+    check(libc.mount(None, b"/", None, 0x44000, None), "make the mounts private")   # MS_REC | MS_PRIVATE
+    old_work = os.open("/work", os.O_RDONLY | os.O_DIRECTORY)
+    for root in ("/tmp", "/dev/shm", "/work"):
+        data = "%s,mode=%o" % (options, os.lstat(root).st_mode & 0o7777)
+        nosuid_nodev = 0x2 | 0x4
+        check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", nosuid_nodev, data.encode()), "mount a tmpfs on " + root)
+    new_work = os.open("/work", os.O_RDONLY | os.O_DIRECTORY)
+    move_files(old_work, new_work)
+    os.close(old_work)
+    os.close(new_work)
+    os.chdir("/work")
+
+def drop_capabilities():
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        if libc.prctl(23, cap, 0, 0, 0) == 1:   # PR_CAPBSET_READ
+            check(libc.prctl(24, cap, 0, 0, 0), "drop capability %d from the bounding set" % cap)   # PR_CAPBSET_DROP
+    check(libc.prctl(47, 4, 0, 0, 0), "clear the ambient capabilities")   # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    header, sets = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()   # version 3, this process
+    check(libc.capset(header, sets), "drop the capabilities")
+    with open("/proc/self/status") as f:
+        held = [line.split(":")[0] for line in f if line.startswith("Cap") and int(line.split()[1], 16)]
+    if held:
+        raise OSError(1, "capabilities are left after dropping them all: " + ", ".join(held))
+
+if sys.argv[1]:
+    try:
+        fresh_tmpfs(sys.argv[1])
+        drop_capabilities()
+    except OSError as exc:
+        os.write(2, ("rftgym jail: could not set up the inode-capped tmpfs's, not running the program: %s\n"
+                     % exc).encode())
+        os._exit(126)
+argv = sys.argv[2:]
 released_r, released_w = os.pipe()
 child = os.fork()
 if child == 0:
@@ -87,9 +167,9 @@ if child == 0:
     for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):   # Python ignores them; exec'd programs expect the default
         _signal.signal(sig, _signal.SIG_DFL)
     try:
-        os.execvp(sys.argv[1], sys.argv[1:])
+        os.execvp(argv[0], argv)
     except OSError as exc:
-        os.write(2, ("rftgym jail: cannot execute %s: %s\n" % (sys.argv[1], exc.strerror)).encode())
+        os.write(2, ("rftgym jail: cannot execute %s: %s\n" % (argv[0], exc.strerror)).encode())
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 os.closerange(0, 3)
 os.close(released_r)
@@ -100,6 +180,9 @@ while True:
         code = os.waitstatus_to_exitcode(status)
         os._exit(code if code >= 0 else 128 - code)
 """
+# What a cold jail's init needs, in the jail's own user namespace, to mount its inode-capped
+# tmpfs's (and to drop the capabilities again, from its bounding set too).
+COLD_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 
 class LocalSandbox(Sandbox):
@@ -126,6 +209,7 @@ class LocalSandbox(Sandbox):
         self.python = runtime.executable
         self.bwrap_base: list[str] | None = None
         self.seccomp: bytes | None = None  # the jail's seccomp filter (see .seccomp)
+        self.cold_inode_cap = True   # whether a cold jail's init caps its tmpfs's inodes (see COLD_INIT)
         problem = None
         if use_bwrap is not False:
             bwrap = shutil.which("bwrap")
@@ -176,21 +260,34 @@ class LocalSandbox(Sandbox):
                 base += ["--tmpfs", site, "--remount-ro", site]   # stdlib only: hide site-packages
         base += ["--proc", "/proc", "--dev", "/dev"]
         self.bwrap_base = base
-        self.seccomp = jail_filter()
-        ok, probe = self._probe()
-        if not ok and self.seccomp is not None:  # a jail without the filter, rather than none
-            self.seccomp = None
-            ok, probe = self._probe()
-            if ok:
-                log.warning("rftgym local sandbox: bwrap refused the jail's seccomp filter; runs can reach the "
-                            "kernel keyring and SysV/memfd memory")
-        elif ok and self.seccomp is None:
+        wanted_filter = jail_filter()
+        ok, probe = self._probe_what_works(wanted_filter)
+        if ok and wanted_filter is not None and self.seccomp is None:
+            log.warning("rftgym local sandbox: bwrap refused the jail's seccomp filter; runs can reach the "
+                        "kernel keyring and SysV/memfd memory")
+        elif ok and wanted_filter is None:
             log.warning("rftgym local sandbox: no seccomp filter for this machine (%s); runs can reach the kernel "
                         "keyring and SysV/memfd memory", os.uname().machine)
+        if ok and not self.cold_inode_cap:
+            log.warning("rftgym local sandbox: bwrap refused to give a cold jail's init %s (a setuid bwrap refuses "
+                        "--cap-add); a cold jail's tmpfs's keep the kernel's default inode limit, so a run can pin "
+                        "kernel memory with empty files. To fix: install a bwrap that is not setuid",
+                        " and ".join(COLD_CAPABILITIES))
         if ok:
             return None
         self.bwrap_base = None
         return (probe.stderr.strip() or f"exit {probe.exit_code}, signal {probe.signal}")[-500:]
+
+    def _probe_what_works(self, wanted_filter: bytes | None) -> tuple[bool, ExecResult]:
+        """Probe the jail as wanted, then without what a bwrap may refuse: the cold init's
+        capabilities (which cap its tmpfs's inodes), then the seccomp filter; a jail without them
+        rather than none. Leaves ``seccomp`` and ``cold_inode_cap`` as the last probe had them."""
+        for self.seccomp in dict.fromkeys([wanted_filter, None]):
+            for self.cold_inode_cap in (True, False):
+                ok, probe = self._probe()
+                if ok:
+                    return ok, probe
+        return ok, probe
 
     def _probe(self) -> tuple[bool, ExecResult]:
         """Whether a trivial program runs in the jail as set up, and its result."""
@@ -204,15 +301,21 @@ class LocalSandbox(Sandbox):
             cmd += ["--dir", f"{WORK_DIR}/{d}"]
         for path, text in program.files.items():
             cmd += ["--perms", "0644", "--file", str(memfd(text.encode(), keep)), f"{WORK_DIR}/{path}"]
-        return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(),
+        return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(limits.disk_mb),
                 *self._limited(program, limits, nproc_extra=1)]
 
-    def _cold_init(self) -> list[str]:
+    def _cold_init(self, disk_mb: int) -> list[str]:
         """The start of a cold jail's command after its options: :data:`COLD_INIT` as the jail's
         pid 1. bwrap's own init (without --as-pid-1) reports the program's exit and exits before
         bwrap has reaped it, so each run would leave it to the host's pid 1 to reap: a zombie under
-        a pid 1 that reaps late, or never (a container's own program). bwrap reaps this one itself."""
-        return ["--as-pid-1", "--", self.python, "-I", "-S", "-c", COLD_INIT]
+        a pid 1 that reaps late, or never (a container's own program). bwrap reaps this one itself.
+        With ``cold_inode_cap``, the init gets the capabilities and options for tmpfs's of the
+        same size as bwrap's, their inodes capped as a warm jail's are."""
+        if not self.cold_inode_cap:
+            return ["--as-pid-1", "--", self.python, "-I", "-S", "-c", COLD_INIT, ""]
+        size = disk_mb * MB
+        return ["--as-pid-1", *(a for cap in COLD_CAPABILITIES for a in ("--cap-add", cap)), "--",
+                self.python, "-I", "-S", "-c", COLD_INIT, f"size={size},nr_inodes={inode_cap(size)}"]
 
     def _jail_mounts(self, base: list[str], disk_mb: int, keep: list[int]) -> list[str]:
         disk = str(disk_mb * MB)

@@ -4,6 +4,7 @@ does reaches a later run in the same jail, and a jail that may be dirty is repla
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -107,6 +108,62 @@ def test_sleep_forever_hits_wall(sandbox):
 def test_disk_filler(sandbox, source):
     result = run(sandbox, source)
     assert result.limit_hit == "file_size" and not result.ok, result
+
+
+# Makes empty files in each writable tmpfs until the kernel refuses one (or 20,000 are made).
+EMPTY_FILES = """
+import json, os
+made = {}
+for root in ("/work", "/tmp", "/dev/shm"):
+    n, error = 0, None
+    try:
+        while n < 20000:
+            os.close(os.open(f"{root}/empty{n}", os.O_CREAT | os.O_WRONLY, 0o600))
+            n += 1
+    except OSError as exc:
+        error = exc.errno
+    made[root] = (n, error)
+print(json.dumps(made))
+"""
+
+
+def test_empty_files_past_the_inode_cap_fail_cleanly(sandbox):
+    # An empty file takes no page of a tmpfs's size, but its inode is kernel memory: each tmpfs
+    # holds one inode per page of its size, on every backend.
+    result = run(sandbox, EMPTY_FILES)
+    assert result.ok, result
+    pages = sandbox.limits.disk_mb * (1 << 20) // os.sysconf("SC_PAGE_SIZE")
+    backend = "local (cold)" if sandbox.name == "local" and not sandbox.warm else sandbox.name
+    for root, (made, error) in json.loads(result.stdout).items():
+        assert error == errno.ENOSPC and pages // 2 < made <= pages, (backend, root, made, error)
+
+
+def test_a_cold_jail_whose_bwrap_refuses_capabilities_runs_without_the_inode_cap(local_sandbox, monkeypatch,
+                                                                                  caplog):
+    """A setuid bwrap refuses --cap-add: a cold jail without the cap rather than no jail, and a warning."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: cold jails need it")
+    monkeypatch.setattr(sandbox_local, "COLD_CAPABILITIES", ("CAP_NOT_A_CAPABILITY",))
+    with caplog.at_level("WARNING", logger=sandbox_local.__name__):
+        with make_sandbox("local", limits=local_sandbox.limits, workers=1, warm_jails=False) as sandbox:
+            assert sandbox.bwrap_base and not sandbox.cold_inode_cap and sandbox.seccomp
+            result = run(sandbox, "print(sorted({int(line.split()[1], 16) for line in open('/proc/self/status') "
+                                  "if line.startswith('Cap')}))")
+    assert result.ok and result.stdout == "[0]\n", result
+    assert "keep the kernel's default inode limit" in caplog.text, caplog.text
+
+
+def test_a_cold_init_left_with_a_capability_does_not_run_the_program(cold_local_sandbox, monkeypatch):
+    if not cold_local_sandbox.bwrap_base:
+        pytest.skip("bubblewrap is not usable here: cold jails need it")
+    assert cold_local_sandbox.cold_inode_cap
+    keep_capabilities = sandbox_local.COLD_INIT.replace('check(libc.capset(header, sets), "drop the capabilities")',
+                                                        "pass")
+    assert keep_capabilities != sandbox_local.COLD_INIT
+    monkeypatch.setattr(sandbox_local, "COLD_INIT", keep_capabilities)
+    result = cold_local_sandbox.run(Program({"main.py": "print('ran')"}))
+    assert result.exit_code == 126 and result.stdout == "", result
+    assert "capabilities are left after dropping them all: " in result.stderr and "CapEff" in result.stderr, result
 
 
 def test_cannot_write_outside_the_jail(sandbox, tmp_path):
@@ -587,29 +644,6 @@ def test_a_jail_whose_zygote_limits_a_run_changed_is_replaced_even_without_the_f
         assert jail(sandbox) is not zygote and after.stdout == before.stdout, (before, after)
 
 
-def test_empty_files_past_the_inode_cap_fail_cleanly(warm):
-    # An empty file takes no page of a tmpfs's size, but its inode is kernel memory.
-    source = """
-import json, os
-made = {}
-for root in ("/work", "/tmp", "/dev/shm"):
-    n, error = 0, None
-    try:
-        while n < 20000:
-            os.close(os.open(f"{root}/empty{n}", os.O_CREAT | os.O_WRONLY, 0o600))
-            n += 1
-    except OSError as exc:
-        error = exc.errno
-    made[root] = (n, error)
-print(json.dumps(made))
-"""
-    result = run(warm, source)
-    assert result.ok, result
-    pages = warm.limits.disk_mb * (1 << 20) // 4096
-    for root, (made, error) in json.loads(result.stdout).items():
-        assert error == 28 and pages // 2 < made <= pages, (root, made, error)   # ENOSPC
-
-
 def with_set_up_failing(zygote_source: str) -> str:
     """The zygote's source with each run's namespace set-up failing at once."""
     head, rest = zygote_source.split("\ndef set_up_namespaces(", 1)
@@ -791,6 +825,10 @@ def test_docker_container_options_isolate(docker_sandbox):
     assert options["nano_cpus"] > 0 and options["pids_limit"] == docker_sandbox.limits.processes + 1
     assert options["user"] == "65534:65534" and options["mem_limit"] == options["memswap_limit"]
     assert options["environment"]["PYTHONHASHSEED"] == "0"
+    # Inode-capped tmpfs's, /dev/shm too (the engine's own, from shm_size, cannot be capped).
+    size = docker_sandbox.limits.disk_mb << 20
+    capped = f"size={size},nr_inodes={size // os.sysconf('SC_PAGE_SIZE')},mode=1777"
+    assert options["tmpfs"] == {"/work": capped, "/tmp": capped, "/dev/shm": capped} and "shm_size" not in options
     # The engine's own seccomp profile refuses the keyring, process_vm_readv and pidfd_getfd: in force.
     assert "the engine's seccomp profile" in docker_sandbox.isolation, docker_sandbox.isolation
     status = run(docker_sandbox, "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
