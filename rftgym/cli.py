@@ -1145,6 +1145,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .train.checkpoint import METRICS_FILE, saved_state
 
         how = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
+        code = 143 if isinstance(stop, _Terminated) else 130
+        rank, world = _launch()
+        if world > 1 and rank != 0:  # a launcher stops every rank at once: rank 0 says where to resume
+            print(f"\nrftgym train: rank {rank}: {how}, see rank 0", file=sys.stderr)
+            return code
         try:
             step = saved_state(Path(output_dir))["step"]
         except ConfigError:
@@ -1156,7 +1161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             print(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
                   "command with --resume to continue from there", file=sys.stderr)
-        return 143 if isinstance(stop, _Terminated) else 130
+        return code
     finally:  # (main leaves the launcher's process group, after any error is reported)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

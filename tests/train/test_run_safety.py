@@ -231,6 +231,28 @@ def test_cli_interrupt_names_the_checkpoint_to_resume(tmp_path, monkeypatch, cap
            in capsys.readouterr().err
 
 
+def test_cli_interrupt_under_a_launcher_is_explained_once_by_rank_0(tmp_path, monkeypatch, capsys):
+    from rftgym import cli
+    from rftgym.train import loop
+
+    out = tmp_path / "run"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 3, "config": {}}))
+
+    def interrupted(config, resume=False):  # a launcher's Ctrl-C reaches every rank at once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out)]) == 130
+        said[rank] = capsys.readouterr().err
+    assert "checkpoint is at step 3; run the same command with --resume" in said["0"]
+    assert said["1"].strip() == "rftgym train: rank 1: interrupted, see rank 0"
+
+
 def test_an_update_that_is_not_finite_stops_the_run_before_it_is_saved(tmp_path, make_char_policy, monkeypatch):
     """NaN in the loss means NaN in the weights after the optimizer step: the run stops at once, and
     the checkpoint of the last good step stays as it was."""
