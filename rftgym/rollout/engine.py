@@ -335,16 +335,27 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
         raise EnvContractError(f"{where} returned the reward {value}; a reward is a finite number (a NaN or "
                                "infinite one would make every advantage of its group, then the weights, NaN)")
     owed = info.get(REWARD_IF_CUT, 0.0)
-    if isinstance(owed, bool) or not isinstance(owed, (int, float)) or not math.isfinite(owed):
+    if not _is_finite_number(owed):
         raise EnvContractError(f"{where} returned info[{REWARD_IF_CUT!r}]={owed!r}; it is the reward a cut of the "
                                "episode on this step is paid, a finite number (0 when nothing would be)")
     return value
 
 
+def _is_finite_number(value) -> bool:
+    """A real number (Python's or numpy's, not a bool) that float() takes to a finite value."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)) \
+            or np.iscomplexobj(value):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     before = slot.context
     if reply.finish_reason == CONTEXT_FULL:  # no room for a reply: the episode ends, the env unstepped
-        owed = slot.turns[-1].info.get(REWARD_IF_CUT, 0.0) if slot.turns else 0.0  # checked at that step
+        owed = float(slot.turns[-1].info.get(REWARD_IF_CUT, 0.0)) if slot.turns else 0.0  # checked at that step
         info = {"context_full": True, **({REWARD_IF_CUT: owed} if owed else {})}
         slot.turns.append(Turn(index=len(slot.turns), context_ids=before.ids, action="", reward=owed,
                                terminated=False, truncated=True, info=info, finish_reason=CONTEXT_FULL))
@@ -357,7 +368,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         truncated = True
         info = {**info, "rollout_truncated": True}
     if truncated and not terminated:  # cut by whoever: pay what the env's own budget would have
-        reward += info.get(REWARD_IF_CUT, 0.0)
+        reward += float(info.get(REWARD_IF_CUT, 0.0))
     message = _new_assistant_message(before, context, reply.text)
     if message is not None:
         # The sampled tokens stand for the message only when the env kept the reply's text as it

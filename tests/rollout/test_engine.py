@@ -579,7 +579,7 @@ def test_the_envs_own_budget_is_paid_once():
     assert episode.turns[-1].info["reward_if_cut"] == 0.0
 
 
-@pytest.mark.parametrize("owed", [float("nan"), "0.1", True, None])
+@pytest.mark.parametrize("owed", [float("nan"), "0.1", True, None, 10 ** 400])
 def test_an_env_owing_a_reward_that_is_not_a_number_is_named(owed):
     class BadOwed(gym.Wrapper):
         def step(self, action):
@@ -588,3 +588,16 @@ def test_an_env_owing_a_reward_that_is_not_a_number_is_named(owed):
 
     with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['reward_if_cut'\]=.*a finite number"):
         run_episodes(lambda: BadOwed(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
+
+
+def test_an_owed_reward_may_be_a_numpy_number(sum_task):
+    class NumpyOwed(gym.Wrapper):
+        def step(self, action):
+            context, reward, terminated, truncated, info = self.env.step(action)
+            return context, np.float32(reward), terminated, truncated, \
+                {**info, "reward_if_cut": np.float32(info["reward_if_cut"])}
+
+    episode = run_episodes(lambda: NumpyOwed(gym.make("rftgym/VerifiableQA-v0", dataset_path=sum_task, max_attempts=3,
+                                                      max_turns=5)),
+                           ScriptedAgent(WRONG), seeds=[0], config=RolloutConfig(max_turns=1))[0]
+    assert type(episode.turns[-1].reward) is float and episode.turns[-1].reward == pytest.approx(FORMAT_REWARD)
