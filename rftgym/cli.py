@@ -1191,12 +1191,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")
+    from .agents.model_loading import check_trained_run
     from .train.checkpoint import saved_state
     from .train.export import saved_config
 
-    try:  # a state.json that cannot be read is the argument's fault, said before any model loads
+    try:  # a damaged checkpoint is the argument's fault, said before any model loads
         run = Path(args.run).expanduser()
         saved_config(run, saved_state(run, doing="export"))
+        check_trained_run(run)
     except (ConfigError, ModelLoadError) as exc:
         raise UsageError(str(exc)) from None
     if args.base_model is not None:

@@ -134,7 +134,8 @@ def test_a_resume_refuses_saved_settings_it_would_replace_by_defaults(tmp_path, 
 
 
 @pytest.mark.parametrize("damage, said, fix", [
-    ("cut short", "checkpoint/trainable.pt is not the file its save wrote", "restore the file from a copy"),
+    ("cut short", "checkpoint/trainable.pt is not the file its save wrote",
+     "restore the file from a copy, or give another model directory"),
     ("deleted", "checkpoint has no trainable.pt (the trained weights: deleted, or a copy cut short)",
      "restore the file from a copy, or give another model directory"),
     ("unreadable state", "checkpoint/state.json is unreadable",
@@ -170,7 +171,12 @@ def test_a_damaged_run_given_as_model_is_bad_input_said_before_any_model_loads(t
         err = capsys.readouterr().err
         assert f"rftgym {command[0]}: error: --model: " in err and said in err and fix in err
         assert "Traceback" not in err
+    # Exporting the run refuses it the same way, before its base model loads.
+    assert exit_code(["export", str(run), str(tmp_path / "exported")]) == 2
+    err = capsys.readouterr().err
+    assert "rftgym export: error: " in err and said in err and "Traceback" not in err
     assert listing(run) == before and not (tmp_path / "eval.jsonl").exists() and not (tmp_path / "again").exists()
+    assert not (tmp_path / "exported").exists()
 
 
 # ---------------------------------------------------------------- data files in another shape

@@ -185,7 +185,7 @@ def check_trained_run(run_dir: Path) -> None:
     try:
         if not weights.is_file():
             raise FileNotFoundError(weights)
-        verify_checkpoint_file(folder, "trainable.pt", state)
+        verify_checkpoint_file(folder, "trainable.pt", state, otherwise="give another model directory")
     except (ConfigError, OSError) as exc:
         try:
             replaced = saved()["step"] != state["step"]

@@ -186,11 +186,12 @@ def _fsync_dir(folder: Path) -> None:
             os.close(descriptor)
 
 
-def verify_checkpoint_file(folder: Path, name: str, state: dict | None = None) -> None:
+def verify_checkpoint_file(folder: Path, name: str, state: dict | None = None,
+                           otherwise: str = "start a new run in another output directory") -> None:
     """Refuse ``folder/name`` when its sha256 is not the one its save recorded in ``state.json``
     (``state``, read here when not given): a byte flipped on disk or a file swapped in would
     otherwise load, and train on, without a word. Checkpoints saved before checksums were kept
-    are not checked."""
+    are not checked. ``otherwise``: what the message offers besides restoring the file."""
     if state is None:
         state = json.loads((folder / "state.json").read_text())
     files = state.get("files") if isinstance(state, dict) else None
@@ -199,14 +200,14 @@ def verify_checkpoint_file(folder: Path, name: str, state: dict | None = None) -
     expected = files.get(name) if isinstance(files, dict) else None
     if not isinstance(expected, str):
         raise ConfigError(f"{folder / 'state.json'} has no checksum for {name} ('files' must map each file to its "
-                          "sha256); the checkpoint is left as it is")
+                          f"sha256); the checkpoint is left as it is: restore state.json from a copy, or {otherwise}")
     with open(folder / name, "rb") as handle:
         actual = hashlib.file_digest(handle, "sha256").hexdigest()
     if actual != expected:
         raise ConfigError(f"{folder / name} is not the file its save wrote: its sha256 ({actual[:12]}…) is not the "
                           f"one recorded in state.json ({expected[:12]}…), so it was changed or damaged since (a "
                           "disk error, a copy cut short). The checkpoint is left as it is; restore the file from a "
-                          "copy, or start a new run in another output directory")
+                          f"copy, or {otherwise}")
 
 
 def _checkpoint_path(output_dir: Path) -> Path | None:
