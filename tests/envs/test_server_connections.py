@@ -1,8 +1,8 @@
 """The retrieval service's connections: at most ``max_connections`` handled at once (more wait to be
 accepted and are then served, none refused), kept-alive connections closed after the idle timeout,
-request heads cut at their deadline, and clients that go on after such a close. Real servers on
-127.0.0.1 only; the tests wait on the server's own counters, never on the clock, but to let
-a deadline pass."""
+request heads and bodies cut at their deadlines, and clients that go on after such a close. Real
+servers on 127.0.0.1 only; the tests wait on the server's own counters, never on the clock, but to
+let a deadline pass."""
 
 from __future__ import annotations
 
@@ -154,6 +154,10 @@ def trickle_until_answered(sock: socket.socket, byte: bytes = b"a", every_s: flo
             received = sock.recv(65536)
         except TimeoutError:
             continue
+        except ConnectionResetError:  # closed by the server while a byte was on its way
+            return b""
+        if not received:  # closed by the server, unanswered
+            return b""
     sock.settimeout(10)
     with contextlib.suppress(ConnectionResetError):
         while chunk := sock.recv(65536):
@@ -208,6 +212,62 @@ def test_the_head_deadline_counts_from_each_request_first_byte_not_from_the_conn
             time.sleep(0.5)  # past the head deadline, but waiting between requests is the idle timeout's to bound
             second = kept_alive_post(connection)
             assert second.getheader("Connection") is None  # still kept alive
+
+
+SLOW_BODY_HEAD = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{")  # then the rest of the body, slowly or never
+
+
+@pytest.mark.parametrize("read_timeout_s, body_deadline_s, every_s, error", [
+    # Before, the stdlib caught the read's TimeoutError and closed the connection unanswered.
+    (0.3, 60.0, 5.0, "the request body stopped arriving (nothing came for 0.3 s); send it whole at once"),
+    # Before, the deadline was looked at only once a read returned: a byte each 1.5 s (within the
+    # read timeout) was answered at 1.5 s, and at up to REQUEST_BODY_S + 60 s with the defaults.
+    (2.0, 0.3, 1.5, "the request body did not arrive within 0.3 s; send it whole at once"),
+], ids=["stops arriving", "trickles past the deadline"])
+def test_a_request_body_too_slow_to_arrive_is_answered_408_in_time_and_its_slot_given_back(
+        monkeypatch, read_timeout_s, body_deadline_s, every_s, error):
+    monkeypatch.setattr(server_module._Handler, "timeout", read_timeout_s)
+    monkeypatch.setattr(server_module, "REQUEST_BODY_S", body_deadline_s)
+    with running(max_connections=1, idle_timeout_s=30) as server, \
+            socket.create_connection(address(server), timeout=10) as slow:
+        slow.sendall(SLOW_BODY_HEAD)
+        until(lambda: server.connections.busy == 1, "the slow connection holding the only slot")
+        with socket.create_connection(address(server), timeout=10) as late:
+            late.sendall(CLOSE_REQUEST)
+            until(server.connections.contended, "a connection waiting for the slot")
+            started = time.monotonic()
+            received = trickle_until_answered(slow, byte=b" ", every_s=every_s, for_s=5.0)
+            answered_after_s = time.monotonic() - started
+            assert received.startswith(b"HTTP/1.1 408"), f"the slow body was not answered 408: {received[:200]!r}"
+            head, _, body = received.partition(b"\r\n\r\n")
+            assert {b"Connection: close", b"Content-Type: application/json"} <= set(head.split(b"\r\n"))
+            assert json.loads(body) == {"error": error}
+            assert answered_after_s < 1.0, f"answered {answered_after_s:.2f} s after the body began, not at 0.3 s"
+            slow.close()
+            assert read_to_close(late).startswith(b"HTTP/1.1 200")  # the slot came back
+        until(lambda: server.connections.busy == 0, "every slot given back")
+        assert server.connections.idle_closed == 0  # a slow body is no idle connection
+
+
+def test_a_request_body_in_pieces_within_the_deadline_is_served_and_the_connection_kept_alive(monkeypatch):
+    monkeypatch.setattr(server_module._Handler, "timeout", 2.0)
+    monkeypatch.setattr(server_module, "REQUEST_BODY_S", 5.0)
+    kept_alive = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(GOOD))
+    with running(idle_timeout_s=30) as server, socket.create_connection(address(server), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        sock.sendall(kept_alive)
+        for start in range(0, len(GOOD), 8):
+            time.sleep(0.02)  # each piece in a read of its own
+            sock.sendall(GOOD[start:start + 8])
+        sock.sendall(CLOSE_REQUEST)  # the next request on the same connection
+        received = read_to_close(sock)
+    first, second = received.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200") and b"Keep-Alive: timeout=30" in first
+    assert second.startswith(b"200")
+    for reply in (first, second):
+        assert json.loads(reply.partition(b"\r\n\r\n")[2])["result"][0][0]["document"]["id"] == "d2"
 
 
 def test_the_client_holds_no_connection_between_searches():

@@ -27,8 +27,9 @@ than refused (a search is short and searches are serialized anyway, so a wait co
 and a refusal would cost a failed rollout once the client's retries ran out). A kept-alive
 connection with no next request within ``idle_timeout_s`` (default 5 s) is closed; a request's
 line and headers must then arrive within REQUEST_HEAD_S of its first byte, and its body within
-REQUEST_BODY_S, so that a client trickling a byte at a time cannot hold a slot for ever; while
-connections wait for a slot, every reply closes its connection, so that the slots go round.
+REQUEST_BODY_S, so that a client trickling a byte at a time cannot hold a slot for ever (one that
+is late, or stops arriving, is answered 408 and closed); while connections wait for a slot, every
+reply closes its connection, so that the slots go round.
 
 :func:`make_server` builds a server over any :class:`Retriever` (standard library
 ``http.server``, searches serialized by a lock because the indexes are not documented as
@@ -38,6 +39,7 @@ command calls).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import io
 import json
@@ -59,7 +61,7 @@ from .retrievers import Hit, Retriever, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 REQUEST_HEAD_S = 10.0  # a request's line and headers must arrive within this of its first byte
-REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read has the handler's timeout)
+REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read waits at most what is left of it)
 LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
 MAX_TOPK = 1000
 MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
@@ -96,49 +98,65 @@ class RequestHeadTooSlow(Exception):
 
 class _RequestStream(io.BufferedReader):
     """A connection's request stream. While ``head_deadline`` is set (a time.monotonic() value), a
-    line must end by then: a socket timeout bounds each read only, so a client trickling a byte
-    at a time could take for ever over its request line and headers, holding a thread and a slot."""
+    line must end by then (else RequestHeadTooSlow); while ``body_deadline`` is set, each
+    ``read1`` must return by then (else BodyTooSlow). A socket timeout bounds each read only, so a
+    client trickling a byte at a time could take for ever over its request, holding a thread and
+    a slot."""
 
     def __init__(self, connection: socket.socket):
         super().__init__(connection.makefile("rb", buffering=0))
         self.connection = connection
         self.head_deadline: float | None = None
+        self.body_deadline: float | None = None
 
     def readline(self, limit: int | None = -1) -> bytes:
         if self.head_deadline is None:
             return super().readline(limit)
         limit = -1 if limit is None else limit
-        per_read_s = self.connection.gettimeout()
         line = bytearray()
+        while limit < 0 or len(line) < limit:
+            with self._read_by(self.head_deadline, RequestHeadTooSlow):
+                buffered = self.peek(1)  # what is buffered, or else one read from the socket
+            if not buffered:  # the client closed its side
+                break
+            wanted = len(buffered) if limit < 0 else min(len(buffered), limit - len(line))
+            end = buffered.find(b"\n", 0, wanted)
+            line += self.read(wanted if end < 0 else end + 1)  # from the buffer: no wait
+            if end >= 0:
+                break
+        return bytes(line)
+
+    def read1(self, size: int = -1) -> bytes:  # what core.web.read_body reads a body with
+        if self.body_deadline is None:
+            return super().read1(size)
+        with self._read_by(self.body_deadline, BodyTooSlow):
+            return super().read1(size)
+
+    @contextlib.contextmanager
+    def _read_by(self, deadline: float, too_slow: type[Exception]):
+        """Bound the read in the ``with`` block by what is left until ``deadline`` (``too_slow``
+        is raised once it has passed) as well as by the socket's own timeout (a TimeoutError),
+        whichever ends first; the socket's timeout is restored afterwards."""
+        per_read_s = self.connection.gettimeout()
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            raise too_slow
+        deadline_first = per_read_s is None or left_s <= per_read_s
+        self.connection.settimeout(left_s if deadline_first else per_read_s)
         try:
-            while limit < 0 or len(line) < limit:
-                left_s = self.head_deadline - time.monotonic()
-                if left_s <= 0:
-                    raise RequestHeadTooSlow
-                deadline_first = per_read_s is None or left_s <= per_read_s
-                self.connection.settimeout(left_s if deadline_first else per_read_s)
-                try:
-                    buffered = self.peek(1)  # what is buffered, or else one read from the socket
-                except TimeoutError:
-                    if deadline_first:
-                        raise RequestHeadTooSlow from None
-                    raise
-                if not buffered:  # the client closed its side
-                    break
-                wanted = len(buffered) if limit < 0 else min(len(buffered), limit - len(line))
-                end = buffered.find(b"\n", 0, wanted)
-                line += self.read(wanted if end < 0 else end + 1)  # from the buffer: no wait
-                if end >= 0:
-                    break
+            yield
+        except TimeoutError:
+            if deadline_first:
+                raise too_slow from None
+            raise
         finally:
             self.connection.settimeout(per_read_s)
-        return bytes(line)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: "RetrievalServer"
     protocol_version = "HTTP/1.1"
-    timeout = 60  # seconds a client may leave a request unfinished (e.g. a body short of its Content-Length)
+    timeout = 60  # seconds each read of a request may wait (a request head and body also have deadlines in all)
     body_read = False
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
@@ -177,8 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _first_byte_of_next_request(self) -> bytes:
         """The next request's first byte, waited for at most the server's idle timeout (a kept-alive
         connection holds a thread and a slot while it waits); b"" when none came. The rest of the
-        request then has the handler's longer ``timeout`` for each read, and REQUEST_HEAD_S for its
-        line and headers in all."""
+        request then has the handler's longer ``timeout`` for each read, REQUEST_HEAD_S for its
+        line and headers in all, and REQUEST_BODY_S for its body."""
         self.connection.settimeout(self.server.idle_timeout_s)
         try:
             return self.rfile.peek(1)[:1]
@@ -249,7 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_WR)
             self.connection.settimeout(LINGER_S)
             deadline = time.monotonic() + LINGER_S
-            # From the socket: a stream whose read timed out (a head past its deadline) reads no more.
+            # From the socket: a stream whose read timed out (a head or body past its deadline) reads no more.
             while time.monotonic() < deadline and self.connection.recv(1 << 16):
                 pass
         except OSError:  # the client has gone, or went on sending past the linger: nothing to save
@@ -293,15 +311,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*refusal)
             return
         length = int(self.headers.get("Content-Length", "0"))
+        self.rfile.body_deadline = time.monotonic() + REQUEST_BODY_S
         try:
             raw = read_body(self.rfile, REQUEST_BODY_S, length, length=length)
         except BodyTooSlow:
             self._send(408, {"error": f"the request body did not arrive within {REQUEST_BODY_S:g} s; send it whole "
                                       "at once"})
             return
+        except TimeoutError:  # nothing came for a whole read's timeout (the stdlib would close unanswered)
+            self._send(408, {"error": f"the request body stopped arriving (nothing came for {self.timeout:g} s); "
+                                      "send it whole at once"})
+            return
         except (BodyCutShort, ConnectionError):  # nobody is left to answer
             self.close_connection = True
             return
+        finally:
+            self.rfile.body_deadline = None
         self.body_read = True
         try:
             sent_as = self.headers.get_content_type() if "Content-Type" in self.headers else None
