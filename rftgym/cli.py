@@ -569,6 +569,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
+    from .envs.common import settle_cut
+
     env = _make_env(args.env, _parse_env_args(args.env_arg))
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
@@ -594,6 +596,8 @@ def cmd_play(args: argparse.Namespace) -> int:
                     return 0
                 before = context
                 context, reward, terminated, truncated, info = env.step(text)
+                if truncated and not terminated:  # paid and reported as rftgym eval records it
+                    reward, info = settle_cut(reward, info)
                 for message in context:
                     if message.role == "assistant":
                         seen.add(message.id)

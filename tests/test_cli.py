@@ -269,6 +269,16 @@ def test_play_completes_an_episode(monkeypatch, capsys):
     assert prompts == ["assistant> ", "........> "]  # a trailing backslash continues the turn
 
 
+def test_play_pays_a_time_limit_cut_as_eval_does(monkeypatch, capsys):
+    env = gym.make(ENV_ID, max_attempts=2)
+    env.reset(seed=5)
+    task = env.unwrapped.task
+    wrong = next(c for c in task.choices if c != task.answer) if task.choices else str(int(task.answer) + 1)
+    feed(monkeypatch, [f"<answer>{wrong}</answer>"])
+    assert main(["play", ENV_ID, "--seed", "5", "--env-arg", "max_attempts=2", "--env-arg", "max_episode_steps=1"]) == 0
+    assert "reward=0.100 terminated=False truncated=True" in capsys.readouterr().out  # the clean wrong answer's
+
+
 def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys):
     answer = answer_for_seed(5)
     prompts = feed(monkeypatch, ["Let me think.\\\r", f"<answer>{answer}</answer>\r"])  # piped CRLF text

@@ -2,7 +2,9 @@
 
 A :class:`Turn` stores what the agent saw (the ids of its context's messages), what it said,
 and, for token-level agents, the exact tokens fed to the model, the tokens it sampled, their
-log-probabilities, and the env's reward and info.
+log-probabilities, and the env's reward and info (for the last turn of an episode that ended
+truncated, with what the env said a cut there pays and reports, ``info["reward_if_cut"]`` and
+``info["info_if_cut"]``, already added: see :mod:`rftgym.rollout.engine`).
 
 A :class:`Segment` is a maximal run of turns whose token sequences extend each other by prefix
 (DESIGN.md section 2). Append-only episodes have one segment; each context edit (e.g. a memory

@@ -139,6 +139,17 @@ def check_step_call(started: bool, done: bool, action) -> None:
 # the episode has ended). A cut the env cannot see (gymnasium's TimeLimit, a rollout's turn cap, a
 # full context) would otherwise lose that reward: whoever cuts the episode adds it to its return.
 REWARD_IF_CUT = "reward_if_cut"
+# Its companion: the info values that ending on this step would report in place of this step's own
+# (CodeTCG: the last graded submission's outcome; {} when they would be the same), merged into the
+# last turn's info by whoever pays the cut, so that the episode is reported as it is paid.
+INFO_IF_CUT = "info_if_cut"
+
+
+def settle_cut(reward: float, info: dict) -> tuple[float, dict]:
+    """The reward and info of a step on which an episode was cut (it ended truncated, not
+    terminated), with what the env said such a cut pays and reports added: what a loop that
+    bounds episodes with a TimeLimit, a turn cap or a context limit records for that step."""
+    return float(reward) + float(info.get(REWARD_IF_CUT, 0.0)), {**info, **info.get(INFO_IF_CUT, {})}
 
 
 MAX_REPORTED_PROBLEMS = 3

@@ -15,9 +15,11 @@ and does not step the env with it.
 
 An env that pays on the turn that ends the episode (CodeTCG, VerifiableQA) cannot see a cut made
 outside it (a Gymnasium TimeLimit, the rollout's turn cap, a full context); each of its steps says
-in ``info["reward_if_cut"]`` what its own budget running out there would have paid. The last turn
+in ``info["reward_if_cut"]`` what its own budget running out there would have paid, and in
+``info["info_if_cut"]`` what it would have reported in place of the step's own info. The last turn
 of an episode that ends truncated gets that amount (from the step before, for a full context)
-added to its reward, so a cut episode is paid as the env's own truncation would have paid it.
+added to its reward and those values merged into its info, so a cut episode is paid and reported
+as the env's own truncation would have done: the recorded ``Turn.reward`` already holds it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, R
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 from ..core.values import is_int
-from ..envs.common import REWARD_IF_CUT
+from ..envs.common import INFO_IF_CUT, REWARD_IF_CUT, settle_cut
 
 
 SAFETY_NET_TURNS = 64
@@ -338,6 +340,12 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
     if not _is_finite_number(owed):
         raise EnvContractError(f"{where} returned info[{REWARD_IF_CUT!r}]={owed!r}; it is the reward a cut of the "
                                "episode on this step is paid, a finite number (0 when nothing would be)")
+    report = info.get(INFO_IF_CUT, {})
+    if not isinstance(report, dict) or INFO_IF_CUT in report or REWARD_IF_CUT in report:
+        raise EnvContractError(f"{where} returned info[{INFO_IF_CUT!r}] as {type(report).__name__} "
+                               f"{str(report)[:100]}; it is a dict of the info values a cut of the episode on this "
+                               f"step reports in place of the step's own ({{}} when they are the same), without "
+                               f"{INFO_IF_CUT!r} or {REWARD_IF_CUT!r} in it")
     return value
 
 
@@ -355,8 +363,10 @@ def _is_finite_number(value) -> bool:
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     before = slot.context
     if reply.finish_reason == CONTEXT_FULL:  # no room for a reply: the episode ends, the env unstepped
-        owed = float(slot.turns[-1].info.get(REWARD_IF_CUT, 0.0)) if slot.turns else 0.0  # checked at that step
-        info = {"context_full": True, **({REWARD_IF_CUT: owed} if owed else {})}
+        last = slot.turns[-1].info if slot.turns else {}  # checked at that step
+        owed, info = settle_cut(0.0, {"context_full": True, **{k: last[k] for k in (REWARD_IF_CUT, INFO_IF_CUT)
+                                                                 if last.get(k)}})
+        info.pop(INFO_IF_CUT, None)  # merged
         slot.turns.append(Turn(index=len(slot.turns), context_ids=before.ids, action="", reward=owed,
                                terminated=False, truncated=True, info=info, finish_reason=CONTEXT_FULL))
         slot.active = False
@@ -367,8 +377,8 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     if not (terminated or truncated) and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}
-    if truncated and not terminated:  # cut by whoever: pay what the env's own budget would have
-        reward += float(info.get(REWARD_IF_CUT, 0.0))
+    if truncated and not terminated:  # cut by whoever: pay, and report, what the env's own budget would have
+        reward, info = settle_cut(reward, info)
     message = _new_assistant_message(before, context, reply.text)
     if message is not None:
         # The sampled tokens stand for the message only when the env kept the reply's text as it

@@ -43,7 +43,11 @@ def _final(episode: Episode, key: str):
     if episode.context_full:
         if key == "success":
             return False
-        value = episode.turns[-2].info.get(key) if len(episode.turns) > 1 else None
+        # The empty last turn holds what the env's own budget would have reported (see the engine's
+        # info_if_cut), else the env's last report counts.
+        value = episode.turns[-1].info.get(key)
+        if value is None and len(episode.turns) > 1:
+            value = episode.turns[-2].info.get(key)
         return 0 if value is None else value
     return episode.turns[-1].info.get(key)
 

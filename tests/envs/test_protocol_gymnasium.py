@@ -17,7 +17,7 @@ from gymnasium.envs.registration import EnvSpec
 
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.core.errors import ConfigError
-from rftgym.envs.code.env import CodeTCGConfig
+from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
 from rftgym.envs.code.generator import DIFFICULTIES, TEMPLATES, generate_task
 from rftgym.envs.code.tcg import TCGConfig
 from rftgym.envs.memory.env import MemoryQAConfig
@@ -152,6 +152,47 @@ def test_a_time_limit_cut_of_a_graded_submission_is_owed_in_its_info(tmp_path):
         assert truncated and not terminated and reward == 0.0 and info["reward_if_cut"] == pytest.approx(0.1)
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("cut", ["own budget", "rollout cap", "time limit", "full context"])
+def test_a_cut_code_episode_is_paid_and_reported_as_its_own_budget_would(tmp_path, cut):
+    from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
+    from rftgym.agents.scripted import ScriptedAgent
+    from rftgym.rollout import RolloutConfig, run_episodes
+    from rftgym.rollout.metrics import env_metrics
+
+    probe = make(CODE, tmp_path)
+    try:
+        probe.reset(seed=1)  # a function task; the program below gets every other test right
+        task = probe.unwrapped.task
+    finally:
+        probe.close()
+    half_right = (f"```python\n{task.reference}\n_right, _calls = {task.entry_point}, [0]\n"
+                  f"def {task.entry_point}(*args):\n    _calls[0] += 1\n"
+                  "    return _right(*args) if _calls[0] % 2 else None\n```")
+
+    class ProgramThenFull(Agent):
+        def act(self, contexts):
+            return [AgentReply(text="", finish_reason=CONTEXT_FULL) if any(m.role == "assistant" for m in c)
+                    else AgentReply(text=half_right) for c in contexts]
+
+    kwargs, agent, config = {"max_attempts": 2, "max_turns": 3}, ScriptedAgent([half_right, NO_CODE]), None
+    if cut == "own budget":
+        kwargs["max_turns"] = 2
+    elif cut == "rollout cap":
+        config = RolloutConfig(max_turns=2)
+    elif cut == "time limit":
+        kwargs["max_episode_steps"] = 2
+    else:
+        agent = ProgramThenFull()
+    episode = run_episodes(lambda: make(CODE, tmp_path, **kwargs), agent, seeds=[1], config=config)[0]
+    graded = episode.turns[0].info
+    assert graded["status"] == "ok" and 0 < graded["pass_rate"] < 1 and graded["info_if_cut"]["status"] == "ok"
+    last = episode.turns[-1]
+    assert episode.truncated and last.reward == pytest.approx(0.9 * graded["pass_rate"] + 0.1)
+    assert (last.info["status"], last.info["pass_rate"], last.info["format_ok"]) == ("ok", graded["pass_rate"], True)
+    columns = env_metrics([episode], CodeTCGEnv.metadata["eval_metrics"])  # as rftgym eval prints them
+    assert columns["test_pass_rate"] == graded["pass_rate"] and columns["syntax_err"] == 0.0
 
 
 def test_an_episode_ended_by_the_envs_own_budget_owes_nothing_more(tmp_path):

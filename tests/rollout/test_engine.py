@@ -601,3 +601,15 @@ def test_an_owed_reward_may_be_a_numpy_number(sum_task):
                                                       max_turns=5)),
                            ScriptedAgent(WRONG), seeds=[0], config=RolloutConfig(max_turns=1))[0]
     assert type(episode.turns[-1].reward) is float and episode.turns[-1].reward == pytest.approx(FORMAT_REWARD)
+
+
+@pytest.mark.parametrize("report", [["status"], "ok", {"reward_if_cut": 1.0}])
+def test_an_env_whose_report_if_cut_is_not_a_dict_of_info_values_is_named(report):
+    class BadReport(gym.Wrapper):
+        def step(self, action):
+            context, reward, terminated, truncated, info = self.env.step(action)
+            return context, reward, terminated, truncated, {**info, "info_if_cut": report}
+
+    with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['info_if_cut'\] as .*; it is a dict of the "
+                                               r"info values a cut"):
+        run_episodes(lambda: BadReport(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])

@@ -43,9 +43,10 @@ Episode end
     pass_rate, tests, format_ok), even when that turn held no code. Bound the turns with
     ``max_turns``, not gymnasium's ``max_episode_steps``: its TimeLimit wrapper truncates without
     the env knowing, so the step it cuts pays only what a turn that does not end the episode
-    pays. That step's ``info["reward_if_cut"]`` holds the last graded submission's reward, which
-    the rollout engine adds to the turn of any episode that ends truncated (a TimeLimit, its own
-    turn cap, a full context); a loop of your own adds it likewise. With ``max_attempts > 1``
+    pays. That step's ``info["reward_if_cut"]`` holds the last graded submission's reward, and
+    ``info["info_if_cut"]`` its outcome; the rollout engine adds the one to the reward and merges
+    the other into the info of the last turn of any episode that ends truncated (a TimeLimit, its
+    own turn cap, a full context); a loop of your own does likewise. With ``max_attempts > 1``
     a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
     error, and the expected output for the task's own examples only: a hidden test's expected
     output would let a later attempt pass it from a lookup table) and the agent tries again.
@@ -59,7 +60,9 @@ Info keys
     ``success`` (every test passed), ``step_scores`` (pseudocode turns), ``sandbox`` (its
     isolation, one line), ``reward_if_cut`` (what the turn budget running out on this step would
     have paid: the last graded submission's reward while the episode is under way, 0 once it has
-    ended).
+    ended) and ``info_if_cut`` (what it would have reported in place of this turn's outcome: the
+    last graded submission's status, passed, total, pass_rate, tests, format_ok, syntax_error and
+    success; ``{}`` when nothing is owed).
 
 Options to ``reset``
     ``task_index`` picks a task of the dataset. Otherwise, with ``task_selection="seed"`` (the
@@ -88,7 +91,7 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
                       check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, REWARD_IF_CUT)
+                      read_action, render_context, resolve_config, summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -442,6 +445,14 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
             return 0.0
         return self._outcome_reward(self._graded)
 
+    def _owed_report(self) -> dict[str, Any]:
+        """What the turn budget running out now would report in place of this turn's outcome: the
+        last graded submission's (empty when nothing is owed)."""
+        if self.task is None or self._done or self._graded is None:
+            return {}
+        graded = dict(self._graded)
+        return {**graded, "success": bool(graded["total"] and graded["passed"] == graded["total"])}
+
     def _info(self) -> dict[str, Any]:
         last = self._last
         return {
@@ -462,6 +473,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
             "step_scores": last["step_scores"],
             "sandbox": self.sandbox.isolation,
             REWARD_IF_CUT: self._owed_reward(),
+            INFO_IF_CUT: self._owed_report(),
         }
 
 
