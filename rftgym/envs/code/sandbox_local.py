@@ -87,7 +87,9 @@ _warned_fallback = False
 # options on /tmp, /dev/shm and /work, moves the program's files into the new /work, and drops
 # every capability, from its bounding set and ambient set too, checking that none is left (as a
 # warm jail's runs do, see .jail_server.drop_capabilities), before the program is forked; on any
-# failure the program does not run (exit 126).
+# failure the program does not run (exit 126). Where that fails at start-up (a setuid bwrap refuses
+# --cap-add; a kernel may refuse the mounts), cold jails run uncapped, with a warning and a note
+# in the isolation line.
 COLD_INIT = r"""
 import _signal, ctypes, os, sys
 _signal.signal(_signal.SIGINT, _signal.SIG_DFL)   # pid 1 without a handler: the program cannot signal it
@@ -209,7 +211,8 @@ class LocalSandbox(Sandbox):
         self.python = runtime.executable
         self.bwrap_base: list[str] | None = None
         self.seccomp: bytes | None = None  # the jail's seccomp filter (see .seccomp)
-        self.cold_inode_cap = True   # whether a cold jail's init caps its tmpfs's inodes (see COLD_INIT)
+        # Whether a cold jail's init caps its tmpfs's inodes (see COLD_INIT); probed only where cold jails run.
+        self.cold_inode_cap = False
         problem = None
         if use_bwrap is not False:
             bwrap = shutil.which("bwrap")
@@ -219,14 +222,17 @@ class LocalSandbox(Sandbox):
                                    "or pass use_bwrap=None to fall back to rlimits only")
         if self.bwrap_base and warm_jails:
             self._try_warm()
+        if self.bwrap_base and not self.warm:
+            self._try_cold_inode_cap()
         if self.warm:
             self.isolation = ("bubblewrap jail per worker (no network, read-only system, private tmpfs /work and "
                               f"/tmp, own pid namespace, uid {NOBODY}, {self._filter_text}), fresh forked process per "
                               "run with rlimits in its own mount, IPC and network namespaces (fresh tmpfs's), jail "
                               "cleaned between runs")
         elif self.bwrap_base:
-            self.isolation = ("bubblewrap: no network, read-only system, private tmpfs /work and /tmp, own pid "
-                              f"namespace, uid {NOBODY}, {self._filter_text}, rlimits")
+            uncapped = "" if self.cold_inode_cap else " (NO inode cap)"
+            self.isolation = (f"bubblewrap: no network, read-only system, private tmpfs /work and /tmp{uncapped}, own "
+                              f"pid namespace, uid {NOBODY}, {self._filter_text}, rlimits")
         else:
             self.isolated = False
             uid = f"uid {NOBODY}" if self.as_root else "the current user"
@@ -261,33 +267,38 @@ class LocalSandbox(Sandbox):
         base += ["--proc", "/proc", "--dev", "/dev"]
         self.bwrap_base = base
         wanted_filter = jail_filter()
-        ok, probe = self._probe_what_works(wanted_filter)
+        for self.seccomp in dict.fromkeys([wanted_filter, None]):   # a jail without the filter rather than none
+            ok, probe = self._probe()
+            if ok:
+                break
         if ok and wanted_filter is not None and self.seccomp is None:
             log.warning("rftgym local sandbox: bwrap refused the jail's seccomp filter; runs can reach the "
                         "kernel keyring and SysV/memfd memory")
         elif ok and wanted_filter is None:
             log.warning("rftgym local sandbox: no seccomp filter for this machine (%s); runs can reach the kernel "
                         "keyring and SysV/memfd memory", os.uname().machine)
-        if ok and not self.cold_inode_cap:
-            log.warning("rftgym local sandbox: bwrap refused to give a cold jail's init %s (a setuid bwrap refuses "
-                        "--cap-add); a cold jail's tmpfs's keep the kernel's default inode limit, so a run can pin "
-                        "kernel memory with empty files. To fix: install a bwrap that is not setuid",
-                        " and ".join(COLD_CAPABILITIES))
         if ok:
             return None
         self.bwrap_base = None
         return (probe.stderr.strip() or f"exit {probe.exit_code}, signal {probe.signal}")[-500:]
 
-    def _probe_what_works(self, wanted_filter: bytes | None) -> tuple[bool, ExecResult]:
-        """Probe the jail as wanted, then without what a bwrap may refuse: the cold init's
-        capabilities (which cap its tmpfs's inodes), then the seccomp filter; a jail without them
-        rather than none. Leaves ``seccomp`` and ``cold_inode_cap`` as the last probe had them."""
-        for self.seccomp in dict.fromkeys([wanted_filter, None]):
-            for self.cold_inode_cap in (True, False):
-                ok, probe = self._probe()
-                if ok:
-                    return ok, probe
-        return ok, probe
+    def _try_cold_inode_cap(self) -> None:
+        """Let a cold jail's init cap its tmpfs's inodes if the jail, which works without the cap,
+        still works with it; else cold jails run uncapped (a jail without the cap rather than
+        none), with a warning that says what failed. Probed apart, once a jail works, so that a
+        failure here is the cap's, and a broken bwrap costs no probe for it."""
+        self.cold_inode_cap = True
+        ok, probe = self._probe()
+        if ok:
+            return
+        self.cold_inode_cap = False
+        log.warning("rftgym local sandbox: a cold jail whose init holds %s to mount inode-capped tmpfs's does not "
+                    "run here (%s); cold jails run without the cap, so their tmpfs's keep the kernel's default inode "
+                    "limit and a run can pin kernel memory with empty files. Likely causes: a setuid bwrap, which "
+                    "refuses --cap-add (to fix: install one that is not setuid); a kernel or security module "
+                    "(AppArmor, SELinux) that forbids mounting a tmpfs in a user namespace; or a host too loaded for "
+                    "the probe's time limit",
+                    " and ".join(COLD_CAPABILITIES), _how_it_failed(probe))
 
     def _probe(self) -> tuple[bool, ExecResult]:
         """Whether a trivial program runs in the jail as set up, and its result."""
@@ -460,6 +471,18 @@ class LocalSandbox(Sandbox):
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
+
+
+def _how_it_failed(probe: ExecResult, tail: int = 300) -> str:
+    """How a probe failed, in one line: how it ended, then the end of its stderr."""
+    if probe.timed_out:
+        ended = f"timed out after {probe.wall_seconds:.0f} s"
+    else:
+        ended = f"exit {probe.exit_code}" if probe.exit_code is not None else f"signal {probe.signal}"
+    stderr = " ".join(probe.stderr.split())
+    if not stderr:
+        return ended
+    return f"{ended}: {'...' if len(stderr) > tail else ''}{stderr[-tail:]}"
 
 
 _RESOURCE = {"cpu": resource.RLIMIT_CPU, "as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE,

@@ -138,19 +138,62 @@ def test_empty_files_past_the_inode_cap_fail_cleanly(sandbox):
         assert error == errno.ENOSPC and pages // 2 < made <= pages, (backend, root, made, error)
 
 
+def uncapped_cold_sandbox(limits, caplog):
+    """A cold local sandbox that is expected to run without the inode cap; its warnings."""
+    with caplog.at_level("WARNING", logger=sandbox_local.__name__):
+        sandbox = make_sandbox("local", limits=limits, workers=1, warm_jails=False)
+    assert sandbox.bwrap_base and not sandbox.cold_inode_cap and sandbox.seccomp, sandbox.isolation
+    assert "private tmpfs /work and /tmp (NO inode cap)" in sandbox.isolation, sandbox.isolation
+    assert "keep the kernel's default inode limit" in caplog.text, caplog.text
+    return sandbox, caplog.text
+
+
 def test_a_cold_jail_whose_bwrap_refuses_capabilities_runs_without_the_inode_cap(local_sandbox, monkeypatch,
                                                                                   caplog):
-    """A setuid bwrap refuses --cap-add: a cold jail without the cap rather than no jail, and a warning."""
+    """A setuid bwrap refuses --cap-add: a cold jail without the cap rather than no jail, and a
+    warning that quotes bwrap's refusal (here of a capability it does not know)."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed: cold jails need it")
     monkeypatch.setattr(sandbox_local, "COLD_CAPABILITIES", ("CAP_NOT_A_CAPABILITY",))
-    with caplog.at_level("WARNING", logger=sandbox_local.__name__):
-        with make_sandbox("local", limits=local_sandbox.limits, workers=1, warm_jails=False) as sandbox:
-            assert sandbox.bwrap_base and not sandbox.cold_inode_cap and sandbox.seccomp
-            result = run(sandbox, "print(sorted({int(line.split()[1], 16) for line in open('/proc/self/status') "
-                                  "if line.startswith('Cap')}))")
+    sandbox, warned = uncapped_cold_sandbox(local_sandbox.limits, caplog)
+    with sandbox:
+        result = run(sandbox, "print(sorted({int(line.split()[1], 16) for line in open('/proc/self/status') "
+                              "if line.startswith('Cap')}))")
     assert result.ok and result.stdout == "[0]\n", result
-    assert "keep the kernel's default inode limit" in caplog.text, caplog.text
+    assert "(exit 1: bwrap: unknown cap: CAP_NOT_A_CAPABILITY)" in warned, warned
+
+
+def test_a_cold_jail_whose_capped_tmpfs_cannot_be_mounted_runs_without_the_inode_cap(local_sandbox, monkeypatch,
+                                                                                     caplog):
+    """The init's own failure (here the kernel refusing its tmpfs options, as a security module
+    refusing the mount would): a cold jail without the cap, and a warning that says what failed."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: cold jails need it")
+    monkeypatch.setattr(sandbox_local, "inode_cap", lambda size: "not-a-number")
+    sandbox, warned = uncapped_cold_sandbox(local_sandbox.limits, caplog)
+    with sandbox:
+        assert run(sandbox, "print('ran')").stdout == "ran\n"
+    assert ("(exit 126: rftgym jail: could not set up the inode-capped tmpfs's, not running the program: "
+            "[Errno 22] could not mount a tmpfs on /tmp: Invalid argument)") in warned, warned
+
+
+def test_a_broken_bwrap_costs_two_probes_at_most(monkeypatch, tmp_path):
+    """One with the seccomp filter, one without; none for the cold init's inode cap."""
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: broken here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    which = shutil.which
+    monkeypatch.setattr(sandbox_local.shutil, "which", lambda name: str(broken) if name == "bwrap" else which(name))
+    monkeypatch.setattr(sandbox_local, "_warned_fallback", True)   # the fallback's own warning is tested elsewhere
+    with_filter = []   # per probe, whether it had the seccomp filter
+    probe = sandbox_local.LocalSandbox._probe
+    monkeypatch.setattr(sandbox_local.LocalSandbox, "_probe",
+                        lambda self: with_filter.append(self.seccomp is not None) or probe(self))
+    for warm_jails in (True, False):
+        with_filter.clear()
+        with make_sandbox("local", workers=1, warm_jails=warm_jails) as sandbox:
+            assert not sandbox.isolated and "bubblewrap unavailable" in sandbox.isolation, sandbox.isolation
+        assert with_filter in ([True, False], [False]), (warm_jails, with_filter)
 
 
 def test_a_cold_init_left_with_a_capability_does_not_run_the_program(cold_local_sandbox, monkeypatch):
