@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import http.client
 import ipaddress
 import math
+import os
+import socket
+import threading
 import time
 
 MAX_RETRY_AFTER_S = 60.0  # the longest wait a server's Retry-After gets
@@ -40,28 +45,87 @@ class BodyCutShort(Exception):
 
 def read_body(stream, timeout_s: float, max_bytes: int, length: int | None = None) -> bytes:
     """A body from ``stream`` (an HTTP response, or a server's request stream: anything with
-    ``read1``), read within ``timeout_s`` in all (a socket timeout bounds each read only, so a peer
-    trickling bytes could hold the reader for ever) and at most ``max_bytes`` long. Without
+    ``read1``), read within ``timeout_s`` in all and at most ``max_bytes`` long. Without
     ``length``, to the end of the response; with it, exactly that many bytes (a request's
     Content-Length, on a connection that stays open after it). Raises BodyTooSlow, BodyTooLarge
-    or BodyCutShort."""
+    or BodyCutShort.
+
+    A socket timeout bounds each read only, so a peer trickling bytes could hold the reader for
+    ever, and one ``read1`` of a chunked response may take many reads (a chunk's size line, its
+    trailers). An http.client response's connection is therefore shut at the deadline, which ends
+    whatever read is waiting then; a server's request stream bounds its own reads (its connection
+    must stay open to answer)."""
     deadline = time.monotonic() + timeout_s
-    chunks, size = [], 0
-    while length is None or size < length:
-        chunk = stream.read1(1 << 16 if length is None else min(1 << 16, length - size))
-        if not chunk:
-            if length is not None:
-                raise BodyCutShort(f"the connection closed {length - size} bytes before the end of the body")
-            break
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyTooLarge(f"over {max_bytes >> 20} MiB")
-        if time.monotonic() > deadline and (length is None or size < length):
-            raise BodyTooSlow(f"over {timeout_s:g} s")
-        chunks.append(chunk)
+    with _shut_at(stream, deadline) as shut:
+        chunks, size = [], 0
+        while length is None or size < length:
+            try:
+                chunk = stream.read1(1 << 16 if length is None else min(1 << 16, length - size))
+            except (OSError, http.client.HTTPException):
+                if shut.is_set():  # the read failed because the deadline shut the connection
+                    raise BodyTooSlow(f"over {timeout_s:g} s") from None
+                raise
+            if not chunk:
+                if shut.is_set():  # the end came from the deadline, not from the peer
+                    raise BodyTooSlow(f"over {timeout_s:g} s")
+                if length is not None:
+                    raise BodyCutShort(f"the connection closed {length - size} bytes before the end of the body")
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"over {max_bytes >> 20} MiB")
+            if time.monotonic() > deadline and (length is None or size < length):
+                raise BodyTooSlow(f"over {timeout_s:g} s")
+            chunks.append(chunk)
     if length is None and getattr(stream, "length", None):  # bytes the Content-Length promised that never came
         raise BodyCutShort(f"the connection closed {stream.length} bytes before the end of the reply")
     return b"".join(chunks)
+
+
+@contextlib.contextmanager
+def _shut_at(stream, deadline: float):
+    """Within the block, ``stream``'s connection is shut down at ``deadline`` (a time.monotonic()
+    value) if ``stream`` is an http.client response, so that a read waiting then ends at once
+    (with an empty read or an error); the Event it yields is set once that has happened. Any
+    other stream, or one whose socket cannot be reached, is left alone (its reads are then
+    bounded by its socket timeout only, and the deadline is checked after each)."""
+    shut = threading.Event()
+    connection = _duplicate_socket(stream) if isinstance(stream, http.client.HTTPResponse) else None
+    if connection is None:
+        yield shut
+        return
+
+    def shut_down() -> None:
+        shut.set()
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed by the peer
+            pass
+
+    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), shut_down)
+    timer.daemon = True  # never keeps the interpreter from exiting
+    timer.start()
+    try:
+        yield shut
+    finally:
+        timer.cancel()
+        timer.join()  # before the close: a late shutdown must not hit a descriptor reused meanwhile
+        connection.close()
+
+
+def _duplicate_socket(response: http.client.HTTPResponse) -> socket.socket | None:
+    """A socket on a duplicate of ``response``'s connection descriptor (shutting it down shuts
+    the connection; closing it leaves the response's own socket open), or None where there is
+    none to reach (a closed response, a platform that cannot duplicate a socket descriptor)."""
+    try:
+        descriptor = os.dup(response.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    try:
+        return socket.socket(fileno=descriptor)
+    except OSError:  # not a socket after all
+        os.close(descriptor)
+        return None
 
 
 def retry_after_s(headers) -> float | None:

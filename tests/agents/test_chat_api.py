@@ -33,6 +33,9 @@ class Response:
     delay_s: float = 0.0
     headers: dict = field(default_factory=dict)
     trickle_s: float = 0.0  # > 0: the body goes out a byte at a time, this far apart
+    # > 0: a chunked reply whose first chunk-size line goes out a byte at a time, this far apart
+    # (an extension that never ends, for 10 s); one read of the body waits on the whole line.
+    chunk_line_trickle_s: float = 0.0
     missing_bytes: int = 0  # > 0: Content-Length promises this many bytes more, then the connection closes
     # "chunked": one chunk announced, half of it sent; "unannounced": no length, half the body sent;
     # then the connection closes.
@@ -126,6 +129,18 @@ def make_handler(server: FakeServer):
                     payload = payload.encode("utf-8")
                 self.send_response(response.status)
                 self.send_header("Content-Type", "application/json")
+                if response.chunk_line_trickle_s:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.write(b"1;")
+                    self.wfile.flush()
+                    for _ in range(int(10 / response.chunk_line_trickle_s)):
+                        if server.stop.wait(response.chunk_line_trickle_s):
+                            break
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
                 if response.cut:
                     if response.cut == "chunked":
                         self.send_header("Transfer-Encoding", "chunked")
@@ -479,6 +494,28 @@ def test_a_reply_trickling_in_is_cut_at_the_timeout(server):
     with pytest.raises(ChatAPIError, match=r"the reply's body took over 0.5 s \(timeout_s\)"):
         agent.act_one(ctx(("user", "q")))
     assert time.monotonic() - start < 3.0  # the whole body would take over 7 s
+
+
+def test_a_reply_trickling_a_byte_just_inside_each_read_timeout_is_cut_at_the_timeout(server):
+    # Each read returns a byte 1.8 s after the last, within the socket's 2 s timeout: the body
+    # is given up at its 2 s deadline, not after the read that ends past it (3.6 s).
+    server.behaviour = lambda req, n: Response(trickle_s=1.8)
+    agent = server.agent(timeout_s=2.0, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError, match=r"the reply's body took over 2 s \(timeout_s\)"):
+        agent.act_one(ctx(("user", "q")))
+    assert time.monotonic() - start < 3.0
+
+
+def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout(server):
+    # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
+    # the deadline it would wait out the 10 s the server trickles it for.
+    server.behaviour = lambda req, n: Response(chunk_line_trickle_s=0.3)
+    agent = server.agent(timeout_s=0.5, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError, match=r"the reply's body took over 0.5 s \(timeout_s\)"):
+        agent.act_one(ctx(("user", "q")))
+    assert time.monotonic() - start < 3.0
 
 
 def test_a_huge_reply_is_refused_without_holding_it(server):

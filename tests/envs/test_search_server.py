@@ -199,6 +199,32 @@ def test_a_reply_that_trickles_in_is_cut_at_the_timeout(fake_service):
         RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
 
 
+def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout(fake_service):
+    import time
+
+    # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
+    # the deadline it would wait out the 10 s this service trickles it for.
+    def trickle(handler):
+        handler.send_response(200)
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        handler.wfile.write(b"1;")  # a chunk extension that never ends
+        try:
+            for _ in range(33):
+                time.sleep(0.3)
+                handler.wfile.write(b"x")
+                handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up
+            pass
+        handler.close_connection = True
+
+    url, _ = fake_service(trickle)
+    start = time.monotonic()
+    with pytest.raises(RetrievalServiceError, match=r"failed 1 attempt \(last: the reply took over 0.5 s"):
+        RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
+    assert time.monotonic() - start < 3.0
+
+
 def test_a_failing_service_is_not_called_down(fake_service):
     url, _ = fake_service(lambda h: reply(h, 503, b"overloaded"))
     with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: it failed with HTTP 503: overloaded\)"):
