@@ -45,7 +45,7 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, retry_after_s
+from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, read_error_body, retry_after_s
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -356,6 +356,7 @@ class _RetryableError(Exception):
 
 
 MAX_REPLY_BYTES = 64 << 20
+MAX_ERROR_BYTES = 64 << 10  # of an error reply's body, read for its reason
 # First requests refused as too long, one at a time and none fitting, that stop the run (a batch of
 # two or more all refused stops it at once).
 FIRST_REFUSALS_TO_STOP = 3
@@ -678,7 +679,7 @@ class ChatAPIAgent(Agent):
         except urllib.error.HTTPError as exc:
             body = b""
             try:  # read for its reason and the message, inflated as a reply's would be
-                body = exc.read()
+                body = read_error_body(exc, self.config.timeout_s, MAX_ERROR_BYTES)  # a trickle cannot hold us
                 body = _decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
             except Exception:  # noqa: BLE001 (then the raw body, or none, serves the message)
                 pass

@@ -82,6 +82,27 @@ def read_body(stream, timeout_s: float, max_bytes: int, length: int | None = Non
     return b"".join(chunks)
 
 
+def read_error_body(error, timeout_s: float, max_bytes: int) -> bytes:
+    """The start of an HTTP error reply's body (``error``: urllib's HTTPError, or any stream
+    with ``read1``), read for the reason it gives: at most ``max_bytes``, within ``timeout_s`` in
+    all. Never raises: what arrived before the deadline, the size, the end or a failure came
+    (b"" if nothing did), since the error itself is what the caller reports."""
+    stream = getattr(error, "fp", None) or error
+    deadline = time.monotonic() + timeout_s
+    chunks, size = [], 0
+    with _shut_at(stream, deadline) as shut:
+        while size < max_bytes and time.monotonic() <= deadline and not shut.is_set():
+            try:
+                chunk = stream.read1(min(1 << 16, max_bytes - size))
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):  # cut short, closed, no body
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    return b"".join(chunks)
+
+
 @contextlib.contextmanager
 def _shut_at(stream, deadline: float):
     """Within the block, ``stream``'s connection is shut down at ``deadline`` (a time.monotonic()

@@ -518,6 +518,16 @@ def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout
     assert time.monotonic() - start < 3.0
 
 
+def test_an_error_reply_whose_body_trickles_in_is_reported_at_the_timeout(server):
+    # The error's body is read for its reason; a byte each 0.3 s would take over 10 s in all.
+    server.behaviour = lambda req, n: Response(400, {"error": {"message": "bad request " + "x" * 20}}, trickle_s=0.3)
+    agent = server.agent(timeout_s=0.5, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(ChatAPIError, match="HTTP 400"):
+        agent.act_one(ctx(("user", "q")))
+    assert time.monotonic() - start < 3.0
+
+
 def test_a_huge_reply_is_refused_without_holding_it(server):
     server.behaviour = lambda req, n: Response(body=b" " * (65 << 20))
     with pytest.raises(ChatAPIError, match="sent a reply of over 64 MiB"):

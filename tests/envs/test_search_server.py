@@ -225,6 +225,28 @@ def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout
     assert time.monotonic() - start < 3.0
 
 
+def test_a_refusal_whose_body_trickles_in_is_reported_at_the_timeout(fake_service):
+    import time
+
+    def trickle(handler):  # a refusal's reason, a byte each 0.3 s: 10 s in all
+        handler.send_response(400)
+        handler.send_header("Content-Length", "33")
+        handler.end_headers()
+        try:
+            for _ in range(33):
+                handler.wfile.write(b"x")
+                handler.wfile.flush()
+                time.sleep(0.3)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up
+            pass
+
+    url, _ = fake_service(trickle)
+    start = time.monotonic()
+    with pytest.raises(RetrievalServiceError, match=r"rejected the request \(400\): x+$"):
+        RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
+    assert time.monotonic() - start < 3.0
+
+
 def test_a_failing_service_is_not_called_down(fake_service):
     url, _ = fake_service(lambda h: reply(h, 503, b"overloaded"))
     with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: it failed with HTTP 503: overloaded\)"):

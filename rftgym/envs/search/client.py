@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, retry_after_s
+from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, read_error_body,
+                         retry_after_s)
 from .corpora import split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args
 
@@ -78,13 +79,11 @@ def _clean(text: str, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
-def _error_detail(error: urllib.error.HTTPError) -> str:
+def _error_detail(error: urllib.error.HTTPError, timeout_s: float) -> str:
     """What a refusal says: the ``error`` of this service's JSON body (or of any service that
-    answers so), else the start of the body as text."""
-    try:
-        raw = error.read(MAX_ERROR_BYTES)
-    except (OSError, ValueError, AttributeError, http.client.HTTPException):  # cut short, or no body at all
-        return "(no readable reason)"
+    answers so), else the start of the body as text; read within ``timeout_s``, so that a body
+    trickled in cannot hold the client."""
+    raw = read_error_body(error, timeout_s, MAX_ERROR_BYTES)
     try:
         message = json.loads(raw.decode("utf-8-sig")).get("error")
     except (ValueError, AttributeError, RecursionError):  # not JSON, or JSON without an "error"
@@ -190,7 +189,7 @@ class RemoteRetriever(Retriever):
                     raw = self._read(response)
             except urllib.error.HTTPError as exc:
                 with exc:
-                    detail = _error_detail(exc)
+                    detail = _error_detail(exc, self.timeout)
                 if 300 <= exc.code < 400:
                     raise RetrievalServiceError(
                         f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
