@@ -25,7 +25,7 @@ import torch
 from ..core.errors import ConfigError, TrainingError
 from ..core.values import is_int
 from .config import TrainConfig
-from .distributed import ShardedModel, full_tensor, shard_like
+from .distributed import Distributed, ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
 from .schedule import learning_rate_at
 
@@ -305,6 +305,31 @@ def check_rng_states(rng, output_dir: Path) -> None:
         raise ConfigError(f"{_checkpoint_path(output_dir) / 'rng.pt'} does not hold a run's random states (tasks, "
                           "torch, and per rank sampling and segments), so the run cannot continue exactly; the "
                           "checkpoint is left as it is")
+
+
+def saved_world_size(output_dir: Path) -> int:
+    """How many processes wrote the checkpoint in ``output_dir``: its random states hold one entry
+    per rank. Read (and checked) before any model loads, since a resume needs as many."""
+    path = _checkpoint_path(output_dir)
+    verify_checkpoint_file(path, "rng.pt")
+    try:
+        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
+    except Exception as exc:  # torch.load raises many types
+        raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {path / 'rng.pt'} is unreadable "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the checkpoint "
+                          "is left as it is") from exc
+    check_rng_states(rng, output_dir)
+    return len(rng["ranks"])
+
+
+def check_world_size(written: int, ranks: Distributed, output_dir: Path) -> None:
+    """Refuse to resume a checkpoint that ``written`` processes wrote with another number of them:
+    each rank continues its own random streams, so the run continues exactly only with as many."""
+    if written != ranks.world_size:
+        raise ranks.every_rank(ConfigError(
+            f"the checkpoint in {output_dir} was written by {written} process{'es' if written != 1 else ''} and this "
+            f"run has {ranks.world_size}; resume under `torchrun --nproc_per_node {written}` (or `accelerate launch "
+            f"--num_processes {written}`), or start a new run in another --output-dir"))
 
 
 def saved_state(output_dir: Path, doing: str = "resume from") -> dict:

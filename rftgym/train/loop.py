@@ -44,11 +44,13 @@ from .checkpoint import (
     check_checkpoint_files,
     check_output_dir,
     check_rng_states,
+    check_world_size,
     checkpoint_state,
     load_checkpoint,
     resume_notes,
     save_checkpoint,
     saved_state,
+    saved_world_size,
 )
 from .config import TrainConfig
 from .distributed import (
@@ -94,7 +96,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
-                          f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks")
+                          f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks",
+                          field="tasks_per_step")
     # The writing rank checks the output directory and locks it; every rank then stops alike if
     # it may not be used (a rank that went on alone would wait forever at its first collective).
     # What it adds there is noted first: a run that stops before any result leaves nothing behind.
@@ -122,11 +125,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         saved = saved_state(out) if resume else None
         if saved is not None:
             check_checkpoint_files(out)
-        if saved is not None and saved["step"] >= config.steps:  # before any model loads
+        # Before any model loads, and what cannot be mended first: a run told to add steps would
+        # only then learn that it may not resume this checkpoint at all, or not with this launch.
+        notes = resume_notes(saved, config) if resume else []
+        if saved is not None:
+            check_world_size(saved_world_size(out), ranks, out)
+        if saved is not None and saved["step"] >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
                               "to continue it")
-        notes = resume_notes(saved, config) if resume else []
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
@@ -217,10 +224,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     if saved is not None:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
         check_rng_states(rng, out)
-        if len(rng["ranks"]) != ranks.world_size:
-            written = len(rng["ranks"])
-            raise ConfigError(f"the checkpoint was written by {written} process{'es' if written > 1 else ''}; "
-                              "resume with as many")
+        check_world_size(len(rng["ranks"]), ranks, out)  # as train() found it, unless the file changed since
         task_rng.bit_generator.state = rng["tasks"]
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])

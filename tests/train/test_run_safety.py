@@ -53,9 +53,44 @@ def test_resume_refuses_another_experiment_before_loading_a_model(tmp_path, make
     for change, message in [({"algo": "rloo"}, "written with algo='grpo'; this run has algo='rloo'"),
                             ({"lora_rank": 4}, "written with lora_rank=0; this run has lora_rank=4"),
                             ({"env_id": "rftgym/MemoryQA-v0"}, "written with env_id='rftgym/VerifiableQA-v0'")]:
-        with pytest.raises(ConfigError, match=message):
-            # No policy: the check comes before the default model would load.
-            train(config(tmp_path, steps=2, **change), resume=True, make_env=SayAEnv)
+        # With no more steps too: the refusal comes first, not a request for more steps.
+        for steps in (1, 2):
+            with pytest.raises(ConfigError, match=message):
+                # No policy: the check comes before the default model would load.
+                train(config(tmp_path, steps=steps, **change), resume=True, make_env=SayAEnv)
+
+
+def _launched_as(monkeypatch, world_size):
+    """train() as rank 0 of ``world_size`` processes, with no process group (its gathers are
+    rank 0's alone)."""
+    from rftgym.train.distributed import Distributed
+
+    monkeypatch.setattr(Distributed, "from_env", classmethod(lambda cls, *args, **kwargs: cls(world_size=world_size)))
+    monkeypatch.setattr(Distributed, "gather_objects", lambda self, obj: [obj] * self.world_size)
+
+
+def test_resume_under_another_number_of_processes_says_how_before_loading_a_model(tmp_path, make_char_policy,
+                                                                                 monkeypatch):
+    train(config(tmp_path, steps=1, tasks_per_step=2), policy=make_char_policy(), make_env=SayAEnv)
+    _launched_as(monkeypatch, 2)
+    # A model that would fail to load: the refusal comes before it, and before the step count.
+    for steps in (1, 2):
+        with pytest.raises(ConfigError, match=r"written by 1 process and this run has 2; resume under `torchrun "
+                                              r"--nproc_per_node 1` \(or `accelerate launch --num_processes 1`\), "
+                                              "or start a new run in another --output-dir"):
+            train(config(tmp_path, steps=steps, tasks_per_step=2, model=str(tmp_path / "no-such-model")),
+                  make_env=SayAEnv, resume=True)
+
+
+def test_tasks_that_do_not_split_across_processes_are_refused_by_their_flag(tmp_path, make_char_policy,
+                                                                           monkeypatch):
+    from rftgym.cli import _flagged, _train_field_flags
+
+    _launched_as(monkeypatch, 2)
+    with pytest.raises(ConfigError, match=r"tasks_per_step \(3\) must be a multiple of the number of processes "
+                                          r"\(2\)") as refused:
+        train(config(tmp_path, tasks_per_step=3), policy=make_char_policy(), make_env=SayAEnv)
+    assert str(_flagged(refused.value, _train_field_flags())).startswith("--tasks-per-step: tasks_per_step (3)")
 
 
 def test_a_live_runs_directory_is_named_as_such_before_its_files_are_judged(tmp_path, make_char_policy):
