@@ -84,7 +84,9 @@ def _env_spec(env_id: str):
                              "module:EnvId with a module on the Python path that registers EnvId with "
                              "gymnasium.register") from None
     if bare not in gym.registry:
-        close = _close_env_ids(bare)
+        # An id that only the user's module registers is found only through it: the hint keeps the module.
+        close = [known if known in env_registry.ENVS or not module else f"{module}:{known}"
+                 for known in _close_env_ids(bare)]
         guess = f" (did you mean {' or '.join(filter(None, [', '.join(close[:-1]), close[-1]]))}?)" if close else ""
         raise UsageError(f"unknown environment {env_id!r}{guess}; registered environments: "
                          f"{', '.join(env_registry.env_ids())} (your own: module:EnvId, where importing module "
@@ -217,6 +219,8 @@ def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
     if not isinstance(found, Agent):
         raise UsageError(f"--agent {path!r} made a {type(found).__name__}, not an rftgym Agent; subclass "
                          "rftgym.agents.base.Agent (act(contexts) -> list of AgentReply)")
+    if found.name == Agent.name:  # it named itself nothing: the table and its errors call it as the user did
+        found.name = path
     return found
 
 
@@ -402,6 +406,14 @@ def _check_agent_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --agent "
                              f"{args.agent}, which draws its text without a model (only --sample-seed applies); "
                              f"drop {' and '.join(unread)}")
+    # The api agent samples at the temperature the server sees: --api-extra's, where it sets one.
+    extra = _json_object(args.api_extra, "--api-extra") if args.agent == "api" else None
+    if args.agent in ("default", "hf", "api") and (extra or {}).get("temperature", args.temperature) == 0:
+        unread = [flag for flag in _sampling_flags_given(args) if flag in ("--top-p", "--sample-seed")]
+        if unread:  # greedy decoding takes the likeliest token: no nucleus, no draw to seed
+            raise UsageError(f"{' and '.join(unread)} {'applies' if len(unread) == 1 else 'apply'} only to sampling, "
+                             f"and --agent {args.agent} decodes greedily at --temperature 0 (the default); give "
+                             f"--temperature above 0, or drop {' and '.join(unread)}")
 
 
 def _make_agent(args: argparse.Namespace):
@@ -1420,6 +1432,21 @@ class _Parser(argparse.ArgumentParser):
         if _launch()[1] > 1:
             raise _LaunchedArgumentError(self, message)
         super().error(message)
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's parse, but an argument that no parser took is reported by the subcommand it
+        came after (its usage, and the option it is probably a slip of), not by the top level."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            commands = [action for action in self._actions if isinstance(action, argparse._SubParsersAction)]
+            command = commands[0].choices.get(getattr(parsed, commands[0].dest, None)) if commands else None
+            reporter = command or self
+            known = [option for action in reporter._actions for option in action.option_strings]
+            close = [match for typed in unknown if typed.startswith("--")
+                     for match in difflib.get_close_matches(typed.partition("=")[0], known, n=1)]
+            guess = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
+            reporter.error(f"unrecognized arguments: {' '.join(unknown)}{guess}")
+        return parsed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -297,3 +297,92 @@ def test_eval_never_writes_its_episodes_over_the_code_of_an_agent_or_env_of_your
                "evaluation would overwrite that code with its episodes" in capsys.readouterr().err
         assert (tmp_path / f"{module}.py").read_text() == before
     assert not list(tmp_path.glob("*.partial")) and not (tmp_path / "sub").exists()
+
+
+def test_a_mistyped_id_of_your_own_is_suggested_with_its_module(tmp_path, monkeypatch, capsys):
+    from support import ECHO_MODULE
+
+    (tmp_path / "zebra_envs.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/Zebrafish-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert exit_code(["eval", "zebra_envs:mine/Zebrafsh-v0", "--agent", "random", "--episodes", "1"]) == 2
+    assert "unknown environment 'zebra_envs:mine/Zebrafsh-v0' (did you mean zebra_envs:mine/Zebrafish-v0?)" \
+        in capsys.readouterr().err
+    # the suggestion runs as it is written; rftgym's own ids need no module
+    assert main(["eval", "zebra_envs:mine/Zebrafish-v0", "--agent", "random", "--episodes", "1",
+                 "--out", str(tmp_path / "e.jsonl")]) == 0
+    assert exit_code(["eval", "zebra_envs:rftgym/VerifiableQA-v1", "--agent", "random"]) == 2
+    assert "(did you mean rftgym/VerifiableQA-v0?)" in capsys.readouterr().err
+
+
+NAMELESS_AGENTS = """
+from rftgym.agents.base import Agent, AgentReply
+
+
+class Answers4(Agent):
+    def act(self, contexts):
+        return [AgentReply(text="<answer>4</answer>") for _ in contexts]
+
+
+class Crashes(Agent):
+    def act(self, contexts):
+        raise ZeroDivisionError("inside the agent")
+
+
+class Named(Answers4):
+    name = "my-named-agent"
+"""
+
+
+def test_an_agent_of_your_own_without_a_name_is_called_as_you_gave_it(tmp_path, monkeypatch, capsys):
+    (tmp_path / "nameless_agents.py").write_text(NAMELESS_AGENTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for agent, shown in [("nameless_agents:Answers4", "nameless_agents:Answers4"),
+                         ("nameless_agents:Named", "my-named-agent")]:
+        assert main(["eval", ENV_ID, "--agent", agent, "--episodes", "1", "--out", str(tmp_path / "e.jsonl")]) == 0
+        assert capsys.readouterr().out.splitlines()[2].split()[1] == shown  # the table's agent column
+    assert main(["eval", ENV_ID, "--agent", "nameless_agents:Crashes", "--episodes", "1",
+                 "--out", str(tmp_path / "e.jsonl")]) == 1
+    assert "agent 'nameless_agents:Crashes' raised ZeroDivisionError: inside the agent" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("agent", [["--agent", "hf", "--model", "/nonexistent/model"],
+                                   ["--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m"]])
+def test_sampling_only_flags_at_temperature_0_are_refused(agent, tmp_path, capsys):
+    for flags, named in [(["--top-p", "0.9"], "--top-p applies"),
+                         (["--sample-seed", "3", "--temperature", "0"], "--sample-seed applies"),
+                         (["--top-p", "0.9", "--sample-seed", "none"], "--top-p and --sample-seed apply")]:
+        assert exit_code(["eval", ENV_ID, *agent, *flags, "--out", str(tmp_path / "e.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert f"{named} only to sampling, and --agent {agent[1]} decodes greedily at --temperature 0" in err
+        assert "give --temperature above 0, or drop" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_that_samples_at_api_extras_temperature_takes_the_sampling_flags():
+    from rftgym.cli import _check_agent_flags, build_parser
+
+    _check_agent_flags(build_parser().parse_args(["eval", ENV_ID, "--agent", "api", "--api-base", "http://h/v1",
+                                                  "--api-model", "m", "--api-extra", '{"temperature": 0.7}',
+                                                  "--top-p", "0.9", "--sample-seed", "3"]))
+
+
+def test_an_unreachable_docker_engine_names_the_local_sandbox_flag(monkeypatch, capsys):
+    pytest.importorskip("docker")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/rftgym-docker.sock")
+    assert main(["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--episodes", "1",
+                 "--env-arg", "sandbox=docker"]) == 1
+    assert "no docker engine is reachable" in (err := capsys.readouterr().err)
+    assert "(on the command line: --env-arg sandbox=local)" in err
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["train", ENV_ID, "--stepz", "1"], "usage: rftgym train",
+     "rftgym train: error: unrecognized arguments: --stepz 1 (did you mean --steps?)"),
+    (["eval", ENV_ID, "--agent", "random", "--episodez=3"], "usage: rftgym eval",
+     "rftgym eval: error: unrecognized arguments: --episodez=3 (did you mean --episodes?)"),
+    (["envs", "--all"], "usage: rftgym envs", "rftgym envs: error: unrecognized arguments: --all\n"),
+])
+def test_an_unknown_flag_is_reported_by_its_subcommand(argv, usage, message, capsys):
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and message in err and "{envs," not in err

@@ -40,7 +40,7 @@ from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, Sand
 log = logging.getLogger(__name__)
 MB = 1 << 20
 ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
-               "or use the local backend: make_sandbox('local')")
+               "or use the local backend: make_sandbox('local') (on the command line: --env-arg sandbox=local)")
 # Reads a length-prefixed JSON header from stdin (files, argv), writes the files, runs the argv;
 # the program's stdin is the rest of the stream (read byte-exact so that nothing is consumed).
 BOOTSTRAP = r"""
