@@ -487,43 +487,23 @@ def test_timeout_raises_quickly(server):
     assert len(server.requests) == 2
 
 
-def test_a_reply_trickling_in_is_cut_at_the_timeout(server):
-    server.behaviour = lambda req, n: Response(trickle_s=0.05)
-    agent = server.agent(timeout_s=0.5, max_retries=0)
-    start = time.monotonic()
-    with pytest.raises(ChatAPIError, match=r"the reply's body took over 0.5 s \(timeout_s\)"):
-        agent.act_one(ctx(("user", "q")))
-    assert time.monotonic() - start < 3.0  # the whole body would take over 7 s
-
-
-def test_a_reply_trickling_a_byte_just_inside_each_read_timeout_is_cut_at_the_timeout(server):
-    # Each read returns a byte 1.8 s after the last, within the socket's 2 s timeout: the body
-    # is given up at its 2 s deadline, not after the read that ends past it (3.6 s).
-    server.behaviour = lambda req, n: Response(trickle_s=1.8)
-    agent = server.agent(timeout_s=2.0, max_retries=0)
-    start = time.monotonic()
-    with pytest.raises(ChatAPIError, match=r"the reply's body took over 2 s \(timeout_s\)"):
-        agent.act_one(ctx(("user", "q")))
-    assert time.monotonic() - start < 3.0
-
-
-def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout(server):
+@pytest.mark.parametrize("response, timeout_s, said", [
+    # The whole body would take over 7 s.
+    (Response(trickle_s=0.05), 0.5, r"the reply's body took over 0.5 s \(timeout_s\)"),
+    # Each read returns a byte 1.8 s after the last, within the socket's 2 s timeout: the body is
+    # given up at its 2 s deadline, not after the read that ends past it (3.6 s).
+    (Response(trickle_s=1.8), 2.0, r"the reply's body took over 2 s \(timeout_s\)"),
     # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
     # the deadline it would wait out the 10 s the server trickles it for.
-    server.behaviour = lambda req, n: Response(chunk_line_trickle_s=0.3)
-    agent = server.agent(timeout_s=0.5, max_retries=0)
+    (Response(chunk_line_trickle_s=0.3), 0.5, r"the reply's body took over 0.5 s \(timeout_s\)"),
+    # An error's body is read for its reason; a byte each 0.3 s would take over 10 s in all.
+    (Response(400, {"error": {"message": "bad request " + "x" * 20}}, trickle_s=0.3), 0.5, "HTTP 400"),
+], ids=["trickle", "a byte just inside each read timeout", "chunk-size line", "error body"])
+def test_a_reply_trickling_in_is_given_up_at_the_timeout(server, response, timeout_s, said):
+    server.behaviour = lambda req, n: response
+    agent = server.agent(timeout_s=timeout_s, max_retries=0)
     start = time.monotonic()
-    with pytest.raises(ChatAPIError, match=r"the reply's body took over 0.5 s \(timeout_s\)"):
-        agent.act_one(ctx(("user", "q")))
-    assert time.monotonic() - start < 3.0
-
-
-def test_an_error_reply_whose_body_trickles_in_is_reported_at_the_timeout(server):
-    # The error's body is read for its reason; a byte each 0.3 s would take over 10 s in all.
-    server.behaviour = lambda req, n: Response(400, {"error": {"message": "bad request " + "x" * 20}}, trickle_s=0.3)
-    agent = server.agent(timeout_s=0.5, max_retries=0)
-    start = time.monotonic()
-    with pytest.raises(ChatAPIError, match="HTTP 400"):
+    with pytest.raises(ChatAPIError, match=said):
         agent.act_one(ctx(("user", "q")))
     assert time.monotonic() - start < 3.0
 

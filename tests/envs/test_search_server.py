@@ -199,50 +199,40 @@ def test_a_reply_that_trickles_in_is_cut_at_the_timeout(fake_service):
         RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
 
 
-def test_a_chunked_reply_whose_chunk_size_line_trickles_in_is_cut_at_the_timeout(fake_service):
+def _trickling(status: int, headers: list[tuple[str, str]], first: bytes):
+    """A service answering ``status`` with ``headers``, then ``first`` and a byte each 0.3 s for 10 s."""
     import time
 
-    # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
-    # the deadline it would wait out the 10 s this service trickles it for.
     def trickle(handler):
-        handler.send_response(200)
-        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_response(status)
+        for name, value in headers:
+            handler.send_header(name, value)
         handler.end_headers()
-        handler.wfile.write(b"1;")  # a chunk extension that never ends
+        handler.wfile.write(first)
         try:
             for _ in range(33):
+                handler.wfile.flush()
                 time.sleep(0.3)
                 handler.wfile.write(b"x")
-                handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the client gave up
             pass
         handler.close_connection = True
-
-    url, _ = fake_service(trickle)
-    start = time.monotonic()
-    with pytest.raises(RetrievalServiceError, match=r"failed 1 attempt \(last: the reply took over 0.5 s"):
-        RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
-    assert time.monotonic() - start < 3.0
+    return trickle
 
 
-def test_a_refusal_whose_body_trickles_in_is_reported_at_the_timeout(fake_service):
+@pytest.mark.parametrize("status, headers, first, said", [
+    # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
+    # the deadline it would wait out the 10 s this service trickles it for.
+    (200, [("Transfer-Encoding", "chunked")], b"1;", r"failed 1 attempt \(last: the reply took over 0.5 s"),
+    # A refusal's reason is read for the message, within the timeout too.
+    (400, [("Content-Length", "34")], b"x", r"rejected the request \(400\): x+$"),
+], ids=["chunk-size line", "refusal's reason"])
+def test_a_reply_trickling_in_is_given_up_at_the_timeout(fake_service, status, headers, first, said):
     import time
 
-    def trickle(handler):  # a refusal's reason, a byte each 0.3 s: 10 s in all
-        handler.send_response(400)
-        handler.send_header("Content-Length", "33")
-        handler.end_headers()
-        try:
-            for _ in range(33):
-                handler.wfile.write(b"x")
-                handler.wfile.flush()
-                time.sleep(0.3)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up
-            pass
-
-    url, _ = fake_service(trickle)
+    url, _ = fake_service(_trickling(status, headers, first))
     start = time.monotonic()
-    with pytest.raises(RetrievalServiceError, match=r"rejected the request \(400\): x+$"):
+    with pytest.raises(RetrievalServiceError, match=said):
         RemoteRetriever(url, timeout=0.5, retries=0).search(["q"], 1)
     assert time.monotonic() - start < 3.0
 
