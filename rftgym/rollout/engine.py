@@ -39,7 +39,7 @@ from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
-from ..core.values import is_int
+from ..core.values import is_finite_real, is_int
 from ..envs.common import INFO_IF_CUT, REWARD_IF_CUT, settle_cut
 
 
@@ -337,7 +337,7 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
         raise EnvContractError(f"{where} returned the reward {value}; a reward is a finite number (a NaN or "
                                "infinite one would make every advantage of its group, then the weights, NaN)")
     owed = info.get(REWARD_IF_CUT, 0.0)
-    if not _is_finite_number(owed):
+    if not is_finite_real(owed):
         raise EnvContractError(f"{where} returned info[{REWARD_IF_CUT!r}]={owed!r}; it is the reward a cut of the "
                                "episode on this step is paid, a finite number (0 when nothing would be)")
     report = info.get(INFO_IF_CUT, {})
@@ -347,17 +347,6 @@ def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> 
                                f"step reports in place of the step's own ({{}} when they are the same), without "
                                f"{INFO_IF_CUT!r} or {REWARD_IF_CUT!r} in it")
     return value
-
-
-def _is_finite_number(value) -> bool:
-    """A real number (Python's or numpy's, not a bool) that float() takes to a finite value."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)) \
-            or np.iscomplexobj(value):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
