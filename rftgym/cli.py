@@ -1181,7 +1181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:  # (main leaves the launcher's process group, after any error is reported)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if int(os.environ.get("RANK", "0")) != 0:  # under a launcher, rank 0 reports for the run
+    if _launch()[0] != 0:  # under a launcher, rank 0 reports for the run
         return 0
     from .rollout.metrics import format_table
 

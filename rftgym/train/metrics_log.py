@@ -47,7 +47,6 @@ class MetricsLog:
         except OSError as exc:
             raise cannot_write(self.path, exc, output_dir) from exc
         self._tb = None
-        self._broken_tb = None  # a writer that failed: closed quietly, so that its thread stops
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -73,15 +72,14 @@ class MetricsLog:
                         self._tb.add_scalar(key, value, step)
                 self._tb.flush()
             except Exception as exc:  # its writer thread's error comes back here, of any type
-                # Broken: closing it may raise the same error again, so it is closed quietly (close).
-                self._broken_tb, self._tb = self._tb, None
+                # Broken: closed now, so that its thread stops, and quietly, since closing it may raise
+                # the same error again.
+                broken, self._tb = self._tb, None
+                with contextlib.suppress(Exception):
+                    broken.close()
                 raise cannot_write(self._tb_dir, exc, self.output_dir, step) from exc
 
     def close(self) -> None:
-        if self._broken_tb is not None:
-            broken, self._broken_tb = self._broken_tb, None
-            with contextlib.suppress(Exception):  # its error was reported when it happened
-                broken.close()
         if self._tb is not None:
             tb, self._tb = self._tb, None
             try:
