@@ -1140,15 +1140,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
     output_dir = config.output_dir
     from .core.errors import ConfigError
-    from .train.checkpoint import check_output_dir
 
-    # Before the model loads. Under a launcher train() does it, on the writing rank alone, before the
-    # model loads too: another rank checking here could find that rank's lock, and stop alone.
-    if _launch()[1] <= 1:
-        try:
-            check_output_dir(Path(output_dir), args.resume)
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from exc
+    # train() checks the output directory (on the writing rank, before the model loads).
     previous = _stop_on_sigterm()
     try:
         history = train(config, resume=args.resume)
