@@ -271,12 +271,17 @@ def _env_option_names(env_id: str) -> list[str]:
     return names
 
 
-def _import_users_module(module: str):
-    """``module`` imported, with the current directory on the path: the installed command's path
-    lacks it, and a user's env or agent module usually lives there (appended last, so a module
-    here never shadows an installed one)."""
+def _cwd_on_path() -> None:
+    """Put the current directory on the import path: the installed command's path lacks it, and a
+    user's env or agent module usually lives there (appended last, so a module here never shadows
+    an installed one)."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
+
+
+def _import_users_module(module: str):
+    """``module`` imported, found as :func:`_cwd_on_path` says."""
+    _cwd_on_path()
     return importlib.import_module(module)
 
 
@@ -287,10 +292,10 @@ def _users_sources(env_ids: Sequence[str], agent: str, baselines: bool) -> dict[
     (module, what named it), so that ``--out`` is never one of them."""
     named: dict[str, str] = {}
     for env_id in env_ids:
-        module, _, bare = env_id.rpartition(":")
+        module = env_id.rpartition(":")[0]
         if module:
             named.setdefault(module, f"the environment {env_id}")
-        entry = gym.spec(bare).entry_point
+        entry = _env_spec(env_id).entry_point
         named.setdefault(entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", ""),
                          f"the environment {env_id}")
         for _, _, wrapper in _env_class(env_id).metadata.get("eval_baselines", ()) if baselines else ():
@@ -313,8 +318,7 @@ def _module_source(module: str) -> str | None:
     imported yet), or None (a module that cannot be found is refused where it is loaded)."""
     if module in sys.modules:
         return getattr(sys.modules[module], "__file__", None)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # as _import_users_module finds it
+    _cwd_on_path()  # as _import_users_module finds it
     try:
         spec = importlib.util.find_spec(module)
     except Exception:  # noqa: BLE001 (a parent package's own import may raise anything)
