@@ -566,6 +566,10 @@ class FastDecoder:
                 state.step.zero_()  # stay inside the sampled buffer however short it is
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with self._autocast_for_capture(), torch.cuda.graph(graph, pool=self._pool):
+        # "thread_local": only this thread's calls may not break the capture. Under the default
+        # ("global") another thread's CUDA work at that moment, e.g. a retriever embedding its
+        # queries on the same device or a second policy's generation, would fail the capture.
+        with self._autocast_for_capture(), \
+                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self.decode_step(state)
         return graph

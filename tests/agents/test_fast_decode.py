@@ -6,6 +6,7 @@ CUDA tests at the end run only where a GPU is present and check the captured gra
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -292,6 +293,36 @@ def test_cuda_graph_top_k_top_p_sampling_equals_eager_on_the_same_draws(make_cha
     ours = graphed.generate(PROMPTS, sampling)
     assert next(iter(graphed._fast[1]._graphs.values()))["graph"] is not None
     assert_same_replies(ours, eager.generate(PROMPTS, sampling), atol=1e-3)
+
+
+@cuda
+def test_cuda_graph_capture_survives_cuda_work_on_another_thread(make_char_policy):
+    """Another thread's synchronizing CUDA calls (a retriever embedding queries, a second
+    policy) while a decode step is captured fail neither that thread nor the capture."""
+    _, fast = policy_pair(make_char_policy)
+    fast.model.to("cuda")
+    stop, started, errors = threading.Event(), threading.Event(), []
+
+    def other_work():
+        try:
+            while not stop.is_set():
+                (torch.ones(256, device="cuda") * 2).sum().item()  # a copy to the host: synchronizes
+                started.set()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            started.set()
+
+    worker = threading.Thread(target=other_work)
+    worker.start()
+    try:
+        started.wait(30)
+        replies = fast.generate(PROMPTS, SamplingConfig(max_new_tokens=8, temperature=0.0))
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not errors, errors
+    assert next(iter(fast._fast[1]._graphs.values()))["graph"] is not None
+    assert all(r.sampled_ids for r in replies)
 
 
 @cuda
