@@ -494,3 +494,25 @@ def test_the_last_status_says_the_task_is_over_and_a_query_holds_no_markup():
     obs, _, _, truncated, info = steps[-1]
     assert truncated and info["over_budget"] and "over its budget, so the task ends here" in obs[-1].content
     assert "prune results you no longer need" not in obs[-1].content  # no advice for a task that is over
+
+
+def test_a_prune_also_deletes_the_envs_earlier_status_messages():
+    """Statuses report the state at their own turn; a turn that edits the context anyway (a
+    prune) takes the stale ones with it, so they do not pile up in a long episode. A turn with
+    no prune keeps the context an extension of the last one (no segment break for a status)."""
+    env = small_env()
+    obs, ids, _ = two_searches(env)
+    second = [m for m in obs if m.content.startswith("[search results")][1]
+    second_ids = re.findall(r"^\[(r\d+)\]", second.content, re.M)
+    obs, _, _, _, _ = env.step(f'<prune ids="{ids[0]}"></prune>')  # no note: a status says so
+    first_status = [m.id for m in obs if m.content.startswith("[env] ")]
+    assert len(first_status) == 1 and "no note was kept" in obs[-1].content
+    after_answer, _, _, _, _ = env.step('<answer id="1">nothing</answer>')  # a status, no prune
+    statuses = [m.id for m in after_answer if m.content.startswith("[env] ")]
+    assert len(statuses) == 2 and [m.id for m in after_answer][:len(obs)] == [m.id for m in obs]
+    pruned, _, _, _, info = env.step(f'<prune ids="{second_ids[0]}">kept</prune>')
+    assert not {m.id for m in pruned} & set(statuses)  # both stale statuses went with the prune
+    expected = [m.id for m in after_answer if m.id not in statuses and m.id != second.id]
+    assert [m.id for m in pruned][:len(expected)] == expected
+    assert info["budget_tokens"] == estimate_tokens(pruned.without(
+        [m.id for m in pruned if m.content.startswith("[env] ")]))

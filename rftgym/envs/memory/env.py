@@ -15,10 +15,14 @@ Observation
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
     note, a refused prune, a tool-call limit, a turn with no tag that did anything), the context
     reached 3/4 of its budget, or the episode was truncated, one status message ``[env] …`` (those, then "Context: N of B
-    tokens" as the budget counts it, turns and tool calls left, questions answered). So the
-    observation after a prune is exactly the previous observation minus the pruned messages,
-    plus the new messages above.
-    Assistant turns, the task, the system message and status messages are never deleted.
+    tokens" as the budget counts it, turns and tool calls left, questions answered). A turn whose
+    prunes delete messages also deletes the env's earlier status messages: each reports the state
+    at its own turn, so in a long episode they would pile up (unbudgeted) in what the model reads,
+    and the context is edited at that turn anyway (a turn without a prune never edits the
+    context, so no segment break is added for them). So the observation after a prune is exactly
+    the previous observation minus the pruned messages and the earlier status messages, plus the
+    new messages above.
+    Assistant turns, the task and the system message are never deleted.
     Message formats and the prune rule are in :mod:`.context_ops`.
 
 Action
@@ -366,6 +370,9 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         turn.problems[:0] = cut
 
         terminated = len(self._answers) == len(self.task.objectives)
+        if turn.deleted:  # the context is edited anyway: the stale statuses go with the pruned messages
+            turn.deleted.extend(sorted(self._status_ids))
+            self._status_ids.clear()
         context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)
         # The budget is the agent's: it counts what the agent can prune, not the env's statuses.
         budget_tokens = self.count_tokens(context.without(self._status_ids) if self._status_ids else context)
