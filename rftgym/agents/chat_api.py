@@ -45,7 +45,8 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, read_error_body, retry_after_s
+from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, is_loopback, open_within,
+                        read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -148,7 +149,10 @@ class ChatAPIConfig:
 
     ``base_url`` is the part before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``).
     ``api_key`` defaults to the ``OPENAI_API_KEY`` environment variable when that is set; it is
-    sent as ``Authorization: Bearer <key>``. ``max_retries`` counts retries after the first
+    sent as ``Authorization: Bearer <key>``. ``timeout_s`` bounds each attempt as a whole:
+    connecting, sending the request, and the reply's headers and body, which a server trickling
+    bytes cannot stretch (replies are not streamed, so the model's whole generation counts); an
+    attempt that runs past it is retried. ``max_retries`` counts retries after the first
     attempt, so a request is tried at most ``1 + max_retries`` times; the k-th retry waits a
     random time up to ``backoff_s * 2**(k-1)`` seconds, at most 8 s (or ``backoff_s`` if that is
     more), and at least the server's ``Retry-After`` (seconds or an HTTP date, capped at 60 s).
@@ -434,7 +438,7 @@ def _build_opener(url: str) -> urllib.request.OpenerDirector:
     # environment; remote servers use the standard urllib handlers (env proxies honoured).
     if is_loopback(urllib.parse.urlsplit(url).hostname):
         handlers.append(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener(*handlers)
+    return build_opener(*handlers)  # connections that a request's deadline can shut
 
 
 class ChatAPIAgent(Agent):
@@ -672,14 +676,15 @@ class ChatAPIAgent(Agent):
     def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes]:
         """One HTTP attempt: returns (status, body), raises _RetryableError or ChatAPIError."""
         request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
+        deadline = Deadline(self.config.timeout_s)  # for the whole attempt: a trickle cannot hold it
         try:
-            with self._opener.open(request, timeout=self.config.timeout_s) as response:
-                raw = self._read_body(response, url)
+            with open_within(self._opener, request, deadline) as response:
+                raw = self._read_body(response, deadline, url)
                 return response.status, _decoded(raw, response.headers.get("Content-Encoding"), url)
         except urllib.error.HTTPError as exc:
             body = b""
             try:  # read for its reason and the message, inflated as a reply's would be
-                body = read_error_body(exc, self.config.timeout_s, MAX_ERROR_BYTES)  # a trickle cannot hold us
+                body = read_error_body(exc, deadline.left(), MAX_ERROR_BYTES)
                 body = _decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
             except Exception:  # noqa: BLE001 (then the raw body, or none, serves the message)
                 pass
@@ -757,20 +762,19 @@ class ChatAPIAgent(Agent):
                             "serve a model with a longer context")
         return AgentReply(text="", finish_reason=CONTEXT_FULL)
 
-    def _read_body(self, response, url: str) -> bytes:
-        """The reply's body, read within ``timeout_s`` of its headers (the socket timeout alone
-        bounds each read, so a server trickling bytes could hold a request for ever) and at most
+    def _read_body(self, response, deadline: Deadline, url: str) -> bytes:
+        """The reply's body, read by the attempt's ``deadline`` (the socket timeout alone bounds
+        each read, so a server trickling bytes could hold a request for ever) and at most
         ``MAX_REPLY_BYTES`` long (a completion is text; more is a misbehaving server)."""
         try:
-            return read_body(response, self.config.timeout_s, MAX_REPLY_BYTES)
+            return read_body(response, deadline.left(), MAX_REPLY_BYTES)
         except BodyCutShort as exc:
             raise _RetryableError(str(exc)) from None
         except BodyTooLarge:
             raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
                                "is far smaller. Check that --api-base points at a chat completions server") from None
         except BodyTooSlow:
-            raise _RetryableError(f"the reply's body took over {self.config.timeout_s:g} s (timeout_s) to arrive") \
-                from None
+            raise _RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive") from None
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:

@@ -1,9 +1,21 @@
-"""HTTP plumbing shared by the clients of servers (the chat API agent, the retrieval client)."""
+"""HTTP plumbing shared by the clients of servers (the chat API agent, the retrieval client).
+
+A socket timeout bounds each read only, so a server that trickles bytes (of a TLS handshake, the
+reply's headers or its body) could hold a request for ever. A client therefore gives each request
+one :class:`Deadline` that covers all of it: :func:`open_within` connects, sends and reads the
+headers by it (with an opener from :func:`build_opener`), and :func:`read_body` or
+:func:`read_error_body` read the body in the time left::
+
+    deadline = Deadline(timeout_s)
+    with open_within(opener, request, deadline) as response:  # RequestTooSlow past the deadline
+        body = read_body(response, deadline.left(), max_bytes)  # BodyTooSlow past it
+"""
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
+import functools
 import http.client
 import ipaddress
 import math
@@ -11,6 +23,8 @@ import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
 MAX_RETRY_AFTER_S = 60.0  # the longest wait a server's Retry-After gets
 
@@ -30,6 +44,11 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+class RequestTooSlow(TimeoutError):
+    """A request was not connected, sent and answered with its reply's status line and headers
+    by its deadline."""
+
+
 class BodyTooLarge(Exception):
     """A body is over the size its reader allows."""
 
@@ -43,12 +62,68 @@ class BodyCutShort(Exception):
     again may well get all of it)."""
 
 
+class Deadline:
+    """The time by which a whole request must be done, ``timeout_s`` seconds from now:
+    connecting, a TLS handshake, sending the request, and the reply's headers and body (looking
+    up the host's name comes before and is not bounded: no timeout reaches it)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.at = time.monotonic() + timeout_s  # a time.monotonic() value
+
+    def left(self) -> float:
+        """Seconds until the deadline, 0 once it has passed."""
+        return max(self.at - time.monotonic(), 0.0)
+
+
+def build_opener(*handlers) -> urllib.request.OpenerDirector:
+    """urllib's ``build_opener(*handlers)`` with HTTP and HTTPS handlers whose connections
+    :func:`open_within` can shut at a request's deadline (urllib's defaults, otherwise)."""
+    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(), *handlers)
+
+
+def open_within(opener: urllib.request.OpenerDirector, request: urllib.request.Request, deadline: Deadline):
+    """``opener.open(request)``, connected, sent and answered with its status line and headers
+    by ``deadline``; reading the body in ``deadline.left()`` is the caller's part (read_body).
+    Each socket read waits at most ``deadline.timeout_s`` as well.
+
+    Raises RequestTooSlow (a TimeoutError) once the deadline has passed, whatever the error it
+    caused (a connection shut mid-headers may even look like a complete reply); urlopen's errors
+    (HTTPError, URLError, http.client's) otherwise; TypeError for an opener not made by
+    :func:`build_opener`, whose connections the deadline cannot reach."""
+    shutter = _Shutter(deadline.at)
+    setattr(request, _SHUTTER, shutter)  # the handlers' connections give it their sockets
+    try:
+        response = opener.open(request, timeout=deadline.timeout_s)
+    except Exception as exc:
+        if not (shutter.shut.is_set() or deadline.left() == 0):
+            raise
+        if isinstance(exc, urllib.error.HTTPError):
+            exc.close()
+        raise _too_slow(deadline) from None
+    finally:
+        shutter.close()  # from here on read_body bounds the body
+        delattr(request, _SHUTTER)
+    if shutter.shut.is_set():  # shut after the headers came, or while they did
+        response.close()
+        raise _too_slow(deadline)
+    if not shutter.adopted:
+        response.close()
+        raise TypeError("open_within needs an opener from rftgym.core.web.build_opener, whose connections its "
+                        "deadline can shut; urllib's own could hold a request for ever")
+    return response
+
+
+def _too_slow(deadline: Deadline) -> RequestTooSlow:
+    return RequestTooSlow(f"no reply within {deadline.timeout_s:g} s")
+
+
 def read_body(stream, timeout_s: float, max_bytes: int, length: int | None = None) -> bytes:
     """A body from ``stream`` (an HTTP response, or a server's request stream: anything with
     ``read1``), read within ``timeout_s`` in all and at most ``max_bytes`` long. Without
     ``length``, to the end of the response; with it, exactly that many bytes (a request's
     Content-Length, on a connection that stays open after it). Raises BodyTooSlow, BodyTooLarge
-    or BodyCutShort.
+    or BodyCutShort. A client gives it the time its request's Deadline has left.
 
     A socket timeout bounds each read only, so a peer trickling bytes could hold the reader for
     ever, and one ``read1`` of a chunked response may take many reads (a chunk's size line, its
@@ -110,28 +185,112 @@ def _shut_at(stream, deadline: float):
     (with an empty read or an error); the Event it yields is set once that has happened. Any
     other stream, or one whose socket cannot be reached, is left alone (its reads are then
     bounded by its socket timeout only, and the deadline is checked after each)."""
-    shut = threading.Event()
     connection = _duplicate_socket(stream) if isinstance(stream, http.client.HTTPResponse) else None
     if connection is None:
-        yield shut
+        yield threading.Event()
         return
-
-    def shut_down() -> None:
-        shut.set()
-        try:
-            connection.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already closed by the peer
-            pass
-
-    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), shut_down)
-    timer.daemon = True  # never keeps the interpreter from exiting
-    timer.start()
+    shutter = _Shutter(deadline)
+    shutter.adopt(connection)
     try:
-        yield shut
+        yield shutter.shut
     finally:
-        timer.cancel()
-        timer.join()  # before the close: a late shutdown must not hit a descriptor reused meanwhile
-        connection.close()
+        shutter.close()
+
+
+class _Shutter:
+    """Shuts down the connections it adopts at ``deadline`` (a time.monotonic() value), or at
+    once if that has passed, so that whatever read or write waits on them then ends (with an
+    empty read or an error); ``shut`` is set once that has happened. It holds duplicates of their
+    descriptors, and closes them only once its timer has stopped: a late shutdown must never hit
+    a descriptor reused meanwhile."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.shut = threading.Event()
+        self._lock = threading.Lock()  # a connection adopted as the timer fires is shut too
+        self._connections: list[socket.socket] = []
+        self.adopted = 0  # connections adopted in all (close() lets them go)
+        self._timer = threading.Timer(max(deadline - time.monotonic(), 0.0), self._shut_all)
+        self._timer.daemon = True  # never keeps the interpreter from exiting
+        self._timer.start()
+
+    def adopt(self, connection: socket.socket) -> None:
+        """Shut ``connection`` (a duplicate, closed by close()) at the deadline."""
+        with self._lock:
+            self._connections.append(connection)
+            self.adopted += 1
+            if self.shut.is_set():
+                _shut_down(connection)
+
+    def _shut_all(self) -> None:
+        with self._lock:
+            self.shut.set()
+            for connection in self._connections:
+                _shut_down(connection)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        self._timer.join()
+        for connection in self._connections:
+            connection.close()
+        self._connections.clear()
+
+
+def _shut_down(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed by the peer
+        pass
+
+
+# The attribute of a request that open_within sends, its _Shutter, which the request's
+# connections (made by the handlers below) give their sockets to.
+_SHUTTER = "_rftgym_shutter"
+
+
+class _ConnectionsShutAtDeadline:
+    """Mixin for urllib's HTTP and HTTPS handlers: a connection made for a request that
+    open_within sends gives its socket to the request's _Shutter as soon as it is connected, so a
+    TLS handshake or a proxy's tunnel set up on it is within the deadline too."""
+
+    def do_open(self, http_class, req, **http_conn_args):
+        shutter = getattr(req, _SHUTTER, None)
+        if shutter is not None:
+            http_class = functools.partial(_connection_shut_by, http_class, shutter)
+        return super().do_open(http_class, req, **http_conn_args)
+
+
+class _HTTPHandler(_ConnectionsShutAtDeadline, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_ConnectionsShutAtDeadline, urllib.request.HTTPSHandler):
+    pass
+
+
+def _connection_shut_by(http_class, shutter: _Shutter, *args, **kwargs) -> http.client.HTTPConnection:
+    connection = http_class(*args, **kwargs)
+    # http.client's hook that opens the connection's socket (its TLS and tunnel code run on it).
+    connection._create_connection = functools.partial(_connect_shut_by, shutter)
+    return connection
+
+
+def _connect_shut_by(shutter: _Shutter, address, timeout=None, source_address=None) -> socket.socket:
+    """socket.create_connection, which tries each of the host's addresses for at most the time
+    the deadline leaves, its socket given to ``shutter`` (whose timer may fire, for a host with
+    several addresses that do not answer, only once the tries are over)."""
+    left = shutter.deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request's deadline passed before it connected")
+    if isinstance(timeout, (int, float)):
+        left = min(left, timeout)
+    sock = socket.create_connection(address, left, source_address)
+    try:
+        shutter.adopt(sock.dup())
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _duplicate_socket(response: http.client.HTTPResponse) -> socket.socket | None:

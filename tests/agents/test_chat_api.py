@@ -489,13 +489,13 @@ def test_timeout_raises_quickly(server):
 
 @pytest.mark.parametrize("response, timeout_s, said", [
     # The whole body would take over 7 s.
-    (Response(trickle_s=0.05), 0.5, r"the reply's body took over 0.5 s \(timeout_s\)"),
+    (Response(trickle_s=0.05), 0.5, r"the reply took over 0.5 s \(timeout_s\)"),
     # Each read returns a byte 1.8 s after the last, within the socket's 2 s timeout: the body is
     # given up at its 2 s deadline, not after the read that ends past it (3.6 s).
-    (Response(trickle_s=1.8), 2.0, r"the reply's body took over 2 s \(timeout_s\)"),
+    (Response(trickle_s=1.8), 2.0, r"the reply took over 2 s \(timeout_s\)"),
     # One read of a chunked body reads a whole chunk-size line, a socket read per byte: without
     # the deadline it would wait out the 10 s the server trickles it for.
-    (Response(chunk_line_trickle_s=0.3), 0.5, r"the reply's body took over 0.5 s \(timeout_s\)"),
+    (Response(chunk_line_trickle_s=0.3), 0.5, r"the reply took over 0.5 s \(timeout_s\)"),
     # An error's body is read for its reason; a byte each 0.3 s would take over 10 s in all.
     (Response(400, {"error": {"message": "bad request " + "x" * 20}}, trickle_s=0.3), 0.5, "HTTP 400"),
 ], ids=["trickle", "a byte just inside each read timeout", "chunk-size line", "error body"])
@@ -506,6 +506,20 @@ def test_a_reply_trickling_in_is_given_up_at_the_timeout(server, response, timeo
     with pytest.raises(ChatAPIError, match=said):
         agent.act_one(ctx(("user", "q")))
     assert time.monotonic() - start < 3.0
+
+
+def test_headers_trickling_in_are_given_up_at_the_timeout_and_retried():
+    from slow_servers import finishes_within, trickling_server
+
+    # A status line, then a header byte each 0.2 s for ever: no socket read waits its 1 s.
+    with trickling_server() as port:
+        agent = ChatAPIAgent.from_url(f"http://127.0.0.1:{port}/v1", "m", timeout_s=1.0, max_retries=1,
+                                      backoff_s=0.01, api_key=None)
+        error = finishes_within(6.0, lambda: agent.act_one(ctx(("user", "q"))))
+    agent.close()
+    assert isinstance(error, ChatAPIError) and error.status is None, error
+    assert "failed after 2 attempt(s): timed out after 1 s (timeout_s)" in str(error)
+    assert "--api-timeout" in str(error)
 
 
 def test_a_huge_reply_is_refused_without_holding_it(server):

@@ -237,6 +237,17 @@ def test_a_reply_trickling_in_is_given_up_at_the_timeout(fake_service, status, h
     assert time.monotonic() - start < 3.0
 
 
+def test_headers_trickling_in_are_given_up_at_the_timeout():
+    from slow_servers import finishes_within, trickling_server
+
+    # A status line, then a header byte each 0.2 s for ever: no socket read waits its 1 s.
+    with trickling_server() as port:
+        remote = RemoteRetriever(f"http://127.0.0.1:{port}/retrieve", timeout=1.0, retries=0)
+        error = finishes_within(4.0, lambda: remote.search(["q"], 1))
+    assert isinstance(error, RetrievalServiceError), error
+    assert "failed 1 attempt (last: the reply took over 1 s to arrive)" in str(error)
+
+
 def test_a_failing_service_is_not_called_down(fake_service):
     url, _ = fake_service(lambda h: reply(h, 503, b"overloaded"))
     with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: it failed with HTTP 503: overloaded\)"):

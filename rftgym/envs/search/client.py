@@ -3,9 +3,10 @@
 
 :class:`RemoteRetriever` is a :class:`Retriever` whose searches go to the service: one
 connection per search (never one held idle between an agent's searches, which would keep a slot
-of a shared service busy), a timeout, retries with backoff that wait out a busy service's
-``Retry-After``, a refusal's reason read from its JSON ``{"error": ...}``, and an error saying
-how to start the service when it is down. What a service sends is cleaned before it can reach an
+of a shared service busy), a timeout for each attempt as a whole (connecting, sending, the
+reply's headers and body: a service trickling bytes cannot stretch it), retries with backoff
+that wait out a busy service's ``Retry-After``, a refusal's reason read from its JSON
+``{"error": ...}``, and an error saying how to start the service when it is down. What a service sends is cleaned before it can reach an
 observation. :func:`check_service_url` validates an env's ``retriever_url``.
 """
 
@@ -23,8 +24,8 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, is_loopback, read_body, read_error_body,
-                         retry_after_s)
+from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, is_loopback, open_within,
+                         read_body, read_error_body, retry_after_s)
 from .corpora import split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args
 
@@ -79,11 +80,11 @@ def _clean(text: str, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
-def _error_detail(error: urllib.error.HTTPError, timeout_s: float) -> str:
+def _error_detail(error: urllib.error.HTTPError, deadline: Deadline) -> str:
     """What a refusal says: the ``error`` of this service's JSON body (or of any service that
-    answers so), else the start of the body as text; read within ``timeout_s``, so that a body
-    trickled in cannot hold the client."""
-    raw = read_error_body(error, timeout_s, MAX_ERROR_BYTES)
+    answers so), else the start of the body as text; read by the attempt's ``deadline``, so that
+    a body trickled in cannot hold the client."""
+    raw = read_error_body(error, deadline.left(), MAX_ERROR_BYTES)
     try:
         message = json.loads(raw.decode("utf-8-sig")).get("error")
     except (ValueError, AttributeError, RecursionError):  # not JSON, or JSON without an "error"
@@ -99,12 +100,15 @@ class RemoteRetriever(Retriever):
     name = "remote"
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5):
+        """``timeout``: seconds each attempt may take in all, from connecting to the reply's last
+        byte; ``retries``: attempts after the first, the n-th after ``backoff * 2**(n-1)`` s (or a
+        busy service's ``Retry-After``, if longer)."""
         self.url = check_service_url(url)
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         # A service on this machine is never reached through an HTTP(S)_PROXY from the environment.
         handlers = [_NoRedirect()] + ([urllib.request.ProxyHandler({})]
                                       if is_loopback(urllib.parse.urlsplit(self.url).hostname) else [])
-        self._opener = urllib.request.build_opener(*handlers)
+        self._opener = build_opener(*handlers)  # connections that a request's deadline can shut
 
     def probe(self, k: int = 1) -> None:
         """One search for ``k`` documents, once per URL and process: a service that is down, answers
@@ -184,12 +188,13 @@ class RemoteRetriever(Retriever):
                 time.sleep(max(self.backoff * 2 ** (attempt - 1), wait_at_least))
                 wait_at_least = 0.0
             request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+            deadline = Deadline(self.timeout)
             try:
-                with self._opener.open(request, timeout=self.timeout) as response:
-                    raw = self._read(response)
+                with open_within(self._opener, request, deadline) as response:
+                    raw = self._read(response, deadline)
             except urllib.error.HTTPError as exc:
                 with exc:
-                    detail = _error_detail(exc, self.timeout)
+                    detail = _error_detail(exc, deadline)
                 if 300 <= exc.code < 400:
                     raise RetrievalServiceError(
                         f"{self.url} answered with a redirect ({exc.code}) to {exc.headers.get('Location')!r}, which "
@@ -199,7 +204,7 @@ class RemoteRetriever(Retriever):
                 last_error = f"it failed with HTTP {exc.code}: {detail[:300]}"
                 wait_at_least = retry_after_s(exc.headers) or 0.0
                 continue
-            except BodyTooSlow:
+            except (BodyTooSlow, TimeoutError):  # the body, or what came before it (RequestTooSlow), or one read
                 last_error = f"the reply took over {self.timeout:g} s to arrive"
                 continue
             except BodyCutShort as exc:
@@ -223,10 +228,10 @@ class RemoteRetriever(Retriever):
             f"(last: {last_error}). Is it "
             "running and healthy? Start one with: rftgym serve-retriever --corpus <file> --index bm25") from None
 
-    def _read(self, response) -> bytes:
-        """The body, within ``timeout`` of the headers and at most MAX_REPLY_BYTES."""
+    def _read(self, response, deadline: Deadline) -> bytes:
+        """The body, by the attempt's ``deadline`` and at most MAX_REPLY_BYTES."""
         try:
-            return read_body(response, self.timeout, MAX_REPLY_BYTES)
+            return read_body(response, deadline.left(), MAX_REPLY_BYTES)
         except BodyTooLarge:
             raise RetrievalServiceError(f"{self.url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; lower "
                                         "top_k or the number of queries per search") from None
