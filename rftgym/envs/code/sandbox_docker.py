@@ -33,6 +33,7 @@ import time
 
 from ...core.errors import require
 from .docker_image import base_python, ensure_image
+from .jail_init import RUN_PROGRAM
 from .jail_server import inode_cap
 from .sandbox import (PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
@@ -41,10 +42,11 @@ log = logging.getLogger(__name__)
 MB = 1 << 20
 ENGINE_HINT = ("start the docker engine (e.g. `dockerd &`, or `systemctl start docker`), check `docker info`, "
                "or use the local backend: make_sandbox('local') (on the command line: --env-arg sandbox=local)")
-# Reads a length-prefixed JSON header from stdin (files, argv), writes the files, runs the argv;
-# the program's stdin is the rest of the stream (read byte-exact so that nothing is consumed).
-BOOTSTRAP = r"""
-import os, json
+# Reads a length-prefixed JSON header from stdin (files, argv), writes the files, runs the argv as
+# .jail_init.RUN_PROGRAM does (as a cold local jail's init does); the program's stdin is the rest
+# of the stream (read byte-exact so that nothing is consumed).
+BOOTSTRAP = RUN_PROGRAM + r"""
+import json, os
 def read(n):
     data = b""
     while len(data) < n:
@@ -82,16 +84,8 @@ if failed:
     os._exit(125)
 child = os.fork()
 if child == 0:
-    try:
-        os.execvp(spec["argv"][0], spec["argv"])
-    except OSError as e:
-        os.write(2, ("sandbox: cannot run %r: %s\n" % (spec["argv"][0], e)).encode())
-    os._exit(127)
-while True:
-    pid, status = os.wait()
-    if pid == child:
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(code if code >= 0 else 128 - code)
+    exec_program(spec["argv"])
+exit_as(child)
 """
 
 

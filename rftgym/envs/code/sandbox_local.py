@@ -50,10 +50,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 from .docker_image import base_python, readable_by_others, runtime_tree
+from .jail_init import RUN_PROGRAM
 from .jail_server import inode_cap
 from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
@@ -76,9 +78,9 @@ _warned_fallback = False
 # it: it makes itself non-dumpable (no /proc/1/mem to write code into, no /proc/1/fd to reopen the
 # pipes, which on a non-root host belong to that uid) and lets go of the pipes before the program
 # starts (the child waits for that), so that even where prctl failed it holds nothing of the
-# host's. It reaps every process left to it; when it exits, the pid namespace ends and bwrap reaps
-# it. (``_signal``: the ``signal`` module imports ``enum``, which would double the init's start-up
-# time.)
+# host's. How it runs the program (signals, exec failures, reaping, exit status) is
+# :data:`.jail_init.RUN_PROGRAM`, shared with the docker bootstrap; when it exits, the pid
+# namespace ends and bwrap reaps it.
 #
 # bwrap cannot cap a tmpfs's inodes, and the jail cannot remount bwrap's tmpfs's (their
 # superblocks belong to bwrap's outer user namespace; the jail's capabilities are in the one
@@ -89,10 +91,10 @@ _warned_fallback = False
 # warm jail's runs do, see .jail_server.drop_capabilities), before the program is forked; on any
 # failure the program does not run (exit 126). Where that fails at start-up (a setuid bwrap refuses
 # --cap-add; a kernel may refuse the mounts), cold jails run uncapped, with a warning and a note
-# in the isolation line.
-COLD_INIT = r"""
-import _signal, ctypes, os, sys
-_signal.signal(_signal.SIGINT, _signal.SIG_DFL)   # pid 1 without a handler: the program cannot signal it
+# in the isolation line. A probe that only timed out (a loaded host) is no such verdict: it is
+# tried again at the next cold run, COLD_CAP_PROBES times in all.
+COLD_INIT = RUN_PROGRAM + r"""
+import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
 
@@ -166,25 +168,22 @@ if child == 0:
     os.close(released_w)
     os.read(released_r, 1)   # end of file once the init holds no copy of stdin, stdout or stderr
     os.close(released_r)
-    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):   # Python ignores them; exec'd programs expect the default
-        _signal.signal(sig, _signal.SIG_DFL)
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        os.write(2, ("rftgym jail: cannot execute %s: %s\n" % (argv[0], exc.strerror)).encode())
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    exec_program(argv)
 os.closerange(0, 3)
 os.close(released_r)
 os.close(released_w)
-while True:
-    pid, status = os.wait()
-    if pid == child:
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(code if code >= 0 else 128 - code)
+exit_as(child)
 """
 # What a cold jail's init needs, in the jail's own user namespace, to mount its inode-capped
 # tmpfs's (and to drop the capabilities again, from its bounding set too).
 COLD_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+# How many probes, in all, may try the inode cap while each times out (at start-up, then one at each
+# of the next cold runs): enough for a passing load, few enough that a host always too slow for
+# the probe's time limit stops paying for one.
+COLD_CAP_PROBES = 3
+# What every probe runs: it works wherever the jail does.
+PROBE = Program({"main.py": "import sys; print(sys.version_info[0])"},
+                limits=SandboxLimits(wall_seconds=20, cpu_seconds=10))
 
 
 class LocalSandbox(Sandbox):
@@ -213,6 +212,9 @@ class LocalSandbox(Sandbox):
         self.seccomp: bytes | None = None  # the jail's seccomp filter (see .seccomp)
         # Whether a cold jail's init caps its tmpfs's inodes (see COLD_INIT); probed only where cold jails run.
         self.cold_inode_cap = False
+        self._cold_cap_probes_left = 0   # > 0 while the probe has only timed out: the next cold run tries again
+        self._cold_cap_warned = False
+        self._cold_cap_probing = threading.Lock()   # one retry at a time; other runs go on uncapped meanwhile
         problem = None
         if use_bwrap is not False:
             bwrap = shutil.which("bwrap")
@@ -223,6 +225,7 @@ class LocalSandbox(Sandbox):
         if self.bwrap_base and warm_jails:
             self._try_warm()
         if self.bwrap_base and not self.warm:
+            self._cold_cap_probes_left = COLD_CAP_PROBES
             self._try_cold_inode_cap()
         if self.warm:
             self.isolation = ("bubblewrap jail per worker (no network, read-only system, private tmpfs /work and "
@@ -230,9 +233,7 @@ class LocalSandbox(Sandbox):
                               "run with rlimits in its own mount, IPC and network namespaces (fresh tmpfs's), jail "
                               "cleaned between runs")
         elif self.bwrap_base:
-            uncapped = "" if self.cold_inode_cap else " (NO inode cap)"
-            self.isolation = (f"bubblewrap: no network, read-only system, private tmpfs /work and /tmp{uncapped}, own "
-                              f"pid namespace, uid {NOBODY}, {self._filter_text}, rlimits")
+            self.isolation = self._cold_isolation()
         else:
             self.isolated = False
             uid = f"uid {NOBODY}" if self.as_root else "the current user"
@@ -244,6 +245,11 @@ class LocalSandbox(Sandbox):
     @property
     def _filter_text(self) -> str:
         return "no keyring, SysV or memfd memory (seccomp)" if self.seccomp else "NO seccomp filter"
+
+    def _cold_isolation(self) -> str:
+        uncapped = "" if self.cold_inode_cap else " (NO inode cap)"
+        return (f"bubblewrap: no network, read-only system, private tmpfs /work and /tmp{uncapped}, own "
+                f"pid namespace, uid {NOBODY}, {self._filter_text}, rlimits")
 
     def _try_bwrap(self, bwrap: str) -> str | None:
         """Set up the bwrap command line and check that a trivial program runs in it."""
@@ -285,44 +291,83 @@ class LocalSandbox(Sandbox):
     def _try_cold_inode_cap(self) -> None:
         """Let a cold jail's init cap its tmpfs's inodes if the jail, which works without the cap,
         still works with it; else cold jails run uncapped (a jail without the cap rather than
-        none), with a warning that says what failed. Probed apart, once a jail works, so that a
-        failure here is the cap's, and a broken bwrap costs no probe for it."""
-        self.cold_inode_cap = True
-        ok, probe = self._probe()
-        if ok:
+        none), with a warning (one) that says what failed. Probed apart, once a jail works, so that
+        a failure here is the cap's, and a broken bwrap costs no probe for it. A refusal is final;
+        a probe that timed out leaves ``_cold_cap_probes_left`` for the next cold runs to retry."""
+        self._cold_cap_probes_left -= 1
+        probe = self._probe_cold_inode_cap()
+        if _probe_ran(probe):
+            self._cold_cap_probes_left = 0
+            self.cold_inode_cap = True
+            self.isolation = self._cold_isolation()
+            if self._cold_cap_warned:
+                log.info("rftgym local sandbox: the inode cap's probe ran this time; cold jails now cap their "
+                         "tmpfs's inodes")
             return
-        self.cold_inode_cap = False
+        final = not probe.timed_out or self._cold_cap_probes_left <= 0
+        if final:
+            self._cold_cap_probes_left = 0
+        if not self._cold_cap_warned:
+            self._cold_cap_warned = True
+            self._warn_uncapped(probe)
+        elif final:
+            log.info("rftgym local sandbox: the inode cap's last probe failed too (%s); cold jails keep running "
+                     "without the cap", _how_it_failed(probe))
+
+    def _warn_uncapped(self, probe: ExecResult) -> None:
+        held = " and ".join(COLD_CAPABILITIES)
+        uncapped = ("their tmpfs's keep the kernel's default inode limit and a run can pin kernel memory with empty "
+                    "files")
+        if probe.timed_out:
+            log.warning("rftgym local sandbox: the probe of a cold jail whose init holds %s to mount inode-capped "
+                        "tmpfs's %s, likely on a host too loaded for its time limit; until a probe runs (one at each "
+                        "of the next %d cold runs at most) cold jails run without the cap, so %s",
+                        held, _how_it_failed(probe), self._cold_cap_probes_left, uncapped)
+            return
         log.warning("rftgym local sandbox: a cold jail whose init holds %s to mount inode-capped tmpfs's does not "
-                    "run here (%s); cold jails run without the cap, so their tmpfs's keep the kernel's default inode "
-                    "limit and a run can pin kernel memory with empty files. Likely causes: a setuid bwrap, which "
-                    "refuses --cap-add (to fix: install one that is not setuid); a kernel or security module "
-                    "(AppArmor, SELinux) that forbids mounting a tmpfs in a user namespace; or a host too loaded for "
-                    "the probe's time limit",
-                    " and ".join(COLD_CAPABILITIES), _how_it_failed(probe))
+                    "run here (%s); cold jails run without the cap, so %s. Likely causes: a setuid bwrap, which "
+                    "refuses --cap-add (to fix: install one that is not setuid); or a kernel or security module "
+                    "(AppArmor, SELinux) that forbids mounting a tmpfs in a user namespace",
+                    held, _how_it_failed(probe), uncapped)
+
+    def _retry_cold_inode_cap(self) -> None:
+        """Probe the inode cap again, after a probe that timed out; runs on other threads meanwhile
+        go on uncapped rather than wait for it."""
+        if not self._cold_cap_probing.acquire(blocking=False):
+            return
+        try:
+            if self._cold_cap_probes_left > 0:
+                self._try_cold_inode_cap()
+        finally:
+            self._cold_cap_probing.release()
 
     def _probe(self) -> tuple[bool, ExecResult]:
         """Whether a trivial program runs in the jail as set up, and its result."""
-        probe = self.run(Program({"main.py": "import sys; print(sys.version_info[0])"},
-                                 limits=SandboxLimits(wall_seconds=20, cpu_seconds=10)))
-        return probe.stdout.strip() == "3" and probe.exit_code == 0, probe
+        probe = self.run(PROBE)
+        return _probe_ran(probe), probe
 
-    def _bwrap_command(self, program: Program, limits: SandboxLimits, keep: list[int]) -> list[str]:
+    def _probe_cold_inode_cap(self) -> ExecResult:
+        """The probe's result in a cold jail whose init caps its tmpfs's inodes, whatever
+        ``cold_inode_cap`` says (runs on other threads go by it meanwhile)."""
+        return self._run_cold(PROBE, PROBE.limits, capped=True)
+
+    def _bwrap_command(self, program: Program, limits: SandboxLimits, keep: list[int], capped: bool) -> list[str]:
         cmd = self._jail_mounts(self.bwrap_base, limits.disk_mb, keep)
         for d in sorted({os.path.dirname(p) for p in program.files} - {""}):
             cmd += ["--dir", f"{WORK_DIR}/{d}"]
         for path, text in program.files.items():
             cmd += ["--perms", "0644", "--file", str(memfd(text.encode(), keep)), f"{WORK_DIR}/{path}"]
-        return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(limits.disk_mb),
+        return [*cmd, *self._jail_settings("{info}", program.hash_seed), *self._cold_init(limits.disk_mb, capped),
                 *self._limited(program, limits, nproc_extra=1)]
 
-    def _cold_init(self, disk_mb: int) -> list[str]:
+    def _cold_init(self, disk_mb: int, capped: bool) -> list[str]:
         """The start of a cold jail's command after its options: :data:`COLD_INIT` as the jail's
         pid 1. bwrap's own init (without --as-pid-1) reports the program's exit and exits before
         bwrap has reaped it, so each run would leave it to the host's pid 1 to reap: a zombie under
         a pid 1 that reaps late, or never (a container's own program). bwrap reaps this one itself.
-        With ``cold_inode_cap``, the init gets the capabilities and options for tmpfs's of the
+        With ``capped``, the init gets the capabilities and options for tmpfs's of the
         same size as bwrap's, their inodes capped as a warm jail's are."""
-        if not self.cold_inode_cap:
+        if not capped:
             return ["--as-pid-1", "--", self.python, "-I", "-S", "-c", COLD_INIT, ""]
         size = disk_mb * MB
         return ["--as-pid-1", *(a for cap in COLD_CAPABILITIES for a in ("--cap-add", cap)), "--",
@@ -359,16 +404,20 @@ class LocalSandbox(Sandbox):
 
     def run(self, program: Program) -> ExecResult:
         limits = self.limits_for(program)
-        return self.jails.run(program, limits) if self.jails else self._run_cold(program, limits)
+        if self.jails:
+            return self.jails.run(program, limits)
+        if self._cold_cap_probes_left > 0:
+            self._retry_cold_inode_cap()
+        return self._run_cold(program, limits, capped=self.cold_inode_cap)
 
-    def _run_cold(self, program: Program, limits: SandboxLimits) -> ExecResult:
+    def _run_cold(self, program: Program, limits: SandboxLimits, capped: bool) -> ExecResult:
         keep: list[int] = []   # fds closed here whatever happens
         workdir = None
         try:
             stdin = memfd(program.stdin.encode(), keep)
             if self.bwrap_base:
                 info_r, info_w = pipe(keep)
-                cmd = [a.replace("{info}", str(info_w)) for a in self._bwrap_command(program, limits, keep)]
+                cmd = [a.replace("{info}", str(info_w)) for a in self._bwrap_command(program, limits, keep, capped)]
                 cwd, env = None, {"PATH": JAIL_PATH}
             else:
                 info_r = info_w = None
@@ -471,6 +520,10 @@ class LocalSandbox(Sandbox):
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
+
+
+def _probe_ran(probe: ExecResult) -> bool:
+    return probe.stdout.strip() == "3" and probe.exit_code == 0
 
 
 def _how_it_failed(probe: ExecResult, tail: int = 300) -> str:

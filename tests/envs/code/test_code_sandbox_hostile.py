@@ -130,12 +130,33 @@ print(json.dumps(made))
 def test_empty_files_past_the_inode_cap_fail_cleanly(sandbox):
     # An empty file takes no page of a tmpfs's size, but its inode is kernel memory: each tmpfs
     # holds one inode per page of its size, on every backend.
+    assert_inodes_capped(sandbox)
+
+
+def assert_inodes_capped(sandbox) -> None:
     result = run(sandbox, EMPTY_FILES)
     assert result.ok, result
     pages = sandbox.limits.disk_mb * (1 << 20) // os.sysconf("SC_PAGE_SIZE")
     backend = "local (cold)" if sandbox.name == "local" and not sandbox.warm else sandbox.name
     for root, (made, error) in json.loads(result.stdout).items():
         assert error == errno.ENOSPC and pages // 2 < made <= pages, (backend, root, made, error)
+
+
+def capped_cold_runs(monkeypatch, time_out_first: int = 0) -> list[str]:
+    """Record each cold run whose init holds capabilities (the inode cap's, probes included) as
+    "ran" or, for the first ``time_out_first`` of them, "timed out": those report a wall timeout
+    whatever they did, as on a host too loaded for the probe's time limit."""
+    drive = sandbox_local.drive
+    capped: list[str] = []
+
+    def drive_timing_out(proc, *args):
+        outcome = drive(proc, *args)
+        if "--cap-add" not in proc.args:
+            return outcome
+        capped.append("timed out" if len(capped) < time_out_first else "ran")
+        return (b"", b"", "wall", False) if capped[-1] == "timed out" else outcome
+    monkeypatch.setattr(sandbox_local, "drive", drive_timing_out)
+    return capped
 
 
 def uncapped_cold_sandbox(limits, caplog):
@@ -155,12 +176,45 @@ def test_a_cold_jail_whose_bwrap_refuses_capabilities_runs_without_the_inode_cap
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed: cold jails need it")
     monkeypatch.setattr(sandbox_local, "COLD_CAPABILITIES", ("CAP_NOT_A_CAPABILITY",))
+    capped = capped_cold_runs(monkeypatch)
     sandbox, warned = uncapped_cold_sandbox(local_sandbox.limits, caplog)
     with sandbox:
         result = run(sandbox, "print(sorted({int(line.split()[1], 16) for line in open('/proc/self/status') "
                               "if line.startswith('Cap')}))")
     assert result.ok and result.stdout == "[0]\n", result
     assert "(exit 1: bwrap: unknown cap: CAP_NOT_A_CAPABILITY)" in warned, warned
+    assert capped == ["ran"], capped   # a refusal is final: the later runs do not probe again
+
+
+def test_a_cold_inode_cap_probe_that_timed_out_is_tried_again_at_the_next_run(local_sandbox, monkeypatch, caplog):
+    """A probe that timed out says nothing about the cap: the next cold run probes again, and
+    with that probe passing, it and every later run are capped."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: cold jails need it")
+    capped = capped_cold_runs(monkeypatch, time_out_first=1)
+    sandbox, warned = uncapped_cold_sandbox(local_sandbox.limits, caplog)
+    assert "timed out after" in warned and "too loaded" in warned, warned
+    with sandbox:
+        assert_inodes_capped(sandbox)
+        assert sandbox.cold_inode_cap and "(NO inode cap)" not in sandbox.isolation, sandbox.isolation
+    # The probe at start-up, its retry at the first run, then that run and the healthy one after it.
+    assert capped == ["timed out", "ran", "ran", "ran"], capped
+
+
+def test_a_cold_inode_cap_probe_that_keeps_timing_out_is_retried_a_bounded_number_of_times(local_sandbox,
+                                                                                           monkeypatch, caplog):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: cold jails need it")
+    capped = capped_cold_runs(monkeypatch, time_out_first=100)
+    with caplog.at_level("INFO", logger=sandbox_local.__name__):
+        with make_sandbox("local", limits=local_sandbox.limits, workers=1, warm_jails=False) as sandbox:
+            for _ in range(sandbox_local.COLD_CAP_PROBES + 2):
+                assert sandbox.run(Program({"main.py": "print('ran')"})).stdout == "ran\n"
+            assert not sandbox.cold_inode_cap and "(NO inode cap)" in sandbox.isolation, sandbox.isolation
+    assert capped == ["timed out"] * sandbox_local.COLD_CAP_PROBES, capped
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "keep the kernel's default inode limit" in warned[0], warned
+    assert "the inode cap's last probe failed too (timed out after" in caplog.text, caplog.text
 
 
 def test_a_cold_jail_whose_capped_tmpfs_cannot_be_mounted_runs_without_the_inode_cap(local_sandbox, monkeypatch,
@@ -185,6 +239,7 @@ def test_a_broken_bwrap_costs_two_probes_at_most(monkeypatch, tmp_path):
     which = shutil.which
     monkeypatch.setattr(sandbox_local.shutil, "which", lambda name: str(broken) if name == "bwrap" else which(name))
     monkeypatch.setattr(sandbox_local, "_warned_fallback", True)   # the fallback's own warning is tested elsewhere
+    capped = capped_cold_runs(monkeypatch)
     with_filter = []   # per probe, whether it had the seccomp filter
     probe = sandbox_local.LocalSandbox._probe
     monkeypatch.setattr(sandbox_local.LocalSandbox, "_probe",
@@ -194,6 +249,7 @@ def test_a_broken_bwrap_costs_two_probes_at_most(monkeypatch, tmp_path):
         with make_sandbox("local", workers=1, warm_jails=warm_jails) as sandbox:
             assert not sandbox.isolated and "bubblewrap unavailable" in sandbox.isolation, sandbox.isolation
         assert with_filter in ([True, False], [False]), (warm_jails, with_filter)
+    assert capped == [], capped
 
 
 def test_a_cold_init_left_with_a_capability_does_not_run_the_program(cold_local_sandbox, monkeypatch):
