@@ -33,12 +33,44 @@ E = TypeVar("E", bound=BaseException)
 
 
 class PeerRankError(RftgymError, RuntimeError):
-    """Another rank of a distributed run stopped with an error, so this one stops too (the message
-    names the rank and its error; that rank, ``failed_rank``, reports the full error itself)."""
+    """Another rank of a distributed run stopped with an error, so this one stops too: the message
+    names the rank and its error, and the error's :class:`RankFailures` make that rank the one that
+    prints it in full. One raised after waiting past the process group's timeout has no record (no
+    rank is known to have failed), so this rank reports it itself."""
 
-    def __init__(self, message: str, failed_rank: int | None = None):
-        super().__init__(message)
-        self.failed_rank = failed_rank
+
+@dataclass(frozen=True)
+class RankFailures:
+    """Which ranks of a distributed run failed at one point of it, and with what: ``reports[r]`` is
+    rank r's error as ``"Type: message"``, or None where rank r did not fail. Each rank's error from
+    that point (its own, or a :class:`PeerRankError`) carries the same record, so that every rank
+    tells from it alone who prints the error (:func:`who_reports`)."""
+    reports: tuple[str | None, ...]
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [rank for rank, report in enumerate(self.reports) if report is not None]
+
+    def attach(self, error: E) -> E:
+        """``error``, carrying this record."""
+        try:
+            error.rank_failures = self
+        except AttributeError:  # an exception type that takes no attributes: reported by its rank
+            pass
+        return error
+
+    @staticmethod
+    def of(error: BaseException) -> RankFailures | None:
+        """The record ``error`` carries, or the nearest one along its causes: a front end may raise
+        its own error from it (``raise UsageError("--flag: ...") from exc``)."""
+        seen = set()
+        while error is not None and id(error) not in seen:  # (causes can form a cycle: stop there too)
+            failures = getattr(error, "rank_failures", None)
+            if isinstance(failures, RankFailures):
+                return failures
+            seen.add(id(error))
+            error = error.__cause__
+        return None
 
 
 @dataclass(frozen=True)
@@ -52,27 +84,19 @@ class ErrorReport:
 
 def who_reports(error: BaseException, rank: int, world_size: int, same_on_every_rank: bool) -> ErrorReport:
     """The :class:`ErrorReport` of ``error``, this rank's, so that the user reads each error once
-    rather than once per rank. A :class:`PeerRankError` is reported by the rank that failed; an
-    error that :meth:`Distributed.together` (or :meth:`Distributed.every_rank`) noted the ranks'
-    reports of, by the first rank that had it; else ``same_on_every_rank`` (an error of input that
-    every rank reads alike: a flag, a config, a data file) by rank 0, and anything else by this
-    rank itself (it may be its own alone: a crash, a device)."""
-    if isinstance(error, PeerRankError) and error.failed_rank is not None:
-        return ErrorReport(error.failed_rank, False)
-    reports = next((getattr(e, "rank_reports", None) for e in (error, error.__cause__)
-                    if getattr(e, "rank_reports", None) is not None), None)  # a front end's error made from it
-    if reports is not None and len(reports) == world_size and reports[rank] is not None:
-        own = reports[rank]
-        return ErrorReport(reports.index(own), all(report == own for report in reports))
+    rather than once per rank. An error that carries the ranks' :class:`RankFailures` (from
+    :meth:`Distributed.together` or :meth:`Distributed.every_rank`) is reported by the first rank
+    that had this rank's error, or, where this rank did not fail (a :class:`PeerRankError`), by the
+    first rank that failed. Any other error: ``same_on_every_rank`` (an error of input that every
+    rank reads alike: a flag, a config, a data file) by rank 0, and anything else by this rank
+    itself (it may be its own alone: a crash, a device)."""
+    failures = RankFailures.of(error)
+    if failures is not None and len(failures.reports) == world_size:  # (another size: not this launch's)
+        own = failures.reports[rank]
+        if own is None:
+            return ErrorReport(failures.failed_ranks[0], False)
+        return ErrorReport(failures.reports.index(own), all(report == own for report in failures.reports))
     return ErrorReport(0, True) if same_on_every_rank else ErrorReport(rank, False)
-
-
-def _note_reports(error: BaseException, reports: list[str | None]) -> None:
-    """Keep every rank's report (None: no error) on ``error``, for :func:`who_reports`."""
-    try:
-        error.rank_reports = list(reports)
-    except AttributeError:  # an exception type that takes no attributes: reported by its rank
-        pass
 
 
 def leave_after_report(wait_s: float = 30.0) -> None:
@@ -212,7 +236,8 @@ class Distributed:
     def together(self, work: Callable[[], T]) -> T:
         """``work()``'s result, where ``work`` may fail on one rank alone (a collective inside it
         must come before anything that can fail): if it raises on any rank, every rank raises.
-        The rank that failed raises its own error; the others a :class:`PeerRankError` naming it.
+        The rank that failed raises its own error; the others a :class:`PeerRankError` naming it;
+        each carries the ranks' :class:`RankFailures`, from which every rank knows who reports it.
         Without this a rank whose rollout or samples failed (an env breaking its contract, a
         policy without log-probs) would stop while the others waited in their next collective
         until the process group's timeout."""
@@ -233,22 +258,22 @@ class Distributed:
                                     "than that. Raise --dist-timeout (dist_timeout_s) if its steps take that "
                                     "long") from gather_error
             raise
-        if failure is not None:
-            _note_reports(failure, reports)
-            raise failure
-        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
-        if failed:
-            rank, report = failed[0]
-            others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
-            raise PeerRankError(f"rank {rank}{others} stopped the run with {report}; rank {self.rank} stops too. "
-                                f"Rank {rank}'s own output has the full error.", failed_rank=rank)
-        return result
+        if all(report is None for report in reports):
+            return result
+        failures = RankFailures(tuple(reports))
+        raise failures.attach(failure if failure is not None else self._peer_error(failures))
+
+    def _peer_error(self, failures: RankFailures) -> PeerRankError:
+        """What this rank, which did not fail, stops with: the first rank that failed, and its error."""
+        first, *others = failures.failed_ranks
+        more = f" (and {len(others)} more ranks)" if others else ""
+        return PeerRankError(f"rank {first}{more} stopped the run with {failures.reports[first]}; rank {self.rank} "
+                             f"stops too. Rank {first}'s own output has the full error.")
 
     def every_rank(self, error: E) -> E:
         """``error``, noted as the one every rank raises alike (e.g. the writing rank's refusal of
         the output directory, sent to all), so that a launched run prints it once."""
-        _note_reports(error, [f"{type(error).__name__}: {error}"] * self.world_size)
-        return error
+        return RankFailures((f"{type(error).__name__}: {error}",) * self.world_size).attach(error)
 
     def _comm_device(self):
         return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")

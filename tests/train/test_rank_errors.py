@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rftgym.core.errors import ConfigError, EnvContractError
-from rftgym.train.distributed import ErrorReport, PeerRankError, who_reports
+from rftgym.train.distributed import Distributed, ErrorReport, PeerRankError, RankFailures, who_reports
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
@@ -115,19 +115,79 @@ def test_who_reports_an_error():
     shared = ConfigError("bad setting")
     assert who_reports(shared, 1, 2, same_on_every_rank=True) == ErrorReport(0, True)
     assert who_reports(RuntimeError("device lost"), 1, 2, same_on_every_rank=False) == ErrorReport(1, False)
-    assert who_reports(PeerRankError("rank 2 stopped the run", failed_rank=2), 0, 3, False) == ErrorReport(2, False)
+    peer = RankFailures((None, None, "OSError: disk full")).attach(PeerRankError("rank 2 stopped the run"))
+    assert who_reports(peer, 0, 3, False) == ErrorReport(2, False)
     # Reports gathered by Distributed.together: the first rank with this rank's error reports it.
-    own = EnvContractError("nan reward")
-    own.rank_reports = [None, "EnvContractError: nan reward", "EnvContractError: nan reward"]
+    own = RankFailures((None, "EnvContractError: nan reward", "EnvContractError: nan reward")).attach(
+        EnvContractError("nan reward"))
     assert who_reports(own, 2, 3, same_on_every_rank=False) == ErrorReport(1, False)
-    own.rank_reports = ["EnvContractError: nan reward"] * 3
+    RankFailures(("EnvContractError: nan reward",) * 3).attach(own)
     assert who_reports(own, 2, 3, same_on_every_rank=False) == ErrorReport(0, True)
     # Bad input one rank alone hit (its own data) is reported by that rank, not taken for rank 0's.
-    data = ConfigError("rank 1's file")
-    data.rank_reports = [None, "ConfigError: rank 1's file"]
+    data = RankFailures((None, "ConfigError: rank 1's file")).attach(ConfigError("rank 1's file"))
     assert who_reports(data, 1, 2, same_on_every_rank=True) == ErrorReport(1, False)
     # A front end's error made from it (a flag named) keeps the ranks' reports.
     try:
         raise ValueError("--flag: rank 1's file") from data
     except ValueError as flagged:
         assert who_reports(flagged, 1, 2, same_on_every_rank=True) == ErrorReport(1, False)
+
+
+class _RankOf(Distributed):
+    """Rank ``rank`` of ``len(reports)`` processes, whose peers' work ended as ``reports`` say."""
+
+    def __init__(self, rank: int, reports: list[str | None]):
+        super().__init__(rank=rank, world_size=len(reports))
+        self.reports = reports
+
+    def gather_objects(self, obj):
+        return [obj if peer == self.rank else report for peer, report in enumerate(self.reports)]
+
+
+def _raised_on(rank: int, reports: list[str | None]) -> Exception:
+    """What ``rank`` raises from :meth:`Distributed.together` when the ranks' work fails as ``reports``
+    say (an ``"EnvContractError: ..."`` report, or None: no error)."""
+    def work():
+        if reports[rank] is not None:
+            raise EnvContractError(reports[rank].removeprefix("EnvContractError: "))
+
+    with pytest.raises(Exception) as raised:
+        _RankOf(rank, reports).together(work)
+    return raised.value
+
+
+@pytest.mark.parametrize("reports, reporters", [
+    ([None, "EnvContractError: nan reward", "EnvContractError: nan reward"], [1, 1, 1]),
+    ([None, "EnvContractError: nan reward", "EnvContractError: no reward"], [1, 1, 2]),  # rank 2's own error
+    (["EnvContractError: nan reward"] * 3, [0, 0, 0]),
+])
+def test_every_rank_of_a_failure_in_together_agrees_who_reports_it(reports, reporters):
+    # The rank that did not fail (a PeerRankError) names the rank that prints the error in full.
+    errors = [_raised_on(rank, reports) for rank in range(3)]
+    assert [type(error) for error in errors] == [PeerRankError if report is None else EnvContractError
+                                                 for report in reports]
+    assert [who_reports(error, rank, 3, same_on_every_rank=False).reporter
+            for rank, error in enumerate(errors)] == reporters
+
+
+def test_an_error_made_from_a_peer_rank_error_is_reported_by_the_rank_that_failed():
+    peer = _raised_on(0, [None, "EnvContractError: nan reward"])
+    try:
+        raise ValueError("--env-arg: the env stopped") from peer
+    except ValueError as flagged:  # not printed by rank 0 as if every rank had this input error
+        assert who_reports(flagged, 0, 2, same_on_every_rank=True) == ErrorReport(1, False)
+
+
+def test_the_ranks_reports_are_found_along_a_chain_of_causes():
+    own = _raised_on(1, [None, "EnvContractError: nan reward"])
+    try:
+        try:
+            raise ConfigError("the env's reward is not a number") from own
+        except ConfigError as restated:
+            raise ValueError("--env-arg: the env's reward is not a number") from restated
+    except ValueError as flagged:
+        assert who_reports(flagged, 1, 2, same_on_every_rank=True) == ErrorReport(1, False)
+    # A cycle of causes ends the search.
+    first, second = RuntimeError("a"), RuntimeError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert who_reports(first, 1, 2, same_on_every_rank=False) == ErrorReport(1, False)
