@@ -122,7 +122,12 @@ class DockerSandbox(Sandbox):
                  image: str | None = None, cpus: float = 1.0, client=None, base_url: str | None = None):
         super().__init__(limits=limits, workers=workers)
         docker = require("docker", "docker", "The docker sandbox backend")
+        import requests  # the docker SDK's transport (a dependency of it)
+
         self._errors = docker.errors
+        # What the engine's failures can raise: the SDK's own errors, and its transport's, which it
+        # lets through (a read timeout of an engine that is slow to answer, a connection refused).
+        self._engine_errors = (docker.errors.DockerException, requests.exceptions.RequestException)
         self._ulimit = docker.types.Ulimit
         self._own_client = client is None
         self.client = None
@@ -132,7 +137,7 @@ class DockerSandbox(Sandbox):
             self.client = client
             self.client.ping()
             self.seccomp = engine_seccomp(self.client.info())
-        except docker.errors.DockerException as exc:
+        except self._engine_errors as exc:
             self.close()   # a client made here would otherwise leave its connection pool open
             raise SandboxError(f"no docker engine is reachable ({exc}); {ENGINE_HINT}") from exc
         try:
@@ -167,16 +172,16 @@ class DockerSandbox(Sandbox):
         payload = b"%d\n" % len(header) + header + program.stdin.encode()
         try:
             container = self.client.containers.create(self.image, **self._container_options(limits, program.hash_seed))
-        except self._errors.DockerException as exc:
+        except self._engine_errors as exc:
             raise SandboxError(f"docker could not create a sandbox container ({exc}); {ENGINE_HINT}") from exc
         try:
             return self._run_in(container, payload, limits)
-        except (self._errors.DockerException, OSError) as exc:
+        except (*self._engine_errors, OSError) as exc:
             raise SandboxError(f"the docker engine failed during a sandbox run ({exc}); {ENGINE_HINT}") from exc
         finally:
             try:
                 container.remove(force=True)
-            except self._errors.DockerException:
+            except self._engine_errors:
                 pass
 
     def _container_options(self, limits: SandboxLimits, hash_seed: int) -> dict:

@@ -25,6 +25,11 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
+# The tests' client waits as long for the engine as a sandbox's own (a dockerd that has just
+# started can take seconds to create the first containers); probing for an engine waits 2 s.
+CLIENT_TIMEOUT_S = 60.0
+
+
 def _ping(timeout: float = 2.0):
     import docker
     client = None
@@ -59,7 +64,7 @@ def _start_dockerd(log_path: str, extra: list[str]) -> subprocess.Popen | None:
 def docker_engine():
     """A docker client: the reachable engine, else a dockerd started here (root only), else skip."""
     pytest.importorskip("docker", reason="the docker SDK is not installed (pip install 'rftgym[docker]')")
-    client = _ping()
+    client = _ping(CLIENT_TIMEOUT_S)
     if client is not None:
         yield client
         client.close()
@@ -74,7 +79,7 @@ def docker_engine():
         with open(log_path, "rb") as f:
             tail = f.read()[-800:].decode("utf-8", "replace")
         unavailable(f"no docker engine is reachable and dockerd could not be started here; its log ends:\n{tail}")
-    client = _ping()
+    client = _ping(CLIENT_TIMEOUT_S)
     try:
         yield client
     finally:

@@ -322,6 +322,35 @@ def test_docker_engine_gone_is_a_typed_error():
     assert isinstance(caught.value, RftgymError)
 
 
+class _SlowEngine:
+    """A docker client whose engine answers its ping but times out creating a container (the
+    SDK lets its transport's errors through, not as DockerException)."""
+
+    def __init__(self):
+        import requests
+
+        self.timeout = requests.exceptions.ReadTimeout("Read timed out. (read timeout=2.0)")
+        self.containers = self
+
+    def ping(self):
+        return True
+
+    def info(self):
+        return {"SecurityOptions": ["name=seccomp,profile=builtin"]}
+
+    def create(self, *args, **kwargs):
+        raise self.timeout
+
+
+def test_a_docker_engine_that_times_out_is_a_typed_error():
+    pytest.importorskip("docker")
+    from rftgym.envs.code.sandbox_docker import DockerSandbox
+
+    sandbox = DockerSandbox(client=_SlowEngine(), image="rftgym-test-image")
+    with pytest.raises(SandboxError, match=r"could not create a sandbox container \(Read timed out.*start the docker"):
+        sandbox.run(Program({"main.py": "print(1)"}))
+
+
 def test_auto_picks_a_backend(docker_engine):
     with make_sandbox("auto", limits=HOSTILE_LIMITS) as sandbox:
         assert sandbox.name == "docker"
