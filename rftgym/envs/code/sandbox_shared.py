@@ -68,9 +68,15 @@ class SandboxView(Sandbox):
     def __init__(self, inner: Sandbox, key: tuple[int, str], limits: SandboxLimits | None):
         super().__init__(limits=limits, workers=inner.workers)
         self.inner = inner
-        self.name, self.isolation, self.isolated = inner.name, inner.isolation, inner.isolated
+        self.name, self.isolated = inner.name, inner.isolated
         # Runs once: on close(), or when the view is garbage-collected without one.
         self._release = weakref.finalize(self, _release, key, inner)
+
+    @property
+    def isolation(self) -> str:
+        """The shared sandbox's, as it is now (a local one's changes once a retried probe of its
+        inode cap runs)."""
+        return self.inner.isolation
 
     def _limited(self, program: Program) -> Program:
         return program if program.limits is not None else dataclasses.replace(program, limits=self.limits)

@@ -175,3 +175,17 @@ def test_training_requires_isolation_unless_told_otherwise():
         assert isolated.isolated
     finally:
         isolated.close()
+
+
+def test_a_share_tells_the_shared_sandboxs_isolation_as_it_is_now():
+    """A local sandbox's isolation line changes once a retried inode-cap probe runs; a share made
+    before that tells the new one, not a copy."""
+    view = shared_sandbox("local")
+    try:
+        before = view.isolation
+        assert before == view.inner.isolation
+        view.inner.isolation = before + " (changed)"
+        assert view.isolation == before + " (changed)"
+    finally:
+        view.inner.isolation = before
+        view.close()
