@@ -165,7 +165,7 @@ class _NoteGiven(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        namespace.flags_given = (*getattr(namespace, "flags_given", ()), self.dest)  # an abbreviation's too
+        namespace.flags_given = (*getattr(namespace, "flags_given", ()), self.dest)
 
 
 def _sampling_flags_given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
@@ -1205,14 +1205,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")
     from .agents.model_loading import check_trained_run
-    from .train.checkpoint import saved_state
-    from .train.export import saved_config
 
     try:  # a damaged checkpoint is the argument's fault, said before any model loads
-        run = Path(args.run).expanduser()
-        saved_config(run, saved_state(run, doing="export"))
-        check_trained_run(run)
-    except (ConfigError, ModelLoadError) as exc:
+        check_trained_run(Path(args.run).expanduser(), doing="export", otherwise="export another run")
+    except ModelLoadError as exc:
         raise UsageError(str(exc)) from None
     if args.base_model is not None:
         _check_model_dir(args.base_model, "--base-model")
@@ -1422,8 +1418,14 @@ class _LaunchedArgumentError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser (and its subcommands'), whose errors under a launcher go to :func:`main`,
-    which prints them once for the run instead of once per rank."""
+    """argparse's parser (and its subcommands', which add_subparsers makes of the same class),
+    whose errors under a launcher go to :func:`main`, which prints them once for the run instead of
+    once per rank. A flag must be given whole: argparse would take a prefix (--ste for --steps),
+    which means another flag, or none, once a flag is added; refused, it is named with the flag it
+    is probably short for (:meth:`parse_args`)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message):
         if _launch()[1] > 1:
@@ -1440,10 +1442,17 @@ class _Parser(argparse.ArgumentParser):
             reporter = command or self
             known = [option for action in reporter._actions for option in action.option_strings]
             close = [match for typed in unknown if typed.startswith("--")
-                     for match in difflib.get_close_matches(typed.partition("=")[0], known, n=1)]
+                     for match in _meant(typed.partition("=")[0], known)]
             guess = f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
             reporter.error(f"unrecognized arguments: {' '.join(unknown)}{guess}")
         return parsed
+
+
+def _meant(typed: str, known: list[str]) -> list[str]:
+    """The flags ``typed`` is probably a slip of: those it begins (an abbreviation, refused: see
+    :class:`_Parser`), else the closest one."""
+    started = [option for option in known if option.startswith(typed)]
+    return started[:3] or difflib.get_close_matches(typed, known, n=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

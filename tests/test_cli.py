@@ -998,7 +998,7 @@ def test_sampling_flags_reach_an_agent_of_your_own_or_are_refused(tmp_path, monk
     assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
         "<answer>[('seed', 5), ('temperature', 0.7)]</answer>"
-    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--temp", "0",
+    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--temperature", "0",
                  "--sample-seed=0", "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
         "<answer>[('seed', 0), ('temperature', 0.0)]</answer>"

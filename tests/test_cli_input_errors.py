@@ -37,12 +37,15 @@ def listing(folder):
 
 
 def fake_checkpoint(run, config: dict, files=("trainable.pt", "optimizer.pt", "rng.pt"), **state):
-    """A checkpoint folder whose state.json holds ``config``, with placeholder ``files``."""
+    """A checkpoint folder whose state.json holds ``config`` (and no checksums), with placeholder
+    ``files``: whole files as torch.save writes them, of nothing."""
+    import torch
+
     folder = run / "checkpoint"
     folder.mkdir(parents=True)
     (folder / "state.json").write_text(json.dumps({"step": 1, "config": config, **state}))
     for name in files:
-        (folder / name).write_bytes(b"placeholder")
+        torch.save({}, folder / name)
     return folder
 
 
@@ -138,6 +141,8 @@ def test_a_resume_refuses_saved_settings_it_would_replace_by_defaults(tmp_path, 
      "restore the file from a copy, or give another model directory"),
     ("deleted", "checkpoint has no trainable.pt (the trained weights: deleted, or a copy cut short)",
      "restore the file from a copy, or give another model directory"),
+    ("cut short, saved without checksums", "checkpoint/trainable.pt is damaged: it is not a whole file as "
+     "torch.save writes it", "restore the file from a copy, or give another model directory"),
     ("unreadable state", "checkpoint/state.json is unreadable",
      "restore state.json from a copy, or give another model directory"),
 ])
@@ -152,7 +157,11 @@ def test_a_damaged_run_given_as_model_is_bad_input_said_before_any_model_loads(t
     train(train_config(tmp_path, "run", steps=1, tasks_per_step=1, group_size=2, minibatch_size=2,
                        model=str(model_dir)), policy=make_char_policy(), make_env=SayAEnv)
     checkpoint = run / "checkpoint"
-    if damage == "cut short":
+    if damage == "cut short, saved without checksums":  # (as before rftgym kept them)
+        state = json.loads((checkpoint / "state.json").read_text())
+        del state["files"]
+        (checkpoint / "state.json").write_text(json.dumps(state))
+    if damage.startswith("cut short"):
         weights = (checkpoint / "trainable.pt").read_bytes()
         (checkpoint / "trainable.pt").write_bytes(weights[: len(weights) // 2])
     elif damage == "deleted":
@@ -386,3 +395,35 @@ def test_an_unknown_flag_is_reported_by_its_subcommand(argv, usage, message, cap
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(usage) and message in err and "{envs," not in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", ENV_ID, "--ste", "3"], "--ste 3 (did you mean --steps?)"),
+    (["train", ENV_ID, "--max", "3"], "--max 3 (did you mean --max-new-tokens or --max-prompt-tokens or "
+                                      "--max-grad-norm?)"),
+    (["eval", ENV_ID, "--epi=3"], "--epi=3 (did you mean --episodes?)"),
+    (["export", "RUN", "OUT", "--base", "DIR"], "--base DIR (did you mean --base-model?)"),
+    (["serve-retriever", "--po", "8000"], "--po 8000 (did you mean --port?)"),
+    (["play", ENV_ID, "--env", "k=v"], "--env k=v (did you mean --env-arg?)"),
+])
+def test_an_abbreviated_flag_is_refused_naming_the_flags_it_begins(argv, said, capsys):
+    """argparse would take a prefix of a flag for the flag: a command that means another thing,
+    or nothing, once a flag is added."""
+    from rftgym.cli import build_parser
+
+    for defaults in (True, False):  # (the parse of the flags given too)
+        with pytest.raises(SystemExit) as refused:
+            build_parser(defaults=defaults).parse_args(argv)
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: rftgym {argv[0]}")
+        assert f"rftgym {argv[0]}: error: unrecognized arguments: {said}" in err
+
+
+@pytest.mark.parametrize("flag, value, said", [("--algo", "rft", "algo='grpo'"), ("--lora-rank", "4", "lora_rank=0")])
+def test_a_resume_that_changes_what_the_checkpoint_is_names_the_flag(tmp_path, flag, value, said, capsys):
+    run = tmp_path / "run"
+    fake_checkpoint(run, TrainConfig(env_id=ENV_ID, output_dir=str(run)).to_dict())
+    assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), "--steps", "3", flag, value]) == 2
+    assert f"rftgym train: error: {flag}: the checkpoint in {run} was written with {said}; this run has " \
+           in capsys.readouterr().err

@@ -159,20 +159,24 @@ def resolve_model_dir(model: str | None) -> Path:
     return path
 
 
-def check_trained_run(run_dir: Path) -> None:
+def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give another model directory") -> None:
     """Refuse a training run's directory (one :func:`resolve_model_dir` accepts) whose checkpoint
     cannot give back its trained model: a state.json that cannot be read or whose settings are
-    refused, or a trainable.pt that is missing or not the file its save wrote. This is said before
-    any model loads (loading finds a damaged weights file only after the base model). A run that
-    replaces its checkpoint while this reads it is not refused: the load reads it again, whole."""
+    refused, or a trainable.pt that is missing, not the file its save wrote, or (saved before
+    checksums were kept) not whole. This is said before any model loads (loading finds a damaged
+    weights file only after the base model), and the load does not read a file found sound here
+    again to check it (verify_checkpoint_file). A run that replaces its checkpoint while this
+    reads it is not refused: the load reads it again, whole. ``doing`` (what the caller does with
+    the run) and ``otherwise`` (what it may do instead of mending the checkpoint) are for the
+    messages."""
     from ..train.checkpoint import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, saved_state, verify_checkpoint_file
     from ..train.export import saved_config
 
     def saved() -> dict:
         try:
-            return saved_state(run_dir, doing="read")
+            return saved_state(run_dir, doing=doing)
         except ConfigError as exc:
-            raise ModelLoadError(f"{exc}; restore state.json from a copy, or give another model directory") from None
+            raise ModelLoadError(f"{exc}; restore state.json from a copy, or {otherwise}") from None
 
     state = saved()
     saved_config(run_dir, state)
@@ -185,7 +189,7 @@ def check_trained_run(run_dir: Path) -> None:
     try:
         if not weights.is_file():
             raise FileNotFoundError(weights)
-        verify_checkpoint_file(folder, "trainable.pt", state, otherwise="give another model directory")
+        verify_checkpoint_file(folder, "trainable.pt", state, otherwise=otherwise)
     except (ConfigError, OSError) as exc:
         try:
             replaced = saved()["step"] != state["step"]
@@ -193,15 +197,15 @@ def check_trained_run(run_dir: Path) -> None:
             replaced = True  # between a save's renames
         if replaced:
             return
-        if isinstance(exc, ConfigError):  # its sha256 is not the one state.json recorded (or there is none)
+        if isinstance(exc, ConfigError):  # not the file its save wrote, or damaged (verify_checkpoint_file)
             raise ModelLoadError(str(exc)) from None
         if isinstance(exc, FileNotFoundError):
             raise ModelLoadError(f"the checkpoint in {run_dir} is incomplete: {folder} has no trainable.pt (the "
                                  "trained weights: deleted, or a copy cut short), so the run's model cannot be "
-                                 "rebuilt. The checkpoint is left as it is; restore the file from a copy, or give "
-                                 "another model directory") from None
+                                 "rebuilt. The checkpoint is left as it is; restore the file from a copy, or "
+                                 f"{otherwise}") from None
         raise ModelLoadError(f"cannot read {weights} (the run's trained weights): {exc.strerror or exc}; make it "
-                             "readable, or give another model directory") from None
+                             f"readable, or {otherwise}") from None
 
 
 def load_model_and_tokenizer(model: str | None = None, *, device: str | None = None, dtype: str | None = None):

@@ -16,7 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -186,28 +188,67 @@ def _fsync_dir(folder: Path) -> None:
             os.close(descriptor)
 
 
+# The checkpoint files whose sha256 this process found to be the recorded one, by what tells their
+# contents on disk apart (device, inode, size, modification and change times), so that a file
+# checked before any model loads (--model RUN) is not read whole again where it loads. A file
+# replaced or written to since has another identity (its ctime, which no one can set, moves
+# with any write), and is read again.
+_verified: dict[tuple[int, ...], str] = {}
+# Only a file unchanged for this long is remembered: file times tick coarsely (a few ms), so a
+# file written again within the same tick as its check would keep its identity (git's "racy" files).
+SETTLED_NS = 2 * 10**9
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
 def verify_checkpoint_file(folder: Path, name: str, state: dict | None = None,
                            otherwise: str = "start a new run in another output directory") -> None:
     """Refuse ``folder/name`` when its sha256 is not the one its save recorded in ``state.json``
     (``state``, read here when not given): a byte flipped on disk or a file swapped in would
-    otherwise load, and train on, without a word. Checkpoints saved before checksums were kept
-    are not checked. ``otherwise``: what the message offers besides restoring the file."""
+    otherwise load, and train on, without a word. A checkpoint saved before checksums were kept
+    has only its files' shape checked (:func:`_check_whole`). ``otherwise``: what the message
+    offers besides restoring the file. A file this process verified already, unchanged since, is
+    not read again."""
     if state is None:
         state = json.loads((folder / "state.json").read_text())
     files = state.get("files") if isinstance(state, dict) else None
     if files is None:
+        _check_whole(folder / name, otherwise)
         return
     expected = files.get(name) if isinstance(files, dict) else None
     if not isinstance(expected, str):
         raise ConfigError(f"{folder / 'state.json'} has no checksum for {name} ('files' must map each file to its "
                           f"sha256); the checkpoint is left as it is: restore state.json from a copy, or {otherwise}")
     with open(folder / name, "rb") as handle:
+        stat = os.fstat(handle.fileno())  # before the read: a write during it changes what is remembered
+        if _verified.get(_identity(stat)) == expected:
+            return
         actual = hashlib.file_digest(handle, "sha256").hexdigest()
     if actual != expected:
         raise ConfigError(f"{folder / name} is not the file its save wrote: its sha256 ({actual[:12]}…) is not the "
                           f"one recorded in state.json ({expected[:12]}…), so it was changed or damaged since (a "
                           "disk error, a copy cut short). The checkpoint is left as it is; restore the file from a "
                           f"copy, or {otherwise}")
+    if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) > SETTLED_NS:
+        _verified[_identity(stat)] = actual
+
+
+def _check_whole(path: Path, otherwise: str) -> None:
+    """Refuse a file of a checkpoint saved before checksums were kept that is not whole as
+    ``torch.save`` wrote it, before any model loads: a zip archive, whose index at the end a copy
+    cut short has lost. Only the index is read. A file that cannot be opened (missing, not
+    readable) raises the OSError, which its callers name."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            problem = None if any(n.endswith("data.pkl") for n in archive.namelist()) else "it holds no data.pkl"
+    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+        problem = str(exc) or type(exc).__name__
+    if problem is not None:
+        raise ConfigError(f"{path} is damaged: it is not a whole file as torch.save writes it (a copy cut short, or "
+                          f"a disk error: {problem}). The checkpoint (saved before rftgym kept checksums) is left as "
+                          f"it is; restore the file from a copy, or {otherwise}")
 
 
 def _checkpoint_path(output_dir: Path) -> Path | None:
@@ -307,11 +348,13 @@ def check_rng_states(rng, output_dir: Path) -> None:
                           "checkpoint is left as it is")
 
 
-def saved_world_size(output_dir: Path) -> int:
-    """How many processes wrote the checkpoint in ``output_dir``: its random states hold one entry
-    per rank. Read (and checked) before any model loads, since a resume needs as many."""
+def saved_rng_states(output_dir: Path, state: dict | None = None) -> dict[str, Any]:
+    """The random states of the checkpoint in ``output_dir`` (``rng.pt``), verified (against
+    ``state``, its :func:`saved_state`, read here when not given) and checked: read before any
+    model loads, since a resume needs as many processes as wrote them (one entry per rank), and
+    then given to :func:`load_checkpoint` rather than read again."""
     path = _checkpoint_path(output_dir)
-    verify_checkpoint_file(path, "rng.pt")
+    verify_checkpoint_file(path, "rng.pt", state)
     try:
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
     except Exception as exc:  # torch.load raises many types
@@ -319,7 +362,7 @@ def saved_world_size(output_dir: Path) -> int:
                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the checkpoint "
                           "is left as it is") from exc
     check_rng_states(rng, output_dir)
-    return len(rng["ranks"])
+    return rng
 
 
 def check_world_size(written: int, ranks: Distributed, output_dir: Path) -> None:
@@ -377,7 +420,7 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
         if key in saved and str(saved[key]) != str(config.get(key)):  # saved values may be strings
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
                               f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
-                              "run in another output directory")
+                              "run in another output directory", field=key)
     free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
             "dist_timeout_s")
     return sorted(key for key, value in config.items()
@@ -540,11 +583,14 @@ def apply_trainable(weights: dict[str, torch.Tensor], model, where: Path) -> Non
             params[name].copy_(shard_like(tensor, params[name]).to(params[name].device, params[name].dtype))
 
 
-def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
+def load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None = None,
+                    rng_states: dict[str, Any] | None = None) -> tuple[int, dict[str, Any], dict]:
     """:func:`_load_checkpoint`, with any unreadable or mismatched file reported as a ConfigError
-    that names it (the files are left as they are)."""
+    that names it (the files are left as they are). What the caller read already is not read
+    again: ``state``, the checkpoint's :func:`saved_state` (its files are verified against it),
+    and ``rng_states``, its random states as :func:`saved_rng_states` read them."""
     try:
-        return _load_checkpoint(output_dir, model=model, optimizer=optimizer)
+        return _load_checkpoint(output_dir, model=model, optimizer=optimizer, state=state, rng_states=rng_states)
     except ConfigError:
         raise
     except Exception as exc:  # torch.load, json and load_state_dict raise many types
@@ -553,18 +599,21 @@ def load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[st
                           "that wrote it, or start a new output directory (the checkpoint is left as it is)") from exc
 
 
-def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[str, Any], dict]:
+def _load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None = None,
+                     rng_states: dict[str, Any] | None = None) -> tuple[int, dict[str, Any], dict]:
     """Restore weights and optimizer in place; return (step, rng states, saved config).
 
     Sharded (FSDP) parameters and optimizer states get this rank's shard of the saved tensors."""
     path = _checkpoint_path(output_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
-    state = json.loads((path / "state.json").read_text())
-    _check_state(state, path / "state.json")
+    if state is None:
+        state = json.loads((path / "state.json").read_text())
+        _check_state(state, path / "state.json")
     check_checkpoint_files(output_dir)
     for name in CHECKPOINT_FILES:  # all, before anything is changed
-        verify_checkpoint_file(path, name, state)
+        if name != "rng.pt" or rng_states is None:  # (random states given were verified as they were read)
+            verify_checkpoint_file(path, name, state)
     apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)
     saved = torch.load(path / "optimizer.pt", map_location="cpu")
     # Saved indices follow the optimizer's parameter order; per-parameter states (AdamW's
@@ -588,8 +637,9 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer) -> tuple[int, dict[s
         saved["state"] = {index: rest for index, entry in saved["state"].items()
                           if (rest := {k: v for k, v in entry.items() if k != "master"})}
     optimizer.load_state_dict(saved)
-    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
-    return int(state["step"]), rng, state["config"]
+    if rng_states is None:
+        rng_states = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts, numbers
+    return int(state["step"]), rng_states, state["config"]
 
 
 def resume_notes(saved: dict, config: TrainConfig) -> list[str]:

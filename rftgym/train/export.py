@@ -56,7 +56,7 @@ _REBUILDING: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("
 
 
 def _rebuild(run_dir: Path, base_model: str | Path | None):
-    """(model, tokenizer, the step of the weights read, the base model's source)."""
+    """(model, tokenizer, the checkpoint state of the weights read, the base model's source)."""
     token = _REBUILDING.set((*_REBUILDING.get(), run_dir.resolve()))
     try:
         return _rebuild_once(run_dir, base_model)
@@ -91,7 +91,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
 
         # Merged in float32: a small update added to 16-bit weights would be rounded away.
         model = with_lora(model.float(), config)
-    weights, folder, step = _read_weights(run_dir)
+    weights, folder, saved = _read_weights(run_dir, saved)
     try:
         apply_trainable(weights, model, folder)
     except ValueError as exc:
@@ -100,7 +100,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
         model = model.merge_and_unload()
         model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
     model.eval()
-    return model, tokenizer, step, source
+    return model, tokenizer, saved, source
 
 
 def _refuse_a_loop(run_dir: Path, source) -> None:
@@ -136,33 +136,51 @@ def _saved(run_dir: Path) -> dict:
         raise ModelLoadError(str(exc)) from None
 
 
-def _read_weights(run_dir: Path) -> tuple[dict, Path, int]:
-    """The trained weights of the run's checkpoint, read whole from one checkpoint even while the
-    run is still writing new ones (a save replaces the folder between the reads: read again)."""
+def _read_weights(run_dir: Path, state: dict | None = None) -> tuple[dict, Path, dict]:
+    """The trained weights of the run's checkpoint, the folder and the state (``state``: as last
+    read, read here when not given) they are from, read whole from one checkpoint even while the
+    run is still writing new ones (a save replaces the folder meanwhile, and the step: read again)."""
+    if state is None:
+        state = _saved(run_dir)
     for _ in range(5):
-        step = _saved(run_dir)["step"]
         folder = next((run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
                        if (run_dir / name / "state.json").is_file()), None)
+        weights, failure = None, None
         try:
             if folder is None:
                 raise FileNotFoundError(run_dir / CHECKPOINT_DIR)
-            verify_checkpoint_file(folder, "trainable.pt")
+            verify_checkpoint_file(folder, "trainable.pt", state)
             weights = torch.load(folder / "trainable.pt", map_location="cpu")
-        except ConfigError as exc:
-            if _saved(run_dir)["step"] == step:  # not replaced while read: damaged
-                raise ModelLoadError(str(exc)) from None
-            continue
-        except FileNotFoundError:
-            if _saved(run_dir)["step"] == step and folder is not None:  # not replaced: missing
-                raise ModelLoadError(f"{folder} holds no trainable.pt (the trained weights); the checkpoint is "
-                                     "incomplete") from None
-            continue  # replaced while read
+        except MemoryError:
+            raise
         except Exception as exc:  # torch.load raises many types
-            raise ModelLoadError(f"cannot read {folder / 'trainable.pt'} ({type(exc).__name__}: {exc})") from exc
-        if _saved(run_dir)["step"] == step:
-            return weights, folder, step
+            failure = exc
+        now = _saved(run_dir)
+        if now["step"] != state["step"]:  # replaced while read: read the new one
+            state = now
+            continue
+        if failure is None:
+            return weights, folder, state
+        if folder is not None:
+            raise _unreadable_weights(folder / "trainable.pt", failure)
     raise ModelLoadError(f"the run in {run_dir} kept replacing its checkpoint while it was read; try again, or "
                          "wait for the run to end")
+
+
+def _unreadable_weights(path: Path, exc: Exception) -> ModelLoadError:
+    """Why the trained weights in ``path`` (not replaced while read) cannot be loaded."""
+    if isinstance(exc, ConfigError):  # not the file its save wrote (verify_checkpoint_file)
+        return ModelLoadError(str(exc))
+    if isinstance(exc, FileNotFoundError):
+        return ModelLoadError(f"{path.parent} holds no trainable.pt (the trained weights); the checkpoint is "
+                              "incomplete")
+    if isinstance(exc, PermissionError):  # (torch.load reports a file cut short with other OSErrors)
+        return ModelLoadError(f"cannot read {path} (the run's trained weights): {exc.strerror or exc}; make it "
+                              "readable, or give another model directory")
+    said = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""
+    return ModelLoadError(f"{path} is damaged: torch cannot load it as the run's trained weights "
+                          f"({type(exc).__name__}: {said}). The checkpoint is left as it is; restore the file from a "
+                          "copy, or give another model directory")
 
 
 def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
@@ -192,8 +210,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
     empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds."""
     run_dir = Path(run_dir).expanduser()
     out = _check_out_dir(run_dir, Path(out_dir))
-    model, tokenizer, step, source = _rebuild(run_dir, base_model)
-    saved = _saved(run_dir)
+    model, tokenizer, saved, source = _rebuild(run_dir, base_model)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Written beside it and renamed, so that an interrupted export leaves no half model behind.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -201,7 +218,7 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "rftgym_run.json").write_text(json.dumps(
-            {"run": str(run_dir.resolve()), "step": step, "env_id": saved["config"].get("env_id"),
+            {"run": str(run_dir.resolve()), "step": saved["step"], "env_id": saved["config"].get("env_id"),
              "algo": saved["config"].get("algo"),
              "base_model": str(Path(source).expanduser().resolve()) if source not in (None, "default") else "default"},
             indent=2))

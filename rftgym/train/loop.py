@@ -43,14 +43,13 @@ from .checkpoint import (
     check_base_model,
     check_checkpoint_files,
     check_output_dir,
-    check_rng_states,
     check_world_size,
     checkpoint_state,
     load_checkpoint,
     resume_notes,
     save_checkpoint,
+    saved_rng_states,
     saved_state,
-    saved_world_size,
 )
 from .config import TrainConfig
 from .distributed import (
@@ -123,13 +122,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         raise ranks.every_rank((TrainingError if unwritable else ConfigError)(message))
     try:
         saved = saved_state(out) if resume else None
+        saved_rng = None
         if saved is not None:
             check_checkpoint_files(out)
         # Before any model loads, and what cannot be mended first: a run told to add steps would
         # only then learn that it may not resume this checkpoint at all, or not with this launch.
         notes = resume_notes(saved, config) if resume else []
         if saved is not None:
-            check_world_size(saved_world_size(out), ranks, out)
+            saved_rng = saved_rng_states(out, saved)  # given to the load, like saved: not read again
+            check_world_size(len(saved_rng["ranks"]), ranks, out)
         if saved is not None and saved["step"] >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
@@ -137,7 +138,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
-        return _train(config, policy, saved, make_env, ranks, footprint)
+        return _train(config, policy, saved, saved_rng, make_env, ranks, footprint)
     except BaseException:
         if footprint is not None:  # while the lock is held, so that no other run starts in between
             footprint.remove_unless_results()
@@ -147,10 +148,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
             lock.release()
 
 
-def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, make_env,
+def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, saved_rng: dict | None, make_env,
            ranks: Distributed, footprint: RunFootprint | None = None) -> list[dict]:
-    """The run itself; ``saved``: the state of the checkpoint it resumes (None for a new run);
-    ``footprint`` (the writing rank's) learns when the run has written a result."""
+    """The run itself; ``saved`` and ``saved_rng``: the state and the random states (checked) of
+    the checkpoint it resumes (None for a new run); ``footprint`` (the writing rank's) learns when
+    the run has written a result."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
@@ -222,9 +224,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, mak
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
     start = 0
     if saved is not None:  # check_output_dir made sure there is a complete checkpoint
-        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer)
-        check_rng_states(rng, out)
-        check_world_size(len(rng["ranks"]), ranks, out)  # as train() found it, unless the file changed since
+        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer, state=saved, rng_states=saved_rng)
         task_rng.bit_generator.state = rng["tasks"]
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])

@@ -1,0 +1,139 @@
+"""Checkpoints are read and checked once: what a check before any model loads read (the state,
+the random states, a verified checksum) is what the load uses, not read again; and a setting a
+resume may not change is refused by its field."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from support import SayAEnv, make_char_policy, train_config
+
+import rftgym.train.checkpoint as checkpoint
+from rftgym.cli import main
+from rftgym.core.errors import ConfigError
+from rftgym.train.checkpoint import resume_changes, verify_checkpoint_file
+from rftgym.train.config import TrainConfig
+from rftgym.train.loop import train
+
+ENV_ID = "rftgym/VerifiableQA-v0"
+pytestmark = pytest.mark.filterwarnings("ignore:no step of this run updated the model")
+
+
+def short(tmp_path, **overrides) -> TrainConfig:
+    return train_config(tmp_path, "run", **{"steps": 1, "tasks_per_step": 1, "group_size": 2, "max_new_tokens": 4,
+                                            "minibatch_size": 2, **overrides})
+
+
+@pytest.fixture
+def run_from_base(tmp_path):
+    """A base model saved as a directory and a one-step run from it (its output directory)."""
+    base = tmp_path / "base"
+    policy = make_char_policy()
+    policy.model.save_pretrained(base)
+    policy.tokenizer.save_pretrained(base)
+    train(short(tmp_path, model=str(base)), policy=policy, make_env=SayAEnv)
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Counts of what is read: ``state.json`` reads, sha256 passes and torch.load calls, by file."""
+    counts = collections.Counter()
+    file_digest, read_text, load = hashlib.file_digest, Path.read_text, torch.load
+
+    def counting_digest(handle, *args, **kwargs):
+        counts[f"sha256 {Path(handle.name).name}"] += 1
+        return file_digest(handle, *args, **kwargs)
+
+    def counting_read_text(self, *args, **kwargs):
+        if self.name == "state.json":
+            counts["read state.json"] += 1
+        return read_text(self, *args, **kwargs)
+
+    def counting_load(source, *args, **kwargs):
+        counts[f"load {Path(str(source)).name}"] += 1
+        return load(source, *args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "file_digest", counting_digest)
+    monkeypatch.setattr(Path, "read_text", counting_read_text)
+    monkeypatch.setattr(torch, "load", counting_load)
+    return counts
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files count as settled however new (the run's files here were written a moment ago), and
+    no file is remembered as verified from another test."""
+    monkeypatch.setattr(checkpoint, "SETTLED_NS", -10**18, raising=False)
+    monkeypatch.setattr(checkpoint, "_verified", {}, raising=False)
+
+
+@pytest.mark.parametrize("key, value", [("env_id", "rftgym/CodeTCG-v0"), ("algo", "rft"), ("lora_rank", 4)])
+def test_a_setting_a_resume_may_not_change_is_refused_by_its_field(key, value):
+    saved = TrainConfig(env_id=ENV_ID).to_dict()
+    with pytest.raises(ConfigError, match=f"was written with {key}=") as refused:
+        resume_changes(saved, {**saved, key: value})
+    assert refused.value.fields == (key,)
+
+
+def test_a_resume_reads_the_state_and_random_states_once(tmp_path, reads):
+    train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    reads.clear()
+    train(short(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert reads["load rng.pt"] == 1 and reads["sha256 rng.pt"] == 1
+    assert reads["read state.json"] == 1
+    for name in ("trainable.pt", "optimizer.pt"):  # each verified, then loaded, once
+        assert reads[f"load {name}"] == 1 and reads[f"sha256 {name}"] == 1
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 2
+
+
+@pytest.mark.filterwarnings("ignore:a prompt is longer than the policy answers")
+def test_a_run_given_as_model_has_its_weights_hashed_once(tmp_path, run_from_base, reads, settled):
+    assert main(["eval", ENV_ID, "--agent", "hf", "--model", str(run_from_base), "--device", "cpu",
+                 "--episodes", "1", "--max-new-tokens", "2", "--out", str(tmp_path / "eval.jsonl")]) == 0
+    # checked before any model loads, and not hashed again where it loads
+    assert reads["sha256 trainable.pt"] == 1 and reads["load trainable.pt"] == 1
+
+
+def test_export_reads_the_state_once_for_each_thing_it_checks(tmp_path, run_from_base, reads, settled):
+    assert main(["export", str(run_from_base), str(tmp_path / "model")]) == 0
+    # Once to check the run before any model loads, once as its model is rebuilt, and once after the
+    # weights are read, to know that no save replaced them meanwhile.
+    assert reads["read state.json"] == 3
+    assert reads["sha256 trainable.pt"] == 1 and reads["load trainable.pt"] == 1
+    assert json.loads((tmp_path / "model" / "rftgym_run.json").read_text())["step"] == 1
+
+
+def test_a_file_verified_is_read_again_once_it_changes(tmp_path, run_from_base, monkeypatch):
+    monkeypatch.setattr(checkpoint, "_verified", {})
+    folder = run_from_base / "checkpoint"
+    weights = folder / "trainable.pt"
+
+    def damage() -> None:
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # the same size, written in place
+        weights.write_bytes(bytes(data))
+
+    # Just written, it is not remembered: a write within the same tick of the file clock would
+    # leave its times as they were.
+    verify_checkpoint_file(folder, "trainable.pt")
+    assert checkpoint._verified == {}
+    original = weights.read_bytes()
+    damage()
+    with pytest.raises(ConfigError, match="trainable.pt is not the file its save wrote"):
+        verify_checkpoint_file(folder, "trainable.pt")
+    # Settled, it is remembered, until it is written to.
+    weights.write_bytes(original)
+    monkeypatch.setattr(checkpoint, "SETTLED_NS", -10**18)  # as if written long ago
+    verify_checkpoint_file(folder, "trainable.pt")
+    assert len(checkpoint._verified) == 1
+    time.sleep(0.05)  # past the file clock's tick
+    damage()
+    with pytest.raises(ConfigError, match="trainable.pt is not the file its save wrote"):
+        verify_checkpoint_file(folder, "trainable.pt")
