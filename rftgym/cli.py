@@ -1303,7 +1303,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--api-base", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the API server")
     p.add_argument("--api-timeout", type=float, default=None,
-                   help="seconds a request to the API server may take before it is retried (default 60)")
+                   help="seconds each attempt at a request to the API server may take in all, from connecting "
+                        "to the reply's last byte (the server's whole generation included), before it is retried "
+                        "(default 60)")
     p.add_argument("--api-max-retries", type=int, default=None,
                    help="retries of a request that failed for a passing reason (connection, timeout, HTTP 408, 409, "
                         "429, 5xx) before the evaluation stops (default 5)")
