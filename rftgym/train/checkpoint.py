@@ -393,9 +393,13 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
 CHECKPOINT_FILES = ("trainable.pt", "optimizer.pt", "rng.pt")
 
 
-def check_checkpoint_files(output_dir: Path) -> None:
+def check_checkpoint_files(output_dir: Path, state: dict | None = None) -> None:
     """Refuse a checkpoint that lacks one of its files (deleted, or a copy cut short) before any
-    model loads: a resume needs them all, and loading found the gap only after the model."""
+    model loads: a resume needs them all, and loading found the gap only after the model. With
+    ``state`` (its :func:`saved_state`), each file is also verified against it
+    (:func:`verify_checkpoint_file`: its checksum, or its shape where none was kept), so that a
+    damaged one is said before the model loads too; the load does not hash a file again that has
+    not changed since."""
     path = _checkpoint_path(output_dir)
     missing = [name for name in CHECKPOINT_FILES if path is not None and not (path / name).is_file()]
     if missing:
@@ -403,6 +407,9 @@ def check_checkpoint_files(output_dir: Path) -> None:
                           "(deleted, or a copy cut short), so the run cannot continue from it. The checkpoint is "
                           "left as it is; restore the file from a copy, or start a new run in another output "
                           "directory")
+    if state is not None and path is not None:
+        for name in CHECKPOINT_FILES:
+            verify_checkpoint_file(path, name, state)
 
 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is

@@ -124,7 +124,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         saved = saved_state(out) if resume else None
         saved_rng = None
         if saved is not None:
-            check_checkpoint_files(out)
+            check_checkpoint_files(out, saved)  # each file there, and the one its save wrote
         # Before any model loads, and what cannot be mended first: a run told to add steps would
         # only then learn that it may not resume this checkpoint at all, or not with this launch.
         notes = resume_notes(saved, config) if resume else []

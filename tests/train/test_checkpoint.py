@@ -82,7 +82,7 @@ def test_a_setting_a_resume_may_not_change_is_refused_by_its_field(key, value):
     assert refused.value.fields == (key,)
 
 
-def test_a_resume_reads_the_state_and_random_states_once(tmp_path, reads):
+def test_a_resume_reads_the_state_and_random_states_once(tmp_path, reads, settled):
     train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
     reads.clear()
     train(short(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
@@ -137,3 +137,27 @@ def test_a_file_verified_is_read_again_once_it_changes(tmp_path, run_from_base, 
     damage()
     with pytest.raises(ConfigError, match="trainable.pt is not the file its save wrote"):
         verify_checkpoint_file(folder, "trainable.pt")
+
+
+@pytest.mark.parametrize("name", ["trainable.pt", "optimizer.pt"])
+@pytest.mark.parametrize("checksums", [True, False])
+def test_a_resume_refuses_a_damaged_file_before_any_model_loads(tmp_path, monkeypatch, name, checksums):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    folder = tmp_path / "run" / "checkpoint"
+    if not checksums:  # as saved before rftgym kept them
+        state = json.loads((folder / "state.json").read_text())
+        del state["files"]
+        (folder / "state.json").write_text(json.dumps(state))
+    whole = (folder / name).read_bytes()
+    (folder / name).write_bytes(whole[: len(whole) // 2])
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(no_model))
+    said = "is not the file its save wrote" if checksums else "is damaged: it is not a whole file"
+    with pytest.raises(ConfigError, match=f"{name} {said}.*restore the file from a copy"):
+        train(short(tmp_path, steps=2), make_env=SayAEnv, resume=True)
+    assert (folder / name).read_bytes() == whole[: len(whole) // 2]  # left as it is
