@@ -284,7 +284,7 @@ def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys
     prompts = feed(monkeypatch, ["Let me think.\\\r", f"<answer>{answer}</answer>\r"])  # piped CRLF text
     assert main(["play", ENV_ID, "--seed", "5"]) == 0
     assert prompts == ["assistant> ", "........> "]  # the continuation mark before the CR still continues
-    from rftgym.cli import _brief
+    from rftgym.cli.play import _brief
 
     assert _brief({"tests": [{"expected": "secret"}] * 3, "note": "x" * 300, "none": None, "ok": True}) == {
         "tests": "<3 items>", "note": "x" * 197 + "...", "ok": True}  # no expected outputs mid-episode
@@ -489,16 +489,16 @@ def test_a_baselines_output_that_cannot_be_written_is_refused_before_any_episode
 
 
 def test_an_evaluation_stopped_midway_leaves_no_empty_partial_files(tmp_path, monkeypatch):
-    from rftgym import cli
+    from rftgym.cli import evaluate as cli_evaluate
 
-    evaluate = cli._evaluate_env
+    evaluate = cli_evaluate._evaluate_env
 
     def second_fails(args, env_id, *rest):
         if env_id == "rftgym/MemoryQA-v0":
             raise RuntimeError("stopped")
         return evaluate(args, env_id, *rest)
 
-    monkeypatch.setattr(cli, "_evaluate_env", second_fails)
+    monkeypatch.setattr(cli_evaluate, "_evaluate_env", second_fails)
     with pytest.raises(RuntimeError, match="stopped"):
         main(["eval", ENV_ID, "rftgym/MemoryQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "1",
               "--out", str(tmp_path / "runs") + "/"])
@@ -799,7 +799,7 @@ def test_serve_retriever_on_a_busy_port_says_so_before_indexing(tmp_path, capsys
 
 
 def test_eval_names_episodes_that_ran_out_of_context(tmp_path, monkeypatch, capsys):
-    import rftgym.cli as cli
+    import rftgym.cli.evaluate as cli_evaluate
     from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
 
     class NoRoom(Agent):
@@ -808,7 +808,7 @@ def test_eval_names_episodes_that_ran_out_of_context(tmp_path, monkeypatch, caps
         def act(self, contexts):
             return [AgentReply(text="", finish_reason=CONTEXT_FULL) for _ in contexts]
 
-    monkeypatch.setattr(cli, "_build_agent", lambda args: NoRoom())
+    monkeypatch.setattr(cli_evaluate, "_build_agent", lambda args: NoRoom())
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "3", "--out", str(tmp_path / "e.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "note: 3 rftgym/VerifiableQA-v0 episode(s) ended because the context left no room" in out
@@ -1126,7 +1126,8 @@ API = ["--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "
 
 
 def test_the_api_agents_flags_reach_its_config():
-    from rftgym.cli import _build_agent, build_parser
+    from rftgym.cli import build_parser
+    from rftgym.cli.agents import _build_agent
 
     agent = _build_agent(build_parser().parse_args(["eval", ENV_ID, *API, "--api-max-retries", "2", "--api-backoff",
                                                     "0.25", "--api-timeout", "7", "--sample-seed", "11", "--num-envs",

@@ -368,7 +368,8 @@ def test_sampling_only_flags_at_temperature_0_are_refused(agent, tmp_path, capsy
 
 
 def test_a_server_that_samples_at_api_extras_temperature_takes_the_sampling_flags():
-    from rftgym.cli import _check_agent_flags, build_parser
+    from rftgym.cli import build_parser
+    from rftgym.cli.agents import _check_agent_flags
 
     _check_agent_flags(build_parser().parse_args(["eval", ENV_ID, "--agent", "api", "--api-base", "http://h/v1",
                                                   "--api-model", "m", "--api-extra", '{"temperature": 0.7}',

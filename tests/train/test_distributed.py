@@ -516,6 +516,7 @@ def test_the_train_command_leaves_its_process_group(monkeypatch):
     import torch.distributed as dist
 
     from rftgym import cli
+    from rftgym.cli import train as cli_train
     from rftgym.train import loop
 
     def joins_then_fails(config, resume=False):
@@ -526,7 +527,7 @@ def test_the_train_command_leaves_its_process_group(monkeypatch):
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(loop, "train", joins_then_fails)
-    monkeypatch.setattr(cli, "_make_env", lambda env_id, kwargs: type("E", (), {"close": lambda self: None})())
+    monkeypatch.setattr(cli_train, "_make_env", lambda env_id, kwargs: type("E", (), {"close": lambda self: None})())
     with pytest.raises(RuntimeError, match="the run failed"):
         cli.main(["train", "rftgym/VerifiableQA-v0", "--steps", "1"])
     assert not dist.is_initialized()

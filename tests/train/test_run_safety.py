@@ -84,7 +84,8 @@ def test_resume_under_another_number_of_processes_says_how_before_loading_a_mode
 
 def test_tasks_that_do_not_split_across_processes_are_refused_by_their_flag(tmp_path, make_char_policy,
                                                                            monkeypatch):
-    from rftgym.cli import _flagged, _train_field_flags
+    from rftgym.cli.common import _flagged
+    from rftgym.cli.train import _train_field_flags
 
     _launched_as(monkeypatch, 2)
     with pytest.raises(ConfigError, match=r"tasks_per_step \(3\) must be a multiple of the number of processes "

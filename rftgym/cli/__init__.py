@@ -1,0 +1,92 @@
+"""The ``rftgym`` command: list environments, play one by hand, evaluate an agent.
+
+One module a concern: :mod:`.parser` (the arguments), a module for each command (:mod:`.environments`
+for ``envs``, :mod:`.play`, :mod:`.evaluate`, :mod:`.train`, :mod:`.export`, :mod:`.serve_retriever`),
+and what they share (:mod:`.common`, :mod:`.agents`, :mod:`.user_code`, :mod:`.eval_output`,
+:mod:`.sigterm`, :mod:`.launcher`). :func:`main` runs a command and reports its errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+import warnings
+from typing import Sequence
+
+from ..core.errors import AgentError, ConfigError, DataFormatError, EnvError, RftgymError
+from .common import UsageError, _check_common
+from .launcher import _launch, _leave_launch, _report_error
+from .parser import _LaunchedArgumentError, build_parser, given_train_flags
+from .sigterm import _Terminated, _stop_on_sigterm
+from .train import train_config_from_args
+from .train_flags import TRAIN_FLAGS
+
+__all__ = ["TRAIN_FLAGS", "UsageError", "build_parser", "given_train_flags", "main", "train_config_from_args"]
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, without the source line it came from (library code, of no use to a
+    command's user), written between progress-bar updates rather than into the bar."""
+    from tqdm import tqdm
+
+    tqdm.write(f"{category.__name__}: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _LaunchedArgumentError as exc:  # every rank has the same command line: rank 0 says what is wrong
+        if _launch()[0] == 0:
+            exc.parser.print_usage(sys.stderr)
+        _report_error(exc.parser.prog, exc, str(exc), same_on_every_rank=True)
+        _leave_launch(reported=True)
+        return 2
+    if args.command == "train":
+        args.given = given_train_flags(argv)
+    # An evaluation stopped by SIGTERM says where its finished episodes are, as after Ctrl-C
+    # (rftgym train installs its own handler).
+    previous = _stop_on_sigterm() if args.command == "eval" else None
+    reported = False
+    prog = f"rftgym {args.command}"
+    try:
+        with warnings.catch_warnings():
+            if argv is None:  # run as a program (a caller of main() may be recording warnings: tests)
+                warnings.showwarning = _show_warning
+            _check_common(args)
+            return args.func(args)
+    except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
+        reported = True
+        _report_error(prog, exc, str(exc), same_on_every_rank=True)
+        parser.exit(2)
+    except RftgymError as exc:  # something else failed: a sandbox, a model, a server
+        cause = exc.__cause__
+        # An agent's or an env's own crash: where it was is the cause's traceback (a server that is
+        # down or a sandbox that failed needs only the message).
+        crash = isinstance(exc, (AgentError, EnvError)) and cause is not None and not isinstance(cause, RftgymError)
+        reported = True
+        _report_error(prog, exc, str(exc), same_on_every_rank=False,
+                      details=(lambda: traceback.print_exception(cause, file=sys.stderr)) if crash else None)
+        return 1
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, _Terminated)
+        if not getattr(stop, "reported", False):  # the evaluation may have said what it kept
+            print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        return 143 if terminated else 130
+    except BrokenPipeError:  # the reader of the output went away (e.g. `rftgym envs | head -1`): not an error
+        # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
+    except Exception as exc:  # a crash: under a launcher reported once, like the errors above
+        if _launch()[1] <= 1:
+            raise
+        reported = True
+        _report_error(prog, exc, f"{type(exc).__name__}: {exc}", same_on_every_rank=False,
+                      details=lambda: traceback.print_exception(exc, file=sys.stderr))
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if args.command == "train" or _launch()[1] > 1:
+            _leave_launch(reported)

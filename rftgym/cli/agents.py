@@ -1,0 +1,196 @@
+"""The agent ``--agent`` names: a built-in one made from its flags, or an agent of your own
+(``module:name``); and the flags refused because they would not reach the run's agent."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import urllib.parse
+from typing import Any
+
+from ..core.errors import AgentError, ConfigError
+from .common import UsageError, _check_model_dir, _flagged, _json_object
+from .user_code import _load_object
+
+
+AGENTS = ("default", "hf", "api", "random", "adversarial")
+
+
+def _agent_choice(value: str) -> str:
+    """``--agent``'s value: a built-in agent, or module:name (loaded when the agent is made)."""
+    if value in AGENTS or (":" in value and all(value.partition(":")[::2])):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(AGENTS)}, or module:name for "
+                                     "an agent of your own)")
+
+
+def _agent_label(agent: str) -> str:
+    """``--agent`` as a part of a file name (``my_agents:Best`` -> ``my_agents-Best``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", agent)
+
+
+# eval's sampling flags: the parameter of an agent of your own each one is passed as, and its default.
+SAMPLING_FLAGS = {"--max-new-tokens": ("max_new_tokens", 256), "--temperature": ("temperature", 0.0),
+                  "--top-p": ("top_p", 1.0), "--sample-seed": ("seed", 0)}
+
+
+class _NoteGiven(argparse.Action):
+    """Stores a flag's value and notes that the flag was given, whatever its value: an agent of your
+    own gets the sampling flags given (``--temperature 0`` too), and keeps its own defaults else."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.flags_given = (*getattr(namespace, "flags_given", ()), self.dest)
+
+
+def _sampling_flags_given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The sampling flags given on the command line: flag -> (parameter, value)."""
+    given = set(getattr(args, "flags_given", ()))
+    dests = {flag: flag[2:].replace("-", "_") for flag in SAMPLING_FLAGS}
+    return {flag: (parameter, getattr(args, dests[flag]))
+            for flag, (parameter, _) in SAMPLING_FLAGS.items() if dests[flag] in given}
+
+
+def _takes(factory, parameter: str) -> bool:
+    """Whether calling ``factory`` accepts ``parameter=`` (by name, or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass nothing
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == parameter and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+               for p in parameters)
+
+
+def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
+    """The agent ``--agent module:name`` names: ``name`` in ``module`` (imported as an env module
+    is, the current directory on the path) is an Agent or a callable that returns one (a class, a
+    factory), called with the ``sampling`` flags given, each as the keyword parameter it names
+    (``--temperature 0.7`` as ``temperature=0.7``). A flag it cannot take is refused rather than
+    ignored: the run would not sample as asked."""
+    from ..agents.base import Agent
+
+    module, _, name = path.partition(":")  # both there: _agent_choice checked the flag
+    try:
+        found = _load_object(path)
+    except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
+        raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r} ({type(exc).__name__}: {exc}); "
+                         "give module:name with a module on the Python path") from None
+    if not isinstance(found, Agent) and not callable(found):
+        raise UsageError(f"--agent {path!r} is a {type(found).__name__}; name an Agent, or a class or function "
+                         "that makes one")
+    made = isinstance(found, Agent)
+    refused = [flag for flag, (parameter, _) in sampling.items() if made or not _takes(found, parameter)]
+    if refused:
+        what = "is an Agent already made" if made else \
+            f"takes no {' or '.join(repr(sampling[flag][0]) for flag in refused)} parameter"
+        raise UsageError(f"{' and '.join(refused)} cannot reach --agent {path!r}: it {what}, and the run would not "
+                         f"sample as asked; drop {' and '.join(refused)}, or name a class or function that takes "
+                         f"{' and '.join(sampling[flag][0] + '=' for flag in refused)}")
+    if not made:
+        try:
+            found = found(**{parameter: value for parameter, value in sampling.values()})
+        except Exception as exc:  # noqa: BLE001 (the user's factory)
+            raise AgentError(f"--agent {path!r}: making the agent raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(found, Agent):
+        raise UsageError(f"--agent {path!r} made a {type(found).__name__}, not an rftgym Agent; subclass "
+                         "rftgym.agents.base.Agent (act(contexts) -> list of AgentReply)")
+    if found.name == Agent.name:  # it named itself nothing: the table and its errors call it as the user did
+        found.name = path
+    return found
+
+
+# The agent configs' fields and the flags that set them, so that a refused value names the flag.
+AGENT_FLAGS = {
+    "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
+            "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
+            "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
+            "seed": "--sample-seed", "extra_body": "--api-extra"},
+    "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
+           "max_batch_size": "--num-envs", "seed": "--sample-seed"},
+}
+
+
+def _build_agent(args: argparse.Namespace):
+    try:
+        return _make_agent(args)
+    except ConfigError as exc:
+        # Only the built-in agents' fields are set by flags (an agent of your own sets its own).
+        flags = AGENT_FLAGS["api"] if args.agent == "api" else AGENT_FLAGS["hf"] if args.agent in ("default", "hf") \
+            else {}
+        flagged = _flagged(exc, flags)
+        if flagged is None:
+            raise
+        raise flagged from None
+
+
+AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
+                   "api": (("api_base", "--api-base"), ("api_model", "--api-model"), ("api_timeout", "--api-timeout"),
+                           ("api_max_retries", "--api-max-retries"), ("api_backoff", "--api-backoff"),
+                           ("api_extra", "--api-extra"))}
+
+
+def _check_agent_flags(args: argparse.Namespace) -> None:
+    """A flag of another agent is refused: it would be ignored, and the run would evaluate another
+    model than the one named (``--model DIR`` with the default agent evaluated SmolLM2)."""
+    for agent, flags in AGENT_OWN_FLAGS.items():
+        given = [flag for name, flag in flags if getattr(args, name, None) is not None]
+        if given and args.agent != agent:
+            raise UsageError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for --agent {agent}, and "
+                             f"this run's agent is {args.agent}; add --agent {agent}, or drop {' and '.join(given)}")
+    if args.agent in ("random", "adversarial"):
+        unread = [flag for flag in _sampling_flags_given(args) if flag != "--sample-seed"]
+        if unread:  # they draw text, not tokens from a model: the flags would be ignored
+            raise UsageError(f"{' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --agent "
+                             f"{args.agent}, which draws its text without a model (only --sample-seed applies); "
+                             f"drop {' and '.join(unread)}")
+    # The api agent samples at the temperature the server sees: --api-extra's, where it sets one.
+    extra = _json_object(args.api_extra, "--api-extra") if args.agent == "api" else None
+    if args.agent in ("default", "hf", "api") and (extra or {}).get("temperature", args.temperature) == 0:
+        unread = [flag for flag in _sampling_flags_given(args) if flag in ("--top-p", "--sample-seed")]
+        if unread:  # greedy decoding takes the likeliest token: no nucleus, no draw to seed
+            raise UsageError(f"{' and '.join(unread)} {'applies' if len(unread) == 1 else 'apply'} only to sampling, "
+                             f"and --agent {args.agent} decodes greedily at --temperature 0 (the default); give "
+                             f"--temperature above 0, or drop {' and '.join(unread)}")
+
+
+def _make_agent(args: argparse.Namespace):
+    if args.agent in ("default", "hf"):
+        if args.agent == "hf" and not args.model:
+            raise UsageError("--agent hf needs --model PATH (a local Hugging Face model directory)")
+        if args.agent == "hf":
+            _check_model_dir(args.model)
+        from ..agents.hf_policy import HFPolicy, SamplingConfig
+
+        sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs)
+        policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
+                                          device=args.device)
+        policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
+        return policy
+    if args.agent == "api":
+        if not args.api_base or not args.api_model:
+            raise UsageError("--agent api needs --api-base URL (e.g. http://127.0.0.1:8000/v1) and --api-model NAME")
+        try:  # a bracket left open is a ValueError of urllib's, not a refusal of the config's
+            urllib.parse.urlsplit(args.api_base)
+        except ValueError as exc:
+            raise UsageError(f"--api-base {args.api_base!r} is not a valid URL ({exc}); give the server's base URL, "
+                             "e.g. http://127.0.0.1:8000/v1 (an IPv6 address in brackets: http://[::1]:8000/v1)") \
+                from None
+        from ..agents.chat_api import ChatAPIAgent
+
+        # A transport flag left out keeps ChatAPIConfig's default.
+        transport = {name: value for name, value in (("timeout_s", args.api_timeout),
+                                                     ("max_retries", args.api_max_retries),
+                                                     ("backoff_s", args.api_backoff),
+                                                     ("extra_body", _json_object(args.api_extra, "--api-extra")))
+                     if value is not None}
+        return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
+                                     top_p=args.top_p, max_tokens=args.max_new_tokens,
+                                     max_concurrency=args.num_envs, seed=args.sample_seed, **transport)
+    from ..agents.scripted import AdversarialAgent, RandomTextAgent
+
+    if args.agent in ("random", "adversarial"):
+        seed = args.sample_seed
+        return RandomTextAgent(seed=seed) if args.agent == "random" else AdversarialAgent(seed=seed)
+    return _agent_of_your_own(args.agent, _sampling_flags_given(args))

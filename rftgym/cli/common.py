@@ -1,0 +1,85 @@
+"""What several commands share: the usage error, a flag's JSON object, a config error named by
+its flag, the --model check, and the checks of the arguments every command gets wrong alike."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..core.errors import ConfigError, ModelLoadError
+
+
+class UsageError(Exception):
+    """A bad command-line argument; printed as 'error: …' with exit status 2."""
+
+
+def _json_object(text: str | None, flag: str) -> dict | None:
+    """A flag's JSON object (None when the flag is not given)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc}); give an object, e.g. {flag} '{{\"top_k\": 20}}'") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: give a JSON object, e.g. {flag} '{{\"top_k\": 20}}', not {type(value).__name__}")
+    return value
+
+
+def _flagged(exc: ConfigError, flags: dict[str, str]) -> UsageError | None:
+    """``exc`` as a usage error that starts with the flag(s) behind its config field(s), or None
+    when it names no field that a flag sets."""
+    named = [flags[field] for field in exc.fields if field in flags]
+    return UsageError(f"{' / '.join(dict.fromkeys(named))}: {exc}") if named else None
+
+
+def _check_model_dir(model: str | None, flag: str = "--model") -> None:
+    """A --model (or ``flag``) that is not a local model directory, or a training run's directory
+    whose checkpoint is damaged, is a usage error, found before any other work (the default model
+    is checked where it loads: finding it may convert its weights)."""
+    from ..agents.model_loading import check_trained_run, names_default_model, resolve_model_dir
+    from ..train.export import is_run_dir
+
+    if names_default_model(model):
+        return
+    try:
+        path = resolve_model_dir(model)
+        if is_run_dir(path):
+            check_trained_run(path)
+    except ModelLoadError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Arguments every command that has them gets wrong the same way; refused before any work."""
+    for flag in ("seed", "sample_seed"):
+        seed = getattr(args, flag, 0)
+        if seed is not None and not 0 <= seed < 2**63:
+            raise UsageError(f"--{flag.replace('_', '-')} must be in [0, 2^63), got {seed}")
+    device = getattr(args, "device", None)
+    if device and getattr(args, "agent", None) not in (None, "default", "hf"):
+        raise UsageError(f"--device is read by the local models (--agent default or hf) only, and this run's agent is "
+                         f"{args.agent}; drop --device")
+    if device:
+        import torch
+
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise UsageError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+        if parsed.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
+        if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
+            raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
+        available = {"mps": lambda: torch.backends.mps.is_available(),  # torch.mps has it only from 2.5
+                     "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(parsed.type)
+        if available is not None and not available():
+            raise UsageError(f"--device {device}: this torch build or machine has no {parsed.type.upper()} device; "
+                             "use --device cpu")
+    for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():  # would quietly mean the default path
+            raise UsageError(f"{flag} is empty; give a path, or leave {flag} out for the default under runs/")
+    episodes = getattr(args, "episodes", None)
+    if episodes is not None and episodes < 1:
+        raise UsageError(f"--episodes must be at least 1, got {episodes}")

@@ -1,0 +1,119 @@
+"""Where an evaluation writes its episodes: the --out checks made before any episode runs (never
+a directory, an input file or the source of a module the run imports), the partial file the
+episodes stream to, and default names that do not collide."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Collection, Sequence
+
+from .common import UsageError
+from .environments import _env_class, _env_spec
+from .user_code import _module_source
+
+
+def _users_sources(env_ids: Sequence[str], agent: str, baselines: bool) -> dict[str, tuple[str, str]]:
+    """The Python source files of the modules this evaluation imports to run what it was given:
+    an env's ``module:EnvId`` module and its entry point's, ``--agent module:name``'s, and with
+    ``--baselines`` the baselines' wrappers' (each with the packages above it). Real path ->
+    (module, what named it), so that ``--out`` is never one of them."""
+    named: dict[str, str] = {}
+    for env_id in env_ids:
+        module = env_id.rpartition(":")[0]
+        if module:
+            named.setdefault(module, f"the environment {env_id}")
+        entry = _env_spec(env_id).entry_point
+        named.setdefault(entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", ""),
+                         f"the environment {env_id}")
+        for _, _, wrapper in _env_class(env_id).metadata.get("eval_baselines", ()) if baselines else ():
+            if wrapper:
+                named.setdefault(wrapper.partition(":")[0], f"the baselines of {env_id}")
+    if ":" in agent:
+        named.setdefault(agent.partition(":")[0], f"--agent {agent}")
+    sources: dict[str, tuple[str, str]] = {}
+    for module, what in named.items():
+        parts = module.split(".") if module else []
+        for depth in range(len(parts), 0, -1):  # the module, then the packages it is in
+            source = _module_source(".".join(parts[:depth]))
+            if source is not None:
+                sources.setdefault(os.path.realpath(source), (".".join(parts[:depth]), what))
+    return sources
+
+
+def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: dict | None = None,
+                   sources: dict[str, tuple[str, str]] | None = None) -> None:
+    """Refuse an output file path that cannot be written, or that names one of the run's input
+    files (an ``--env-arg`` path, a file in one of the input ``folders``: flag -> directory, such
+    as the model's, or the source of a module imported for the run: :func:`_users_sources`),
+    before any episode runs. Creating the partial file beside it (:func:`_partial`) is the test:
+    it is where the episodes go while the run lasts."""
+    try:
+        if path.is_dir():
+            raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new "
+                             "directory with several environments")
+        if path.exists() and not path.is_file():  # the finished file replaces it: never a device or a pipe
+            raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); the episodes are "
+                             "written to a file that replaces it, so give a file name ending in .jsonl")
+        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise UsageError(f"{what} {path} cannot be written: {blocking} is a file, not a directory")
+        for key, value in (inputs or {}).items():
+            # realpath resolves a path through a directory not made yet ("new/../tasks.jsonl") too.
+            if isinstance(value, str) and value and Path(value).exists() and (
+                    os.path.samefile(path, value) if path.exists()
+                    else os.path.realpath(path) == os.path.realpath(value)):
+                raise UsageError(f"{what} {path} is the file given as --env-arg {key}; the evaluation would "
+                                 "overwrite its own input. Give another --out")
+        code = (sources or {}).get(os.path.realpath(path))
+        if code is not None:
+            module, named_by = code
+            raise UsageError(f"{what} {path} is the source of the Python module {module!r}, imported for {named_by}; "
+                             "the evaluation would overwrite that code with its episodes. Give another --out")
+        for flag, folder in (folders or {}).items():
+            # Episodes beside the model's files are fine (a run's eval.jsonl, again); its files are not.
+            if path.is_file() and os.path.isdir(folder) and path.resolve().is_relative_to(Path(folder).resolve()) \
+                    and not _holds_episodes(path):
+                raise UsageError(f"{what} {path} is a file of the {flag} directory {folder}; the evaluation would "
+                                 "overwrite it with its episodes. Give another --out")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _check_partial(path)
+        _partial(path).open("a", encoding="utf-8").close()
+    except OSError as exc:
+        raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def _holds_episodes(path: Path) -> bool:
+    """Whether ``path`` starts as an episode record does (an earlier evaluation's --out): by its
+    first bytes only, since a model's weights file may have no line end for gigabytes."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(EPISODE_START)) == EPISODE_START
+    except OSError:
+        return False
+
+
+EPISODE_START = b'{"env_id": '  # how every line of rftgym's episode files starts (Episode.to_json)
+
+
+def _partial(path: Path) -> Path:
+    """Where an evaluation streams its finished episodes until it completes and replaces ``path``."""
+    return path.with_name(path.name + ".partial")
+
+
+def _check_partial(path: Path) -> None:
+    """Refuse to start over the episodes an earlier, unfinished evaluation left in the partial file."""
+    partial = _partial(path)
+    if partial.is_file() and partial.stat().st_size > 0:
+        raise UsageError(f"{partial} holds the episodes of an earlier evaluation that did not complete; move or "
+                         "delete it, or give another --out")
+
+
+def _unique(path: Path, taken: Collection[Path] = ()) -> Path:
+    """``path``, or ``stem-2``, ``stem-3``... beside it if it exists (two runs in one second) or is
+    ``taken`` by another file of this run (two envs of the same name in other namespaces)."""
+    candidate, number = path, 2
+    while candidate.exists() or candidate in taken:
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+        number += 1
+    return candidate

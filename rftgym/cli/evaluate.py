@@ -1,0 +1,270 @@
+"""``rftgym eval``: an agent (and an env's baselines) on one or more environments, each finished
+episode streamed to a file, and the table of results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import gymnasium as gym
+
+from ..core.errors import ConfigError
+from ..envs.common import with_policy_token_counter
+from .agents import _agent_label, _build_agent, _check_agent_flags
+from .common import UsageError
+from .environments import _env_class, _make_env, _parse_env_args, _short_name
+from .eval_output import _partial, _unique, _users_sources, _writable_file
+from .sigterm import _Terminated
+from .user_code import _load_object
+
+
+DEFAULT_EVAL_EPISODES = 32
+MAX_EVAL_EPISODES = 1_000_000
+EVAL_COLUMNS = ["env", "agent", "episodes", "reward", "success", "turns", "format_err", "sampled_tok", "prompt_tok",
+                "ep/s"]
+
+
+def _cell(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    if args.episodes is not None and args.episodes < 1:
+        raise UsageError(f"--episodes must be at least 1, got {args.episodes}")
+    if args.episodes is not None and args.episodes > MAX_EVAL_EPISODES:
+        raise UsageError(f"--episodes {args.episodes} is more than one evaluation holds ({MAX_EVAL_EPISODES:,}: every "
+                         "episode is kept for the table); split it into runs with --seed S --episodes N")
+    if args.num_envs < 1:
+        raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
+    _check_agent_flags(args)
+    repeated = sorted({env_id for env_id in args.env if args.env.count(env_id) > 1})
+    if repeated:
+        raise UsageError(f"{', '.join(repeated)} is given more than once; give each environment once (its "
+                         "episodes are set by --episodes and --seed)")
+    env_ids = list(args.env)
+    env_kwargs = _parse_env_args(args.env_arg)
+    episodes_per_env = {}
+    for env_id in env_ids:
+        probe = _make_env(env_id, env_kwargs)  # fail fast on a bad env id or option, before loading a model
+        # An env over a fixed benchmark (e.g. HumanEval) names its size, so that the default
+        # evaluation covers each task once; others get DEFAULT_EVAL_EPISODES seeded episodes.
+        episodes_per_env[env_id] = args.episodes or getattr(probe.unwrapped, "eval_episodes", None) \
+            or DEFAULT_EVAL_EPISODES
+        probe.close()
+    for env_id in env_ids:
+        _check_eval_metadata(env_id, args.baselines)
+    if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
+        raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
+                         "baselines; drop --baselines")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if args.out and len(env_ids) > 1 and (Path(args.out).suffix == ".jsonl" or Path(args.out).is_file()):
+        raise UsageError("with several environments --out is a directory (one JSONL per environment), "
+                         f"not a file; got {args.out}")
+    outs = {}
+    for env_id in env_ids:
+        if len(env_ids) == 1 and args.out and not args.out.endswith(("/", os.sep)):
+            outs[env_id] = Path(args.out)
+        else:
+            outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
+                                   / f"{_short_name(env_id)}-{_agent_label(args.agent)}-{stamp}.jsonl",
+                                   set(outs.values()))
+    # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
+    paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
+    if len(set(paths)) < len(paths):  # e.g. a baseline's file and another env's; never one file for two runs
+        raise UsageError(f"two runs of this evaluation would write the same file ({', '.join(map(str, paths))}); "
+                         "give another --out")
+    rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
+    context_full: dict[str, int] = {}
+    agent = None
+    sources = _users_sources(env_ids, args.agent, args.baselines)
+    try:
+        for path in paths:
+            _writable_file(path, "--out", env_kwargs, {"--model": args.model} if args.agent == "hf" and args.model
+                           else {}, sources)
+        agent = _build_agent(args)
+        for env_id in env_ids:
+            for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
+                                                 outs[env_id]):
+                rows.append(row)
+                written.append(path)
+                if full:
+                    context_full[env_id] = context_full.get(env_id, 0) + full
+    except BaseException:
+        if written:  # the runs that completed before a later one failed are shown, not hidden behind the error
+            _print_eval_results(len(env_ids), rows, written, context_full)
+        raise
+    finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
+        if agent is not None:
+            agent.close()
+        for path in paths:
+            partial = _partial(path)
+            try:
+                if partial.is_file() and partial.stat().st_size == 0:
+                    partial.unlink()
+            except OSError:  # e.g. a name too long: it was refused, and nothing was made there
+                pass
+    _print_eval_results(len(env_ids), rows, written, context_full)
+    return 0
+
+
+def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int]) -> None:
+    """The table of the runs in ``rows``, notes on their episodes, and where they were written."""
+    from ..rollout import format_table
+
+    if env_count == 1:
+        print(format_table([row for _, row in rows], rows[0][0]))
+    else:
+        # Envs have different own columns: the shared ones, then each env's as key=value text.
+        shared = len(EVAL_COLUMNS)
+        table = [row[:shared] + [" ".join(f"{h}={_cell(v)}" for h, v in zip(row_headers[shared:], row[shared:]))]
+                 for row_headers, row in rows]
+        print(format_table(table, EVAL_COLUMNS + ["env metrics"]))
+    for env_id, full in context_full.items():
+        print(f"note: {full} {env_id} episode(s) ended because the context left no room for another reply "
+              "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
+    # Flushed: after a failure the error follows on stderr, and should not come before this.
+    print("episodes written to " + ", ".join(str(p) for p in written), flush=True)
+
+
+def _check_eval_metadata(env_id: str, baselines: bool) -> None:
+    """An env's own eval columns and baselines (its class's metadata; the baselines' wrappers are
+    loaded when they will run, with ``--baselines``), checked before any episode runs: a
+    malformed entry would otherwise fail after the whole evaluation, or after the envs before it."""
+    from ..rollout.metrics import metric_spec_problem
+
+    metadata = _env_class(env_id).metadata
+    problem = metric_spec_problem(metadata.get("eval_metrics", ()))
+    if problem:
+        raise ConfigError(f"{env_id}: metadata['eval_metrics'] is malformed: {problem}; e.g. "
+                          "(('hit_rate', 'hit', 'final_rate'),) adds a column hit_rate, the share of episodes whose "
+                          "last turn's info['hit'] is true")
+    columns = [column for column, _, _ in metadata.get("eval_metrics", ())]
+    taken = sorted({c for c in columns if columns.count(c) > 1 or c in EVAL_COLUMNS})
+    if taken:
+        raise ConfigError(f"{env_id}: metadata['eval_metrics'] names the column(s) {', '.join(taken)} twice or as one "
+                          f"of the table's own ({', '.join(EVAL_COLUMNS)}); give each column a name of its own")
+    declared = metadata.get("eval_baselines", ())
+    entries = declared if isinstance(declared, (list, tuple)) else [declared]
+    labels = []
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], dict) and (entry[2] is None or isinstance(entry[2], str))):
+            raise ConfigError(f"{env_id}: metadata['eval_baselines'] has the entry {entry!r}; each is a (label, env "
+                              "options dict, 'module:AgentWrapper' or None) triple")
+        label, _, wrapper = entry
+        # The label names the baseline's row and its episodes' file (beside the agent's own).
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or label in labels:
+            raise ConfigError(f"{env_id}: metadata['eval_baselines'] has the label {label!r}"
+                              f"{' twice' if label in labels else ''}; labels are distinct, non-empty and made of "
+                              "letters, digits, '_', '.' and '-' (they name files)")
+        labels.append(label)
+        if wrapper is not None and baselines:  # --baselines: the wrappers will run
+            try:
+                _load_object(wrapper)
+            except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
+                raise ConfigError(f"{env_id}: the baseline {label!r}'s agent wrapper {wrapper!r} cannot be loaded "
+                                  f"({type(exc).__name__}: {exc}); give 'module:Wrapper' with an importable module") \
+                    from None
+
+
+def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):
+    """One env: the agent as it is, then each baseline the env declares (the same agent under other
+    env options, or wrapped), all on the same seeds. Yields ``((headers, row), path, context_full)``
+    for each run as it completes, so that a later run's failure does not hide it."""
+    from ..core.records import write_episodes_jsonl
+
+    env_class = _env_class(env_id)
+    env_kwargs = with_policy_token_counter(env_class.metadata, env_kwargs, agent)
+    seeds = [args.seed + i for i in range(episodes)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs = [("", agent, env_kwargs)]
+    for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
+        runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
+    paths = list(_baseline_paths(env_id, out, args.baselines).values())
+    for (label, run_agent, run_kwargs), path in zip(runs, paths):
+        run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
+        target = path.resolve()  # a symlinked --out is written through, not replaced
+        complete = target.with_name(target.name + ".complete")
+        try:  # in seed order, then in place of any earlier file at once
+            write_episodes_jsonl(complete, run_episodes_)
+            os.replace(complete, target)
+        except OSError as exc:
+            raise UsageError(f"cannot write the episodes to {path} ({exc.strerror or exc}); they are all in "
+                             f"{_partial(path)}") from None
+        finally:
+            complete.unlink(missing_ok=True)
+        _partial(path).unlink(missing_ok=True)
+        headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
+                                          run_episodes_, elapsed)
+        yield (headers, row), path, summary["context_full"]
+
+
+def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
+    """Where each run of an env's evaluation writes its episodes, by label: ``""`` (the agent as it
+    is) to ``out``, and with ``--baselines`` each baseline the env declares beside it."""
+    labels = [label for label, _, _ in _env_class(env_id).metadata.get("eval_baselines", ())] if baselines else []
+    return {"": out, **{label: out.with_name(f"{out.stem}-{label}{out.suffix}") for label in labels}}
+
+
+def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
+    """Run the episodes; each finished one is appended at once to ``path``'s partial file, so an
+    interrupted or failed evaluation keeps what it finished, and an earlier ``path`` is left as it
+    was until the evaluation completes."""
+    from tqdm import tqdm
+
+    from ..core.records import append_episode_jsonl
+    from ..rollout import RolloutConfig, run_episodes
+
+    started = time.perf_counter()
+    desc = f"eval {env_id}" + (f" ({label})" if label else "")
+    finished = 0
+    partial = _partial(path)
+    try:
+        handle = open(partial, "w", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot write {partial} ({exc.strerror or exc})") from None
+    with handle, tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
+        def done(episode):
+            nonlocal finished
+            try:
+                append_episode_jsonl(handle, episode)
+            except OSError as exc:
+                raise UsageError(f"cannot write episodes to {partial} ({exc.strerror or exc}); the {finished} "
+                                 "finished before are there") from None
+            finished += 1
+            bar.update(1)
+
+        try:
+            episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
+                                    config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
+        except BaseException as exc:
+            why = ("terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+                   if isinstance(exc, KeyboardInterrupt) else "stopped by an error")
+            kept = f"; {path} is as it was" if path.exists() else ""
+            if finished:
+                print(f"\n{why}: the {finished} finished episodes are in {partial}{kept}", file=sys.stderr)
+            else:
+                partial.unlink(missing_ok=True)
+                if isinstance(exc, KeyboardInterrupt):
+                    print(f"\n{why} before any episode finished{kept}", file=sys.stderr)
+            if isinstance(exc, KeyboardInterrupt):
+                exc.reported = True
+            raise
+    return episodes, time.perf_counter() - started
+
+
+def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
+    from ..rollout import summarize
+    from ..rollout.metrics import env_metrics
+
+    s = summarize(episodes)
+    headers = list(EVAL_COLUMNS)
+    row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
+           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
+    extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
+    return headers + list(extra), row + ["-" if v is None else v for v in extra.values()], s

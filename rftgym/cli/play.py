@@ -1,0 +1,105 @@
+"""``rftgym play``: an environment played by hand, the user typing the assistant's turns."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .environments import _make_env, _parse_env_args
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from ..envs.common import settle_cut
+
+    env = _make_env(args.env, _parse_env_args(args.env_arg))
+    print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
+          "Ctrl-D quits.\n")
+    seen: set[str] = set()
+    if hasattr(sys.stdin, "reconfigure"):
+        # Undecodable bytes reach _valid_text (as U+FFFD) instead of failing a whole buffered read.
+        sys.stdin.reconfigure(errors="surrogateescape")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a terminal that is not UTF-8 shows '?' for '…'
+
+    try:
+        for episode in range(args.episodes):
+            context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
+            done = False
+            while not done:
+                for message in context:
+                    if message.id not in seen and message.role != "assistant":
+                        print(f"[{message.role}]\n{message.content}\n")
+                    seen.add(message.id)
+                text = _read_turn()
+                if text is None:
+                    print("\nbye")
+                    return 0
+                before = context
+                context, reward, terminated, truncated, info = env.step(text)
+                if truncated and not terminated:  # paid and reported as rftgym eval records it
+                    reward, info = settle_cut(reward, info)
+                for message in context:
+                    if message.role == "assistant":
+                        seen.add(message.id)
+                # An env may edit the context (e.g. a memory prune): say what the model no longer sees.
+                kept = set(context.ids)
+                removed = [m for m in before if m.id not in kept]
+                if removed:
+                    print(f"[context edited: {len(removed)} earlier message(s) removed]")
+                    for message in removed:
+                        print(f"  - {message.id} ({message.role}): {_first_line(message.content)}")
+                    print()
+                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={_brief(info)}\n")
+                done = terminated or truncated
+    finally:
+        env.close()
+    return 0
+
+
+def _brief(info: dict) -> dict:
+    """``info`` for a person playing: collections by their size (CodeTCG's tests hold every
+    expected output, and a wall of text per turn hides the rest), long text cut, empty values left out."""
+    shown = {}
+    for key, value in info.items():
+        if value is None or (isinstance(value, str) and not value):  # (`in` would compare arrays)
+            continue
+        if isinstance(value, (list, tuple, dict, set)):
+            value = f"<{len(value)} item{'s' if len(value) != 1 else ''}>"
+        elif isinstance(value, str) and len(value) > 200:
+            value = value[:197] + "..."
+        shown[key] = value
+    return shown
+
+
+def _read_turn() -> str | None:
+    lines = []
+    prompt = "assistant> "
+    while True:
+        try:
+            line = _valid_text(input(prompt))
+        except EOFError:
+            return None
+        except UnicodeDecodeError as exc:  # stdin decoded strictly (e.g. PYTHONIOENCODING=utf-8)
+            print(f"\n(that line was not valid {exc.encoding}; type it again)", file=sys.stderr)
+            continue
+        line = line.removesuffix("\r")  # piped Windows text: its continuation mark sits before a CR
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = "........> "
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def _first_line(text: str, width: int = 70) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def _valid_text(line: str) -> str:
+    """The line with any undecodable input bytes as U+FFFD: stdin decoded with surrogateescape (a
+    C or UTF-8 locale) keeps them as lone surrogates, which no encoder, tokenizer or file accepts."""
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate that is not an escaped byte
+        return line.encode("utf-8", "replace").decode("utf-8")

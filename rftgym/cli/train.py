@@ -1,0 +1,165 @@
+"""``rftgym train``: the TrainConfig its arguments describe (a resume's from its checkpoint), the
+run, and what an interrupted run says about resuming it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .common import UsageError, _check_model_dir, _flagged
+from .environments import _make_env, _parse_env_args, _short_name
+from .launcher import _launch
+from .sigterm import _Terminated, _stop_on_sigterm
+from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
+
+
+def train_config_from_args(args: argparse.Namespace):
+    """The :class:`~rftgym.train.TrainConfig` that ``rftgym train``'s arguments describe."""
+    from ..core.errors import ConfigError
+    from ..train import TrainConfig
+
+    output_dir = args.output_dir or _default_output_dir(args)
+    settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
+    settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
+                    **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
+                    dtype=None if args.dtype == "auto" else args.dtype)
+    if getattr(args, "resume", False):
+        settings = _with_checkpoint_settings(settings, getattr(args, "given", None), Path(output_dir))
+    try:
+        return TrainConfig(**settings)
+    except ConfigError as exc:
+        raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
+
+
+def _train_field_flags() -> dict[str, str]:
+    """TrainConfig's fields and the parts of ``rftgym train``'s command line that set them."""
+    flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
+    flags.update(env_id="ENV", env_kwargs="--env-arg", seed="--seed", output_dir="--output-dir")
+    return flags
+
+
+def _default_output_dir(args: argparse.Namespace) -> str:
+    """runs/train/<env>-<algo>. A resume that names neither the folder nor the algorithm resumes
+    the one run of the env with a checkpoint there (not necessarily the default algorithm's), and
+    is refused where there are several."""
+    from ..train.checkpoint import has_checkpoint
+    from ..train.config import ALGORITHMS
+
+    def folder(algo: str) -> Path:
+        return Path("runs") / "train" / f"{_short_name(args.env)}-{algo}"
+
+    given = getattr(args, "given", None)
+    if getattr(args, "resume", False) and given is not None and "algo" not in given:
+        runs = [folder(algo) for algo in ALGORITHMS if has_checkpoint(folder(algo))]
+        if len(runs) == 1:
+            print(f"resuming the run in {runs[0]}", file=sys.stderr)
+            return str(runs[0])
+        if len(runs) > 1:
+            raise UsageError(f"--resume: {len(runs)} runs of {args.env} have a checkpoint ("
+                             + ", ".join(map(str, runs)) + "); say which with --output-dir (or --algo)")
+    return str(folder(args.algo))
+
+
+def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir: Path) -> dict:
+    """A resume's settings: those its command line gives, and the checkpoint's for the rest, not
+    TrainConfig's defaults (which would quietly turn the run into another: another group size or
+    reply length). ``--env-arg`` pairs update the checkpoint's env options. ``given`` (the fields
+    whose flags were on the command line) None, or no readable checkpoint: the settings as they
+    are (a missing or damaged checkpoint is refused later, with its message). Saved settings that
+    TrainConfig refuses (a state.json edited by hand) are refused here, naming their flags: the
+    defaults in their place would quietly resume another run."""
+    from ..core.errors import ConfigError
+    from ..train import TrainConfig
+    from ..train.checkpoint import has_checkpoint, saved_state
+
+    if given is None or not has_checkpoint(output_dir):
+        return settings
+    try:
+        state = saved_state(output_dir)
+    except ConfigError:
+        return settings
+    # A setting given on the command line replaces the saved one, so that it can mend a bad one.
+    overrides = {name: settings[name] for name in given if name in settings}
+    try:
+        saved = TrainConfig.from_saved({**state["config"], **overrides}).to_dict()
+    except (ConfigError, TypeError, ValueError) as exc:
+        flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
+        named = [flags[field] for field in getattr(exc, "fields", ()) if field in flags]
+        fix = f"give {' and '.join(dict.fromkeys(named))} to set it for this run, or " if named else ""
+        raise UsageError(f"--resume: the settings saved with the checkpoint in {output_dir} (the 'config' of "
+                         f"checkpoint/state.json) are refused: {exc}. The checkpoint is left as it is; {fix}mend "
+                         "state.json, or start a new run in another output directory") from None
+    merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
+    merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
+                  env_kwargs={**(saved.get("env_kwargs") or {}), **settings["env_kwargs"]})
+    # A model given by a path relative to where the run started: where it was loaded from, absolute.
+    loaded_from = state.get("base_model_path")
+    if "model" not in given and isinstance(merged["model"], str) and not os.path.isabs(merged["model"]) \
+            and isinstance(loaded_from, str) and os.path.isdir(loaded_from):
+        merged["model"] = loaded_from
+    return merged
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..train.loop import train
+
+    config = train_config_from_args(args)
+    _check_model_dir(config.model)
+    _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
+    output_dir = config.output_dir
+    from ..core.errors import ConfigError
+
+    # train() checks the output directory (on the writing rank, before the model loads).
+    previous = _stop_on_sigterm()
+    try:
+        history = train(config, resume=args.resume)
+    except ConfigError as exc:  # a setting the model refuses (e.g. --max-new-tokens past its context), by its flag
+        flagged = _flagged(exc, _train_field_flags())
+        if flagged is None:
+            raise
+        raise flagged from exc
+    except KeyboardInterrupt as stop:
+        from ..train.checkpoint import METRICS_FILE, saved_state
+
+        how = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
+        code = 143 if isinstance(stop, _Terminated) else 130
+        rank, world = _launch()
+        if world > 1 and rank != 0:  # a launcher stops every rank at once: rank 0 says where to resume
+            print(f"\nrftgym train: rank {rank}: {how}, see rank 0", file=sys.stderr)
+            return code
+        try:
+            step = saved_state(Path(output_dir))["step"]
+        except ConfigError:
+            metrics = Path(output_dir) / METRICS_FILE
+            logged = metrics.is_file() and metrics.stat().st_size > 0
+            print(f"\n{how} before the first checkpoint, so there is nothing to resume; "
+                  + (f"start again with another --output-dir (or delete {output_dir})" if logged
+                     else "run the same command to start again"), file=sys.stderr)
+        else:
+            print(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
+                  "command with --resume to continue from there", file=sys.stderr)
+        return code
+    finally:  # (main leaves the launcher's process group, after any error is reported)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if _launch()[0] != 0:  # under a launcher, rank 0 reports for the run
+        return 0
+    from ..rollout.metrics import format_table
+
+    rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",
+             h.get("kl_ref", "-"), f"{h['learning_rate']:.3g}", h["step_seconds"]]
+            + ([h.get("eval_reward_mean", "-"), h.get("eval_success_rate", "-")] if config.eval_every else [])
+            for h in history]
+    print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]
+                       + (["eval reward", "eval success"] if config.eval_every else [])))
+    full = [h["context_full_rate"] for h in history if h.get("context_full_rate")]
+    if full:
+        print(f"note: in {len(full)} of {len(history)} steps some episodes ended because the context left no room "
+              f"for another reply (up to {max(full):.0%}; context_full_rate in metrics.jsonl); see "
+              "--max-prompt-tokens and --max-new-tokens")
+    print(f"metrics: {output_dir}/metrics.jsonl  curve: {output_dir}/learning_curve.png  "
+          f"checkpoint: {output_dir}/checkpoint")
+    return 0
