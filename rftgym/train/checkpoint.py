@@ -354,7 +354,7 @@ def saved_rng_states(output_dir: Path, state: dict | None = None) -> dict[str, A
     model loads, since a resume needs as many processes as wrote them (one entry per rank), and
     then given to :func:`load_checkpoint` rather than read again."""
     path = _checkpoint_path(output_dir)
-    verify_checkpoint_file(path, "rng.pt", state)
+    _verify_for_resume(output_dir, path, "rng.pt", state)
     try:
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts and numbers only
     except Exception as exc:  # torch.load raises many types
@@ -409,7 +409,18 @@ def check_checkpoint_files(output_dir: Path, state: dict | None = None) -> None:
                           "directory")
     if state is not None and path is not None:
         for name in CHECKPOINT_FILES:
-            verify_checkpoint_file(path, name, state)
+            _verify_for_resume(output_dir, path, name, state)
+
+
+def _verify_for_resume(output_dir: Path, folder: Path, name: str, state: dict | None) -> None:
+    """:func:`verify_checkpoint_file` for a resume, a file that cannot be read (its permissions, a
+    disk error) refused as the ConfigError that names it."""
+    try:
+        verify_checkpoint_file(folder, name, state)
+    except OSError as exc:
+        raise ConfigError(f"cannot resume from the checkpoint in {output_dir}: {folder / name} cannot be read "
+                          f"({exc.strerror or exc}); make it readable to this user, or start a new run in another "
+                          "output directory (the checkpoint is left as it is)") from None
 
 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is

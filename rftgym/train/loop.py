@@ -124,7 +124,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         saved = saved_state(out) if resume else None
         saved_rng = None
         if saved is not None:
-            check_checkpoint_files(out, saved)  # each file there, and the one its save wrote
+            check_checkpoint_files(out)  # each file there
         # Before any model loads, and what cannot be mended first: a run told to add steps would
         # only then learn that it may not resume this checkpoint at all, or not with this launch.
         notes = resume_notes(saved, config) if resume else []
@@ -135,6 +135,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
                               "to continue it")
+        if saved is not None:  # the files its save wrote (read whole: after the quick refusals above)
+            check_checkpoint_files(out, saved)
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)

@@ -161,3 +161,30 @@ def test_a_resume_refuses_a_damaged_file_before_any_model_loads(tmp_path, monkey
     with pytest.raises(ConfigError, match=f"{name} {said}.*restore the file from a copy"):
         train(short(tmp_path, steps=2), make_env=SayAEnv, resume=True)
     assert (folder / name).read_bytes() == whole[: len(whole) // 2]  # left as it is
+
+
+def test_a_resume_refuses_a_checkpoint_file_it_cannot_read_naming_it(tmp_path, monkeypatch):
+    train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    monkeypatch.setattr(checkpoint, "_verified", {})
+
+    file_digest = hashlib.file_digest
+
+    def disk_error_in(name):
+        def digest(handle, *args, **kwargs):
+            if Path(handle.name).name == name:
+                raise OSError(5, "Input/output error")
+            return file_digest(handle, *args, **kwargs)
+        return digest
+
+    for name in ("rng.pt", "optimizer.pt"):  # read for the world size first; the rest after the quick checks
+        monkeypatch.setattr(hashlib, "file_digest", disk_error_in(name))
+        with pytest.raises(ConfigError, match=rf"{name} cannot be read \(Input/output error\); make it readable"):
+            train(short(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+
+
+def test_a_resume_refuses_a_changed_setting_before_reading_the_files_whole(tmp_path, reads):
+    train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    reads.clear()
+    with pytest.raises(ConfigError, match="written with algo='grpo'"):
+        train(short(tmp_path, steps=2, algo="rft"), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert not [key for key in reads if key.startswith("sha256")]
