@@ -45,8 +45,8 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, is_loopback, open_within,
-                        read_body, read_error_body, retry_after_s)
+from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, error_body_time,
+                        is_loopback, open_within, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -684,7 +684,7 @@ class ChatAPIAgent(Agent):
         except urllib.error.HTTPError as exc:
             body = b""
             try:  # read for its reason and the message, inflated as a reply's would be
-                body = read_error_body(exc, deadline.left(), MAX_ERROR_BYTES)
+                body = read_error_body(exc, error_body_time(deadline), MAX_ERROR_BYTES)
                 body = _decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
             except Exception:  # noqa: BLE001 (then the raw body, or none, serves the message)
                 pass

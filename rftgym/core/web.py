@@ -76,9 +76,26 @@ class Deadline:
         return max(self.at - time.monotonic(), 0.0)
 
 
+# An error reply's body says why (a context that is full, a quota spent) and is small
+# (read_error_body's max_bytes): one that came late in its request's time still gets this long.
+ERROR_BODY_GRACE_S = 5.0
+
+
+def error_body_time(deadline: Deadline) -> float:
+    """Seconds an error reply's body may take: what ``deadline`` has left, and at least
+    :data:`ERROR_BODY_GRACE_S` (or the whole timeout where that is shorter)."""
+    return max(deadline.left(), min(deadline.timeout_s, ERROR_BODY_GRACE_S))
+
+
 def build_opener(*handlers) -> urllib.request.OpenerDirector:
     """urllib's ``build_opener(*handlers)`` with HTTP and HTTPS handlers whose connections
-    :func:`open_within` can shut at a request's deadline (urllib's defaults, otherwise)."""
+    :func:`open_within` can shut at a request's deadline (urllib's defaults, otherwise). An HTTP
+    or HTTPS handler of the caller's would replace those, and is refused (TypeError)."""
+    own = [h for h in handlers if isinstance(h, (urllib.request.HTTPHandler, urllib.request.HTTPSHandler))
+           or h in (urllib.request.HTTPHandler, urllib.request.HTTPSHandler)]
+    if own:
+        raise TypeError(f"build_opener makes its own HTTP and HTTPS handlers (their connections keep a request's "
+                        f"deadline); {own[0]!r} would replace them")
     return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(), *handlers)
 
 

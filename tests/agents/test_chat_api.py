@@ -433,6 +433,40 @@ def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, e
         agent.act([ctx(("user", "q3")), ctx(("user", "q4"))])
 
 
+def test_an_error_reply_late_in_its_time_still_has_its_reason_read():
+    """A 400 that comes near the end of the attempt's time, its body a moment later: the body (the
+    reason, here a context that is full) still gets a few seconds, as error bodies are small."""
+    body = json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens. However, you "
+                                            "requested 4000 tokens", "code": "context_length_exceeded"}}).encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        connection, _ = listener.accept()
+        with connection:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += connection.recv(65536)
+            time.sleep(0.8)  # a busy server: the refusal comes late in the attempt's 1 s
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
+                               b"%d\r\nConnection: close\r\n\r\n" % len(body))
+            stop.wait(0.5)  # the body in a later packet, past the attempt's deadline
+            connection.sendall(body)
+
+    worker = threading.Thread(target=serve)
+    worker.start()
+    try:
+        agent = ChatAPIAgent.from_url(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", "test-model",
+                                      timeout_s=1.0, max_retries=0, api_key=None)
+        with pytest.warns(UserWarning, match="refused an episode's first request"):
+            reply = agent.act_one(ctx(("user", "q")))
+        assert reply.finish_reason == CONTEXT_FULL
+    finally:
+        stop.set()
+        worker.join(10)
+        listener.close()
+
+
 def test_a_reply_cut_inside_a_literal_is_taken_for_cut_short():
     from rftgym.agents.chat_api import _cut_short
 

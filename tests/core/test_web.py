@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rftgym.core.web import BodyTooSlow, Deadline, RequestTooSlow, build_opener, open_within, read_body
+from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, RequestTooSlow, build_opener, error_body_time,
+                             open_within, read_body)
 from slow_servers import finishes_within, self_signed_tls, trickling_server
 
 
@@ -122,3 +123,22 @@ def test_read_body_alone_still_bounds_a_body():
         with build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5) as response:
             error = finishes_within(4.0, lambda: read_body(response, 0.5, 1 << 20))
     assert isinstance(error, BodyTooSlow), error
+
+
+def test_an_http_handler_of_the_callers_is_refused_as_it_would_replace_the_deadlines():
+    context = ssl.create_default_context()
+    for handler in (urllib.request.HTTPSHandler(context=context), urllib.request.HTTPHandler(),
+                    urllib.request.HTTPSHandler):
+        with pytest.raises(TypeError, match="makes its own HTTP and HTTPS handlers"):
+            build_opener(handler)
+    build_opener(urllib.request.ProxyHandler({}))  # any other handler is urllib's as usual
+
+
+def test_an_error_body_gets_a_few_seconds_however_late_it_comes():
+    late = Deadline(60.0)
+    late.at = time.monotonic() - 1  # past its deadline
+    assert error_body_time(late) == ERROR_BODY_GRACE_S
+    short = Deadline(1.0)
+    short.at = time.monotonic() - 1
+    assert error_body_time(short) == 1.0  # never more than the whole timeout
+    assert 59 < error_body_time(Deadline(60.0)) <= 60  # early: what is left

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, is_loopback, open_within,
-                         read_body, read_error_body, retry_after_s)
+from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, error_body_time,
+                         is_loopback, open_within, read_body, read_error_body, retry_after_s)
 from .corpora import split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args
 
@@ -84,7 +84,7 @@ def _error_detail(error: urllib.error.HTTPError, deadline: Deadline) -> str:
     """What a refusal says: the ``error`` of this service's JSON body (or of any service that
     answers so), else the start of the body as text; read by the attempt's ``deadline``, so that
     a body trickled in cannot hold the client."""
-    raw = read_error_body(error, deadline.left(), MAX_ERROR_BYTES)
+    raw = read_error_body(error, error_body_time(deadline), MAX_ERROR_BYTES)
     try:
         message = json.loads(raw.decode("utf-8-sig")).get("error")
     except (ValueError, AttributeError, RecursionError):  # not JSON, or JSON without an "error"
