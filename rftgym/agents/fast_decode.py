@@ -50,6 +50,10 @@ from ..core.errors import ConfigError
 from .base import check_decoding_bounds, refuse_empty_prompts
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# One CUDA graph capture at a time in the process: every capture runs on torch's one capture
+# stream, so two decoders (two policies, or a policy and its copy) capturing on two threads would
+# record into each other's graphs. A decoder's own lock covers only its own calls.
+_CAPTURE_LOCK = threading.Lock()
 # RoPE types whose frequencies do not depend on the sequence length: cos/sin follow from
 # ``inv_freq`` and ``attention_scaling`` alone.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -568,8 +572,9 @@ class FastDecoder:
         graph = torch.cuda.CUDAGraph()
         # "thread_local": only this thread's calls may not break the capture. Under the default
         # ("global") another thread's CUDA work at that moment, e.g. a retriever embedding its
-        # queries on the same device or a second policy's generation, would fail the capture.
-        with self._autocast_for_capture(), \
+        # queries on the same device or a second policy's generation (replaying its graphs),
+        # would fail the capture.
+        with _CAPTURE_LOCK, self._autocast_for_capture(), \
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self.decode_step(state)
         return graph

@@ -326,6 +326,37 @@ def test_cuda_graph_capture_survives_cuda_work_on_another_thread(make_char_polic
 
 
 @cuda
+def test_cuda_graphs_two_policies_capture_on_two_threads_are_each_their_own(make_char_policy, monkeypatch):
+    """Two decoders capturing at once (two threads, two models) must not record into each
+    other's graphs: each replays what it replays alone."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    pairs = [policy_pair(make_char_policy, seed=seed) for seed in (0, 1)]
+    for slow, _ in pairs:
+        slow.model.to("cuda")
+    sampling = SamplingConfig(max_new_tokens=16, temperature=0.0)
+    alone = [slow.generate(PROMPTS, sampling) for slow, _ in pairs]
+    start, results, errors = threading.Barrier(2), [None, None], []
+
+    def generate(index):
+        try:
+            start.wait(30)
+            results[index] = pairs[index][1].generate(PROMPTS, sampling)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=generate, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    for (_, fast), ours, theirs in zip(pairs, results, alone):
+        assert next(iter(fast._fast[1]._graphs.values()))["graph"] is not None
+        assert_same_replies(ours, theirs, atol=1e-3)
+        assert_same_replies(fast.generate(PROMPTS, sampling), theirs, atol=1e-3)  # the cached graph's replay
+
+
+@cuda
 def test_cuda_graph_sees_in_place_weight_updates(make_char_policy, monkeypatch):
     slow, fast = policy_pair(make_char_policy)
     slow.model.to("cuda")
