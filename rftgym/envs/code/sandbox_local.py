@@ -307,7 +307,7 @@ class LocalSandbox(Sandbox):
         final = not probe.timed_out or self._cold_cap_probes_left <= 0
         if final:
             self._cold_cap_probes_left = 0
-        if not self._cold_cap_warned:
+        if not self._cold_cap_warned or not probe.timed_out:  # the first failure, or a refusal after timeouts
             self._cold_cap_warned = True
             self._warn_uncapped(probe)
         elif final:

@@ -217,6 +217,24 @@ def test_a_cold_inode_cap_probe_that_keeps_timing_out_is_retried_a_bounded_numbe
     assert "the inode cap's last probe failed too (timed out after" in caplog.text, caplog.text
 
 
+def test_a_refusal_of_the_inode_cap_after_a_timed_out_probe_is_warned_with_its_cause(local_sandbox, monkeypatch,
+                                                                                     caplog):
+    """The first probe timed out (its warning blames the load); the retry's refusal is what to fix,
+    so it is warned too, quoting bwrap, and no probe follows."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: cold jails need it")
+    monkeypatch.setattr(sandbox_local, "COLD_CAPABILITIES", ("CAP_NOT_A_CAPABILITY",))
+    capped = capped_cold_runs(monkeypatch, time_out_first=1)
+    with caplog.at_level("WARNING", logger=sandbox_local.__name__):
+        with make_sandbox("local", limits=local_sandbox.limits, workers=1, warm_jails=False) as sandbox:
+            for _ in range(3):
+                assert sandbox.run(Program({"main.py": "print('ran')"})).stdout == "ran\n"
+            assert not sandbox.cold_inode_cap and "(NO inode cap)" in sandbox.isolation, sandbox.isolation
+    assert capped == ["timed out", "ran"], capped  # ("ran": bwrap was started, and refused the capability)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and "timed out" in warned[0] and "unknown cap: CAP_NOT_A_CAPABILITY" in warned[1], warned
+
+
 def test_a_cold_jail_whose_capped_tmpfs_cannot_be_mounted_runs_without_the_inode_cap(local_sandbox, monkeypatch,
                                                                                      caplog):
     """The init's own failure (here the kernel refusing its tmpfs options, as a security module
