@@ -214,9 +214,11 @@ def test_api_agent_needs_a_base_url(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "api"]) == 2
     err = capsys.readouterr().err
     assert "--agent api needs --api-base URL" in err and "--api-model NAME" in err
-    assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
-                      "--api-timeout", "0"]) == 2
-    assert "--api-timeout: ChatAPIConfig.timeout_s must be a number of seconds > 0, got 0.0" in capsys.readouterr().err
+    for timeout in ("0", "1e10"):  # (one far too large would overflow the timers)
+        assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
+                          "--api-timeout", timeout]) == 2
+        assert f"--api-timeout: ChatAPIConfig.timeout_s must be a number of seconds in (0, 86400] (a day at most), " \
+               f"got {float(timeout)}" in capsys.readouterr().err
 
 
 def test_hf_agent_needs_a_model(capsys):

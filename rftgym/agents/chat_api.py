@@ -135,6 +135,11 @@ def _default_api_key() -> str | None:
     return os.environ.get(API_KEY_ENV) or None
 
 
+# The longest timeout_s: far past any generation, and within what timers and sockets take (a
+# far larger one overflows them).
+MAX_TIMEOUT_S = 86_400.0
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -293,9 +298,10 @@ class ChatAPIConfig:
             set_("seed", int(self.seed))  # a numpy integer would not go into the JSON body
 
         # transport
-        if not _is_number(self.timeout_s) or self.timeout_s <= 0:
+        if not _is_number(self.timeout_s) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise ConfigError(
-                f"ChatAPIConfig.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}",
+                f"ChatAPIConfig.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] (a day at most), "
+                f"got {self.timeout_s!r}",
                 field="timeout_s",
             )
         if not _is_int(self.max_retries) or self.max_retries < 0:
