@@ -15,7 +15,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import warnings
 import zipfile
@@ -95,12 +98,53 @@ def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None
                           "Resume with the model it was trained from, or start a new run in another output directory")
 
 
+# The signals that stop a run the way Ctrl-C does (the CLI raises SIGTERM as an interrupt too).
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stops_deferred():
+    """Hold Ctrl-C and SIGTERM until the block is done, then stop as they would have: an interrupt
+    raised inside torch.save's writer comes out as a RuntimeError, which a save cannot tell from a
+    full disk, and the checkpoint being written (seconds) is worth finishing. Only the main thread
+    receives signals; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        if not held:
+            print("rftgym: finishing the checkpoint being written, then stopping", file=sys.stderr, flush=True)
+        held.append(signum)
+
+    previous = {}
+    try:
+        for signum in STOPPING_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):  # a handler that raises (Python's own for SIGINT); not SIG_IGN/SIG_DFL
+                previous[signum] = signal.signal(signum, hold)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        previous[held[0]](held[0], None)  # stops now, as it would have then
+
+
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`base_fingerprint`) and the absolute path it was loaded
     from (None for the default model or a policy passed in), which --model may have given as a
-    relative one."""
+    relative one. Ctrl-C or SIGTERM meanwhile stops the run once the checkpoint is whole."""
+    with _stops_deferred():
+        return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
+                                base_model=base_model, base_model_path=base_model_path)
+
+
+def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
+                     config: dict, base_model: str | None, base_model_path: str | None) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).

@@ -188,3 +188,26 @@ def test_a_resume_refuses_a_changed_setting_before_reading_the_files_whole(tmp_p
     with pytest.raises(ConfigError, match="written with algo='grpo'"):
         train(short(tmp_path, steps=2, algo="rft"), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert not [key for key in reads if key.startswith("sha256")]
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_stops_once_it_is_whole(tmp_path, monkeypatch, capsys):
+    """An interrupt inside torch.save's writer would come out as a RuntimeError (taken for a full
+    disk); held until the save is done, it stops the run with the new checkpoint whole."""
+    import os
+    import signal
+
+    save_hashed = checkpoint._save_hashed
+
+    def interrupted_midway(value, path):
+        if path.name == "optimizer.pt":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the file is being written
+        return save_hashed(value, path)
+
+    monkeypatch.setattr(checkpoint, "_save_hashed", interrupted_midway)
+    state = {"weights": {"w": torch.ones(2)}, "optimizer": {"state": {}, "param_groups": []}}
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(tmp_path, state=state, step=3, rng_states={"ranks": [{}]}, config={})
+    assert "finishing the checkpoint being written, then stopping" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert saved["step"] == 3 and set(saved["files"]) == {"trainable.pt", "optimizer.pt", "rng.pt"}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
