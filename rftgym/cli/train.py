@@ -103,6 +103,17 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     return merged
 
 
+def _progress(steps: int):
+    """A step's one line on stderr as it ends (the table on stdout comes at the end of the run)."""
+    def show(metrics: dict) -> None:
+        loss = metrics.get("loss")
+        evaluated = (f"  eval reward {metrics['eval_reward_mean']:.3f}" if "eval_reward_mean" in metrics else "")
+        print(f"step {metrics['step'] + 1}/{steps}: reward {metrics['reward_mean']:.3f}  success "
+              f"{metrics['success_rate']:.3f}  loss {'-' if loss is None else f'{loss:.4g}'}{evaluated}  "
+              f"{metrics['step_seconds']:.1f} s", file=sys.stderr, flush=True)
+    return show
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train.loop import train
 
@@ -115,7 +126,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # train() checks the output directory (on the writing rank, before the model loads).
     previous = _stop_on_sigterm()
     try:
-        history = train(config, resume=args.resume)
+        history = train(config, resume=args.resume, on_step=_progress(config.steps))
     except ConfigError as exc:  # a setting the model refuses (e.g. --max-new-tokens past its context), by its flag
         flagged = _flagged(exc, _train_field_flags())
         if flagged is None:

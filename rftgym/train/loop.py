@@ -84,8 +84,11 @@ def segment_seed(seed: int, rank: int) -> int:
 
 
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
-          make_env: Callable[[], gym.Env] | None = None) -> list[dict]:
-    """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics."""
+          make_env: Callable[[], gym.Env] | None = None,
+          on_step: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics. ``on_step``:
+    called on the writing rank with each step's metrics (the returned list's entry) as soon as
+    the step is done, e.g. to show progress."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     if fsdp and "RANK" not in os.environ:
@@ -140,7 +143,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
-        return _train(config, policy, saved, saved_rng, make_env, ranks, footprint)
+        return _train(config, policy, saved, saved_rng, make_env, ranks, footprint, on_step)
     except BaseException:
         if footprint is not None:  # while the lock is held, so that no other run starts in between
             footprint.remove_unless_results()
@@ -151,7 +154,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
 
 def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, saved_rng: dict | None, make_env,
-           ranks: Distributed, footprint: RunFootprint | None = None) -> list[dict]:
+           ranks: Distributed, footprint: RunFootprint | None = None,
+           on_step: Callable[[dict], None] | None = None) -> list[dict]:
     """The run itself; ``saved`` and ``saved_rng``: the state and the random states (checked) of
     the checkpoint it resumes (None for a new run); ``footprint`` (the writing rank's) learns when
     the run has written a result."""
@@ -308,6 +312,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             ranks.together(lambda: log is not None and log.write(step, metrics))
             if footprint is not None:
                 footprint.results_written = True
+        if on_step is not None and ranks.is_main:
+            on_step(history[-1])
 
         # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:

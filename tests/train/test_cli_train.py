@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,11 @@ def test_train_default_model_writes_metrics_png_and_checkpoint(tmp_path, capsys)
     assert rows[0]["sampled_tokens_mean"] > 0
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert (out / "checkpoint" / "trainable.pt").is_file()
-    assert "reward" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "reward" in printed.out
+    # Each step says it is done as it ends (the table comes at the end of the run).
+    assert re.search(rf"^step 1/1: reward {rows[0]['reward_mean']:.3f}  success [0-9.]+  loss \S+  [0-9.]+ s$",
+                     printed.err, re.M), printed.err
 
 
 def test_train_says_when_episodes_ran_out_of_context(tmp_path, capsys):

@@ -399,3 +399,15 @@ def test_adding_lora_adapters_warns_of_nothing_the_user_can_act_on(tmp_path, mak
         warnings.simplefilter("error")
         model = with_lora(make_char_policy().model, config(tmp_path, lora_rank=4))
     assert any("lora_" in name for name, _ in model.named_parameters())
+
+
+def test_on_step_sees_each_steps_metrics_as_it_ends(tmp_path, make_char_policy):
+    seen = []
+
+    def on_step(metrics):
+        seen.append(metrics)
+        assert (tmp_path / "run" / "metrics.jsonl").is_file()  # called after the step was logged
+
+    history = train(train_config(tmp_path, "run", steps=2, tasks_per_step=1, group_size=2, minibatch_size=2),
+                    policy=make_char_policy(), make_env=SayAEnv, on_step=on_step)
+    assert [m["step"] for m in seen] == [0, 1] and seen == history
