@@ -359,7 +359,10 @@ def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
     else:
         why = ("no episode gave a sample to train on" + (" (filter_overlong masked the episodes cut short)"
                                                         if config.filter_overlong else ""))
-    return f"no step of this run updated the model ({len(history)} step{'s' if len(history) > 1 else ''}): {why}"
+    # Numbered as the run counts them (a resumed run's start past step 1).
+    first, last = history[0].get("step", 0) + 1, history[-1].get("step", len(history) - 1) + 1
+    steps = f"step {first}" if first == last else f"steps {first} to {last}"
+    return f"no step of this run updated the model ({steps}): {why}"
 
 
 # ---------------------------------------------------------------- model plumbing

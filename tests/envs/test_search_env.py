@@ -469,7 +469,7 @@ def test_hotpotqa_dataset(capsys):
 
 @needs_qa_data
 def test_nq_questions_need_a_corpus():
-    with pytest.raises(ConfigError, match="holds questions only; give corpus_path"):
+    with pytest.raises(ConfigError, match="holds questions only; give corpus_path too: the documents to search, as FlashRAG JSONL"):
         SearchEvalQAEnv(dataset_path=str(QA_DIR / "nq_16.jsonl"))
     env = SearchEvalQAEnv(dataset_path=str(QA_DIR / "nq_16.jsonl"), corpus_path=str(QA_DIR / "wiki_1000.jsonl"))
     _, info = env.reset(seed=0, options={"task_index": 0})

@@ -425,9 +425,13 @@ def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
             context, reward, terminated, truncated, _ = super().step(action)
             return context, reward, terminated, truncated, {"success": False}
 
-    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(2 steps\): no episode "
+    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(steps 1 to 2\): no episode "
                                          r"succeeded"):
         train(config(tmp_path, steps=2, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv)
+    # A resumed run names its own steps as the run counts them.
+    with pytest.warns(UserWarning, match=r"no step of this run updated the model \(step 3\): no episode succeeded"):
+        train(config(tmp_path, steps=3, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv,
+              resume=True)
 
 
 @pytest.mark.parametrize("name, make", [("metrics.jsonl", "dir"), ("learning_curve.png", "dir"),

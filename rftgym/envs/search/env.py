@@ -233,7 +233,10 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         else:
             self.questions = load_questions(cfg.dataset_path)
             if cfg.corpus_path is None and not has_own_corpus(cfg.dataset_path):
-                raise ConfigError(f"{cfg.dataset_path} holds questions only; give corpus_path too")
+                raise ConfigError(f"{cfg.dataset_path} holds questions only; give corpus_path too: the documents "
+                                  "to search, as FlashRAG JSONL (one {\"id\", \"contents\"} per line, as its wiki "
+                                  "corpora), a JSON list of {\"title\", \"text\"} objects, or {title: [sentences]} "
+                                  "JSON")
             documents = load_corpus(cfg.corpus_path or cfg.dataset_path)
             if cfg.corpus_path is not None:
                 _warn_if_no_evidence(self.questions, documents, cfg.corpus_path)
