@@ -115,7 +115,10 @@ def _stops_deferred():
 
     def hold(signum, frame):
         if not held:
-            print("rftgym: finishing the checkpoint being written, then stopping", file=sys.stderr, flush=True)
+            try:
+                print("rftgym: finishing the checkpoint being written, then stopping", file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # no terminal to say it on (closed, or stderr shut): hold it all the same
+                pass
         held.append(signum)
 
     previous = {}
