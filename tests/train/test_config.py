@@ -41,7 +41,7 @@ def test_cli_passes_parallelism_through(tmp_path, monkeypatch, capsys):
 
     seen = {}
 
-    def fake_train(config, resume=False):
+    def fake_train(config, resume=False, on_step=None):
         seen["config"] = config
         return []
 

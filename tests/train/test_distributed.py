@@ -519,7 +519,7 @@ def test_the_train_command_leaves_its_process_group(monkeypatch):
     from rftgym.cli import train as cli_train
     from rftgym.train import loop
 
-    def joins_then_fails(config, resume=False):
+    def joins_then_fails(config, resume=False, on_step=None):
         with socket.socket() as probe:  # a free port on loopback for the one-process group's store
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]

@@ -256,7 +256,7 @@ def test_cli_interrupt_names_the_checkpoint_to_resume(tmp_path, monkeypatch, cap
 
     out = tmp_path / "run"
 
-    def interrupted(config, resume=False):
+    def interrupted(config, resume=False, on_step=None):
         (out / "checkpoint").mkdir(parents=True)
         (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 3, "config": {}}))
         raise KeyboardInterrupt
@@ -275,7 +275,7 @@ def test_cli_interrupt_under_a_launcher_is_explained_once_by_rank_0(tmp_path, mo
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 3, "config": {}}))
 
-    def interrupted(config, resume=False):  # a launcher's Ctrl-C reaches every rank at once
+    def interrupted(config, resume=False, on_step=None):  # a launcher's Ctrl-C reaches every rank at once
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "train", interrupted)
@@ -454,7 +454,7 @@ def test_cli_sigterm_stops_like_an_interrupt_and_says_what_to_do(tmp_path, monke
 
     out = tmp_path / "run"
 
-    def terminated(config, resume=False):
+    def terminated(config, resume=False, on_step=None):
         (out / "checkpoint").mkdir(parents=True)
         (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 2, "config": {}}))
         os.kill(os.getpid(), signal.SIGTERM)
@@ -472,7 +472,7 @@ def test_cli_interrupt_before_anything_was_written_says_to_run_again(tmp_path, m
     from rftgym import cli
     from rftgym.train import loop
 
-    def interrupted(config, resume=False):
+    def interrupted(config, resume=False, on_step=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "train", interrupted)
@@ -519,7 +519,7 @@ def test_under_a_launcher_rank_0_prints_the_runs_table(tmp_path, monkeypatch, ca
 
     row = {"step": 0, "reward_mean": 0.5, "success_rate": 0.5, "loss": 0.1, "learning_rate": 1e-5,
            "step_seconds": 1.0}
-    monkeypatch.setattr(loop, "train", lambda config, resume=False: [row])
+    monkeypatch.setattr(loop, "train", lambda config, resume=False, on_step=None: [row])
     monkeypatch.setenv("RANK", rank)
     assert cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
