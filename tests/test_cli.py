@@ -290,6 +290,10 @@ def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys
 
     assert _brief({"tests": [{"expected": "secret"}] * 3, "note": "x" * 300, "none": None, "ok": True}) == {
         "tests": "<3 items>", "note": "x" * 197 + "...", "ok": True}  # no expected outputs mid-episode
+    # At the episode's end a short collection (SearchEvalQA's expected answers) is shown as it is.
+    assert _brief({"expected": ["Paris"], "tests": [{"expected": "x" * 100}], "none": []}, final=True) == {
+        "expected": ["Paris"], "tests": "<1 item>", "none": "<0 items>"}
+    assert _brief({"expected": ["Paris"]}) == {"expected": "<1 item>"}
 
 
 def test_play_shows_feedback_and_runs_several_episodes(monkeypatch, capsys):

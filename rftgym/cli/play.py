@@ -49,21 +49,32 @@ def cmd_play(args: argparse.Namespace) -> int:
                     for message in removed:
                         print(f"  - {message.id} ({message.role}): {_first_line(message.content)}")
                     print()
-                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} info={_brief(info)}\n")
                 done = terminated or truncated
+                print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} "
+                      f"info={_brief(info, final=done)}\n")
     finally:
         env.close()
     return 0
 
 
-def _brief(info: dict) -> dict:
+# The longest collection (its repr, in characters) that an episode's last turn shows as it is.
+SHORT_COLLECTION = 80
+
+
+def _short(collection) -> bool:
+    return len(collection) > 0 and len(repr(collection)) <= SHORT_COLLECTION
+
+
+def _brief(info: dict, final: bool = False) -> dict:
     """``info`` for a person playing: collections by their size (CodeTCG's tests hold every
-    expected output, and a wall of text per turn hides the rest), long text cut, empty values left out."""
+    expected output, and a wall of text per turn hides the rest), long text cut, empty values left
+    out. At the episode's end (``final``) a short collection is shown as it is: the expected
+    answers, say, which would have given the task away before."""
     shown = {}
     for key, value in info.items():
         if value is None or (isinstance(value, str) and not value):  # (`in` would compare arrays)
             continue
-        if isinstance(value, (list, tuple, dict, set)):
+        if isinstance(value, (list, tuple, dict, set)) and not (final and _short(value)):
             value = f"<{len(value)} item{'s' if len(value) != 1 else ''}>"
         elif isinstance(value, str) and len(value) > 200:
             value = value[:197] + "..."
