@@ -440,13 +440,14 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
 CHECKPOINT_FILES = ("trainable.pt", "optimizer.pt", "rng.pt")
 
 
-def check_checkpoint_files(output_dir: Path, state: dict | None = None) -> None:
+def check_checkpoint_files(output_dir: Path, state: dict | None = None, already: tuple[str, ...] = ()) -> None:
     """Refuse a checkpoint that lacks one of its files (deleted, or a copy cut short) before any
     model loads: a resume needs them all, and loading found the gap only after the model. With
     ``state`` (its :func:`saved_state`), each file is also verified against it
     (:func:`verify_checkpoint_file`: its checksum, or its shape where none was kept), so that a
-    damaged one is said before the model loads too; the load does not hash a file again that has
-    not changed since."""
+    damaged one is said before the model loads too (a resume's load then checks none again:
+    :func:`load_checkpoint`'s ``verified``). ``already``: files the caller verified so (rng.pt,
+    by :func:`saved_rng_states`)."""
     path = _checkpoint_path(output_dir)
     missing = [name for name in CHECKPOINT_FILES if path is not None and not (path / name).is_file()]
     if missing:
@@ -456,7 +457,8 @@ def check_checkpoint_files(output_dir: Path, state: dict | None = None) -> None:
                           "directory")
     if state is not None and path is not None:
         for name in CHECKPOINT_FILES:
-            _verify_for_resume(output_dir, path, name, state)
+            if name not in already:
+                _verify_for_resume(output_dir, path, name, state)
 
 
 def _verify_for_resume(output_dir: Path, folder: Path, name: str, state: dict | None) -> None:
@@ -649,13 +651,17 @@ def apply_trainable(weights: dict[str, torch.Tensor], model, where: Path) -> Non
 
 
 def load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None = None,
-                    rng_states: dict[str, Any] | None = None) -> tuple[int, dict[str, Any], dict]:
+                    rng_states: dict[str, Any] | None = None,
+                    verified: bool = False) -> tuple[int, dict[str, Any], dict]:
     """:func:`_load_checkpoint`, with any unreadable or mismatched file reported as a ConfigError
     that names it (the files are left as they are). What the caller read already is not read
-    again: ``state``, the checkpoint's :func:`saved_state` (its files are verified against it),
-    and ``rng_states``, its random states as :func:`saved_rng_states` read them."""
+    again: ``state``, the checkpoint's :func:`saved_state`; ``rng_states``, its random states as
+    :func:`saved_rng_states` read them; and, with ``verified``, the check of every file against
+    ``state`` (:func:`check_checkpoint_files`, made by a run that holds the output directory's
+    lock, so that no save changes them meanwhile)."""
     try:
-        return _load_checkpoint(output_dir, model=model, optimizer=optimizer, state=state, rng_states=rng_states)
+        return _load_checkpoint(output_dir, model=model, optimizer=optimizer, state=state, rng_states=rng_states,
+                                verified=verified and state is not None)
     except ConfigError:
         raise
     except Exception as exc:  # torch.load, json and load_state_dict raise many types
@@ -665,7 +671,8 @@ def load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None = 
 
 
 def _load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None = None,
-                     rng_states: dict[str, Any] | None = None) -> tuple[int, dict[str, Any], dict]:
+                     rng_states: dict[str, Any] | None = None,
+                     verified: bool = False) -> tuple[int, dict[str, Any], dict]:
     """Restore weights and optimizer in place; return (step, rng states, saved config).
 
     Sharded (FSDP) parameters and optimizer states get this rank's shard of the saved tensors."""
@@ -675,10 +682,8 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None =
     if state is None:
         state = json.loads((path / "state.json").read_text())
         _check_state(state, path / "state.json")
-    check_checkpoint_files(output_dir)
-    for name in CHECKPOINT_FILES:  # all, before anything is changed
-        if name != "rng.pt" or rng_states is None:  # (random states given were verified as they were read)
-            verify_checkpoint_file(path, name, state)
+    if not verified:  # all, before anything is changed
+        check_checkpoint_files(output_dir, state)
     apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)
     saved = torch.load(path / "optimizer.pt", map_location="cpu")
     # Saved indices follow the optimizer's parameter order; per-parameter states (AdamW's

@@ -139,7 +139,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
                               "to continue it")
         if saved is not None:  # the files its save wrote (read whole: after the quick refusals above)
-            check_checkpoint_files(out, saved)
+            check_checkpoint_files(out, saved, already=("rng.pt",))  # (saved_rng_states verified that one)
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
@@ -230,7 +230,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
     start = 0
     if saved is not None:  # check_output_dir made sure there is a complete checkpoint
-        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer, state=saved, rng_states=saved_rng)
+        start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer, state=saved, rng_states=saved_rng,
+                                        verified=True)  # train() checked every file (and holds the lock)
         task_rng.bit_generator.state = rng["tasks"]
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])

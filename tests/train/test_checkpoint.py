@@ -82,7 +82,7 @@ def test_a_setting_a_resume_may_not_change_is_refused_by_its_field(key, value):
     assert refused.value.fields == (key,)
 
 
-def test_a_resume_reads_the_state_and_random_states_once(tmp_path, reads, settled):
+def test_a_resume_reads_the_state_and_random_states_once(tmp_path, reads):
     train(short(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
     reads.clear()
     train(short(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
