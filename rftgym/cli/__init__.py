@@ -8,7 +8,6 @@ and what they share (:mod:`.common`, :mod:`.agents`, :mod:`.user_code`, :mod:`.e
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import traceback
 import warnings
@@ -18,7 +17,7 @@ from ..core.errors import AgentError, ConfigError, DataFormatError, EnvError, Rf
 from .common import UsageError, _check_common
 from .launcher import _launch, _leave_launch, _report_error
 from .parser import _LaunchedArgumentError, build_parser, given_train_flags
-from .sigterm import _Terminated, _stop_on_sigterm
+from .sigterm import _restore_handlers, _stop_on_sigterm, say, stop_reason
 from .train import train_config_from_args
 from .train_flags import TRAIN_FLAGS
 
@@ -45,9 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "train":
         args.given = given_train_flags(argv)
-    # An evaluation stopped by SIGTERM says where its finished episodes are, as after Ctrl-C
-    # (rftgym train installs its own handler).
-    previous = _stop_on_sigterm() if args.command == "eval" else None
+    # An evaluation stopped by SIGTERM or SIGHUP says where its finished episodes are, as after
+    # Ctrl-C (rftgym train installs its own handlers).
+    replaced = _stop_on_sigterm() if args.command == "eval" else {}
     reported = False
     prog = f"rftgym {args.command}"
     try:
@@ -70,10 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       details=(lambda: traceback.print_exception(cause, file=sys.stderr)) if crash else None)
         return 1
     except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, _Terminated)
+        how, code = stop_reason(stop)
         if not getattr(stop, "reported", False):  # the evaluation may have said what it kept
-            print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
-        return 143 if terminated else 130
+            say(how)
+        return code
     except BrokenPipeError:  # the reader of the output went away (e.g. `rftgym envs | head -1`): not an error
         # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -86,7 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       details=lambda: traceback.print_exception(exc, file=sys.stderr))
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _restore_handlers(replaced)
         if args.command == "train" or _launch()[1] > 1:
             _leave_launch(reported)

@@ -19,7 +19,7 @@ from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError
 from .environments import _env_class, _make_env, _parse_env_args, _short_name
 from .eval_output import _partial, _unique, _users_sources, _writable_file
-from .sigterm import _Terminated
+from .sigterm import say, stop_reason
 from .user_code import _load_object
 
 
@@ -243,15 +243,14 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
             episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
                                     config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
         except BaseException as exc:
-            why = ("terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
-                   if isinstance(exc, KeyboardInterrupt) else "stopped by an error")
+            why = stop_reason(exc)[0] if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
             kept = f"; {path} is as it was" if path.exists() else ""
             if finished:
-                print(f"\n{why}: the {finished} finished episodes are in {partial}{kept}", file=sys.stderr)
+                say(f"\n{why}: the {finished} finished episodes are in {partial}{kept}")
             else:
                 partial.unlink(missing_ok=True)
                 if isinstance(exc, KeyboardInterrupt):
-                    print(f"\n{why} before any episode finished{kept}", file=sys.stderr)
+                    say(f"\n{why} before any episode finished{kept}")
             if isinstance(exc, KeyboardInterrupt):
                 exc.reported = True
             raise

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
 from .common import UsageError, _check_model_dir, _flagged
 from .environments import _make_env, _parse_env_args, _short_name
 from .launcher import _launch
-from .sigterm import _Terminated, _stop_on_sigterm
+from .sigterm import _restore_handlers, _stop_on_sigterm, say, stop_reason
 from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
 
 
@@ -124,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
 
     # train() checks the output directory (on the writing rank, before the model loads).
-    previous = _stop_on_sigterm()
+    replaced = _stop_on_sigterm()
     try:
         history = train(config, resume=args.resume, on_step=_progress(config.steps))
     except ConfigError as exc:  # a setting the model refuses (e.g. --max-new-tokens past its context), by its flag
@@ -135,27 +134,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         from ..train.checkpoint import METRICS_FILE, saved_state
 
-        how = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
-        code = 143 if isinstance(stop, _Terminated) else 130
+        how, code = stop_reason(stop)
         rank, world = _launch()
         if world > 1 and rank != 0:  # a launcher stops every rank at once: rank 0 says where to resume
-            print(f"\nrftgym train: rank {rank}: {how}, see rank 0", file=sys.stderr)
+            say(f"\nrftgym train: rank {rank}: {how}, see rank 0")
             return code
         try:
             step = saved_state(Path(output_dir))["step"]
         except ConfigError:
             metrics = Path(output_dir) / METRICS_FILE
             logged = metrics.is_file() and metrics.stat().st_size > 0
-            print(f"\n{how} before the first checkpoint, so there is nothing to resume; "
-                  + (f"start again with another --output-dir (or delete {output_dir})" if logged
-                     else "run the same command to start again"), file=sys.stderr)
+            say(f"\n{how} before the first checkpoint, so there is nothing to resume; "
+                + (f"start again with another --output-dir (or delete {output_dir})" if logged
+                   else "run the same command to start again"))
         else:
-            print(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
-                  "command with --resume to continue from there", file=sys.stderr)
+            say(f"\n{how}: the checkpoint in {output_dir}/checkpoint is at step {step}; run the same "
+                "command with --resume to continue from there")
         return code
     finally:  # (main leaves the launcher's process group, after any error is reported)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        _restore_handlers(replaced)
     if _launch()[0] != 0:  # under a launcher, rank 0 reports for the run
         return 0
     from ..rollout.metrics import format_table

@@ -15,10 +15,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import sys
 import tempfile
-import threading
 import time
 import warnings
 import zipfile
@@ -33,6 +30,7 @@ from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
 from .schedule import learning_rate_at
+from .stopping import held_stops
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -98,41 +96,11 @@ def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None
                           "Resume with the model it was trained from, or start a new run in another output directory")
 
 
-# The signals that stop a run the way Ctrl-C does (the CLI raises SIGTERM as an interrupt too).
-STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
 def _stops_deferred():
     """Hold Ctrl-C and SIGTERM until the block is done, then stop as they would have: an interrupt
     raised inside torch.save's writer comes out as a RuntimeError, which a save cannot tell from a
-    full disk, and the checkpoint being written (seconds) is worth finishing. Only the main thread
-    receives signals; elsewhere nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-
-    def hold(signum, frame):
-        if not held:
-            try:
-                print("rftgym: finishing the checkpoint being written, then stopping", file=sys.stderr, flush=True)
-            except (OSError, ValueError):  # no terminal to say it on (closed, or stderr shut): hold it all the same
-                pass
-        held.append(signum)
-
-    previous = {}
-    try:
-        for signum in STOPPING_SIGNALS:
-            handler = signal.getsignal(signum)
-            if callable(handler):  # a handler that raises (Python's own for SIGINT); not SIG_IGN/SIG_DFL
-                previous[signum] = signal.signal(signum, hold)
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if held:
-        previous[held[0]](held[0], None)  # stops now, as it would have then
+    full disk, and the checkpoint being written (seconds) is worth finishing."""
+    return held_stops("rftgym: finishing the checkpoint being written, then stopping", second_stops_now=False)
 
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],

@@ -73,6 +73,7 @@ from .speed import (
     make_optimizer,
     tag_right_padding,
 )
+from .stopping import finishing_the_step, keeping_finished_steps
 from .token_logprobs import chunked_token_logprobs, logit_transform
 
 
@@ -241,93 +242,125 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if footprint is not None and log is not None:
         footprint.close_before_removing(log)
     history = []
+    logged = start - 1  # the last step metrics.jsonl has
+    checkpointed = start  # the steps the checkpoint in out holds (0: none)
 
+    def random_states(per_rank: list[dict]) -> dict:
+        return {"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}
+
+    def this_ranks_random_states() -> dict:
+        return {"sampling": policy._generator.get_state(), "segments": segment_rng.get_state()}
+
+    def save(done: int, rng_states: dict) -> None:
+        """Checkpoint the weights and the optimizer after ``done`` steps (every rank takes part)."""
+        nonlocal checkpointed
+        state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
+        # The others wait for the writing rank, and stop with it if it cannot write.
+        ranks.together(lambda: ranks.is_main and save_checkpoint(
+            out, state=state, step=done, config=config.to_dict(), base_model=base_model,
+            base_model_path=base_model_path, rng_states=rng_states))
+        checkpointed = done
+        if footprint is not None:
+            footprint.results_written = True
+
+    def keep_finished_steps(done: int, rng_states: dict) -> None:
+        """A stopped run (one process) keeps what it finished: the checkpoint after ``done``
+        steps, the last finished step's metrics row (logged as a run's last step always is), and
+        the learning curve."""
+        if not history:  # stopped in its first step: nothing to keep (and nothing is left behind)
+            return
+        if history[-1]["step"] > logged:
+            log.write(history[-1]["step"], {k: v for k, v in history[-1].items() if k != "step"})
+        if done > checkpointed:
+            save(done, rng_states)
+        _close_outputs(log, out)
+
+    # Only one process saves when stopped: the ranks of a launch would each stop elsewhere in a step.
+    stops_save = ranks.world_size == 1 and log is not None
     for step in range(start, config.steps):
-        started = time.perf_counter()
-        # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-        tasks = ranks.shard(list(enumerate(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())))
-        seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
-        # Each episode's sampling stream: (step, task index over all ranks, member of the group).
-        sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
+        # What a checkpoint saved now would hold: a stop before this step's update saves it.
+        step_start = random_states([this_ranks_random_states()]) if stops_save else None
+        with keeping_finished_steps(lambda: keep_finished_steps(step, step_start), stops_save):
+            started = time.perf_counter()
+            # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
+            tasks = ranks.shard(list(enumerate(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())))
+            seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
+            # Each episode's sampling stream: (step, task index over all ranks, member of the group).
+            sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
 
-        # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
-        # 3. Advantages -> per-token training samples.
-        # Both run on each rank alone; an error in either (an env breaking its contract, a policy
-        # without log-probs) stops every rank, not just this one.
-        def rollout_and_samples():
-            model.eval()
-            with autocast(), full_parameters(model):
-                episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
-                                        config=RolloutConfig(num_envs=config.rollout_batch_size))
-            rollout_seconds = time.perf_counter() - started
-            return episodes, rollout_seconds, *build_samples(group_episodes(episodes, config.group_size), config,
-                                                             segment_rng, split_tokens=evaluation_split(policy))
+            # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
+            # 3. Advantages -> per-token training samples.
+            # Both run on each rank alone; an error in either (an env breaking its contract, a policy
+            # without log-probs) stops every rank, not just this one.
+            def rollout_and_samples():
+                model.eval()
+                with autocast(), full_parameters(model):
+                    episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
+                                            config=RolloutConfig(num_envs=config.rollout_batch_size))
+                rollout_seconds = time.perf_counter() - started
+                return episodes, rollout_seconds, *build_samples(group_episodes(episodes, config.group_size), config,
+                                                                 segment_rng, split_tokens=evaluation_split(policy))
 
-        episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
-        unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
-        if unused:
-            warnings.warn(unused, stacklevel=2)
+            episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
+            unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
+            if unused:
+                warnings.warn(unused, stacklevel=2)
 
-        # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
-        model.train()
-        recomputed = {}
-        if config.old_logprobs == "recompute":
-            samples, recomputed = recompute_old_logprobs(model, samples, config, policy.pad_id, ranks, autocast)
-        learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
-                                         schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-                                         min_ratio=config.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate
-        update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
-        ranks.together(lambda: check_finite_update(update, step, out, episodes, config))
+        # From the update on the weights change: a stop waits until the step is done and saved.
+        with finishing_the_step(lambda: keep_finished_steps(step + 1, random_states([this_ranks_random_states()])),
+                                stops_save):
+            # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
+            model.train()
+            recomputed = {}
+            if config.old_logprobs == "recompute":
+                samples, recomputed = recompute_old_logprobs(model, samples, config, policy.pad_id, ranks, autocast)
+            learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
+                                             schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                                             min_ratio=config.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate
+            update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
+            ranks.together(lambda: check_finite_update(update, step, out, episodes, config))
 
-        # Episode statistics over all ranks (optimise's loss statistics are already).
-        rewards = [e.total_reward for e in episodes]
-        n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
-            len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
-            sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
-            batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
-            batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
-        metrics = {
-            "reward_mean": r_sum / n,
-            "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
-            "success_rate": wins / n,
-            "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
-            "sampled_tokens_mean": tokens / n,
-            "groups_kept": int(kept),
-            "samples": int(n_samples),
-            "trained_tokens": int(n_tokens),
-            "rollout_seconds": rollout_seconds,
-            "step_seconds": time.perf_counter() - started,
-            "learning_rate": learning_rate,
-            **recomputed,
-            **update,
-        }
-        if config.algo == "pcar":
-            metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
-        if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
-            metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
-        history.append({"step": step, **metrics})
-        if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
-            # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
-            ranks.together(lambda: log is not None and log.write(step, metrics))
-            if footprint is not None:
-                footprint.results_written = True
-        if on_step is not None and ranks.is_main:
-            on_step(history[-1])
+            # Episode statistics over all ranks (optimise's loss statistics are already).
+            rewards = [e.total_reward for e in episodes]
+            n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
+                len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
+                sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
+                batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
+                batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
+            metrics = {
+                "reward_mean": r_sum / n,
+                "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
+                "success_rate": wins / n,
+                "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
+                "sampled_tokens_mean": tokens / n,
+                "groups_kept": int(kept),
+                "samples": int(n_samples),
+                "trained_tokens": int(n_tokens),
+                "rollout_seconds": rollout_seconds,
+                "step_seconds": time.perf_counter() - started,
+                "learning_rate": learning_rate,
+                **recomputed,
+                **update,
+            }
+            if config.algo == "pcar":
+                metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
+            if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+                metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
+            history.append({"step": step, **metrics})
+            if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
+                # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
+                ranks.together(lambda: log is not None and log.write(step, metrics))
+                logged = step
+                if footprint is not None:
+                    footprint.results_written = True
+            if on_step is not None and ranks.is_main:
+                on_step(history[-1])
 
-        # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
-        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-            per_rank = ranks.gather_objects({"sampling": policy._generator.get_state(),
-                                             "segments": segment_rng.get_state()})
-            state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
-            # The others wait for the writing rank, and stop with it if it cannot write.
-            ranks.together(lambda: ranks.is_main and save_checkpoint(
-                out, state=state, step=step + 1, config=config.to_dict(), base_model=base_model,
-                base_model_path=base_model_path,
-                rng_states={"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}))
-            if footprint is not None:
-                footprint.results_written = True
+            # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
+            if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+                save(step + 1, random_states(ranks.gather_objects(this_ranks_random_states())))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group
     # (and the launcher) while another still works.

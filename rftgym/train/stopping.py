@@ -1,0 +1,90 @@
+"""How a training run stops on Ctrl-C (and on SIGTERM or SIGHUP, which the CLI raises as
+interrupts too): never with a half-written checkpoint, and keeping the steps it finished.
+
+A step has two parts. Until its update starts, the weights and the optimizer are still those of
+the step before, so a stop there can save them as they are (with the random states the step
+began with: a resumed run then draws what the uninterrupted one would have). From the update
+on they change, so a stop is held until the step is done and saved; a second stop ends the run
+at once, without that step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+# The signals that stop a run the way Ctrl-C does. Only a callable handler is replaced (Python's
+# own for SIGINT, the CLI's for SIGTERM and SIGHUP): an ignored signal (nohup) stays ignored and
+# a default one (a script calling train() with SIGTERM unhandled) still ends the process.
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # no terminal to say it on (hung up, closed, stderr shut): stop all the same
+        pass
+
+
+@contextlib.contextmanager
+def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
+    """Hold a stop that arrives inside the block. Yields the list of held signals, which the
+    block may read; when it ends without an error, a held stop is raised as it would have been
+    (by the handler it replaced). With ``second_stops_now`` a second signal is raised at once.
+    ``notice`` is said (on stderr) when the first one arrives. Only the main thread receives
+    signals; elsewhere nothing is held."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous: dict[int, Callable] = {}
+
+    def hold(signum, frame):
+        if held and second_stops_now:
+            previous[signum](signum, frame)  # raises: the run stops here
+        if not held:
+            _say(notice)
+        held.append(signum)
+
+    try:
+        for signum in STOPPING_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = signal.signal(signum, hold)
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        previous[held[0]](held[0], None)  # stops now, as it would have then
+
+
+@contextlib.contextmanager
+def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[None]:
+    """Before a step's update: a stop inside the block first calls ``keep()`` (which saves the
+    steps done so far), then goes on. ``enabled`` False (a launch of several ranks, which would
+    each stop at another point of the step): the stop just goes on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if enabled:
+            with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
+                keep()
+        raise
+
+
+@contextlib.contextmanager
+def finishing_the_step(keep: Callable[[], None], enabled: bool) -> Iterator[None]:
+    """From a step's update to its end: a stop is held until the block is done, then ``keep()``
+    saves the step and the stop goes on. A second stop ends the run at once, without the step."""
+    if not enabled:
+        yield
+        return
+    with held_stops("rftgym train: stopping once this step is done and saved (its update, metrics and "
+                    "checkpoint); interrupt again to stop now without it", second_stops_now=True) as held:
+        yield
+        if held:
+            keep()

@@ -1,0 +1,156 @@
+"""A stopped run keeps the steps it finished: Ctrl-C (or SIGTERM, SIGHUP through the CLI) before a
+step's update saves the steps before it, one during the update is held until the step is saved,
+and a second one stops at once. Each resume then reproduces the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from support import SayAEnv, train_config
+
+from rftgym.train import loop
+from rftgym.train.loop import train
+from rftgym.train.metrics_log import read_metrics
+
+
+def config(tmp_path, name, **overrides):
+    return train_config(tmp_path, name, **{"steps": 5, "save_every": 100, **overrides})
+
+
+def saved_step(run) -> int:
+    return json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+
+
+def assert_resume_reproduces(straight, resumed, first_step):
+    assert [h["step"] for h in resumed] == list(range(first_step, len(straight)))
+    for a, b in zip(straight[first_step:], resumed, strict=True):
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_policy, monkeypatch):
+    straight = train(config(tmp_path, "straight"), policy=make_char_policy(), make_env=SayAEnv)
+    real_run_episodes, calls = loop.run_episodes, []
+
+    def stopped_in_step_3(*args, **kwargs):
+        episodes = real_run_episodes(*args, **kwargs)  # its sampling is done: the random states moved on
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return episodes
+
+    monkeypatch.setattr(loop, "run_episodes", stopped_in_step_3)
+    run = tmp_path / "stopped"
+    # log_every=2 logs steps 1 and 3 (and a run's last): the stop writes its last step's row, step 2's.
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, "stopped", log_every=2), policy=make_char_policy(), make_env=SayAEnv)
+    assert saved_step(run) == 3
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert (run / "learning_curve.png").stat().st_size > 1000
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    monkeypatch.setattr(loop, "run_episodes", real_run_episodes)
+    resumed = train(config(tmp_path, "stopped", log_every=2), policy=make_char_policy(), make_env=SayAEnv,
+                    resume=True)
+    assert_resume_reproduces(straight, resumed, 3)
+
+
+def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_char_policy, monkeypatch, capsys):
+    straight = train(config(tmp_path, "straight"), policy=make_char_policy(), make_env=SayAEnv)
+    real_optimise, calls = loop.optimise, []
+
+    def stopped_in_update_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the weights change
+        return real_optimise(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "optimise", stopped_in_update_2)
+    run = tmp_path / "stopped"
+    shown = []
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, on_step=shown.append)
+    assert "stopping once this step is done and saved" in capsys.readouterr().err
+    assert [h["step"] for h in shown] == [0, 1] and len(calls) == 2  # step 1 finished; step 2 never began
+    assert saved_step(run) == 2
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0, 1]
+
+    monkeypatch.setattr(loop, "optimise", real_optimise)
+    resumed = train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert_resume_reproduces(straight, resumed, 2)
+
+
+def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path, make_char_policy, monkeypatch):
+    real_optimise, calls = loop.optimise, []
+
+    def stopped_twice_in_update_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # and again: do not wait
+            raise AssertionError("the second interrupt did not stop the run")
+        return real_optimise(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "optimise", stopped_twice_in_update_2)
+    run = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, "stopped", save_every=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert saved_step(run) == 1  # the last checkpoint it wrote, not a half-updated step
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_stop_before_any_step_finished_leaves_nothing(tmp_path, make_char_policy, monkeypatch):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "run_episodes", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv)
+    assert not (tmp_path / "stopped").exists()  # so that the same command simply starts again
+
+
+def test_cli_sighup_saves_and_names_the_checkpoint(tmp_path, monkeypatch, make_char_policy, capsys):
+    """The terminal closed: the run stops as after Ctrl-C, with its finished steps saved."""
+    from rftgym import cli
+    from rftgym.cli import train as cli_train
+
+    calls = []
+    real_optimise = loop.optimise
+
+    def hung_up_in_update_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real_optimise(*args, **kwargs)
+
+    real_train = loop.train
+    monkeypatch.setattr(loop, "optimise", hung_up_in_update_2)
+    monkeypatch.setattr(loop, "train", lambda config, **kw: real_train(config, policy=make_char_policy(),
+                                                                       make_env=SayAEnv, **kw))
+    monkeypatch.setattr(cli_train, "_make_env", lambda *a: SayAEnv())
+    before = signal.getsignal(signal.SIGHUP)
+    out = tmp_path / "run"
+    code = cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out), "--steps", "4",
+                     "--tasks-per-step", "2", "--group-size", "8", "--max-new-tokens", "8", "--save-every", "100"])
+    assert code == 128 + signal.SIGHUP
+    assert f"hung up (SIGHUP): the checkpoint in {out}/checkpoint is at step 2; run the same command with " \
+           "--resume" in capsys.readouterr().err
+    assert saved_step(out) == 2
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_sighup_that_nohup_ignores_stays_ignored():
+    from rftgym.cli.sigterm import _restore_handlers, _stop_on_sigterm
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        replaced = _stop_on_sigterm()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.SIGHUP not in replaced
+        assert callable(signal.getsignal(signal.SIGTERM))
+        _restore_handlers(replaced)
+    finally:
+        signal.signal(signal.SIGHUP, before)
