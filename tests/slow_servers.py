@@ -1,6 +1,7 @@
 """Servers on 127.0.0.1 that answer too slowly to finish yet fast enough that no socket read
 times out, for the tests of clients' request deadlines (rftgym.core.web). Each sends a byte every
-``every_s`` until it is stopped; leaving the ``with`` block stops it and joins its threads."""
+``every_s`` until it is stopped; leaving the ``with`` block stops it and joins its threads. And
+a name resolver that never answers (:class:`HangingResolver`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 
 STATUS_LINE = b"HTTP/1.1 200 OK\r\n"
 
@@ -103,3 +105,52 @@ def finishes_within(seconds: float, call) -> BaseException | None:
     if thread.is_alive():
         pytest.fail(f"still waiting after {seconds:g} s")
     return outcome[0]
+
+
+class HangingResolver:
+    """Stands in for socket.getaddrinfo: an IP address (AI_NUMERICHOST) is answered as usual, a
+    name in ``names`` with its addresses (None: no such name), and any other name hangs, as behind a DNS server that
+    never answers, until ``release()`` (then it fails as a resolver's timeout would)."""
+
+    def __init__(self):
+        self.real = socket.getaddrinfo
+        self.names: dict[str, list[tuple[str, int]] | None] = {}  # name -> the (IP, port)s it resolves to
+        self.looked_up: list[str] = []  # the names asked for, in order
+        self.hanging = 0  # lookups waiting now
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+
+    def __call__(self, host, port, family=0, type=0, proto=0, flags=0):
+        if flags & socket.AI_NUMERICHOST:
+            return self.real(host, port, family, type, proto, flags)
+        self.looked_up.append(host)
+        if host in self.names and self.names[host] is None:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if host in self.names:
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)
+                    for address in self.names[host]]
+        with self._lock:
+            self.hanging += 1
+        try:
+            self._released.wait()
+        finally:
+            with self._lock:
+                self.hanging -= 1
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    def release(self) -> None:
+        """Lets every hanging lookup fail, and waits until none is left waiting."""
+        self._released.set()
+        give_up_at = time.monotonic() + 5
+        while self.hanging and time.monotonic() < give_up_at:
+            time.sleep(0.01)
+        assert not self.hanging, "a lookup still hangs after its release"
+
+    @classmethod
+    @contextlib.contextmanager
+    def installed(cls, monkeypatch):
+        """One in socket.getaddrinfo's place, released when the block ends."""
+        stand_in = cls()
+        monkeypatch.setattr(socket, "getaddrinfo", stand_in)
+        yield stand_in
+        stand_in.release()  # no thread is left waiting on it

@@ -45,8 +45,8 @@ from typing import Any, Sequence
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
 from ..core.values import is_int
-from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, error_body_time,
-                        is_loopback, open_within, read_body, read_error_body, retry_after_s)
+from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
+                        error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
@@ -727,6 +727,8 @@ class ChatAPIAgent(Agent):
             else:
                 what = f"could not connect ({reason})"
             raise _RetryableError(what) from None
+        except NameLookupTooSlow as exc:  # the resolver, not the server: the message says what to check
+            raise _RetryableError(str(exc)) from None
         except TimeoutError:
             raise _RetryableError(
                 f"timed out after {self.config.timeout_s:g} s (timeout_s)"

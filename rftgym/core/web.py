@@ -1,10 +1,11 @@
 """HTTP plumbing shared by the clients of servers (the chat API agent, the retrieval client).
 
 A socket timeout bounds each read only, so a server that trickles bytes (of a TLS handshake, the
-reply's headers or its body) could hold a request for ever. A client therefore gives each request
-one :class:`Deadline` that covers all of it: :func:`open_within` connects, sends and reads the
-headers by it (with an opener from :func:`build_opener`), and :func:`read_body` or
-:func:`read_error_body` read the body in the time left::
+reply's headers or its body) could hold a request for ever, and no timeout reaches the lookup of
+the host's name at all. A client therefore gives each request one :class:`Deadline` that covers
+all of it: :func:`open_within` looks up the host, connects, sends and reads the headers by it
+(with an opener from :func:`build_opener`), and :func:`read_body` or :func:`read_error_body` read
+the body in the time left::
 
     deadline = Deadline(timeout_s)
     with open_within(opener, request, deadline) as response:  # RequestTooSlow past the deadline
@@ -49,6 +50,11 @@ class RequestTooSlow(TimeoutError):
     by its deadline."""
 
 
+class NameLookupTooSlow(RequestTooSlow):
+    """The lookup of a request's host name did not finish by its deadline; the message says what
+    to check."""
+
+
 class BodyTooLarge(Exception):
     """A body is over the size its reader allows."""
 
@@ -63,9 +69,9 @@ class BodyCutShort(Exception):
 
 
 class Deadline:
-    """The time by which a whole request must be done, ``timeout_s`` seconds from now:
-    connecting, a TLS handshake, sending the request, and the reply's headers and body (looking
-    up the host's name comes before and is not bounded: no timeout reaches it)."""
+    """The time by which a whole request must be done, ``timeout_s`` seconds from now: looking
+    up the host's name, connecting, a TLS handshake, sending the request, and the reply's headers
+    and body."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
@@ -105,7 +111,8 @@ def open_within(opener: urllib.request.OpenerDirector, request: urllib.request.R
     Each socket read waits at most ``deadline.timeout_s`` as well.
 
     Raises RequestTooSlow (a TimeoutError) once the deadline has passed, whatever the error it
-    caused (a connection shut mid-headers may even look like a complete reply); urlopen's errors
+    caused (a connection shut mid-headers may even look like a complete reply; a name lookup that
+    took too long says so and what to check); urlopen's errors
     (HTTPError, URLError, http.client's) otherwise; TypeError for an opener not made by
     :func:`build_opener`, whose connections the deadline cannot reach."""
     shutter = _Shutter(deadline.at)
@@ -113,6 +120,8 @@ def open_within(opener: urllib.request.OpenerDirector, request: urllib.request.R
     try:
         response = opener.open(request, timeout=deadline.timeout_s)
     except Exception as exc:
+        if isinstance(lookup := getattr(exc, "reason", None), NameLookupTooSlow):  # says what to check
+            raise lookup from None
         if not (shutter.shut.is_set() or deadline.left() == 0):
             raise
         if isinstance(exc, urllib.error.HTTPError):
@@ -293,21 +302,102 @@ def _connection_shut_by(http_class, shutter: _Shutter, *args, **kwargs) -> http.
 
 
 def _connect_shut_by(shutter: _Shutter, address, timeout=None, source_address=None) -> socket.socket:
-    """socket.create_connection, which tries each of the host's addresses for at most the time
-    the deadline leaves, its socket given to ``shutter`` (whose timer may fire, for a host with
-    several addresses that do not answer, only once the tries are over)."""
-    left = shutter.deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the request's deadline passed before it connected")
-    if isinstance(timeout, (int, float)):
-        left = min(left, timeout)
-    sock = socket.create_connection(address, left, source_address)
+    """socket.create_connection by ``shutter``'s deadline: the host's name looked up, and each of
+    its addresses tried in turn, in the time the deadline leaves (and at most ``timeout`` each);
+    the socket is given to ``shutter`` (whose timer reaches it only once it is connected)."""
+    host, port = address
+    addresses = _addresses_by(host, port, _time_left(shutter.deadline, timeout))
+    sock = _connect_to_first(addresses, shutter.deadline, timeout, source_address)
     try:
         shutter.adopt(sock.dup())
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def _time_left(deadline: float, timeout=None) -> float:
+    """Seconds until ``deadline`` (a time.monotonic() value), at most ``timeout`` (a number, or
+    http.client's "no timeout given"); TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request's deadline passed before it connected")
+    return min(left, timeout) if isinstance(timeout, (int, float)) else left
+
+
+# "localhost" is this machine's loopback (RFC 6761, as is_loopback has it), so it needs no lookup.
+# IPv4 first: most local servers listen there (an address that refuses costs one quick try).
+_LOCALHOST_ADDRESSES = ("127.0.0.1", "::1")
+
+
+def _addresses_by(host: str, port: int, seconds: float) -> list[tuple]:
+    """``socket.getaddrinfo(host, port, 0, SOCK_STREAM)``, as socket.create_connection asks it,
+    within ``seconds``. An IP address or localhost needs no lookup; a name is looked up on a
+    worker thread, as nothing can make getaddrinfo itself give up (a resolver that hangs would
+    hold the request far past its deadline). RequestTooSlow if the lookup takes longer."""
+    if host.lower() == "localhost":
+        return [info for loopback in _LOCALHOST_ADDRESSES for info in _numeric_addresses(loopback, port)]
+    numeric = _numeric_addresses(host, port)
+    return numeric if numeric else _looked_up_within(host, port, seconds)
+
+
+def _numeric_addresses(host: str, port: int) -> list[tuple]:
+    """getaddrinfo's answer for ``host`` if it is an IP address (which takes no lookup), else []."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except socket.gaierror:  # a name (or an address family this machine lacks)
+        return []
+
+
+def _looked_up_within(host: str, port: int, seconds: float) -> list[tuple]:
+    """getaddrinfo's answer for the name ``host``, or its error, from a daemon thread waited on
+    for ``seconds``. A lookup that takes longer is left to end on its own (the resolver's own
+    timeouts end it; a daemon thread never keeps the interpreter from exiting)."""
+    outcome: list = []
+
+    def look_up() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except Exception as exc:  # noqa: BLE001 - raised on the request's own thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=look_up, name=f"rftgym-lookup-{host}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise NameLookupTooSlow(f"the name lookup of {host} did not finish within {round(seconds, 2):g} s; check "
+                             f"the DNS settings (/etc/resolv.conf) and that the DNS server they name answers, "
+                             f"or give the server's IP address in the URL")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _connect_to_first(addresses: list[tuple], deadline: float, timeout, source_address) -> socket.socket:
+    """A socket connected to the first of ``addresses`` (getaddrinfo's answer) that takes a
+    connection, as socket.create_connection tries them, each within what ``deadline`` leaves;
+    the last try's error if none does."""
+    error = None
+    for family, kind, protocol, _, address in addresses:
+        left = _time_left(deadline, timeout)
+        sock = None
+        try:
+            sock = socket.socket(family, kind, protocol)
+            sock.settimeout(left)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            error = exc
+            if sock is not None:
+                sock.close()
+    if error is None:
+        raise OSError("getaddrinfo returns an empty list")
+    try:
+        raise error
+    finally:
+        error = None  # the traceback holds this frame, which holds the error: no cycle
 
 
 def _duplicate_socket(response: http.client.HTTPResponse) -> socket.socket | None:

@@ -556,6 +556,17 @@ def test_headers_trickling_in_are_given_up_at_the_timeout_and_retried():
     assert "--api-timeout" in str(error)
 
 
+def test_a_name_lookup_that_hangs_is_reported_as_the_resolvers(monkeypatch):
+    from slow_servers import HangingResolver, finishes_within
+
+    with HangingResolver.installed(monkeypatch):
+        agent = ChatAPIAgent.from_url("http://llm.test:8000/v1", "m", timeout_s=1.0, max_retries=0, api_key=None)
+        error = finishes_within(4.0, lambda: agent.act_one(ctx(("user", "q"))))
+        agent.close()
+    assert isinstance(error, ChatAPIError), error
+    assert "the name lookup of llm.test did not finish within 1 s; check the DNS settings" in str(error)
+
+
 def test_a_huge_reply_is_refused_without_holding_it(server):
     server.behaviour = lambda req, n: Response(body=b" " * (65 << 20))
     with pytest.raises(ChatAPIError, match="sent a reply of over 64 MiB"):

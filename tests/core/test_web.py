@@ -1,10 +1,12 @@
-"""A request's one deadline (rftgym.core.web): connecting, the reply's headers and its body all
-within it, over HTTP and HTTPS, against servers on 127.0.0.1 that trickle bytes just faster than a
-socket read times out. No other address is ever contacted."""
+"""A request's one deadline (rftgym.core.web): looking up the host's name, connecting, the reply's
+headers and its body all within it, over HTTP and HTTPS, against servers on 127.0.0.1 that trickle
+bytes just faster than a socket read times out, and a stand-in resolver that hangs. No other
+address is ever contacted, and no name is looked up for real."""
 
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 import time
@@ -14,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, RequestTooSlow, build_opener, error_body_time,
-                             open_within, read_body)
-from slow_servers import finishes_within, self_signed_tls, trickling_server
+from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, RequestTooSlow, _connect_shut_by, _Shutter,
+                             build_opener, error_body_time, open_within, read_body)
+from slow_servers import HangingResolver, finishes_within, self_signed_tls, trickling_server
 
 
 def fetch(url: str, timeout_s: float, opener=None) -> bytes:
@@ -142,3 +144,63 @@ def test_an_error_body_gets_a_few_seconds_however_late_it_comes():
     short.at = time.monotonic() - 1
     assert error_body_time(short) == 1.0  # never more than the whole timeout
     assert 59 < error_body_time(Deadline(60.0)) <= 60  # early: what is left
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    with HangingResolver.installed(monkeypatch) as stand_in:
+        yield stand_in
+
+
+def test_a_name_lookup_that_hangs_is_given_up_at_the_deadline(resolver):
+    start = time.monotonic()
+    error = finishes_within(4.0, lambda: fetch("http://hangs.test:8000/", 1.0))
+    assert isinstance(error, RequestTooSlow) and isinstance(error, TimeoutError), error
+    assert str(error) == ("the name lookup of hangs.test did not finish within 1 s; check the DNS settings "
+                          "(/etc/resolv.conf) and that the DNS server they name answers, or give the server's IP "
+                          "address in the URL")
+    assert 0.9 < time.monotonic() - start < 3.0
+    assert resolver.looked_up == ["hangs.test"]
+
+
+def test_an_ip_address_or_localhost_is_never_looked_up(answering, resolver):
+    # A resolver that hangs cannot touch them: their addresses need no lookup (nor a thread).
+    port = answering().rsplit(":", 1)[1]
+    for host in ("127.0.0.1", "localhost", "LocalHost"):
+        replies = []
+        error = finishes_within(4.0, lambda url=f"http://{host}:{port}/ok": replies.append(fetch(url, 5.0)))
+        assert error is None and json.loads(replies[0]) == {"path": "/ok"}, error
+    assert resolver.looked_up == []
+
+
+def test_a_name_looked_up_in_time_has_its_addresses_tried_in_turn(answering, resolver):
+    port = int(answering().rsplit(":", 1)[1])
+    refusing = socket.socket()  # bound, not listening: a connection to it is refused
+    refusing.bind(("127.0.0.1", 0))
+    try:
+        resolver.names["service.test"] = [refusing.getsockname(), ("127.0.0.1", port)]
+        assert json.loads(fetch(f"http://service.test:{port}/ok", 5.0)) == {"path": "/ok"}
+        resolver.names["service.test"] = [refusing.getsockname()]
+        with pytest.raises(urllib.error.URLError) as info:  # none takes it: the last try's error
+            fetch(f"http://service.test:{port}/ok", 5.0)
+        assert isinstance(info.value.reason, ConnectionRefusedError), info.value
+    finally:
+        refusing.close()
+    resolver.names["unknown.test"] = None
+    with pytest.raises(urllib.error.URLError) as info:  # the resolver's own error, as before
+        fetch(f"http://unknown.test:{port}/ok", 5.0)
+    assert isinstance(info.value.reason, socket.gaierror), info.value
+    assert resolver.looked_up == ["service.test", "service.test", "unknown.test"]
+
+
+def test_a_connection_is_made_from_its_source_address(answering):
+    port = int(answering().rsplit(":", 1)[1])
+    with socket.socket() as probe:  # a free port to connect from
+        probe.bind(("127.0.0.1", 0))
+        source = probe.getsockname()
+    shutter = _Shutter(time.monotonic() + 5)
+    try:
+        with _connect_shut_by(shutter, ("127.0.0.1", port), 5.0, source) as connection:
+            assert connection.getsockname() == source
+    finally:
+        shutter.close()

@@ -237,6 +237,16 @@ def test_a_reply_trickling_in_is_given_up_at_the_timeout(fake_service, status, h
     assert time.monotonic() - start < 3.0
 
 
+def test_a_name_lookup_that_hangs_is_reported_as_the_resolvers(monkeypatch):
+    from slow_servers import HangingResolver, finishes_within
+
+    with HangingResolver.installed(monkeypatch):
+        remote = RemoteRetriever("http://search.test:8000/retrieve", timeout=1.0, retries=0)
+        error = finishes_within(4.0, lambda: remote.search(["q"], 1))
+    assert isinstance(error, RetrievalServiceError), error
+    assert "(last: the name lookup of search.test did not finish within 1 s; check the DNS settings" in str(error)
+
+
 def test_headers_trickling_in_are_given_up_at_the_timeout():
     from slow_servers import finishes_within, trickling_server
 

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 from ...core.errors import ConfigError, RftgymError
 from ...core.values import valid_text
-from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, build_opener, error_body_time,
-                         is_loopback, open_within, read_body, read_error_body, retry_after_s)
+from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
+                         error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
 from .corpora import split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args
 
@@ -203,6 +203,9 @@ class RemoteRetriever(Retriever):
                     raise RetrievalServiceError(f"{self.url} rejected the request ({exc.code}): {detail}") from None
                 last_error = f"it failed with HTTP {exc.code}: {detail[:300]}"
                 wait_at_least = retry_after_s(exc.headers) or 0.0
+                continue
+            except NameLookupTooSlow as exc:  # the resolver, not the service: the message says what to check
+                last_error = str(exc)
                 continue
             except (BodyTooSlow, TimeoutError):  # the body, or what came before it (RequestTooSlow), or one read
                 last_error = f"the reply took over {self.timeout:g} s to arrive"
