@@ -7,6 +7,7 @@ Only the scripted agents (random, adversarial) are run; `default`/`hf` would loa
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -354,6 +355,50 @@ def test_play_handles_eof_at_once(monkeypatch, capsys):
     assert out.rstrip().endswith("bye") and "reward=" not in out
 
 
+class TerminalInput(io.StringIO):
+    """Typed turns: a terminal shows them itself as they are typed."""
+
+    def isatty(self):
+        return True
+
+
+def test_play_echoes_piped_turns_after_their_prompts(monkeypatch, capsys):
+    # Piped turns never reached the transcript: it showed "assistant> ........> reward=...".
+    answer = answer_for_seed(5)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"Let me think.\\\r\n<answer>{answer}</answer>\nab\ufffd\\\n"))
+    assert main(["play", ENV_ID, "--seed", "5", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    # Each line as it went into the turn: no continuation mark, no CR, U+FFFD for bad bytes.
+    assert f"assistant> Let me think.\n........> <answer>{answer}</answer>\nreward=1.000 terminated=True" in out
+    assert out.endswith("assistant> ab\ufffd\n........> \n(end of input: episode 2 of 2 stops unfinished after "
+                        "0 turns; a turn begun with 1 line ending in '\\' was not sent, as no line came to finish it)\n"
+                        "bye\n")
+
+
+def test_play_echoes_nothing_a_terminal_already_shows(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", TerminalInput("Let me think.\\\nno idea\n"))
+    assert main(["play", ENV_ID, "--seed", "5", "--env-arg", "max_turns=2"]) == 0
+    out = capsys.readouterr().out
+    assert "assistant> ........> reward=0.000" in out and "Let me think." not in out
+    assert out.endswith("assistant> \nbye\n")  # Ctrl-D: the user knows what it left undone
+
+
+def test_play_skips_a_piped_line_it_cannot_decode(monkeypatch, capsys):
+    class StrictInput(io.StringIO):  # stdin that cannot take errors="surrogateescape"
+        def readline(self, *args):
+            line = super().readline(*args)
+            if line.startswith("bad"):
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+            return line
+
+    monkeypatch.setattr("sys.stdin", StrictInput("bad\nno idea\n"))
+    assert main(["play", ENV_ID, "--seed", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert "assistant> \nassistant> no idea\n" in out  # the prompt's line ended, the next line played
+    assert "(that line was not valid utf-8; it was skipped)" in err
+    assert "(end of input: episode 1 of 1 stops unfinished after 1 turn)\nbye" in out
+
+
 def test_play_unknown_env(monkeypatch, capsys):
     feed(monkeypatch, [])
     assert exit_code(["play", "rftgym/Nope-v0"]) == 2
@@ -372,8 +417,8 @@ def test_subprocess_play_over_stdin():
     answer = answer_for_seed(0)
     proc = run_cli("play", ENV_ID, "--seed", "0", "--episodes", "2", stdin=f"<answer>{answer}</answer>\n")
     assert proc.returncode == 0, proc.stderr
-    assert "reward=1.000 terminated=True" in proc.stdout
-    assert proc.stdout.rstrip().endswith("bye")  # stdin ran out in the second episode
+    assert f"assistant> <answer>{answer}</answer>\nreward=1.000 terminated=True" in proc.stdout
+    assert proc.stdout.endswith("assistant> \n(end of input: episode 2 of 2 stops unfinished after 0 turns)\nbye\n")
 
 
 @pytest.mark.parametrize("environment", [{"PYTHONIOENCODING": "utf-8"}, {"LC_ALL": "C.UTF-8"}])
@@ -387,7 +432,8 @@ def test_subprocess_play_takes_bytes_that_are_not_utf8(environment):
                           input=stdin, capture_output=True, timeout=120, env={**env, **environment})
     out = proc.stdout.decode("utf-8", "replace")
     assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
-    assert "'answer': 'ab\ufffd\ufffd'" in out  # the first episode got the line, marked
+    assert "assistant> <answer>ab\ufffd\ufffd</answer>\n" in out  # the line as the first episode got it
+    assert "'answer': 'ab\ufffd\ufffd'" in out
     assert "reward=1.000 terminated=True" in out  # and the next line still reached the second
 
 

@@ -15,6 +15,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
     seen: set[str] = set()
+    # A terminal shows what the user types; piped turns (a file of them) would leave the transcript
+    # with prompts and no answers, so those are printed after their prompts.
+    echo = not _is_terminal(sys.stdin)
     if hasattr(sys.stdin, "reconfigure"):
         # Undecodable bytes reach _valid_text (as U+FFFD) instead of failing a whole buffered read.
         sys.stdin.reconfigure(errors="surrogateescape")
@@ -24,16 +27,21 @@ def cmd_play(args: argparse.Namespace) -> int:
     try:
         for episode in range(args.episodes):
             context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
-            done = False
+            done, turns = False, 0
             while not done:
                 for message in context:
                     if message.id not in seen and message.role != "assistant":
                         print(f"[{message.role}]\n{message.content}\n")
                     seen.add(message.id)
-                text = _read_turn()
-                if text is None:
-                    print("\nbye")
+                try:
+                    text = _read_turn(echo)
+                except _InputEnded as end:
+                    print()  # ends the prompt's line
+                    if echo:  # a file of turns ran out (Ctrl-D at a terminal needs no telling)
+                        print(_input_ended_note(episode, args.episodes, turns, end.unsent_lines))
+                    print("bye")
                     return 0
+                turns += 1
                 before = context
                 context, reward, terminated, truncated, info = env.step(text)
                 if truncated and not terminated:  # paid and reported as rftgym eval records it
@@ -82,24 +90,57 @@ def _brief(info: dict, final: bool = False) -> dict:
     return shown
 
 
-def _read_turn() -> str | None:
+class _InputEnded(Exception):
+    """stdin ran out (Ctrl-D, or the end of a piped file) before a whole turn was read."""
+
+    def __init__(self, unsent_lines: int):
+        super().__init__(f"input ended with {unsent_lines} line(s) of the turn read")
+        self.unsent_lines = unsent_lines  # lines that ended in '\\' and so waited for more
+
+
+def _read_turn(echo: bool = False) -> str:
+    """One assistant turn: lines ending in '\\' continue on the next. ``echo`` prints each line
+    after its prompt, as it goes into the turn, for input that no terminal shows."""
     lines = []
     prompt = "assistant> "
     while True:
         try:
             line = _valid_text(input(prompt))
         except EOFError:
-            return None
+            raise _InputEnded(len(lines)) from None
         except UnicodeDecodeError as exc:  # stdin decoded strictly (e.g. PYTHONIOENCODING=utf-8)
-            print(f"\n(that line was not valid {exc.encoding}; type it again)", file=sys.stderr)
+            if echo:
+                print()  # the prompt's line ends here, as a terminal's would at Enter
+            retry = "it was skipped" if echo else "type it again"
+            print(f"\n(that line was not valid {exc.encoding}; {retry})", file=sys.stderr)
             continue
         line = line.removesuffix("\r")  # piped Windows text: its continuation mark sits before a CR
-        if line.endswith("\\"):
-            lines.append(line[:-1])
-            prompt = "........> "
-            continue
+        continues = line.endswith("\\")
+        if continues:
+            line = line[:-1]
+        if echo:
+            print(line)
         lines.append(line)
-        return "\n".join(lines)
+        if not continues:
+            return "\n".join(lines)
+        prompt = "........> "
+
+
+def _input_ended_note(episode: int, episodes: int, turns: int, unsent_lines: int) -> str:
+    """What a piped run's early end left undone: the episode cut short, and a turn never sent."""
+    note = (f"(end of input: episode {episode + 1} of {episodes} stops unfinished after {turns} "
+            f"turn{'s' if turns != 1 else ''}")
+    if unsent_lines:
+        lines = f"{unsent_lines} line{'s' if unsent_lines != 1 else ''}"
+        note += f"; a turn begun with {lines} ending in '\\' was not sent, as no line came to finish it"
+    return note + ")"
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # a stand-in stream, or one closed
+        return False
 
 
 def _first_line(text: str, width: int = 70) -> str:
