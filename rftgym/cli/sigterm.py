@@ -5,7 +5,8 @@ cleanup (a training run saves its finished steps), and a message saying what it 
 from __future__ import annotations
 
 import signal
-import sys
+
+from ..train.stopping import say  # noqa: F401 (the CLI's messages after a stop: the terminal may be gone)
 
 # SIGHUP only where it ends the process now (its default): under nohup it is ignored, and stays so.
 _HANDLED = ((signal.SIGTERM, False),) + (((signal.SIGHUP, True),) if hasattr(signal, "SIGHUP") else ())
@@ -26,14 +27,6 @@ def stop_reason(stop: KeyboardInterrupt) -> tuple[str, int]:
     if hasattr(signal, "SIGHUP") and stop.signum == signal.SIGHUP:
         return "hung up (SIGHUP)", 128 + stop.signum
     return "terminated (SIGTERM)", 128 + stop.signum
-
-
-def say(text: str) -> None:
-    """``text`` on stderr, if there is still somewhere to say it: after SIGHUP the terminal is gone."""
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _stop_on_sigterm() -> dict:

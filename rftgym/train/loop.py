@@ -73,7 +73,7 @@ from .speed import (
     make_optimizer,
     tag_right_padding,
 )
-from .stopping import finishing_the_step, keeping_finished_steps
+from .stopping import finishing_the_step, keeping_finished_steps, say
 from .token_logprobs import chunked_token_logprobs, logit_transform
 
 
@@ -272,6 +272,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         if history[-1]["step"] > logged:
             log.write(history[-1]["step"], {k: v for k, v in history[-1].items() if k != "step"})
         if done > checkpointed:
+            say(f"rftgym train: stopping; saving the checkpoint after step {done} first")
             save(done, rng_states)
         _close_outputs(log, out)
 

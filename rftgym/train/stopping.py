@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
+    """``text`` on stderr, where there is still somewhere to say it."""
     try:
         print(text, file=sys.stderr, flush=True)
     except (OSError, ValueError):  # no terminal to say it on (hung up, closed, stderr shut): stop all the same
@@ -46,7 +47,7 @@ def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
         if held and second_stops_now:
             previous[signum](signum, frame)  # raises: the run stops here
         if not held:
-            _say(notice)
+            say(notice)
         held.append(signum)
 
     try:

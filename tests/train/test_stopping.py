@@ -31,7 +31,7 @@ def assert_resume_reproduces(straight, resumed, first_step):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
 
 
-def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_policy, monkeypatch):
+def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_policy, monkeypatch, capsys):
     straight = train(config(tmp_path, "straight"), policy=make_char_policy(), make_env=SayAEnv)
     real_run_episodes, calls = loop.run_episodes, []
 
@@ -47,6 +47,7 @@ def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_p
     # log_every=2 logs steps 1 and 3 (and a run's last): the stop writes its last step's row, step 2's.
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped", log_every=2), policy=make_char_policy(), make_env=SayAEnv)
+    assert "stopping; saving the checkpoint after step 3 first" in capsys.readouterr().err  # said at once
     assert saved_step(run) == 3
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
     assert (run / "learning_curve.png").stat().st_size > 1000
