@@ -4,11 +4,12 @@ that callers (eval, the trainer) read before they make an env."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import os
 import re
 import sys
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from ..core.errors import ConfigError
 from ..core.spaces import AssistantText, ContextSpace
@@ -37,7 +38,33 @@ def resolve_config(config_class: type[ConfigT], options: dict[str, Any]) -> Conf
                           f"(got config= and {', '.join(sorted(options))})")
     if isinstance(given, dict):
         return config_from_dict(config_class, given)
+    check_option_names(config_class, options)
     return given if given is not None else config_class(**options)
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """An env was given a keyword it does not take. A TypeError too, as Python's own error for an
+    unexpected keyword is, so that code catching that (gymnasium's make, which adds the env id,
+    and front ends that read the name from "unexpected keyword argument 'NAME'") still does."""
+
+
+def check_option_names(config_class: type, options: dict[str, Any]) -> None:
+    """Refuse a keyword that is not one of ``config_class``'s settable fields, naming it, the field
+    it most likely meant and the valid ones (Python's own TypeError names none of them)."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    settable = [name for name, f in fields.items() if f.init]
+    unknown = [name for name in options if name not in settable]
+    if not unknown:
+        return
+    name, config_name = unknown[0], config_class.__name__
+    if name in fields:
+        why = f" ({name} is set by {config_name} itself; leave it out)"
+    else:
+        close = difflib.get_close_matches(name, settable, n=1, cutoff=0.75)
+        why = f" (did you mean {close[0]!r}?)" if close else ""
+    others = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
+    raise UnknownOptionError(f"{config_name} got an unexpected keyword argument {name!r}{why}{others}; the env's "
+                             f"options are {', '.join(settable)} and render_mode", field=tuple(unknown))
 
 
 def config_from_dict(config_class: type[ConfigT], values: dict[str, Any]) -> ConfigT:
@@ -203,6 +230,18 @@ def chat_spaces(*, max_messages: int, longest_message: int, max_action_chars: in
                                max_message_chars=max(200_000, max_action_chars, longest_message),
                                roles=("system", "user", "assistant"))
     return observation, AssistantText(max_chars=max_action_chars)
+
+
+def reset_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``reset``'s ``options`` (None: none). Anything but a dict is the caller's mistake,
+    said as such: ``dict()`` of it would fail with a message about sequences, or read a list of
+    pairs as options."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a dict of reset options or None, got {type(options).__name__} "
+                        f"{options!r:.80}; e.g. reset(seed=0, options={{}})")
+    return dict(options)
 
 
 def check_reset_options(options: dict[str, Any], *, from_dataset: bool, dataset_options: tuple[str, ...] = ("task_index",),

@@ -91,7 +91,8 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
                       check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
+                      read_action, render_context, reset_options, resolve_config, summarize_problems, INFO_IF_CUT,
+                      REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -180,8 +181,9 @@ class CodeTCGConfig:
             raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
         for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "feedback_tests" else 1):
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            least = 0 if name == "feedback_tests" else 1  # 0 feedback tests: the failures are not shown
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{name} must be an int of at least {least}, got {value!r}")
         if self.max_timeouts is not None and (not isinstance(self.max_timeouts, int)
                                               or isinstance(self.max_timeouts, bool) or self.max_timeouts < 1):
             raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {self.max_timeouts!r}")
@@ -270,7 +272,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
-        self.task = self.tested_task(self._draw_task(seed, dict(options or {})))
+        self.task = self.tested_task(self._draw_task(seed, reset_options(options)))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = [self._ids.message("system", self.config.prompt)] if self.config.prompt else []
         messages.append(self._ids.message("user", self.task.prompt))

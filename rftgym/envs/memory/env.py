@@ -131,7 +131,7 @@ import gymnasium as gym
 
 from ...core.errors import ConfigError
 from ..common import (chat_spaces, check_bool_options, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, read_action, render_context, resolve_config,
+                      check_reset_options, check_step_call, read_action, render_context, reset_options, resolve_config,
                       summarize_problems, without_tool_markup)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
@@ -216,6 +216,10 @@ class MemoryQAConfig:
         if self.corpus_path is not None and self.dataset_path is None:
             raise ConfigError("corpus_path (distractors) needs dataset_path (the questions); "
                               "without both, the generated world is used")
+        if self.max_distractors is not None and self.corpus_path is None:  # else ignored without a word
+            raise ConfigError(f"max_distractors={self.max_distractors} limits the distractor corpus, and no corpus_path "
+                              "is given; add corpus_path (with dataset_path), or drop max_distractors",
+                              field="max_distractors")
         check_retriever_options(self)
         if self.count_tokens is not None and not callable(self.count_tokens):
             raise ConfigError("count_tokens must be a function context -> int (e.g. budget.policy_token_counter(policy))")
@@ -325,7 +329,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
-        self.task = self._draw_task(dict(options or {}))
+        self.task = self._draw_task(reset_options(options))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
         prompt = self.config.prompt()

@@ -108,7 +108,7 @@ import numpy as np
 from ...core.errors import ConfigError
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, check_task_selection,
-                      covering_episodes, dataset_index, read_action, render_context, resolve_config,
+                      covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
                       summarize_problems, without_elements, without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
@@ -266,7 +266,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.question, self._context = None, Context()
-        self.question = self._draw_question(seed, dict(options or {}))
+        self.question = self._draw_question(seed, reset_options(options))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
         if self.config.system_prompt:

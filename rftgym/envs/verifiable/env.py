@@ -64,7 +64,7 @@ from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
                       check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, resolve_config, summarize_problems, REWARD_IF_CUT)
+                      read_action, render_context, reset_options, resolve_config, summarize_problems, REWARD_IF_CUT)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -127,7 +127,7 @@ class VerifiableQAConfig:
             )
         if isinstance(self.format_weight, bool) or not isinstance(self.format_weight, (int, float)) \
                 or not 0.0 <= self.format_weight < 1.0:
-            raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight}")
+            raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight!r}")
 
 
 class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
@@ -166,7 +166,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
-        options = dict(options or {})
+        options = reset_options(options)
         self.task = self._draw_task(seed, options)
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
