@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import os
 import random
 import re
@@ -44,7 +43,7 @@ from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError
 from ..core.messages import Context
-from ..core.values import is_int
+from ..core.values import is_finite_real, is_int
 from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
                         error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
@@ -140,12 +139,16 @@ def _default_api_key() -> str | None:
 MAX_TIMEOUT_S = 86_400.0
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+# numpy's numbers pass as Python's do (core.values), and a huge int is refused, not an OverflowError.
+_is_number = is_finite_real
+_is_int = is_int
+# The fields a request body or a timer reads: once checked, made Python numbers (json.dumps takes
+# no numpy integer or float32).
+_NUMERIC_FIELDS = ("temperature", "top_p", "max_tokens", "timeout_s", "max_retries", "backoff_s", "max_concurrency")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _plain_number(value: Any) -> int | float:
+    return int(value) if is_int(value) else float(value)
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,8 @@ class ChatAPIConfig:
                 f"got {self.max_concurrency!r}",
                 field="max_concurrency",
             )
+        for name in _NUMERIC_FIELDS:
+            set_(name, _plain_number(getattr(self, name)))
 
         # extra_body: a JSON-serialisable dict, copied so later mutation cannot leak in
         if self.extra_body is not None:

@@ -205,16 +205,23 @@ def _checked_keys(sample_keys, count: int) -> list[tuple[int, ...]]:
 def _close_all(slots: list[_Slot], *, raising: bool) -> None:
     """Close every env. A close that fails does not stop the others; while the rollout is raising
     an error of its own, a failed close only warns (it would hide that error)."""
-    failure = None
+    failure, failed_env = None, None
     for slot in slots:
         try:
             slot.env.close()
         except Exception as exc:  # noqa: BLE001 (any env's close)
-            failure = failure or exc
-    if failure is not None:
-        if not raising:
-            raise failure
-        warnings.warn(f"closing an env failed too ({type(failure).__name__}: {failure})", stacklevel=3)
+            if failure is None:
+                failure, failed_env = exc, slot.env
+    if failure is None:
+        return
+    if raising:
+        warnings.warn(f"closing an env failed too ({_env_id(failed_env)} raised {type(failure).__name__}: "
+                      f"{failure})", stacklevel=3)
+    elif isinstance(failure, RftgymError):  # already says what to do
+        raise failure
+    else:  # as reset and step: name the env (a bare OSError says nothing of whose close it was)
+        raise EnvError(f"{_env_id(failed_env)} raised {type(failure).__name__} in close: {failure}; an env's close() "
+                       "frees what the env owns and is safe to call twice") from failure
 
 
 def _check_replies(agent: Agent, replies, expected: int) -> None:

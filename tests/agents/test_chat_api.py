@@ -681,6 +681,8 @@ def test_config_normalisation_and_name():
         ({"stop": (1,)}, "non-empty strings"),
         ({"timeout_s": 0}, "in (0, 86400]"),
         ({"timeout_s": 1e10}, "a day at most"),
+        ({"timeout_s": 10**400}, "a day at most"),  # past float's range: refused, not an OverflowError
+        ({"temperature": 10**400}, "temperature"),
         ({"max_retries": -1}, ">= 0"),
         ({"backoff_s": -1}, "in [0, 3600]"), ({"backoff_s": 1e308}, "in [0, 3600]"),
         ({"max_concurrency": 0}, ">= 1"),
@@ -698,6 +700,19 @@ def test_bad_config_raises_config_error(kwargs, fragment):
         ChatAPIConfig(**args)
     assert fragment in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_numpy_numbers_are_settings_and_go_into_the_body_as_json_numbers(server):
+    # Sweeps and data pipelines hand numpy scalars around; SamplingConfig takes them, so does this.
+    import numpy as np
+
+    server.behaviour = lambda req, n: Response(body=completion("fine"))
+    with server.agent(temperature=np.float32(0.5), top_p=np.float64(0.75), max_tokens=np.int64(64),
+                      timeout_s=np.int32(5), max_retries=np.int64(1), max_concurrency=np.int64(2)) as agent:
+        assert type(agent.config.max_tokens) is int and type(agent.config.temperature) is float
+        assert agent.act([ctx(("user", "hi"))])[0].text == "fine"
+    body = server.requests[0].body
+    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.5, 0.75, 64)
 
 
 def test_from_url_rejects_unknown_fields_and_agent_rejects_non_config():

@@ -10,7 +10,7 @@ import rftgym  # noqa: F401
 from rftgym.agents.base import CONTEXT_FULL, Agent, AgentReply
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.agents.scripted import ScriptedAgent
-from rftgym.core.errors import AgentError, ConfigError, EnvContractError
+from rftgym.core.errors import AgentError, ConfigError, EnvContractError, EnvError
 from rftgym.core.messages import Context, MessageIds
 from rftgym.core.spaces import AssistantText, ContextSpace
 from rftgym.rollout import RolloutConfig, run_episodes, summarize
@@ -338,6 +338,16 @@ def test_every_env_made_is_closed_and_a_failing_close_does_not_hide_the_error():
             pytest.warns(UserWarning, match="closing an env failed too"):
         run_episodes(make_env, ScriptedAgent(["x"]), seeds=[0, 1, 2], config=RolloutConfig(num_envs=3))
     assert closed == made and len(made) == 2
+
+
+def test_a_close_that_fails_after_the_episodes_is_named_like_a_failing_step():
+    class FailingClose(gym.Wrapper):
+        def close(self):
+            raise OSError("disk gone")
+
+    with pytest.raises(EnvError, match=r"rftgym/VerifiableQA-v0 raised OSError in close: disk gone") as info:
+        run_episodes(lambda: FailingClose(make_qa()), ScriptedAgent(["x"]), seeds=[0, 1])
+    assert isinstance(info.value.__cause__, OSError)
 
 
 class _EndlessEnv(gym.Env):
