@@ -25,6 +25,7 @@ like.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import threading
@@ -285,7 +286,25 @@ class HFPolicy(Agent):
         """Why the last generation did not use the fast path (None if it did or was not asked)."""
         return None if self._fast is None else self._fast[2]
 
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """The model in eval mode meanwhile: a model built in train mode (from_config, or handed
+        over from a training loop) would sample and score with dropout, so that the recorded
+        log-probs would not be the policy's and the samples would draw on torch's global RNG."""
+        training = getattr(self.model, "training", False)
+        if training:
+            self.model.eval()
+        try:
+            yield
+        finally:
+            if training:
+                self.model.train()
+
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms) -> list[AgentReply]:
+        with self._evaluating():
+            return self._generate_evaluating(prompts, sampling, uniforms)
+
+    def _generate_evaluating(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms) -> list[AgentReply]:
         width = max(len(p) for p in prompts)
         fast = self._fast_decoder(width + sampling.max_new_tokens)
         if fast is not None:
@@ -393,7 +412,7 @@ class HFPolicy(Agent):
                              "what comes before it; give the prompt the reply was sampled after (its prompt_ids)")
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         n = len(completion_ids)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._evaluating():
             logits = self.model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
         logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
         target = torch.tensor(list(completion_ids), device=self.device)

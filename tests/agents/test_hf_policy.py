@@ -219,3 +219,24 @@ def test_prompt_that_does_not_fit_gets_a_context_full_reply_and_the_others_are_u
         replies = fresh.generate([[1] * 9], SamplingConfig(max_new_tokens=2040, temperature=0.0))
     assert replies[0].finish_reason == CONTEXT_FULL
     assert fresh.prompt_limit(SamplingConfig(max_new_tokens=2040)) == 8
+
+
+def test_a_model_in_train_mode_samples_and_scores_without_dropout(make_char_policy):
+    """A model built from its config is in train mode: sampled with dropout, its recorded log-probs
+    would not be the ones scoring (or the trainer) computes, and each call would draw on torch's
+    global RNG. The policy samples and scores in eval mode, and gives the model back as it was."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    policy = make_char_policy(model_class=GPT2LMHeadModel, config_class=GPT2Config, resid_pdrop=0.5, embd_pdrop=0.5,
+                              attn_pdrop=0.5)
+    assert policy.model.training
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3)
+    torch.manual_seed(0)
+    first = policy.generate([[5, 6, 7]], sampling)[0]
+    torch.manual_seed(1)  # another global RNG state: no effect on what the policy samples
+    again = policy.generate([[5, 6, 7]], sampling)[0]
+    assert again.sampled_ids == first.sampled_ids
+    assert policy.model.training  # as it was
+    scored = policy.score([5, 6, 7], first.sampled_ids)
+    assert scored == pytest.approx(list(first.logprobs), abs=1e-5)
+    assert policy.model.training
