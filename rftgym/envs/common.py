@@ -151,6 +151,46 @@ def read_action(action: str, limit: int) -> tuple[str, list[str]]:
     return action[:limit], [f"the reply was longer than {limit:,} characters; only the first {limit:,} were read"]
 
 
+def refuse_unread_option(config, name: str, *, because: str, fix: str) -> None:
+    """Refuse ``config``'s option ``name`` set away from its default, when the config's other
+    settings leave it unread (call this only then): it would be ignored without a word.
+    ``because`` says why it has no effect, ``fix`` what to do instead."""
+    default = next(f.default for f in dataclasses.fields(config) if f.name == name)
+    value = getattr(config, name)
+    if value != default:
+        raise ConfigError(f"{name}={value!r} {because}; {fix}", field=name)
+
+
+class ClosableEnv:
+    """Mixin: ``close()`` frees what the env holds (its ``_free_resources``), once; later calls do
+    nothing. After it, ``reset`` and ``step`` (each env calls :meth:`check_open` first) raise one
+    error saying so, in every env alike: without it one env would go on working, another fail
+    deep inside its closed sandbox or retriever with a message about a resource the user never
+    made."""
+
+    closed = False  # set on the instance by close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True  # first: an env whose freeing fails is closed all the same
+        self._free_resources()
+
+    def _free_resources(self) -> None:
+        """Give back what the env holds (a sandbox share, a retriever share); nothing by default."""
+
+    def check_open(self, method: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"{method}() after close(): this env was closed; make a new one with "
+                               f"{how_to_remake(self)}")
+
+
+def how_to_remake(env) -> str:
+    """How the user made ``env``, to say how to make a new one: ``gym.make('id', ...)`` or its class."""
+    spec = getattr(env, "spec", None)
+    return f"gym.make({spec.id!r}, ...)" if spec is not None else f"{type(env).__name__}(...)"
+
+
 def check_step_call(started: bool, done: bool, action) -> None:
     """Misuse of ``step`` (not of the protocol: bad agent text is an observation, never this)."""
     if not started:

@@ -12,6 +12,9 @@ original, so a step on one would change the other.
 
 ``pickle`` sends an env, mid-episode too, to another process (a worker pool): there the resources
 are made afresh from the config (an index is built again, a sandbox share taken in that process).
+
+An env that was closed is neither copied nor pickled (a RuntimeError says so): its shares are
+given back, and a copy could not be reset or stepped (see :class:`.common.ClosableEnv`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import copy
 import threading
 import weakref
 from typing import Any
+
+from .common import how_to_remake
 
 
 class _Shares:
@@ -83,6 +88,7 @@ class CopyableEnv:
     resource_attributes: tuple[str, ...] = ()
 
     def __deepcopy__(self, memo: dict) -> "CopyableEnv":
+        self._check_copyable()
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         # The spec (from gym.make) is read-only too, and its kwargs may hold the caller's objects
@@ -100,11 +106,19 @@ class CopyableEnv:
         return copy.deepcopy(self)
 
     def __getstate__(self) -> dict:
+        self._check_copyable()
         return {key: value for key, value in self.__dict__.items() if key not in self.resource_attributes}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._open_resources()
+
+    def _check_copyable(self) -> None:
+        # A closed env's resources are given back: a copy could not run (and would take a share
+        # of them again), so say so here rather than when the copy is reset.
+        if getattr(self, "closed", False):
+            raise RuntimeError(f"this env was closed, so it cannot be copied or pickled; copy it before closing it, "
+                               f"or make a new one with {how_to_remake(self)}")
 
     def _share_resources(self, clone: "CopyableEnv") -> None:
         """Give ``clone`` (a deep copy) its shares of the resources."""

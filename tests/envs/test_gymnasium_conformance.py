@@ -1,16 +1,20 @@
 """What a Gymnasium user's mistakes get back from every rftgym env: a keyword the env does not take
-(through ``gym.make`` too), reset options that are not a dict, and options that would be ignored."""
+(through ``gym.make`` too), reset options that are not a dict, options that would be ignored, and
+an env used after close()."""
 
 from __future__ import annotations
+
+import copy
+import pickle
 
 import gymnasium as gym
 import pytest
 
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.core.errors import ConfigError
-from rftgym.envs.code.env import CodeTCGEnv
+from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
 from rftgym.envs.code.tcg import TCGConfig
-from rftgym.envs.memory.env import MemoryQAConfig
+from rftgym.envs.memory.env import MemoryQAConfig, MemoryQAEnv
 from rftgym.envs.verifiable.env import VerifiableQAConfig
 
 VERIFIABLE, CODE = "rftgym/VerifiableQA-v0", "rftgym/CodeTCG-v0"
@@ -88,6 +92,102 @@ def test_memory_max_distractors_without_a_distractor_corpus_is_refused():
                                           "given; add corpus_path") as caught:
         MemoryQAConfig(max_distractors=5)
     assert caught.value.fields == ("max_distractors",)
+
+
+UNREAD_OPTIONS = [  # (config class, options, the option the others leave unread, why, what to do)
+    (CodeTCGConfig, dict(dataset="generated", process_weight=0.5), "process_weight",
+     "process_weight=0.5 weighs the step_scorer's scores of the pseudocode turn, and no step_scorer is given",
+     "add step_scorer (e.g. RolloutStepScorer(agent), with pseudocode=True), or drop process_weight"),
+    (CodeTCGConfig, dict(dataset="generated", pseudocode=True, process_weight=0.0), "process_weight",
+     "process_weight=0.0 weighs", ", or drop process_weight"),
+    (CodeTCGConfig, dict(dataset="generated", feedback_tests=5), "feedback_tests",
+     "feedback_tests=5 is how many failing tests the feedback after a failed attempt shows, and with "
+     "max_attempts=1 the episode ends on the first graded submission", "raise max_attempts (e.g. max_attempts=3), "
+                                                                        "or drop feedback_tests"),
+    (MemoryQAConfig, dict(allow_prune=False, max_note_chars=200), "max_note_chars",
+     "max_note_chars=200 caps the notes that prunes keep, and allow_prune=False refuses every prune",
+     "drop max_note_chars, or set allow_prune=True"),
+]
+
+
+@pytest.mark.parametrize("config_class, options, name, why, fix", UNREAD_OPTIONS,
+                         ids=["process_weight", "process_weight_0", "feedback_tests", "max_note_chars"])
+def test_an_option_the_others_leave_unread_is_refused_with_what_to_do(config_class, options, name, why, fix):
+    with pytest.raises(ConfigError) as caught:
+        config_class(**options)
+    message = str(caught.value)
+    assert message.startswith(why) and message.endswith(fix), message
+    assert caught.value.fields == (name,)
+
+
+@pytest.mark.parametrize("config_class, options", [
+    (CodeTCGConfig, dict(dataset="generated", process_weight=1)),  # its default, given: nothing is ignored
+    (CodeTCGConfig, dict(dataset="generated", pseudocode=True, step_scorer=lambda task, steps: [1.0],
+                         process_weight=0.5)),
+    (CodeTCGConfig, dict(dataset="generated", feedback_tests=3)),
+    (CodeTCGConfig, dict(dataset="generated", max_attempts=2, feedback_tests=0)),
+    (MemoryQAConfig, dict(allow_prune=False, max_note_chars=500)),
+    (MemoryQAConfig, dict(max_note_chars=200)),
+], ids=["process_weight_default", "process_weight_read", "feedback_tests_default", "feedback_tests_read",
+        "max_note_chars_default", "max_note_chars_read"])
+def test_an_option_that_is_read_or_left_at_its_default_is_taken(config_class, options):
+    config = config_class(**options)
+    assert all(getattr(config, name) == value for name, value in options.items())
+
+
+def test_the_no_memory_baseline_takes_a_note_cap_given_for_the_agents_run(tmp_path, capsys):
+    from rftgym.cli import main
+
+    # rftgym eval --baselines runs the no-memory baseline (allow_prune=False) with the user's options too.
+    out = tmp_path / "mem.jsonl"
+    assert main(["eval", MEMORY, "--agent", "adversarial", "--episodes", "1", "--baselines",
+                 "--env-arg", "max_note_chars=200", "--out", str(out)]) == 0
+    assert "no-memory" in capsys.readouterr().out
+    assert not MemoryQAConfig(**{"max_note_chars": 200, **MemoryQAEnv.metadata["eval_baselines"][0][1]}).allow_prune
+
+
+# ---------------------------------------------------------------- an env used after close()
+
+STEPS = {VERIFIABLE: "<answer>1</answer>", CODE: "```python\ndef solve():\n    return 0\n```",
+         SEARCH: "<search>capital</search>", MEMORY: "<search>birthplace</search>"}
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_an_env_used_after_close_says_it_was_closed_in_every_env_alike(env_id, tmp_path):
+    env = make(env_id, tmp_path)
+    env.reset(seed=0)
+    env.close()
+    env.close()  # twice is safe, and so is the env's own close
+    env.unwrapped.close()
+    closed = rf"this env was closed; make a new one with gym.make\('{env_id}', ...\)"
+    with pytest.raises(RuntimeError, match=rf"^step\(\) after close\(\): {closed}"):
+        env.unwrapped.step(STEPS[env_id])  # mid-episode
+    with pytest.raises(RuntimeError, match=rf"^reset\(\) after close\(\): {closed}"):
+        env.reset(seed=1)
+    with pytest.raises(RuntimeError, match=rf"^step\(\) after close\(\): {closed}"):
+        env.unwrapped.step(STEPS[env_id])
+    assert env.unwrapped.closed
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_a_closed_env_is_neither_copied_nor_pickled(env_id, tmp_path):
+    env = make(env_id, tmp_path)
+    env.reset(seed=0)
+    env.close()
+    for copied in (copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))):
+        with pytest.raises(RuntimeError, match=r"this env was closed, so it cannot be copied or pickled; copy it "
+                                               r"before closing it, or make a new one with gym.make"):
+            copied(env.unwrapped)
+
+
+def test_an_env_made_without_gym_make_names_its_class_after_close(tmp_path):
+    env = CodeTCGEnv(dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path), n_random=2, n_edge=0))
+    env.close()
+    with pytest.raises(RuntimeError, match=r"reset\(\) after close\(\): this env was closed; make a new one with "
+                                           r"CodeTCGEnv\(...\)"):
+        env.reset(seed=0)
+    with pytest.raises(RuntimeError, match=r"prepare\(\) after close\(\)"):  # it too runs in the sandbox
+        env.prepare()
 
 
 # ---------------------------------------------------------------- messages that show the value given

@@ -70,7 +70,7 @@ Options to ``reset``
     covers HumanEval exactly once; without a seed the task is drawn from ``self.np_random``.
     With ``dataset="generated"`` each reset generates a fresh task from the env's RNG. A reset
     that raises ends the episode before it: step() refuses, as before a first reset, until a
-    reset succeeds.
+    reset succeeds. After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Version history
     v0: first version.
@@ -89,10 +89,10 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from ..common import (chat_spaces, check_bool_options, check_generator_only, check_render_mode, check_reset_options,
-                      check_step_call, check_task_selection, config_from_dict, covering_episodes, dataset_index,
-                      read_action, render_context, reset_options, resolve_config, summarize_problems, INFO_IF_CUT,
-                      REWARD_IF_CUT)
+from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_render_mode,
+                      check_reset_options, check_step_call, check_task_selection, config_from_dict, covering_episodes,
+                      dataset_index, read_action, refuse_unread_option, render_context, reset_options, resolve_config,
+                      summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .sandbox import SandboxLimits
@@ -213,6 +213,19 @@ class CodeTCGConfig:
             raise ConfigError("step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent)")
         if self.step_scorer is not None and not self.pseudocode:
             raise ConfigError("step_scorer scores pseudocode steps; set pseudocode=True or drop it")
+        # Options that the others leave unread would be ignored without a word.
+        if self.step_scorer is None:
+            refuse_unread_option(
+                self, "process_weight",
+                because="weighs the step_scorer's scores of the pseudocode turn, and no step_scorer is given (that "
+                        "turn is then paid 0)",
+                fix="add step_scorer (e.g. RolloutStepScorer(agent), with pseudocode=True), or drop process_weight")
+        if self.max_attempts == 1:
+            refuse_unread_option(
+                self, "feedback_tests",
+                because="is how many failing tests the feedback after a failed attempt shows, and with "
+                        "max_attempts=1 the episode ends on the first graded submission, with no feedback",
+                fix="raise max_attempts (e.g. max_attempts=3), or drop feedback_tests")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
 
@@ -223,7 +236,7 @@ class CodeTCGConfig:
         return PSEUDOCODE_SYSTEM_PROMPT if self.pseudocode else DEFAULT_SYSTEM_PROMPT
 
 
-class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
+class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     """Programming tasks graded by generated tests in a sandbox.
 
     ``copy.deepcopy(env)`` branches an episode (each copy takes its own share of the process's
@@ -269,6 +282,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.check_open("reset")
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
@@ -288,6 +302,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         return self._context, self._info()
 
     def step(self, action: str):
+        self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
@@ -324,8 +339,8 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)
 
-    def close(self) -> None:
-        # Releases this env's share of the process's sandbox (the last share closes it); twice is safe.
+    def _free_resources(self) -> None:
+        # On close(): releases this env's share of the process's sandbox (the last share closes it).
         sandbox = getattr(self, "sandbox", None)
         if sandbox is not None:
             sandbox.close()
@@ -341,6 +356,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         """``task`` with its TCG tests (built once per task, cached in memory and on disk)."""
         from .tcg import build_tests
 
+        self.check_open("tested_task")  # they are built in the sandbox, given back on close()
         if self.dataset is None:  # a generated task is new on every reset: nothing to keep
             return build_tests(task, self.tcg_config, self.sandbox)
         if task.task_id not in self._tested:
@@ -351,6 +367,7 @@ class CodeTCGEnv(CopyableEnv, gym.Env[Context, str]):
         """Build the tests of many dataset tasks at once (concurrently in the sandbox)."""
         from .tcg import build_tests_many
 
+        self.check_open("prepare")
         if self.dataset is None:
             return
         chosen = [self.dataset[i] for i in (indices if indices is not None else range(len(self.dataset)))]

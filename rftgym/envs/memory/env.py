@@ -105,6 +105,7 @@ Options to ``reset``
     ``objectives`` and ``hops`` override the generator's draw; with a dataset,
     ``question_indices`` picks the questions of the task. A reset that raises ends the episode
     before it: step() refuses, as before a first reset, until a reset succeeds.
+    After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Data
     With no files, tasks come from the search env's seeded world (``world_seed``, ``world_size``;
@@ -130,9 +131,9 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import (chat_spaces, check_bool_options, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, read_action, render_context, reset_options, resolve_config,
-                      summarize_problems, without_tool_markup)
+from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
+                      check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
+                      render_context, reset_options, resolve_config, summarize_problems, without_tool_markup)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -216,10 +217,10 @@ class MemoryQAConfig:
         if self.corpus_path is not None and self.dataset_path is None:
             raise ConfigError("corpus_path (distractors) needs dataset_path (the questions); "
                               "without both, the generated world is used")
-        if self.max_distractors is not None and self.corpus_path is None:  # else ignored without a word
-            raise ConfigError(f"max_distractors={self.max_distractors} limits the distractor corpus, and no corpus_path "
-                              "is given; add corpus_path (with dataset_path), or drop max_distractors",
-                              field="max_distractors")
+        # Options that the others leave unread would be ignored without a word.
+        if self.corpus_path is None:
+            refuse_unread_option(self, "max_distractors", because="limits the distractor corpus, and no corpus_path "
+                                 "is given", fix="add corpus_path (with dataset_path), or drop max_distractors")
         check_retriever_options(self)
         if self.count_tokens is not None and not callable(self.count_tokens):
             raise ConfigError("count_tokens must be a function context -> int (e.g. budget.policy_token_counter(policy))")
@@ -232,6 +233,12 @@ class MemoryQAConfig:
                     or not 0 <= value <= high:
                 raise ConfigError(f"{name} must be a number in [0, {high:g}], got {value!r}")
         check_bool_options(self, ("allow_prune",))
+        if not self.allow_prune:
+            refuse_unread_option(
+                self, "max_note_chars",
+                because="caps the notes that prunes keep, and allow_prune=False refuses every prune, so no note is "
+                        "kept",
+                fix="drop max_note_chars, or set allow_prune=True")
         if self.answer_metric not in ("f1", "em"):
             raise ConfigError(f"answer_metric must be 'f1' or 'em', got {self.answer_metric!r}")
         if self.reward_mode not in ("fraction", "all_or_nothing"):
@@ -263,7 +270,7 @@ class _Turn:
     prune_errors: list[str] = field(default_factory=list)
 
 
-class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
+class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     """Several questions in one episode; evidence overflows the context unless the agent prunes.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
@@ -285,7 +292,10 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         # `rftgym eval` passes a local policy's token counter through this option.
         "token_counter_option": "count_tokens",
         # `rftgym eval --baselines` runs these beside the agent: (label, env options, agent wrapper).
-        "eval_baselines": (("no-memory", {"allow_prune": False}, None),
+        # The no-memory run keeps no notes: a max_note_chars given for the agent's run is set back
+        # to its default there, which MemoryQAConfig would otherwise refuse as unread.
+        "eval_baselines": (("no-memory", {"allow_prune": False, "max_note_chars": MemoryQAConfig.max_note_chars},
+                            None),
                            ("heuristic-prune", {}, "rftgym.agents.memory_baselines:HeuristicPruner")),
     }
 
@@ -326,6 +336,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.check_open("reset")
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
@@ -361,6 +372,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
         return self._context, self._info(_Turn(), context_tokens=0, over_budget=over_budget)
 
     def step(self, action: str):
+        self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
         self._turn += 1
         # Measured again now rather than reusing the last step's count, so that a counter whose
@@ -408,7 +420,7 @@ class MemoryQAEnv(CopyableEnv, gym.Env[Context, str]):
     def render(self) -> str | None:
         return render_context(self._context, self.render_mode)
 
-    def close(self) -> None:
+    def _free_resources(self) -> None:  # on close()
         self._release_shares()  # the last env holding the retriever closes it
         self._context = Context()
 

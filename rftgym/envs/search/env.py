@@ -81,6 +81,7 @@ Options to ``reset``
     covers it once; without a seed, or with ``"random"``, the question is drawn. ``hops`` (1-4)
     and ``answerable`` override the generator's draw. A reset that raises ends the episode before
     it: step() refuses, as before a first reset, until a reset succeeds.
+    After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Data
     With no files, questions come from a seeded generated world (:mod:`.world`; ``world_seed``,
@@ -106,8 +107,8 @@ import gymnasium as gym
 import numpy as np
 
 from ...core.errors import ConfigError
-from ..common import (ANSWER_IN_THINK, chat_spaces, check_bool_options, check_generator_only, check_path_options,
-                      check_render_mode, check_reset_options, check_step_call, check_task_selection,
+from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
+                      check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
                       covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
                       summarize_problems, without_elements, without_tool_markup)
 from ...core.messages import Context, MessageIds
@@ -203,7 +204,7 @@ class SearchEvalQAConfig:
         return 0.0 if self.violation_gate == "zero" else float(self.violation_gate)
 
 
-class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
+class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     """Multi-hop QA where every search must be followed at once by an evaluation.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``
@@ -263,6 +264,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.check_open("reset")
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.question, self._context = None, Context()
@@ -286,6 +288,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
         return self._context, self._info(_TurnOutcome())
 
     def step(self, action: str):
+        self.check_open("step")
         check_step_call(self.question is not None, self._done, action)
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
@@ -315,7 +318,7 @@ class SearchEvalQAEnv(CopyableEnv, gym.Env[Context, str]):
     def render(self) -> str | None:
         return render_context(self._context, self.render_mode)
 
-    def close(self) -> None:
+    def _free_resources(self) -> None:  # on close()
         self._release_shares()  # the last env holding the retriever closes it
         self._context = Context()
 

@@ -46,6 +46,7 @@ Options to ``reset``
     generator's draw for this episode. An option that does not apply to where the tasks come
     from, or an unknown one, raises ValueError. A reset that raises ends the episode before it:
     step() refuses, as before a first reset, until a reset succeeds.
+    After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Version history
     v0: first version (2026-12-01, before any release: a dataset is served by seed, and a text
@@ -62,9 +63,10 @@ import gymnasium as gym
 
 from ...core.errors import ConfigError
 from ..copying import CopyableEnv
-from ..common import (ANSWER_IN_THINK, chat_spaces, check_generator_only, check_path_options, check_render_mode,
-                      check_reset_options, check_step_call, check_task_selection, covering_episodes, dataset_index,
-                      read_action, render_context, reset_options, resolve_config, summarize_problems, REWARD_IF_CUT)
+from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_generator_only, check_path_options,
+                      check_render_mode, check_reset_options, check_step_call, check_task_selection, covering_episodes,
+                      dataset_index, read_action, render_context, reset_options, resolve_config, summarize_problems,
+                      REWARD_IF_CUT)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -130,7 +132,7 @@ class VerifiableQAConfig:
             raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight!r}")
 
 
-class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
+class VerifiableQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     """Single- or few-turn questions with a checkable answer, given in <answer> tags.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the dataset) and ``pickle`` sends
@@ -163,6 +165,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
     # ------------------------------------------------------------------ gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.check_open("reset")
         super().reset(seed=seed)
         # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
         self.task, self._context = None, Context()
@@ -182,6 +185,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
         return self._context, self._info(answer=None, correct=False, format_ok=False, format_error=None)
 
     def step(self, action: str):
+        self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
@@ -243,8 +247,7 @@ class VerifiableQAEnv(CopyableEnv, gym.Env[Context, str]):
     def render(self) -> str | None:
         return render_context(self._context, self.render_mode)
 
-    def close(self) -> None:
-        # Nothing external is held; safe to call any number of times.
+    def _free_resources(self) -> None:  # on close(); nothing external is held
         self._context = Context()
 
     # ------------------------------------------------------------------ helpers
