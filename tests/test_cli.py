@@ -1251,3 +1251,47 @@ def test_a_failed_eval_shows_the_envs_it_completed(tmp_path, monkeypatch, capsys
     assert len(rows) == 1 and rows[0].startswith("rftgym/VerifiableQA-v0")  # the table a complete run prints
     assert f"episodes written to {done}" in captured.out
     assert "error: the server went away" in captured.err
+
+
+def test_evaluations_started_in_the_same_second_never_share_a_default_file(tmp_path, monkeypatch, capsys):
+    """Two evaluations started together (other seeds, the same env and agent) both named their file
+    by the second and wrote one .partial and one file: the first's episodes were lost. Each claims
+    its name by creating the partial file; one held by another evaluation is passed over."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda *_: "20261130-000000")
+    folder = tmp_path / "runs" / "eval"
+    folder.mkdir(parents=True)
+    held = folder / "VerifiableQA-v0-random-20261130-000000.jsonl.partial"
+    held.write_text("")  # another evaluation, started this second, before its first episode finished
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--seed", "100"]) == 0
+    mine = folder / "VerifiableQA-v0-random-20261130-000000-2.jsonl"
+    assert f"episodes written to {Path('runs') / 'eval' / mine.name}" in capsys.readouterr().out
+    assert [e.seed for e in read_episodes_jsonl(mine)] == [100, 101]
+    assert held.read_text() == "" and sorted(p.name for p in folder.iterdir()) == sorted([held.name, mine.name])
+    # A refusal after the names were claimed (the model is checked when the agent is made) leaves no claim behind.
+    assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", "nowhere", "--out", "evals/"]) == 2
+    assert not (tmp_path / "evals").exists()
+
+
+def test_an_out_that_is_a_directory_is_answered_with_the_forms_that_write_in_it(tmp_path, capsys):
+    """The refusal said 'or a new directory with several environments', and not that the directory
+    itself, given with a trailing slash, takes a file named for the run."""
+    folder = tmp_path / "evals"
+    folder.mkdir()
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {folder} is a directory; give a file name ending in .jsonl (e.g. {folder / 'eval.jsonl'}), " \
+           f"or {folder}/ with a trailing slash for a file named for the run in it" in err
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", f"{folder}/"]) == 0
+    assert len(list(folder.glob("VerifiableQA-v0-random-*.jsonl"))) == 1
+
+
+@pytest.mark.parametrize("out", ["new/deeper/e.jsonl", "new/deeper/", None])
+def test_an_eval_refused_after_its_out_was_checked_leaves_no_folder_behind(out, tmp_path, monkeypatch, capsys):
+    """The --out checks made the folders --out needs; a refusal after them (a --model that is no
+    model, checked when the agent is made) left them there, empty."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # an earlier run's: kept
+    assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", "nowhere", *(["--out", out] if out else [])]) == 2
+    assert "--model: 'nowhere' is not a local Hugging Face model directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"] and not any((tmp_path / "runs").iterdir())

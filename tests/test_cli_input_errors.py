@@ -428,3 +428,38 @@ def test_a_resume_that_changes_what_the_checkpoint_is_names_the_flag(tmp_path, f
     assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), "--steps", "3", flag, value]) == 2
     assert f"rftgym train: error: {flag}: the checkpoint in {run} was written with {said}; this run has " \
            in capsys.readouterr().err
+
+
+def test_export_into_a_place_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, model_dir,
+                                                                                         make_char_policy, monkeypatch,
+                                                                                         capsys):
+    """An OUT where no folder can be made (read-only; /proc, even for root) failed with a
+    traceback after the model had loaded, when the export made its folder beside OUT."""
+    import os
+    from pathlib import Path
+
+    from support import SayAEnv, train_config
+
+    import rftgym.train.export as export_module
+    from rftgym.train.loop import train
+
+    if os.geteuid() != 0:
+        place = tmp_path / "read-only"
+        place.mkdir()
+        place.chmod(0o500)
+    elif Path("/proc/self").is_dir():
+        place = Path("/proc")
+    else:
+        pytest.skip("no place that root cannot write")
+    train(train_config(tmp_path, "run", steps=1, tasks_per_step=1, group_size=2, minibatch_size=2,
+                       model=str(model_dir)), policy=make_char_policy(), make_env=SayAEnv)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(export_module, "_rebuild", no_model)
+    out = place / "rftgym-exported" / "model"
+    assert exit_code(["export", str(tmp_path / "run"), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"rftgym export: error: {out} cannot be made: {place} cannot be written (" in err
+    assert "Traceback" not in err and not out.parent.exists()

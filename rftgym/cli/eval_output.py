@@ -1,6 +1,7 @@
 """Where an evaluation writes its episodes: the --out checks made before any episode runs (never
 a directory, an input file or the source of a module the run imports), the partial file the
-episodes stream to, and default names that do not collide."""
+episodes stream to, and default names that no other run has (claimed, so that runs started together
+do not share one)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
     it is where the episodes go while the run lasts."""
     try:
         if path.is_dir():
-            raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl, or a new "
-                             "directory with several environments")
+            # With one env a trailing slash names a directory to write in (several envs always do).
+            raise UsageError(f"{what} {path} is a directory; give a file name ending in .jsonl (e.g. "
+                             f"{path / 'eval.jsonl'}), or {os.path.join(path, '')} with a trailing slash for a file "
+                             "named for the run in it")
         if path.exists() and not path.is_file():  # the finished file replaces it: never a device or a pipe
             raise UsageError(f"{what} {path} is not a regular file (a device, pipe or socket); the episodes are "
                              "written to a file that replaces it, so give a file name ending in .jsonl")
@@ -109,11 +112,30 @@ def _check_partial(path: Path) -> None:
                          "delete it, or give another --out")
 
 
-def _unique(path: Path, taken: Collection[Path] = ()) -> Path:
-    """``path``, or ``stem-2``, ``stem-3``... beside it if it exists (two runs in one second) or is
-    ``taken`` by another file of this run (two envs of the same name in other namespaces)."""
+def _claim_unique(path: Path, taken: Collection[Path] = ()) -> Path:
+    """A default output name of this run's own: ``path``, or ``stem-2``, ``stem-3``... beside it,
+    the first that no file has (a run in the same second), that is not ``taken`` by another file of
+    this run (two envs of the same name in other namespaces), and that no other evaluation holds.
+    The name is claimed by creating its partial file, exclusively: evaluations started together
+    (other seeds, say) would otherwise all pick one name and write each other's episodes over."""
     candidate, number = path, 2
-    while candidate.exists() or candidate in taken:
+    while candidate.exists() or candidate in taken or not _claim_partial(candidate):
         candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
         number += 1
     return candidate
+
+
+def _claim_partial(path: Path) -> bool:
+    """Create ``path``'s empty partial file, unless another evaluation has one there (False). A
+    place that cannot be written counts as claimed: the --out checks say what is wrong with it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return True
+    try:
+        _partial(path).open("x", encoding="utf-8").close()
+    except FileExistsError:  # another evaluation's, running or stopped unfinished
+        return False
+    except OSError:
+        return True
+    return True

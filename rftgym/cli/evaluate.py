@@ -18,7 +18,7 @@ from ..envs.common import with_policy_token_counter
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError
 from .environments import _env_class, _make_env, _parse_env_args, _short_name
-from .eval_output import _partial, _unique, _users_sources, _writable_file
+from .eval_output import _claim_unique, _partial, _users_sources, _writable_file
 from .sigterm import say, stop_reason
 from .user_code import _load_object
 
@@ -61,28 +61,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
         raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
                          "baselines; drop --baselines")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    if args.out and len(env_ids) > 1 and (Path(args.out).suffix == ".jsonl" or Path(args.out).is_file()):
-        raise UsageError("with several environments --out is a directory (one JSONL per environment), "
-                         f"not a file; got {args.out}")
-    outs = {}
-    for env_id in env_ids:
-        if len(env_ids) == 1 and args.out and not args.out.endswith(("/", os.sep)):
-            outs[env_id] = Path(args.out)
-        else:
-            outs[env_id] = _unique((Path(args.out) if args.out else Path("runs") / "eval")
-                                   / f"{_short_name(env_id)}-{_agent_label(args.agent)}-{stamp}.jsonl",
-                                   set(outs.values()))
-    # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
-    paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
-    if len(set(paths)) < len(paths):  # e.g. a baseline's file and another env's; never one file for two runs
-        raise UsageError(f"two runs of this evaluation would write the same file ({', '.join(map(str, paths))}); "
-                         "give another --out")
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     context_full: dict[str, int] = {}
     agent = None
-    sources = _users_sources(env_ids, args.agent, args.baselines)
+    outs: dict[str, Path] = {}
+    paths: list[Path] = []
+    made = _folders_to_make(args.out, len(env_ids))
     try:
+        outs = _output_paths(args.out, env_ids, args.agent)
+        # Every run's file (each baseline's too): a bad path is refused now, not after the runs before it.
+        paths = [path for env_id in env_ids for path in _baseline_paths(env_id, outs[env_id], args.baselines).values()]
+        if len(set(paths)) < len(paths):  # e.g. a baseline's file and another env's; never one file for two runs
+            raise UsageError(f"two runs of this evaluation would write the same file ({', '.join(map(str, paths))}); "
+                             "give another --out")
+        sources = _users_sources(env_ids, args.agent, args.baselines)
         for path in paths:
             _writable_file(path, "--out", env_kwargs, {"--model": args.model} if args.agent == "hf" and args.model
                            else {}, sources)
@@ -101,15 +93,59 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
         if agent is not None:
             agent.close()
-        for path in paths:
-            partial = _partial(path)
-            try:
-                if partial.is_file() and partial.stat().st_size == 0:
-                    partial.unlink()
-            except OSError:  # e.g. a name too long: it was refused, and nothing was made there
-                pass
+        _remove_empty_partials([*paths, *outs.values()])  # outs: default names claimed before a refusal
+        _remove_empty_folders(made)  # a refusal leaves no folder it made for --out
     _print_eval_results(len(env_ids), rows, written, context_full)
     return 0
+
+
+def _output_paths(out: str | None, env_ids: Sequence[str], agent: str) -> dict[str, Path]:
+    """Each env's episodes file: ``--out`` itself for one env, else a default name in ``--out``
+    (a directory) or in runs/eval, claimed at once so that no other evaluation writes it."""
+    if out and len(env_ids) > 1 and (Path(out).suffix == ".jsonl" or Path(out).is_file()):
+        raise UsageError("with several environments --out is a directory (one JSONL per environment), "
+                         f"not a file; got {out}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    outs: dict[str, Path] = {}
+    for env_id in env_ids:
+        if len(env_ids) == 1 and out and not out.endswith(("/", os.sep)):
+            outs[env_id] = Path(out)
+        else:
+            outs[env_id] = _claim_unique((Path(out) if out else Path("runs") / "eval")
+                                         / f"{_short_name(env_id)}-{_agent_label(agent)}-{stamp}.jsonl",
+                                         set(outs.values()))
+    return outs
+
+
+def _folders_to_make(out: str | None, env_count: int) -> list[Path]:
+    """The folders that writing this evaluation's files will make (none of them exists yet), the
+    deepest first."""
+    folder = Path(out).parent if out and env_count == 1 and not out.endswith(("/", os.sep)) \
+        else Path(out) if out else Path("runs") / "eval"
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty_partials(paths: Sequence[Path]) -> None:
+    for path in dict.fromkeys(paths):
+        partial = _partial(path)
+        try:
+            if partial.is_file() and partial.stat().st_size == 0:
+                partial.unlink()
+        except OSError:  # e.g. a name too long: it was refused, and nothing was made there
+            pass
+
+
+def _remove_empty_folders(folders: Sequence[Path]) -> None:
+    """Remove those of ``folders`` (:func:`_folders_to_make`) that are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # holds episodes (or another evaluation's files), or was never made
+            pass
 
 
 def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 
 from ..core.errors import ModelLoadError
@@ -23,6 +25,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.base_model is not None:
         _check_model_dir(args.base_model, "--base-model")
+    _check_out_can_be_made(args.out)
     out = export(args.run, args.out, base_model=args.base_model)
     print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
     return 0
+
+
+def _check_out_can_be_made(out: str) -> None:
+    """Refuse an OUT in a place that cannot be written (read-only, or /proc), before the model
+    loads: the export writes the model into a folder made beside OUT, and would otherwise fail there
+    with a traceback. The folder is made and removed here, as a test (an OUT in the way of a file,
+    or not empty, is refused by the export itself, with its own message)."""
+    folder = Path(out).expanduser().absolute().parent
+    while not folder.exists():  # the export makes the folders missing below it
+        folder = folder.parent
+    if not folder.is_dir():
+        return
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rftgym-export-check-", dir=folder))
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be made: {folder} cannot be written ({exc.strerror or exc}); give a new "
+                         "directory in a place you can write") from None
