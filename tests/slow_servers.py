@@ -109,8 +109,9 @@ def finishes_within(seconds: float, call) -> BaseException | None:
 
 class HangingResolver:
     """Stands in for socket.getaddrinfo: an IP address (AI_NUMERICHOST) is answered as usual, a
-    name in ``names`` with its addresses (None: no such name), and any other name hangs, as behind a DNS server that
-    never answers, until ``release()`` (then it fails as a resolver's timeout would)."""
+    name in ``names`` with its addresses (None: no such name), and any other name hangs, as behind
+    a DNS server that never answers, until ``release()``: then it fails as a resolver's timeout
+    would, or is answered late if ``names`` has it by then."""
 
     def __init__(self):
         self.real = socket.getaddrinfo
@@ -127,8 +128,7 @@ class HangingResolver:
         if host in self.names and self.names[host] is None:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         if host in self.names:
-            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)
-                    for address in self.names[host]]
+            return self.answer(host)
         with self._lock:
             self.hanging += 1
         try:
@@ -136,15 +136,25 @@ class HangingResolver:
         finally:
             with self._lock:
                 self.hanging -= 1
+        if self.names.get(host) is not None:
+            return self.answer(host)
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
+    def answer(self, host) -> list[tuple]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address) for address in self.names[host]]
+
     def release(self) -> None:
-        """Lets every hanging lookup fail, and waits until none is left waiting."""
+        """Lets every hanging lookup end, and waits until none is left waiting, nor any of
+        rftgym.core.web's lookup threads (named rftgym-lookup-...) that asked it: a lookup still
+        in flight would answer the next test's requests for its name."""
         self._released.set()
         give_up_at = time.monotonic() + 5
         while self.hanging and time.monotonic() < give_up_at:
             time.sleep(0.01)
         assert not self.hanging, "a lookup still hangs after its release"
+        for thread in lookup_threads():
+            thread.join(timeout=max(give_up_at - time.monotonic(), 0.1))
+        assert not lookup_threads(), "a lookup thread is still running after the resolver's release"
 
     @classmethod
     @contextlib.contextmanager
@@ -154,3 +164,8 @@ class HangingResolver:
         monkeypatch.setattr(socket, "getaddrinfo", stand_in)
         yield stand_in
         stand_in.release()  # no thread is left waiting on it
+
+
+def lookup_threads() -> list[threading.Thread]:
+    """The threads on which rftgym.core.web looks names up, running now."""
+    return [thread for thread in threading.enumerate() if thread.name.startswith("rftgym-lookup-")]

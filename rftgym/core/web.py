@@ -15,6 +15,7 @@ the body in the time left::
 from __future__ import annotations
 
 import contextlib
+import copy
 import email.utils
 import functools
 import http.client
@@ -32,12 +33,13 @@ MAX_RETRY_AFTER_S = 60.0  # the longest wait a server's Retry-After gets
 
 def is_loopback(host: str | None) -> bool:
     """Whether ``host`` (a URL's host name) is this machine: ``localhost``, a name under
-    ``.localhost``, or a loopback address. Requests to such a host never go through a proxy
-    from the environment (HTTP_PROXY would otherwise take them, since urllib does not bypass
-    loopback by itself)."""
+    ``.localhost`` (either with the root's dot at its end, or without), or a loopback address.
+    Requests to such a host never go through a proxy from the environment (HTTP_PROXY would
+    otherwise take them, since urllib does not bypass loopback by itself)."""
     if not host:
         return False
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+    name = _fully_qualified(host.lower())
+    if name == "localhost." or name.endswith(".localhost."):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -332,13 +334,18 @@ _LOCALHOST_ADDRESSES = ("127.0.0.1", "::1")
 
 def _addresses_by(host: str, port: int, seconds: float) -> list[tuple]:
     """``socket.getaddrinfo(host, port, 0, SOCK_STREAM)``, as socket.create_connection asks it,
-    within ``seconds``. An IP address or localhost needs no lookup; a name is looked up on a
-    worker thread, as nothing can make getaddrinfo itself give up (a resolver that hangs would
-    hold the request far past its deadline). RequestTooSlow if the lookup takes longer."""
-    if host.lower() == "localhost":
+    within ``seconds``. An IP address or localhost (``localhost.`` too) needs no lookup; a name is
+    looked up on a worker thread, as nothing can make getaddrinfo itself give up (a resolver that
+    hangs would hold the request far past its deadline). RequestTooSlow if the lookup takes longer."""
+    if _fully_qualified(host.lower()) == "localhost.":
         return [info for loopback in _LOCALHOST_ADDRESSES for info in _numeric_addresses(loopback, port)]
     numeric = _numeric_addresses(host, port)
     return numeric if numeric else _looked_up_within(host, port, seconds)
+
+
+def _fully_qualified(name: str) -> str:
+    """``name`` with the root's dot at its end ("localhost" and "localhost." are one name)."""
+    return name if name.endswith(".") else name + "."
 
 
 def _numeric_addresses(host: str, port: int) -> list[tuple]:
@@ -349,28 +356,92 @@ def _numeric_addresses(host: str, port: int) -> list[tuple]:
         return []
 
 
-def _looked_up_within(host: str, port: int, seconds: float) -> list[tuple]:
-    """getaddrinfo's answer for the name ``host``, or its error, from a daemon thread waited on
-    for ``seconds``. A lookup that takes longer is left to end on its own (the resolver's own
-    timeouts end it; a daemon thread never keeps the interpreter from exiting)."""
-    outcome: list = []
+# A lookup the deadline gave up on goes on until the resolver's own timeouts end it, so while DNS
+# is down each request would leave one more thread behind. Requests for the same name therefore
+# share the lookup in flight (_lookups, by getaddrinfo's arguments), and at most this many run at
+# once: a lookup of yet another name waits, within its deadline, for one of them to end.
+MAX_LOOKUPS_IN_FLIGHT = 16
+_lookups: dict[tuple, _Lookup] = {}
+_lookups_changed = threading.Condition()  # guards _lookups; notified as each lookup ends
 
-    def look_up() -> None:
+
+class _Lookup:
+    """One getaddrinfo call (``query``: its arguments) on a daemon thread; each request that
+    waits on it gets its answer or its error once ``done`` is set. It answers the requests that
+    found it in flight only: the next request looks the name up afresh (DNS answers change)."""
+
+    def __init__(self, query: tuple):
+        self.query = query
+        self.done = threading.Event()
+        self.answer: list[tuple] = []
+        self.error: Exception | None = None
+
+    def run(self) -> None:
         try:
-            outcome.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-        except Exception as exc:  # noqa: BLE001 - raised on the request's own thread
-            outcome.append(exc)
+            self.answer = socket.getaddrinfo(*self.query)
+        except Exception as exc:  # noqa: BLE001 - raised on the threads of the requests that wait
+            self.error = exc
+        finally:
+            with _lookups_changed:
+                del _lookups[self.query]
+                _lookups_changed.notify_all()
+            self.done.set()
 
-    worker = threading.Thread(target=look_up, name=f"rftgym-lookup-{host}", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if not outcome:
+
+def _forget_the_parents_lookups() -> None:
+    """In a forked child (a vector env's worker, say) the parent's lookup threads do not run, so
+    their lookups would never end there, and their lock may have been held as the fork came."""
+    global _lookups, _lookups_changed
+    _lookups, _lookups_changed = {}, threading.Condition()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_forget_the_parents_lookups)
+
+
+def _looked_up_within(host: str, port: int, seconds: float) -> list[tuple]:
+    """getaddrinfo's answer for the name ``host``, or its error, from the lookup in flight for it
+    (one is started if there is none), waited on for ``seconds``. A lookup that takes longer is
+    left to end on its own (the resolver's own timeouts end it; a daemon thread never keeps the
+    interpreter from exiting)."""
+    give_up_at = time.monotonic() + seconds
+    lookup = _lookup_in_flight((host, port, 0, socket.SOCK_STREAM), give_up_at, seconds)
+    if not lookup.done.wait(max(give_up_at - time.monotonic(), 0.0)):
         raise NameLookupTooSlow(f"the name lookup of {host} did not finish within {round(seconds, 2):g} s; check "
-                             f"the DNS settings (/etc/resolv.conf) and that the DNS server they name answers, "
-                             f"or give the server's IP address in the URL")
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return outcome[0]
+                                f"the DNS settings (/etc/resolv.conf) and that the DNS server they name answers, "
+                                f"or give the server's IP address in the URL")
+    if lookup.error is not None:
+        raise _own_copy(lookup.error)
+    return list(lookup.answer)
+
+
+def _lookup_in_flight(query: tuple, give_up_at: float, seconds: float) -> _Lookup:
+    """The lookup in flight for ``query`` (getaddrinfo's arguments), or a new one started once
+    fewer than MAX_LOOKUPS_IN_FLIGHT run; NameLookupTooSlow if none could start by ``give_up_at``
+    (a time.monotonic() value, ``seconds`` from when the request's lookup began)."""
+    with _lookups_changed:
+        if not _lookups_changed.wait_for(lambda: query in _lookups or len(_lookups) < MAX_LOOKUPS_IN_FLIGHT,
+                                         timeout=max(give_up_at - time.monotonic(), 0.0)):
+            raise NameLookupTooSlow(f"the name lookup of {query[0]} could not start within {round(seconds, 2):g} s: "
+                                    f"lookups of {len(_lookups)} other names are still waiting on the resolver; "
+                                    f"check the DNS settings (/etc/resolv.conf) and that the DNS server they name "
+                                    f"answers, or give the servers' IP addresses in their URLs")
+        if query not in _lookups:
+            lookup = _Lookup(query)
+            # Started before it is registered (it cannot end before: it needs the lock to), so a
+            # thread that fails to start leaves nothing behind for later requests to wait on.
+            threading.Thread(target=lookup.run, name=f"rftgym-lookup-{query[0]}", daemon=True).start()
+            _lookups[query] = lookup
+        return _lookups[query]
+
+
+def _own_copy(error: Exception) -> Exception:
+    """``error`` for one of the requests that shared its lookup: one exception object raised on
+    several threads at once would have their tracebacks grow into one another."""
+    try:
+        return copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception that cannot be copied is raised as it is
+        return error
 
 
 def _connect_to_first(addresses: list[tuple], deadline: float, timeout, source_address) -> socket.socket:

@@ -6,6 +6,7 @@ address is ever contacted, and no name is looked up for real."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import threading
@@ -16,9 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, RequestTooSlow, _connect_shut_by, _Shutter,
-                             build_opener, error_body_time, open_within, read_body)
-from slow_servers import HangingResolver, finishes_within, self_signed_tls, trickling_server
+from rftgym.core import web
+from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, NameLookupTooSlow, RequestTooSlow,
+                             _connect_shut_by, _Shutter, build_opener, error_body_time, is_loopback, open_within,
+                             read_body)
+from slow_servers import HangingResolver, finishes_within, lookup_threads, self_signed_tls, trickling_server
 
 
 def fetch(url: str, timeout_s: float, opener=None) -> bytes:
@@ -166,11 +169,137 @@ def test_a_name_lookup_that_hangs_is_given_up_at_the_deadline(resolver):
 def test_an_ip_address_or_localhost_is_never_looked_up(answering, resolver):
     # A resolver that hangs cannot touch them: their addresses need no lookup (nor a thread).
     port = answering().rsplit(":", 1)[1]
-    for host in ("127.0.0.1", "localhost", "LocalHost"):
+    for host in ("127.0.0.1", "localhost", "LocalHost", "localhost."):  # the last one fully qualified
         replies = []
         error = finishes_within(4.0, lambda url=f"http://{host}:{port}/ok": replies.append(fetch(url, 5.0)))
         assert error is None and json.loads(replies[0]) == {"path": "/ok"}, error
     assert resolver.looked_up == []
+
+
+def test_localhost_with_or_without_the_roots_dot_is_loopback():
+    for host in ("localhost", "localhost.", "LOCALHOST.", "app.localhost", "app.localhost.", "127.0.0.1", "::1"):
+        assert is_loopback(host), host
+    for host in ("localhost.test", "notlocalhost", "localhost..", ".", "", None, "10.0.0.1"):
+        assert not is_loopback(host), host
+
+
+def test_a_name_under_localhost_is_the_resolvers(answering, resolver):
+    # Which addresses app.localhost has is the system's to say (an /etc/hosts line may give it
+    # 127.0.0.2, and a resolver without systemd's myhostname asks DNS), so it is looked up.
+    port = int(answering().rsplit(":", 1)[1])
+    resolver.names["app.localhost"] = [("127.0.0.1", port)]
+    assert json.loads(fetch(f"http://app.localhost:{port}/ok", 5.0)) == {"path": "/ok"}
+    assert resolver.looked_up == ["app.localhost"]
+
+
+def at_once(calls) -> list:
+    """Runs each of ``calls`` on its own thread, all starting together, and returns what each
+    returned or raised, with the seconds it took: ``[(outcome, seconds), ...]``."""
+    outcomes: list = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(index: int) -> None:
+        start.wait()
+        began = time.monotonic()
+        try:
+            outcome = calls[index]()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome = exc
+        outcomes[index] = (outcome, time.monotonic() - began)
+
+    threads = [threading.Thread(target=run, args=(index,), daemon=True) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads), "a request is still waiting after 10 s"
+    return outcomes
+
+
+def test_requests_for_a_name_whose_lookup_hangs_share_one_lookup(resolver):
+    # A DNS outage: eight requests at once start one lookup between them (not one thread each,
+    # left hanging), and each gives up on it at its own deadline.
+    deadlines = [0.5 + 0.1 * index for index in range(8)]
+    outcomes = at_once([lambda s=s: fetch("http://hangs.test:8000/", s) for s in deadlines])
+    for deadline, (error, seconds) in zip(deadlines, outcomes):
+        assert isinstance(error, NameLookupTooSlow), error
+        assert str(error).startswith("the name lookup of hangs.test did not finish within"), error
+        assert deadline - 0.05 < seconds < deadline + 1.0, (deadline, seconds)
+    assert resolver.looked_up == ["hangs.test"]
+    assert len(lookup_threads()) == 1  # still hanging, and alone
+    resolver.release()  # the lookup ends (with the resolver's error)
+    assert not lookup_threads()
+    with pytest.raises(urllib.error.URLError) as info:  # the next request looks the name up afresh
+        fetch("http://hangs.test:8000/", 1.0)
+    assert isinstance(info.value.reason, socket.gaierror), info.value
+    assert resolver.looked_up == ["hangs.test", "hangs.test"]
+
+
+def test_a_shared_lookup_answers_every_request_waiting_on_it(answering, resolver):
+    # Two names hang; then one is answered late and the other fails: each request waiting on
+    # either gets that lookup's answer or its error (a copy of its own).
+    port = int(answering().rsplit(":", 1)[1])
+
+    def release_soon() -> None:
+        give_up_at = time.monotonic() + 5
+        while resolver.hanging < 2 and time.monotonic() < give_up_at:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the other requests find the two lookups in flight meanwhile
+        resolver.names["late.test"] = [("127.0.0.1", port)]
+        resolver.release()
+
+    answered = [lambda: json.loads(fetch(f"http://late.test:{port}/ok", 5.0))] * 4
+    failed = [lambda: fetch(f"http://down.test:{port}/ok", 5.0)] * 4
+    outcomes = at_once([*answered, *failed, release_soon])
+    assert [outcome for outcome, _ in outcomes[:4]] == [{"path": "/ok"}] * 4
+    errors = [outcome for outcome, _ in outcomes[4:8]]
+    assert all(isinstance(error, urllib.error.URLError) and isinstance(error.reason, socket.gaierror)
+               and error.reason.errno == socket.EAI_AGAIN for error in errors), errors
+    assert len({id(error.reason) for error in errors}) == 4  # never one object raised on four threads
+    assert sorted(resolver.looked_up) == ["down.test", "late.test"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forking needs os.fork")
+def test_a_forked_child_looks_up_a_name_its_parent_was_waiting_on(resolver):
+    # The parent's lookup thread does not run in the child: waiting on it there would never end.
+    with pytest.raises(NameLookupTooSlow):
+        fetch("http://hangs.test:8000/", 0.2)
+    resolver.names["hangs.test"] = [("127.0.0.1", 8000)]  # answered at once from now on
+    child = os.fork()
+    if child == 0:  # the child: its own lookup, then out without pytest's teardown
+        try:
+            os._exit(0 if web._looked_up_within("hangs.test", 8000, 1.0) else 2)
+        except BaseException:  # noqa: BLE001 - the exit status says it
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_lookups_of_many_names_at_once_are_bounded(monkeypatch, answering, resolver):
+    monkeypatch.setattr(web, "MAX_LOOKUPS_IN_FLIGHT", 2)
+    port = int(answering().rsplit(":", 1)[1])
+    for host in ("a.test", "b.test"):
+        with pytest.raises(NameLookupTooSlow, match="did not finish"):
+            fetch(f"http://{host}:{port}/ok", 0.3)
+    assert len(lookup_threads()) == 2  # abandoned, and still hanging
+    start = time.monotonic()
+    with pytest.raises(NameLookupTooSlow) as info:  # a third name waits for room, within its deadline
+        fetch(f"http://c.test:{port}/ok", 0.5)
+    assert 0.45 < time.monotonic() - start < 1.5
+    assert str(info.value).startswith("the name lookup of c.test could not start within 0.5 s: lookups of 2 other "
+                                      "names are still waiting on the resolver; check the DNS settings")
+    with pytest.raises(NameLookupTooSlow, match="did not finish"):  # a name in flight needs no room
+        fetch(f"http://a.test:{port}/ok", 0.3)
+    assert resolver.looked_up == ["a.test", "b.test"]
+
+    def release_soon() -> None:
+        time.sleep(0.3)  # c.test waits for room meanwhile
+        resolver.names["c.test"] = [("127.0.0.1", port)]
+        resolver.release()  # a.test and b.test fail, and c.test gets their room
+
+    outcomes = at_once([lambda: json.loads(fetch(f"http://c.test:{port}/ok", 5.0)), release_soon])
+    assert outcomes[0][0] == {"path": "/ok"}, outcomes[0]
+    assert resolver.looked_up == ["a.test", "b.test", "c.test"]
 
 
 def test_a_name_looked_up_in_time_has_its_addresses_tried_in_turn(answering, resolver):
