@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from array import array
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator
 
 from .errors import DataFormatError
 from .jsonl import read_jsonl
-from .messages import Context, Message
+from .messages import ROLES, Context, Message
+from .values import is_finite_real
 
 # The finish reason of a reply the agent could not give because the context left no room for it
 # (the prompt alone, or the prompt and a whole reply, exceed the model's window). Such a reply has
@@ -165,20 +167,175 @@ class Episode:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Episode":
-        messages = {d["id"]: Message.from_dict(d) for d in data["messages"]}
-        turns = []
-        for t in data["turns"]:
-            t = dict(t)
-            t["context_ids"] = tuple(t["context_ids"])
-            turns.append(Turn(**t))
+        """The episode of a record that :meth:`to_json` made (its ``summary`` is derived, and not read).
+
+        The record is checked first for every type and link the writer keeps (see
+        :func:`_checked_turn`), so that a record edited by hand or damaged is refused here with a
+        DataFormatError naming the field, not a KeyError or IndexError in whatever uses it later."""
+        record = _checked(data, dict, "the record")
+        messages = _checked_messages(_required(record, "messages", "the record"))
+        turns = _checked(_required(record, "turns", "the record"), list, "turns")
+        seed = record.get("seed")
+        if seed is not None and type(seed) is not int:
+            raise DataFormatError(f"seed is {_shown(seed)}; it is an integer, or null")
         return cls(
-            env_id=data["env_id"],
-            seed=data.get("seed"),
+            env_id=_checked(_required(record, "env_id", "the record"), str, "env_id"),
+            seed=seed,
             messages=messages,
-            turns=turns,
-            final_context_ids=tuple(data["final_context_ids"]),
-            reset_info=data.get("reset_info", {}),
+            turns=[_checked_turn(turn, position, messages) for position, turn in enumerate(turns)],
+            final_context_ids=_checked_context_ids(_required(record, "final_context_ids", "the record"),
+                                                   messages, "final_context_ids"),
+            reset_info=_checked(record.get("reset_info", {}), dict, "reset_info"),
         )
+
+
+# ---------------------------------------------------------------- reading records back
+# Each check costs one pass over what it checks (token lists in C-level passes: a file may hold
+# thousands of episodes, each prompt a whole context), so reading stays about as fast as json.loads.
+
+_JSON_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
+_TURN_FIELDS = {f.name: f for f in fields(Turn)}
+_REQUIRED_TURN_FIELDS = [name for name, f in _TURN_FIELDS.items()
+                         if f.default is MISSING and f.default_factory is MISSING]
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its JSON type and the start of its text."""
+    text = repr(value)
+    return f"{text[:60] + '...' if len(text) > 60 else text} ({type(value).__name__})"
+
+
+def _required(record: dict, key: str, where: str) -> Any:
+    if key not in record:
+        raise DataFormatError(f"{where} has no {key!r}")
+    return record[key]
+
+
+def _checked(value: Any, kind: type, where: str) -> Any:
+    """``value`` when it is of exactly ``kind`` (``true`` is no number, nor ``1`` a flag)."""
+    if type(value) is not kind:
+        raise DataFormatError(f"{where} is {_shown(value)}; it is {_JSON_TYPE_NAMES[kind]}")
+    return value
+
+
+def _checked_messages(items: Any) -> dict[str, Message]:
+    """The episode's messages by id: each a {role, content, id} object, ids unique."""
+    messages: dict[str, Message] = {}
+    for position, item in enumerate(_checked(items, list, "messages")):
+        where = f"messages[{position}]"
+        item = _checked(item, dict, where)
+        role = _checked(_required(item, "role", where), str, f"{where}.role")
+        if role not in ROLES:
+            raise DataFormatError(f"{where}.role is {role!r}; it is one of {', '.join(ROLES)}")
+        content = _checked(_required(item, "content", where), str, f"{where}.content")
+        message_id = _checked(_required(item, "id", where), str, f"{where}.id")
+        if not message_id:
+            raise DataFormatError(f"{where}.id is empty; a message id is a non-empty string")
+        if message_id in messages:
+            raise DataFormatError(f"{where}.id {message_id!r} is the id of an earlier message too; message ids "
+                                  "are unique in an episode")
+        messages[message_id] = Message(role, content, message_id)
+    return messages
+
+
+def _checked_context_ids(ids: Any, messages: dict[str, Message], where: str) -> tuple[str, ...]:
+    """A context as the ids of the episode's messages, each at most once (as a Context holds them)."""
+    seen: set[str] = set()
+    for position, message_id in enumerate(_checked(ids, list, where)):
+        if type(message_id) is not str or message_id not in messages:
+            raise DataFormatError(f"{where}[{position}] is {_shown(message_id)}, which is the id of none of the "
+                                  "episode's messages")
+        if message_id in seen:
+            raise DataFormatError(f"{where}[{position}] is {message_id!r} again; a context holds each message once")
+        seen.add(message_id)
+    return tuple(ids)
+
+
+def _checked_token_ids(ids: Any, where: str) -> list[int] | None:
+    """Integers >= 0, checked in one C pass (a prompt is a whole context, every turn). JSON's
+    true and false pass as 1 and 0, as Python and torch take them: finding them would cost a
+    second pass over every prompt."""
+    if ids is None:
+        return None
+    ids = _checked(ids, list, where)
+    try:
+        array("Q", ids)  # refuses floats, text, null, lists, negative and too large numbers
+    except (TypeError, OverflowError):
+        position, bad = next((n, t) for n, t in enumerate(ids) if type(t) is not int or not 0 <= t < 1 << 64)
+        raise DataFormatError(f"{where}[{position}] is {_shown(bad)}; token ids are integers >= 0 (that fit in "
+                              "64 bits)") from None
+    return ids
+
+
+def _checked_logprobs(logprobs: Any, sampled: list[int] | None, where: str) -> list[float] | None:
+    """One finite log-prob per sampled token (training's importance ratios divide by them)."""
+    if logprobs is None:
+        return None
+    logprobs = _checked(logprobs, list, where)
+    if sampled is None:
+        raise DataFormatError(f"{where} is given but sampled_ids is null; log-probs belong to sampled tokens")
+    if len(logprobs) != len(sampled):
+        raise DataFormatError(f"{where} has {len(logprobs)} entries for the {len(sampled)} tokens of "
+                              "sampled_ids; a turn has one log-prob per sampled token")
+    try:  # one C pass: a NaN or an infinity makes the sum one, text or null a TypeError
+        finite = math.isfinite(sum(logprobs))
+    except (TypeError, OverflowError):
+        finite = False
+    if not finite:  # which entry (none, when only the sum of finite numbers overflowed)
+        bad = next(((n, x) for n, x in enumerate(logprobs) if type(x) is bool or not is_finite_real(x)), None)
+        if bad is not None:
+            raise DataFormatError(f"{where}[{bad[0]}] is {_shown(bad[1])}; a log-prob is a finite number")
+    return logprobs
+
+
+def _checked_optional_str(value: Any, where: str) -> str | None:
+    return None if value is None else _checked(value, str, where)
+
+
+def _checked_turn(data: Any, position: int, messages: dict[str, Message]) -> Turn:
+    """The turn at ``position`` of a record, with the links and types :meth:`Episode.to_json`'s
+    records keep: its index is its position; its context and its message are messages of the
+    episode; its reward is a finite number and its flags bools; its token lists are both given or
+    both null, of ints >= 0, with one finite log-prob per sampled token."""
+    where = f"turns[{position}]"
+    data = _checked(data, dict, where)
+    unknown = next((key for key in data if key not in _TURN_FIELDS), None)
+    if unknown is not None:
+        raise DataFormatError(f"{where} has the key {unknown!r}, which no turn has; a turn's keys are "
+                              f"{', '.join(_TURN_FIELDS)}")
+    missing = next((key for key in _REQUIRED_TURN_FIELDS if key not in data), None)
+    if missing is not None:
+        raise DataFormatError(f"{where} has no {missing!r}")
+    index = data["index"]
+    if type(index) is not int or index != position:
+        raise DataFormatError(f"{where}.index is {_shown(index)}; a turn's index is its place in turns ({position})")
+    reward = data["reward"]
+    if not is_finite_real(reward):  # (a bool is no reward, nor a number too large for a float)
+        raise DataFormatError(f"{where}.reward is {_shown(reward)}; a reward is a finite number")
+    prompt_ids = _checked_token_ids(data.get("prompt_ids"), f"{where}.prompt_ids")
+    sampled_ids = _checked_token_ids(data.get("sampled_ids"), f"{where}.sampled_ids")
+    if (prompt_ids is None) != (sampled_ids is None):
+        given, null = ("prompt_ids", "sampled_ids") if sampled_ids is None else ("sampled_ids", "prompt_ids")
+        raise DataFormatError(f"{where}.{given} is given but {null} is null; a turn records both token lists, "
+                              "or neither")
+    message_id = _checked_optional_str(data.get("message_id"), f"{where}.message_id")
+    if message_id is not None and message_id not in messages:
+        raise DataFormatError(f"{where}.message_id is {message_id!r}, which is the id of none of the episode's "
+                              "messages")
+    return Turn(
+        index=index,
+        context_ids=_checked_context_ids(data["context_ids"], messages, f"{where}.context_ids"),
+        action=_checked(data["action"], str, f"{where}.action"),
+        reward=reward,
+        terminated=_checked(data["terminated"], bool, f"{where}.terminated"),
+        truncated=_checked(data["truncated"], bool, f"{where}.truncated"),
+        info=_checked(data.get("info", {}), dict, f"{where}.info"),
+        prompt_ids=prompt_ids,
+        sampled_ids=sampled_ids,
+        logprobs=_checked_logprobs(data.get("logprobs"), sampled_ids, f"{where}.logprobs"),
+        finish_reason=_checked_optional_str(data.get("finish_reason"), f"{where}.finish_reason"),
+        message_id=message_id,
+    )
 
 
 def _json_default(obj: Any):
@@ -262,12 +419,14 @@ EPISODES_SHAPE = "one episode per line, as rftgym eval writes them"
 
 def read_episodes_jsonl(path) -> Iterator[Episode]:
     """The episodes of a JSON-lines file that ``rftgym eval`` (or :func:`write_episodes_jsonl`)
-    wrote, in order, one at a time (``.gz`` through gzip). A line that is not an episode stops the
-    reading with a DataFormatError naming its line; the episodes before it have been yielded."""
+    wrote, in order, one at a time (``.gz`` through gzip). A line that is not an episode (see
+    :meth:`Episode.from_json`) stops the reading with a DataFormatError naming its line and the
+    field at fault; the episodes before it have been yielded."""
     for number, record in read_jsonl(path, EPISODES_SHAPE):
         try:
             episode = Episode.from_json(record)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DataFormatError(f"{path}:{number}: not an episode ({type(exc).__name__}: {exc}); expected "
-                                  f"{EPISODES_SHAPE}") from None
+            # from_json names what it refuses; anything else it let through is shown by its type
+            why = f": {exc}" if isinstance(exc, DataFormatError) else f" ({type(exc).__name__}: {exc})"
+            raise DataFormatError(f"{path}:{number}: not an episode{why}; expected {EPISODES_SHAPE}") from None
         yield episode

@@ -12,9 +12,18 @@ import numpy as np
 from ..core.records import CONTEXT_FULL, Episode
 
 
+# The keys of summarize() that are means over episodes (NaN for no episodes).
+_MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampled_tokens", "prompt_tokens")
+
+
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
+    """The means over ``episodes`` of their reward, success, turns, truncation, format errors and
+    tokens, with two counts: ``episodes`` and ``context_full`` (episodes ended for want of context).
+
+    No episodes have the same keys, the counts 0 and every mean NaN: a mean of nothing is no
+    number, and 0 would read as a measured reward or success rate of 0."""
     if not episodes:
-        return {"episodes": 0}
+        return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0}
     # Turns the env played: the empty turn that records an episode's end for want of context is
     # no reply, so it counts neither as a turn nor as a turn without a format error.
     played = [[t for t in e.turns if t.finish_reason != CONTEXT_FULL] for e in episodes]
@@ -110,13 +119,19 @@ def env_metrics(episodes: Sequence[Episode], spec: Iterable[tuple[str, str, str]
 
 
 def format_table(rows: Iterable[Sequence], headers: Sequence[str]) -> str:
-    """A left-aligned text table; floats get 3 significant decimals."""
+    """A left-aligned text table; floats get 3 decimal places. Every row has one cell per
+    header: a row of another length is a ValueError naming it (the table would shift or drop its
+    cells), and a caller with nothing to show puts "-" in the cell, as the CLI does."""
     def cell(value) -> str:
         if isinstance(value, float):
             return f"{value:.3f}"
         return str(value)
 
     body = [[cell(v) for v in row] for row in rows]
+    for number, row in enumerate(body):
+        if len(row) != len(headers):
+            raise ValueError(f"format_table: rows[{number}] has {len(row)} cells for {len(headers)} headers "
+                             f"({', '.join(headers)}): {row}; give each row one cell per header")
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     rule = "  ".join("-" * w for w in widths)

@@ -217,8 +217,8 @@ def test_a_damaged_file_names_its_line_after_yielding_the_episodes_before_it(tmp
     with pytest.raises(DataFormatError, match="eps.jsonl:3: expected a JSON object, got list"):
         list(read_episodes_jsonl(path))
     path.write_text(whole + '{"env_id": "x"}\n', encoding="utf-8")
-    with pytest.raises(DataFormatError, match=r"eps.jsonl:3: not an episode \(KeyError: 'messages'\); expected one "
-                                              "episode per line, as rftgym eval writes them"):
+    with pytest.raises(DataFormatError, match=r"eps.jsonl:3: not an episode: the record has no 'messages'; expected "
+                                              "one episode per line, as rftgym eval writes them"):
         list(read_episodes_jsonl(path))
     packed = tmp_path / "eps.jsonl.gz"  # gzipped, and with a byte-order mark
     packed.write_bytes(gzip.compress(("\ufeff" + whole).encode()))
