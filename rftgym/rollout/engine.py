@@ -29,12 +29,14 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
+from collections.abc import Sized
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from ..agents.base import CONTEXT_FULL, Agent, AgentReply
+from ..agents.base import CONTEXT_FULL, Agent, AgentReply, _keyed_method, _takes_sample_keys
 from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError
 from ..core.messages import Context, Message
@@ -122,63 +124,75 @@ def run_episodes(
 ) -> list[Episode]:
     """Run one episode per seed with ``agent``; return the episodes in the order of ``seeds``.
 
+    ``make_env`` makes a new env each call (``lambda: gym.make(env_id)``): each of the
+    ``config.num_envs`` episodes run side by side has its own. ``on_episode`` is called with each
+    episode as it finishes (in the order they finish).
+
     ``sample_keys`` (one per seed, each a sequence of non-negative ints) names each episode's
     sampling stream for agents with keyed sampling; by default the task seed and how many earlier
     episodes had it (:func:`~rftgym.agents.sampling_keys.episode_keys`). A caller that runs the
-    same seeds again and wants other samples gives its own (the trainer keys by step and task)."""
-    config = config or RolloutConfig()
-    if options is not None and len(options) != len(seeds):
-        raise ConfigError(f"options has {len(options)} entries for {len(seeds)} seeds; give one per seed or none")
-    keys = None
-    if getattr(agent, "keyed_sampling", False):
-        keys = episode_keys(seeds) if sample_keys is None else _checked_keys(sample_keys, len(seeds))
-    queue = list(range(len(seeds)))
-    results: list[Episode | None] = [None] * len(seeds)
+    same seeds again and wants other samples gives its own (the trainer keys by step and task).
+    An agent without keyed sampling (``keyed_sampling`` False) cannot take them: given keys are
+    then ignored with a warning, as its episodes may sample otherwise in another batch.
+
+    An exception that stops the rollout (an agent or env error, a failing ``on_episode``, a
+    KeyboardInterrupt) escapes as it is, of the type it was, and carries the episodes finished
+    before it: ``exc.finished_episodes`` (in the order of ``seeds``, possibly empty) and
+    ``exc.finished_indices`` (their positions in ``seeds``). So a long rollout that fails near its
+    end keeps its work without an ``on_episode``::
+
+        try:
+            episodes = run_episodes(make_env, agent, seeds)
+        except Exception as exc:
+            write_episodes_jsonl("partial.jsonl", exc.finished_episodes)
+            raise
+    """
+    finished: dict[int, Episode] = {}  # position in seeds -> its episode, as each one ends
     slots: list[_Slot] = []
-    owner: dict[int, int] = {}  # slot index -> episode index
-
-    def start(slot_index: int) -> None:
-        slot = slots[slot_index]
-        episode_index = queue.pop(0)
-        seed = seeds[episode_index]
-        opts = options[episode_index] if options is not None else None
-        context, info = _unpack(_call_env(slot.env, seed, "reset", 0, seed=seed, options=opts), 2, slot.env, seed,
-                                "reset")
-        _check_observation(f"{_env_id(slot.env)} (seed {seed}) reset to", context, info)
-        slot.seed, slot.options, slot.context = seed, opts, context
-        slot.messages = {m.id: m for m in context}
-        slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, _snapshot(info), True
-        owner[slot_index] = episode_index
-
-    def finish(slot_index: int) -> None:
-        slot = slots[slot_index]
-        episode = Episode(_env_id(slot.env), slot.seed, slot.messages, slot.turns, slot.context.ids, slot.reset_info)
-        results[owner.pop(slot_index)] = episode
-        slot.active = False
-        if on_episode is not None:
-            on_episode(episode)
-
+    rolled_out = False
     try:
+        config = config if config is not None else RolloutConfig()
+        _check_arguments(make_env, agent, seeds, config, options, on_episode)
+        keys = _episode_keys(agent, seeds, sample_keys)
+        queue = list(range(len(seeds)))
+        owner: dict[int, int] = {}  # slot index -> episode index
+
+        def start(slot_index: int) -> None:
+            slot = slots[slot_index]
+            episode_index = queue.pop(0)
+            seed = seeds[episode_index]
+            opts = options[episode_index] if options is not None else None
+            context, info = _unpack(_call_env(slot.env, seed, "reset", 0, seed=seed, options=opts), 2, slot.env,
+                                    seed, "reset")
+            _check_observation(f"{_env_id(slot.env)} (seed {seed}) reset to", context, info)
+            slot.seed, slot.options, slot.context = seed, opts, context
+            slot.messages = {m.id: m for m in context}
+            slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, _snapshot(info), True
+            owner[slot_index] = episode_index
+
+        def finish(slot_index: int) -> None:
+            slot = slots[slot_index]
+            episode = Episode(_env_id(slot.env), slot.seed, slot.messages, slot.turns, slot.context.ids,
+                              slot.reset_info)
+            finished[owner.pop(slot_index)] = episode
+            slot.active = False
+            if on_episode is not None:
+                on_episode(episode)
+
         for _ in range(min(config.num_envs, len(seeds))):
-            slots.append(_Slot(make_env()))
+            slots.append(_Slot(_new_env(make_env, slots)))
         for i in range(len(slots)):
             start(i)
         while any(slot.active for slot in slots):
             active = [i for i, slot in enumerate(slots) if slot.active]
             contexts = [slots[i].context for i in active]
             keyed = {} if keys is None else {"sample_keys": [(*keys[owner[i]], len(slots[i].turns)) for i in active]}
-            try:
-                if agent.token_level:
-                    replies = agent.act_tokens(contexts, [slots[i].spans for i in active], **keyed)
-                else:
-                    replies = agent.act(contexts, **keyed)
-            except RftgymError:  # already says what to do
-                raise
-            except Exception as exc:  # an agent's own bug: say whose, and where
-                where = ", ".join(f"{_env_id(slots[i].env)} seed {slots[i].seed} turn {len(slots[i].turns)}"
-                                  for i in active[:3]) + (" ..." if len(active) > 3 else "")
-                raise AgentError(f"agent {getattr(agent, 'name', type(agent).__name__)!r} raised "
-                                 f"{type(exc).__name__}: {exc} (replying to {where})") from exc
+            where = partial(_batch_where, slots, active)  # said only if the agent fails
+            if agent.token_level:
+                replies = _agent_call(agent, "act_tokens", where, contexts, [slots[i].spans for i in active],
+                                      **keyed)
+            else:
+                replies = _agent_call(agent, "act", where, contexts, **keyed)
             _check_replies(agent, replies, len(active))
             for i, reply in zip(active, replies):
                 _step(slots[i], agent, reply, config.turn_cap(slots[i].own_max_turns))
@@ -186,11 +200,134 @@ def run_episodes(
                     finish(i)
                     if queue:
                         start(i)
-    except BaseException:
-        _close_all(slots, raising=True)
+        rolled_out = True
+        _close_all(slots, raising=False)  # every episode is done: a close that fails is the error
+    except BaseException as exc:
+        if not rolled_out:
+            _close_all(slots, raising=True)
+        _carry_finished(exc, finished)
         raise
-    _close_all(slots, raising=False)
-    return results  # type: ignore[return-value]
+    return [finished[i] for i in range(len(seeds))]
+
+
+def _carry_finished(exc: BaseException, finished: dict[int, Episode]) -> None:
+    """Hand the episodes finished before ``exc`` to whoever catches it (the attributes documented
+    in :func:`run_episodes`), on the exception as it is: callers catch the types they know."""
+    order = sorted(finished)
+    try:
+        exc.finished_episodes = [finished[i] for i in order]
+        exc.finished_indices = order
+    except (AttributeError, TypeError):  # an exception type that takes no attributes: it escapes as it is
+        pass
+
+
+def _check_arguments(make_env, agent, seeds, config, options, on_episode) -> None:
+    """Arguments of the wrong kind, named before any env is made (they would fail later, deep in
+    the rollout, with a message about something else)."""
+    if isinstance(make_env, (gym.Env, str)) or not callable(make_env):
+        hint = f"lambda: gym.make({make_env!r})" if isinstance(make_env, str) else "lambda: gym.make(env_id)"
+        what = "an env" if isinstance(make_env, gym.Env) else type(make_env).__name__
+        raise TypeError(f"make_env is a function that makes a new env each call, e.g. {hint} (each episode run "
+                        f"side by side needs its own env), got {what} {_short(make_env)}")
+    if not isinstance(agent, Agent):
+        if isinstance(agent, type) and issubclass(agent, Agent):
+            raise TypeError(f"agent is an Agent instance, got the class {agent.__qualname__}; make one first, "
+                            f"e.g. {agent.__qualname__}(...)")
+        hint = "; a function from a context to the reply's text is ScriptedAgent(function)" if callable(agent) else ""
+        raise TypeError(f"agent is an rftgym Agent (a subclass of rftgym.agents.Agent with act(contexts) -> list of "
+                        f"AgentReply), got {type(agent).__name__} {_short(agent)}{hint}")
+    if isinstance(seeds, (str, bytes, dict)) or not isinstance(seeds, Sized) or not hasattr(seeds, "__getitem__"):
+        raise TypeError(f"seeds is a sequence with one seed (an int, or None) per episode, e.g. range(8) or [0] * 4, "
+                        f"got {type(seeds).__name__} {_short(seeds)}")
+    if not isinstance(config, RolloutConfig):
+        raise TypeError(f"config is a RolloutConfig (e.g. RolloutConfig(num_envs=8)) or None, got "
+                        f"{type(config).__name__} {_short(config)}")
+    if options is not None:
+        if isinstance(options, (str, bytes, dict)) or not isinstance(options, Sized) \
+                or not hasattr(options, "__getitem__"):
+            raise TypeError(f"options is a sequence with one reset options dict (or None) per seed, e.g. "
+                            f"[{{...}}] * {len(seeds)}, or None; got {type(options).__name__} {_short(options)}")
+        if len(options) != len(seeds):
+            raise ConfigError(f"options has {len(options)} entries for {len(seeds)} seeds; give one per seed or none")
+    if on_episode is not None and not callable(on_episode):
+        raise TypeError(f"on_episode is a function called with each finished episode (e.g. a list's append), or "
+                        f"None; got {type(on_episode).__name__} {_short(on_episode)}")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _new_env(make_env: Callable[[], gym.Env], slots: list[_Slot]) -> gym.Env:
+    """A new env from ``make_env``: one that is not an env, or an env that another slot already
+    runs (``lambda: env`` would run every episode of the batch in one env, mixing them up), is
+    refused."""
+    env = make_env()
+    if not isinstance(env, gym.Env):
+        raise TypeError(f"make_env returned {type(env).__name__} {_short(env)}; it returns a new gymnasium.Env each "
+                        "call, e.g. lambda: gym.make(env_id)")
+    if any(slot.env is env for slot in slots):
+        raise ConfigError(f"make_env returned the same {_env_id(env)} env twice; episodes run side by side each need "
+                          "an env of their own: make a new one in each call (lambda: gym.make(env_id)), or run one "
+                          "env at a time with RolloutConfig(num_envs=1)")
+    return env
+
+
+def _episode_keys(agent: Agent, seeds: Sequence, sample_keys) -> list[tuple[int, ...]] | None:
+    """Each episode's sampling key, for an agent with keyed sampling (None for one without). Given
+    keys are checked whatever the agent; an agent that cannot take them is warned about, since the
+    caller asked for per-episode streams it will not get."""
+    keyed_agent = getattr(agent, "keyed_sampling", False)
+    if sample_keys is None:
+        return episode_keys(seeds) if keyed_agent else None
+    keys = _checked_keys(sample_keys, len(seeds))
+    if not keyed_agent:
+        warnings.warn(f"sample_keys are ignored: agent {_agent_name(agent)!r} has no keyed sampling "
+                      f"(keyed_sampling is False{_why_unkeyed(agent)}), so its replies do not draw from "
+                      "per-episode streams, and an episode may sample otherwise in another batch. Pass no "
+                      "sample_keys for this agent, or give it keyed sampling (keyed_sampling = True and a "
+                      "sample_keys=None parameter on act(), or on act_tokens() for a token-level agent)",
+                      stacklevel=3)
+        return None
+    return keys
+
+
+def _why_unkeyed(agent: Agent) -> str:
+    """Why a subclass of a keyed agent is not keyed, when that is why: Agent turns keyed sampling off
+    for a subclass whose method that takes the keys (act, or act_tokens) has no ``sample_keys``."""
+    cls = type(agent)
+    keyed_base = next((base for base in cls.__mro__[1:] if getattr(base, "keyed_sampling", False) is True), None)
+    if keyed_base is None or _takes_sample_keys(cls):
+        return ""
+    return (f": it subclasses the keyed {keyed_base.__name__}, and its {_keyed_method(cls).__name__}() has no "
+            "sample_keys parameter")
+
+
+def _agent_name(agent: Agent) -> str:
+    return getattr(agent, "name", type(agent).__name__)
+
+
+def _where(slot: _Slot) -> str:
+    return f"{_env_id(slot.env)} seed {slot.seed} turn {len(slot.turns)}"
+
+
+def _batch_where(slots: list[_Slot], active: list[int]) -> str:
+    return ", ".join(_where(slots[i]) for i in active[:3]) + (" ..." if len(active) > 3 else "")
+
+
+def _agent_call(agent: Agent, method: str, where: Callable[[], str], *args, **kwargs):
+    """``agent``'s ``method`` (act, act_tokens, assistant_span, on_assistant_message): an exception
+    of the agent's own (not one of rftgym's, which already say what to do) becomes an AgentError
+    that names the agent, the method and where it was (``where()``, made only then)."""
+    try:
+        return getattr(agent, method)(*args, **kwargs)
+    except RftgymError:
+        raise
+    except Exception as exc:
+        in_method = "" if method in ("act", "act_tokens") else f" in {method}()"
+        raise AgentError(f"agent {_agent_name(agent)!r} raised {type(exc).__name__}{in_method}: {exc} "
+                         f"({'replying to' if not in_method else 'after its reply to'} {where()})") from exc
 
 
 def _checked_keys(sample_keys, count: int) -> list[tuple[int, ...]]:
@@ -227,7 +364,7 @@ def _close_all(slots: list[_Slot], *, raising: bool) -> None:
 def _check_replies(agent: Agent, replies, expected: int) -> None:
     """An agent's answer to one batch: a list of ``expected`` AgentReplies with text, and for
     token-level replies matching token records (they become the training data)."""
-    name = getattr(agent, "name", type(agent).__name__)
+    name = _agent_name(agent)
     if not isinstance(replies, (list, tuple)):
         raise AgentError(f"agent {name!r} returned a {type(replies).__name__} from act(); return a list of "
                          "AgentReply, one per context")
@@ -385,8 +522,10 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
             slot.warned_changed_reply = True
             warnings.warn(f"{_env_id(slot.env)} stored a reply other than the agent's text (e.g. cut or tidied); "
                           "the next prompt shows the env's text, so for a token-level policy that turn ends a "
-                          "segment (more segments, each trained with its own prompt)", stacklevel=4)
-        span = agent.assistant_span(message, reply) if agent.token_level and kept else None
+                          "segment (more segments, each trained with its own prompt)", stacklevel=3)
+        where = partial(_where, slot)
+        span = _agent_call(agent, "assistant_span", where, message, reply) \
+            if agent.token_level and kept else None
         if span is not None:
             slot.spans[message.id] = span
         elif kept and reply.sampled_ids is not None and not slot.warned_unbound_tokens:
@@ -395,12 +534,12 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
                    "what its tokens decode to, e.g. a wrapping agent changed the text and kept the tokens"
                    if agent.token_level else
                    "the agent is not token_level, so act_tokens() and assistant_span() are not used")
-            warnings.warn(f"agent {getattr(agent, 'name', type(agent).__name__)!r} recorded sampled tokens for a reply "
+            warnings.warn(f"agent {_agent_name(agent)!r} recorded sampled tokens for a reply "
                           f"but they are not bound to its message ({how}); later prompts re-tokenize the text, "
                           "which may differ from the tokens sampled. A token-level agent sets token_level = True and "
                           "implements act_tokens() and assistant_span() (as HFPolicy does); one that changes a "
-                          "reply's text returns no token records for it", stacklevel=4)
-        agent.on_assistant_message(message, reply)
+                          "reply's text returns no token records for it", stacklevel=3)
+        _agent_call(agent, "on_assistant_message", where, message, reply)
     slot.turns.append(Turn(
         index=len(slot.turns),
         context_ids=before.ids,

@@ -623,3 +623,25 @@ def test_an_env_whose_report_if_cut_is_not_a_dict_of_info_values_is_named(report
     with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['info_if_cut'\] as .*; it is a dict of the "
                                                r"info values a cut"):
         run_episodes(lambda: BadReport(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
+
+
+# ---------------------------------------------------------------- summaries and tables
+
+def test_a_summary_of_no_episodes_has_every_key_with_nan_means():
+    import math
+
+    full = summarize(run_episodes(make_qa, ScriptedAgent(["<answer>1</answer>"]), seeds=[0]))
+    empty = summarize([])
+    assert list(empty) == list(full)
+    assert empty["episodes"] == 0 and empty["context_full"] == 0
+    assert all(math.isnan(v) for k, v in empty.items() if k not in ("episodes", "context_full"))
+
+
+@pytest.mark.parametrize("row, cells", [(["a"], 1), (["a", 1.0, "c"], 3)])
+def test_a_table_row_without_one_cell_per_header_is_named(row, cells):
+    from rftgym.rollout import format_table
+
+    with pytest.raises(ValueError, match=rf"format_table: rows\[1\] has {cells} cells for 2 headers \(id, score\): "
+                                         r"\['a'.*\]; give each row one cell per header"):
+        format_table([["x", 0.5], row], ["id", "score"])
+    assert format_table([["x", 0.5]], ["id", "score"]).splitlines() == ["id  score", "--  -----", "x   0.500"]
