@@ -70,21 +70,6 @@ def checkpoint_state(model, optimizer, keep: bool = True) -> dict[str, Any]:
     return {"weights": trainable_state(model, keep), "optimizer": optimizer_state(optimizer, keep)}
 
 
-def base_fingerprint(model) -> str:
-    """A fingerprint of ``model``'s weights as loaded, before any training: a resume must start
-    from the same base model (LoRA adapters sit on its frozen weights, and a KL reference is that
-    model), while its path may have moved. A strided sample of each parameter, rounded to
-    bfloat16 so that loading the same weights in float32 or bfloat16 gives the same print."""
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, parameter in sorted(_unwrap(model).named_parameters()):
-            flat = parameter.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 256)][:256].to("cpu", torch.bfloat16).float()
-            digest.update(f"{name}{tuple(parameter.shape)}".encode())
-            digest.update(sample.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None:
     """Refuse to resume a checkpoint (``saved``: its state) on other base weights than it was
     trained from; a checkpoint written before fingerprints were kept is not checked."""
@@ -96,6 +81,15 @@ def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None
                           "Resume with the model it was trained from, or start a new run in another output directory")
 
 
+def check_base_model_early(saved: dict, from_files: str | None, config: TrainConfig) -> None:
+    """:func:`check_base_model` before the model loads, on ``from_files`` (this model's
+    :func:`.base_model.files_fingerprint`), where the checkpoint's own model's files gave its fingerprint (its
+    state's ``base_model_from_files``): the same reading of the files cannot then refuse the model
+    that wrote it. Elsewhere the check after the load decides alone."""
+    if from_files is not None and saved.get("base_model_from_files") is True:
+        check_base_model(saved, from_files, config)
+
+
 def _stops_deferred():
     """Hold Ctrl-C and SIGTERM until the block is done, then stop as they would have: an interrupt
     raised inside torch.save's writer comes out as a RuntimeError, which a save cannot tell from a
@@ -104,18 +98,23 @@ def _stops_deferred():
 
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
-                    config: dict, base_model: str | None = None, base_model_path: str | None = None) -> Path:
+                    config: dict, base_model: str | None = None, base_model_path: str | None = None,
+                    base_model_from_files: bool = False) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
-    the base model's fingerprint (:func:`base_fingerprint`) and the absolute path it was loaded
-    from (None for the default model or a policy passed in), which --model may have given as a
-    relative one. Ctrl-C or SIGTERM meanwhile stops the run once the checkpoint is whole."""
+    the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
+    before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
+    and the absolute path it was loaded from (None for the default model or a policy passed in),
+    which --model may have given as a relative one. Ctrl-C or SIGTERM meanwhile stops the run once
+    the checkpoint is whole."""
     with _stops_deferred():
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
-                                base_model=base_model, base_model_path=base_model_path)
+                                base_model=base_model, base_model_path=base_model_path,
+                                base_model_from_files=base_model_from_files)
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
-                     config: dict, base_model: str | None, base_model_path: str | None) -> Path:
+                     config: dict, base_model: str | None, base_model_path: str | None,
+                     base_model_from_files: bool) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -130,7 +129,8 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
                      (("trainable.pt", state["weights"]), ("optimizer.pt", state["optimizer"]), ("rng.pt", rng_states))}
             with open(staging / "state.json", "w", encoding="utf-8") as handle:
                 json.dump({"step": step, "config": config, "base_model": base_model,
-                           "base_model_path": base_model_path, "files": files}, handle, indent=2, default=str)
+                           "base_model_from_files": base_model_from_files, "base_model_path": base_model_path,
+                           "files": files}, handle, indent=2, default=str)
                 handle.flush()
                 _fsync(handle.fileno())
             _fsync_dir(staging)

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError, ModelLoadError
+from .base_model import base_fingerprint
 from .checkpoint import (
     CHECKPOINT_DIR,
     OLD_CHECKPOINT_DIR,
     STAGING_PREFIX,
     apply_trainable,
-    base_fingerprint,
     has_checkpoint,
     saved_state,
     verify_checkpoint_file,

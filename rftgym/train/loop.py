@@ -36,11 +36,12 @@ from .batching import (
     group_episodes,
     tokens_covering,
 )
+from .base_model import base_fingerprint, files_fingerprint
 from .checkpoint import (
     OutputLock,
     RunFootprint,
-    base_fingerprint,
     check_base_model,
+    check_base_model_early,
     check_checkpoint_files,
     check_output_dir,
     check_world_size,
@@ -135,6 +136,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if saved is not None:
             saved_rng = saved_rng_states(out, saved)  # given to the load, like saved: not read again
             check_world_size(len(saved_rng["ranks"]), ranks, out)
+        # The base model's fingerprint as its files give it, before it loads (None for a policy passed in).
+        from_files = files_fingerprint(config.model, load_dtype(config)) if policy is None else None
+        if saved is not None:
+            check_base_model_early(saved, from_files, config)
         if saved is not None and saved["step"] >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
                               f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
@@ -144,7 +149,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if ranks.is_main:
             for note in notes:
                 print(note, file=sys.stderr)
-        return _train(config, policy, saved, saved_rng, make_env, ranks, footprint, on_step)
+        return _train(config, policy, saved, saved_rng, make_env, ranks, footprint, on_step, from_files)
     except BaseException:
         if footprint is not None:  # while the lock is held, so that no other run starts in between
             footprint.remove_unless_results()
@@ -156,10 +161,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
 
 def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, saved_rng: dict | None, make_env,
            ranks: Distributed, footprint: RunFootprint | None = None,
-           on_step: Callable[[dict], None] | None = None) -> list[dict]:
+           on_step: Callable[[dict], None] | None = None, from_files: str | None = None) -> list[dict]:
     """The run itself; ``saved`` and ``saved_rng``: the state and the random states (checked) of
     the checkpoint it resumes (None for a new run); ``footprint`` (the writing rank's) learns when
-    the run has written a result."""
+    the run has written a result; ``from_files``: the base model's fingerprint as its files gave
+    it (base_model.files_fingerprint)."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     torch.manual_seed(config.seed)
@@ -168,7 +174,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     # in bfloat16) with bfloat16 autocast for rollouts and updates alike, so old and new log-probs
     # are computed the same way.
     mixed = device.startswith("cuda") and config.dtype is None
-    policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype="float32" if mixed else config.dtype)
+    policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype=load_dtype(config))
     mixed = mixed and policy.device.type == "cuda"
     # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
     # not on the rollout batch size or the number of ranks (rftgym.agents.sampling_keys).
@@ -187,6 +193,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         and Path(config.model).expanduser().is_dir() else None
     if saved is not None:  # before anything is built on the weights
         check_base_model(saved, base_model, config)
+    # Its checkpoints say whether the files told the fingerprint: their resumes are then checked at once.
+    base_model_from_files = from_files == base_model
     weights_dtype = next(policy.model.parameters()).dtype
     if config.dtype is not None and weights_dtype != getattr(torch, config.dtype):
         raise ConfigError(f"dtype={config.dtype!r}, but the policy passed in holds {weights_dtype} weights; convert "
@@ -258,7 +266,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         # The others wait for the writing rank, and stop with it if it cannot write.
         ranks.together(lambda: ranks.is_main and save_checkpoint(
             out, state=state, step=done, config=config.to_dict(), base_model=base_model,
-            base_model_path=base_model_path, rng_states=rng_states))
+            base_model_path=base_model_path, base_model_from_files=base_model_from_files, rng_states=rng_states))
         checkpointed = done
         if footprint is not None:
             footprint.results_written = True
@@ -370,6 +378,12 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if idle and ranks.is_main:
         warnings.warn(idle, stacklevel=2)
     return history
+
+
+def load_dtype(config: TrainConfig) -> str:
+    """The dtype the model's weights load in: the config's, else float32 (on CUDA the master
+    weights of mixed precision, elsewhere full precision)."""
+    return config.dtype or "float32"
 
 
 def _close_outputs(log: MetricsLog, out: Path) -> None:

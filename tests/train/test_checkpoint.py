@@ -211,3 +211,79 @@ def test_ctrl_c_while_a_checkpoint_is_written_stops_once_it_is_whole(tmp_path, m
     saved = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert saved["step"] == 3 and set(saved["files"]) == {"trainable.pt", "optimizer.pt", "rng.pt"}
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def _saved_model(folder: Path, seed: int = 0, **save_options) -> Path:
+    policy = make_char_policy(seed=seed)
+    policy.model.save_pretrained(folder, **save_options)
+    policy.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_resume_on_other_base_weights_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    base, other = _saved_model(tmp_path / "base"), _saved_model(tmp_path / "other", seed=1)
+    train(short(tmp_path, model=str(base)), make_env=SayAEnv)
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["base_model_from_files"] is True
+    # What the check after the load says (a policy passed in has no files to read first) ...
+    with pytest.raises(ConfigError, match="trained from other base weights") as after_the_load:
+        train(short(tmp_path, steps=2, model=str(other)), policy=HFPolicy.from_pretrained(str(other), device="cpu"),
+              make_env=SayAEnv, resume=True)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    # ... is said before the model loads, word for word.
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(no_model))
+    with pytest.raises(ConfigError) as at_once:
+        train(short(tmp_path, steps=2, model=str(other)), make_env=SayAEnv, resume=True)
+    assert str(at_once.value) == str(after_the_load.value)
+    monkeypatch.undo()
+    # The model it was trained from resumes (from a moved copy too: the same weights).
+    history = train(short(tmp_path, steps=2, model=str(base)), make_env=SayAEnv, resume=True)
+    assert [h["step"] for h in history] == [1]
+    moved = base.rename(tmp_path / "moved")
+    assert [h["step"] for h in train(short(tmp_path, steps=3, model=str(moved)), make_env=SayAEnv,
+                                     resume=True)] == [2]
+
+
+def test_a_checkpoint_whose_model_files_did_not_give_its_fingerprint_is_checked_after_the_load(tmp_path,
+                                                                                              monkeypatch):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    base, other = _saved_model(tmp_path / "base"), _saved_model(tmp_path / "other", seed=1)
+    train(short(tmp_path, model=str(base)), make_env=SayAEnv)
+    state_file = tmp_path / "run" / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["base_model_from_files"]  # as saved before rftgym kept it
+    state_file.write_text(json.dumps(state))
+    loaded, load = [], HFPolicy.from_pretrained
+    monkeypatch.setattr(HFPolicy, "from_pretrained",
+                        classmethod(lambda cls, *args, **kwargs: loaded.append(args) or load(*args, **kwargs)))
+    with pytest.raises(ConfigError, match="trained from other base weights"):
+        train(short(tmp_path, steps=2, model=str(other)), make_env=SayAEnv, resume=True)
+    assert loaded  # refused after the load, as before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("save_options", [{}, {"max_shard_size": "20KB"}], ids=["one file", "shards"])
+def test_the_files_give_the_fingerprint_of_the_model_they_load(tmp_path, dtype, save_options):
+    from rftgym.agents.model_loading import load_model_and_tokenizer
+    from rftgym.train.base_model import base_fingerprint, files_fingerprint
+
+    folder = _saved_model(tmp_path / "base", **save_options)
+    assert (folder / "model.safetensors.index.json").is_file() == bool(save_options)
+    model, _ = load_model_and_tokenizer(str(folder), device="cpu", dtype=dtype)
+    assert files_fingerprint(str(folder), dtype) == base_fingerprint(model)
+
+
+def test_files_that_cannot_give_the_fingerprint_give_none(tmp_path, run_from_base):
+    from rftgym.train.base_model import files_fingerprint
+
+    assert files_fingerprint(str(tmp_path / "no-such-model"), "float32") is None
+    assert files_fingerprint(str(run_from_base), "float32") is None  # a run's trained weights: merged as it loads
+    folder = _saved_model(tmp_path / "plain")
+    settings = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**settings, "num_hidden_layers": 3}))  # a layer the files lack
+    assert files_fingerprint(str(folder), "float32") is None

@@ -123,7 +123,7 @@ def test_a_lora_resume_needs_the_base_model_it_was_trained_on(tmp_path, make_cha
 def test_the_base_fingerprint_ignores_the_load_dtype_and_not_the_weights(make_char_policy):
     import torch
 
-    from rftgym.train.checkpoint import base_fingerprint
+    from rftgym.train.base_model import base_fingerprint
 
     model = make_char_policy().model
     print_ = base_fingerprint(model)
