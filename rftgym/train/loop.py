@@ -61,6 +61,7 @@ from .distributed import (
     shard_model,
 )
 from .evaluation import evaluate_policy
+from .failed_rollouts import keeping_finished_episodes
 from .losses import aggregate, policy_loss, token_mean
 from .master_weights import gradient_tensors, needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
@@ -300,10 +301,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
             # 3. Advantages -> per-token training samples.
             # Both run on each rank alone; an error in either (an env breaking its contract, a policy
-            # without log-probs) stops every rank, not just this one.
+            # without log-probs) stops every rank, not just this one. A rollout that fails keeps the
+            # episodes it finished in the output directory (failed_rollouts), for a look at them.
             def rollout_and_samples():
                 model.eval()
-                with autocast(), full_parameters(model):
+                with autocast(), full_parameters(model), keeping_finished_episodes(out, step, len(seeds), ranks):
                     episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                             config=RolloutConfig(num_envs=config.rollout_batch_size))
                 rollout_seconds = time.perf_counter() - started
@@ -356,7 +358,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             if config.algo == "pcar":
                 metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
             if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
-                metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
+                # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
+                eval_share = len(ranks.shard(list(range(config.eval_episodes))))
+                with keeping_finished_episodes(out, step, eval_share, ranks, phase="evaluation"):
+                    metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
             history.append({"step": step, **metrics})
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
                 # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
