@@ -29,11 +29,10 @@ import contextlib
 import inspect
 import sys
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..core.errors import AgentError, ConfigError, require
+from ..core.errors import AgentError, ConfigError, require, warn_caller
 from ..core.messages import Context, Message
 from ..core.values import is_finite_real, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
@@ -198,10 +197,11 @@ class HFPolicy(Agent):
                 replies[i] = AgentReply(text="", finish_reason=CONTEXT_FULL)
         if any(r is not None for r in replies) and not self._warned_context_full:
             self._warned_context_full = True
-            warnings.warn(f"a prompt is longer than the policy answers ({limit} tokens: {self._limit_reason(sampling)}); "
-                          "its episode ends there as truncated, with info context_full. Raise max_prompt_tokens if "
-                          "set, give the env a context budget, fewer turns or shorter tool outputs, or ask for fewer "
-                          "new tokens", stacklevel=2)
+            # At the user's line: a direct generate()/act(), or the run_episodes (or train) driving it.
+            warn_caller(f"a prompt is longer than the policy answers ({limit} tokens: {self._limit_reason(sampling)}); "
+                        "its episode ends there as truncated, with info context_full. Raise max_prompt_tokens if "
+                        "set, give the env a context budget, fewer turns or shorter tool outputs, or ask for fewer "
+                        "new tokens")
         uniforms = self._uniforms(sampling, len(prompts), sample_keys, own_seed)
         order = sorted((i for i in range(len(prompts)) if replies[i] is None), key=lambda i: len(prompts[i]))
         for start in range(0, len(order), sampling.max_batch_size):
@@ -247,9 +247,9 @@ class HFPolicy(Agent):
             limits.append(sampling.max_prompt_tokens)
             if limits[0] < sampling.max_prompt_tokens and not self._warned_prompt_cap:
                 self._warned_prompt_cap = True
-                warnings.warn(f"max_prompt_tokens={sampling.max_prompt_tokens} is more than the model's context "
-                              f"leaves ({context} - max_new_tokens {sampling.max_new_tokens} = {limits[0]}); prompts "
-                              f"are capped at {limits[0]} tokens", stacklevel=2)
+                warn_caller(f"max_prompt_tokens={sampling.max_prompt_tokens} is more than the model's context "
+                            f"leaves ({context} - max_new_tokens {sampling.max_new_tokens} = {limits[0]}); prompts "
+                            f"are capped at {limits[0]} tokens")
         return min(limits) if limits else sys.maxsize
 
     @property
@@ -277,7 +277,7 @@ class HFPolicy(Agent):
                 reason = unsupported_reason(self.model)
                 self._fast = (self.model, None if reason else FastDecoder(self.model), reason)
                 if reason and self.fast_decode:
-                    warnings.warn(f"fast_decode=True but {reason}; using the generic decode loop", stacklevel=3)
+                    warn_caller(f"fast_decode=True but {reason}; using the generic decode loop")
             fast = self._fast[1]
         return fast if fast is not None and fast.supports_length(length) else None
 

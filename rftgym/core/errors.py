@@ -2,10 +2,18 @@
 
 A bad *action* is never an exception in rftgym: it becomes an observation plus an ``info`` flag.
 These errors are for things a person has to fix (a config, a data file, a missing package, a
-server that is down), and every message says what to do next.
+server that is down), and every message says what to do next. :func:`warn_caller` warns of what
+is not an error, at the user's own line.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+# Where rftgym's own code lives (as its modules' co_filename spell it: the same sys.path entry).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
 
 class RftgymError(Exception):
@@ -46,7 +54,14 @@ class ModelLoadError(RftgymError, RuntimeError):
 
 
 class AgentError(RftgymError, RuntimeError):
-    """An agent could not produce a reply for infrastructure reasons (not bad text)."""
+    """An agent could not produce a reply for infrastructure reasons (not bad text).
+
+    Raised out of :func:`rftgym.rollout.run_episodes`, it carries the episodes finished before it:
+    ``finished_episodes``, a list of :class:`~rftgym.core.records.Episode` in the order of
+    ``seeds`` (not the order they finished; possibly empty), and ``finished_indices``, their
+    positions in ``seeds`` (ascending, one per episode). run_episodes sets both; raised anywhere
+    else, it has neither.
+    """
 
 
 class ChatAPIError(AgentError):
@@ -59,12 +74,27 @@ class ChatAPIError(AgentError):
 
 class EnvContractError(RftgymError, RuntimeError):
     """An environment returned something the protocol does not allow (e.g. a reward that is not
-    a finite number, an observation that is not a Context): a bug in the env to fix."""
+    a finite number, an observation that is not a Context): a bug in the env to fix.
+
+    Raised out of :func:`rftgym.rollout.run_episodes`, it carries the episodes finished before it:
+    ``finished_episodes``, a list of :class:`~rftgym.core.records.Episode` in the order of
+    ``seeds`` (not the order they finished; possibly empty), and ``finished_indices``, their
+    positions in ``seeds`` (ascending, one per episode). run_episodes sets both; raised anywhere
+    else, it has neither.
+    """
 
 
 class EnvError(RftgymError, RuntimeError):
     """An environment raised an exception of its own from ``reset`` or ``step``; the message names
-    the env, the seed and the turn, and the original exception is the cause."""
+    the env, the seed and the turn, and the original exception is the cause. An env whose
+    ``close`` fails after the last episode raises one too, carrying every episode.
+
+    Raised out of :func:`rftgym.rollout.run_episodes`, it carries the episodes finished before it:
+    ``finished_episodes``, a list of :class:`~rftgym.core.records.Episode` in the order of
+    ``seeds`` (not the order they finished; possibly empty), and ``finished_indices``, their
+    positions in ``seeds`` (ascending, one per episode). run_episodes sets both; raised anywhere
+    else, it has neither.
+    """
 
 
 class TrainingError(RftgymError, RuntimeError):
@@ -83,3 +113,31 @@ def require(module: str, extra: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(module.split(".")[0], extra, purpose) from exc
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` at the first frame outside rftgym: the user's line that led here (a call
+    of a policy's ``generate`` or ``act``, of ``run_episodes``, of ``train``), however many of
+    rftgym's frames lie between. A fixed ``stacklevel`` is right for one way in only: the same
+    warning reached through the rollout engine would name a line of rftgym's own."""
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, category, skip_file_prefixes=(PACKAGE_DIR,))
+    else:
+        warnings.warn(message, category, stacklevel=_stacklevel_outside_package())
+
+
+def _stacklevel_outside_package() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller of this function name the
+    first frame outside rftgym (the outermost frame if there is none), as ``skip_file_prefixes``
+    does on Python 3.12+. Frames of importlib's bootstrap are passed uncounted, as ``warnings``
+    passes them."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and (frame.f_code.co_filename.startswith(PACKAGE_DIR) or _importing(frame)):
+        frame = frame.f_back
+        level += not _importing(frame)
+    return level
+
+
+def _importing(frame) -> bool:
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name

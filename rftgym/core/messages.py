@@ -10,9 +10,14 @@ by it, so assistant messages keep the exact tokens that were sampled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
+
+from .errors import DataFormatError
 
 ROLES = ("system", "user", "assistant", "tool")
+# What the dict forms are (to_dict, to_list), as a refusal of another says.
+MESSAGE_SHAPE = 'a message is a {"role", "content", "id"} object'
+CONTEXT_SHAPE = 'a JSON context is a list of {"role", "content", "id"} objects, one per message'
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +41,9 @@ class Message:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Message":
-        return cls(role=data["role"], content=data["content"], id=data["id"])
+        """The message :meth:`to_dict` made; another value is refused with a DataFormatError naming
+        the field and what it is."""
+        return _checked_message(data, "message", MESSAGE_SHAPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +98,42 @@ class Context:
 
     @classmethod
     def from_list(cls, items: Sequence[dict]) -> "Context":
-        return cls(tuple(Message.from_dict(d) for d in items))
+        """The context :meth:`to_list` made; another value is refused with a DataFormatError naming
+        the message (``context[i]``) and the field."""
+        if not isinstance(items, (list, tuple)):
+            raise DataFormatError(f"the context is {_shown(items)}; {CONTEXT_SHAPE}")
+        messages = tuple(_checked_message(item, f"context[{i}]", CONTEXT_SHAPE) for i, item in enumerate(items))
+        seen: set[str] = set()
+        for i, message in enumerate(messages):
+            if message.id in seen:
+                raise DataFormatError(f"context[{i}].id {message.id!r} is the id of an earlier message too; message "
+                                      "ids are unique in a context")
+            seen.add(message.id)
+        return cls(messages)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: the start of its text, and its type."""
+    text = repr(value)
+    return f"{text[:60] + '...' if len(text) > 60 else text} ({type(value).__name__})"
+
+
+def _checked_message(data: Any, where: str, shape: str) -> Message:
+    """The message of ``data``, a {role, content, id} dict, or a DataFormatError saying which
+    field of ``where`` is wrong and what it must be (``shape``: what the whole is)."""
+    if not isinstance(data, dict):
+        raise DataFormatError(f"{where} is {_shown(data)}; {shape}")
+    missing = [key for key in ("role", "content", "id") if key not in data]
+    if missing:
+        raise DataFormatError(f"{where} has no {missing[0]!r}; {shape}")
+    role, content, message_id = data["role"], data["content"], data["id"]
+    if role not in ROLES:  # (a role of another type is in none of them either)
+        raise DataFormatError(f"{where}.role is {_shown(role)}; it is one of {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise DataFormatError(f"{where}.content is {_shown(content)}; it is a string")
+    if not isinstance(message_id, str) or not message_id:
+        raise DataFormatError(f"{where}.id is {_shown(message_id)}; it is a non-empty string")
+    return Message(role, content, message_id)
 
 
 class MessageIds:

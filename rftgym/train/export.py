@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError, ModelLoadError
-from .base_model import base_fingerprint
+from .base_model import base_fingerprint, files_fingerprint
 from .checkpoint import (
     CHECKPOINT_DIR,
     OLD_CHECKPOINT_DIR,
@@ -72,20 +72,19 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
     source = base_model or saved.get("base_model_path") or config.model
     named = f"from {source}" if source not in (None, "default") else "as the default model"
     _refuse_a_loop(run_dir, source)
+    model_name = None if source is None else str(source)
+    dtype = config.dtype or "float32"  # the dtype the run trained it in: its update was made on those weights
+    # Before the load (minutes for a large model), where the run's own base model's files gave its
+    # fingerprint (its state's base_model_from_files): the same reading cannot refuse the right model.
+    if saved.get("base_model_from_files") is True:
+        _check_base_weights(saved, files_fingerprint(model_name, dtype), run_dir, named)
     try:
-        # In the dtype the run trained it in: those are the weights the run's update was made on.
-        model, tokenizer = load_model_and_tokenizer(None if source is None else str(source), device="cpu",
-                                                    dtype=config.dtype or "float32")
+        model, tokenizer = load_model_and_tokenizer(model_name, device="cpu", dtype=dtype)
     except ModelLoadError as exc:
         raise ModelLoadError(f"the base model of the run in {run_dir} cannot be loaded {named}: {exc} If it has "
                              "moved, name its directory: rftgym export RUN OUT --base-model DIR "
                              "(load_trained(..., base_model=DIR))") from None
-    expected, found = saved.get("base_model"), base_fingerprint(model)
-    if isinstance(expected, str) and expected != found:
-        raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
-                             f"from (fingerprint {found}, the run's {expected}); name the directory of the model it "
-                             "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
-                             "base_model=DIR))")
+    _check_base_weights(saved, base_fingerprint(model), run_dir, named)
     if config.lora_rank:
         from .loop import with_lora
 
@@ -101,6 +100,17 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
         model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
     model.eval()
     return model, tokenizer, saved, source
+
+
+def _check_base_weights(saved: dict, found: str | None, run_dir: Path, named: str) -> None:
+    """Refuse base weights whose fingerprint ``found`` (None: unknown, not checked) is not the one
+    the run kept (a run saved before fingerprints were kept is not checked)."""
+    expected = saved.get("base_model")
+    if found is not None and isinstance(expected, str) and expected != found:
+        raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
+                             f"from (fingerprint {found}, the run's {expected}); name the directory of the model it "
+                             "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
+                             "base_model=DIR))")
 
 
 def _refuse_a_loop(run_dir: Path, source) -> None:

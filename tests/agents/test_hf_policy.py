@@ -240,3 +240,44 @@ def test_a_model_in_train_mode_samples_and_scores_without_dropout(make_char_poli
     scored = policy.score([5, 6, 7], first.sampled_ids)
     assert scored == pytest.approx(list(first.logprobs), abs=1e-5)
     assert policy.model.training
+
+
+def _context_full_policy(make_char_policy):
+    char = make_char_policy()
+    return HFPolicy(char.model, char.tokenizer, SamplingConfig(max_new_tokens=2, temperature=0.0, max_prompt_tokens=3))
+
+
+def _prompt_cap_policy(make_char_policy):  # 512 positions less 2 new tokens leave 510
+    char = make_char_policy()
+    sampling = SamplingConfig(max_new_tokens=2, temperature=0.0, max_prompt_tokens=511)
+    return HFPolicy(char.model, char.tokenizer, sampling)
+
+
+def _no_fast_decode_policy(make_char_policy):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = make_char_policy(model_class=GPT2LMHeadModel, config_class=GPT2Config)
+    return HFPolicy(gpt2.model, gpt2.tokenizer, SamplingConfig(max_new_tokens=2, temperature=0.0), fast_decode=True)
+
+
+@pytest.mark.parametrize("warning, make_policy", [
+    ("a prompt is longer than the policy answers", _context_full_policy),
+    ("max_prompt_tokens=511 is more than the model's context leaves", _prompt_cap_policy),
+    ("fast_decode=True but model_type 'gpt2'", _no_fast_decode_policy),
+], ids=["context full", "prompt cap", "no fast decode"])
+@pytest.mark.parametrize("way_in", ["generate", "act", "run_episodes"])
+def test_the_policys_warnings_name_the_line_that_called_into_rftgym(make_char_policy, warning, make_policy, way_in):
+    """However deep in rftgym a warning is found (the engine calls act_tokens, which calls generate,
+    which asks prompt_limit ...), it names the user's line: a direct call, or the run_episodes call."""
+    from support import SayAEnv
+
+    from rftgym.rollout import run_episodes
+
+    policy = make_policy(make_char_policy)
+    call = {"generate": lambda: policy.generate([[5, 6, 7, 8]]),
+            "act": lambda: policy.act([ctx(("user", "say a"))]),
+            "run_episodes": lambda: run_episodes(SayAEnv, policy, [0])}[way_in]
+    with pytest.warns(UserWarning, match=warning) as caught:
+        call()
+    said = [(w.filename, w.lineno) for w in caught if warning in str(w.message)]
+    assert said == [(__file__, call.__code__.co_firstlineno)]  # the line of the call itself

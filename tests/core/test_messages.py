@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 
+from rftgym.core.errors import DataFormatError
 from rftgym.core.messages import ROLES, Context, Message, MessageIds
 
 
@@ -52,6 +54,21 @@ def test_message_dict_round_trip_keeps_unusual_text():
     d = m.to_dict()
     assert d == {"role": "assistant", "content": "<answer>\u4e2d \ud800</answer>\n", "id": "ab-3"}
     assert Message.from_dict(d) == m
+
+
+@pytest.mark.parametrize("data, said", [
+    ({"role": "user", "content": "hi"}, """message has no 'id'; a message is a {"role", "content", "id"} object"""),
+    (["user", "hi", "x"], """message is ['user', 'hi', 'x'] (list); a message is a {"role", "content", "id"} object"""),
+    ({"role": "bot", "content": "hi", "id": "x"},
+     "message.role is 'bot' (str); it is one of system, user, assistant, tool"),
+    ({"role": ["user"], "content": "hi", "id": "x"}, "message.role is ['user'] (list); it is one of system, user,"),
+    ({"role": "user", "content": None, "id": "x"}, "message.content is None (NoneType); it is a string"),
+    ({"role": "user", "content": "hi", "id": 7}, "message.id is 7 (int); it is a non-empty string"),
+    ({"role": "user", "content": "hi", "id": ""}, "message.id is '' (str); it is a non-empty string"),
+])
+def test_a_message_dict_of_another_shape_is_refused_naming_the_field(data, said):
+    with pytest.raises(DataFormatError, match=re.escape(said)):
+        Message.from_dict(data)
 
 
 def test_empty_content_is_allowed():
@@ -128,6 +145,24 @@ def test_to_list_from_list_round_trip():
     data = ctx.to_list()
     assert data[2] == {"role": "assistant", "content": "m3", "id": "id3"}
     assert Context.from_list(data) == ctx
+
+
+JSON_CONTEXT = 'a JSON context is a list of {"role", "content", "id"} objects, one per message'
+
+
+@pytest.mark.parametrize("data, said", [
+    ({"role": "user", "content": "hi", "id": "a"},
+     f"the context is {{'role': 'user', 'content': 'hi', 'id': 'a'}} (dict); {JSON_CONTEXT}"),
+    ([{"role": "user", "content": "hi", "id": "a"}, {"role": "user", "content": "hi"}],
+     f"context[1] has no 'id'; {JSON_CONTEXT}"),
+    ([{"role": "user", "content": "hi", "id": "a"}, "hi"], f"context[1] is 'hi' (str); {JSON_CONTEXT}"),
+    ([{"role": "user", "content": 3, "id": "a"}], "context[0].content is 3 (int); it is a string"),
+    ([{"role": "user", "content": "hi", "id": "a"}, {"role": "assistant", "content": "yo", "id": "a"}],
+     "context[1].id 'a' is the id of an earlier message too; message ids are unique in a context"),
+])
+def test_a_context_list_of_another_shape_is_refused_naming_the_message_and_field(data, said):
+    with pytest.raises(DataFormatError, match=re.escape(said)):
+        Context.from_list(data)
 
 
 def test_contexts_compare_and_hash_by_value():

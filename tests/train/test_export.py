@@ -92,6 +92,40 @@ def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
         load_trained(run)
 
 
+def test_an_export_on_other_base_weights_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Where the run's base model's files gave its fingerprint (the run loaded the model itself),
+    a --base-model with other weights is refused from its files, with the words of the check
+    after the load; the model it was trained from exports."""
+    import rftgym.agents.model_loading as model_loading
+    import rftgym.train.export as export_module
+
+    for name, seed in (("base", 0), ("other", 1)):
+        policy = make_char_policy(seed=seed)
+        policy.model.save_pretrained(tmp_path / name)
+        policy.tokenizer.save_pretrained(tmp_path / name)
+    train(train_config(tmp_path, "run", steps=1, model=str(tmp_path / "base")), make_env=SayAEnv)
+    run = tmp_path / "run"
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["base_model_from_files"] is True
+    # What the check after the load says (with the files' reading taken away) ...
+    with monkeypatch.context() as patched:
+        patched.setattr(export_module, "files_fingerprint", lambda *args: None)
+        with pytest.raises(ModelLoadError, match="are not the base weights the run in") as after_the_load:
+            export(run, tmp_path / "out", base_model=tmp_path / "other")
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    # ... is said before the model loads, word for word.
+    with monkeypatch.context() as patched:
+        patched.setattr(model_loading, "load_model_and_tokenizer", no_model)
+        with pytest.raises(ModelLoadError) as at_once:
+            export(run, tmp_path / "out", base_model=tmp_path / "other")
+    assert str(at_once.value) == str(after_the_load.value)
+    assert not (tmp_path / "out").exists()
+    moved = (tmp_path / "base").rename(tmp_path / "moved")
+    assert (export(run, tmp_path / "out", base_model=moved) / "config.json").is_file()
+
+
 def test_a_run_is_rebuilt_from_where_it_loaded_its_base_or_where_it_moved(tmp_path, monkeypatch):
     import shutil
 
