@@ -29,11 +29,10 @@ model on real episodes.
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
-from ..core.errors import TokenizationError
+from ..core.errors import TokenizationError, warn_caller
 from ..core.messages import Context, Message
 from ..core.values import valid_text
 
@@ -116,8 +115,8 @@ class ChatTokenizer:
             # A lone surrogate (a "\ud83d" escape in a data file, a reply quoted in half) is no text
             # UTF-8 can hold, and the tokenizer refuses it outright: the model sees U+FFFD there.
             self._warned_surrogate = True
-            warnings.warn("a message holds a lone surrogate (half of a UTF-16 pair, not text UTF-8 can hold); "
-                          "the model sees U+FFFD in its place (further ones are not reported)", stacklevel=3)
+            warn_caller("a message holds a lone surrogate (half of a UTF-16 pair, not text UTF-8 can hold); "
+                        "the model sees U+FFFD in its place (further ones are not reported)")
         return list(self.tokenizer(valid, add_special_tokens=False)["input_ids"])
 
     def _stop_ids(self, extra: Sequence[int]) -> tuple[int, ...]:

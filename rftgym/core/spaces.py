@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium import spaces
 
+from .errors import DataFormatError
 from .messages import ROLES, Context, Message
 
 # Fragments that random samples mix in, so that `sample()` exercises the tag parser and the
@@ -121,11 +122,16 @@ class ContextSpace(spaces.Space[Context]):
 
     def from_jsonable(self, sample_n: Sequence[Sequence[dict[str, str]]]) -> list[Context]:
         """The contexts that :meth:`to_jsonable` wrote, equal to the originals."""
+        contexts = []
         try:
-            return [Context.from_list(items) for items in sample_n]
+            for items in sample_n:
+                contexts.append(Context.from_list(items))
+        except DataFormatError as exc:  # it names the message and field; say which context too
+            raise DataFormatError(f"sample_n[{len(contexts)}]: {exc}") from None
         except (KeyError, TypeError) as exc:
             raise ValueError("a JSON context is a list of {\"role\", \"content\", \"id\"} objects, one per "
                              f"message, as to_jsonable writes it; got {str(sample_n)[:200]}") from exc
+        return contexts
 
     def __repr__(self) -> str:
         return f"ContextSpace(max_messages={self.max_messages}, roles={self.roles})"

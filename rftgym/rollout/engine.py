@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from collections.abc import Sized
@@ -38,7 +37,7 @@ import numpy as np
 
 from ..agents.base import CONTEXT_FULL, Agent, AgentReply, _keyed_method, _takes_sample_keys
 from ..agents.sampling_keys import check_key, episode_keys
-from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError
+from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError, warn_caller
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
 from ..core.values import is_finite_real, is_int
@@ -283,12 +282,11 @@ def _episode_keys(agent: Agent, seeds: Sequence, sample_keys) -> list[tuple[int,
         return episode_keys(seeds) if keyed_agent else None
     keys = _checked_keys(sample_keys, len(seeds))
     if not keyed_agent:
-        warnings.warn(f"sample_keys are ignored: agent {_agent_name(agent)!r} has no keyed sampling "
-                      f"(keyed_sampling is False{_why_unkeyed(agent)}), so its replies do not draw from "
-                      "per-episode streams, and an episode may sample otherwise in another batch. Pass no "
-                      "sample_keys for this agent, or give it keyed sampling (keyed_sampling = True and a "
-                      "sample_keys=None parameter on act(), or on act_tokens() for a token-level agent)",
-                      stacklevel=3)
+        warn_caller(f"sample_keys are ignored: agent {_agent_name(agent)!r} has no keyed sampling "
+                    f"(keyed_sampling is False{_why_unkeyed(agent)}), so its replies do not draw from "
+                    "per-episode streams, and an episode may sample otherwise in another batch. Pass no "
+                    "sample_keys for this agent, or give it keyed sampling (keyed_sampling = True and a "
+                    "sample_keys=None parameter on act(), or on act_tokens() for a token-level agent)")
         return None
     return keys
 
@@ -352,8 +350,8 @@ def _close_all(slots: list[_Slot], *, raising: bool) -> None:
     if failure is None:
         return
     if raising:
-        warnings.warn(f"closing an env failed too ({_env_id(failed_env)} raised {type(failure).__name__}: "
-                      f"{failure})", stacklevel=3)
+        warn_caller(f"closing an env failed too ({_env_id(failed_env)} raised {type(failure).__name__}: "
+                    f"{failure})")
     elif isinstance(failure, RftgymError):  # already says what to do
         raise failure
     else:  # as reset and step: name the env (a bare OSError says nothing of whose close it was)
@@ -520,9 +518,9 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
         kept = message.content == reply.text
         if not kept and not slot.warned_changed_reply:
             slot.warned_changed_reply = True
-            warnings.warn(f"{_env_id(slot.env)} stored a reply other than the agent's text (e.g. cut or tidied); "
-                          "the next prompt shows the env's text, so for a token-level policy that turn ends a "
-                          "segment (more segments, each trained with its own prompt)", stacklevel=3)
+            warn_caller(f"{_env_id(slot.env)} stored a reply other than the agent's text (e.g. cut or tidied); "
+                        "the next prompt shows the env's text, so for a token-level policy that turn ends a "
+                        "segment (more segments, each trained with its own prompt)")
         where = partial(_where, slot)
         span = _agent_call(agent, "assistant_span", where, message, reply) \
             if agent.token_level and kept else None
@@ -534,11 +532,11 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
                    "what its tokens decode to, e.g. a wrapping agent changed the text and kept the tokens"
                    if agent.token_level else
                    "the agent is not token_level, so act_tokens() and assistant_span() are not used")
-            warnings.warn(f"agent {_agent_name(agent)!r} recorded sampled tokens for a reply "
-                          f"but they are not bound to its message ({how}); later prompts re-tokenize the text, "
-                          "which may differ from the tokens sampled. A token-level agent sets token_level = True and "
-                          "implements act_tokens() and assistant_span() (as HFPolicy does); one that changes a "
-                          "reply's text returns no token records for it", stacklevel=3)
+            warn_caller(f"agent {_agent_name(agent)!r} recorded sampled tokens for a reply "
+                        f"but they are not bound to its message ({how}); later prompts re-tokenize the text, "
+                        "which may differ from the tokens sampled. A token-level agent sets token_level = True and "
+                        "implements act_tokens() and assistant_span() (as HFPolicy does); one that changes a "
+                        "reply's text returns no token records for it")
         _agent_call(agent, "on_assistant_message", where, message, reply)
     slot.turns.append(Turn(
         index=len(slot.turns),

@@ -122,6 +122,13 @@ def test_context_space_from_jsonable_says_what_a_json_context_is():
         ContextSpace().from_jsonable([[{"role": "user", "content": "hi"}]])
 
 
+def test_context_space_from_jsonable_names_the_context_and_the_field():
+    """The field Context.from_list names (context[0] has no 'id') comes with the sample it is in."""
+    good = [{"role": "user", "content": "hi", "id": "m-1"}]
+    with pytest.raises(ValueError, match=r"^sample_n\[1\]: context\[0\] has no 'id'"):
+        ContextSpace().from_jsonable([good, [{"role": "user", "content": "hi"}]])
+
+
 def test_context_space_single_role_samples():
     space = ContextSpace(max_messages=2, roles=("assistant",), seed=0)
     assert all(m.role == "assistant" for _ in range(20) for m in space.sample())

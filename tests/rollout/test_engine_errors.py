@@ -223,3 +223,15 @@ def test_the_rollouts_warnings_point_at_the_call_of_run_episodes():
                     "not bound to its message"):
         assert any(warning in message for message in messages), warning
     assert {w.filename for w in caught} == {__file__}  # not a frame of the engine, nor one above the call
+
+
+def test_a_warning_met_under_rftgym_eval_names_the_line_that_called_into_rftgym(tmp_path, monkeypatch):
+    """A fixed stacklevel named the engine's caller, which under `rftgym eval` is rftgym's own
+    cli/evaluate.py: the warning points past every frame of rftgym, here at this test's call."""
+    from rftgym.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="stored a reply other than the agent's text") as caught:
+        assert main(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--episodes", "1",
+                     "--env-arg", "max_action_chars=5"]) == 0  # the env cuts the reply: stored otherwise
+    assert {w.filename for w in caught if "stored a reply" in str(w.message)} == {__file__}
