@@ -43,7 +43,7 @@ class Message:
     def from_dict(cls, data: dict) -> "Message":
         """The message :meth:`to_dict` made; another value is refused with a DataFormatError naming
         the field and what it is."""
-        return _checked_message(data, "message", MESSAGE_SHAPE)
+        return checked_message(data, "message", MESSAGE_SHAPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +101,8 @@ class Context:
         """The context :meth:`to_list` made; another value is refused with a DataFormatError naming
         the message (``context[i]``) and the field."""
         if not isinstance(items, (list, tuple)):
-            raise DataFormatError(f"the context is {_shown(items)}; {CONTEXT_SHAPE}")
-        messages = tuple(_checked_message(item, f"context[{i}]", CONTEXT_SHAPE) for i, item in enumerate(items))
+            raise DataFormatError(f"the context is {shown(items)}; {CONTEXT_SHAPE}")
+        messages = tuple(checked_message(item, f"context[{i}]", CONTEXT_SHAPE) for i, item in enumerate(items))
         seen: set[str] = set()
         for i, message in enumerate(messages):
             if message.id in seen:
@@ -112,27 +112,27 @@ class Context:
         return cls(messages)
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value as an error message shows it: the start of its text, and its type."""
     text = repr(value)
     return f"{text[:60] + '...' if len(text) > 60 else text} ({type(value).__name__})"
 
 
-def _checked_message(data: Any, where: str, shape: str) -> Message:
+def checked_message(data: Any, where: str, shape: str) -> Message:
     """The message of ``data``, a {role, content, id} dict, or a DataFormatError saying which
     field of ``where`` is wrong and what it must be (``shape``: what the whole is)."""
     if not isinstance(data, dict):
-        raise DataFormatError(f"{where} is {_shown(data)}; {shape}")
+        raise DataFormatError(f"{where} is {shown(data)}; {shape}")
     missing = [key for key in ("role", "content", "id") if key not in data]
     if missing:
         raise DataFormatError(f"{where} has no {missing[0]!r}; {shape}")
     role, content, message_id = data["role"], data["content"], data["id"]
     if role not in ROLES:  # (a role of another type is in none of them either)
-        raise DataFormatError(f"{where}.role is {_shown(role)}; it is one of {', '.join(ROLES)}")
+        raise DataFormatError(f"{where}.role is {shown(role)}; it is one of {', '.join(ROLES)}")
     if not isinstance(content, str):
-        raise DataFormatError(f"{where}.content is {_shown(content)}; it is a string")
+        raise DataFormatError(f"{where}.content is {shown(content)}; it is a string")
     if not isinstance(message_id, str) or not message_id:
-        raise DataFormatError(f"{where}.id is {_shown(message_id)}; it is a non-empty string")
+        raise DataFormatError(f"{where}.id is {shown(message_id)}; it is a non-empty string")
     return Message(role, content, message_id)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from .errors import DataFormatError
 from .jsonl import read_jsonl
-from .messages import ROLES, Context, Message
+from .messages import Context, Message, checked_message, shown
 from .values import is_finite_real
 
 # The finish reason of a reply the agent could not give because the context left no room for it
@@ -177,7 +177,7 @@ class Episode:
         turns = _checked(_required(record, "turns", "the record"), list, "turns")
         seed = record.get("seed")
         if seed is not None and type(seed) is not int:
-            raise DataFormatError(f"seed is {_shown(seed)}; it is an integer, or null")
+            raise DataFormatError(f"seed is {shown(seed)}; it is an integer, or null")
         return cls(
             env_id=_checked(_required(record, "env_id", "the record"), str, "env_id"),
             seed=seed,
@@ -199,12 +199,6 @@ _REQUIRED_TURN_FIELDS = [name for name, f in _TURN_FIELDS.items()
                          if f.default is MISSING and f.default_factory is MISSING]
 
 
-def _shown(value: Any) -> str:
-    """A value as an error message shows it: its JSON type and the start of its text."""
-    text = repr(value)
-    return f"{text[:60] + '...' if len(text) > 60 else text} ({type(value).__name__})"
-
-
 def _required(record: dict, key: str, where: str) -> Any:
     if key not in record:
         raise DataFormatError(f"{where} has no {key!r}")
@@ -214,7 +208,7 @@ def _required(record: dict, key: str, where: str) -> Any:
 def _checked(value: Any, kind: type, where: str) -> Any:
     """``value`` when it is of exactly ``kind`` (``true`` is no number, nor ``1`` a flag)."""
     if type(value) is not kind:
-        raise DataFormatError(f"{where} is {_shown(value)}; it is {_JSON_TYPE_NAMES[kind]}")
+        raise DataFormatError(f"{where} is {shown(value)}; it is {_JSON_TYPE_NAMES[kind]}")
     return value
 
 
@@ -223,18 +217,11 @@ def _checked_messages(items: Any) -> dict[str, Message]:
     messages: dict[str, Message] = {}
     for position, item in enumerate(_checked(items, list, "messages")):
         where = f"messages[{position}]"
-        item = _checked(item, dict, where)
-        role = _checked(_required(item, "role", where), str, f"{where}.role")
-        if role not in ROLES:
-            raise DataFormatError(f"{where}.role is {role!r}; it is one of {', '.join(ROLES)}")
-        content = _checked(_required(item, "content", where), str, f"{where}.content")
-        message_id = _checked(_required(item, "id", where), str, f"{where}.id")
-        if not message_id:
-            raise DataFormatError(f"{where}.id is empty; a message id is a non-empty string")
-        if message_id in messages:
-            raise DataFormatError(f"{where}.id {message_id!r} is the id of an earlier message too; message ids "
+        message = checked_message(item, where, "a message is a {\"role\", \"content\", \"id\"} object")
+        if message.id in messages:
+            raise DataFormatError(f"{where}.id {message.id!r} is the id of an earlier message too; message ids "
                                   "are unique in an episode")
-        messages[message_id] = Message(role, content, message_id)
+        messages[message.id] = message
     return messages
 
 
@@ -243,7 +230,7 @@ def _checked_context_ids(ids: Any, messages: dict[str, Message], where: str) -> 
     seen: set[str] = set()
     for position, message_id in enumerate(_checked(ids, list, where)):
         if type(message_id) is not str or message_id not in messages:
-            raise DataFormatError(f"{where}[{position}] is {_shown(message_id)}, which is the id of none of the "
+            raise DataFormatError(f"{where}[{position}] is {shown(message_id)}, which is the id of none of the "
                                   "episode's messages")
         if message_id in seen:
             raise DataFormatError(f"{where}[{position}] is {message_id!r} again; a context holds each message once")
@@ -262,7 +249,7 @@ def _checked_token_ids(ids: Any, where: str) -> list[int] | None:
         array("Q", ids)  # refuses floats, text, null, lists, negative and too large numbers
     except (TypeError, OverflowError):
         position, bad = next((n, t) for n, t in enumerate(ids) if type(t) is not int or not 0 <= t < 1 << 64)
-        raise DataFormatError(f"{where}[{position}] is {_shown(bad)}; token ids are integers >= 0 (that fit in "
+        raise DataFormatError(f"{where}[{position}] is {shown(bad)}; token ids are integers >= 0 (that fit in "
                               "64 bits)") from None
     return ids
 
@@ -284,7 +271,7 @@ def _checked_logprobs(logprobs: Any, sampled: list[int] | None, where: str) -> l
     if not finite:  # which entry (none, when only the sum of finite numbers overflowed)
         bad = next(((n, x) for n, x in enumerate(logprobs) if type(x) is bool or not is_finite_real(x)), None)
         if bad is not None:
-            raise DataFormatError(f"{where}[{bad[0]}] is {_shown(bad[1])}; a log-prob is a finite number")
+            raise DataFormatError(f"{where}[{bad[0]}] is {shown(bad[1])}; a log-prob is a finite number")
     return logprobs
 
 
@@ -308,10 +295,10 @@ def _checked_turn(data: Any, position: int, messages: dict[str, Message]) -> Tur
         raise DataFormatError(f"{where} has no {missing!r}")
     index = data["index"]
     if type(index) is not int or index != position:
-        raise DataFormatError(f"{where}.index is {_shown(index)}; a turn's index is its place in turns ({position})")
+        raise DataFormatError(f"{where}.index is {shown(index)}; a turn's index is its place in turns ({position})")
     reward = data["reward"]
     if not is_finite_real(reward):  # (a bool is no reward, nor a number too large for a float)
-        raise DataFormatError(f"{where}.reward is {_shown(reward)}; a reward is a finite number")
+        raise DataFormatError(f"{where}.reward is {shown(reward)}; a reward is a finite number")
     prompt_ids = _checked_token_ids(data.get("prompt_ids"), f"{where}.prompt_ids")
     sampled_ids = _checked_token_ids(data.get("sampled_ids"), f"{where}.sampled_ids")
     if (prompt_ids is None) != (sampled_ids is None):
