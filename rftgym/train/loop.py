@@ -23,7 +23,7 @@ import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
-from ..core.errors import ConfigError, EnvContractError, TrainingError, require
+from ..core.errors import ConfigError, EnvContractError, TrainingError, require, warn_caller
 from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_token_counter, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
@@ -315,7 +315,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
             unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
             if unused:
-                warnings.warn(unused, stacklevel=2)
+                warn_caller(unused)
 
         # From the update on the weights change: a stop waits until the step is done and saved.
         with finishing_the_step(lambda: keep_finished_steps(step + 1, random_states([this_ranks_random_states()])),
@@ -381,7 +381,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     ranks.together(lambda: log is not None and _close_outputs(log, out))
     idle = untrained_run(history, config)
     if idle and ranks.is_main:
-        warnings.warn(idle, stacklevel=2)
+        warn_caller(idle)
     return history
 
 

@@ -426,8 +426,10 @@ def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
             return context, reward, terminated, truncated, {"success": False}
 
     with pytest.warns(UserWarning, match=r"no step of this run updated the model \(steps 1 to 2\): no episode "
-                                         r"succeeded"):
+                                         r"succeeded") as caught:
         train(config(tmp_path, steps=2, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv)
+    # It names this call of train(), not a line of the trainer's own.
+    assert {w.filename for w in caught if "updated the model" in str(w.message)} == {__file__}
     # A resumed run names its own steps as the run counts them.
     with pytest.warns(UserWarning, match=r"no step of this run updated the model \(step 3\): no episode succeeded"):
         train(config(tmp_path, steps=3, algo="rft", group_size=2), policy=make_char_policy(), make_env=NeverEnv,
