@@ -107,7 +107,7 @@ def _progress(steps: int):
     def show(metrics: dict) -> None:
         loss = metrics.get("loss")
         evaluated = (f"  eval reward {metrics['eval_reward_mean']:.3f}" if "eval_reward_mean" in metrics else "")
-        print(f"step {metrics['step'] + 1}/{steps}: reward {metrics['reward_mean']:.3f}  success "
+        print(f"step {metrics['step']}/{steps}: reward {metrics['reward_mean']:.3f}  success "
               f"{metrics['success_rate']:.3f}  loss {'-' if loss is None else f'{loss:.4g}'}{evaluated}  "
               f"{metrics['step_seconds']:.1f} s", file=sys.stderr, flush=True)
     return show

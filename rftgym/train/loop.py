@@ -89,9 +89,10 @@ def segment_seed(seed: int, rank: int) -> int:
 def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool = False,
           make_env: Callable[[], gym.Env] | None = None,
           on_step: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics. ``on_step``:
-    called on the writing rank with each step's metrics (the returned list's entry) as soon as
-    the step is done, e.g. to show progress."""
+    """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics, each row's
+    ``"step"`` the step's number as the user sees it (1 for the first step; a resumed run's first
+    row is the checkpoint's step + 1). ``on_step``: called on the writing rank with each step's
+    metrics (the returned list's entry) as soon as the step is done, e.g. to show progress."""
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     if fsdp and "RANK" not in os.environ:
@@ -251,7 +252,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if footprint is not None and log is not None:
         footprint.close_before_removing(log)
     history = []
-    logged = start - 1  # the last step metrics.jsonl has
+    logged = start  # the number of the last step metrics.jsonl has (it keeps the checkpoint's rows)
     checkpointed = start  # the steps the checkpoint in out holds (0: none)
 
     def random_states(per_rank: list[dict]) -> dict:
@@ -288,6 +289,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     # Only one process saves when stopped: the ranks of a launch would each stop elsewhere in a step.
     stops_save = ranks.world_size == 1 and log is not None
     for step in range(start, config.steps):
+        # ``step``, 0-based, is also the count of steps done before this one; what the user sees (the
+        # metrics rows, metrics.jsonl, TensorBoard, messages) is the step's number, 1-based.
+        number = step_number(step)
         # What a checkpoint saved now would hold: a stop before this step's update saves it.
         step_start = random_states([this_ranks_random_states()]) if stops_save else None
         with keeping_finished_steps(lambda: keep_finished_steps(step, step_start), stops_save):
@@ -318,7 +322,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 warn_caller(unused)
 
         # From the update on the weights change: a stop waits until the step is done and saved.
-        with finishing_the_step(lambda: keep_finished_steps(step + 1, random_states([this_ranks_random_states()])),
+        with finishing_the_step(lambda: keep_finished_steps(number, random_states([this_ranks_random_states()])),
                                 stops_save):
             # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
             model.train()
@@ -331,7 +335,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate
             update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
-            ranks.together(lambda: check_finite_update(update, step, out, episodes, config))
+            ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
 
             # Episode statistics over all ranks (optimise's loss statistics are already).
             rewards = [e.total_reward for e in episodes]
@@ -357,24 +361,24 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             }
             if config.algo == "pcar":
                 metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
-            if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+            if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
                 # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
                 eval_share = len(ranks.shard(list(range(config.eval_episodes))))
                 with keeping_finished_episodes(out, step, eval_share, ranks, phase="evaluation"):
                     metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
-            history.append({"step": step, **metrics})
-            if (step + 1) % config.log_every == 0 or step + 1 == config.steps or "eval_reward_mean" in metrics:
+            history.append({"step": number, **metrics})
+            if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                 # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
-                ranks.together(lambda: log is not None and log.write(step, metrics))
-                logged = step
+                ranks.together(lambda: log is not None and log.write(number, metrics))
+                logged = number
                 if footprint is not None:
                     footprint.results_written = True
             if on_step is not None and ranks.is_main:
                 on_step(history[-1])
 
             # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
-            if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-                save(step + 1, random_states(ranks.gather_objects(this_ranks_random_states())))
+            if number % config.save_every == 0 or number == config.steps:
+                save(number, random_states(ranks.gather_objects(this_ranks_random_states())))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group
     # (and the launcher) while another still works.
@@ -383,6 +387,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if idle and ranks.is_main:
         warn_caller(idle)
     return history
+
+
+def step_number(index: int) -> int:
+    """The number a step shows in its metrics row, metrics.jsonl, TensorBoard and messages (1 for
+    the first) from the loop's 0-based index: step N is the one after which a checkpoint is at
+    step N (state.json's count of steps done)."""
+    return index + 1
 
 
 def load_dtype(config: TrainConfig) -> str:
@@ -413,8 +424,8 @@ def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
     else:
         why = ("no episode gave a sample to train on" + (" (filter_overlong masked the episodes cut short)"
                                                         if config.filter_overlong else ""))
-    # Numbered as the run counts them (a resumed run's start past step 1).
-    first, last = history[0].get("step", 0) + 1, history[-1].get("step", len(history) - 1) + 1
+    # The rows' own numbers (a resumed run's start past step 1).
+    first, last = history[0].get("step", 1), history[-1].get("step", len(history))
     steps = f"step {first}" if first == last else f"steps {first} to {last}"
     return f"no step of this run updated the model ({steps}): {why}"
 
@@ -448,9 +459,10 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
 
 
 def check_finite_update(update: dict, step: int, out: Path, episodes, config: TrainConfig) -> None:
-    """Stop the run when the step's loss or gradient norm is not finite: the optimizer has then
-    written NaN or infinity into the weights, and every later step (and its checkpoint) would carry
-    them. Nothing of this step is saved; the last checkpoint stays the last good state."""
+    """Stop the run when the loss or gradient norm of step ``step`` (its number, 1-based) is not
+    finite: the optimizer has then written NaN or infinity into the weights, and every later step
+    (and its checkpoint) would carry them. Nothing of this step is saved; the last checkpoint stays
+    the last good state."""
     bad = {key: update[key] for key in ("loss", "grad_norm") if update.get(key) is not None
            and not math.isfinite(update[key])}
     if not bad:

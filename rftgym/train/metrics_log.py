@@ -31,8 +31,11 @@ def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | N
 
 
 class MetricsLog:
-    """The run's metrics, a JSON row per logged step in ``metrics.jsonl`` and TensorBoard scalars.
-    A file it cannot write stops the run with a :class:`TrainingError` that says so."""
+    """The run's metrics, a JSON row per logged step in ``metrics.jsonl`` and TensorBoard scalars,
+    each under the step's number (1 for the first step, TensorBoard's global step too). A run
+    resumed from a checkpoint at step ``resume_step`` (the steps done) keeps the rows of steps 1
+    to ``resume_step``. A file it cannot write stops the run with a :class:`TrainingError` that
+    says so."""
 
     def __init__(self, output_dir: Path, resume_step: int = 0):
         self.output_dir = output_dir
@@ -42,7 +45,7 @@ class MetricsLog:
             output_dir.mkdir(parents=True, exist_ok=True)
             # On resume, drop rows of steps that will be run again, so each step appears once.
             if self.path.exists():
-                rows = [r for r in read_metrics(self.path) if r["step"] < resume_step]
+                rows = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
                 replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         except OSError as exc:
             raise cannot_write(self.path, exc, output_dir) from exc
@@ -54,11 +57,13 @@ class MetricsLog:
                           "(pip install 'rftgym[train]' adds it)", stacklevel=2)
             return
         try:
-            self._tb = SummaryWriter(str(self._tb_dir), purge_step=resume_step)
+            # (TensorBoard drops the events from purge_step on: those of the steps run again)
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=resume_step + 1)
         except OSError as exc:
             raise cannot_write(self._tb_dir, exc, output_dir) from exc
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log step number ``step``'s (1-based) metrics."""
         row = {"step": step, **metrics}
         try:
             with self.path.open("a", encoding="utf-8") as handle:

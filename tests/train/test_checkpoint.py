@@ -242,10 +242,10 @@ def test_a_resume_on_other_base_weights_is_refused_before_the_model_loads(tmp_pa
     monkeypatch.undo()
     # The model it was trained from resumes (from a moved copy too: the same weights).
     history = train(short(tmp_path, steps=2, model=str(base)), make_env=SayAEnv, resume=True)
-    assert [h["step"] for h in history] == [1]
+    assert [h["step"] for h in history] == [2]
     moved = base.rename(tmp_path / "moved")
     assert [h["step"] for h in train(short(tmp_path, steps=3, model=str(moved)), make_env=SayAEnv,
-                                     resume=True)] == [2]
+                                     resume=True)] == [3]
 
 
 def test_a_checkpoint_whose_model_files_did_not_give_its_fingerprint_is_checked_after_the_load(tmp_path,

@@ -30,6 +30,33 @@ def test_train_default_model_writes_metrics_png_and_checkpoint(tmp_path, capsys)
                      printed.err, re.M), printed.err
 
 
+def test_a_steps_number_is_the_same_on_stderr_in_the_rows_metrics_and_table(tmp_path, capsys, monkeypatch,
+                                                                              make_char_policy):
+    """Step N is the Nth step wherever the run shows it: 1 and 2 for a 2-step run."""
+    from support import SayAEnv
+
+    from rftgym.train import loop
+
+    real_train, returned = loop.train, []
+
+    def on_the_tiny_model(config, resume=False, on_step=None):  # the CLI's run, quick on CPU
+        returned.extend(real_train(config, policy=make_char_policy(), make_env=SayAEnv, resume=resume,
+                                   on_step=on_step))
+        return returned
+
+    monkeypatch.setattr(loop, "train", on_the_tiny_model)
+    out = tmp_path / "run"
+    assert main(["train", "rftgym/VerifiableQA-v0", "--steps", "2", "--tasks-per-step", "1", "--group-size", "2",
+                 "--max-new-tokens", "4", "--output-dir", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr()
+    shown = [int(n) for n in re.findall(r"^step (\d+)/2: reward", printed.err, re.M)]
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    header, _rule, *body = printed.out.split("\nmetrics: ")[0].splitlines()
+    assert header.split()[0] == "step"
+    tabled = [int(line.split()[0]) for line in body if not line.startswith("note:")]
+    assert shown == [h["step"] for h in returned] == logged == tabled == [1, 2]
+
+
 def test_train_says_when_episodes_ran_out_of_context(tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match="max_prompt_tokens=10"):

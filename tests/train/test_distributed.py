@@ -73,7 +73,7 @@ def test_two_processes_stay_in_lockstep(tmp_path):
     assert all(rank0["history"][-1][k] == rank1["history"][-1][k] for k in ("eval_reward_mean", "eval_success_rate"))
     # Only rank 0 writes the metrics and the checkpoint.
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]
     assert (tmp_path / "run" / "checkpoint" / "state.json").is_file()
     # The loss statistics are over both ranks' samples too (as one process would compute them).
     assert [h["loss"] for h in rank0["history"]] == [h["loss"] for h in rank1["history"]]
@@ -236,7 +236,7 @@ def test_fsdp_resume_is_exact(fsdp_runs):
     _, ranks = fsdp_runs
     for rank in ranks:
         history, weights = rank["resumed"]
-        assert [h["step"] for h in history] == [2]
+        assert [h["step"] for h in history] == [3]
         assert_same_run((rank["fsdp"][0][2:], rank["fsdp"][1]), (history, weights), rel=1e-5)
 
 

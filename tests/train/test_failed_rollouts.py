@@ -81,7 +81,7 @@ def test_a_run_failing_in_its_first_step_leaves_only_that_file(tmp_path, make_ch
     assert "step 1's rollout failed after 3 of 16 episodes" in capsys.readouterr().err
     # and it does not stand in the way of the same run started again
     history = train(train_config(tmp_path, "new/run", steps=1), policy=make_char_policy(), make_env=SayAEnv)
-    assert [h["step"] for h in history] == [0]
+    assert [h["step"] for h in history] == [1]
 
 
 def test_a_failed_evaluation_keeps_its_finished_episodes(tmp_path, make_char_policy, capsys):

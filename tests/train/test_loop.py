@@ -25,7 +25,7 @@ def test_tiny_model_learns_the_task(tmp_path, make_char_policy):
     assert last > 0.6, [round(h["reward_mean"], 2) for h in history]
     out = tmp_path / "run"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(24))
+    assert [r["step"] for r in rows] == list(range(1, 25))  # step N is the Nth step
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert (out / "checkpoint" / "state.json").is_file()
 
@@ -35,12 +35,17 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, make_char_policy):
     # Interrupted after 3 steps, then resumed by a fresh process-like start (new policy object).
     train(config(tmp_path, "resumed", steps=3), policy=make_char_policy(), make_env=SayAEnv)
     resumed = train(config(tmp_path, "resumed", steps=5), policy=make_char_policy(), make_env=SayAEnv, resume=True)
-    assert [h["step"] for h in resumed] == [3, 4]
-    for a, b in zip(straight[3:], resumed):
+    assert [h["step"] for h in resumed] == [4, 5]  # after the checkpoint at step 3
+    for a, b in zip(straight[3:], resumed, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
         assert b["reward_mean"] == a["reward_mean"]
-    rows = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3, 4]
+    # metrics.jsonl has each step once, as the uninterrupted run's has them.
+    resumed_rows, straight_rows = ([json.loads(r) for r in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+                                   for run in ("resumed", "straight"))
+    assert [r["step"] for r in resumed_rows] == [r["step"] for r in straight_rows] == [1, 2, 3, 4, 5]
+    for a, b in zip(straight_rows, resumed_rows, strict=True):
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
 
 
 def test_the_rollouts_do_not_depend_on_the_rollout_batch_size(tmp_path, make_char_policy):
@@ -65,15 +70,16 @@ def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make
     for a, b in zip(plain, evaluated):  # the same rollouts and updates, step by step
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-8)
-    # After step 2 (every 3rd step) and after the last step only.
+    # After step 3 (every 3rd step) and after the last step only.
     assert [("eval_reward_mean" in h) for h in evaluated] == [False, False, True, True]
+    assert [h["step"] for h in evaluated if "eval_reward_mean" in h] == [3, 4]
     # The last evaluation is the trained policy's greedy episodes on seeds 7..11.
     policy.sampling = SamplingConfig(max_new_tokens=8, temperature=0.0)
     episodes = run_episodes(SayAEnv, policy, list(range(7, 12)), config=RolloutConfig(num_envs=32))
     assert evaluated[-1]["eval_reward_mean"] == pytest.approx(sum(e.total_reward for e in episodes) / 5)
     assert evaluated[-1]["eval_success_rate"] == pytest.approx(sum(e.success for e in episodes) / 5)
     rows = [json.loads(line) for line in (tmp_path / "evaluated" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [2, 3]
+    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [3, 4]
 
 
 def test_evaluation_settings_are_checked():
@@ -117,7 +123,7 @@ def test_a_lora_resume_needs_the_base_model_it_was_trained_on(tmp_path, make_cha
               make_env=SayAEnv, resume=True)
     history = train(config(tmp_path, "lora", steps=2, lora_rank=4, kl_coef=0.1), policy=make_char_policy(),
                     make_env=SayAEnv, resume=True)
-    assert [h["step"] for h in history] == [1]
+    assert [h["step"] for h in history] == [2]
 
 
 def test_the_base_fingerprint_ignores_the_load_dtype_and_not_the_weights(make_char_policy):
@@ -349,7 +355,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
         train(config(tmp_path, "other", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     # Restored, it resumes.
     history = train(config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
-    assert [h["step"] for h in history] == [1]
+    assert [h["step"] for h in history] == [2]
 
 
 def test_train_makes_an_env_of_your_own_from_module_colon_id(tmp_path, make_char_policy, monkeypatch):
@@ -410,4 +416,4 @@ def test_on_step_sees_each_steps_metrics_as_it_ends(tmp_path, make_char_policy):
 
     history = train(train_config(tmp_path, "run", steps=2, tasks_per_step=1, group_size=2, minibatch_size=2),
                     policy=make_char_policy(), make_env=SayAEnv, on_step=on_step)
-    assert [m["step"] for m in seen] == [0, 1] and seen == history
+    assert [m["step"] for m in seen] == [1, 2] and seen == history

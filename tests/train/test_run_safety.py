@@ -123,8 +123,8 @@ def test_an_evaluation_is_logged_whatever_log_every_says(tmp_path, make_char_pol
     train(config(tmp_path, steps=4, eval_every=3, eval_episodes=2, log_every=2), policy=make_char_policy(),
           make_env=SayAEnv)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [2, 3]
+    assert [r["step"] for r in rows] == [2, 3, 4]  # steps 2 and 4 by log_every, 3 for its evaluation
+    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [3, 4]
 
 
 def test_resume_says_what_changed_and_where_a_longer_decay_moves_the_rate(tmp_path, make_char_policy, capsys):
@@ -145,7 +145,7 @@ def test_a_metrics_line_cut_short_is_skipped_on_resume(tmp_path, make_char_polic
         handle.write('{"step": 9, "rew')  # what a kill during a write leaves
     with pytest.warns(UserWarning, match=r"metrics.jsonl:3 is not a metrics row \(a line cut short\?\): .*; skipped$"):
         train(config(tmp_path, steps=3), policy=make_char_policy(), make_env=SayAEnv, resume=True)
-    assert [row["step"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]
+    assert [row["step"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_the_checkpoint_is_readable_like_the_other_outputs(tmp_path, make_char_policy):
@@ -298,7 +298,8 @@ def test_an_update_that_is_not_finite_stops_the_run_before_it_is_saved(tmp_path,
     saved = (tmp_path / "run" / "checkpoint" / "trainable.pt").read_bytes()
     optimise = loop.optimise
     monkeypatch.setattr(loop, "optimise", lambda *a, **k: {**optimise(*a, **k), "loss": float("nan")})
-    with pytest.raises(TrainingError, match=r"step 1: the update's loss is nan, so the weights are no longer finite; "
+    # Named by its number: the resumed run's first step is step 2.
+    with pytest.raises(TrainingError, match=r"step 2: the update's loss is nan, so the weights are no longer finite; "
                                             r"the run stops without saving them .*\(kl_coef=0, learning_rate=0.01"):
         train(config(tmp_path, steps=3, save_every=1), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert (tmp_path / "run" / "checkpoint" / "trainable.pt").read_bytes() == saved
@@ -390,7 +391,7 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
     from rftgym.core import files
     from rftgym.train import metrics_log
 
-    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n')
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n')
 
     def failing_replace(source, target):
         raise OSError(28, "No space left on device")
@@ -398,7 +399,7 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setattr(files.os, "replace", failing_replace)
     with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl \(No space left on device; [\d,]+ MiB free"):
         metrics_log.MetricsLog(tmp_path, resume_step=1)
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0, "loss": 1}\n{"step": 1, "loss": 2}\n'
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
 
@@ -501,7 +502,7 @@ def test_a_crash_between_the_renames_of_a_save_resumes_from_the_previous_checkpo
     run = tmp_path / "run"
     (run / "checkpoint").rename(run / ".checkpoint-old")  # the old one moved aside, the new one not yet in
     history = train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
-    assert [h["step"] for h in history] == [1]
+    assert [h["step"] for h in history] == [2]
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 2
     assert not (run / ".checkpoint-old").exists()  # no longer the last whole checkpoint: removed
 
@@ -519,7 +520,7 @@ def test_under_a_launcher_rank_0_prints_the_runs_table(tmp_path, monkeypatch, ca
     from rftgym import cli
     from rftgym.train import loop
 
-    row = {"step": 0, "reward_mean": 0.5, "success_rate": 0.5, "loss": 0.1, "learning_rate": 1e-5,
+    row = {"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "loss": 0.1, "learning_rate": 1e-5,
            "step_seconds": 1.0}
     monkeypatch.setattr(loop, "train", lambda config, resume=False, on_step=None: [row])
     monkeypatch.setenv("RANK", rank)
@@ -544,7 +545,7 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_a_message(tmp_path, ma
 
     monkeypatch.setattr(metrics_log.Path, "open", full_disk_for_metrics)
     # Before the first checkpoint there is nothing to resume: the message says to run it again.
-    with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl at step 0 \(No space left on device; "
+    with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl at step 1 \(No space left on device; "
                                             r"[\d,]+ MiB free there\).*then start the run again in another "
                                             r"--output-dir \(no checkpoint has been written yet, so there is nothing "
                                             r"to resume\)"):
@@ -557,7 +558,7 @@ def test_tensorboard_logs_that_cannot_be_written_stop_the_run_with_a_message(tmp
 
     monkeypatch.setattr(SummaryWriter, "flush", _no_space)  # what its writer thread's error looks like here
     before = set(threading.enumerate())
-    with pytest.raises(TrainingError, match=r"cannot write .*tensorboard at step 0 \(No space left on device"):
+    with pytest.raises(TrainingError, match=r"cannot write .*tensorboard at step 1 \(No space left on device"):
         train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     # The broken writer is closed too: its thread wrote on into the folder the stopped run removed.
     left = [t for t in set(threading.enumerate()) - before if "tensorboard" in type(t).__module__]
@@ -666,7 +667,7 @@ def test_a_run_that_wrote_a_result_keeps_its_outputs_when_it_stops(tmp_path, mak
     with pytest.raises(RuntimeError, match="the second step broke"):
         train(config(tmp_path, steps=3, save_every=100), policy=make_char_policy(), make_env=SayAEnv)
     run = tmp_path / "run"
-    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0]  # a result: nothing is removed
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1]  # a result: nothing is removed
     assert (run / "tensorboard").is_dir() and any((run / "tensorboard").iterdir()) and (run / ".lock").exists()
 
 
@@ -689,3 +690,23 @@ def test_a_stopped_runs_writers_are_closed_before_its_files_are_removed(tmp_path
     footprint.close_before_removing(Writer())
     footprint.remove_unless_results()
     assert seen == [True] and not out.exists()
+
+
+def test_a_resumed_metrics_log_keeps_the_checkpoints_steps_and_redoes_the_rest(tmp_path):
+    """Rows go by step number (1-based): a resume from the checkpoint at step 2 keeps steps 1 and 2
+    (in metrics.jsonl and TensorBoard) and replaces step 3, the one it runs again."""
+    from rftgym.train.metrics_log import MetricsLog
+
+    EventAccumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator").EventAccumulator
+
+    first = MetricsLog(tmp_path)
+    for step in (1, 2, 3):
+        first.write(step, {"loss": float(step)})
+    first.close()
+    resumed = MetricsLog(tmp_path, resume_step=2)
+    resumed.write(3, {"loss": 30.0})
+    resumed.close()
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]

@@ -73,7 +73,7 @@ def test_the_loop_steps_at_the_scheduled_rate_and_resumes_on_it(tmp_path, make_c
 
     # Three steps of a run, stopped there (its checkpoint says step 3)...
     first = loop.train(config(3), policy=make_char_policy(), make_env=SayAEnv)
-    # ...then continued as a 5-step run: steps 3 and 4 follow the 5-step schedule.
+    # ...then continued as a 5-step run: steps 4 and 5 (indices 3 and 4) follow the 5-step schedule.
     second = loop.train(config(5), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     expected_first = [learning_rate_at(s, base=1e-2, total_steps=3, schedule="cosine", warmup_steps=1, min_ratio=0.1)
                       for s in range(3)]
@@ -81,6 +81,6 @@ def test_the_loop_steps_at_the_scheduled_rate_and_resumes_on_it(tmp_path, make_c
                                         min_ratio=0.1) for s in (3, 4)]
     assert seen == [{rate} for rate in expected_first + expected_second]
     assert [h["learning_rate"] for h in first + second] == expected_first + expected_second
-    # log_every=2: the metrics file has every second step and each run's last.
+    # log_every=2: the metrics file has every second step and each run's last, by number.
     rows = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows == [1, 2, 3, 4]
+    assert rows == [2, 3, 4, 5]

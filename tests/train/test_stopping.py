@@ -25,8 +25,14 @@ def saved_step(run) -> int:
 
 
 def assert_resume_reproduces(straight, resumed, first_step):
-    assert [h["step"] for h in resumed] == list(range(first_step, len(straight)))
-    for a, b in zip(straight[first_step:], resumed, strict=True):
+    """``resumed``, from a checkpoint at step ``first_step``, has the rest of ``straight``'s rows."""
+    assert [h["step"] for h in resumed] == list(range(first_step + 1, len(straight) + 1))
+    assert_same_rows(straight[first_step:], resumed)
+
+
+def assert_same_rows(expected, rows):
+    assert [r["step"] for r in rows] == [r["step"] for r in expected]
+    for a, b in zip(expected, rows, strict=True):
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
 
@@ -44,12 +50,12 @@ def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_p
 
     monkeypatch.setattr(loop, "run_episodes", stopped_in_step_3)
     run = tmp_path / "stopped"
-    # log_every=2 logs steps 1 and 3 (and a run's last): the stop writes its last step's row, step 2's.
+    # log_every=2 logs steps 2 and 4 (and a run's last): the stop writes its last step's row, step 3's.
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped", log_every=2), policy=make_char_policy(), make_env=SayAEnv)
     assert "stopping; saving the checkpoint after step 3 first" in capsys.readouterr().err  # said at once
     assert saved_step(run) == 3
-    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [2, 3]
     assert (run / "learning_curve.png").stat().st_size > 1000
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -57,6 +63,8 @@ def test_a_stop_during_a_rollout_saves_the_steps_before_it(tmp_path, make_char_p
     resumed = train(config(tmp_path, "stopped", log_every=2), policy=make_char_policy(), make_env=SayAEnv,
                     resume=True)
     assert_resume_reproduces(straight, resumed, 3)
+    # The resumed run logs steps 4 and 5 after those the checkpoint kept, none twice.
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [2, 3, 4, 5]
 
 
 def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_char_policy, monkeypatch, capsys):
@@ -75,13 +83,15 @@ def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, on_step=shown.append)
     assert "stopping once this step is done and saved" in capsys.readouterr().err
-    assert [h["step"] for h in shown] == [0, 1] and len(calls) == 2  # step 1 finished; step 2 never began
+    assert [h["step"] for h in shown] == [1, 2] and len(calls) == 2  # step 2 finished; step 3 never began
     assert saved_step(run) == 2
-    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0, 1]
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
 
     monkeypatch.setattr(loop, "optimise", real_optimise)
     resumed = train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert_resume_reproduces(straight, resumed, 2)
+    # Its metrics.jsonl: steps 1 to 5 once each, as the uninterrupted run's.
+    assert_same_rows(read_metrics(tmp_path / "straight" / "metrics.jsonl"), read_metrics(run / "metrics.jsonl"))
 
 
 def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path, make_char_policy, monkeypatch):
@@ -100,7 +110,7 @@ def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped", save_every=1), policy=make_char_policy(), make_env=SayAEnv)
     assert saved_step(run) == 1  # the last checkpoint it wrote, not a half-updated step
-    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0]
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
