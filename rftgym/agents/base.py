@@ -131,6 +131,16 @@ def _keyed_method(cls: type) -> object:
     return cls.act
 
 
+def why_not_keyed(cls: type) -> str:
+    """Why ``cls`` is not keyed although a base of it is (": it subclasses ..."), as
+    ``__init_subclass__`` decided it; "" for an agent that never was keyed."""
+    keyed_base = next((base for base in cls.__mro__[1:] if getattr(base, "keyed_sampling", False) is True), None)
+    if keyed_base is None or _takes_sample_keys(cls):
+        return ""
+    return (f": it subclasses the keyed {keyed_base.__name__}, and its {_keyed_method(cls).__name__}() has no "
+            "sample_keys parameter")
+
+
 def _takes_sample_keys(cls: type) -> bool:
     parameters = inspect.signature(_keyed_method(cls)).parameters.values()
     return any(p.name == "sample_keys" or p.kind is p.VAR_KEYWORD for p in parameters)

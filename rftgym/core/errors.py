@@ -115,24 +115,27 @@ def require(module: str, extra: str, purpose: str):
         raise MissingDependencyError(module.split(".")[0], extra, purpose) from exc
 
 
-def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn`` at the first frame outside rftgym: the user's line that led here (a call
-    of a policy's ``generate`` or ``act``, of ``run_episodes``, of ``train``), however many of
-    rftgym's frames lie between. A fixed ``stacklevel`` is right for one way in only: the same
-    warning reached through the rollout engine would name a line of rftgym's own."""
+def warn_caller(message: str, category: type[Warning] = UserWarning, also_skipping: tuple[str, ...] = ()) -> None:
+    """``warnings.warn`` at the first frame outside rftgym (and outside the directories
+    ``also_skipping`` names, e.g. gymnasium's for a warning met inside ``gym.make``): the user's line
+    that led here (a call of a policy's ``generate`` or ``act``, of ``run_episodes``, of
+    ``train``), however many of rftgym's frames lie between. A fixed ``stacklevel`` is right for
+    one way in only: the same warning reached through the rollout engine would name a line of
+    rftgym's own."""
+    skipped = (PACKAGE_DIR, *also_skipping)
     if sys.version_info >= (3, 12):
-        warnings.warn(message, category, skip_file_prefixes=(PACKAGE_DIR,))
+        warnings.warn(message, category, skip_file_prefixes=skipped)
     else:
-        warnings.warn(message, category, stacklevel=_stacklevel_outside_package())
+        warnings.warn(message, category, stacklevel=_stacklevel_outside(skipped))
 
 
-def _stacklevel_outside_package() -> int:
+def _stacklevel_outside(prefixes: tuple[str, ...]) -> int:
     """The ``stacklevel`` that makes a ``warnings.warn`` in the caller of this function name the
-    first frame outside rftgym (the outermost frame if there is none), as ``skip_file_prefixes``
-    does on Python 3.12+. Frames of importlib's bootstrap are passed uncounted, as ``warnings``
-    passes them."""
+    first frame outside ``prefixes`` (the outermost frame if there is none), as
+    ``skip_file_prefixes`` does on Python 3.12+. Frames of importlib's bootstrap are passed
+    uncounted, as ``warnings`` passes them."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and (frame.f_code.co_filename.startswith(PACKAGE_DIR) or _importing(frame)):
+    while frame.f_back is not None and (frame.f_code.co_filename.startswith(prefixes) or _importing(frame)):
         frame = frame.f_back
         level += not _importing(frame)
     return level

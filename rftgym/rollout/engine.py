@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..agents.base import CONTEXT_FULL, Agent, AgentReply, _keyed_method, _takes_sample_keys
+from ..agents.base import CONTEXT_FULL, Agent, AgentReply, why_not_keyed
 from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError, warn_caller
 from ..core.messages import Context, Message
@@ -283,23 +283,12 @@ def _episode_keys(agent: Agent, seeds: Sequence, sample_keys) -> list[tuple[int,
     keys = _checked_keys(sample_keys, len(seeds))
     if not keyed_agent:
         warn_caller(f"sample_keys are ignored: agent {_agent_name(agent)!r} has no keyed sampling "
-                    f"(keyed_sampling is False{_why_unkeyed(agent)}), so its replies do not draw from "
+                    f"(keyed_sampling is False{why_not_keyed(type(agent))}), so its replies do not draw from "
                     "per-episode streams, and an episode may sample otherwise in another batch. Pass no "
                     "sample_keys for this agent, or give it keyed sampling (keyed_sampling = True and a "
                     "sample_keys=None parameter on act(), or on act_tokens() for a token-level agent)")
         return None
     return keys
-
-
-def _why_unkeyed(agent: Agent) -> str:
-    """Why a subclass of a keyed agent is not keyed, when that is why: Agent turns keyed sampling off
-    for a subclass whose method that takes the keys (act, or act_tokens) has no ``sample_keys``."""
-    cls = type(agent)
-    keyed_base = next((base for base in cls.__mro__[1:] if getattr(base, "keyed_sampling", False) is True), None)
-    if keyed_base is None or _takes_sample_keys(cls):
-        return ""
-    return (f": it subclasses the keyed {keyed_base.__name__}, and its {_keyed_method(cls).__name__}() has no "
-            "sample_keys parameter")
 
 
 def _agent_name(agent: Agent) -> str:

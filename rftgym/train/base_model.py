@@ -130,3 +130,10 @@ def _stored_sample(entry: dict) -> torch.Tensor:
     bits = np.ndarray((count,), dtype=f"<i{size}", buffer=entry["mapped"], offset=entry["data_start"] + begin,
                       strides=(step * size,))
     return torch.from_numpy(bits.copy()).view(dtype)
+
+
+def load_dtype(config) -> str:
+    """The dtype a run's base model loads in (a TrainConfig's dtype, else float32: on CUDA the
+    master weights of mixed precision, elsewhere full precision); its fingerprint is read in it,
+    and an export rebuilds the model in it, as the run's update was made on those weights."""
+    return config.dtype or "float32"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError, ModelLoadError
-from .base_model import base_fingerprint, files_fingerprint
+from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     CHECKPOINT_DIR,
     OLD_CHECKPOINT_DIR,
@@ -73,7 +73,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
     named = f"from {source}" if source not in (None, "default") else "as the default model"
     _refuse_a_loop(run_dir, source)
     model_name = None if source is None else str(source)
-    dtype = config.dtype or "float32"  # the dtype the run trained it in: its update was made on those weights
+    dtype = load_dtype(config)  # the dtype the run trained it in: its update was made on those weights
     # Before the load (minutes for a large model), where the run's own base model's files gave its
     # fingerprint (its state's base_model_from_files): the same reading cannot refuse the right model.
     if saved.get("base_model_from_files") is True:

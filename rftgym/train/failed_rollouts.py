@@ -33,17 +33,17 @@ from .stopping import say
 
 
 def failed_episodes_path(output_dir: Path, step: int, ranks: Distributed, phase: str = "rollout") -> Path:
-    """Where the finished episodes of step ``step``'s (0-based) failed ``phase`` ("rollout" or
-    "evaluation") go on this rank."""
+    """Where the finished episodes of step ``step``'s (its number, as metrics rows show it) failed
+    ``phase`` ("rollout" or "evaluation") go on this rank."""
     what = "eval-step" if phase == "evaluation" else "step"
     rank = f".rank-{ranks.rank}" if ranks.world_size > 1 else ""
-    return output_dir / f"failed-{what}-{step + 1}{rank}.episodes.jsonl"
+    return output_dir / f"failed-{what}-{step}{rank}.episodes.jsonl"
 
 
 @contextlib.contextmanager
 def keeping_finished_episodes(output_dir: Path, step: int, total: int, ranks: Distributed,
                               phase: str = "rollout") -> Iterator[None]:
-    """Around a rollout of ``total`` episodes (this rank's) in step ``step`` (0-based): an error
+    """Around a rollout of ``total`` episodes (this rank's) in step ``step`` (its number): an error
     that stops it with finished episodes has them written (see the module's docstring) and is
     then raised as it was. A failed write is said in one line and hides nothing."""
     try:
@@ -57,7 +57,7 @@ def keeping_finished_episodes(output_dir: Path, step: int, total: int, ranks: Di
 
 def _keep(path: Path, episodes: list, step: int, total: int, ranks: Distributed, phase: str) -> None:
     rank = f"rank {ranks.rank}: " if ranks.world_size > 1 else ""
-    failed = f"rftgym train: {rank}step {step + 1}'s {phase} failed after {len(episodes)} of {total} episodes"
+    failed = f"rftgym train: {rank}step {step}'s {phase} failed after {len(episodes)} of {total} episodes"
     try:
         # Another rank's output directory may be on a file system where the writing rank made none.
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from .batching import (
     group_episodes,
     tokens_covering,
 )
-from .base_model import base_fingerprint, files_fingerprint
+from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     OutputLock,
     RunFootprint,
@@ -309,7 +309,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             # episodes it finished in the output directory (failed_rollouts), for a look at them.
             def rollout_and_samples():
                 model.eval()
-                with autocast(), full_parameters(model), keeping_finished_episodes(out, step, len(seeds), ranks):
+                with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
                     episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                             config=RolloutConfig(num_envs=config.rollout_batch_size))
                 rollout_seconds = time.perf_counter() - started
@@ -364,7 +364,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
                 # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
                 eval_share = len(ranks.shard(list(range(config.eval_episodes))))
-                with keeping_finished_episodes(out, step, eval_share, ranks, phase="evaluation"):
+                with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
                     metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
             history.append({"step": number, **metrics})
             if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
@@ -394,12 +394,6 @@ def step_number(index: int) -> int:
     the first) from the loop's 0-based index: step N is the one after which a checkpoint is at
     step N (state.json's count of steps done)."""
     return index + 1
-
-
-def load_dtype(config: TrainConfig) -> str:
-    """The dtype the model's weights load in: the config's, else float32 (on CUDA the master
-    weights of mixed precision, elsewhere full precision)."""
-    return config.dtype or "float32"
 
 
 def _close_outputs(log: MetricsLog, out: Path) -> None:

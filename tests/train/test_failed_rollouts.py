@@ -129,15 +129,15 @@ def test_each_rank_keeps_its_own_episodes(tmp_path, make_char_policy, capsys):
     error = RuntimeError("an env of rank 1 broke")
     error.finished_episodes = run_episodes(SayAEnv, policy, [7, 8])
     rank_1 = Distributed(rank=1, world_size=2)
-    with pytest.raises(RuntimeError) as raised, keeping_finished_episodes(tmp_path / "out", 2, 6, rank_1):
+    with pytest.raises(RuntimeError) as raised, keeping_finished_episodes(tmp_path / "out", 3, 6, rank_1):
         raise error
     assert raised.value is error
     kept = tmp_path / "out" / "failed-step-3.rank-1.episodes.jsonl"  # made where this rank had none
-    assert kept == failed_episodes_path(tmp_path / "out", 2, rank_1)
+    assert kept == failed_episodes_path(tmp_path / "out", 3, rank_1)
     assert [e.seed for e in read_episodes_jsonl(kept)] == [7, 8]
     assert f"rftgym train: rank 1: step 3's rollout failed after 2 of 6 episodes; they are in {kept}" \
         in capsys.readouterr().err
-    assert failed_episodes_path(tmp_path, 2, Distributed()).name == "failed-step-3.episodes.jsonl"
+    assert failed_episodes_path(tmp_path, 3, Distributed()).name == "failed-step-3.episodes.jsonl"
 
 
 @pytest.mark.parametrize("finished", [None, []])
@@ -145,6 +145,6 @@ def test_an_error_with_no_finished_episodes_writes_nothing(tmp_path, capsys, fin
     error = RuntimeError("the policy's server went away")
     if finished is not None:
         error.finished_episodes = finished
-    with pytest.raises(RuntimeError) as raised, keeping_finished_episodes(tmp_path, 0, 16, Distributed()):
+    with pytest.raises(RuntimeError) as raised, keeping_finished_episodes(tmp_path, 1, 16, Distributed()):
         raise error
     assert raised.value is error and not list(tmp_path.iterdir()) and capsys.readouterr().err == ""

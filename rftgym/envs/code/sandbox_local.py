@@ -52,8 +52,8 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 
+from ...core.errors import warn_caller
 from .docker_image import base_python, readable_by_others, runtime_tree
 from .jail_init import RUN_PROGRAM
 from .jail_server import inode_cap
@@ -645,27 +645,11 @@ def _warn_fallback(problem: str) -> None:
                "group and a temp dir only: NO network isolation, NO filesystem isolation, daemons may survive. "
                f"To fix: {INSTALL_HINT}.")
     log.warning(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=_stacklevel_outside(_library_dirs()))
+    warn_caller(message, RuntimeWarning, also_skipping=_gymnasium_dir())
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Where the code that makes a sandbox for its user lives: rftgym, and gymnasium (whose
-    ``make`` builds the env that makes it)."""
-    modules = [sys.modules[__name__.split(".")[0]], sys.modules.get("gymnasium")]
-    return tuple(os.path.dirname(m.__file__) + os.sep for m in modules if m is not None and m.__file__)
-
-
-def _stacklevel_outside(prefixes: tuple[str, ...]) -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` in the caller of this function that names the
-    first frame outside ``prefixes`` (the outermost frame if there is none): what Python 3.12's
-    ``skip_file_prefixes`` does. Frames of importlib's bootstrap are skipped uncounted, as
-    ``warnings`` skips them."""
-    def internal(frame) -> bool:
-        name = frame.f_code.co_filename
-        return "importlib" in name and "_bootstrap" in name
-
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and (frame.f_code.co_filename.startswith(prefixes) or internal(frame)):
-        frame = frame.f_back
-        level += not internal(frame)
-    return level
+def _gymnasium_dir() -> tuple[str, ...]:
+    """Gymnasium's directory, whose ``make`` builds the env that makes the sandbox: a warning
+    about it names the user's line past gymnasium's frames as well as rftgym's."""
+    module = sys.modules.get("gymnasium")
+    return (os.path.dirname(module.__file__) + os.sep,) if module is not None and module.__file__ else ()
