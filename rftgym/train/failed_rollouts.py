@@ -19,6 +19,9 @@ lets the error go on unchanged.
   into, and the resumed run redoes that step with the same random states.
 - Under a launch of several ranks, the rank whose rollout failed writes its own episodes
   (``failed-step-N.rank-R.episodes.jsonl``); the others finished theirs and stop with it.
+- When the rollout finished but its training samples cannot be built from the episodes (an env
+  breaking its contract in a turn's info, a policy that recorded no log-probs), all of the
+  step's episodes are kept in the same file: they hold the turn the error names.
 """
 
 from __future__ import annotations
@@ -51,13 +54,30 @@ def keeping_finished_episodes(output_dir: Path, step: int, total: int, ranks: Di
     except Exception as exc:  # not a KeyboardInterrupt: a stop keeps nothing of its step
         finished = getattr(exc, "finished_episodes", None)
         if finished:
-            _keep(failed_episodes_path(output_dir, step, ranks, phase), list(finished), step, total, ranks, phase)
+            finished = list(finished)
+            _keep(failed_episodes_path(output_dir, step, ranks, phase), finished,
+                  f"step {step}'s {phase} failed after {len(finished)} of {total} episodes", ranks)
         raise
 
 
-def _keep(path: Path, episodes: list, step: int, total: int, ranks: Distributed, phase: str) -> None:
+@contextlib.contextmanager
+def keeping_episodes_of_failed_samples(output_dir: Path, step: int, episodes: list, ranks: Distributed
+                                       ) -> Iterator[None]:
+    """Around the building of step ``step``'s training samples from this rank's ``episodes``
+    (its whole finished rollout): an error there has them all written where a failed rollout's
+    would go, then is raised as it was."""
+    try:
+        yield
+    except Exception:  # not a KeyboardInterrupt: a stop keeps nothing of its step
+        if episodes:
+            _keep(failed_episodes_path(output_dir, step, ranks), list(episodes),
+                  f"step {step}'s training samples could not be built from its {len(episodes)} episodes", ranks)
+        raise
+
+
+def _keep(path: Path, episodes: list, what_failed: str, ranks: Distributed) -> None:
     rank = f"rank {ranks.rank}: " if ranks.world_size > 1 else ""
-    failed = f"rftgym train: {rank}step {step}'s {phase} failed after {len(episodes)} of {total} episodes"
+    failed = f"rftgym train: {rank}{what_failed}"
     try:
         # Another rank's output directory may be on a file system where the writing rank made none.
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ from .distributed import (
     shard_model,
 )
 from .evaluation import evaluate_policy
-from .failed_rollouts import keeping_finished_episodes
+from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finished_episodes
 from .losses import aggregate, policy_loss, token_mean
 from .master_weights import gradient_tensors, needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
@@ -306,15 +306,18 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             # 3. Advantages -> per-token training samples.
             # Both run on each rank alone; an error in either (an env breaking its contract, a policy
             # without log-probs) stops every rank, not just this one. A rollout that fails keeps the
-            # episodes it finished in the output directory (failed_rollouts), for a look at them.
+            # episodes it finished in the output directory (failed_rollouts), for a look at them; a
+            # failure to build samples keeps all of them.
             def rollout_and_samples():
                 model.eval()
                 with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
                     episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                             config=RolloutConfig(num_envs=config.rollout_batch_size))
                 rollout_seconds = time.perf_counter() - started
-                return episodes, rollout_seconds, *build_samples(group_episodes(episodes, config.group_size), config,
-                                                                 segment_rng, split_tokens=evaluation_split(policy))
+                with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
+                    samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
+                                                         segment_rng, split_tokens=evaluation_split(policy))
+                return episodes, rollout_seconds, samples, batch_stats
 
             episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
             unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None

@@ -10,7 +10,7 @@ import json
 import pytest
 from support import SayAEnv, train_config
 
-from rftgym.core.errors import EnvError
+from rftgym.core.errors import EnvContractError, EnvError
 from rftgym.core.records import episode_json_line, read_episodes_jsonl
 from rftgym.train import failed_rollouts, loop
 from rftgym.train.distributed import Distributed
@@ -148,3 +148,40 @@ def test_an_error_with_no_finished_episodes_writes_nothing(tmp_path, capsys, fin
     with pytest.raises(RuntimeError) as raised, keeping_finished_episodes(tmp_path, 1, 16, Distributed()):
         raise error
     assert raised.value is error and not list(tmp_path.iterdir()) and capsys.readouterr().err == ""
+
+
+class NaNScoreEnv(SayAEnv):
+    """SayAEnv whose turns report a process score of NaN: the rollout finishes, and PCAR's
+    samples cannot be built from it (an env breaking its contract in a turn's info)."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated, truncated, {**info, "evaluation_score": float("nan")}
+
+
+def test_samples_that_cannot_be_built_keep_the_whole_rollout(tmp_path, make_char_policy, capsys):
+    with pytest.raises(EnvContractError, match=r"info\['evaluation_score'\] is nan") as raised:
+        train(train_config(tmp_path, "run", steps=2, algo="pcar"), policy=make_char_policy(), make_env=NaNScoreEnv)
+    assert getattr(raised.value, "finished_episodes", None) is None  # not a rollout's error
+    kept = tmp_path / "run" / "failed-step-1.episodes.jsonl"
+    episodes = list(read_episodes_jsonl(kept))
+    assert len(episodes) == EPISODES_PER_STEP and all(e.turns[0].info["evaluation_score"] != 0 for e in episodes)
+    assert (f"rftgym train: step 1's training samples could not be built from its {EPISODES_PER_STEP} episodes; "
+            f"they are in {kept}\n") in capsys.readouterr().err
+
+
+def test_a_failure_after_the_samples_keeps_no_episodes(tmp_path, make_char_policy, monkeypatch):
+    # An update that breaks (here: step 2's) is no rollout's fault: its episodes are not written.
+    real, calls = loop.optimise, []
+
+    def breaking_at_step_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "optimise", breaking_at_step_2)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        train(train_config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv)
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()  # step 1's result: the folder is kept
+    assert not list((tmp_path / "run").glob("failed-*"))
