@@ -75,7 +75,7 @@ from .speed import (
     make_optimizer,
     tag_right_padding,
 )
-from .stopping import finishing_the_step, keeping_finished_steps, say
+from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, say
 from .token_logprobs import chunked_token_logprobs, logit_transform
 
 
@@ -273,115 +273,131 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         if footprint is not None:
             footprint.results_written = True
 
-    def keep_finished_steps(done: int, rng_states: dict) -> None:
-        """A stopped run (one process) keeps what it finished: the checkpoint after ``done``
-        steps, the last finished step's metrics row (logged as a run's last step always is), and
-        the learning curve."""
+    def keep_finished_steps(done: int, rng_states: Callable[[], dict]) -> None:
+        """A stopped run keeps what it finished: the checkpoint after ``done`` steps (with the
+        random states ``rng_states()`` gives: on every rank of a launch, which all save it), the
+        last finished step's metrics row (logged as a run's last step always is), and the
+        learning curve."""
         if not history:  # stopped in its first step: nothing to keep (and nothing is left behind)
             return
-        if history[-1]["step"] > logged:
+        if log is not None and history[-1]["step"] > logged:
             log.write(history[-1]["step"], {k: v for k, v in history[-1].items() if k != "step"})
         if done > checkpointed:
-            say(f"rftgym train: stopping; saving the checkpoint after step {done} first")
-            save(done, rng_states)
-        _close_outputs(log, out)
+            if ranks.is_main:
+                say(f"rftgym train: stopping; saving the checkpoint after step {done} first")
+            save(done, rng_states())
+        if log is not None:
+            _close_outputs(log, out)
 
-    # Only one process saves when stopped: the ranks of a launch would each stop elsewhere in a step.
+    # One process stops where it is (stopping.keeping_finished_steps, finishing_the_step); the
+    # ranks of a launch, which would each stop elsewhere in a step, stop together (LaunchStops).
     stops_save = ranks.world_size == 1 and log is not None
+    launch_stops = LaunchStops(ranks, enabled=ranks.world_size > 1)
     for step in range(start, config.steps):
         # ``step``, 0-based, is also the count of steps done before this one; what the user sees (the
         # metrics rows, metrics.jsonl, TensorBoard, messages) is the step's number, 1-based.
         number = step_number(step)
         # What a checkpoint saved now would hold: a stop before this step's update saves it.
-        step_start = random_states([this_ranks_random_states()]) if stops_save else None
-        with keeping_finished_steps(lambda: keep_finished_steps(step, step_start), stops_save):
-            started = time.perf_counter()
-            # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-            tasks = ranks.shard(list(enumerate(task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist())))
-            seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
-            # Each episode's sampling stream: (step, task index over all ranks, member of the group).
-            sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
+        step_start = random_states([this_ranks_random_states()])
 
-            # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
-            # 3. Advantages -> per-token training samples.
-            # Both run on each rank alone; an error in either (an env breaking its contract, a policy
-            # without log-probs) stops every rank, not just this one. A rollout that fails keeps the
-            # episodes it finished in the output directory (failed_rollouts), for a look at them; a
-            # failure to build samples keeps all of them.
-            def rollout_and_samples():
-                model.eval()
-                with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
-                    episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
-                                            config=RolloutConfig(num_envs=config.rollout_batch_size))
-                rollout_seconds = time.perf_counter() - started
-                with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
-                    samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
-                                                         segment_rng, split_tokens=evaluation_split(policy))
-                return episodes, rollout_seconds, samples, batch_stats
+        def at_step_start() -> dict:  # (every rank's own states, gathered under a launch)
+            return {**step_start, "ranks": ranks.gather_objects(step_start["ranks"][0])}
 
-            episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
-            unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
-            if unused:
-                warn_caller(unused)
+        def at_step_end() -> dict:
+            return random_states(ranks.gather_objects(this_ranks_random_states()))
 
-        # From the update on the weights change: a stop waits until the step is done and saved.
-        with finishing_the_step(lambda: keep_finished_steps(number, random_states([this_ranks_random_states()])),
-                                stops_save):
-            # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
-            model.train()
-            recomputed = {}
-            if config.old_logprobs == "recompute":
-                samples, recomputed = recompute_old_logprobs(model, samples, config, policy.pad_id, ranks, autocast)
-            learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
-                                             schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-                                             min_ratio=config.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate
-            update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks, autocast)
-            ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
+        with launch_stops.noting():
+            with keeping_finished_steps(lambda: keep_finished_steps(step, at_step_start), stops_save):
+                started = time.perf_counter()
+                # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
+                task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
+                tasks = ranks.shard(list(enumerate(task_seeds)))
+                seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
+                # Each episode's sampling stream: (step, task index over all ranks, member of the group).
+                sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
 
-            # Episode statistics over all ranks (optimise's loss statistics are already).
-            rewards = [e.total_reward for e in episodes]
-            n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
-                len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
-                sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
-                batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
-                batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
-            metrics = {
-                "reward_mean": r_sum / n,
-                "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
-                "success_rate": wins / n,
-                "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
-                "sampled_tokens_mean": tokens / n,
-                "groups_kept": int(kept),
-                "samples": int(n_samples),
-                "trained_tokens": int(n_tokens),
-                "rollout_seconds": rollout_seconds,
-                "step_seconds": time.perf_counter() - started,
-                "learning_rate": learning_rate,
-                **recomputed,
-                **update,
-            }
-            if config.algo == "pcar":
-                metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
-            if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
-                # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
-                eval_share = len(ranks.shard(list(range(config.eval_episodes))))
-                with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
-                    metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
-            history.append({"step": number, **metrics})
-            if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
-                # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
-                ranks.together(lambda: log is not None and log.write(number, metrics))
-                logged = number
-                if footprint is not None:
-                    footprint.results_written = True
-            if on_step is not None and ranks.is_main:
-                on_step(history[-1])
+                # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
+                # 3. Advantages -> per-token training samples.
+                # Both run on each rank alone; an error in either (an env breaking its contract, a policy
+                # without log-probs) stops every rank, not just this one. A rollout that fails keeps the
+                # episodes it finished in the output directory (failed_rollouts), for a look at them; a
+                # failure to build samples keeps all of them.
+                def rollout_and_samples():
+                    model.eval()
+                    with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
+                        episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
+                                                config=RolloutConfig(num_envs=config.rollout_batch_size))
+                    rollout_seconds = time.perf_counter() - started
+                    with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
+                        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
+                                                             segment_rng, split_tokens=evaluation_split(policy))
+                    return episodes, rollout_seconds, samples, batch_stats
 
-            # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
-            if number % config.save_every == 0 or number == config.steps:
-                save(number, random_states(ranks.gather_objects(this_ranks_random_states())))
+                episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
+                unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
+                if unused:
+                    warn_caller(unused)
+            launch_stops.stop_if_asked(lambda: keep_finished_steps(step, at_step_start))
+
+            # From the update on the weights change: a stop waits until the step is done and saved.
+            with finishing_the_step(lambda: keep_finished_steps(number, at_step_end), stops_save):
+                # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
+                model.train()
+                recomputed = {}
+                if config.old_logprobs == "recompute":
+                    samples, recomputed = recompute_old_logprobs(model, samples, config, policy.pad_id, ranks, autocast)
+                learning_rate = learning_rate_at(step, base=config.learning_rate, total_steps=config.steps,
+                                                 schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                                                 min_ratio=config.min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate
+                update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks,
+                                  autocast)
+                ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
+
+                # Episode statistics over all ranks (optimise's loss statistics are already).
+                rewards = [e.total_reward for e in episodes]
+                n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
+                    len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
+                    sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
+                    batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
+                    batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
+                metrics = {
+                    "reward_mean": r_sum / n,
+                    "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
+                    "success_rate": wins / n,
+                    "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
+                    "sampled_tokens_mean": tokens / n,
+                    "groups_kept": int(kept),
+                    "samples": int(n_samples),
+                    "trained_tokens": int(n_tokens),
+                    "rollout_seconds": rollout_seconds,
+                    "step_seconds": time.perf_counter() - started,
+                    "learning_rate": learning_rate,
+                    **recomputed,
+                    **update,
+                }
+                if config.algo == "pcar":
+                    metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
+                if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
+                    # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
+                    eval_share = len(ranks.shard(list(range(config.eval_episodes))))
+                    with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
+                        metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
+                history.append({"step": number, **metrics})
+                if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
+                    # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
+                    ranks.together(lambda: log is not None and log.write(number, metrics))
+                    logged = number
+                    if footprint is not None:
+                        footprint.results_written = True
+                if on_step is not None and ranks.is_main:
+                    on_step(history[-1])
+
+                # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
+                if number % config.save_every == 0 or number == config.steps:
+                    save(number, at_step_end())
+            launch_stops.stop_if_asked(lambda: keep_finished_steps(number, at_step_end))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group
     # (and the launcher) while another still works.

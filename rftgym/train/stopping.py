@@ -5,7 +5,8 @@ A step has two parts. Until its update starts, the weights and the optimizer are
 the step before, so a stop there can save them as they are (with the random states the step
 began with: a resumed run then draws what the uninterrupted one would have). From the update
 on they change, so a stop is held until the step is done and saved; a second stop ends the run
-at once, without that step.
+at once, without that step. The ranks of a launch stop together at the end of either part
+instead (:class:`LaunchStops`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 # The signals that stop a run the way Ctrl-C does. Only a callable handler is replaced (Python's
@@ -89,3 +91,69 @@ def finishing_the_step(keep: Callable[[], None], enabled: bool) -> Iterator[None
         yield
         if held:
             keep()
+
+
+# A launcher forwards a terminal's Ctrl-C (and a scheduler's SIGTERM) to ranks that got it
+# already: a second stop within this many seconds of the first is the same stop, not a second one.
+SAME_STOP_S = 5.0
+
+
+class LaunchStops:
+    """How the ranks of a launch (torchrun, accelerate launch) stop together and keep their
+    finished steps. A stop reaches each rank at another point of its step (one in its rollout,
+    another waiting for it in a collective), or one rank only, so none may act on it alone:
+    inside :meth:`noting` a stop is only noted, and at the points of the step every rank
+    reaches (:meth:`stop_if_asked`: after the rollout, and at the step's end) the ranks ask each
+    other whether any was stopped; if one was, all keep the finished steps there (a collective
+    checkpoint) and stop together. A second stop more than :data:`SAME_STOP_S` after the first
+    stops that rank at once, without saving. The launcher's own grace period (torchrun's
+    ``--shutdown-timeout``, 30 s by default) ends ranks that take longer to reach such a point;
+    the last checkpoint then stays. For one process (``enabled`` False) nothing is done here:
+    :func:`keeping_finished_steps` and :func:`finishing_the_step` stop it where it is."""
+
+    def __init__(self, ranks, enabled: bool):
+        self.ranks, self.enabled = ranks, enabled
+        self.noted: list[tuple[int, float]] = []  # (signal, when) of the stops this rank received
+        self._previous: dict[int, Callable] = {}
+
+    @contextlib.contextmanager
+    def noting(self) -> Iterator[None]:
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def note(signum, frame):
+            now = time.monotonic()
+            if self.noted and now - self.noted[0][1] > SAME_STOP_S:
+                self._previous[signum](signum, frame)  # raises: this rank stops here
+            if not self.noted and self.ranks.is_main:
+                say("rftgym train: stopping every rank once they reach the end of this step's rollout or of the "
+                    "step, with the finished steps saved; interrupt again to stop now without them")
+            self.noted.append((signum, now))
+
+        try:
+            for signum in STOPPING_SIGNALS:
+                handler = signal.getsignal(signum)
+                if callable(handler):
+                    self._previous[signum] = signal.signal(signum, note)
+            yield
+        finally:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            self._previous = {}
+
+    def stop_if_asked(self, keep: Callable[[], None]) -> None:
+        """Where every rank is: when any rank was stopped, ``keep()`` (on every rank: it saves the
+        finished steps together), then stop, each rank as its own handler of that signal stops
+        (the CLI's exit status tells a SIGTERM from a Ctrl-C)."""
+        if not self.enabled:
+            return
+        signum = self.ranks.max_int(self.noted[0][0] if self.noted else 0)  # one collective
+        if not signum:
+            return
+        keep()
+        handler = self._previous.get(signum)
+        if handler is None:  # not the main thread, or a signal this rank does not stop on
+            raise KeyboardInterrupt
+        handler(signum, None)
+        raise KeyboardInterrupt  # (a handler that returned)

@@ -49,7 +49,7 @@ _leave()
 """
 
 
-def torchrun(script_text: str, tmp_path: Path, *args: str) -> None:
+def torchrun(script_text: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     script = tmp_path / "run.py"
     script.write_text(script_text + LEAVE_GROUP)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
@@ -58,6 +58,7 @@ def torchrun(script_text: str, tmp_path: Path, *args: str) -> None:
                str(script), *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def test_two_processes_stay_in_lockstep(tmp_path):
@@ -478,6 +479,82 @@ def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
     # Training: rank 1 failed in the second step's rollout, after rank 0 had built its samples
     # (the first step trained on both). Evaluation, metrics and checkpoint: after the first step.
     assert (rank0["steps"], rank1["steps"]) == ((2, 1) if phase == "train" else (1, 1))
+
+
+# A stop reaching one rank of a launch, in its rollout or its update (SIGTERM, as `rftgym train`
+# handles it): every rank saves the finished steps together, then stops. The checkpoint's
+# regular saves never come (save_every=100), so any checkpoint there is the stop's.
+STOP_SCRIPT = textwrap.dedent('''
+    import json, os, signal, sys, torch
+    from support import SayAEnv, make_char_policy
+    from rftgym.cli.sigterm import _stop_on_sigterm
+    from rftgym.train import TrainConfig, loop
+    from rftgym.train.loop import train
+
+    out, result_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    _stop_on_sigterm()  # as `rftgym train` does: SIGTERM stops a run as Ctrl-C does
+
+    class TerminatedInStep3(SayAEnv):
+        """Rank 1 alone gets SIGTERM in the second of its 8 episodes of step 3 (its 18th env step)."""
+        calls = 0
+
+        def step(self, action):
+            type(self).calls += 1
+            if rank == 1 and type(self).calls == 18:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().step(action)
+
+    real_optimise = loop.optimise
+
+    def terminated_in_update_4(*args, **kwargs):
+        """Rank 0 alone gets SIGTERM in step 4's update."""
+        terminated_in_update_4.calls += 1
+        if rank == 0 and terminated_in_update_4.calls == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_optimise(*args, **kwargs)
+
+    def run(name, steps, env=SayAEnv, resume=False):
+        policy = make_char_policy(seed=0)
+        config = TrainConfig(steps=steps, tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=1e-2,
+                             minibatch_size=4, output_dir=f"{out}/{name}", seed=0, save_every=100)
+        try:
+            return train(config, policy=policy, make_env=env, resume=resume), dict(policy.model.named_parameters())
+        except KeyboardInterrupt as stop:  # what the stop kept, before a resume writes over it
+            state = json.load(open(f"{config.output_dir}/checkpoint/state.json"))
+            logged = [json.loads(line)["step"] for line in open(f"{config.output_dir}/metrics.jsonl")]
+            return {"stopped_by": type(stop).__name__, "checkpoint_step": state["step"], "logged": logged}
+
+    results = {"straight": run("straight", 5), "in_rollout": run("in_rollout", 5, env=TerminatedInStep3)}
+    results["resumed_from_rollout"] = run("in_rollout", 5, resume=True)
+    terminated_in_update_4.calls = 0
+    loop.optimise = terminated_in_update_4
+    results["in_update"] = run("in_update", 5)
+    loop.optimise = real_optimise
+    results["resumed_from_update"] = run("in_update", 5, resume=True)
+    torch.save(results, f"{result_dir}/rank{rank}.pt")
+''')
+
+
+def test_a_stop_on_one_rank_stops_every_rank_with_the_finished_steps_saved(tmp_path):
+    done = torchrun(STOP_SCRIPT, tmp_path, str(tmp_path / "runs"), str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for stopped, saved_at in (("in_rollout", 2), ("in_update", 4)):
+        for rank in ranks:
+            # Both ranks stopped, each as its own SIGTERM handler stops (the CLI's exit status 143),
+            # after saving the steps finished before the stop: a stop in step 3's rollout keeps
+            # steps 1-2 (its update had not begun); one in step 4's update keeps step 4 too.
+            assert rank[stopped] == {"stopped_by": "_Terminated", "checkpoint_step": saved_at,
+                                     "logged": list(range(1, saved_at + 1))}
+            # The resumed run goes on as the uninterrupted one did, on each rank.
+            history, weights = rank[f"resumed_from_{stopped.split('_')[1]}"]
+            assert [h["step"] for h in history] == list(range(saved_at + 1, 6))
+            straight_history, straight_weights = rank["straight"]
+            assert_same_run((straight_history[saved_at:], straight_weights), (history, weights), rel=1e-5)
+    # Rank 0 says so when the stop reaches it (in step 4's update), and what it saves each time.
+    assert done.stderr.count("rftgym train: stopping every rank once they reach the end") == 1
+    assert done.stderr.count("saving the checkpoint after step 2 first") == 1
+    assert done.stderr.count("saving the checkpoint after step 4 first") == 1
 
 
 def test_together_names_the_failed_rank_and_keeps_the_own_error_first():

@@ -165,3 +165,93 @@ def test_sighup_that_nohup_ignores_stays_ignored():
         _restore_handlers(replaced)
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+# Under a launch of several ranks (LaunchStops): a stop is noted where it arrives and acted on
+# where every rank is. The ranks here are a stand-in that answers the one collective alone.
+class TwoRanks:
+    is_main = True
+
+    def __init__(self, peer_signal: int = 0):
+        self.peer_signal, self.asked = peer_signal, []
+
+    def max_int(self, value: int) -> int:
+        self.asked.append(value)
+        return max(value, self.peer_signal)
+
+
+class Stopped(KeyboardInterrupt):
+    pass
+
+
+def stopping_on_sigterm():
+    """A SIGTERM handler as the CLI's: it raises, naming the signal."""
+    def terminated(signum, frame):
+        raise Stopped(signum)
+
+    return signal.signal(signal.SIGTERM, terminated)
+
+
+def test_a_launch_notes_a_stop_and_stops_every_rank_where_they_meet(capsys):
+    from rftgym.train.stopping import LaunchStops
+
+    before, kept = stopping_on_sigterm(), []
+    try:
+        stops = LaunchStops(TwoRanks(), enabled=True)
+        with stops.noting():
+            stops.stop_if_asked(lambda: kept.append("nothing to keep"))  # no stop yet: goes on
+            os.kill(os.getpid(), signal.SIGTERM)  # noted, not raised, wherever this rank is
+            os.kill(os.getpid(), signal.SIGTERM)  # a launcher forwarding the same stop: no second one
+            assert kept == [] and stops.ranks.asked == [0]
+            with pytest.raises(Stopped) as raised:
+                stops.stop_if_asked(lambda: kept.append("finished steps"))
+        assert kept == ["finished steps"] and raised.value.args == (signal.SIGTERM,)
+        assert stops.ranks.asked == [0, signal.SIGTERM]
+        assert "stopping every rank once they reach the end of this step's rollout" in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert signal.getsignal(signal.SIGTERM) is before  # restored by the block
+
+
+def test_a_stop_on_another_rank_stops_this_one_as_its_own_handler_would():
+    from rftgym.train.stopping import LaunchStops
+
+    before, kept = stopping_on_sigterm(), []
+    try:
+        stops = LaunchStops(TwoRanks(peer_signal=signal.SIGTERM), enabled=True)
+        with stops.noting(), pytest.raises(Stopped):
+            stops.stop_if_asked(lambda: kept.append("finished steps"))
+        assert kept == ["finished steps"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_second_stop_later_than_the_first_stops_a_rank_at_once(monkeypatch):
+    from rftgym.train import stopping
+
+    before, now = stopping_on_sigterm(), [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: now[0])
+    try:
+        stops = stopping.LaunchStops(TwoRanks(), enabled=True)
+        with stops.noting():
+            os.kill(os.getpid(), signal.SIGTERM)
+            now[0] += stopping.SAME_STOP_S + 1  # the user asks again, past the launcher's forwarding
+            with pytest.raises(Stopped):
+                os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_one_process_leaves_stops_to_the_step_itself():
+    from rftgym.train.stopping import LaunchStops
+
+    before = stopping_on_sigterm()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        stops = LaunchStops(TwoRanks(peer_signal=signal.SIGTERM), enabled=False)
+        with stops.noting():
+            assert signal.getsignal(signal.SIGTERM) is handler  # a stop raises where it arrives
+            stops.stop_if_asked(lambda: pytest.fail("one process keeps its steps where it stops"))
+        assert stops.ranks.asked == []
+    finally:
+        signal.signal(signal.SIGTERM, before)
