@@ -128,7 +128,8 @@ class LaunchStops:
                 self._previous[signum](signum, frame)  # raises: this rank stops here
             if not self.noted and self.ranks.is_main:
                 say("rftgym train: stopping every rank once they reach the end of this step's rollout or of the "
-                    "step, with the finished steps saved; interrupt again to stop now without them")
+                    f"step, with the finished steps saved; interrupt again, {SAME_STOP_S:g} s or more from now, to "
+                    "stop at once without them")
             self.noted.append((signum, now))
 
         try:
