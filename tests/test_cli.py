@@ -13,12 +13,13 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 import torch
+from loopback_http import serving
 
 import rftgym  # noqa: F401
 from rftgym.cli import main
@@ -1162,16 +1163,8 @@ def chat_server(answer):
             self.end_headers()
             self.wfile.write(payload)
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(Handler) as base:
+        yield f"{base}/v1", bodies
 
 
 API = ["--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m"]

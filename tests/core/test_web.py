@@ -5,6 +5,7 @@ address is ever contacted, and no name is looked up for real."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -13,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -21,6 +22,7 @@ from rftgym.core import web
 from rftgym.core.web import (ERROR_BODY_GRACE_S, BodyTooSlow, Deadline, NameLookupTooSlow, RequestTooSlow,
                              _connect_shut_by, _Shutter, build_opener, error_body_time, is_loopback, open_within,
                              read_body)
+from loopback_http import serving
 from slow_servers import HangingResolver, finishes_within, lookup_threads, self_signed_tls, trickling_server
 
 
@@ -78,22 +80,10 @@ class Answer(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def answering(request):
+def answering():
     """Starts an answering server (with TLS when given a context): ``answering(tls) -> base URL``."""
-    servers = []
-
-    def start(tls: ssl.SSLContext | None = None) -> str:
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-        if tls is not None:
-            httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(httpd)
-        return f"{'https' if tls else 'http'}://127.0.0.1:{httpd.server_address[1]}"
-
-    yield start
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    with contextlib.ExitStack() as servers:
+        yield lambda tls=None: servers.enter_context(serving(Answer, tls))
 
 
 def test_a_reply_in_time_is_read_over_http_and_https(answering, tls):

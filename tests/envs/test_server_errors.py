@@ -3,6 +3,7 @@ wrong and what to send, with its status code; the service goes on serving. On 12
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -10,6 +11,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from loopback_http import serving
 
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.retrievers import BM25Retriever
@@ -176,9 +178,9 @@ def test_the_client_reads_the_services_json_error_into_a_clear_exception(server)
 
 @pytest.fixture
 def fake_service():
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
-    servers = []
+    servers = contextlib.ExitStack()
 
     def start(status: int, body: bytes, content_type: str = "application/json"):
         class Handler(BaseHTTPRequestHandler):
@@ -193,15 +195,10 @@ def fake_service():
                 self.end_headers()
                 self.wfile.write(body)
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{httpd.server_address[1]}/retrieve"
+        return servers.enter_context(serving(Handler)) + "/retrieve"
 
-    yield start
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    with servers:
+        yield start
 
 
 def test_the_client_names_what_other_services_say_when_they_refuse_or_fail(fake_service):
