@@ -14,7 +14,7 @@ from typing import Sequence
 import gymnasium as gym
 
 from ..core.errors import ConfigError
-from ..envs.common import with_policy_token_counter
+from ..envs.common import with_policy_options, with_policy_stand_in
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError
 from .environments import _env_class, _make_env, _parse_env_args, _short_name
@@ -50,7 +50,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     env_kwargs = _parse_env_args(args.env_arg)
     episodes_per_env = {}
     for env_id in env_ids:
-        probe = _make_env(env_id, env_kwargs)  # fail fast on a bad env id or option, before loading a model
+        # Fail fast on a bad env id or option, before loading a model (an option bound to the policy,
+        # such as CodeTCG's step_scorer=rollout, is checked bound to a stand-in for it).
+        probe = _make_env(env_id, with_policy_stand_in(_env_class(env_id).metadata, env_kwargs))
         # An env over a fixed benchmark (e.g. HumanEval) names its size, so that the default
         # evaluation covers each task once; others get DEFAULT_EVAL_EPISODES seeded episodes.
         episodes_per_env[env_id] = args.episodes or getattr(probe.unwrapped, "eval_episodes", None) \
@@ -215,7 +217,8 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     from ..core.records import write_episodes_jsonl
 
     env_class = _env_class(env_id)
-    env_kwargs = with_policy_token_counter(env_class.metadata, env_kwargs, agent)
+    # The options that stand for the policy (a token counter, CodeTCG's step_scorer=rollout) are its own.
+    env_kwargs = with_policy_options(env_class.metadata, env_kwargs, agent)
     seeds = [args.seed + i for i in range(episodes)]
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = [("", agent, env_kwargs)]

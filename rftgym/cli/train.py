@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..envs.common import with_policy_stand_in
 from .common import UsageError, _check_model_dir, _flagged
-from .environments import _make_env, _parse_env_args, _short_name
+from .environments import _env_class, _make_env, _parse_env_args, _short_name
 from .launcher import _launch
 from .sigterm import _restore_handlers, _stop_on_sigterm, say, stop_reason
 from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
@@ -118,7 +119,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = train_config_from_args(args)
     _check_model_dir(config.model)
-    _make_env(config.env_id, config.env_kwargs).close()  # fail fast on a bad env id or option
+    # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
+    # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
+    _make_env(config.env_id, with_policy_stand_in(_env_class(config.env_id).metadata, config.env_kwargs)).close()
     output_dir = config.output_dir
     from ..core.errors import ConfigError
 

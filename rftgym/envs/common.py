@@ -376,3 +376,40 @@ def with_policy_token_counter(metadata: dict, env_kwargs: dict[str, Any], policy
     if option is None or option in env_kwargs or not hasattr(getattr(policy, "chat", None), "prompt_ids"):
         return env_kwargs
     return {**env_kwargs, option: policy_token_counter(policy)}
+
+
+def with_policy_options(metadata: dict, env_kwargs: dict[str, Any], policy) -> dict[str, Any]:
+    """``env_kwargs`` with every option that stands for the policy acting in the env bound to
+    ``policy``: what ``rftgym eval`` and ``rftgym train`` make their envs with.
+
+    Those are its token counter (:func:`with_policy_token_counter`) and each option named in
+    ``metadata["policy_options"]`` (option -> ``bind(value, policy)``) that was given as a string,
+    as a command line or a JSON config (``TrainConfig.env_kwargs``) gives it: CodeTCG's
+    ``step_scorer="rollout"`` becomes a RolloutStepScorer over ``policy``. A value that is not a
+    string (an object of the caller's) is kept; an env that declares no such option is untouched."""
+    env_kwargs = with_policy_token_counter(metadata, env_kwargs, policy)
+    for option, bind in (metadata.get("policy_options") or {}).items():
+        if isinstance(env_kwargs.get(option), str):
+            env_kwargs = {**env_kwargs, option: bind(env_kwargs[option], policy)}
+    return env_kwargs
+
+
+class PolicyToBeLoaded:
+    """The agent of an env made only to check its options before the policy is loaded (see
+    :func:`with_policy_stand_in`). It never acts: such an env is closed unused."""
+
+    name = "policy-to-be-loaded"
+
+    def act(self, contexts):
+        raise RuntimeError("this env was made to check its options before the policy was loaded, and its "
+                           "policy-bound options (e.g. CodeTCG's step_scorer='rollout') have no policy to act; make "
+                           "the env to run with with_policy_options(metadata, env_kwargs, agent)")
+
+
+def with_policy_stand_in(metadata: dict, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``env_kwargs`` for an env made to check them before the policy is loaded (``rftgym eval``
+    and ``rftgym train`` fail fast on a bad option, before a model loads): the policy-bound options
+    are bound as :func:`with_policy_options` will bind them, to a stand-in that never acts, so that
+    the env checks them (and what they require, such as CodeTCG's ``pseudocode=True``) as it will
+    then."""
+    return with_policy_options(metadata, env_kwargs, PolicyToBeLoaded())

@@ -25,7 +25,7 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.errors import ConfigError, EnvContractError, TrainingError, require, warn_caller
 from ..core.values import is_int
-from ..envs.common import env_metadata, with_policy_token_counter, with_training_defaults
+from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
     PROCESS_SCORE_KEY,
@@ -188,7 +188,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
         metadata = env_metadata(config.env_id)
-        env_kwargs = with_training_defaults(metadata, with_policy_token_counter(metadata, config.env_kwargs, policy))
+        env_kwargs = with_training_defaults(metadata, with_policy_options(metadata, config.env_kwargs, policy))
         make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
     base_model = base_fingerprint(policy.model)
     base_model_path = str(Path(config.model).expanduser().resolve()) if config.model not in (None, "default") \

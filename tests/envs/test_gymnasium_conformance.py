@@ -11,8 +11,10 @@ import gymnasium as gym
 import pytest
 
 import rftgym  # noqa: F401  (registers the envs)
+from rftgym.agents.scripted import ScriptedAgent
 from rftgym.core.errors import ConfigError
 from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
+from rftgym.envs.code.process import PolicyRollouts
 from rftgym.envs.code.tcg import TCGConfig
 from rftgym.envs.memory.env import MemoryQAConfig, MemoryQAEnv
 from rftgym.envs.verifiable.env import VerifiableQAConfig
@@ -97,7 +99,8 @@ def test_memory_max_distractors_without_a_distractor_corpus_is_refused():
 UNREAD_OPTIONS = [  # (config class, options, the option the others leave unread, why, what to do)
     (CodeTCGConfig, dict(dataset="generated", process_weight=0.5), "process_weight",
      "process_weight=0.5 weighs the step_scorer's scores of the pseudocode turn, and no step_scorer is given",
-     "add step_scorer (e.g. RolloutStepScorer(agent), with pseudocode=True), or drop process_weight"),
+     "add a step_scorer, with pseudocode=True (on the command line: --env-arg step_scorer=rollout --env-arg "
+     "pseudocode=true; from Python: step_scorer=RolloutStepScorer(agent)), or drop process_weight"),
     (CodeTCGConfig, dict(dataset="generated", pseudocode=True, process_weight=0.0), "process_weight",
      "process_weight=0.0 weighs", ", or drop process_weight"),
     (CodeTCGConfig, dict(dataset="generated", feedback_tests=5), "feedback_tests",
@@ -124,12 +127,14 @@ def test_an_option_the_others_leave_unread_is_refused_with_what_to_do(config_cla
     (CodeTCGConfig, dict(dataset="generated", process_weight=1)),  # its default, given: nothing is ignored
     (CodeTCGConfig, dict(dataset="generated", pseudocode=True, step_scorer=lambda task, steps: [1.0],
                          process_weight=0.5)),
+    (CodeTCGConfig, dict(dataset="generated", pseudocode=True, process_weight=0.5,  # --env-arg step_scorer=rollout
+                         step_scorer=PolicyRollouts("rollout", ScriptedAgent("x")))),
     (CodeTCGConfig, dict(dataset="generated", feedback_tests=3)),
     (CodeTCGConfig, dict(dataset="generated", max_attempts=2, feedback_tests=0)),
     (MemoryQAConfig, dict(allow_prune=False, max_note_chars=500)),
     (MemoryQAConfig, dict(max_note_chars=200)),
-], ids=["process_weight_default", "process_weight_read", "feedback_tests_default", "feedback_tests_read",
-        "max_note_chars_default", "max_note_chars_read"])
+], ids=["process_weight_default", "process_weight_read", "process_weight_read_bound", "feedback_tests_default",
+        "feedback_tests_read", "max_note_chars_default", "max_note_chars_read"])
 def test_an_option_that_is_read_or_left_at_its_default_is_taken(config_class, options):
     config = config_class(**options)
     assert all(getattr(config, name) == value for name, value in options.items())

@@ -34,7 +34,11 @@ Reward (paid on the turn that ends the episode)
     their time limit the rest count as failed, unrun), ``well_formatted`` is 1 when the
     turn held exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
     pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
-    (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0.
+    (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0. On the
+    command line (and in ``rftgym train``'s saved ``env_kwargs``) the scorer is a string:
+    ``step_scorer=rollout`` or ``rollout:N``, a RolloutStepScorer over the policy that acts in the
+    env (``N`` completions per plan prefix), which ``rftgym eval`` and ``rftgym train`` bind to
+    their agent (``envs.common.with_policy_options``); it grades in the env's own sandbox share.
 
 Episode end
     ``terminated`` when a submission passes every test or ``max_attempts`` submissions were graded;
@@ -95,6 +99,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
+from .process import PolicyRollouts, rollout_samples
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
 from .tasks import CodeTask
@@ -142,7 +147,9 @@ class CodeTCGConfig:
     max_timeouts: int | None = 3
     format_weight: float = 0.1
     pseudocode: bool = False
-    step_scorer: StepScorer | None = None
+    # A callable; or "rollout[:N]" (what a command line can give), bound by envs.common.with_policy_options
+    # to the policy acting in the env as a PolicyRollouts; unbound, it is refused.
+    step_scorer: StepScorer | str | PolicyRollouts | None = None
     process_weight: float = 1.0
     system_prompt: str | None = None  # None = the protocol's default prompt
     max_action_chars: int = 32_000
@@ -209,17 +216,30 @@ class CodeTCGConfig:
         if isinstance(self.process_weight, bool) or not isinstance(self.process_weight, (int, float)) \
                 or not 0 <= self.process_weight < math.inf:
             raise ConfigError(f"process_weight must be a finite non-negative number, got {self.process_weight!r}")
-        if self.step_scorer is not None and not callable(self.step_scorer):
-            raise ConfigError("step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent)")
+        if isinstance(self.step_scorer, str):
+            rollout_samples(self.step_scorer)  # a string that names no scorer: the ones that do
+            raise ConfigError(f"step_scorer={self.step_scorer!r} stands for a RolloutStepScorer over the policy that "
+                              "acts in the env, and no policy was bound to it: rftgym eval and rftgym train bind "
+                              "their agent to it (in code of your own, rftgym.envs.common.with_policy_options("
+                              "CodeTCGEnv.metadata, env_kwargs, agent) does, before gym.make); an env made directly "
+                              "takes the scorer itself: step_scorer=RolloutStepScorer(agent)", field="step_scorer")
+        if self.step_scorer is not None and not callable(self.step_scorer) \
+                and not isinstance(self.step_scorer, PolicyRollouts):
+            raise ConfigError(f"step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent) "
+                              f"(on the command line: --env-arg step_scorer=rollout), got "
+                              f"{type(self.step_scorer).__name__} {self.step_scorer!r:.80}", field="step_scorer")
         if self.step_scorer is not None and not self.pseudocode:
-            raise ConfigError("step_scorer scores pseudocode steps; set pseudocode=True or drop it")
+            raise ConfigError("step_scorer scores pseudocode steps; set pseudocode=True (on the command line: "
+                              "--env-arg pseudocode=true) or drop step_scorer", field="step_scorer")
         # Options that the others leave unread would be ignored without a word.
         if self.step_scorer is None:
             refuse_unread_option(
                 self, "process_weight",
                 because="weighs the step_scorer's scores of the pseudocode turn, and no step_scorer is given (that "
                         "turn is then paid 0)",
-                fix="add step_scorer (e.g. RolloutStepScorer(agent), with pseudocode=True), or drop process_weight")
+                fix="add a step_scorer, with pseudocode=True (on the command line: --env-arg step_scorer=rollout "
+                    "--env-arg pseudocode=true; from Python: step_scorer=RolloutStepScorer(agent)), or drop "
+                    "process_weight")
         if self.max_attempts == 1:
             refuse_unread_option(
                 self, "feedback_tests",
@@ -244,7 +264,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     :mod:`rftgym.envs.copying`)."""
 
     shared_attributes = ("config", "tcg_config", "dataset", "_tested")
-    resource_attributes = ("sandbox",)
+    resource_attributes = ("sandbox", "_step_scorer")  # the scorer of a PolicyRollouts grades in the sandbox
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -253,6 +273,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
                          ("syntax_err", "syntax_error", "final_rate")),
         # the option training turns on unless it is given (envs.common.with_training_defaults)
         "training_options": {"require_isolation": True},
+        # options given as a string that eval and train bind to their policy (envs.common.with_policy_options)
+        "policy_options": {"step_scorer": PolicyRollouts},
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
@@ -335,6 +357,10 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         self.sandbox = shared_sandbox(backend or cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb),
             require_isolation=cfg.require_isolation)
+        # A bound "rollout[:N]" scores with a RolloutStepScorer of this env's own, grading in its
+        # share (given back with it); a scorer of the caller's is the caller's, used as given.
+        scorer = cfg.step_scorer
+        self._step_scorer = scorer.scorer(self.sandbox) if isinstance(scorer, PolicyRollouts) else scorer
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)
@@ -344,6 +370,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         sandbox = getattr(self, "sandbox", None)
         if sandbox is not None:
             sandbox.close()
+        self._step_scorer = None  # its sandbox was the share just closed; the agent is let go
         self._context = Context()
 
     @property
@@ -410,8 +437,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
                                 "<pseudocode></pseudocode> tags (1. ..., 2. ...), and no code yet.")
         self._phase = "code"
         reward = 0.0
-        if self.config.step_scorer is not None:
-            scores = [min(1.0, max(0.0, float(s))) for s in self.config.step_scorer(self.task, steps)]
+        if self._step_scorer is not None:
+            scores = [min(1.0, max(0.0, float(s))) for s in self._step_scorer(self.task, steps)]
             self._last["step_scores"] = scores
             reward = self.config.process_weight * (sum(scores) / len(scores) if scores else 0.0)
         return reward, False, "Now write the complete solution in one fenced code block: ```python ... ```"

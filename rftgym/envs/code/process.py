@@ -5,11 +5,19 @@ of a plan, the policy writes the code, and the tests' pass rate is that prefix's
 :class:`RolloutStepScorer` does this with any rftgym agent (``samples`` completions per prefix,
 averaged), so a plan whose early steps already point to working code scores high from step 1,
 and a step that derails the plan shows as a drop.
+
+A command line or a JSON config (``rftgym train``'s ``env_kwargs``) cannot hold an agent, so there
+CodeTCG's ``step_scorer`` is the string ``"rollout"`` or ``"rollout:N"``: a RolloutStepScorer over
+the policy that acts in the env, ``N`` completions per prefix. ``rftgym eval`` and ``rftgym train``
+bind it to their policy (:func:`rftgym.envs.common.with_policy_options`, which makes it a
+:class:`PolicyRollouts`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from ...agents.base import replies_with_room
 from ...core.errors import ConfigError
@@ -62,3 +70,54 @@ class RolloutStepScorer:
         if self._owns_sandbox and self._sandbox is not None:
             self._sandbox.close()
             self._sandbox = None
+
+
+# What a step_scorer given as a string may say (all that --env-arg or a JSON config can hold).
+ROLLOUT_SPECS = ("'rollout' (a RolloutStepScorer over the policy that acts in the env, one completion per plan "
+                 "prefix) or 'rollout:N' (N completions per prefix, averaged; N a positive int)")
+
+
+def rollout_samples(spec: str) -> int:
+    """The completions per plan prefix that ``spec`` asks for: ``"rollout"`` is 1, ``"rollout:N"``
+    is N. Anything else is refused, naming the forms that work."""
+    matched = re.fullmatch(r"rollout(?::([0-9]+))?", spec) if isinstance(spec, str) else None
+    samples = int(matched.group(1) or 1) if matched else 0  # "rollout:0" is no scorer either
+    if samples < 1:
+        raise ConfigError(f"step_scorer={spec!r} names no step scorer; a string there is {ROLLOUT_SPECS}; from "
+                          "Python, give a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent)",
+                          field="step_scorer")
+    return samples
+
+
+@dataclass(frozen=True)
+class PolicyRollouts:
+    """``step_scorer="rollout"`` or ``"rollout:N"`` bound to ``agent``, the policy that acts in the
+    env (:func:`rftgym.envs.common.with_policy_options` makes it; so may code of your own).
+
+    Every env made with it scores with a RolloutStepScorer of its own (:meth:`scorer`) that grades
+    in the env's own sandbox share: the completions are the policy's code as much as its
+    submissions are, so they run under the env's backend, limits and ``require_isolation`` (which
+    training sets), and closing the env (or dropping a copy of it) frees all the scorer holds."""
+
+    spec: str
+    agent: Any = field(repr=False)
+
+    def __post_init__(self) -> None:
+        rollout_samples(self.spec)
+        if not callable(getattr(self.agent, "act", None)):
+            raise ConfigError(f"step_scorer={self.spec!r} scores with the policy that acts in the env, and "
+                              f"{type(self.agent).__name__} is no agent (it has no act(contexts)); bind it to an "
+                              "rftgym agent", field="step_scorer")
+
+    def __deepcopy__(self, memo: dict) -> "PolicyRollouts":
+        # It stands for the acting policy: a copy of an env's spec (gymnasium's env checker makes one
+        # on env.spec) must not copy a model, or fail on one it cannot copy.
+        return self
+
+    @property
+    def samples(self) -> int:
+        return rollout_samples(self.spec)
+
+    def scorer(self, sandbox) -> RolloutStepScorer:
+        """A RolloutStepScorer over the agent grading in ``sandbox`` (an env's share: the env closes it)."""
+        return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox)
