@@ -34,14 +34,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 import queue
 import zlib
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
-from ..core.errors import ChatAPIError, ConfigError
+from ..core.errors import ChatAPIError, ConfigError, warn_caller
 from ..core.messages import Context
 from ..core.values import is_finite_real, is_int
 from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
@@ -50,6 +49,9 @@ from .base import CONTEXT_FULL, Agent, AgentReply
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
+
+_on_pool_thread = threading.local()  # .active is True on a _RequestPool's worker threads
+RELAY_S = 0.25  # how often a caller waiting for a batch gives the warnings its workers met
 
 
 class _RequestPool:
@@ -91,6 +93,7 @@ class _RequestPool:
             self._jobs.put(None)
 
     def _work(self) -> None:
+        _on_pool_thread.active = True
         while (job := self._jobs.get()) is not None:
             with self._lock:
                 self._queued -= 1
@@ -483,10 +486,11 @@ class ChatAPIAgent(Agent):
         self._pool: _RequestPool | None = None
         self._lock = threading.Lock()
         self._opener = _build_opener(self.config.url)
+        self._relayed: queue.SimpleQueue = queue.SimpleQueue()  # warnings the pool's threads met, for the caller
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_pool", "_lock", "_opener"):
+        for name in ("_pool", "_lock", "_opener", "_relayed"):
             del state[name]
         return state
 
@@ -550,13 +554,18 @@ class ChatAPIAgent(Agent):
         abort = threading.Event()
         futures: list[Future] = [pool.submit(self._request, c, seed, abort) for c, seed in zip(contexts, seeds)]
         try:
-            # The first request to fail is the one to report, at once: waiting in order could hide
-            # a refused key behind the retries of requests that time out. The others stop retrying.
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [f for f in futures if f in done and f.exception() is not None]
-            if failed:
-                raise failed[0].exception()
-            return [future.result() for future in futures]
+            while True:
+                # The first request to fail is the one to report, at once: waiting in order could hide
+                # a refused key behind the retries of requests that time out. The others stop retrying.
+                # The wait wakes every RELAY_S to give the warnings the workers met, as they come: a
+                # retry's explains a batch that stalls while it stalls, not once it is over.
+                done, running = wait(futures, timeout=RELAY_S, return_when=FIRST_EXCEPTION)
+                self._relay_warnings()
+                failed = [f for f in futures if f in done and f.exception() is not None]
+                if failed:
+                    raise failed[0].exception()
+                if not running:
+                    return [future.result() for future in futures]
         finally:
             abort.set()
             for future in futures:
@@ -633,12 +642,27 @@ class ChatAPIAgent(Agent):
         return headers
 
     def _warn_once(self, kind: str, message: str) -> None:
-        """Warn the first time this agent meets ``kind`` (requests run on several threads)."""
+        """Warn the first time this agent meets ``kind`` (requests run on several threads), at the
+        user's line that called ``act``. A worker thread's stack holds no line of the user's: what
+        one meets is handed to the thread waiting for its batch, to give (``_relay_warnings``)."""
         with self._lock:
             if kind in self._warned:
                 return
             self._warned.add(kind)
-        warnings.warn(message, stacklevel=3)
+        if getattr(_on_pool_thread, "active", False):
+            self._relayed.put(message)
+        else:
+            warn_caller(message)
+
+    def _relay_warnings(self) -> None:
+        """Give, from the calling thread, the warnings the pool's threads have met so far (one that
+        a request abandoned by a failed batch meets later comes with the next batch)."""
+        while True:
+            try:
+                message = self._relayed.get_nowait()
+            except queue.Empty:
+                return
+            warn_caller(message)
 
     def _request(self, context: Context, seed: int | None, abort: threading.Event | None = None) -> AgentReply:
         """One completion, retried as configured; ``abort`` (set when another request of the batch

@@ -116,17 +116,23 @@ def require(module: str, extra: str, purpose: str):
 
 
 def warn_caller(message: str, category: type[Warning] = UserWarning, also_skipping: tuple[str, ...] = ()) -> None:
-    """``warnings.warn`` at the first frame outside rftgym (and outside the directories
-    ``also_skipping`` names, e.g. gymnasium's for a warning met inside ``gym.make``): the user's line
-    that led here (a call of a policy's ``generate`` or ``act``, of ``run_episodes``, of
-    ``train``), however many of rftgym's frames lie between. A fixed ``stacklevel`` is right for
-    one way in only: the same warning reached through the rollout engine would name a line of
-    rftgym's own."""
-    skipped = (PACKAGE_DIR, *also_skipping)
+    """``warnings.warn`` at the first frame outside rftgym and gymnasium (whose ``make`` and
+    wrappers call an env's ``__init__``, ``reset`` and ``step``), and outside the directories
+    ``also_skipping`` names (e.g. torch's, for code that autograd calls): the user's line that led
+    here (a call of ``gym.make``, of a policy's ``generate`` or ``act``, of ``run_episodes``, of
+    ``train``), however many frames lie between. A fixed ``stacklevel`` is right for one way in
+    only: the same warning reached through the rollout engine would name a line of rftgym's own."""
+    skipped = (PACKAGE_DIR, *_gymnasium_dir(), *also_skipping)
     if sys.version_info >= (3, 12):
         warnings.warn(message, category, skip_file_prefixes=skipped)
     else:
         warnings.warn(message, category, stacklevel=_stacklevel_outside(skipped))
+
+
+def _gymnasium_dir() -> tuple[str, ...]:
+    """Gymnasium's directory once it is imported (rftgym's service and retrievers run without it)."""
+    module = sys.modules.get("gymnasium")
+    return (os.path.dirname(module.__file__) + os.sep,) if module is not None and module.__file__ else ()
 
 
 def _stacklevel_outside(prefixes: tuple[str, ...]) -> int:

@@ -17,14 +17,13 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..core.errors import ConfigError, TrainingError
+from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..core.values import is_int
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_tensor, shard_like
@@ -501,8 +500,8 @@ class OutputLock:
             handle.close()
             if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise ConfigError(_locked_message(output_dir, lock_holder(output_dir))) from None
-            warnings.warn(f"cannot lock {self.path} ({exc.strerror or exc}); nothing stops a second run from "
-                          "writing to the same output directory", stacklevel=2)
+            warn_caller(f"cannot lock {self.path} ({exc.strerror or exc}); nothing stops a second run from "
+                        "writing to the same output directory")
             return
         try:
             handle.seek(0)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import TrainingError
+from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
 
 
@@ -53,8 +52,8 @@ class MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only "
-                          "(pip install 'rftgym[train]' adds it)", stacklevel=2)
+            warn_caller("tensorboard is not installed; metrics go to metrics.jsonl only "
+                        "(pip install 'rftgym[train]' adds it)")
             return
         try:
             # (TensorBoard drops the events from purge_step on: those of the steps run again)
@@ -90,8 +89,8 @@ class MetricsLog:
             try:
                 tb.close()
             except Exception as exc:  # the metrics are in metrics.jsonl whatever happens here
-                warnings.warn(f"could not finish the TensorBoard logs in {self._tb_dir} ({exc}); the metrics are "
-                              f"all in {self.path}", stacklevel=2)
+                warn_caller(f"could not finish the TensorBoard logs in {self._tb_dir} ({exc}); the metrics are "
+                            f"all in {self.path}")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -111,8 +110,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             skipped.append((number, line))
     if skipped:
         number, line = skipped[0]
-        warnings.warn(f"{path}:{number} is not a metrics row (a line cut short?): {line[:80]!r}; skipped"
-                      + (f", with {len(skipped) - 1} more such lines" if len(skipped) > 1 else ""), stacklevel=2)
+        warn_caller(f"{path}:{number} is not a metrics row (a line cut short?): {line[:80]!r}; skipped"
+                    + (f", with {len(skipped) - 1} more such lines" if len(skipped) > 1 else ""))
     return rows
 
 
@@ -126,7 +125,7 @@ def plot_learning_curve(metrics_path: Path, png_path: Path,
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        warnings.warn("matplotlib is not installed; no learning-curve PNG (pip install 'rftgym[train]')", stacklevel=2)
+        warn_caller("matplotlib is not installed; no learning-curve PNG (pip install 'rftgym[train]')")
         return None
     rows = read_metrics(metrics_path)
     present = [k for k in keys if any(k in r for r in rows)]
@@ -141,8 +140,8 @@ def plot_learning_curve(metrics_path: Path, png_path: Path,
     try:
         fig.savefig(png_path, dpi=100)
     except OSError as exc:  # the run's work is saved already: a missing picture is not worth failing it
-        warnings.warn(f"could not write {png_path} ({exc.strerror or exc}); the metrics it would plot are in "
-                      f"{metrics_path}", stacklevel=2)
+        warn_caller(f"could not write {png_path} ({exc.strerror or exc}); the metrics it would plot are in "
+                    f"{metrics_path}")
         return None
     finally:
         plt.close(fig)

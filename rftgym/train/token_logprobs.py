@@ -34,12 +34,12 @@ writes of its logits instead of a dozen float32 passes.
 from __future__ import annotations
 
 import functools
-import warnings
+import os
 from dataclasses import dataclass
 
 import torch
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, warn_caller
 
 # ---------------------------------------------------------------- the two elementwise passes
 
@@ -159,6 +159,9 @@ def _compiled(function):
 
 
 _compile_failed: set = set()
+# The passes run inside torch's frames (autograd's Function.apply, a module's forward): a warning
+# from one names the line past those too.
+_TORCH_DIR = (os.path.dirname(torch.__file__) + os.sep,)
 
 
 def _pass(function, device: torch.device, *args):
@@ -171,8 +174,8 @@ def _pass(function, device: torch.device, *args):
         return _compiled(function)(*args)
     except Exception as exc:  # the compiler raises many types; any means "run it eagerly"
         _compile_failed.add(function)
-        warnings.warn(f"could not compile the fused log-prob pass {function.__name__} ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''}); running it eagerly", stacklevel=2)
+        warn_caller(f"could not compile the fused log-prob pass {function.__name__} ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); running it eagerly", also_skipping=_TORCH_DIR)
         return function(*args)
 
 

@@ -413,10 +413,11 @@ def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, e
     server.behaviour = lambda req, n: Response(status, error_body)
     agent = server.agent(max_retries=3)
     later = ctx(("user", "q"), ("assistant", "<search>x</search>"), ("user", "results"))
-    with pytest.warns(UserWarning, match="outgrown the model's window"):
+    with pytest.warns(UserWarning, match="outgrown the model's window") as caught:
         reply = agent.act_one(later)
     assert (reply.text, reply.finish_reason) == ("", CONTEXT_FULL)
     assert len(server.requests) == 1  # not retried
+    assert {w.filename for w in caught} == {__file__}  # the user's line, not the agent's own
     # On an episode's first request too the episode ends there (as with a local policy), not the
     # whole evaluation; the warning says what to change, once.
     with pytest.warns(UserWarning, match=r"refused an episode's first request .*\(.+\).*Lower --max-new-tokens "
@@ -880,8 +881,11 @@ def test_the_first_retry_warns_once_naming_its_cause(server):
         server.behaviour = lambda req, n: Response(503, "loading") if n <= 3 else Response()
         assert agent.act_one(ctx(("user", "c"))).text == "ok"
         assert len(server.requests) == 4
-    retries = [str(w.message) for w in caught if "retrying" in str(w.message)]
-    assert len(retries) == 1 and "attempt 1 of 4 failed: HTTP 503: loading" in retries[0], retries
+    retries = [w for w in caught if "retrying" in str(w.message)]
+    assert len(retries) == 1 and "attempt 1 of 4 failed: HTTP 503: loading" in str(retries[0].message), retries
+    # Met on a worker thread of the batch (whose stack holds no line of the user's), it is given
+    # at the call of act.
+    assert retries[0].filename == __file__
     # Timeouts and connection errors are named as such.
     server.requests.clear()
     server.behaviour = lambda req, n: Response(delay_s=2.0) if n == 1 else Response()
@@ -890,6 +894,27 @@ def test_the_first_retry_warns_once_naming_its_cause(server):
     refused = ChatAPIAgent.from_url(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff_s=0.01)
     with pytest.warns(UserWarning, match="attempt 1 of 2 failed: could not connect"), pytest.raises(ChatAPIError):
         refused.act_one(ctx(("user", "q")))
+
+
+def test_a_retry_met_in_a_batch_is_warned_while_the_batch_still_waits(server):
+    """The warning of a worker thread's retry is given by the thread that called act, and as it
+    comes: it explains a batch that stalls, so it does not wait for the batch to end."""
+    def behaviour(req, n):
+        if req.body["messages"][0]["content"] == "slow":
+            return Response(delay_s=1.5)
+        return Response(503, "loading") if n <= 2 else Response()
+
+    server.behaviour = behaviour
+    given = []  # (when, thread, file) of each warning given
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, *rest: given.append(
+            (time.monotonic(), threading.current_thread(), filename))
+        start = time.monotonic()
+        server.agent(max_retries=1, max_concurrency=2).act([ctx(("user", "slow")), ctx(("user", "fast"))])
+        end = time.monotonic()
+    assert [(thread, filename) for _, thread, filename in given] == [(threading.current_thread(), __file__)]
+    assert given[0][0] - start < 1.0 < end - start  # given while the slow request still ran
 
 
 # -- redirects ---------------------------------------------------------------------------------
@@ -932,6 +957,7 @@ def test_an_empty_reply_for_a_reason_says_it_once(server, message, finish_reason
     assert [(r.text, r.finish_reason) for r in replies] == [("", finish_reason)] * 3
     assert len(caught) == 1, [str(w.message) for w in caught]
     assert re.search(warning, str(caught[0].message)), str(caught[0].message)
+    assert caught[0].filename == __file__  # met on a worker thread of the batch, given at the call of act
 
 
 def test_an_empty_reply_with_no_reason_is_not_warned_about(server):

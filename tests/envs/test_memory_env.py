@@ -316,13 +316,17 @@ def test_the_envs_status_messages_never_push_the_context_over_its_budget():
 
 
 def test_a_budget_below_the_first_observation_is_warned_of_and_reported():
-    env = small_env(max_context_tokens=20)
-    with pytest.warns(UserWarning, match="its first observation is [0-9]+ tokens, over max_context_tokens=20"):
+    env = gym.make("rftgym/MemoryQA-v0", world_size=30, max_context_tokens=20)
+    with pytest.warns(UserWarning,
+                      match="its first observation is [0-9]+ tokens, over max_context_tokens=20") as caught:
         _, info = env.reset(seed=0)
     assert info["over_budget"] and info["budget_tokens"] > 20
+    # It names this line, past rftgym's frames and gymnasium's wrappers around reset.
+    assert {w.filename for w in caught if "first observation" in str(w.message)} == {__file__}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per env
         env.reset(seed=1)
+    env.close()
 
 
 def test_tokens_are_counted_with_the_given_counter_and_summed():

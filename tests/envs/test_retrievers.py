@@ -333,6 +333,33 @@ def test_a_bad_embeddings_cache_is_computed_again(dense_tiny, monkeypatch, tmp_p
     assert np.load(again.cache_path).shape == (len(TINY), 384)  # written again, whole
 
 
+def test_an_envs_embeddings_cache_warnings_name_the_line_that_made_the_env(dense_tiny, monkeypatch, tmp_path):
+    """Met as gymnasium's make builds the env that opens its dense retriever, they name the user's
+    line, past rftgym's frames and gymnasium's."""
+    import gymnasium as gym
+
+    import rftgym  # noqa: F401  (registers the envs)
+
+    questions = [{"_id": "q1", "question": "Where was Alda born?", "answer": "Veloria",
+                  "context": [["Alda Mertz", ["Alda Mertz was born in Veloria."]]],
+                  "supporting_facts": [["Alda Mertz", 0]]}]
+    (tmp_path / "qa.json").write_text(json.dumps(questions))
+
+    def made_here(message: str) -> set[str]:
+        with pytest.warns(UserWarning, match=message) as caught:
+            gym.make("rftgym/SearchEvalQA-v0", dataset_path=str(tmp_path / "qa.json"), retriever="dense").close()
+        return {w.filename for w in caught if re.search(message, str(w.message))}
+
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path / "cache"))
+    gym.make("rftgym/SearchEvalQA-v0", dataset_path=str(tmp_path / "qa.json"), retriever="dense").close()
+    (cached,) = (tmp_path / "cache" / "embeddings").glob("*.npy")
+    cached.write_bytes(cached.read_bytes()[:100])  # cut short
+    assert made_here(r"the cached embeddings .* cannot be read") == {__file__}
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("RFTGYM_CACHE", str(tmp_path / "a-file"))  # no folder can be made under it
+    assert made_here(r"the embeddings cannot be cached in .*a-file") == {__file__}
+
+
 @needs_qa_data
 def test_bm25_and_dense_retrieve_the_gold_paragraphs_of_hotpotqa_questions(dense_tiny, monkeypatch):
     from rftgym.envs.search.retrievers import DenseRetriever

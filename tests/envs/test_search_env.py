@@ -225,8 +225,11 @@ def test_a_corpus_without_the_questions_evidence_is_warned_of(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"Bern": ["Bern is a city."]}))
     (tmp_path / "same.json").write_text(json.dumps({"Alda Mertz": ["Alda Mertz was born in Veloria."],
                                                     "Bern": ["Bern is a city."]}))
-    with pytest.warns(UserWarning, match=r"holds none of the 1 documents the questions name as evidence"):
-        SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "other.json"))
+    with pytest.warns(UserWarning, match=r"holds none of the 1 documents the questions name as evidence") as caught:
+        gym.make("rftgym/SearchEvalQA-v0", dataset_path=str(tmp_path / "qa.json"),
+                 corpus_path=str(tmp_path / "other.json")).close()
+    # It names this line, past rftgym's frames and gymnasium's make.
+    assert {w.filename for w in caught if "holds none" in str(w.message)} == {__file__}
     (tmp_path / "cased.json").write_text(json.dumps({"alda  mertz": ["Alda Mertz was born in Veloria."]}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

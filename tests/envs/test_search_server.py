@@ -12,8 +12,10 @@ import urllib.parse
 import urllib.request
 import warnings
 
+import gymnasium as gym
 import pytest
 
+import rftgym  # noqa: F401  (registers the envs)
 from rftgym.core.errors import ConfigError
 from rftgym.envs.search.corpora import Document
 from rftgym.envs.search.env import SearchEvalQAEnv
@@ -412,8 +414,13 @@ def test_a_chunked_request_is_asked_for_a_content_length(service):
 def test_a_service_indexing_another_corpus_is_warned_of_once(service):
     server = service(DOCS)  # not the generated world the env's questions come from
     with pytest.warns(RuntimeWarning, match="returned none of the env's documents \\(by id, title or text\\) when asked for 3 of them: "
-                                            r"it indexes another corpus than the env's generated world \(world_seed=0"):
+                                            r"it indexes another corpus than the env's generated world \(world_seed=0"
+                      ) as caught:
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
+    assert {w.filename for w in caught if "indexes another corpus" in str(w.message)} == {__file__}  # this line
+    with pytest.warns(RuntimeWarning, match="indexes another corpus") as caught:  # past gymnasium's make too
+        gym.make("rftgym/SearchEvalQA-v0", retriever="remote", retriever_url=service(DOCS).url).close()
+    assert {w.filename for w in caught if "indexes another corpus" in str(w.message)} == {__file__}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per service and corpus in a process
         SearchEvalQAEnv(retriever="remote", retriever_url=server.url).close()
@@ -440,8 +447,9 @@ def test_a_service_indexing_untitled_documents_is_checked_by_their_text(service)
         warnings.simplefilter("error")
         remote.check_corpus(untitled, "the env's corpus", 3)
     other = RemoteRetriever(service(DOCS).url)
-    with pytest.warns(RuntimeWarning, match="indexes another corpus than the env's corpus"):
+    with pytest.warns(RuntimeWarning, match="indexes another corpus than the env's corpus") as caught:
         other.check_corpus(untitled, "the env's corpus", 3)
+    assert [w.filename for w in caught] == [__file__]
 
 
 def test_a_busy_service_is_asked_again(fake_service):

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import threading
 
 import pytest
@@ -143,8 +144,10 @@ def test_a_metrics_line_cut_short_is_skipped_on_resume(tmp_path, make_char_polic
     train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv)
     with (tmp_path / "run" / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 9, "rew')  # what a kill during a write leaves
-    with pytest.warns(UserWarning, match=r"metrics.jsonl:3 is not a metrics row \(a line cut short\?\): .*; skipped$"):
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3 is not a metrics row \(a line cut short\?\): .*; "
+                                         r"skipped$") as caught:
         train(config(tmp_path, steps=3), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert {w.filename for w in caught if "not a metrics row" in str(w.message)} == {__file__}  # this call
     assert [row["step"] for row in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
 
 
@@ -567,12 +570,46 @@ def test_tensorboard_logs_that_cannot_be_written_stop_the_run_with_a_message(tmp
 
 def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, make_char_policy, monkeypatch):
     from matplotlib.figure import Figure
+    from torch.utils.tensorboard import SummaryWriter
 
     monkeypatch.setattr(Figure, "savefig", _no_space)
+    close = SummaryWriter.close
+
+    def close_then_fail(writer):  # its thread is stopped all the same
+        close(writer)
+        _no_space()
+
+    monkeypatch.setattr(SummaryWriter, "close", close_then_fail)
     with pytest.warns(UserWarning, match=r"could not write .*learning_curve.png \(No space left on device\); the "
-                                         r"metrics it would plot are in .*metrics.jsonl"):
+                                         r"metrics it would plot are in .*metrics.jsonl") as caught:
         history = train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     assert len(history) == 1 and (tmp_path / "run" / "checkpoint" / "state.json").is_file()
+    said = {str(w.message): w.filename for w in caught if "could not" in str(w.message)}
+    assert any("could not finish the TensorBoard logs" in message for message in said), list(said)
+    assert set(said.values()) == {__file__}  # this call of train(), not a line of the trainer's own
+
+
+def test_a_run_unlocked_and_without_tensorboard_or_matplotlib_warns_at_the_call_of_train(tmp_path, make_char_policy,
+                                                                                        monkeypatch):
+    import errno
+    import fcntl
+
+    flock = fcntl.flock
+
+    def no_exclusive_lock(handle, operation):  # as on some NFS and Lustre mounts
+        if operation == fcntl.LOCK_EX | fcntl.LOCK_NB:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return flock(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_exclusive_lock)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as when they are not installed
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.warns(UserWarning) as caught:
+        train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    said = {str(w.message): w.filename for w in caught}
+    for warning in ("nothing stops a second run from writing to the same output directory",
+                    "tensorboard is not installed", "matplotlib is not installed"):
+        assert [file for message, file in said.items() if warning in message] == [__file__], (warning, said)
 
 
 def test_a_lock_file_that_cannot_be_written_is_named_and_not_taken_for_bad_input(tmp_path, monkeypatch):

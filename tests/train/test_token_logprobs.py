@@ -205,6 +205,8 @@ def test_compiled_passes_match_eager():
 
 
 def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
+    from torch.utils.checkpoint import checkpoint
+
     from rftgym.train import token_logprobs as tl
 
     def broken(function):
@@ -216,8 +218,11 @@ def test_a_pass_that_fails_to_compile_warns_once_and_runs_eagerly(monkeypatch):
     monkeypatch.setattr(tl, "_compile_failed", set())
     logits, targets = torch.randn(3, 7), torch.randint(0, 7, (3,))
     cuda = torch.device("cuda")  # only selects the compiled route; the tensors stay on the CPU
-    with pytest.warns(UserWarning, match="could not compile the fused log-prob pass logit_statistics"):
-        first = tl._pass(tl.logit_statistics, cuda, logits, targets, 1.0)
+    with pytest.warns(UserWarning, match="could not compile the fused log-prob pass logit_statistics") as caught:
+        # Run inside torch's frames (checkpoint's here; autograd's Function.apply runs the fused
+        # passes), the warning still names this line.
+        first = checkpoint(tl._pass, tl.logit_statistics, cuda, logits, targets, 1.0, use_reentrant=False)
+    assert [w.filename for w in caught] == [__file__]
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -48,7 +48,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -645,11 +644,5 @@ def _warn_fallback(problem: str) -> None:
                "group and a temp dir only: NO network isolation, NO filesystem isolation, daemons may survive. "
                f"To fix: {INSTALL_HINT}.")
     log.warning(message)
-    warn_caller(message, RuntimeWarning, also_skipping=_gymnasium_dir())
+    warn_caller(message, RuntimeWarning)
 
-
-def _gymnasium_dir() -> tuple[str, ...]:
-    """Gymnasium's directory, whose ``make`` builds the env that makes the sandbox: a warning
-    about it names the user's line past gymnasium's frames as well as rftgym's."""
-    module = sys.modules.get("gymnasium")
-    return (os.path.dirname(module.__file__) + os.sep,) if module is not None and module.__file__ else ()

@@ -25,12 +25,11 @@ import hashlib
 import json
 import os
 import random
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, warn_caller
 from ...core.files import replace_text
 from .harness import RunOutcome, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
@@ -259,8 +258,9 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
 
 
 def _warn_untestable(task: CodeTask, reason: str) -> None:
-    warnings.warn(f"task {task.task_id}: no tests could be made ({reason}); its episodes end with status "
-                  "'untestable' and a pass rate of 0", stacklevel=3)
+    # Tests are built as the env resets, inside gymnasium's wrappers (warn_caller looks past them).
+    warn_caller(f"task {task.task_id}: no tests could be made ({reason}); its episodes end with status "
+                "'untestable' and a pass rate of 0")
 
 
 def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunOutcome]) -> str:

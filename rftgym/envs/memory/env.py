@@ -124,13 +124,12 @@ Version history
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import gymnasium as gym
 
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
                       render_context, reset_options, resolve_config, summarize_problems, without_tool_markup)
@@ -364,9 +363,9 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         over_budget = budget is not None and self._budget_tokens > budget
         if over_budget and not self._warned_start_over_budget:  # once per env: a setting, not an episode
             self._warned_start_over_budget = True
-            warnings.warn(f"MemoryQA task {self.task.id}: its first observation is {self._budget_tokens} tokens, over "
-                          f"max_context_tokens={budget}, so its episodes overflow on the first turn whatever the "
-                          "agent does; raise max_context_tokens, or give fewer objectives", stacklevel=2)
+            warn_caller(f"MemoryQA task {self.task.id}: its first observation is {self._budget_tokens} tokens, over "
+                        f"max_context_tokens={budget}, so its episodes overflow on the first turn whatever the "
+                        "agent does; raise max_context_tokens, or give fewer objectives")
         if self.render_mode == "human":
             self.render()
         return self._context, self._info(_Turn(), context_tokens=0, over_budget=over_budget)

@@ -19,10 +19,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from typing import Any, Sequence
 
-from ...core.errors import ConfigError, RftgymError
+from ...core.errors import ConfigError, RftgymError, warn_caller
 from ...core.values import valid_text
 from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
                          error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
@@ -142,13 +141,13 @@ class RemoteRetriever(Retriever):
         found = sum(any(_same_document(d, hit, exact=whole) for hit in hits) for d, hits in zip(sample, results))
         if found == 0 or (whole and found < len(sample)):
             what = "none" if found == 0 else f"only {found}"
-            warnings.warn(
+            warn_caller(
                 f"the retrieval service at {self.url} returned {what} of the env's documents (by id, title or text) "
                 f"when asked for {len(sample)} of them: it indexes another corpus than {source}, so searches cannot "
                 "find the documents that hold the answers. Serve the env's corpus (rftgym serve-retriever --corpus "
                 "FILE, or --world-seed N --world-size N for the generated world), or give as dataset_path the "
                 "questions of the corpus the service indexes.",
-                RuntimeWarning, stacklevel=4)
+                RuntimeWarning)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)

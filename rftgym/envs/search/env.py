@@ -99,14 +99,13 @@ Version history
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
                       covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
@@ -541,10 +540,10 @@ def _warn_if_no_evidence(questions: list[Question], documents, corpus_path: str)
 
     gold = {norm(title) for q in questions for title in q.gold_titles}
     if gold and not any(norm(d.title) in gold for d in documents):
-        warnings.warn(f"corpus_path {corpus_path} holds none of the {len(gold)} documents the questions name as "
-                      "evidence (by title); it replaces the questions' own paragraphs, so retrieval cannot find "
-                      "their evidence. Is it the corpus of another dataset? Leave corpus_path out to search the "
-                      "questions' own paragraphs", stacklevel=3)
+        warn_caller(f"corpus_path {corpus_path} holds none of the {len(gold)} documents the questions name as "
+                    "evidence (by title); it replaces the questions' own paragraphs, so retrieval cannot find "
+                    "their evidence. Is it the corpus of another dataset? Leave corpus_path out to search the "
+                    "questions' own paragraphs")
 
 
 @dataclass

@@ -24,7 +24,6 @@ import hashlib
 import os
 import tempfile
 import threading
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...core.errors import ConfigError, ModelLoadError, require
+from ...core.errors import ConfigError, ModelLoadError, require, warn_caller
 from ...core.values import is_int, valid_text
 from .corpora import Document
 
@@ -214,8 +213,7 @@ class DenseRetriever(Retriever):
             try:
                 embeddings = np.load(path, allow_pickle=False)
             except (OSError, ValueError) as exc:  # cut short, or not an array this cache writes
-                warnings.warn(f"the cached embeddings {path} cannot be read ({exc}); computing them again",
-                              stacklevel=3)
+                warn_caller(f"the cached embeddings {path} cannot be read ({exc}); computing them again")
             else:
                 # Any other shape or type is not this corpus's embeddings under this model: made again.
                 if embeddings.dtype == np.float32 and embeddings.shape == (len(self.documents), width):
@@ -234,8 +232,8 @@ class DenseRetriever(Retriever):
             except OSError as exc:
                 if staging is not None and os.path.exists(staging):
                     os.unlink(staging)
-                warnings.warn(f"the embeddings cannot be cached in {path.parent} ({exc.strerror or exc}); they are "
-                              "used without a cache (set RFTGYM_CACHE to a writable folder)", stacklevel=3)
+                warn_caller(f"the embeddings cannot be cached in {path.parent} ({exc.strerror or exc}); they are "
+                            "used without a cache (set RFTGYM_CACHE to a writable folder)")
                 self.cache_path = None
         return embeddings
 

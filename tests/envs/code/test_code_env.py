@@ -381,11 +381,14 @@ def test_a_reference_solution_that_fails_is_named_with_its_error(tmp_path):
     path = tmp_path / "mbpp.jsonl"
     path.write_text(json.dumps({"task_id": 9, "text": "Write f(x).", "code": "def f(x):\n    raise ValueError('boom')",
                                 "test_list": ["assert f(1) == 2", "assert f(5) == 6"]}) + "\n")
-    env = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+    env = gym.make("rftgym/CodeTCG-v0", dataset="mbpp", dataset_path=str(path),
+                   tcg=TCGConfig(cache_dir=str(tmp_path)))
     with pytest.warns(UserWarning, match=r"task mbpp/9: no tests could be made \(the reference solution failed on "
-                                         r"every input \(ValueError: boom\)\)"):
+                                         r"every input \(ValueError: boom\)\)") as caught:
         env.reset(seed=0)
-    assert env.task.tests == ()
+    assert env.unwrapped.task.tests == ()
+    # It names this line, past rftgym's frames and gymnasium's wrappers around reset.
+    assert {w.filename for w in caught if "no tests could be made" in str(w.message)} == {__file__}
     env.close()
     # Built beside a task whose tests come from the cache, the failing one is still the one named.
     good = {"task_id": 1, "text": "Write g(x).", "code": "def g(x):\n    return x + 1", "test_list": ["assert g(1) == 2"]}
@@ -395,7 +398,8 @@ def test_a_reference_solution_that_fails_is_named_with_its_error(tmp_path):
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     both = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
     with pytest.warns(UserWarning, match=r"task mbpp/2: no tests could be made \(the reference solution failed on "
-                                         r"every input \(KeyError: 3\)\)"):
+                                         r"every input \(KeyError: 3\)\)") as caught:
         both.prepare()
+    assert {w.filename for w in caught if "no tests could be made" in str(w.message)} == {__file__}
     assert [len(both.tested_task(t).tests) > 0 for t in both.dataset] == [True, False]
     both.close()
