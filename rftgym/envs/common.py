@@ -163,10 +163,10 @@ def refuse_unread_option(config, name: str, *, because: str, fix: str) -> None:
 
 class ClosableEnv:
     """Mixin: ``close()`` frees what the env holds (its ``_free_resources``), once; later calls do
-    nothing. After it, ``reset`` and ``step`` (each env calls :meth:`check_open` first) raise one
-    error saying so, in every env alike: without it one env would go on working, another fail
-    deep inside its closed sandbox or retriever with a message about a resource the user never
-    made."""
+    nothing. After it, ``reset``, ``step`` and ``render`` (each env calls :meth:`check_open`
+    first) raise one error saying so, in every env alike: without it one env would go on working,
+    another fail deep inside its closed sandbox or retriever with a message about a resource the
+    user never made."""
 
     closed = False  # set on the instance by close()
 

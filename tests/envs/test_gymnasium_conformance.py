@@ -171,6 +171,8 @@ def test_an_env_used_after_close_says_it_was_closed_in_every_env_alike(env_id, t
         env.reset(seed=1)
     with pytest.raises(RuntimeError, match=rf"^step\(\) after close\(\): {closed}"):
         env.unwrapped.step(STEPS[env_id])
+    with pytest.raises(RuntimeError, match=rf"^render\(\) after close\(\): {closed}"):
+        env.unwrapped.render()  # not the empty context a closed env is left with
     assert env.unwrapped.closed
 
 

@@ -348,6 +348,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         return self._context, float(reward), terminated, truncated, self._info()
 
     def render(self) -> str | None:
+        self.check_open("render")  # (a closed env's context is gone: it would show an empty one)
         return render_context(self._context, self.render_mode)
 
     def _open_resources(self, backend: str | None = None) -> None:

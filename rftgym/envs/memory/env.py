@@ -417,6 +417,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         return self._context, float(reward), bool(terminated), bool(truncated), info
 
     def render(self) -> str | None:
+        self.check_open("render")  # (a closed env's context is gone: it would show an empty one)
         return render_context(self._context, self.render_mode)
 
     def _free_resources(self) -> None:  # on close()
