@@ -9,11 +9,12 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 
 import gymnasium as gym
 import pytest
+from loopback_http import serving
 
 import rftgym  # noqa: F401 (registers the envs)
 
@@ -73,12 +74,7 @@ class FakeServer:
         self.stop = threading.Event()
         self.in_flight = 0
         self.max_in_flight = 0
-        self.httpd: ThreadingHTTPServer | None = None
-
-    @property
-    def base_url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        self.base_url = ""  # http://127.0.0.1:PORT/v1 once it serves
 
     def agent(self, **kwargs) -> ChatAPIAgent:
         kwargs.setdefault("backoff_s", 0.01)
@@ -174,19 +170,12 @@ def make_handler(server: FakeServer):
 @pytest.fixture
 def server():
     fake = FakeServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(fake))
-    httpd.daemon_threads = True
-    fake.httpd = httpd
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield fake
-    finally:
-        fake.stop.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(make_handler(fake)) as base:
+        fake.base_url = f"{base}/v1"
+        try:
+            yield fake
+        finally:
+            fake.stop.set()  # before the shutdown: a handler held by a test lets go
 
 
 def ctx(*pairs: tuple[str, str]) -> Context:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -14,6 +15,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from loopback_http import serving
 
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.core.errors import ConfigError
@@ -130,9 +132,9 @@ def test_a_service_url_that_cannot_be_one_is_a_config_error(url, problem):
 def fake_service():
     """A service on 127.0.0.1 whose answer a test writes: ``start(answer)``, where ``answer(handler)``
     sends the response; each request's path is recorded."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
-    servers, seen = [], []
+    servers, seen = contextlib.ExitStack(), []
 
     def start(answer):
         class Handler(BaseHTTPRequestHandler):
@@ -148,15 +150,10 @@ def fake_service():
 
             do_GET = do_POST
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{httpd.server_address[1]}/retrieve", seen
+        return servers.enter_context(serving(Handler)) + "/retrieve", seen
 
-    yield start
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    with servers:
+        yield start
 
 
 def reply(handler, status: int, body: bytes, headers=()):
@@ -337,7 +334,7 @@ def test_memoryqa_with_a_remote_backend_and_one_serving_another_world(service):
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_a_service_answering_in_another_shape_is_named_at_once(body, problem):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     requests = []
 
@@ -352,16 +349,11 @@ def test_a_service_answering_in_another_shape_is_named_at_once(body, problem):
             self.end_headers()
             self.wfile.write(body)
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        remote = RemoteRetriever(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5, retries=2, backoff=0.01)
+    with serving(Handler) as base:
+        remote = RemoteRetriever(base, timeout=5, retries=2, backoff=0.01)
         with pytest.raises(RetrievalServiceError, match=f"answered, but its body is {problem}.*/retrieve service"):
             remote.search(["q"], 1)
         assert len(requests) == 1  # an answer is not retried
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_the_server_answers_a_deeply_nested_request_and_refuses_an_empty_host(service):
