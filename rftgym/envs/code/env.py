@@ -99,7 +99,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
-from .process import PolicyRollouts, rollout_samples
+from .process import PolicyRollouts, RolloutStepScorer, rollout_samples
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
 from .tasks import CodeTask
@@ -358,10 +358,14 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         self.sandbox = shared_sandbox(backend or cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb),
             require_isolation=cfg.require_isolation)
-        # A bound "rollout[:N]" scores with a RolloutStepScorer of this env's own, grading in its
-        # share (given back with it); a scorer of the caller's is the caller's, used as given.
+        # A bound "rollout[:N]", or a RolloutStepScorer given no sandbox, scores with a scorer of this
+        # env's own grading in its share (given back with it); any other scorer is used as given.
         scorer = cfg.step_scorer
-        self._step_scorer = scorer.scorer(self.sandbox) if isinstance(scorer, PolicyRollouts) else scorer
+        if isinstance(scorer, PolicyRollouts):
+            scorer = scorer.scorer(self.sandbox)
+        elif isinstance(scorer, RolloutStepScorer) and scorer.grades_in_a_sandbox_of_its_own:
+            scorer = scorer.in_sandbox(self.sandbox)
+        self._step_scorer = scorer
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)

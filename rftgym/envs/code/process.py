@@ -32,7 +32,12 @@ COMPLETION_PROMPT = (
 
 
 class RolloutStepScorer:
-    """``scorer(task, steps) -> [value of steps[:1], value of steps[:2], ...]`` in [0, 1]."""
+    """``scorer(task, steps) -> [value of steps[:1], value of steps[:2], ...]`` in [0, 1].
+
+    Without a ``sandbox`` it grades in a share of the process's local sandbox, with its default
+    limits; given to CodeTCG as its ``step_scorer``, each env grades it in the env's own sandbox
+    share instead (:meth:`in_sandbox`): the completions are the policy's code as much as its
+    submissions are, so they run under the env's backend, limits and ``require_isolation``."""
 
     def __init__(self, agent, *, samples: int = 1, sandbox=None, max_steps: int = 8):
         if not isinstance(samples, int) or samples < 1:
@@ -42,6 +47,22 @@ class RolloutStepScorer:
         self.agent, self.samples, self.max_steps = agent, samples, max_steps
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
+
+    @property
+    def grades_in_a_sandbox_of_its_own(self) -> bool:
+        """Whether no sandbox was given to it (it then opens a local one when it first grades)."""
+        return self._owns_sandbox
+
+    def in_sandbox(self, sandbox) -> "RolloutStepScorer":
+        """This scorer over the same agent, grading in ``sandbox`` (which its owner closes)."""
+        return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox, max_steps=self.max_steps)
+
+    def __deepcopy__(self, memo: dict) -> "RolloutStepScorer":
+        # The agent is shared, not copied (a policy holds a model; gymnasium's env checker copies an
+        # env's spec, scorer included); a sandbox given to it stays its owner's, one of its own is not
+        # carried over (the copy opens its own when it first grades).
+        return RolloutStepScorer(self.agent, samples=self.samples, max_steps=self.max_steps,
+                                 sandbox=None if self._owns_sandbox else self._sandbox)
 
     @property
     def sandbox(self):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -142,6 +143,40 @@ def test_a_bound_spec_scores_with_the_policy_in_the_envs_own_sandbox(tmp_path, t
     env.close()
     assert env.unwrapped._step_scorer is None
     assert open_shares("local") == before
+
+
+class Uncopyable(ScriptedAgent):
+    """An agent that must not be copied (as a policy holding a model)."""
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("the scorer's agent was copied")
+
+
+def test_a_scorer_of_the_callers_without_a_sandbox_grades_in_the_envs_share(tcg):
+    own = RolloutStepScorer(Uncopyable(fenced("x = 1")), samples=2)
+    before = open_shares("local")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # gymnasium's spec copy would warn, and leave env.spec None
+        env = gym.make(ENV_ID, dataset="generated", pseudocode=True, tcg=tcg, step_scorer=own)
+    assert env.spec is not None and env.spec.kwargs["step_scorer"].agent is own.agent  # shared, not copied
+    scorer = env.unwrapped._step_scorer
+    assert scorer is not own and scorer.agent is own.agent and scorer.samples == 2
+    assert scorer.sandbox is env.unwrapped.sandbox  # the env's limits and isolation, not a default local share
+    env.reset(seed=1)
+    assert env.step(PLAN)[-1]["step_scores"] == [0.0, 0.0, 0.0]
+    env.close()
+    assert own._sandbox is None and open_shares("local") == before  # it never opened one of its own
+
+
+def test_a_scorer_given_its_own_sandbox_is_used_as_given(tcg):
+    from rftgym.envs.code.sandbox_shared import shared_sandbox
+
+    sandbox = shared_sandbox("local")
+    own = RolloutStepScorer(ScriptedAgent(fenced("x = 1")), sandbox=sandbox)
+    env = gym.make(ENV_ID, dataset="generated", pseudocode=True, tcg=tcg, step_scorer=own)
+    assert env.unwrapped._step_scorer is own and copy.deepcopy(own).sandbox is sandbox
+    env.close()
+    sandbox.close()
 
 
 def test_envs_made_from_one_bound_spec_leak_no_sandbox_share(tcg):
