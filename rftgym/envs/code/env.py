@@ -149,7 +149,7 @@ class CodeTCGConfig:
     pseudocode: bool = False
     # A callable; or "rollout[:N]" (what a command line can give), bound by envs.common.with_policy_options
     # to the policy acting in the env as a PolicyRollouts; unbound, it is refused.
-    step_scorer: StepScorer | str | PolicyRollouts | None = None
+    step_scorer: StepScorer | str | None = None
     process_weight: float = 1.0
     system_prompt: str | None = None  # None = the protocol's default prompt
     max_action_chars: int = 32_000
@@ -223,8 +223,7 @@ class CodeTCGConfig:
                               "their agent to it (in code of your own, rftgym.envs.common.with_policy_options("
                               "CodeTCGEnv.metadata, env_kwargs, agent) does, before gym.make); an env made directly "
                               "takes the scorer itself: step_scorer=RolloutStepScorer(agent)", field="step_scorer")
-        if self.step_scorer is not None and not callable(self.step_scorer) \
-                and not isinstance(self.step_scorer, PolicyRollouts):
+        if self.step_scorer is not None and not callable(self.step_scorer):
             raise ConfigError(f"step_scorer must be a callable (task, steps) -> scores, e.g. RolloutStepScorer(agent) "
                               f"(on the command line: --env-arg step_scorer=rollout), got "
                               f"{type(self.step_scorer).__name__} {self.step_scorer!r:.80}", field="step_scorer")
@@ -264,7 +263,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     :mod:`rftgym.envs.copying`)."""
 
     shared_attributes = ("config", "tcg_config", "dataset", "_tested")
-    resource_attributes = ("sandbox", "_step_scorer")  # the scorer of a PolicyRollouts grades in the sandbox
+    resource_attributes = ("sandbox", "_step_scorer")  # a RolloutStepScorer given no sandbox grades in this one
 
     metadata = {
         "render_modes": ["ansi", "human"],
@@ -358,14 +357,11 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         self.sandbox = shared_sandbox(backend or cfg.sandbox, limits=SandboxLimits(
             wall_seconds=float(cfg.timeout_seconds), cpu_seconds=float(cfg.timeout_seconds), memory_mb=cfg.memory_mb),
             require_isolation=cfg.require_isolation)
-        # A bound "rollout[:N]", or a RolloutStepScorer given no sandbox, scores with a scorer of this
-        # env's own grading in its share (given back with it); any other scorer is used as given.
+        # A RolloutStepScorer given no sandbox (a bound "rollout[:N]" among them) scores with a scorer
+        # of this env's own grading in its share (given back with it); any other is used as given.
         scorer = cfg.step_scorer
-        if isinstance(scorer, PolicyRollouts):
-            scorer = scorer.scorer(self.sandbox)
-        elif isinstance(scorer, RolloutStepScorer) and scorer.grades_in_a_sandbox_of_its_own:
-            scorer = scorer.in_sandbox(self.sandbox)
-        self._step_scorer = scorer
+        own_share = isinstance(scorer, RolloutStepScorer) and scorer.grades_in_a_sandbox_of_its_own
+        self._step_scorer = scorer.in_sandbox(self.sandbox) if own_share else scorer
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)

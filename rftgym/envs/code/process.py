@@ -16,7 +16,6 @@ bind it to their policy (:func:`rftgym.envs.common.with_policy_options`, which m
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ...agents.base import replies_with_room
@@ -110,35 +109,25 @@ def rollout_samples(spec: str) -> int:
     return samples
 
 
-@dataclass(frozen=True)
-class PolicyRollouts:
+class PolicyRollouts(RolloutStepScorer):
     """``step_scorer="rollout"`` or ``"rollout:N"`` bound to ``agent``, the policy that acts in the
-    env (:func:`rftgym.envs.common.with_policy_options` makes it; so may code of your own).
+    env (:func:`rftgym.envs.common.with_policy_options` makes it; so may code of your own): a
+    RolloutStepScorer given no sandbox, which each env made with it grades in the env's own share
+    (:meth:`RolloutStepScorer.in_sandbox`)."""
 
-    Every env made with it scores with a RolloutStepScorer of its own (:meth:`scorer`) that grades
-    in the env's own sandbox share: the completions are the policy's code as much as its
-    submissions are, so they run under the env's backend, limits and ``require_isolation`` (which
-    training sets), and closing the env (or dropping a copy of it) frees all the scorer holds."""
-
-    spec: str
-    agent: Any = field(repr=False)
-
-    def __post_init__(self) -> None:
-        rollout_samples(self.spec)
-        if not callable(getattr(self.agent, "act", None)):
-            raise ConfigError(f"step_scorer={self.spec!r} scores with the policy that acts in the env, and "
-                              f"{type(self.agent).__name__} is no agent (it has no act(contexts)); bind it to an "
+    def __init__(self, spec: str, agent: Any):
+        samples = rollout_samples(spec)
+        if not callable(getattr(agent, "act", None)):
+            raise ConfigError(f"step_scorer={spec!r} scores with the policy that acts in the env, and "
+                              f"{type(agent).__name__} is no agent (it has no act(contexts)); bind it to an "
                               "rftgym agent", field="step_scorer")
+        super().__init__(agent, samples=samples)
+        self.spec = spec
 
     def __deepcopy__(self, memo: dict) -> "PolicyRollouts":
-        # It stands for the acting policy: a copy of an env's spec (gymnasium's env checker makes one
-        # on env.spec) must not copy a model, or fail on one it cannot copy.
+        # It stands for the acting policy and never grades itself (each env grades in its own
+        # share): a copy of an env's spec (gymnasium's env checker makes one) is the same binding.
         return self
 
-    @property
-    def samples(self) -> int:
-        return rollout_samples(self.spec)
-
-    def scorer(self, sandbox) -> RolloutStepScorer:
-        """A RolloutStepScorer over the agent grading in ``sandbox`` (an env's share: the env closes it)."""
-        return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox)
+    def __repr__(self) -> str:
+        return f"PolicyRollouts({self.spec!r})"

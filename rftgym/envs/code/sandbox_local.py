@@ -645,4 +645,3 @@ def _warn_fallback(problem: str) -> None:
                f"To fix: {INSTALL_HINT}.")
     log.warning(message)
     warn_caller(message, RuntimeWarning)
-
