@@ -99,7 +99,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
-from .process import PolicyRollouts, RolloutStepScorer, rollout_samples
+from .process import DEFAULT_MAX_TIMEOUTS, PolicyRollouts, RolloutStepScorer, rollout_samples
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
 from .tasks import CodeTask
@@ -144,7 +144,7 @@ class CodeTCGConfig:
     # A submission's remaining tests are failed without running after this many of its tests
     # hit the per-test time limit (None: run them all), so one looping sample costs a few
     # seconds, not one time limit per test (a whole rollout batch waits for its slowest grade).
-    max_timeouts: int | None = 3
+    max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS
     format_weight: float = 0.1
     pseudocode: bool = False
     # A callable; or "rollout[:N]" (what a command line can give), bound by envs.common.with_policy_options
@@ -361,7 +361,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         # of this env's own grading in its share (given back with it); any other is used as given.
         scorer = cfg.step_scorer
         own_share = isinstance(scorer, RolloutStepScorer) and scorer.grades_in_a_sandbox_of_its_own
-        self._step_scorer = scorer.in_sandbox(self.sandbox) if own_share else scorer
+        self._step_scorer = scorer.in_sandbox(self.sandbox, max_timeouts=cfg.max_timeouts) if own_share else scorer
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)

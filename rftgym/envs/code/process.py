@@ -24,6 +24,9 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from .feedback import extract_code
 
+# What CodeTCG's max_timeouts defaults to: a completion that loops is given up on as a submission is.
+DEFAULT_MAX_TIMEOUTS = 3
+
 COMPLETION_PROMPT = (
     "{task}\n\nA plan for the solution, as pseudocode steps:\n{steps}\n\n"
     "Write the complete solution following this plan, in one fenced code block: ```python ... ```"
@@ -35,15 +38,25 @@ class RolloutStepScorer:
 
     Without a ``sandbox`` it grades in a share of the process's local sandbox, with its default
     limits; given to CodeTCG as its ``step_scorer``, each env grades it in the env's own sandbox
-    share instead (:meth:`in_sandbox`): the completions are the policy's code as much as its
-    submissions are, so they run under the env's backend, limits and ``require_isolation``."""
+    share instead (:meth:`in_sandbox`), with the env's ``max_timeouts``: the completions are the
+    policy's code as much as its submissions are, so they run under the env's backend, limits and
+    ``require_isolation``, and a looping one costs what a looping submission costs.
 
-    def __init__(self, agent, *, samples: int = 1, sandbox=None, max_steps: int = 8):
-        if not isinstance(samples, int) or samples < 1:
-            raise ConfigError(f"samples must be a positive int, got {samples!r}")
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise ConfigError(f"max_steps must be a positive int, got {max_steps!r}")
-        self.agent, self.samples, self.max_steps = agent, samples, max_steps
+    All of a plan's completions are graded in one batch (the sandbox runs them concurrently on its
+    workers); a completion gives up its remaining tests after ``max_timeouts`` of them hit the
+    per-test time limit (None: every test runs)."""
+
+    def __init__(self, agent, *, samples: int = 1, sandbox=None, max_steps: int = 8,
+                 max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS):
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ConfigError(f"samples must be a positive int, got {samples!r}", field="samples")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ConfigError(f"max_steps must be a positive int, got {max_steps!r}", field="max_steps")
+        if max_timeouts is not None and (isinstance(max_timeouts, bool) or not isinstance(max_timeouts, int)
+                                         or max_timeouts < 1):
+            raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {max_timeouts!r}",
+                              field="max_timeouts")
+        self.agent, self.samples, self.max_steps, self.max_timeouts = agent, samples, max_steps, max_timeouts
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
 
@@ -52,16 +65,18 @@ class RolloutStepScorer:
         """Whether no sandbox was given to it (it then opens a local one when it first grades)."""
         return self._owns_sandbox
 
-    def in_sandbox(self, sandbox) -> "RolloutStepScorer":
-        """This scorer over the same agent, grading in ``sandbox`` (which its owner closes)."""
-        return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox, max_steps=self.max_steps)
+    def in_sandbox(self, sandbox, *, max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS) -> "RolloutStepScorer":
+        """This scorer over the same agent, grading in ``sandbox`` (which its owner closes) with
+        ``max_timeouts`` (the env's own, so that completions are graded as submissions are)."""
+        return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox, max_steps=self.max_steps,
+                                 max_timeouts=max_timeouts)
 
     def __deepcopy__(self, memo: dict) -> "RolloutStepScorer":
         # The agent is shared, not copied (a policy holds a model; gymnasium's env checker copies an
         # env's spec, scorer included); a sandbox given to it stays its owner's, one of its own is not
         # carried over (the copy opens its own when it first grades).
         return RolloutStepScorer(self.agent, samples=self.samples, max_steps=self.max_steps,
-                                 sandbox=None if self._owns_sandbox else self._sandbox)
+                                 max_timeouts=self.max_timeouts, sandbox=None if self._owns_sandbox else self._sandbox)
 
     @property
     def sandbox(self):
@@ -72,7 +87,7 @@ class RolloutStepScorer:
         return self._sandbox
 
     def __call__(self, task, steps: Sequence[str]) -> list[float]:
-        from .harness import grade
+        from .harness import grade_many
 
         steps = list(steps)[: self.max_steps]
         ids = MessageIds("score")
@@ -83,7 +98,11 @@ class RolloutStepScorer:
             contexts.extend([Context((ids.message("user", prompt),))] * self.samples)
         replies = replies_with_room(self.agent.act(contexts), "scoring pseudocode steps") if contexts else []
         codes = [extract_code(parse_tags(r.text, ("think",)))[0] for r in replies]
-        rates = [grade(task, code, self.sandbox).pass_rate if code is not None else 0.0 for code in codes]
+        # One batch: the sandbox runs the completions side by side instead of one after another.
+        written = [code for code in codes if code is not None]
+        graded = iter(grade_many([(task, code) for code in written], self.sandbox, max_timeouts=self.max_timeouts)
+                      if written else ())
+        rates = [next(graded).pass_rate if code is not None else 0.0 for code in codes]
         return [sum(rates[i:i + self.samples]) / self.samples for i in range(0, len(rates), self.samples)]
 
     def close(self) -> None:

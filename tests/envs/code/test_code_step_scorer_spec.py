@@ -16,7 +16,7 @@ import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.scripted import ScriptedAgent
 from rftgym.core.errors import ConfigError
 from rftgym.core.records import read_episodes_jsonl
-from rftgym.envs.code.env import CodeTCGEnv
+from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
 from rftgym.envs.code.process import PolicyRollouts, RolloutStepScorer
 from rftgym.envs.code.sandbox_shared import open_shares
 from rftgym.envs.common import env_metadata, with_policy_options, with_policy_stand_in
@@ -177,6 +177,60 @@ def test_a_scorer_given_its_own_sandbox_is_used_as_given(tcg):
     assert env.unwrapped._step_scorer is own and copy.deepcopy(own).sandbox is sandbox
     env.close()
     sandbox.close()
+
+
+class RecordingSandbox:
+    """A sandbox that runs programs in ``inner`` and records each batch it was given."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+        self.limits = inner.limits
+
+    def run_many(self, programs):
+        self.batches.append(list(programs))
+        return self.inner.run_many(programs)
+
+    def run(self, program):
+        return self.run_many([program])[0]
+
+
+def test_a_plans_completions_are_graded_in_one_batch_giving_up_on_loops_as_the_env_does(tcg):
+    from rftgym.envs.code.sandbox import make_sandbox
+
+    probe = gym.make(ENV_ID, dataset="generated", tcg=tcg)
+    probe.reset(seed=4)
+    task = probe.unwrapped.task
+    probe.close()
+    loop = f"def {task.entry_point}(*args, **kwargs):\n    while True:\n        pass"
+
+    def completer(context):  # prose for one step, the reference for two, a loop for three
+        plan = context[-1].content
+        return "no code" if "2. " not in plan else fenced(loop if "3. " in plan else task.reference)
+
+    with make_sandbox("local") as inner:
+        sandbox = RecordingSandbox(inner)
+        scorer = RolloutStepScorer(ScriptedAgent(completer), samples=2, sandbox=sandbox, max_timeouts=1)
+        assert scorer(task, ["read the input", "compute the answer", "return it"]) == [0.0, 1.0, 0.0]
+    assert [len(batch) for batch in sandbox.batches] == [4]  # steps 2 and 3, two completions each: one batch
+    assert {json.loads(p.files["tests.json"])["max_timeouts"] for p in sandbox.batches[0]} == {1}
+
+
+@pytest.mark.parametrize("max_timeouts", [None, 1, 5])
+def test_a_scorer_grading_in_the_envs_share_gives_up_on_loops_as_the_env_does(tcg, max_timeouts):
+    own = RolloutStepScorer(ScriptedAgent(fenced("x = 1")))
+    assert own.max_timeouts == CodeTCGConfig().max_timeouts == 3  # one default
+    env = gym.make(ENV_ID, dataset="generated", pseudocode=True, tcg=tcg, step_scorer=own, max_timeouts=max_timeouts)
+    assert env.unwrapped._step_scorer.max_timeouts == max_timeouts
+    assert copy.deepcopy(env.unwrapped._step_scorer).max_timeouts == max_timeouts
+    env.close()
+
+
+@pytest.mark.parametrize("option, value", [("max_timeouts", 0), ("max_timeouts", True), ("max_timeouts", 1.5),
+                                           ("samples", True), ("max_steps", 0)])
+def test_a_scorer_refuses_a_count_that_is_not_a_positive_int(option, value):
+    with pytest.raises(ConfigError, match=f"{option} must be a positive int") as caught:
+        RolloutStepScorer(ScriptedAgent("x"), **{option: value})
+    assert caught.value.fields == (option,)
 
 
 def test_envs_made_from_one_bound_spec_leak_no_sandbox_share(tcg):
