@@ -4,7 +4,7 @@ A GRPO step's samples differ in length: prompts of different sizes, replies from
 the ``max_new_tokens`` cap. Padded rows (``rftgym.train.batching.collate``, what TRL's
 GRPOTrainer does by default) compute every row at the longest sample's length; packed rows
 (``--pack-sequences``, :mod:`rftgym.train.packing`) place samples one after another. This times
-``rftgym.train.loop.optimise`` both ways on the same samples and the same initial weights, and
+``rftgym.train.update.optimise`` both ways on the same samples and the same initial weights, and
 checks that both give the same loss.
 
 With ``--pass-samples N`` it also times gradient accumulation two ways at about the same
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from rftgym.train.batching import TrainSample, collate  # noqa: E402
 from rftgym.train.config import TrainConfig  # noqa: E402
-from rftgym.train.loop import microbatches, optimise  # noqa: E402
+from rftgym.train.update import microbatches, optimise  # noqa: E402
 from rftgym.train.packing import collate_packed  # noqa: E402
 from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimizer  # noqa: E402
 

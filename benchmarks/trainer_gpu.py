@@ -10,7 +10,7 @@ Phases, each guarded so that one failure still leaves the others' numbers:
 1. decode: decode steps/s of rftgym's fast path (static KV cache, one CUDA graph per step), of
    rftgym's generic transformers loop, and of plain ``model.generate``;
 2. ours: whole GRPO steps (generate -> rewards/advantages -> update through
-   ``rftgym.train.loop.optimise``), the first (warm-up: graph capture, compilation) excluded;
+   ``rftgym.train.update.optimise``), the first (warm-up: graph capture, compilation) excluded;
 3. trl: ``GRPOTrainer`` steps, the first excluded, its ``generate`` calls timed separately;
 4. update-only: ``optimise`` at a fixed batch (default 64 x 384 tokens) for several speed settings;
    ``--profile-variants`` profiles one more update of the named ones (device time by kind of
@@ -48,7 +48,7 @@ from rftgym.agents.hf_policy import HFPolicy, SamplingConfig  # noqa: E402
 from rftgym.train.advantages import compute_advantages  # noqa: E402
 from rftgym.train.batching import TrainSample  # noqa: E402
 from rftgym.train.config import TrainConfig  # noqa: E402
-from rftgym.train.loop import optimise  # noqa: E402
+from rftgym.train.update import optimise  # noqa: E402
 from rftgym.train.speed import (  # noqa: E402
     SpeedConfig,
     apply_training_speedups,

@@ -42,7 +42,7 @@ def measure(variant: str, device: str, repeats: int, batch: int, seq: int, layer
     sys.path.insert(0, str(ROOT))
     from rftgym.train.batching import TrainSample
     from rftgym.train.config import TrainConfig
-    from rftgym.train.loop import optimise
+    from rftgym.train.update import optimise
     from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimizer
 
     torch.manual_seed(0)

@@ -86,7 +86,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
                              "(load_trained(..., base_model=DIR))") from None
     _check_base_weights(saved, base_fingerprint(model), run_dir, named)
     if config.lora_rank:
-        from .loop import with_lora
+        from .model_setup import with_lora
 
         # Merged in float32: a small update added to 16-bit weights would be rounded away.
         model = with_lora(model.float(), config)

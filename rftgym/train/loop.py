@@ -1,20 +1,19 @@
 """The training loop: sample tasks -> roll out G episodes each -> advantages -> update -> log.
 
-Read top to bottom: :func:`train` is the whole algorithm; the helpers below it are the model
-plumbing (LoRA, reference policy, log-probs of a batch) and one optimisation pass.
+Read top to bottom: :func:`train` is the whole algorithm. The model plumbing (LoRA, the KL
+reference, the checks of a model's log-probs) is :mod:`rftgym.train.model_setup`; one optimisation
+pass over a step's samples (minibatches, gradient accumulation, the loss) is
+:mod:`rftgym.train.update`.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,16 +22,14 @@ import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
-from ..core.errors import ConfigError, EnvContractError, TrainingError, require, warn_caller
+from ..core.errors import ConfigError, EnvContractError, TrainingError, warn_caller
 from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from .batching import (
     PROCESS_SCORE_KEY,
     PROCESS_SPLIT_KEY,
-    TrainSample,
     build_samples,
-    collate,
     group_episodes,
     tokens_covering,
 )
@@ -55,28 +52,22 @@ from .checkpoint import (
 from .config import TrainConfig
 from .distributed import (
     Distributed,
-    ShardedModel,
     full_parameters,
-    full_tensor,
     shard_model,
 )
 from .evaluation import evaluate_policy
 from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finished_episodes
-from .losses import aggregate, policy_loss, token_mean
-from .master_weights import gradient_tensors, needs_master_weights
+from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
-from .microbatches import plan_passes
-from .packing import collate_packed
+from .model_setup import make_reference, prepare_model
 from .schedule import learning_rate_at
 from .speed import (
     SpeedConfig,
     apply_training_speedups,
-    is_right_padded,
     make_optimizer,
-    tag_right_padding,
 )
 from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, say
-from .token_logprobs import chunked_token_logprobs, logit_transform
+from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
 
 def segment_seed(seed: int, rank: int) -> int:
@@ -223,9 +214,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if fsdp:
         # From here on ``model`` is FSDP's root (forward = the chunked log-probs) and the policy's
         # own model, inside it, holds parameter shards; rollouts gather them (full_parameters).
-        model = shard_model(model, _logprobs, mixed_precision=mixed)
+        model = shard_model(model, decoder_logprobs, mixed_precision=mixed)
         if isinstance(reference, torch.nn.Module):
-            reference = shard_model(reference, _logprobs, mixed_precision=mixed)
+            reference = shard_model(reference, decoder_logprobs, mixed_precision=mixed)
             reference.set_reshard_after_forward(True)  # used only in forward: free everything after it
         # FSDP's root is the first module to run forward; rollouts call inner modules directly,
         # so run one (tiny, gradient-free) forward through the root before the first rollout.
@@ -443,34 +434,6 @@ def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
     return f"no step of this run updated the model ({steps}): {why}"
 
 
-# ---------------------------------------------------------------- model plumbing
-
-def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
-    """Apply LoRA and gradient checkpointing as configured; return the model to train.
-    ``autocast``: the precision context the rollouts and updates will run under."""
-    model = policy.model
-    # Rollouts run in eval mode; dropout during the update would make first-epoch ratios noisy.
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    check_training_logprobs(model, autocast)
-    if config.pack_sequences:
-        check_packed_attention(model, autocast)
-    if config.lora_rank:
-        check_lora_rank(model, config.lora_rank)
-        model = with_lora(model, config)
-        policy.model = model
-    if config.gradient_checkpointing:
-        # transformers 5.24 renamed the method and its argument; 5.17 has only the old names.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if config.lora_rank:
-            model.enable_input_require_grads()
-    return model
-
-
 def check_finite_update(update: dict, step: int, out: Path, episodes, config: TrainConfig) -> None:
     """Stop the run when the loss or gradient norm of step ``step`` (its number, 1-based) is not
     finite: the optimizer has then written NaN or infinity into the weights, and every later step
@@ -519,19 +482,6 @@ def unused_signal(algo: str, episodes) -> str | None:
     return None
 
 
-def check_lora_rank(model, rank: int) -> None:
-    """Refuse a LoRA rank above the full rank of every layer it would adapt (each linear layer but
-    the output head): the adapters would be larger than the layers (an absurd rank runs out of
-    memory), and full fine-tuning already reaches any update of them."""
-    head = model.get_output_embeddings()
-    ranks = [min(m.in_features, m.out_features) for m in model.modules()
-             if isinstance(m, torch.nn.Linear) and m is not head]
-    if ranks and rank > max(ranks):
-        raise ConfigError(f"lora_rank {rank} is above the full rank of every layer LoRA would adapt (at most "
-                          f"{max(ranks)} in this model); use a rank of at most {max(ranks)} (typically 8 to 64), "
-                          "or lora_rank 0 for full fine-tuning")
-
-
 def evaluation_split(policy: HFPolicy) -> Callable:
     """PCAR's ``split_tokens``: how many of a turn's sampled tokens its evaluation spans (the
     env's ``evaluation_end`` character offset, mapped through the policy's tokenizer), or None."""
@@ -549,404 +499,3 @@ def evaluation_split(policy: HFPolicy) -> Callable:
             return None
         return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
     return split_tokens
-
-
-def with_lora(model, config: TrainConfig):
-    """``model`` with LoRA adapters as ``config`` sets them (base weights frozen): how a run
-    trains them, and how :mod:`rftgym.train.export` rebuilds a run's model."""
-    peft = require("peft", "train", "LoRA training")
-    with warnings.catch_warnings():
-        # peft reads the model's is_gradient_checkpointing, which transformers 5.2x deprecates with
-        # a FutureWarning on every LoRA run and every rebuilt run: not the user's to act on.
-        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
-        return peft.get_peft_model(model, peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                                          target_modules="all-linear", lora_dropout=0.0,
-                                                          task_type="CAUSAL_LM"))
-
-
-def check_training_logprobs(model, autocast=nullcontext) -> None:
-    """Refuse a model whose own next-token log-probs differ from the ones training computes.
-
-    Training computes log-probs from the final hidden states (``hidden @ lm_head.weight`` through
-    the config's :class:`~rftgym.train.token_logprobs.LogitTransform`), while rollouts sample from
-    the model's own logits; a model that does more to its logits (an output bias, a transform
-    rftgym does not know) would be trained on other probabilities than it sampled from. One
-    forward pass over a few tokens, under the training precision (``autocast``), compares the two.
-    """
-    head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise ConfigError("the model's output layer has a bias, which rftgym's chunked log-probs do not apply yet")
-    weight = head.weight
-    ids = (torch.arange(6, device=weight.device) * 7 + 3).remainder(weight.shape[0]).unsqueeze(0)
-    with torch.no_grad(), autocast():
-        # As the samplers do: the model's logits upcast to float32, then log_softmax.
-        theirs = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[:, :-1].float(), dim=-1)
-        theirs = theirs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).double()
-        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
-        ours, _ = chunked_token_logprobs(hidden, weight, ids[:, 1:], transform=logit_transform(model.config))
-    # The same operations in the same precision give (nearly) the same numbers; 16-bit rounding
-    # of a differently fused reduction stays far below a wrong transform's gap.
-    tolerance = 1e-3 if ours.dtype == torch.float64 or weight.dtype == torch.float32 else 2e-2
-    gap = float((ours.double() - theirs).abs().max())
-    if not gap <= tolerance:
-        raise ConfigError(
-            f"the model's own log-probs differ from rftgym's training log-probs by up to {gap:.3g} (tolerance "
-            f"{tolerance}): its logits are more than hidden @ lm_head.weight with the transform its config names "
-            f"({logit_transform(model.config)}). Training it would use other probabilities than it samples from; "
-            "rftgym supports a logit scale and a soft cap (final_logit_softcapping, logit_scale, logits_scaling)")
-
-
-def check_packed_attention(model, autocast=nullcontext) -> None:
-    """Refuse packing (``pack_sequences``) for a model that does not keep packed samples apart.
-
-    Packed rows (:mod:`rftgym.train.packing`) rely on the decoder reading position ids that
-    restart at 0 as the start of a new sample and masking attention across samples, as
-    Hugging Face's shared mask code does; a model with attention code of its own may attend across
-    samples instead, silently. Two short samples packed in one row must give the log-probs they
-    give alone."""
-    weight = model.get_output_embeddings().weight
-    vocab = weight.shape[0]
-    first = (torch.arange(5, device=weight.device) * 5 + 2).remainder(vocab)
-    second = (torch.arange(4, device=weight.device) * 3 + 1).remainder(vocab)
-    decoder = model.get_decoder()
-    with torch.no_grad(), autocast():
-        alone = [decoder(input_ids=ids.unsqueeze(0), use_cache=False).last_hidden_state[0] for ids in (first, second)]
-        packed = decoder(input_ids=torch.cat([first, second]).unsqueeze(0),
-                         position_ids=torch.cat([torch.arange(5), torch.arange(4)]).to(weight.device).unsqueeze(0),
-                         use_cache=False).last_hidden_state[0]
-    gap = float((packed - torch.cat(alone)).abs().max())
-    scale = float(torch.cat(alone).abs().max())
-    if not gap <= 2e-2 * max(scale, 1.0):
-        raise ConfigError(f"this model attends across packed samples (hidden states differ by {gap:.3g} from the "
-                          "samples run alone): its attention ignores restarting position ids. Train it without "
-                          "pack_sequences (--no-pack-sequences)")
-
-
-def make_reference(model, config: TrainConfig):
-    """The frozen reference for the KL term: None when unused; with LoRA, the same model with
-    its adapters switched off (no second copy); otherwise a frozen copy of the initial model."""
-    if config.kl_coef == 0:
-        return None
-    if config.lora_rank:
-        return "adapters-off"
-    reference = copy.deepcopy(model).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
-
-
-def batch_logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
-    """Log-probs of each next token, computed from the final hidden states in vocabulary chunks."""
-    if isinstance(model, ShardedModel):  # FSDP: through the root's forward, whose hooks gather parameters
-        return model(batch, config, with_entropy)
-    return _logprobs(model, batch, config, with_entropy)
-
-
-def _logprobs(model, batch: dict[str, torch.Tensor], config: TrainConfig, with_entropy: bool = False):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # Packed rows (rftgym.train.packing) carry position ids that restart at each sample, and no
-    # padding mask; the decoder then attends within each sample only.
-    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                                position_ids=batch.get("position_ids"), use_cache=False).last_hidden_state
-    weight = base.get_output_embeddings().weight
-    options = dict(temperature=config.temperature, chunk_size=config.logprob_chunk_size, with_entropy=with_entropy,
-                   transform=logit_transform(base.config))
-    targets, index = batch["targets"], batch.get("trained_index")
-    if index is None or index.numel() == 0:  # every position (e.g. a padding pass that trains nothing)
-        return chunked_token_logprobs(hidden[:, :-1], weight, targets, **options)
-    # The loss, the KL term and the reported entropy are all taken over the loss mask, so only
-    # trained positions need the vocabulary projection: prompts, tool output and padding skip it.
-    # Position t of row b is index b * (T - 1) + t of the targets and b * T + t of the hidden states.
-    width = targets.shape[1]
-    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index + index // width)
-    logp, entropy = chunked_token_logprobs(rows.unsqueeze(0), weight, targets.reshape(-1)[index].unsqueeze(0),
-                                           **options)
-    return _spread(logp, index, targets.shape), (None if entropy is None else _spread(entropy, index, targets.shape))
-
-
-def _spread(values: torch.Tensor, index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``values`` ``[1, K]`` placed at the flat positions ``index`` of a zero tensor of ``shape``."""
-    return values.new_zeros(shape.numel()).index_copy(0, index, values[0]).view(shape)
-
-
-def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
-    """The minibatch's loss (aggregated over its own tokens), its stats (0-dim tensors, still on
-    the device), and the log-probs."""
-    with autocast():
-        logp, entropy = batch_logprobs(model, batch, config, with_entropy=True)
-        ref_logp = reference_logprobs(model, reference, batch, config)
-    mask = batch["loss_mask"]
-    normalizer = config.minibatch_size * config.max_new_tokens if config.aggregation == "constant_normalizer" else None
-    if config.algo == "rft":  # supervised: the negative log-likelihood of the sampled tokens
-        loss = aggregate(config.aggregation, -logp, mask, normalizer=normalizer, sequence_ids=batch.get("sequence_ids"))
-        return loss, {"pg_loss": loss.detach(), "entropy": token_mean(entropy.detach(), mask)}, logp
-    loss, stats = policy_loss(
-        logp, batch["old_logprobs"], batch["advantages"], mask,
-        clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
-        normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
-        sequence_ids=batch.get("sequence_ids"),
-    )
-    return loss, stats, logp
-
-
-def normalizer_count(samples: list[TrainSample], aggregation: str) -> int:
-    """What ``aggregation``'s mean divides by over ``samples``: trained tokens (token_mean), sequences
-    with a trained token (sequence_mean), or the sample count (constant_normalizer). A sample's
-    first token is never predicted, so its mask counts from the second token."""
-    if aggregation == "token_mean":
-        return sum(sum(s.loss_mask[1:]) for s in samples)
-    if aggregation == "sequence_mean":
-        return sum(1 for s in samples if any(s.loss_mask[1:]))
-    return len(samples)
-
-
-def microbatch_weights(parts: list[list[TrainSample]], aggregation: str) -> list[float]:
-    """How much each microbatch's own aggregated loss weighs in the minibatch's: its share of the
-    trained tokens (token_mean), of the sequences with trained tokens (sequence_mean), or 1
-    (constant_normalizer, a plain sum over a fixed normalizer)."""
-    if aggregation == "constant_normalizer":
-        return [1.0] * len(parts)
-    counts = [normalizer_count(part, aggregation) for part in parts]
-    total = sum(counts)
-    return [c / total if total else 0.0 for c in counts]
-
-
-def microbatches(samples: list[TrainSample], config: TrainConfig) -> list[list[TrainSample]]:
-    """``samples`` split into forward/backward passes by ``microbatch_size`` or ``microbatch_tokens``
-    (:func:`~rftgym.train.microbatches.plan_passes`)."""
-    return [[samples[i] for i in indices] for indices in _pass_plan(samples, config)]
-
-
-def _pass_plan(samples: list[TrainSample], config: TrainConfig, *, no_grad: bool = False) -> list[list[int]]:
-    # Without gradients (old_logprobs="recompute") and without a limit, a pass takes a minibatch.
-    per_pass = config.microbatch_size or (config.minibatch_size if no_grad and not config.microbatch_tokens else 0)
-    return plan_passes([len(s.token_ids) for s in samples], samples_per_pass=per_pass,
-                       tokens_per_pass=config.microbatch_tokens, packed=config.pack_sequences)
-
-
-def _accumulate(model, reference, parts: list[list[TrainSample]], config: TrainConfig, pad_id: int, device,
-                autocast, *, passes: int = 0, scale: float = 1.0):
-    """Backward over a minibatch split into forward/backward passes (``parts``, from
-    :func:`microbatches`: gradient accumulation, the same gradient as one pass with one part's
-    activations at a time), each loss times ``scale``; then zero-weighted padding passes up to
-    ``passes`` in all (FSDP: every rank must run as many forward/backward passes, since those hold
-    the collectives). Returns the minibatch's loss and stats (stats weighted like the loss; 0-dim
-    tensors, nothing is read back from the device), or ``(None, {})`` for no parts."""
-    # The loss (and pg_loss) combine as the aggregation does; the other stats are token means.
-    loss_weights = microbatch_weights(parts, config.aggregation)
-    token_weights = microbatch_weights(parts, "token_mean")
-    total_loss, stats = 0.0, {}
-    for part, weight, token_weight in zip(parts, loss_weights, token_weights):
-        batch = to_device(collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id), device)
-        loss, part_stats, _ = _batch_loss(model, reference, batch, config, autocast)
-        (loss * (weight * scale)).backward()
-        total_loss = total_loss + loss.detach() * weight
-        for key, value in part_stats.items():
-            share = weight if key == "pg_loss" else token_weight
-            stats[key] = stats.get(key, 0.0) + value * share
-    for _ in range(len(parts), passes):
-        batch = to_device(padding_batch(pad_id), device)
-        _, _, logp = _batch_loss(model, reference, batch, config, autocast)
-        # logp times zero, not the loss: the loss of a fully masked batch need not be finite.
-        (logp * 0.0).sum().backward()
-    return (total_loss, stats) if parts else (None, {})
-
-
-def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
-    """A collated (host) batch on ``device``, copied without waiting for the device.
-
-    A plain copy from pageable memory to a GPU waits until the device has finished all work
-    queued before it (the previous microbatch's backward pass), and then the host has nothing
-    queued while it prepares the next pass. From pinned memory the copy is queued like a kernel.
-    The attention mask is checked for right padding here, on the host, and tagged
-    (:func:`~rftgym.train.speed.tag_right_padding`), so the decoder's mask hook need not read
-    the mask back from the device.
-    """
-    device = torch.device(device)
-    pin = device.type == "cuda"
-    # Only a contiguous pinned tensor is copied asynchronously: for a strided view (e.g. a slice)
-    # PyTorch first makes a pageable contiguous copy, and the transfer from it waits for the device.
-    moved = {key: (value.contiguous().pin_memory() if pin else value).to(device, non_blocking=pin)
-             for key, value in batch.items()}
-    if "attention_mask" in moved:
-        tag_right_padding(moved["attention_mask"], is_right_padded(batch["attention_mask"]))
-    return moved
-
-
-def padding_batch(pad_id: int) -> dict[str, torch.Tensor]:
-    """A two-token batch that trains nothing (its loss mask is zero): FSDP's stand-in minibatch."""
-    return collate([TrainSample(token_ids=[pad_id, pad_id], loss_mask=[0, 0], old_logprobs=[0.0, 0.0],
-                                advantages=[0.0, 0.0], group=-1, episode=-1)], pad_id)
-
-
-def reference_logprobs(model, reference, batch, config: TrainConfig):
-    if reference is None:
-        return None
-    context = model.disable_adapter() if reference == "adapters-off" else nullcontext()
-    with torch.no_grad(), context:
-        logp, _ = batch_logprobs(model if reference == "adapters-off" else reference, batch, config)
-    return logp
-
-
-# ---------------------------------------------------------------- one optimisation pass
-
-def optimise(model, reference, optimizer, samples: list[TrainSample], config: TrainConfig, pad_id: int,
-             generator: torch.Generator, ranks: Distributed | None = None, autocast=nullcontext) -> dict[str, float]:
-    """``epochs_per_step`` passes of minibatch updates over ``samples``; mean stats.
-
-    With several ranks, every rank runs the largest rank's number of minibatches (a rank that
-    has run out contributes zero gradients), and each minibatch's loss is the aggregation over
-    all ranks' samples together (a token mean weighs every token of every rank alike), as one
-    process would compute it over the union; gradients are averaged before each step. Under FSDP
-    (``model`` a :class:`ShardedModel`) the forward and backward passes hold the collectives, so
-    every rank runs the largest rank's number of passes
-    (zero-weighted padding passes where it has fewer microbatches, or none), and FSDP's
-    reduce-scatter does the averaging.
-
-    Nothing is read back from the device until every minibatch has been queued (the stats stay
-    0-dim device tensors until then), so on a GPU the host prepares the next kernels while the
-    device runs the previous ones; the stats are read back at once at the end.
-    """
-    ranks = ranks or Distributed()
-    sharded = isinstance(model, ShardedModel)
-    device = next(model.parameters()).device
-    # The gradients to average and clip (float32 masters hold them for a 16-bit model).
-    trainable = gradient_tensors(optimizer, [p for p in model.parameters() if p.requires_grad])
-    size, aggregation = config.minibatch_size, config.aggregation
-    orders = [torch.randperm(len(samples), generator=generator).tolist() for _ in range(config.epochs_per_step)]
-    # Each epoch's minibatches, each split into its forward/backward passes.
-    planned = [[microbatches([samples[i] for i in order[k:k + size]], config) for k in range(0, len(samples), size)]
-               for order in orders]
-    # Every rank's sample count and, per minibatch, what its loss is a mean over (trained tokens or
-    # sequences) and its number of passes: a minibatch's loss is one mean over all ranks' samples,
-    # as in one process, so each rank weighs its share by its own count over the total; under FSDP
-    # every rank runs the most passes any rank has.
-    own = (len(samples), [[(normalizer_count(flat := [s for part in parts for s in part], aggregation), len(parts),
-                            normalizer_count(flat, "token_mean")) for parts in epoch] for epoch in planned])
-    per_rank = ranks.gather_objects(own)
-    minibatches = max(-(-n // size) for n, _ in per_rank)
-    if minibatches == 0:
-        return {"loss": None, "grad_norm": None, "updates": 0}
-    totals: dict[str, torch.Tensor] = {}
-    grad_norms: torch.Tensor | float = 0.0
-    updates = 0
-    for epoch in range(len(orders)):
-        for index in range(minibatches):
-            parts = planned[epoch][index] if index < len(planned[epoch]) else []
-            optimizer.zero_grad(set_to_none=True)
-            chunk_sizes = [min(size, max(0, n - index * size)) for n, _ in per_rank]
-            contributors = sum(n > 0 for n in chunk_sizes)
-            if aggregation == "constant_normalizer":  # a sum over a fixed normalizer of world x minibatch
-                share = 1.0 / ranks.world_size
-            else:
-                counts = [c[epoch][index][0] if index < len(c[epoch]) else 0 for _, c in per_rank]
-                share = counts[ranks.rank] / sum(counts) if sum(counts) else 0.0
-            # The token-mean statistics (entropy, clip fraction, ...) combine by trained tokens.
-            tokens = [c[epoch][index][2] if index < len(c[epoch]) else 0 for _, c in per_rank]
-            token_share = tokens[ranks.rank] / sum(tokens) if sum(tokens) else 0.0
-            # The gradients are then divided by the contributing ranks (DDP) or by all of them
-            # (FSDP's reduce-scatter); scaled by that divisor, this rank's loss enters as its share.
-            scale = share * (ranks.world_size if sharded else contributors)
-            if sharded:
-                passes = max(c[epoch][index][1] if index < len(c[epoch]) else 0 for _, c in per_rank)
-                loss, stats = _accumulate(model, reference, parts, config, pad_id, device, autocast,
-                                          passes=passes, scale=scale)
-            else:
-                loss, stats = _accumulate(model, reference, parts, config, pad_id, device, autocast, scale=scale)
-                # A rank that has run out still joins the average (with zero gradients).
-                ranks.average_gradients(trainable, contributed=bool(parts))
-            # Sharded gradients: the norm is a DTensor over all shards, so every rank clips alike.
-            grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
-            optimizer.step()
-            updates += 1
-            # The gradient (and its norm) is every rank's. The loss and its stats are this rank's
-            # own, weighed by its share as in the gradient: summed over the ranks below, they make
-            # the minibatch's loss as one process would compute it.
-            grad_norms = grad_norms + grad_norm.detach()
-            if loss is None:
-                continue
-            for key, value in {"loss": loss, **stats}.items():
-                totals[key] = totals.get(key, 0.0) + value * (share if key in ("loss", "pg_loss") else token_share)
-    if not updates:
-        return {"loss": None, "grad_norm": None, "updates": 0}
-    sums = read_back({**totals, "grad_norm": grad_norms})  # one wait for the device, at the end
-    grad_norm = sums.pop("grad_norm") / updates
-    merged: dict[str, float] = {}
-    for rank_sums in ranks.gather_objects(sums):  # every rank reports every rank's loss, not its own
-        for key, value in rank_sums.items():
-            merged[key] = merged.get(key, 0.0) + value
-    if not merged:
-        return {"loss": None, "grad_norm": grad_norm, "updates": updates}
-    return {**{key: value / updates for key, value in merged.items()}, "grad_norm": grad_norm, "updates": updates}
-
-
-def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfig, pad_id: int,
-                           ranks: Distributed | None = None, autocast=nullcontext) -> tuple[list[TrainSample], dict]:
-    """``samples`` with the PPO ratio's old log-probs recomputed by the model as the update computes
-    them (``old_logprobs="recompute"``, as verl does), and how far the rollout's were from them.
-
-    The rollout's log-probs come from the decode kernels (a KV cache, CUDA graphs, bf16 in another
-    order); the update's from the training forward pass. Their gap makes the first ratio differ
-    from 1 by noise alone, which the clip then treats as a policy change. The recomputed ones are
-    the update's own numbers before its first step. Reported: ``old_logprob_gap`` (mean absolute
-    difference over trained tokens) and ``old_logprob_gap_max``.
-    """
-    ranks = ranks or Distributed()
-    device = next(model.parameters()).device
-    sharded = isinstance(model, ShardedModel)
-    plan = _pass_plan(samples, config, no_grad=True)
-    # FSDP's forward holds collectives: every rank runs the largest rank's number of passes.
-    passes = max(ranks.gather_objects(len(plan))) if sharded else len(plan)
-    values, owners = [], []
-    with torch.no_grad():
-        for index in range(passes):
-            part = [samples[i] for i in plan[index]] if index < len(plan) else None
-            host = (collate_packed(part, pad_id) if config.pack_sequences else collate(part, pad_id)) if part \
-                else padding_batch(pad_id)
-            with autocast():
-                logp, _ = batch_logprobs(model, to_device(host, device), config)
-            if part:
-                values.append(logp.float())
-                owners.append((host.get("sequence_ids"), len(part)))
-    if sharded:
-        # A forward without gradients leaves the root's parameters gathered (no backward pass
-        # reshards them), and the update's backward would then reduce the wrong tensors.
-        model.reshard()
-    # The first .cpu() waits for the device, once.
-    predicted = [lp for part, owner in zip(values, owners) for lp in _per_sample(part.cpu(), *owner)]
-    row_of = dict(zip((i for indices in plan for i in indices), predicted))
-    out, gaps = [], []
-    for index, sample in enumerate(samples):
-        row = row_of[index]
-        # row[t - 1] is the log-prob of token t (position p predicts token p + 1).
-        old = list(sample.old_logprobs)
-        for t in range(1, len(sample.token_ids)):
-            if sample.loss_mask[t]:
-                gaps.append(abs(row[t - 1] - old[t]))
-                old[t] = row[t - 1]
-        out.append(replace(sample, old_logprobs=old))
-    if not gaps:
-        return out, {}
-    return out, {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
-
-
-def _per_sample(logp: torch.Tensor, sequence_ids: torch.Tensor | None, count: int) -> list[list[float]]:
-    """Each sample's log-probs, in order, from a padded batch (one sample per row) or a packed one
-    (``sequence_ids`` names the sample of each position; a sample's positions come in order)."""
-    if sequence_ids is None:
-        return logp.tolist()
-    owner = sequence_ids.reshape(-1)
-    order = torch.argsort(owner, stable=True)  # by sample, each sample's positions in order
-    lengths = torch.bincount(owner + 1, minlength=count + 1).tolist()  # padding (-1) first
-    return [part.tolist() for part in torch.split(logp.reshape(-1)[order], lengths)[1:]]
-
-
-def read_back(values: dict[str, torch.Tensor | float], divisor: int = 1) -> dict[str, float]:
-    """``values / divisor`` as Python floats, read from the device in one transfer (one wait)."""
-    keys = list(values)
-    tensors = [torch.as_tensor(values[key]).detach() for key in keys]
-    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
-    # float64 where the device has it, so that float64 runs report their full precision.
-    dtype = torch.float32 if device.type == "mps" else torch.float64
-    stacked = torch.stack([t.reshape(()).to(device=device, dtype=dtype) for t in tensors])
-    return dict(zip(keys, (stacked / divisor).tolist()))

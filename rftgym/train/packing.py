@@ -6,7 +6,7 @@ the forward and backward passes spend much of their work on padding. :func:`coll
 instead places samples one after another in rows (first-fit decreasing), with position ids that
 restart at 0 at each sample. Hugging Face decoders read such position ids as packed sequences
 and attend only within each one (``transformers.masking_utils``); training checks that once per
-run (:func:`rftgym.train.loop.check_packed_attention`) and refuses packing for a model that does not.
+run (:func:`rftgym.train.model_setup.check_packed_attention`) and refuses packing for a model that does not.
 
 Per row, position ``p`` predicts token ``p + 1``, as in ``collate``; the last position of each
 sample would predict the next sample's first token, so it is masked. ``sequence_ids`` names the

@@ -1,6 +1,6 @@
 """Training-speed switches for the update phase, applied to the model in place.
 
-The update runs through :func:`rftgym.train.loop.batch_logprobs` (the HF decoder, then chunked
+The update runs through :func:`rftgym.train.update.batch_logprobs` (the HF decoder, then chunked
 log-probs) whatever is switched on here; these switches only change how fast and how lean it is:
 
 * ``compile_layers``: ``torch.compile`` each decoder layer, for calls without a KV cache (decoding
@@ -132,7 +132,7 @@ def _causal_sdpa_registered() -> bool:
 
 
 def _drops_mask(mask: torch.Tensor) -> bool:
-    """Whether the padding mask can go: a batch from :func:`~rftgym.train.loop.to_device` carries
+    """Whether the padding mask can go: a batch from :func:`~rftgym.train.update.to_device` carries
     its host-checked tag (trusted in any grad mode, so that the no-grad forwards of the reference
     and of recomputed log-probs run the same kernels as the update); an untagged mask is checked
     under grad only (rollouts and scoring keep theirs)."""

@@ -94,7 +94,7 @@ def logit_transform(model_config) -> LogitTransform:
     Read from ``final_logit_softcapping`` (Gemma 2/3 and others: ``cap * tanh(l / cap)``),
     ``logit_scale`` (Cohere: ``l * logit_scale``) and ``logits_scaling`` (Granite: ``l /
     logits_scaling``; HyperCLOVA X multiplies by it instead). Training checks the result against
-    the model's own logits once (:func:`rftgym.train.loop.check_training_logprobs`), so a family
+    the model's own logits once (:func:`rftgym.train.model_setup.check_training_logprobs`), so a family
     that reads these names differently is refused rather than trained on the wrong probabilities.
     """
     def number(name):

@@ -282,7 +282,7 @@ GLOBAL_MEAN_SCRIPT = textwrap.dedent('''
     from rftgym.train import TrainConfig
     from rftgym.train.batching import TrainSample
     from rftgym.train.distributed import Distributed, full_tensor, shard_model
-    from rftgym.train.loop import _logprobs, optimise
+    from rftgym.train.update import decoder_logprobs, optimise
 
     result_dir = sys.argv[1]
     ranks = Distributed.from_env(process_group_for_one=True)
@@ -303,7 +303,7 @@ GLOBAL_MEAN_SCRIPT = textwrap.dedent('''
             model = tiny_llama()
             trained = model
             if mode == "fsdp":
-                trained = shard_model(model, _logprobs, mixed_precision=False)
+                trained = shard_model(model, decoder_logprobs, mixed_precision=False)
             optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
             if mode == "one":
                 if ranks.rank == 0:

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rftgym.train.batching import TrainSample, collate
 from rftgym.train.config import TrainConfig
-from rftgym.train.loop import optimise, read_back, to_device
+from rftgym.train.update import optimise, read_back, to_device
 from rftgym.train.speed import SpeedConfig, apply_training_speedups, tag_right_padding
 from support import tiny_llama
 
@@ -186,16 +186,16 @@ def test_cuda_update_never_synchronizes_before_its_stats(pack, scope):
     torch.cuda.synchronize()
     # "warn": every synchronizing call warns. read_back's one transfer is the update's only wait,
     # so read_back is deferred here and the stats are read after the mode is reset.
-    import rftgym.train.loop as loop
+    import rftgym.train.update as update
 
-    real_read_back = loop.read_back
+    real_read_back = update.read_back
     pending = {}
 
     def deferred(values, divisor=1):
         pending.update(values=values, divisor=divisor)
         return {}
 
-    loop.read_back = deferred
+    update.read_back = deferred
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -203,7 +203,7 @@ def test_cuda_update_never_synchronizes_before_its_stats(pack, scope):
             optimise(model, None, optimizer, samples(), config, 0, torch.Generator().manual_seed(0), None, autocast)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        loop.read_back = real_read_back
+        update.read_back = real_read_back
     syncs = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
     # Packed rows leave transformers its packed-sequence check; padded rows leave nothing.
     assert [s for s in syncs if not (pack and s.split(":")[0].endswith(OUTSIDE_RFTGYM))] == []

@@ -10,7 +10,9 @@ from support import SayAEnv, make_char_policy
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 from rftgym.train.batching import TrainSample, collate
-from rftgym.train.loop import _logprobs, check_training_logprobs, prepare_model, train
+from rftgym.train.loop import train
+from rftgym.train.model_setup import check_training_logprobs, prepare_model
+from rftgym.train.update import decoder_logprobs
 
 
 def model_logprobs(model, batch):
@@ -43,7 +45,7 @@ def test_training_logprobs_equal_the_models_own(family):
                TrainSample([6, 8, 3], [0, 1, 1], [0.0] * 3, [0.0] * 3, 0, 1)]
     batch = collate(samples, policy.pad_id)
     with torch.no_grad():
-        ours, _ = _logprobs(model, batch, config)
+        ours, _ = decoder_logprobs(model, batch, config)
         theirs = model_logprobs(model, batch)
         identity = torch.log_softmax((model.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state[:, :-1]
                                       @ model.get_output_embeddings().weight.t()).double(), -1)

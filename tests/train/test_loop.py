@@ -141,7 +141,7 @@ def test_the_base_fingerprint_ignores_the_load_dtype_and_not_the_weights(make_ch
 
 
 def test_a_lora_rank_above_every_layers_full_rank_is_refused_before_any_adapter(make_char_policy):
-    from rftgym.train.loop import prepare_model
+    from rftgym.train.model_setup import prepare_model
 
     policy = make_char_policy()  # width 32, MLP 64: no adapted layer has a rank above 32
     with pytest.raises(ConfigError, match=r"lora_rank 33 is above the full rank of every layer LoRA would adapt "
@@ -285,10 +285,10 @@ def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_polic
 def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy, pack, monkeypatch):
     from dataclasses import replace
 
-    from rftgym.train import loop
+    from rftgym.train import update
 
     from rftgym.train.batching import TrainSample, collate
-    from rftgym.train.loop import batch_logprobs, optimise, recompute_old_logprobs
+    from rftgym.train.update import batch_logprobs, optimise, recompute_old_logprobs
 
     policy = make_char_policy()
     model = policy.model
@@ -298,8 +298,8 @@ def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy,
     config = TrainConfig(minibatch_size=4, group_size=2, kl_coef=0.0, old_logprobs="recompute",
                          pack_sequences=pack)
     rows = []
-    real_collate_packed = loop.collate_packed
-    monkeypatch.setattr(loop, "collate_packed", lambda *a: rows.append(real_collate_packed(*a)["input_ids"].shape[0])
+    real_collate_packed = update.collate_packed
+    monkeypatch.setattr(update, "collate_packed", lambda *a: rows.append(real_collate_packed(*a)["input_ids"].shape[0])
                         or real_collate_packed(*a))
     fresh, gap = recompute_old_logprobs(model, samples, config, policy.pad_id)
     # Packed into rows of 6 tokens, the two 3-token samples share one.
@@ -399,7 +399,7 @@ def test_the_segment_generator_draws_apart_from_the_sampler():
 
 
 def test_adding_lora_adapters_warns_of_nothing_the_user_can_act_on(tmp_path, make_char_policy):
-    from rftgym.train.loop import with_lora
+    from rftgym.train.model_setup import with_lora
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

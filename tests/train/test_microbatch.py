@@ -12,7 +12,7 @@ import torch
 from rftgym.core.errors import ConfigError
 from rftgym.train.batching import TrainSample
 from rftgym.train.config import TrainConfig
-from rftgym.train.loop import microbatch_weights, optimise
+from rftgym.train.update import microbatch_weights, optimise
 from rftgym.train.microbatches import pass_tokens, plan_passes
 from support import tiny_llama
 
@@ -105,11 +105,11 @@ def test_plan_passes_by_hand():
 
 
 def test_microbatches_group_samples_of_like_length(monkeypatch):
-    from rftgym.train import loop
+    from rftgym.train import update
 
     seen = []
-    real = loop.collate
-    monkeypatch.setattr(loop, "collate", lambda part, pad: seen.append([len(s.token_ids) for s in part])
+    real = update.collate
+    monkeypatch.setattr(update, "collate", lambda part, pad: seen.append([len(s.token_ids) for s in part])
                         or real(part, pad))
     config = TrainConfig(minibatch_size=5, microbatch_size=2, max_new_tokens=8, group_size=2, learning_rate=1e-2)
     model = tiny_llama()
@@ -121,7 +121,7 @@ def test_microbatches_group_samples_of_like_length(monkeypatch):
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_normalizer"])
 def test_rft_loss_follows_the_aggregation(aggregation):
     from rftgym.train.batching import collate
-    from rftgym.train.loop import _batch_loss, batch_logprobs
+    from rftgym.train.update import _batch_loss, batch_logprobs
 
     model, data = tiny_llama(), samples()
     config = TrainConfig(algo="rft", group_size=1, aggregation=aggregation, minibatch_size=5, max_new_tokens=8)

@@ -11,7 +11,9 @@ from support import SayAEnv, tiny_llama
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 from rftgym.train.batching import TrainSample
-from rftgym.train.loop import check_packed_attention, optimise, train
+from rftgym.train.loop import train
+from rftgym.train.model_setup import check_packed_attention
+from rftgym.train.update import optimise
 from rftgym.train.packing import collate_packed, pack_rows
 
 

@@ -8,7 +8,7 @@ import torch
 from rftgym.core.errors import ConfigError
 from rftgym.train.batching import TrainSample, collate
 from rftgym.train.config import TrainConfig
-from rftgym.train.loop import batch_logprobs
+from rftgym.train.update import batch_logprobs
 from rftgym.train.speed import (
     SpeedConfig,
     _ones_then_zeros,
