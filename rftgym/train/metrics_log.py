@@ -11,6 +11,9 @@ from typing import Any
 from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
 
+# What the learning curve plots, where a run's rows hold it.
+CURVE_KEYS = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
+
 
 def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | None = None) -> TrainingError:
     """The error for an output the run cannot write (a full disk, a read-only file), saying how
@@ -116,33 +119,43 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_learning_curve(metrics_path: Path, png_path: Path,
-                        keys: tuple[str, ...] = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
-                        ) -> Path | None:
+                        keys: tuple[str, ...] = CURVE_KEYS) -> Path | None:
     """Plot the given metrics against the step; returns None when matplotlib is missing."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        figure = learning_curve_figure(read_metrics(metrics_path), keys)
     except ImportError:
         warn_caller("matplotlib is not installed; no learning-curve PNG (pip install 'rftgym[train]')")
         return None
-    rows = read_metrics(metrics_path)
-    present = [k for k in keys if any(k in r for r in rows)]
-    fig, axes = plt.subplots(len(present), 1, figsize=(6, 2.2 * max(1, len(present))), sharex=True, squeeze=False)
-    for ax, key in zip(axes[:, 0], present):
-        points = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
+    if figure is None:
+        return None
     try:
-        fig.savefig(png_path, dpi=100)
+        figure.savefig(png_path, dpi=100)
     except OSError as exc:  # the run's work is saved already: a missing picture is not worth failing it
         warn_caller(f"could not write {png_path} ({exc.strerror or exc}); the metrics it would plot are in "
                     f"{metrics_path}")
         return None
-    finally:
-        plt.close(fig)
     return png_path
+
+
+def learning_curve_figure(rows: list[dict[str, Any]], keys: tuple[str, ...] = CURVE_KEYS):
+    """A matplotlib Figure with one panel per metric of ``keys`` that ``rows`` hold, against the
+    step (whole-number ticks); None when they hold none. Made without pyplot, so drawing it
+    neither switches the caller's backend (a notebook's inline plots go on working) nor touches
+    pyplot's global figure list (it is freed with the object, and safe to make off the main thread)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    present = [k for k in keys if any(r.get(k) is not None for r in rows)]
+    if not present:
+        return None
+    figure = Figure(figsize=(6, 2.2 * len(present)))
+    axes = figure.subplots(len(present), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, key in zip(axes, present):
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 1.5
+    axes[-1].set_xlabel("step")
+    figure.tight_layout()
+    return figure
