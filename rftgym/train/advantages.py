@@ -120,9 +120,10 @@ def compute_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Tens
 def zero_variance_groups(rewards: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
     """``bool[num_groups]``: True where ``max_i r_gi - min_i r_gi <= atol`` (all rewards equal).
 
-    Such groups have all advantages 0 under GRPO, Dr.GRPO and RLOO, so they carry no gradient;
-    DAPO's dynamic sampling drops them and samples more groups instead. A group of size 1 is
-    zero-variance.
+    Such groups carry no gradient worth its cost: equal rewards give every advantage exactly 0
+    under GRPO, Dr.GRPO and RLOO, and a spread within ``atol`` gives advantages of at most about
+    that size (Dr.GRPO, RLOO; GRPO's division by std + eps keeps them below ``atol / eps``). DAPO's
+    dynamic sampling drops them and samples more groups instead. A group of size 1 is zero-variance.
     """
     rewards = _as_reward_matrix(rewards)
     if rewards.shape[1] == 0:

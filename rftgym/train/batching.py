@@ -198,7 +198,9 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
     if not groups:
         return [], stats
     _check_old_logprobs(groups, config)
-    rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float32)
+    # float64, as the estimators compute: in float32 distinct rewards can round to one value (above
+    # 2^24 apart by 1, or small steps on a large offset) and their group would read as zero-variance.
+    rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float64)
 
     if config.algo == "rft":
         samples = [

@@ -82,8 +82,11 @@ def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
 
 def token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``sum(loss * mask) / sum(mask)``: every trained token of the batch weighs the same
-    (DAPO's token-level loss). An all-zero mask gives 0."""
-    return _safe_divide(_masked(loss, mask).sum(), mask.sum().to(loss.dtype))
+    (DAPO's token-level loss). An all-zero mask gives 0. A mask that broadcasts to ``loss``'s
+    shape (e.g. ``[B, 1]``, one weight per row) counts once per position it covers, as in the
+    numerator and in the other aggregations."""
+    weights = torch.broadcast_to(mask, loss.shape)
+    return _safe_divide(_masked(loss, mask).sum(), weights.sum().to(loss.dtype))
 
 
 def sequence_mean(loss: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor | None = None) -> torch.Tensor:

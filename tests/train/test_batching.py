@@ -60,6 +60,14 @@ def test_zero_variance_groups_are_dropped_or_kept_with_zero_advantage():
     assert all(a == 0 for s in samples for a in s.advantages)
 
 
+def test_rewards_that_differ_only_beyond_float32_are_a_group_with_signal():
+    # 2^24 and 2^24 + 1 are one float32 number; in float64 they are a spread of 1: GRPO gives +-1/sqrt(2).
+    group = [episode([(2, 2.0 ** 24, {})]), episode([(2, 2.0 ** 24 + 1, {})])]
+    samples, stats = build_samples([group], TrainConfig(algo="grpo"))
+    assert stats.groups_kept == 1
+    assert [s.advantages[-1] for s in samples] == pytest.approx([-SQRT_HALF, SQRT_HALF], abs=1e-5)
+
+
 def test_overlong_episodes_are_masked_when_asked():
     cut = episode([(2, 0.0, {})])
     cut.turns[-1].finish_reason = "length"

@@ -122,6 +122,14 @@ def test_token_mean():
     close(token_mean(LOSS, MASK), 7 / 3)
 
 
+def test_a_mask_of_one_weight_per_row_counts_every_position_it_covers():
+    # mask [[1], [0]] broadcast over 3 positions: row 0 trains 3 tokens, row 1 none.
+    row_mask = torch.tensor([[1.0], [0.0]])
+    close(token_mean(LOSS, row_mask), (1 + 2 + 3) / 3)  # 2, not 6 / 1
+    close(sequence_mean(LOSS, row_mask), 2.0)  # the one sequence with tokens: the same mean
+    close(aggregate("token_mean", LOSS, row_mask), 2.0)
+
+
 def test_sequence_mean():
     # ((1 + 2) / 2 + 4 / 1) / 2 = (1.5 + 4) / 2 = 2.75
     close(sequence_mean(LOSS, MASK), 2.75)
