@@ -23,8 +23,11 @@ placed (ChatML and most others): then the concatenated spans equal the tokenized
 template that folds the system message into the first user turn, refuses a system message,
 renders an assistant turn in the history other than as generation prompt + reply + closing, or
 whose messages' tokens run into each other at their boundaries (``"\n\n" + "User"`` tokenized
-apart is not ``"\n\nUser"`` tokenized whole). The project's round-trip test checks the default
-model on real episodes.
+apart is not ``"\n\nUser"`` tokenized whole). Tool messages are checked apart, alone and two in a
+row: a template that renders them by their neighbours (adjacent tool results in one block) stays
+usable for chats without them, and :meth:`ChatTokenizer.prompt_ids` refuses a context holding what
+it cannot render span by span (:attr:`ChatTokenizer.tool_limit` says what). The project's
+round-trip test checks the default model on real episodes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ _PROBE = Context((Message("system", "You are a careful assistant.", "rftgym-prob
                   Message("user", "What is 2 + 3?", "rftgym-probe-1"),
                   Message("assistant", "It is 5.", "rftgym-probe-2"),
                   Message("user", "Thanks. And 4 + 4?", "rftgym-probe-3")))
+# Tool messages (a legal role, used by envs of one's own) are checked apart, on chats that hold one
+# and two in a row: some templates render a tool message by its neighbours (Qwen2.5 puts adjacent
+# tool results in one user block), which per-message spans cannot follow. Such a template stays
+# usable for chats without them; a context that needs what it cannot render is refused.
+_TOOL_PROBES = (
+    ("a tool message", Context((*_PROBE.messages[:3], Message("tool", "result 1", "rftgym-probe-t1"),
+                                Message("user", "And 4 + 4?", "rftgym-probe-t2")))),
+    ("two tool messages in a row", Context((*_PROBE.messages[:3], Message("tool", "result 1", "rftgym-probe-t1"),
+                                            Message("tool", "result 2", "rftgym-probe-t3")))),
+)
 _USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of single messages, so it needs a "
                 "template that renders each message on its own (ChatML and most chat models' templates do); "
                 "set tokenizer.chat_template to one")
@@ -96,6 +109,7 @@ class ChatTokenizer:
             self.closing = self._closing(parts[2])
             self.stop_ids = self._stop_ids(extra_stop_ids)
             self._check_probe_tokens(parts)
+            self.tool_limit = self._tool_limit()
         except TokenizationError:
             raise
         except Exception as exc:  # e.g. a template that enforces its own order of roles
@@ -167,6 +181,33 @@ class ChatTokenizer:
                                     f"{_USE_ANOTHER}")
         return parts
 
+    def _tool_limit(self) -> str | None:
+        """None if the template renders tool messages span by span, alone and several in a row;
+        else what it cannot render so (the first of :data:`_TOOL_PROBES` it fails)."""
+        for what, probe in _TOOL_PROBES:
+            try:
+                whole = self.render_text(probe)
+                parts = [self.span_text(m, first=i == 0) for i, m in enumerate(probe)] + [self.generation_prompt_text]
+            except Exception:  # the template refuses the tool role, or a span does not follow
+                return what
+            if "".join(parts) != whole or [i for part in parts for i in self._encode(part)] != self._encode(whole):
+                return what
+        return None
+
+    def _check_tools(self, context: Context) -> None:
+        """Refuse a context with tool messages this template does not render span by span."""
+        roles = [m.role for m in context.messages]
+        if "tool" not in roles:
+            return
+        adjacent = any(a == b == "tool" for a, b in zip(roles, roles[1:]))
+        if self.tool_limit == "a tool message" or adjacent:
+            raise TokenizationError(
+                f"This chat template renders {self.tool_limit} by its neighbours (e.g. several tool results in one "
+                "block), so the exact-token spans rftgym feeds the model would not be what the template renders; "
+                + ("put each tool result in a message of its own role 'user', or " if self.tool_limit == "a tool message"
+                   else "join the tool results of a turn into one tool message, or ")
+                + "set tokenizer.chat_template to a template that renders each message on its own")
+
     def _check_probe_tokens(self, parts: list[str]) -> None:
         """Refuse a template whose :data:`_PROBE` spans tokenized one by one are not its whole
         rendering tokenized."""
@@ -217,6 +258,8 @@ class ChatTokenizer:
         ``sampled_spans`` maps the ids of this episode's sampled assistant messages to their exact
         spans (from :meth:`assistant_span`); other messages are rendered through the template.
         """
+        if self.tool_limit is not None:
+            self._check_tools(context)
         ids: list[int] = []
         for position, message in enumerate(context.messages):
             exact = sampled_spans.get(message.id) if sampled_spans and position > 0 else None

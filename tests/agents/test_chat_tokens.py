@@ -176,3 +176,65 @@ def test_a_lone_surrogate_in_a_message_is_seen_as_a_replacement_character(defaul
     with pytest.warns(UserWarning, match=r"lone surrogate .* U\+FFFD"):
         ids = chat.prompt_ids(half)  # the tokenizer refused it with a bare TypeError
     assert ids == chat.prompt_ids(whole)
+
+
+# Qwen2.5's way with tool results: adjacent tool messages share one user block.
+TOOLS_BY_NEIGHBOURS = (
+    "{%- for message in messages %}"
+    "{%- if message.role != 'tool' %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}" + _GENERATION)
+
+
+def _chat(template):
+    from support import char_tokenizer
+
+    from rftgym.agents.chat_tokens import ChatTokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = template
+    return ChatTokenizer(tokenizer), tokenizer
+
+
+def _context(*roles):
+    return Context(tuple(Message(role, f"{role} {i}", f"m{i}") for i, role in enumerate(("system", "user", *roles))))
+
+
+def test_tool_messages_a_template_renders_by_their_neighbours_are_refused_and_others_kept():
+    from rftgym.core.errors import TokenizationError
+
+    chat, tokenizer = _chat(TOOLS_BY_NEIGHBOURS)
+    assert chat.tool_limit == "two tool messages in a row"
+    # What the template renders span by span is fed as it renders it: one tool result, no tool at all.
+    for roles in [("assistant", "tool"), ("assistant", "tool", "assistant", "tool"), ("assistant", "user")]:
+        context = _context(*roles)
+        assert chat.prompt_ids(context) == tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"]
+    adjacent = _context("assistant", "tool", "tool")
+    # Spans would give "</tool_response><|im_end|>\n<|im_start|>user\n<tool_response>" where the
+    # template writes the two results in one block: refused, saying what to do.
+    with pytest.raises(TokenizationError, match=r"renders two tool messages in a row by its neighbours .* join the "
+                                                r"tool results of a turn into one tool message"):
+        chat.prompt_ids(adjacent)
+
+
+def test_a_template_without_the_tool_role_refuses_only_contexts_that_hold_one():
+    from rftgym.core.errors import TokenizationError
+
+    no_tools = ("{% for message in messages %}{% if message['role'] == 'tool' %}"
+                "{{ raise_exception('unknown role') }}{% endif %}{{" + _TURN.format(content="message['content']")
+                + "}}{% endfor %}" + _GENERATION)
+    chat, _ = _chat(no_tools)
+    assert chat.tool_limit == "a tool message"
+    chat.prompt_ids(_context("assistant", "user"))
+    with pytest.raises(TokenizationError, match="put each tool result in a message of its own role 'user'"):
+        chat.prompt_ids(_context("assistant", "tool"))
+
+
+def test_a_template_that_renders_each_tool_message_alone_takes_any_run_of_them():
+    chat, tokenizer = _chat(CHATML_WITH_END)
+    assert chat.tool_limit is None
+    context = _context("assistant", "tool", "tool", "tool")
+    assert chat.prompt_ids(context) == tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"]
