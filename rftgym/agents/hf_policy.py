@@ -11,8 +11,9 @@ keeps the generic loop, which any causal LM can use.
 
 With a seed, the replies the rollout engine asks for are keyed (:mod:`rftgym.agents.sampling_keys`):
 each draws from a stream of its own, so an episode samples the same tokens whatever else shares
-its batch. Direct calls without keys draw from the policy's one seeded generator, unless the call
-is given a ``SamplingConfig`` with a seed of its own (not the policy's), which makes that call
+its batch (up to the last bits of the logits, which a batch's padding may change: see that
+module). Direct calls without keys draw from the policy's one seeded generator, unless the call is
+given a ``SamplingConfig`` with a seed of its own (not the policy's), which makes that call
 reproducible.
 
 Top-k and top-p filter as Hugging Face's ``TopKLogitsWarper`` then ``TopPLogitsWarper`` do (the

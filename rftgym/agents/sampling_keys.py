@@ -19,9 +19,13 @@ reply's key (the ``UNKEYED`` domain). A call given a seed of its own draws row i
 ``(seed, (i,))`` in that domain (:func:`call_uniforms`), so the same call with the same seed
 samples the same.
 
-The draws are the episode's own; its tokens are the same wherever the model's logits are: with
-batch-invariant arithmetic (float32 on a CPU, as the tests check). On a GPU, kernels chosen by
-batch size may round a logit otherwise, which flips a token whose draw lies at a boundary.
+The draws are the episode's own; its tokens are the same wherever the model's logits are. Logits
+are not quite batch-invariant: a batch's left padding and size change how the kernels block their
+sums, so the same prompt's logits may differ in their last bits (about 3e-7 in float32 on a CPU,
+more in bfloat16 on a GPU, where kernels are also chosen by batch size). That flips a token only
+when its draw lies that close to a boundary between two tokens (roughly once in ten million tokens
+in float32), and the recorded log-probs differ by as little. The tests compare tokens across
+batches on short runs of a tiny model, where no draw lands that close.
 """
 
 from __future__ import annotations
