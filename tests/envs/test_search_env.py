@@ -144,6 +144,8 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("**Score:** 7 names it", (7, "names it")), ("Score: **7** ok", (7, "ok")), ("**7/10** good", (7, "good")),
     ("__Score__: 3", (3, "")), ("**score: 7.5**", None), ("**11**", None), ("**5**-6", None),
     ("note **first**, score: 7", None), ("7 is **key**", (7, "is **key**")),
+    # markup between digits is no score: taken out, "1_0" would read 10
+    ("score: 1_0", None), ("score: 1*0", None), ("0_7", None), ("**1**0", None), ("score: 7_ good", (7, "good")),
 ])
 def test_evaluation_format(body, expected):
     assert parse_evaluation(body) == expected
@@ -592,6 +594,49 @@ def test_text_after_a_think_block_and_before_a_stray_close_is_no_thinking():
     env.step(f"<search>{env.question.gold_titles[0]}</search>")
     _, reward, _, _, info = env.step(f"these look right</think><evaluate>score: 8 ok</evaluate><answer>{gold}</answer>")
     assert info["protocol_violation"] is None and reward == 1.0
+
+
+@pytest.mark.parametrize("tail", ["<answer>{gold}</answer></think>",  # a </think> that ends the reply
+                                  "\n```\n</think>\n```\n<answer>{gold}</answer>"])  # one in a code block
+def test_a_close_of_thinking_that_closes_nothing_does_not_hide_the_text_before_the_evaluation(tail):
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    gold = env.question.answers[0]
+    _, reward, terminated, _, info = env.step("Sure! <evaluate>score: 7 ok</evaluate>" + tail.format(gold=gold))
+    assert terminated and info["protocol_violation"] == "skipped_evaluation" and reward == 0.0
+    # A </think> with more of the reply after it closes thinking opened before the reply: kept.
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, reward, _, _, info = env.step(f"Sure! <evaluate>score: 7 ok</evaluate> then</think><answer>{gold}</answer>")
+    assert info["protocol_violation"] is None and reward == 1.0
+
+
+def test_an_evaluation_drafted_in_thinking_gives_way_to_the_one_after_it():
+    env = SearchEvalQAEnv()
+    env.reset(seed=5, options={"hops": 2})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    action = "<think>draft <evaluate>score: 3</evaluate> hmm</think><evaluate>score: 8 good</evaluate><search>y</search>"
+    _, _, _, _, info = env.step(action)
+    assert info["protocol_violation"] is None and info["evaluation_score"] == 8 and info["searches"] == 2
+    assert action[:info["evaluation_end"]].endswith("score: 8 good</evaluate>")  # PCAR's split: after the real one
+    assert info["format_error"] is None
+    # Evaluating only while thinking (a search-in-think model) keeps that evaluation.
+    env.reset(seed=5, options={"hops": 2})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, _, _, _, info = env.step("<think>rating <evaluate>score: 4 partial</evaluate></think><search>y</search>")
+    assert info["protocol_violation"] is None and info["evaluation_score"] == 4
+
+
+def test_thinking_the_template_opened_and_the_reply_never_closed_holds_its_answer():
+    env = SearchEvalQAEnv(think_opened_by_template=True)
+    env.reset(seed=5, options={"hops": 1})
+    env.step(f"I will look <search>{env.question.gold_titles[0]}</search></think>")
+    gold = env.question.answers[0]
+    _, reward, terminated, _, info = env.step(f"<evaluate>score: 9 ok</evaluate>I think it is <answer>{gold}</answer>")
+    assert not terminated and reward == 0.0 and "inside <think> is reasoning" in info["format_error"]
+    _, reward, terminated, _, info = env.step(f"so</think><answer>{gold}</answer>")
+    assert terminated and reward == 1.0
 
 
 def test_a_call_inside_another_calls_body_is_its_text_not_a_call():

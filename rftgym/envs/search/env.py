@@ -28,10 +28,14 @@ Action
 
     The protocol: the turn right after a search must *begin* with ``<evaluate>`` (leading white
     space and thinking aside: ``<think>…</think>`` blocks before it, or the text of the ``<think>``
-    it sits in); after it, the same turn may search again or answer. With
-    ``think_opened_by_template=True`` (a reasoning model whose chat template opens ``<think>``
-    before each reply) every reply begins inside thinking: with ``search_in_think``, a reply that
-    stops at ``</search>`` then searches inside it, as one that wrote the ``<think>`` itself does.
+    it sits in, or thinking opened before the reply up to its first ``</think>``; a ``</think>`` in
+    a code block or at the very end of the reply closes nothing); after it, the same turn may
+    search again or answer. Evaluations drafted inside a closed ``<think>`` and followed by one
+    outside it are drafts: the later one is the turn's. With ``think_opened_by_template=True`` (a
+    reasoning model whose chat template opens ``<think>`` before each reply) every reply begins
+    inside thinking: with ``search_in_think``, a reply that stops at ``</search>`` then searches
+    inside it, as one that wrote the ``<think>`` itself does, and a reply that never closes it
+    holds its ``<answer>`` in its reasoning (not graded).
     Example episode::
 
         assistant: <search>Alda Mertz</search>
@@ -93,12 +97,14 @@ Data
 
 Version history
     v0: first version (2026-12-01, before any release: a dataset is served by seed, a tag inside
-    another call's body is that call's text, not a call, and ``think_opened_by_template``).
+    another call's body is that call's text, not a call, and ``think_opened_by_template``;
+    2026-12-06: a ``</think>`` that closes nothing no longer counts as thinking before the
+    evaluation, drafted evaluations give way to the visible one, an answer in never-closed
+    template thinking is not graded, and markup between digits is no score).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +115,7 @@ from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
                       covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
-                      summarize_problems, without_elements, without_tool_markup)
+                      summarize_problems, without_tool_markup)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -341,7 +347,10 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         # An <answer> inside <think> is part of the reasoning, not the reply's answer; a call inside
         # another call's body (a guess in an evaluation's note, a search inside a query) is its text.
         # An answer wrapped twice is still answered (the outer one, once unwrapped, is empty).
-        thought = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
+        # Thinking the template opened and the reply never closed holds the whole reply (its
+        # searches run, as a model that searches while thinking stops at </search>).
+        open_from_template = bool(opened) and any(t.start == 0 and not t.closed for t in parsed.find("think"))
+        thought = {t.start for t in parsed.find("answer") if open_from_template or parsed.inside_closed(t, "think")}
         nested = [t for t in parsed.tags if t.closed and t.name in CALL_TAGS
                   and any(parsed.inside_closed(t, outer) for outer in CALL_TAGS if not outer == t.name == "answer")]
         calls = [t for t in parsed.tags if t.closed and t.name in CALL_TAGS and t not in nested
@@ -358,8 +367,10 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             first = calls[0] if calls else None
-            if first is not None and first.name == "evaluate" and _only_thinking(action[:first.start],
-                                                                                 action[first.end:]):
+            drafts = _draft_evaluations(parsed, calls)
+            if drafts:  # evaluations drafted in a closed <think>, then one outside it: that one is the turn's
+                calls, first = calls[len(drafts):], calls[len(drafts)]
+            if first is not None and first.name == "evaluate" and _only_thinking_before(parsed, first):
                 calls = calls[1:]
                 self._evaluate(first.body, out)
                 out.evaluation_end = first.end - len(opened)
@@ -505,30 +516,35 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         return info
 
 
-_THINK_OPEN = re.compile(r"<\s*think(?=[\s>])[^>]*>", re.I)
-_THINK_CLOSE = re.compile(r"<\s*/\s*think\s*>", re.I)
+def _only_thinking_before(parsed, tag) -> bool:
+    """Whether only white space and thinking come before ``tag`` (a turn's ``<evaluate>``) in the
+    parsed reply: ``<think>`` blocks (any case, nested too), the text of a ``<think>`` still open
+    around it, and thinking opened before the reply (by the template, or carried over from the
+    turn before), which the parser reads up to the reply's first ``</think>``. A ``</think>`` in a
+    code block, one that ends the reply or a second stray one closes nothing: the text before it
+    is visible."""
+    text, position = tag.source, 0
+    for think in sorted(parsed.find("think"), key=lambda t: t.start):
+        if think.start >= tag.start:
+            break
+        if text[position:think.start].strip():
+            return False
+        position = max(position, min(think.end, tag.start))
+    return not text[position:tag.start].strip()
 
 
-def _only_thinking(prefix: str, rest: str = "") -> bool:
-    """Whether the text before a turn's ``<evaluate>`` (``prefix``; ``rest`` is what follows it)
-    is only thinking: ``<think>`` blocks (any case, nested too), the text of one still open around
-    the evaluation, and text before a ``</think>`` whose opening came earlier (a template that
-    opens the thinking, or thinking carried over from the turn before)."""
-    # Only a </think> before any <think> in the reply closes thinking opened before it: a second
-    # stray one, after a <think> block, is visible text (the parser reports it).
-    closing, opening = _THINK_CLOSE.search(prefix), _THINK_OPEN.search(prefix)
-    if closing and (opening is None or closing.start() < opening.start()):
-        prefix = prefix[closing.end():]
-    elif not closing and not opening:
-        # No thinking markup before it: thinking still open from earlier when a </think> closes it later.
-        later_close, later_open = _THINK_CLOSE.search(rest), _THINK_OPEN.search(rest)
-        if later_close and (later_open is None or later_close.start() < later_open.start()):
-            return True
-    prefix = without_elements(prefix, ("think",))
-    opening = _THINK_OPEN.search(prefix)
-    if opening:  # the evaluation is inside a <think> opened here
-        prefix = prefix[:opening.start()]
-    return not prefix.strip()
+def _draft_evaluations(parsed, calls: list) -> list:
+    """The evaluations that open ``calls`` inside a closed ``<think>`` when an ``<evaluate>``
+    outside one follows them before any other call: drafts, and the later one is the turn's
+    evaluation. Empty otherwise (a model that evaluates only while thinking keeps its evaluation)."""
+    drafts = []
+    for call in calls:
+        if call.name != "evaluate":
+            return []
+        if not parsed.inside_closed(call, "think"):
+            return drafts
+        drafts.append(call)
+    return []
 
 
 def _warn_if_no_evidence(questions: list[Question], documents, corpus_path: str) -> None:

@@ -55,6 +55,8 @@ def parse_evaluation(body: str) -> tuple[int, str] | None:
     """(score, note) of an evaluation body, or None when it does not start with a 0-10 integer."""
     head = _MARKED_HEAD.match(body)
     if head is not None and re.search(r"[*_]", head.group(0)):
+        if re.search(r"[0-9][*_]+[0-9]", body[:head.end() + 1]):
+            return None  # "1_0", "1*0": markup between digits is no score (taken out, it would read 10)
         body = re.sub(r"[*_]+", "", head.group(0)) + body[head.end():]
     match = _EVALUATION.match(body)
     if match is None or int(match.group(1)) > 10:
