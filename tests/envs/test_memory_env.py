@@ -120,6 +120,20 @@ def test_tool_tags_inside_a_note_run_as_tags_and_are_not_kept_in_it():
     assert info["pruned"][0]["note"] == "kept this" and "[memory m1] kept this" in [m.content for m in new]
 
 
+@pytest.mark.parametrize("written", ["ids={a}, {b}", "ids={a} ,{b}", "ids={a},{b}", "IDS = {a}, {b}/"])
+def test_a_bare_list_of_ids_with_spaces_prunes_every_id_it_names(written):
+    env = small_env()
+    obs, first_ids, _ = two_searches(env)
+    batches = [m for m in obs if m.content.startswith("[search results")]
+    second_ids = re.findall(r"^\[(r\d+)\]", batches[1].content, re.M)
+    opening = "<prune " + written.format(a=first_ids[0], b=second_ids[0])
+    action = opening + ">" if opening.endswith("/") else opening + ">both batches read</prune>"
+    new, *_, info = env.step(action)
+    assert info["prune_error"] is None and info["pruned"][0]["named"] == [first_ids[0], second_ids[0]]
+    assert info["pruned_ids"] == first_ids + second_ids
+    assert not any(m.content.startswith("[search results") for m in new)
+
+
 def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():
     env = small_env()
     obs, batch_ids, _ = two_searches(env)
