@@ -236,6 +236,12 @@ def free(answer: str) -> Task:
     ("5", "The answer is \u2212 5", False),
     ("5", "The answer is - 5", False),  # the prefix does not eat a spaced minus
     ("-5", "Answer - 5", True),
+    # a number is read whole or not at all: the match never backs off a digit glued to a letter
+    ("12", "120cm", False), ("1", "12cm", False), ("3", "30cm", False), ("23", "m123", False),
+    ("1.5", "1.5e3", False), ("1", "5e-1", False), ("14", "v3.14", False), ("3", "1.2.3", False),
+    ("-3", "\u20133", True), ("3", "\u20133", False),  # an en dash written for a minus is one
+    ("-3", "\u2014 3", True), ("3", "Answer\u20143", True),  # so is an em dash, where no word stands before it
+    ("3", "3\u20135", False),  # a range is no answer
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

@@ -51,7 +51,9 @@ Options to ``reset``
 Version history
     v0: first version (2026-12-01, before any release: a dataset is served by seed, and a text
     answer holding a number is graded by value only as a quantity; markup around an answer is read
-    past; comparison choices at difficulty 3-5 lie more than 0.001 apart).
+    past; comparison choices at difficulty 3-5 lie more than 0.001 apart; 2026-12-06: a number
+    glued to letters or in exponent notation is no number, where "120cm" read as 12 and "1.5e3"
+    as 1.5, and an en or em dash before a number is a minus sign).
 """
 
 from __future__ import annotations

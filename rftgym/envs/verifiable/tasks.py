@@ -53,8 +53,14 @@ class Task:
 # ---------------------------------------------------------------- answer checking
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
-# A number standing on its own: digits glued to letters are part of a word ("CO2", "m2", "2nd").
-_NUMBER_TOKEN = re.compile(rf"(?<![^\W\d_])(?:{_NUMBER.pattern})(?![^\W\d_])")
+# A number standing on its own: digits glued to letters are part of a word ("CO2", "m2", "2nd",
+# "120cm"), and a number is read whole or not at all. Letters or digits on neither side, so that the
+# match cannot back off a digit ("120cm" is not 12, "m123" not 23); no ".digit" after it nor
+# "digit." before it ("1.2.3", "v3.14" are no numbers); no exponent ("1.5e3", "5e-1").
+_NUMBER_TOKEN = re.compile(rf"(?<![^\W_])(?<!\d\.)(?<!\d[eE][-+])(?:{_NUMBER.pattern})(?![^\W_]|\.\d)")
+# Dashes a model or a document writes for a minus sign.
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\ufe63": "-",
+                              "\uff0d": "-"})
 
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -97,10 +103,11 @@ def normalize_text(text: str) -> str:
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."; a minus sign U+2212 is a
-    minus), or None if there is not exactly one (an answer listing several numbers is not an
-    answer). Digits inside a word ("CO2", "m2") are not a number of their own."""
-    found = _NUMBER_TOKEN.findall(_SPACED_SIGN.sub(r"\1", text.replace("\u2212", "-")))
+    """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."; a minus sign U+2212 and
+    the dashes written for one, en dash among them, are a minus), or None if there is not exactly
+    one (an answer listing several numbers is not an answer). Digits inside a word ("CO2", "m2",
+    "120cm") are not a number of their own, nor is a number in exponent notation ("1.5e3")."""
+    found = _NUMBER_TOKEN.findall(_SPACED_SIGN.sub(r"\1", text.translate(_MINUS_SIGNS)))
     if len(found) != 1:
         return None
     try:
