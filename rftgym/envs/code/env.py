@@ -61,7 +61,9 @@ Info keys
     ``"crashed"``, ``"import_error"``, ``"no_code"``, ``"untestable"``; one test over its time
     limit is an error of that test), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
     input, expected, got, error, seconds, passed, origin), ``format_ok``, ``format_error``,
-    ``success`` (every test passed), ``step_scores`` (pseudocode turns), ``sandbox`` (its
+    ``success`` (every test passed), ``first_attempt_success`` (whether the episode's first graded
+    submission passed every test: None until one is graded; ``rftgym eval``'s pass@1, which with
+    ``max_attempts > 1`` is not the episode's success), ``step_scores`` (pseudocode turns), ``sandbox`` (its
     isolation, one line), ``reward_if_cut`` (what the turn budget running out on this step would
     have paid: the last graded submission's reward while the episode is under way, 0 once it has
     ended) and ``info_if_cut`` (what it would have reported in place of this turn's outcome: the
@@ -77,7 +79,7 @@ Options to ``reset``
     reset succeeds. After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Version history
-    v0: first version.
+    v0: first version (2026-12-06, before any release: ``first_attempt_success``, which pass@1 reads).
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
     metadata = {
         "render_modes": ["ansi", "human"],
         "render_fps": 4,
-        "eval_metrics": (("pass@1", "success", "final_rate"), ("test_pass_rate", "pass_rate", "final_mean"),
+        "eval_metrics": (("pass@1", "first_attempt_success", "final_rate"), ("test_pass_rate", "pass_rate", "final_mean"),
                          ("syntax_err", "syntax_error", "final_rate")),
         # the option training turns on unless it is given (envs.common.with_training_defaults)
         "training_options": {"require_isolation": True},
@@ -318,6 +320,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         self._last = {"status": None, "passed": 0, "total": len(self.task.tests), "pass_rate": 0.0, "tests": [],
                       "format_ok": False, "format_error": None, "step_scores": None, "syntax_error": False}
         self._graded = None
+        self._first_attempt_success: bool | None = None
         if self.render_mode == "human":
             self.render()
         return self._context, self._info()
@@ -466,6 +469,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
                           tests=[_test_record(r) for r in result.results])
         self._graded = {key: self._last[key] for key in GRADED_KEYS}
         solved = result.total > 0 and result.passed == result.total
+        if self._attempts == 1:
+            self._first_attempt_success = solved
         if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
         left = self.config.max_attempts - self._attempts
@@ -517,6 +522,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
             "format_error": last["format_error"],
             "syntax_error": bool(last["syntax_error"]),
             "success": bool(last["total"] and last["passed"] == last["total"]),
+            "first_attempt_success": self._first_attempt_success,
             "step_scores": last["step_scores"],
             "sandbox": self.sandbox.isolation,
             REWARD_IF_CUT: self._owed_reward(),

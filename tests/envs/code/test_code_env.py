@@ -124,6 +124,36 @@ def test_an_error_message_with_a_lone_surrogate_reaches_the_next_prompt_as_valid
     env.close()
 
 
+def test_pass_at_1_reads_the_first_graded_submission_not_the_episodes_success(tmp_path):
+    from rftgym.core.records import Episode, Turn
+    from rftgym.envs.code.tcg import TCGConfig
+    from rftgym.rollout.metrics import env_metrics
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=3, max_turns=4,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    spec = env.unwrapped.metadata["eval_metrics"]
+
+    def play(actions):
+        env.reset(seed=1)
+        turns = []
+        for index, action in enumerate(actions):
+            _, reward, terminated, truncated, info = env.step(action)
+            assert "first_attempt_success" in info
+            turns.append(Turn(index, (), action, reward, terminated, truncated, info))
+        return Episode("rftgym/CodeTCG-v0", 1, {}, turns, ())
+
+    env.reset(seed=1)
+    reference = fenced(env.unwrapped.task.reference)
+    wrong = fenced(f"def {env.unwrapped.task.entry_point}(*args):\n    return None\n")
+    late = play(["no code yet", wrong, reference])  # solved on its second submission
+    assert [t.info["first_attempt_success"] for t in late.turns] == [None, False, False]
+    assert late.success
+    first = play(["no code yet", reference])  # a turn without code is no submission
+    assert [t.info["first_attempt_success"] for t in first.turns] == [None, True]
+    assert env_metrics([late, first], spec)["pass@1"] == 0.5  # success is 1.0 for both
+    env.close()
+
+
 def test_second_attempt_after_failing_tests_feedback(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
