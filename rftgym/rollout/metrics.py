@@ -12,13 +12,15 @@ import numpy as np
 from ..core.records import CONTEXT_FULL, Episode
 
 
-# The keys of summarize() that are means over episodes (NaN for no episodes).
+# The keys of summarize() that are means (NaN over nothing): over episodes, but format_error_rate,
+# a mean over the turns played.
 _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampled_tokens", "prompt_tokens")
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
-    """The means over ``episodes`` of their reward, success, turns, truncation, format errors and
-    tokens, with two counts: ``episodes`` and ``context_full`` (episodes ended for want of context).
+    """The means over ``episodes`` of their reward, success, turns, truncation and tokens, the share
+    of the turns they played with a format error (NaN when they played none), and two counts:
+    ``episodes`` and ``context_full`` (episodes ended for want of context).
 
     No episodes have the same keys, the counts 0 and every mean NaN: a mean of nothing is no
     number, and 0 would read as a measured reward or success rate of 0."""
@@ -34,7 +36,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         "success": float(mean(float(e.success) for e in episodes)),
         "turns": mean(len(turns) for turns in played),
         "truncated": mean(float(e.truncated) for e in episodes),
-        "format_error_rate": float(mean(format_errors)) if format_errors else 0.0,
+        "format_error_rate": float(mean(format_errors)) if format_errors else math.nan,
         "sampled_tokens": mean(e.num_sampled_tokens for e in episodes),
         "prompt_tokens": mean(e.num_prompt_tokens for e in episodes),
         "context_full": sum(e.context_full for e in episodes),  # episodes ended for want of context

@@ -637,6 +637,20 @@ def test_a_summary_of_no_episodes_has_every_key_with_nan_means():
     assert all(math.isnan(v) for k, v in empty.items() if k not in ("episodes", "context_full"))
 
 
+def test_episodes_that_played_no_turn_have_no_format_error_rate():
+    import math
+
+    from rftgym.core.records import Episode, Turn
+
+    def cut_at_once():  # its first prompt left no room for a reply: one empty CONTEXT_FULL turn
+        turn = Turn(0, (), "", 0.0, False, True, {}, finish_reason=CONTEXT_FULL)
+        return Episode("test", 0, {}, [turn], ())
+
+    summary = summarize([cut_at_once(), cut_at_once()])
+    assert summary["turns"] == 0 and summary["context_full"] == 2
+    assert math.isnan(summary["format_error_rate"])  # no turn was played: no rate, not a rate of 0
+
+
 @pytest.mark.parametrize("row, cells", [(["a"], 1), (["a", 1.0, "c"], 3)])
 def test_a_table_row_without_one_cell_per_header_is_named(row, cells):
     from rftgym.rollout import format_table
