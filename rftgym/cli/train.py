@@ -93,8 +93,11 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
                          f"checkpoint/state.json) are refused: {exc}. The checkpoint is left as it is; {fix}mend "
                          "state.json, or start a new run in another output directory") from None
     merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
+    # The checkpoint's env options are its env's: another env (which the resume then refuses, saying
+    # so) would be made with them first, and refused as given options it does not know.
+    saved_options = (saved.get("env_kwargs") or {}) if saved.get("env_id") == settings["env_id"] else {}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
-                  env_kwargs={**(saved.get("env_kwargs") or {}), **settings["env_kwargs"]})
+                  env_kwargs={**saved_options, **settings["env_kwargs"]})
     # A model given by a path relative to where the run started: where it was loaded from, absolute.
     loaded_from = state.get("base_model_path")
     if "model" not in given and isinstance(merged["model"], str) and not os.path.isabs(merged["model"]) \

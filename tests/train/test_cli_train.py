@@ -157,6 +157,29 @@ def test_a_resume_takes_the_flags_it_does_not_give_from_the_checkpoint(tmp_path)
                        str(tmp_path / "none")]).algo == TrainConfig.algo
 
 
+def test_a_resume_of_another_envs_run_is_refused_for_its_env_not_for_options_it_never_gave(
+        tmp_path, capsys, monkeypatch, make_char_policy):
+    from support import SayAEnv
+
+    from rftgym.train import loop
+
+    real_train = loop.train
+    monkeypatch.setattr(loop, "train", lambda config, resume=False, on_step=None: real_train(
+        config, policy=make_char_policy(), make_env=SayAEnv, resume=resume, on_step=on_step))
+    out = tmp_path / "run"
+    assert main(["train", "rftgym/VerifiableQA-v0", "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
+                 "--max-new-tokens", "4", "--env-arg", "difficulties=[1]", "--output-dir", str(out),
+                 "--device", "cpu"]) == 0
+    capsys.readouterr()
+    # VerifiableQA's difficulties is not SearchEvalQA's to take: the resume is refused for its env.
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume", "--output-dir", str(out)]).env_kwargs == {}
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "rftgym/SearchEvalQA-v0", "--resume", "--output-dir", str(out)])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err
+    assert "was written with env_id='rftgym/VerifiableQA-v0'" in said and "difficulties" not in said, said
+
+
 def test_a_resume_finds_a_model_given_by_a_relative_path_from_another_directory(tmp_path, monkeypatch):
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)
