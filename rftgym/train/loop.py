@@ -238,7 +238,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])
         torch.set_rng_state(rng["torch"])
-    # Rank 0 opens the metrics (and rewrites them on resume); the others stop with it if it cannot.
+    # Rank 0 opens the metrics (on resume, the rows of steps run again go with its first result); the
+    # others stop with it if it cannot.
     log = ranks.together(lambda: MetricsLog(out, resume_step=start) if ranks.is_main else None)
     if footprint is not None and log is not None:
         footprint.close_before_removing(log)
@@ -256,10 +257,15 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         """Checkpoint the weights and the optimizer after ``done`` steps (every rank takes part)."""
         nonlocal checkpointed
         state = checkpoint_state(model, optimizer, keep=ranks.is_main)  # FSDP: every rank gathers
+
+        def write() -> None:
+            log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
+            save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
+                            base_model_path=base_model_path, base_model_from_files=base_model_from_files,
+                            rng_states=rng_states)
+
         # The others wait for the writing rank, and stop with it if it cannot write.
-        ranks.together(lambda: ranks.is_main and save_checkpoint(
-            out, state=state, step=done, config=config.to_dict(), base_model=base_model,
-            base_model_path=base_model_path, base_model_from_files=base_model_from_files, rng_states=rng_states))
+        ranks.together(lambda: ranks.is_main and write())
         checkpointed = done
         if footprint is not None:
             footprint.results_written = True

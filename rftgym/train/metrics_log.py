@@ -36,8 +36,10 @@ class MetricsLog:
     """The run's metrics, a JSON row per logged step in ``metrics.jsonl`` and TensorBoard scalars,
     each under the step's number (1 for the first step, TensorBoard's global step too). A run
     resumed from a checkpoint at step ``resume_step`` (the steps done) keeps the rows of steps 1
-    to ``resume_step``. A file it cannot write stops the run with a :class:`TrainingError` that
-    says so."""
+    to ``resume_step``: the later rows (of steps it runs again) go when it writes its first result
+    (a row, or a checkpoint: :meth:`drop_rerun_rows`), so that a resume that fails before that
+    leaves them as they were. A file it cannot write stops the run with a :class:`TrainingError`
+    that says so."""
 
     def __init__(self, output_dir: Path, resume_step: int = 0):
         self.output_dir = output_dir
@@ -45,10 +47,13 @@ class MetricsLog:
         self._tb_dir = output_dir / "tensorboard"
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
-            # On resume, drop rows of steps that will be run again, so each step appears once.
+            # On resume, rows of steps that will be run again are dropped (each step appears once),
+            # and so is a line cut short (which a row appended after it would join).
+            self._kept: str | None = None
             if self.path.exists():
-                rows = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
-                replace_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+                kept = "".join(json.dumps(r) + "\n" for r in read_metrics(self.path) if r["step"] <= resume_step)
+                if kept != self.path.read_text(encoding="utf-8", errors="replace"):
+                    self._kept = kept
         except OSError as exc:
             raise cannot_write(self.path, exc, output_dir) from exc
         self._tb = None
@@ -64,8 +69,19 @@ class MetricsLog:
         except OSError as exc:
             raise cannot_write(self._tb_dir, exc, output_dir) from exc
 
+    def drop_rerun_rows(self) -> None:
+        """Drop the rows of the steps this resumed run runs again; once, before its first result."""
+        if self._kept is None:
+            return
+        try:
+            replace_text(self.path, self._kept)
+        except OSError as exc:
+            raise cannot_write(self.path, exc, self.output_dir) from exc
+        self._kept = None
+
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         """Log step number ``step``'s (1-based) metrics."""
+        self.drop_rerun_rows()
         row = {"step": step, **metrics}
         try:
             with self.path.open("a", encoding="utf-8") as handle:

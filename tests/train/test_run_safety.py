@@ -400,10 +400,12 @@ def test_metrics_are_rewritten_whole_or_not_at_all(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", failing_replace)
+    log = metrics_log.MetricsLog(tmp_path, resume_step=1)  # the rerun step's row goes with the first result
     with pytest.raises(TrainingError, match=r"cannot write .*metrics.jsonl \(No space left on device; [\d,]+ MiB free"):
-        metrics_log.MetricsLog(tmp_path, resume_step=1)
+        log.write(2, {"loss": 3})
+    log.close()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n'
-    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    assert not list(tmp_path.glob(".*metrics*")) and not list(tmp_path.glob("*.tmp"))  # no half-written copy
 
 
 @pytest.mark.parametrize("history, settings, reason", [
@@ -747,3 +749,32 @@ def test_a_resumed_metrics_log_keeps_the_checkpoints_steps_and_redoes_the_rest(t
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_a_resume_that_fails_before_its_first_result_keeps_the_rows_of_the_steps_it_would_rerun(
+        tmp_path, make_char_policy):
+    """A run checkpointed at step 2 logged step 3 before it was killed; a resume that fails in its
+    first step leaves metrics.jsonl as it found it, and one that goes on logs each step once."""
+    class Killed(Exception):
+        pass
+
+    def kill_after_step_3(row):
+        if row["step"] == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(config(tmp_path, steps=4, save_every=2), policy=make_char_policy(), make_env=SayAEnv,
+              on_step=kill_after_step_3)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3]
+    before = metrics.read_bytes()
+
+    class BrokenEnv(SayAEnv):
+        def reset(self, *, seed=None, options=None):
+            raise RuntimeError("the env's service went away")
+
+    with pytest.raises(Exception, match="service went away"):
+        train(config(tmp_path, steps=4, save_every=2), policy=make_char_policy(), make_env=BrokenEnv, resume=True)
+    assert metrics.read_bytes() == before  # step 3's row is the killed run's only record of it
+    train(config(tmp_path, steps=4, save_every=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3, 4]  # step 3 once: the rerun's
