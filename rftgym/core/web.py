@@ -399,6 +399,12 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
     os.register_at_fork(after_in_child=_forget_the_parents_lookups)
 
 
+def _shown_seconds(seconds: float) -> str:
+    """A lookup's time as a message says it: to a tenth of a second (hundredths below one tenth),
+    so that the time a 1 s request had left when its lookup began (0.996 s) reads as 1."""
+    return f"{round(seconds, 1 if seconds >= 0.1 else 2):g}"
+
+
 def _looked_up_within(host: str, port: int, seconds: float) -> list[tuple]:
     """getaddrinfo's answer for the name ``host``, or its error, from the lookup in flight for it
     (one is started if there is none), waited on for ``seconds``. A lookup that takes longer is
@@ -407,7 +413,7 @@ def _looked_up_within(host: str, port: int, seconds: float) -> list[tuple]:
     give_up_at = time.monotonic() + seconds
     lookup = _lookup_in_flight((host, port, 0, socket.SOCK_STREAM), give_up_at, seconds)
     if not lookup.done.wait(max(give_up_at - time.monotonic(), 0.0)):
-        raise NameLookupTooSlow(f"the name lookup of {host} did not finish within {round(seconds, 2):g} s; check "
+        raise NameLookupTooSlow(f"the name lookup of {host} did not finish within {_shown_seconds(seconds)} s; check "
                                 f"the DNS settings (/etc/resolv.conf) and that the DNS server they name answers, "
                                 f"or give the server's IP address in the URL")
     if lookup.error is not None:
@@ -422,7 +428,7 @@ def _lookup_in_flight(query: tuple, give_up_at: float, seconds: float) -> _Looku
     with _lookups_changed:
         if not _lookups_changed.wait_for(lambda: query in _lookups or len(_lookups) < MAX_LOOKUPS_IN_FLIGHT,
                                          timeout=max(give_up_at - time.monotonic(), 0.0)):
-            raise NameLookupTooSlow(f"the name lookup of {query[0]} could not start within {round(seconds, 2):g} s: "
+            raise NameLookupTooSlow(f"the name lookup of {query[0]} could not start within {_shown_seconds(seconds)} s: "
                                     f"lookups of {len(_lookups)} other names are still waiting on the resolver; "
                                     f"check the DNS settings (/etc/resolv.conf) and that the DNS server they name "
                                     f"answers, or give the servers' IP addresses in their URLs")

@@ -323,3 +323,10 @@ def test_a_connection_is_made_from_its_source_address(answering):
             assert connection.getsockname() == source
     finally:
         shutter.close()
+
+
+def test_a_lookups_time_is_said_to_a_tenth_of_a_second():
+    from rftgym.core.web import _shown_seconds
+
+    # A 1 s request whose lookup began a few milliseconds in (a busy machine) still says 1 s.
+    assert [_shown_seconds(s) for s in (0.996, 0.94, 2.5, 0.05, 0.0)] == ["1", "0.9", "2.5", "0.05", "0"]
