@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import ConfigError, ModelLoadError
+from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     CHECKPOINT_DIR,
@@ -215,6 +215,9 @@ def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
     return out
 
 
+EXPORT_STAGING_PREFIX = ".rftgym-export."  # the folder an export writes before it takes its name
+
+
 def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None) -> Path:
     """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new (or
     empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds."""
@@ -222,8 +225,10 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
     out = _check_out_dir(run_dir, Path(out_dir))
     model, tokenizer, saved, source = _rebuild(run_dir, base_model)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside it and renamed, so that an interrupted export leaves no half model behind.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # Written beside it and renamed, so that an interrupted export leaves no half model behind; under
+    # a name of the export's own (".checkpoint-…" is a run's staging, which its next save clears
+    # away when the export goes into the run's directory).
+    staging = Path(tempfile.mkdtemp(prefix=f"{EXPORT_STAGING_PREFIX}{out.name}.", dir=out.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -236,6 +241,9 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
         for path in staging.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
         staging.chmod(0o755)
+        if not (staging / "config.json").is_file() or not any(staging.glob("*.safetensors")):
+            raise TrainingError(f"the export's files in {staging} went missing while it wrote them (another "
+                                f"program removed them?); nothing was exported to {out}: run the export again")
         if out.exists():
             out.rmdir()
         staging.rename(out)

@@ -198,3 +198,44 @@ def test_a_checkpoint_without_its_weights_is_named(tmp_path):
         from rftgym.agents.hf_policy import HFPolicy
 
         HFPolicy.from_pretrained(str(run))
+
+
+def test_an_export_into_the_run_directory_survives_the_runs_next_save(tmp_path, monkeypatch):
+    """A run still going saves a checkpoint while its model is exported into its own directory: the
+    save clears its half-written staging folders, and the export's is none of them."""
+    import transformers
+
+    from rftgym.train import checkpoint
+
+    run, policy = trained_run(tmp_path)
+    real_save = transformers.PreTrainedTokenizerBase.save_pretrained
+
+    def save_meanwhile(tokenizer, folder, *args, **kwargs):
+        state = json.loads((run / "checkpoint" / "state.json").read_text())
+        checkpoint.save_checkpoint(run, state={"weights": {}, "optimizer": {}}, step=state["step"], rng_states={},
+                                   config=state["config"])
+        return real_save(tokenizer, folder, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "save_pretrained", save_meanwhile)
+    out = export(run, run / "checkpoint-best")
+    assert (out / "config.json").is_file() and list(out.glob("*.safetensors"))
+
+
+def test_an_export_whose_files_went_missing_is_an_error_not_an_empty_model(tmp_path, monkeypatch):
+    import shutil
+
+    import transformers
+
+    from rftgym.core.errors import TrainingError
+
+    run, _ = trained_run(tmp_path)
+    real_save = transformers.PreTrainedTokenizerBase.save_pretrained
+
+    def removed_meanwhile(tokenizer, folder, *args, **kwargs):
+        shutil.rmtree(folder)  # as another program might
+        return real_save(tokenizer, folder, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "save_pretrained", removed_meanwhile)
+    with pytest.raises(TrainingError, match=r"went missing while it wrote them .*nothing was exported"):
+        export(run, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
