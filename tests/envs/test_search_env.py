@@ -621,6 +621,12 @@ def test_an_evaluation_drafted_in_thinking_gives_way_to_the_one_after_it():
     assert info["protocol_violation"] is None and info["evaluation_score"] == 8 and info["searches"] == 2
     assert action[:info["evaluation_end"]].endswith("score: 8 good</evaluate>")  # PCAR's split: after the real one
     assert info["format_error"] is None
+    # A visible one after visible text does not open the turn: the draft, which does, stays the turn's.
+    env.reset(seed=5, options={"hops": 2})
+    env.step(f"<search>{env.question.gold_titles[0]}</search>")
+    _, _, _, _, info = env.step("<think>draft <evaluate>score: 3</evaluate></think> So: <evaluate>score: 8</evaluate>")
+    assert info["protocol_violation"] is None and info["evaluation_score"] == 3
+    assert "does not open the turn" in info["format_error"]
     # Evaluating only while thinking (a search-in-think model) keeps that evaluation.
     env.reset(seed=5, options={"hops": 2})
     env.step(f"<search>{env.question.gold_titles[0]}</search>")

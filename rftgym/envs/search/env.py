@@ -368,7 +368,9 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             first = calls[0] if calls else None
             drafts = _draft_evaluations(parsed, calls)
-            if drafts:  # evaluations drafted in a closed <think>, then one outside it: that one is the turn's
+            if drafts and _only_thinking_before(parsed, calls[len(drafts)]):
+                # Evaluations drafted in a closed <think>, then one outside it that opens the turn:
+                # that one is the turn's (one after visible text leaves the draft the turn's, as before).
                 calls, first = calls[len(drafts):], calls[len(drafts)]
             if first is not None and first.name == "evaluate" and _only_thinking_before(parsed, first):
                 calls = calls[1:]
