@@ -31,7 +31,7 @@ Action
     it sits in, or thinking opened before the reply up to its first ``</think>``; a ``</think>`` in
     a code block or at the very end of the reply closes nothing); after it, the same turn may
     search again or answer. Evaluations drafted inside a closed ``<think>`` and followed by one
-    outside it are drafts: the later one is the turn's. With ``think_opened_by_template=True`` (a
+    outside it that opens the turn are drafts: that one is the turn's. With ``think_opened_by_template=True`` (a
     reasoning model whose chat template opens ``<think>`` before each reply) every reply begins
     inside thinking: with ``search_in_think``, a reply that stops at ``</search>`` then searches
     inside it, as one that wrote the ``<think>`` itself does, and a reply that never closes it
