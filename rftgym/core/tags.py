@@ -26,9 +26,11 @@ _TAG_TOKEN = re.compile(
 # The lookbehind stops a search from restarting inside a name, which made a long run of letters
 # without "=" quadratic.
 # Values quoted with ASCII or typographic quotes (a model's text often "smartens" them), or bare.
+# A bare value is read with the comma list it heads, spaces after the commas and all (ids=r1, r6),
+# up to a word that names another attribute (ids=r1, id=2).
 _ATTRIBUTE = re.compile(r"""(?<![\w-])([A-Za-z_][\w-]*+)\s*+=\s*+"""
                         r"""(?:"([^"]*)"|'([^']*)'|\u201c([^\u201d]*)\u201d|\u2018([^\u2019]*)\u2019"""
-                        r"""|([^\s"'>\u201c\u2018]++))""")
+                        r"""|([^\s"'>,\u201c\u2018]++(?:\s*+,\s*+[^\s"'>,=\u201c\u2018]++(?!\s*=))*+,?))""")
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 

@@ -128,6 +128,16 @@ def test_self_closing_tag_keeps_its_attributes():
     assert r.first("prune").attr("ids") == "a"
 
 
+@pytest.mark.parametrize("text, attrs", [
+    ("<prune ids=r1, r6>n</prune>", (("ids", "r1, r6"),)),  # a bare comma list, spaces after its commas
+    ("<prune ids=r1 ,r6/>", (("ids", "r1 ,r6"),)),
+    ("<prune ids=r1, id=2>n</prune>", (("ids", "r1,"), ("id", "2"))),  # up to a word naming an attribute
+    ("<prune ids=r1 r6>n</prune>", (("ids", "r1"),)),  # no comma: the value ends at the space
+])
+def test_a_bare_value_is_read_with_its_comma_list(text, attrs):
+    assert parse_tags(text, ["prune"]).first("prune").attrs == attrs
+
+
 def test_a_slash_inside_attributes_is_not_self_closing():
     r = parse_tags('<prune ids="a/b">note</prune>', ["prune"])
     assert r.ok and r.first("prune").attr("ids") == "a/b" and r.first("prune").body == "note"

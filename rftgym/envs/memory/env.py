@@ -38,7 +38,8 @@ Action
         batch) and, if the note is not empty, adds ``[memory m<n>] note`` (cut to
         ``max_note_chars``; tool tags inside it run as tags and are not kept in it, and its white
         space is collapsed) at the end of this turn's messages. One ``ids`` attribute lists every
-        id (quoted, or bare: ``ids=r12, r13`` is read whole). Memory notes can be pruned too.
+        id (quoted, or bare: ``ids=r12, r13`` is read whole, as the tag parser reads a bare comma
+        list). Memory notes can be pruned too.
         Only ids shown in the observation this turn answered count. A prune whose ``ids`` is
         missing or empty, or names anything else (unknown or already pruned ids, the task, an
         objective number, a message id) deletes nothing, keeps no note, and is reported in the
@@ -124,7 +125,6 @@ Version history
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -492,7 +492,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         if sum(name == "ids" for name, _ in tag.attrs) > 1:
             self._prune_error('the <prune> has more than one ids attribute; list every id in one, ids="r1,r2"', turn)
             return
-        named = context_ops.parse_prune_ids(_written_ids(tag))
+        named = context_ops.parse_prune_ids(tag.attr("ids"))
         # Ids already pruned earlier in this turn are no longer there to prune.
         still_visible = {k: v for k, v in visible.items() if k in self._prunable}
         check = context_ops.check_prune(named, still_visible, self._protected())
@@ -655,15 +655,3 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         if self._done:
             info["expected"] = {str(k): list(q.answers) for k, q in enumerate(self.task.objectives, start=1)}
         return info
-
-
-# A bare list of ids with white space after its commas (ids=r1, r6), as models write it: the tag
-# parser ends a bare value at white space, which would prune r1 alone and say nothing of r6.
-_BARE_ID_LIST = re.compile(r"""(?<![\w-])ids\s*=\s*([^\s"'<>=,/\u201c\u2018]+(?:\s*,\s*[^\s"'<>=,/\u201c\u2018]+)+)""",
-                           re.IGNORECASE)
-
-
-def _written_ids(tag) -> str | None:
-    """A prune's ids attribute as written: a bare comma list is read whole, spaces and all."""
-    whole = _BARE_ID_LIST.search(tag.source[tag.start:tag.body_start])
-    return whole.group(1) if whole else tag.attr("ids")
