@@ -172,8 +172,7 @@ class ChatTokenizer:
     def _check_probe_text(self) -> list[str]:
         """:data:`_PROBE`'s spans (and the generation prompt), refused unless they join into the
         template's whole rendering of it."""
-        whole = self.render_text(_PROBE)
-        parts = [self.span_text(m, first=i == 0) for i, m in enumerate(_PROBE)] + [self.generation_prompt_text]
+        whole, parts = self._rendered_both_ways(_PROBE)
         if "".join(parts) != whole:
             raise TokenizationError(f"The chat template does not render each message on its own (e.g. it folds the "
                                     f"system message into the first user turn): a system, user, assistant, user chat "
@@ -181,16 +180,25 @@ class ChatTokenizer:
                                     f"{_USE_ANOTHER}")
         return parts
 
+    def _rendered_both_ways(self, probe: Context) -> tuple[str, list[str]]:
+        """``probe`` rendered whole by the template, and as its messages' spans followed by the
+        generation prompt: what joins into the whole when the spans can follow the template."""
+        parts = [self.span_text(m, first=i == 0) for i, m in enumerate(probe)] + [self.generation_prompt_text]
+        return self.render_text(probe), parts
+
+    def _spans_tokenize_apart(self, parts: list[str]) -> bool:
+        """Whether ``parts`` tokenized one by one give the token ids of their join."""
+        return [i for part in parts for i in self._encode(part)] == self._encode("".join(parts))
+
     def _tool_limit(self) -> str | None:
         """None if the template renders tool messages span by span, alone and several in a row;
         else what it cannot render so (the first of :data:`_TOOL_PROBES` it fails)."""
         for what, probe in _TOOL_PROBES:
             try:
-                whole = self.render_text(probe)
-                parts = [self.span_text(m, first=i == 0) for i, m in enumerate(probe)] + [self.generation_prompt_text]
+                whole, parts = self._rendered_both_ways(probe)
             except Exception:  # the template refuses the tool role, or a span does not follow
                 return what
-            if "".join(parts) != whole or [i for part in parts for i in self._encode(part)] != self._encode(whole):
+            if "".join(parts) != whole or not self._spans_tokenize_apart(parts):
                 return what
         return None
 
@@ -211,8 +219,8 @@ class ChatTokenizer:
     def _check_probe_tokens(self, parts: list[str]) -> None:
         """Refuse a template whose :data:`_PROBE` spans tokenized one by one are not its whole
         rendering tokenized."""
-        whole = "".join(parts)
-        if [i for part in parts for i in self._encode(part)] != self._encode(whole):
+        if not self._spans_tokenize_apart(parts):
+            whole = "".join(parts)
             left, right = next(((a, b) for a, b in zip(parts, parts[1:])
                                 if self._encode(a) + self._encode(b) != self._encode(a + b)), (whole, ""))
             raise TokenizationError("The chat template's messages run into each other when tokenized: the chat "
