@@ -101,7 +101,8 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
-from .process import DEFAULT_MAX_TIMEOUTS, PolicyRollouts, RolloutStepScorer, rollout_samples
+from .harness import DEFAULT_MAX_TIMEOUTS, check_max_timeouts
+from .process import PolicyRollouts, RolloutStepScorer, rollout_samples
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
 from .tasks import CodeTask
@@ -193,9 +194,7 @@ class CodeTCGConfig:
             least = 0 if name == "feedback_tests" else 1  # 0 feedback tests: the failures are not shown
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{name} must be an int of at least {least}, got {value!r}")
-        if self.max_timeouts is not None and (not isinstance(self.max_timeouts, int)
-                                              or isinstance(self.max_timeouts, bool) or self.max_timeouts < 1):
-            raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {self.max_timeouts!r}")
+        check_max_timeouts(self.max_timeouts)
         turns_needed = self.max_attempts + int(self.pseudocode)
         if self.max_turns is None:
             object.__setattr__(self, "max_turns", turns_needed + 1)

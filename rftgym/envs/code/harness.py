@@ -30,6 +30,9 @@ from .tasks import CodeTask, TestCase
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
 PER_TEST_SECONDS = 2.0
 MAX_TOTAL_SECONDS = 120.0
+# A run gives up its remaining tests after this many of them hit the per-test time limit, so that
+# a looping program costs a few seconds, not a time limit per test (CodeTCG's default and its scorer's).
+DEFAULT_MAX_TIMEOUTS = 3
 MAX_GOT_CHARS = 1_000_000  # the runner's own cap on one encoded return value
 REPORT_BYTES_PER_TEST = 256 * 1024
 MAX_RUN_OUTPUT_BYTES = 64 * 1024 * 1024
@@ -104,6 +107,13 @@ def build_program(task: CodeTask, code: str, inputs: Sequence[str], limits: Sand
               "import_seconds": import_seconds(per_test_seconds), "max_timeouts": max_timeouts}
     files = {"main.py": runner_source(marker), "tests.json": json.dumps(config)}
     return Program(files=files, argv=("python", "main.py"), stdin="", limits=limits, hash_seed=hash_seed), marker
+
+
+def check_max_timeouts(value) -> None:
+    """Refuse a ``max_timeouts`` that is neither a positive int nor None (every test runs)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {value!r}",
+                          field="max_timeouts")
 
 
 def import_seconds(per_test_seconds: float) -> float:

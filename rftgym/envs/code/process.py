@@ -23,9 +23,7 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from .feedback import extract_code
-
-# What CodeTCG's max_timeouts defaults to: a completion that loops is given up on as a submission is.
-DEFAULT_MAX_TIMEOUTS = 3
+from .harness import DEFAULT_MAX_TIMEOUTS, check_max_timeouts, grade_many
 
 COMPLETION_PROMPT = (
     "{task}\n\nA plan for the solution, as pseudocode steps:\n{steps}\n\n"
@@ -52,10 +50,7 @@ class RolloutStepScorer:
             raise ConfigError(f"samples must be a positive int, got {samples!r}", field="samples")
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ConfigError(f"max_steps must be a positive int, got {max_steps!r}", field="max_steps")
-        if max_timeouts is not None and (isinstance(max_timeouts, bool) or not isinstance(max_timeouts, int)
-                                         or max_timeouts < 1):
-            raise ConfigError(f"max_timeouts must be a positive int or None (run every test), got {max_timeouts!r}",
-                              field="max_timeouts")
+        check_max_timeouts(max_timeouts)
         self.agent, self.samples, self.max_steps, self.max_timeouts = agent, samples, max_steps, max_timeouts
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
@@ -87,8 +82,6 @@ class RolloutStepScorer:
         return self._sandbox
 
     def __call__(self, task, steps: Sequence[str]) -> list[float]:
-        from .harness import grade_many
-
         steps = list(steps)[: self.max_steps]
         ids = MessageIds("score")
         contexts = []
@@ -99,9 +92,8 @@ class RolloutStepScorer:
         replies = replies_with_room(self.agent.act(contexts), "scoring pseudocode steps") if contexts else []
         codes = [extract_code(parse_tags(r.text, ("think",)))[0] for r in replies]
         # One batch: the sandbox runs the completions side by side instead of one after another.
-        written = [code for code in codes if code is not None]
-        graded = iter(grade_many([(task, code) for code in written], self.sandbox, max_timeouts=self.max_timeouts)
-                      if written else ())
+        graded = iter(grade_many([(task, code) for code in codes if code is not None], self.sandbox,
+                                 max_timeouts=self.max_timeouts))
         rates = [next(graded).pass_rate if code is not None else 0.0 for code in codes]
         return [sum(rates[i:i + self.samples]) / self.samples for i in range(0, len(rates), self.samples)]
 
