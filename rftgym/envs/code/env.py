@@ -28,11 +28,15 @@ Tests
     given) refuses a local sandbox without bubblewrap, where programs could read the host's files.
 
 Reward (paid on the turn that ends the episode)
-    ``(1 - format_weight) * pass_rate + format_weight * well_formatted``: ``pass_rate`` is the
-    fraction of the task's tests passed by the last submission (0 for a syntax error or a missing
-    entry point, which are told apart in ``info["status"]``; after ``max_timeouts`` tests over
-    their time limit the rest count as failed, unrun), ``well_formatted`` is 1 when the
-    turn held exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
+    ``(1 - format_weight) * tests_score + format_weight * well_formatted``. With
+    ``test_reward="pass_rate"`` (the default, as O1-CODER) ``tests_score`` is the fraction of the
+    task's tests passed by the last submission (0 for a syntax error or a missing entry point,
+    which are told apart in ``info["status"]``; after ``max_timeouts`` tests over their time limit
+    the rest count as failed, unrun); with ``test_reward="all_passed"`` it is 1 when every test
+    passed, else 0 (the sparse outcome reward of DeepSeek-R1 and DeepCoder: a partial answer, a
+    predicate's constant ``return False`` among them, earns nothing from the tests).
+    ``info["pass_rate"]`` is the fraction either way. ``well_formatted`` is 1 when the turn held
+    exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
     pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
     (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0. On the
     command line (and in ``rftgym train``'s saved ``env_kwargs``) the scorer is a string:
@@ -109,6 +113,7 @@ from .tasks import CodeTask
 
 DATASETS = ("humaneval", "mbpp", "generated")
 SANDBOXES = ("local", "docker", "auto")
+TEST_REWARDS = ("pass_rate", "all_passed")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task. Reply with the complete solution "
@@ -149,6 +154,7 @@ class CodeTCGConfig:
     # seconds, not one time limit per test (a whole rollout batch waits for its slowest grade).
     max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS
     format_weight: float = 0.1
+    test_reward: str = "pass_rate"  # or "all_passed": what the tests pay (see Reward above)
     pseudocode: bool = False
     # A callable; or "rollout[:N]" (what a command line can give), bound by envs.common.with_policy_options
     # to the policy acting in the env as a PolicyRollouts; unbound, it is refused.
@@ -189,6 +195,9 @@ class CodeTCGConfig:
                                  instead="add dataset=generated")
         if self.sandbox not in SANDBOXES:
             raise ConfigError(f"sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
+        if self.test_reward not in TEST_REWARDS:
+            raise ConfigError(f"test_reward must be one of {TEST_REWARDS} (the fraction of tests passed, or 1 only "
+                              f"when all pass), got {self.test_reward!r}", field="test_reward")
         for name in ("max_attempts", "feedback_tests", "max_action_chars", "memory_mb"):
             value = getattr(self, name)
             least = 0 if name == "feedback_tests" else 1  # 0 feedback tests: the failures are not shown
@@ -487,7 +496,10 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         """The reward for ``outcome`` (a submission's pass rate and format; by default the last turn's)."""
         outcome = self._last if outcome is None else outcome
         weight = self.config.format_weight
-        return (1 - weight) * float(outcome["pass_rate"]) + weight * float(outcome["format_ok"])
+        tests_score = float(outcome["pass_rate"])
+        if self.config.test_reward == "all_passed":
+            tests_score = float(tests_score == 1.0)  # passed == total > 0: the rate is exactly 1 then only
+        return (1 - weight) * tests_score + weight * float(outcome["format_ok"])
 
     def _owed_reward(self) -> float:
         """What the turn budget running out now would pay: the last graded submission's reward, in

@@ -235,6 +235,28 @@ def test_turns_running_out_pay_the_last_graded_submission_even_after_a_turn_with
     env.close()
 
 
+@pytest.mark.parametrize("test_reward, tests_pay", [("pass_rate", "the rate"), ("all_passed", "nothing")])
+def test_test_reward_pays_the_pass_rate_or_only_a_full_pass(tmp_path, test_reward, tests_pay):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", test_reward=test_reward,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    seed = next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function")
+    env.reset(seed=seed)
+    task = env.unwrapped.task
+    some = (task.reference + f"\n_right, _calls = {task.entry_point}, []\n"
+            f"def {task.entry_point}(*args, **kwargs):\n    _calls.append(1)\n"
+            "    return _right(*args, **kwargs) if len(_calls) == 1 else 'wrong'\n")
+    _, reward, terminated, _, info = env.step(fenced(some))
+    assert terminated and 0 < info["pass_rate"] < 1  # reported the same way under either reward
+    tests_score = info["pass_rate"] if tests_pay == "the rate" else 0.0
+    assert reward == pytest.approx(0.9 * tests_score + 0.1)
+    env.reset(seed=seed)
+    _, reward, _, _, info = env.step(fenced(task.reference))
+    assert info["success"] and reward == pytest.approx(1.0)
+    env.close()
+
+
 def test_hostile_submission_is_contained_and_env_serves_next_episode(generated_env):
     generated_env.reset(seed=2)
     _, reward, terminated, _, info = generated_env.step(fenced("while True:\n    pass"))
@@ -330,6 +352,7 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(max_turns=True), "max_turns must be an int"),
     (dict(step_scorer=lambda t, s: [1.0]), "pseudocode=True"),
     (dict(format_weight=1.5), "format_weight"),
+    (dict(test_reward="binary"), r"test_reward must be one of \('pass_rate', 'all_passed'\)"),
     (dict(max_timeouts=0), "max_timeouts"),
     (dict(timeout_seconds=1e308), r"timeout_seconds must be in \[0.01, 3600\]"),
     (dict(timeout_seconds=1e-9), "timeout_seconds must be in"),
