@@ -30,15 +30,17 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     # no reply, so it counts neither as a turn nor as a turn without a format error.
     played = [[t for t in e.turns if t.finish_reason != CONTEXT_FULL] for e in episodes]
     format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
+    # Means are floats even when every value is the same int (statistics.mean([3, 3]) is the int 3),
+    # so that a table prints "3.000", not "3", where other rows print "2.500".
     return {
         "episodes": len(episodes),
-        "reward": mean(e.total_reward for e in episodes),
+        "reward": float(mean(e.total_reward for e in episodes)),
         "success": float(mean(float(e.success) for e in episodes)),
-        "turns": mean(len(turns) for turns in played),
-        "truncated": mean(float(e.truncated) for e in episodes),
+        "turns": float(mean(len(turns) for turns in played)),
+        "truncated": float(mean(float(e.truncated) for e in episodes)),
         "format_error_rate": float(mean(format_errors)) if format_errors else math.nan,
-        "sampled_tokens": mean(e.num_sampled_tokens for e in episodes),
-        "prompt_tokens": mean(e.num_prompt_tokens for e in episodes),
+        "sampled_tokens": float(mean(e.num_sampled_tokens for e in episodes)),
+        "prompt_tokens": float(mean(e.num_prompt_tokens for e in episodes)),
         "context_full": sum(e.context_full for e in episodes),  # episodes ended for want of context
     }
 

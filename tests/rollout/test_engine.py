@@ -475,6 +475,9 @@ def test_tiny_model_rollout_records_tokens_and_summary(tiny_policy):
     summary = summarize(episodes)
     assert summary["episodes"] == 5
     assert summary["sampled_tokens"] == sum(e.num_sampled_tokens for e in episodes) / 5
+    # Means are floats even where every episode has the same count (a table prints 1.000, not 1).
+    assert all(type(summary[key]) is float for key in ("reward", "turns", "sampled_tokens", "prompt_tokens"))
+    assert len({len(e.turns) for e in episodes}) == 1  # every episode played as many turns: an int mean
 
 
 class ForgetfulEnv(gym.Env):
