@@ -82,7 +82,7 @@ def test_generated_tasks_and_their_test_inputs_stay_as_they_were():
             digest.update(json.dumps([task.task_id, task.prompt, task.reference,
                                       [(t.input, t.expected) for t in task.examples],
                                       [task.input_sampler(draws) for _ in range(10)]]).encode())
-    assert digest.hexdigest() == "70e584064f9a736268e6564f7e52cd59bcf44eaf0d5db757555a84a375420141"
+    assert digest.hexdigest() == "63b10123ba49f4904ecb10550a7858bc5718adc6375b72b2544461a9b448ff46"
 
 
 def test_a_generated_code_env_pickles_mid_episode(tmp_path):

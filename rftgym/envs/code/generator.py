@@ -82,7 +82,8 @@ def _kth_largest(rng: random.Random, d: int) -> _Spec:
 
 
 def _sample_kth_largest(d: int, r: random.Random) -> str:
-    nums = _ints(r, r.randint(1, 4 + 4 * d), -10 * d, 10 * d)
+    # Mostly two or more numbers: on one, k = 1 and max(nums) or min(nums) would pass.
+    nums = _ints(r, r.randint(2, 4 + 4 * d) if r.random() < 0.9 else 1, -10 * d, 10 * d)
     return args_source((nums, r.randint(1, len(nums))))
 
 
@@ -98,7 +99,12 @@ def _rotate(rng: random.Random, d: int) -> _Spec:
 
 
 def _sample_rotate(d: int, r: random.Random) -> str:
-    return args_source((_ints(r, r.randint(0, 3 + 3 * d), 0, 20), r.randint(0, 10 * d)))
+    # Mostly a rotation that moves the items: with k a multiple of the length, or under two items,
+    # the list comes back as it was and `return items` would pass.
+    n = r.randint(2, 3 + 3 * d) if r.random() < 0.85 else r.randint(0, 1)
+    turns = n * r.randint(0, d)
+    k = turns + r.randint(1, n - 1) if n >= 2 and r.random() < 0.85 else turns
+    return args_source((_ints(r, n, 0, 20), k))
 
 
 def _brackets(rng: random.Random, d: int) -> _Spec:
@@ -141,8 +147,10 @@ def _merge_intervals(rng: random.Random, d: int) -> _Spec:
 
 def _sample_merge_intervals(d: int, r: random.Random) -> str:
     spans = []
-    for _ in range(r.randint(0, 2 + 2 * d)):
-        a = r.randint(0, 20 * d)
+    # Mostly two or more intervals, starting close enough for most lists to hold an overlap:
+    # else sorted(intervals) would pass.
+    for _ in range(r.randint(2, 2 + 2 * d) if r.random() < 0.85 else r.randint(0, 1)):
+        a = r.randint(0, 8 * d)
         spans.append([a, a + r.randint(0, 5 * d)])
     return args_source((spans,))
 

@@ -6,13 +6,14 @@ them in the sandbox, twice (in two processes under two hash seeds, so that outpu
 string hashing, e.g. a set's order, or on addresses is caught; every graded run uses the default
 seed); inputs where it raises, times out or disagrees with itself are dropped.
 Tests are deduplicated by input and capped, example- and dataset-derived tests first.
-When one expected output dominates a function's tests (a predicate that random inputs almost
-always make False, a filter they leave empty), a constant would pass most of them: further
-rounds (up to ``RARE_ROUNDS``) mutate the inputs whose outputs are rare
-(:func:`~.inputs.neighbour_inputs`) and add the mutants that keep a rare output, as random tests
-ahead of the others; if the output still dominates, random tests that expect it are dropped,
-the last first, until it holds at most ``MAJORITY_SHARE`` of the suite (the spec's examples, the
-dataset's tests and edge cases are never dropped), so that a constant answer cannot earn more.
+When one trivial answer passes most of a function's tests (a constant: a predicate that random
+inputs almost always make False, a filter they leave empty; or one builtin applied to one
+argument, :mod:`.trivial`: ``return items`` where most random rotations come back to the start),
+further rounds (up to ``RARE_ROUNDS``) mutate the inputs where it fails
+(:func:`~.inputs.neighbour_inputs`) and add the mutants where it still fails, as random tests
+ahead of the others; if it still passes too many, random tests it passes are dropped, the last
+first, until it passes at most ``MAJORITY_SHARE`` of the suite (the spec's examples, the
+dataset's tests and edge cases are never dropped), so that a trivial answer cannot earn more.
 Built suites are cached on disk (``$RFTGYM_CACHE`` or ``~/.cache/rftgym``, under ``tcg/``).
 LLM-proposed tests live in :mod:`.tcg_llm`.
 """
@@ -35,13 +36,16 @@ from .harness import RunOutcome, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import DEFAULT_HASH_SEED, Sandbox
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
+from .trivial import TrivialAnswer, trivial_answers
 
 # 2: inputs slow for the reference are dropped; 3: rare outputs searched for; 4: the second reference
 # run under another hash seed (in a warm jail both runs had had its zygote's); 5: several rounds of
 # rare-output search, then random tests of the dominant output dropped; 6: inputs kept in the
-# examples' domain (no 0, empty value or sign change the examples do not show)
-CACHE_VERSION = 6
-MAJORITY_SHARE = 0.6  # above this share of one expected output, search for inputs with other outputs
+# examples' domain (no 0, empty value or sign change the examples do not show); 7: one-step trivial
+# answers (echo, sorted, len, max, ... of an argument) held down as constants are, and the generated
+# rotate, merge_intervals and kth_largest tasks' samplers drawing fewer inputs such an answer passes
+CACHE_VERSION = 7
+MAJORITY_SHARE = 0.6  # a trivial answer passing more of the suite than this: search for inputs where it fails
 RARE_ROUNDS = 3  # rounds of that search, each from the rare-output inputs found so far
 REFERENCE_TIME_SHARE = 0.25  # the reference may use at most this share of a test's time limit
 ORDER = ("example", "dataset", "llm", "edge", "random")  # what the cap keeps first
@@ -226,7 +230,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     for round_ in range(1, RARE_ROUNDS + 1):
         near = {}
         for i in todo:
-            skewed = _rare_outputs(tasks[i], built[i])
+            skewed = _dominant_trivial(tasks[i], built[i])
             if skewed is None:
                 continue
             rng = _rng(config, tasks[i], ":neighbours" if round_ == 1 else f":neighbours{round_}")
@@ -240,10 +244,10 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         runs = run_reference_many([tasks[i] for i in order], [near[i][1] for i in order], sandbox,
                                   config.per_test_seconds, repeats)
         for i, task_runs in zip(order, runs):
-            majority, sources = near[i]
+            dominant, sources = near[i]
             found = select_tests(tasks[i], [(s, "random") for s in sources], task_runs,
                                  dataclasses.replace(config, max_tests=len(sources)))
-            rare = [t for t in found if t.expected != majority]
+            rare = [t for t in found if dominant not in trivial_answers(t)]
             kept = [t for t in built[i] if t.origin != "random"] + rare + [t for t in built[i] if t.origin == "random"]
             built[i] = tuple(kept[: config.max_tests])
             complete[i] = complete[i] and all(run.status == "ok" for run in task_runs)
@@ -275,41 +279,49 @@ def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunO
     return "the reference solution's outputs were not usable (they changed between runs, took too long or failed)"
 
 
-def _rare_outputs(task: CodeTask, tests: Sequence[TestCase]) -> tuple[str, list[tuple]] | None:
-    """``(the dominant expected output, the arguments of the tests with other outputs)`` when one
-    output is over ``MAJORITY_SHARE`` of a function's tests and others exist; else None."""
+def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase]) -> tuple[TrivialAnswer, list[tuple]] | None:
+    """``(the trivial answer, the arguments of the tests it fails)`` when one trivial answer
+    (:func:`~.trivial.trivial_answers`) passes over ``MAJORITY_SHARE`` of a function's tests and
+    fails some; else None. Of answers passing equally many, the first met wins."""
     if task.style != "function" or len(tests) < 4:
         return None
-    majority, count = collections.Counter(t.expected for t in tests).most_common(1)[0]
+    answers = [trivial_answers(test) for test in tests]
+    counts = collections.Counter(answer for passing in answers for answer in passing)
+    dominant, count = counts.most_common(1)[0]  # ties: first inserted, as answers list them in a fixed order
     if count <= MAJORITY_SHARE * len(tests):
         return None
     bases = []
-    for test in tests:
-        if test.expected != majority:
+    for test, passing in zip(tests, answers):
+        if dominant not in passing:
             try:
                 bases.append(parse_args_source(test.input))
             except (ValueError, SyntaxError):
                 continue
-    return (majority, bases) if bases else None
+    return (dominant, bases) if bases else None
 
 
 def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, ...]:
-    """``tests`` without random tests of a dominant output, the last first, until that output holds
-    at most ``MAJORITY_SHARE`` of them (or no such random test is left): a constant answer then
-    passes at most that share where the rare-output search found enough rare inputs."""
-    skewed = _rare_outputs(task, tests)
-    if skewed is None:
-        return tests
-    majority = skewed[0]
-    total, count = len(tests), sum(t.expected == majority for t in tests)
-    dropped = set()
-    for index in reversed(range(len(tests))):
-        if count <= MAJORITY_SHARE * total:
-            break
-        if tests[index].origin == "random" and tests[index].expected == majority:
-            dropped.add(index)
-            count, total = count - 1, total - 1
-    return tuple(t for index, t in enumerate(tests) if index not in dropped)
+    """``tests`` without random tests that a dominant trivial answer passes, the last first, until
+    it passes at most ``MAJORITY_SHARE`` of them (or no such random test is left); then the same
+    for the next answer that dominates what is left. A trivial answer then passes at most that
+    share where the rare-output search found enough inputs it fails."""
+    while True:
+        skewed = _dominant_trivial(task, tests)
+        if skewed is None:
+            return tests
+        dominant = skewed[0]
+        passes = [dominant in trivial_answers(test) for test in tests]
+        total, count = len(tests), sum(passes)
+        dropped = set()
+        for index in reversed(range(len(tests))):
+            if count <= MAJORITY_SHARE * total:
+                break
+            if tests[index].origin == "random" and passes[index]:
+                dropped.add(index)
+                count, total = count - 1, total - 1
+        if not dropped:
+            return tests
+        tests = tuple(t for index, t in enumerate(tests) if index not in dropped)
 
 
 def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:
