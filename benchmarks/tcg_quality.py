@@ -9,7 +9,10 @@ What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit
 * a wrong solution (``return None``) must fail: share of tasks where it does;
 * the best constant: per function task, the highest pass rate of ``return C`` for C in
   ``CONSTANTS`` (a reward a policy gets without solving anything), with the dataset's tests alone
-  and with the TCG suite: the mean, and the tasks where it reaches 0.5 and 0.8;
+  and with the TCG suite: the mean, the tasks where it reaches 0.5 and 0.8, and the most on any
+  task; and the same for the best trivial answer, a constant or one builtin applied to one
+  argument (``return items``, ``return sorted(items)``, ``return max(nums)``: see
+  ``rftgym.envs.code.trivial``);
 * mutation score: AST mutants of the reference (see ``rftgym.envs.code.mutants``; at most
   ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
   dataset ships) against the whole TCG suite (ours);
@@ -30,19 +33,44 @@ from pathlib import Path
 from rftgym.envs.code.harness import grade_many, run_dataset_tests_many
 from rftgym.envs.code.mutants import quality_report, summarize
 from rftgym.envs.code.sandbox import make_sandbox
+from rftgym.envs.code.tasks import parse_args_source
 from rftgym.envs.code.tcg import TCGConfig, build_tests_many
+from rftgym.envs.code.trivial import one_step_programs
 
 # The shared data folder beside the checkout.
 DEFAULT_MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "code" / "mbpp.jsonl"
 CONSTANTS = ("False", "True", "0", "1", "[]", "''", "None")
 
 
-def best_constant(tasks, sandbox) -> list[float]:
-    """Per function task with tests: the best pass rate of a function returning a constant."""
+def best_trivial(tasks, sandbox) -> tuple[list[float], list[float], list[tuple[str, str, float]]]:
+    """Per function task with tests: the best pass rate of a function returning a constant, and
+    of any trivial answer (a constant, or one builtin on one argument: rftgym.envs.code.trivial);
+    and (task id, answer, pass rate) where a trivial answer passes at least 0.8 (on a task whose
+    solution is one builtin, e.g. a string's length, that answer is the solution)."""
     tasks = [t for t in tasks if t.style == "function" and t.tests]
-    results = grade_many([(t, f"def {t.entry_point}(*args, **kwargs):\n    return {c}\n") for t in tasks
-                          for c in CONSTANTS], sandbox)
-    return [max(r.pass_rate for r in results[i * len(CONSTANTS):(i + 1) * len(CONSTANTS)]) for i in range(len(tasks))]
+    programs = []
+    for task in tasks:
+        constants = [(f"return {c}", f"def {task.entry_point}(*args, **kwargs):\n    return {c}\n")
+                     for c in CONSTANTS]
+        programs.append((constants, one_step_programs(task.entry_point, _arity(task))))
+    results = iter(grade_many([(t, source) for t, (constants, one_step) in zip(tasks, programs)
+                               for _, source in constants + one_step], sandbox))
+    best_constant, best_any, high = [], [], []
+    for task, (constants, one_step) in zip(tasks, programs):
+        rates = [next(results).pass_rate for _ in range(len(constants) + len(one_step))]
+        best_constant.append(max(rates[:len(constants)]))
+        best_any.append(max(rates))
+        top = max(range(len(rates)), key=rates.__getitem__)
+        if rates[top] >= 0.8:
+            high.append((task.task_id, (constants + one_step)[top][0], rates[top]))
+    return best_constant, best_any, high
+
+
+def _arity(task) -> int:
+    try:
+        return len(parse_args_source(task.tests[0].input))
+    except (ValueError, SyntaxError):
+        return 0
 
 
 def load(args):
@@ -54,7 +82,7 @@ def load(args):
     elif args.dataset == "mbpp":
         tasks = datasets.load_mbpp(args.path or DEFAULT_MBPP)
     else:
-        tasks = generate_tasks(args.limit or 45, seed=args.seed, difficulty=2)
+        tasks = generate_tasks(args.limit or 45, seed=args.seed, difficulty=args.difficulty)
     return tasks[: args.limit] if args.limit else tasks
 
 
@@ -66,6 +94,7 @@ def main() -> None:
     parser.add_argument("--mutants", type=int, default=20, help="max mutants per task")
     parser.add_argument("--max-tests", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=2, help="of the generated tasks")
     parser.add_argument("--skip-mutants", action="store_true")
     args = parser.parse_args()
 
@@ -80,7 +109,10 @@ def main() -> None:
                          else "pass\n") for t in built], sandbox)
     t_grade = time.perf_counter() - t0 - t_build
     dataset_only = [t.with_tests(tuple(x for x in t.tests if x.origin in ("example", "dataset"))) for t in built]
-    constants = {"dataset": best_constant(dataset_only, sandbox), "tcg": best_constant(built, sandbox)}
+    (constants_dataset, trivial_dataset, _), (constants_tcg, trivial_tcg, trivial_high) = (
+        best_trivial(dataset_only, sandbox), best_trivial(built, sandbox))
+    constants = {"dataset": constants_dataset, "tcg": constants_tcg}
+    trivials = {"dataset": trivial_dataset, "tcg": trivial_tcg}
     ref_fail = [(t.task_id, r.status, r.passed, r.total) for t, r in zip(built, refs) if r.pass_rate < 1.0]
     wrong_pass = [t.task_id for t, r in zip(built, wrong) if r.total and r.pass_rate == 1.0]
     checks = run_dataset_tests_many([(t, t.reference) for t in built], sandbox)
@@ -111,15 +143,21 @@ def main() -> None:
     print(f"{'untestable (no test input survived)':44s}{'':>20s}{len(built) - len(testable):>16d}")
     print(f"{'return-None solution fails':44s}{'':>20s}{len(testable) - len(wrong_pass):>10d}/{len(testable)}")
     means = {k: sum(v) / max(1, len(v)) for k, v in constants.items()}
-    print(f"{'best constant: mean pass rate':44s}{means['dataset']:>20.3f}{means['tcg']:>16.3f}")
-    for level in (0.5, 0.8):
-        print(f"{'best constant: tasks passing >= ' + str(level):44s}"
-              f"{sum(b >= level for b in constants['dataset']):>14d}/{len(constants['dataset'])}"
-              f"{sum(b >= level for b in constants['tcg']):>10d}/{len(constants['tcg'])}")
+    trivial_means = {k: sum(v) / max(1, len(v)) for k, v in trivials.items()}
+    for label, best, mean in (("best constant", constants, means), ("best trivial answer", trivials, trivial_means)):
+        print(f"{label + ': mean pass rate':44s}{mean['dataset']:>20.3f}{mean['tcg']:>16.3f}")
+        for level in (0.5, 0.8):
+            print(f"{label + ': tasks passing >= ' + str(level):44s}"
+                  f"{sum(b >= level for b in best['dataset']):>14d}/{len(best['dataset'])}"
+                  f"{sum(b >= level for b in best['tcg']):>10d}/{len(best['tcg'])}")
+        print(f"{label + ': most of any task':44s}{max(best['dataset'], default=0):>20.3f}"
+              f"{max(best['tcg'], default=0):>16.3f}")
     print(f"{'reference passes the dataset own tests':44s}{dataset_ok:>14d}/{len(with_checks)}")
     print(f"{'seconds: build tests / grade ref+wrong':44s}{t_build:>20.1f}{t_grade:>16.1f}")
     for task_id, status, passed, total in ref_fail:
         print(f"  reference failure: {task_id}: {status} {passed}/{total}")
+    for task_id, answer, rate in trivial_high:
+        print(f"  trivial answer passing >= 0.8 of the TCG suite: {task_id}: {answer} ({rate:.3f})")
     for task_id, error in dataset_fail:
         print(f"  dataset-test failure: {task_id}: {error}")
     headline = {"bench": "tcg_quality", "dataset": args.dataset, "tasks": len(built), "limit": args.limit,
@@ -128,6 +166,9 @@ def main() -> None:
                 "wrong_fails": len(testable) - len(wrong_pass), "dataset_check_pass": dataset_ok,
                 "best_constant_mean": {k: round(v, 3) for k, v in means.items()},
                 "best_constant_ge_0.8": {k: sum(b >= 0.8 for b in v) for k, v in constants.items()},
+                "best_trivial_mean": {k: round(v, 3) for k, v in trivial_means.items()},
+                "best_trivial_ge_0.8": {k: sum(b >= 0.8 for b in v) for k, v in trivials.items()},
+                "best_trivial_max": {k: round(max(v, default=0), 3) for k, v in trivials.items()},
                 "build_seconds": round(t_build, 1)}
     if "mutation_score_tcg_pct" in summary:
         headline.update(mutants=summary["mutants"],
