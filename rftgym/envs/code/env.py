@@ -34,8 +34,9 @@ Reward (paid on the turn that ends the episode)
     which are told apart in ``info["status"]``; after ``max_timeouts`` tests over their time limit
     the rest count as failed, unrun); with ``test_reward="all_passed"`` it is 1 when every test
     passed, else 0 (the sparse outcome reward of DeepSeek-R1 and DeepCoder: a partial answer, a
-    predicate's constant ``return False`` among them, earns nothing from the tests).
-    ``info["pass_rate"]`` is the fraction either way. ``well_formatted`` is 1 when the turn held
+    predicate's constant ``return False`` among them, earns nothing from the tests; the
+    pseudocode turn's process reward below, when on, still scores a plan by its completions'
+    pass rates). ``info["pass_rate"]`` is the fraction either way. ``well_formatted`` is 1 when the turn held
     exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
     pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
     (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0. On the

@@ -279,14 +279,19 @@ def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunO
     return "the reference solution's outputs were not usable (they changed between runs, took too long or failed)"
 
 
-def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase]) -> tuple[TrivialAnswer, list[tuple]] | None:
+def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase], skip: frozenset = frozenset(),
+                      answers: Sequence[tuple[TrivialAnswer, ...]] | None = None,
+                      ) -> tuple[TrivialAnswer, list[tuple]] | None:
     """``(the trivial answer, the arguments of the tests it fails)`` when one trivial answer
-    (:func:`~.trivial.trivial_answers`) passes over ``MAJORITY_SHARE`` of a function's tests and
-    fails some; else None. Of answers passing equally many, the first met wins."""
+    (:func:`~.trivial.trivial_answers`; ``answers``: theirs, per test, if already read) not in
+    ``skip`` passes over ``MAJORITY_SHARE`` of a function's tests and fails some; else None. Of
+    answers passing equally many, the first met wins."""
     if task.style != "function" or len(tests) < 4:
         return None
-    answers = [trivial_answers(test) for test in tests]
-    counts = collections.Counter(answer for passing in answers for answer in passing)
+    answers = [trivial_answers(test) for test in tests] if answers is None else answers
+    counts = collections.Counter(answer for passing in answers for answer in passing if answer not in skip)
+    if not counts:
+        return None
     dominant, count = counts.most_common(1)[0]  # ties: first inserted, as answers list them in a fixed order
     if count <= MAJORITY_SHARE * len(tests):
         return None
@@ -303,14 +308,17 @@ def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase]) -> tuple[Trivia
 def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, ...]:
     """``tests`` without random tests that a dominant trivial answer passes, the last first, until
     it passes at most ``MAJORITY_SHARE`` of them (or no such random test is left); then the same
-    for the next answer that dominates what is left. A trivial answer then passes at most that
-    share where the rare-output search found enough inputs it fails."""
+    for the next answer that dominates what is left, until none does that random tests can be
+    dropped for. A trivial answer then passes at most that share where the rare-output search
+    found enough inputs it fails."""
+    answers = [trivial_answers(test) for test in tests]  # read once: a test's answers never change
+    unreducible: set[TrivialAnswer] = set()  # dominant, with no random test of its own left to drop
     while True:
-        skewed = _dominant_trivial(task, tests)
+        skewed = _dominant_trivial(task, tests, frozenset(unreducible), answers)
         if skewed is None:
             return tests
         dominant = skewed[0]
-        passes = [dominant in trivial_answers(test) for test in tests]
+        passes = [dominant in passing for passing in answers]
         total, count = len(tests), sum(passes)
         dropped = set()
         for index in reversed(range(len(tests))):
@@ -320,8 +328,10 @@ def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, 
                 dropped.add(index)
                 count, total = count - 1, total - 1
         if not dropped:
-            return tests
+            unreducible.add(dominant)
+            continue
         tests = tuple(t for index, t in enumerate(tests) if index not in dropped)
+        answers = [passing for index, passing in enumerate(answers) if index not in dropped]
 
 
 def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:
