@@ -78,6 +78,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
             action=argparse.BooleanOptionalAction)),
         ("--old-logprobs", "old_logprobs", opt(optim, d.old_logprobs, "the PPO ratio's old log-probs: as sampled, or "
                                                "recomputed by the training forward pass", choices=OLD_LOGPROBS)),
+        ("--rollout-is-cap", "rollout_is_cap", opt(optim, d.rollout_is_cap, "with --old-logprobs recompute: weight "
+                                                   "each token's loss by min(pi_train / pi_rollout, this) (truncated "
+                                                   "importance sampling; 0 = off, 2 is usual)")),
         ("--logprob-chunk-size", "logprob_chunk_size", opt(optim, d.logprob_chunk_size,
                                                            "tokens per chunk of the vocabulary projection")),
         ("--pcar-lambda", "pcar_lambda", opt(algo, d.pcar_lambda, "PCAR: weight of the segment's evaluation score")),

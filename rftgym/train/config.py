@@ -76,6 +76,11 @@ class TrainConfig:
     # training forward pass before the update, as verl does; removes the decode/training kernel
     # gap from the ratio, at one extra forward pass per step).
     old_logprobs: str = "rollout"
+    # Truncated importance sampling (TIS) over the rollout/training mismatch, with
+    # old_logprobs="recompute": each trained token's loss is weighted by
+    # min(pi_train(token) / pi_rollout(token), rollout_is_cap), the sampler's tokens reweighted
+    # toward the policy the update computes (0 = off; 2.0 is verl's and TRL's usual cap).
+    rollout_is_cap: float = 0.0
     filter_zero_variance: bool = True  # DAPO dynamic sampling: groups with equal rewards are skipped
     # DAPO overlong filtering: episodes whose last reply was cut by max_new_tokens, or that ran out
     # of context, are masked
@@ -161,7 +166,7 @@ class TrainConfig:
                     raise ConfigError(f"{name} must be an integer, got {value!r}", field=name)
                 object.__setattr__(self, name, int(value))
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
-                     "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha"):
+                     "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha", "rollout_is_cap"):
             value = getattr(self, name)
             if not is_finite_real(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}", field=name)
@@ -169,6 +174,10 @@ class TrainConfig:
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}",
                               field="old_logprobs")
+        if self.rollout_is_cap != 0 and self.rollout_is_cap < 1:
+            raise ConfigError(f"rollout_is_cap must be 0 (off) or at least 1 (a cap below 1 would shrink every "
+                              f"token's weight, not only the ones the sampler over-drew; 2.0 is usual), got "
+                              f"{self.rollout_is_cap}", field="rollout_is_cap")
         if self.dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"dtype must be None (auto), 'float32' or 'bfloat16', got {self.dtype!r} (float16 "
                               "would need loss scaling, which rftgym does not do)", field="dtype")
@@ -275,6 +284,8 @@ class TrainConfig:
                 ("pcar_lambda", self.algo == "pcar", "algo='pcar'", algo),
                 ("pcar_delta", self.algo == "pcar", "algo='pcar'", algo),
                 ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'", algo),
+                ("rollout_is_cap", self.old_logprobs == "recompute", "old_logprobs='recompute' (the training "
+                 "forward's log-probs are what the sampler's are weighed against)", f"old_logprobs={self.old_logprobs!r}"),
                 ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)", "lora_rank=0 (full fine-tuning)"),
                 ("compile_scope", self.compile is not False, "compile on (or auto)", "compile=False"),
                 ("eval_episodes", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),

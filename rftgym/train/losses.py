@@ -27,6 +27,21 @@ def _log_ratio(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(logp - other_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+def truncated_importance_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS, Yao et al. 2025): per token, ``min(exp(train_logp -
+    rollout_logp), cap)``, the ratio of the probability the training forward pass gives a sampled
+    token to the one the sampler gave it, capped so that a token the sampler under-drew cannot
+    dominate the loss. The sampler (a KV cache, CUDA graphs, another engine) and the training
+    pass differ by numerics; weighting a token's loss by this makes its gradient an estimate
+    under the policy the update computes, not under the sampler.
+
+    A positive weight scales both arms of the PPO min alike, so it can be folded into the
+    token's advantage (see ``update.recompute_old_logprobs``)."""
+    if not cap >= 1:
+        raise ConfigError(f"the importance weights' cap must be at least 1, got {cap}")
+    return torch.exp(_log_ratio(train_logp, rollout_logp)).clamp(max=cap)
+
+
 def _per_sequence(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     # A 1-D advantage vector is one value per sequence; plain broadcasting would instead read it
     # as one value per position, silently, whenever batch == seq.

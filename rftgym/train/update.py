@@ -19,7 +19,7 @@ import torch
 from .batching import TrainSample, collate
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_tensor
-from .losses import aggregate, policy_loss, token_mean
+from .losses import aggregate, policy_loss, token_mean, truncated_importance_weights
 from .master_weights import gradient_tensors
 from .microbatches import plan_passes
 from .packing import collate_packed
@@ -127,6 +127,11 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     from 1 by noise alone, which the clip then treats as a policy change. The recomputed ones are
     the update's own numbers before its first step. Reported: ``old_logprob_gap`` (mean absolute
     difference over trained tokens) and ``old_logprob_gap_max``.
+
+    With ``rollout_is_cap > 0`` each trained token's advantage is also multiplied by its truncated
+    importance weight (:func:`~.losses.truncated_importance_weights` of the recomputed and the
+    rollout log-probs): the same as weighting its PPO loss, which a positive factor passes through.
+    Reported: ``rollout_is_weight_mean`` and ``rollout_is_capped`` (the share of tokens at the cap).
     """
     ranks = ranks or Distributed()
     device = next(model.parameters()).device
@@ -152,19 +157,33 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     # The first .cpu() waits for the device, once.
     predicted = [lp for part, owner in zip(values, owners) for lp in _per_sample(part.cpu(), *owner)]
     row_of = dict(zip((i for indices in plan for i in indices), predicted))
-    out, gaps = [], []
+    out, gaps, weights = [], [], []
+    cap = config.rollout_is_cap
     for index, sample in enumerate(samples):
         row = row_of[index]
         # row[t - 1] is the log-prob of token t (position p predicts token p + 1).
+        trained = [t for t in range(1, len(sample.token_ids)) if sample.loss_mask[t]]
         old = list(sample.old_logprobs)
-        for t in range(1, len(sample.token_ids)):
-            if sample.loss_mask[t]:
-                gaps.append(abs(row[t - 1] - old[t]))
-                old[t] = row[t - 1]
-        out.append(replace(sample, old_logprobs=old))
+        recomputed = [row[t - 1] for t in trained]
+        gaps += [abs(new - old[t]) for t, new in zip(trained, recomputed)]
+        advantages = sample.advantages
+        if cap and trained:
+            weight = truncated_importance_weights(torch.tensor(recomputed, dtype=torch.float64),
+                                                  torch.tensor([old[t] for t in trained], dtype=torch.float64), cap)
+            weights += weight.tolist()
+            advantages = list(advantages)
+            for t, w in zip(trained, weight.tolist()):
+                advantages[t] *= w
+        for t, new in zip(trained, recomputed):
+            old[t] = new
+        out.append(replace(sample, old_logprobs=old, advantages=advantages))
     if not gaps:
         return out, {}
-    return out, {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
+    stats = {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
+    if weights:
+        stats.update(rollout_is_weight_mean=sum(weights) / len(weights),
+                     rollout_is_capped=sum(w >= cap for w in weights) / len(weights))
+    return out, stats
 
 
 def microbatches(samples: list[TrainSample], config: TrainConfig) -> list[list[TrainSample]]:

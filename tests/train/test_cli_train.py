@@ -125,6 +125,9 @@ def test_train_flags_reach_the_config():
     assert {name: getattr(config, name) for name in expected} == expected
     args = build_parser().parse_args(["train", "rftgym/MemoryQA-v0", "--algo", "dcpo", "--dcpo-segment-budget", "3"])
     assert train_config_from_args(args).dcpo_segment_budget == 3
+    args = build_parser().parse_args(["train", "rftgym/VerifiableQA-v0", "--old-logprobs", "recompute",
+                                      "--rollout-is-cap", "2"])
+    assert (train_config_from_args(args).old_logprobs, train_config_from_args(args).rollout_is_cap) == ("recompute", 2.0)
 
 
 def _config_of(argv: list[str]) -> TrainConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import json
 import warnings
 
@@ -321,10 +322,61 @@ def test_recomputed_old_logprobs_are_the_updates_own(tmp_path, make_char_policy,
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_rollout_is_cap_weights_each_trained_tokens_advantage(make_char_policy):
+    """Truncated importance sampling: each trained token's advantage is multiplied by
+    min(exp(recomputed - rollout), cap). The rollout's log-probs are set 1 below the training
+    pass's (weight e = 2.718, capped at 2) on even positions and 1 above (weight 1/e) on odd ones."""
+    from rftgym.train.batching import TrainSample, collate
+    from rftgym.train.update import batch_logprobs, recompute_old_logprobs
+
+    policy = make_char_policy()
+    ids = [[5, 9, 11, 4, 7, 8], [6, 8, 3, 2]]
+    config = TrainConfig(minibatch_size=2, group_size=2, old_logprobs="recompute", rollout_is_cap=2.0)
+    probe = [TrainSample(t, [0, 0] + [1] * (len(t) - 2), [0.0] * len(t), [0.0] * len(t), 0, i) for i, t in enumerate(ids)]
+    with torch.no_grad():
+        want, _ = batch_logprobs(policy.model, collate(probe, policy.pad_id), config)
+    samples = []
+    for row, t in enumerate(ids):
+        rollout = [-5.0, -5.0] + [want[row, p - 1].item() + (-1.0 if p % 2 == 0 else 1.0) for p in range(2, len(t))]
+        samples.append(TrainSample(t, [0, 0] + [1] * (len(t) - 2), rollout, [0.0, 0.0] + [-3.0] * (len(t) - 2), 0, row))
+    fresh, stats = recompute_old_logprobs(policy.model, samples, config, policy.pad_id)
+    weights = []
+    for sample in fresh:
+        expected = [2.0 if p % 2 == 0 else math.exp(-1.0) for p in range(2, len(sample.token_ids))]
+        assert sample.advantages[:2] == [0.0, 0.0]  # untrained positions: untouched
+        assert sample.advantages[2:] == pytest.approx([-3.0 * w for w in expected], rel=1e-5)
+        weights += expected
+    assert stats["rollout_is_weight_mean"] == pytest.approx(sum(weights) / len(weights), rel=1e-5)
+    assert stats["rollout_is_capped"] == pytest.approx(sum(w == 2.0 for w in weights) / len(weights))
+    # Without a cap the advantages are the rollout's, and no weight is reported.
+    plain, stats = recompute_old_logprobs(policy.model, samples, replace_config(config, rollout_is_cap=0.0),
+                                          policy.pad_id)
+    assert [s.advantages for s in plain] == [s.advantages for s in samples] and "rollout_is_weight_mean" not in stats
+
+
+def replace_config(config, **changes):
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def test_rollout_is_cap_is_read_only_with_recomputed_old_logprobs():
+    with pytest.raises(ConfigError, match="rollout_is_cap=2.0 is only read with old_logprobs='recompute'"):
+        TrainConfig(rollout_is_cap=2.0)
+    with pytest.raises(ConfigError, match="rollout_is_cap must be 0 \\(off\\) or at least 1"):
+        TrainConfig(rollout_is_cap=0.5, old_logprobs="recompute")
+    with pytest.raises(ConfigError, match="rollout_is_cap must be a finite number"):
+        TrainConfig(rollout_is_cap=float("inf"), old_logprobs="recompute")
+
+
 def test_training_with_recomputed_old_logprobs(tmp_path, make_char_policy):
     # On the CPU in float32 the rollout's log-probs already match the training pass closely.
-    history = train(config(tmp_path, steps=2, old_logprobs="recompute"), policy=make_char_policy(), make_env=SayAEnv)
+    history = train(config(tmp_path, steps=2, old_logprobs="recompute", rollout_is_cap=2.0), policy=make_char_policy(),
+                    make_env=SayAEnv)
     assert all(h["old_logprob_gap"] < 1e-4 for h in history)
+    # With the sampler and the update this close, every importance weight is 1.
+    assert all(h["rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3) and h["rollout_is_capped"] == 0
+               for h in history)
     assert all(h["ratio_mean"] == pytest.approx(1.0, abs=1e-4) for h in history)
     with pytest.raises(ConfigError, match="old_logprobs"):
         TrainConfig(old_logprobs="current")

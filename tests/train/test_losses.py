@@ -17,6 +17,7 @@ from rftgym.train.losses import (
     ppo_clip_token_losses,
     sequence_mean,
     token_mean,
+    truncated_importance_weights,
 )
 
 LN = math.log
@@ -270,3 +271,20 @@ def test_policy_loss_kl_needs_ref():
     z = torch.zeros(1, 2)
     with pytest.raises(ConfigError, match="ref_logp"):
         policy_loss(z, z, z, torch.ones(1, 2), clip_low=0.2, clip_high=0.2, kl_coef=0.1)
+
+
+def test_truncated_importance_weights_by_hand():
+    # min(exp(train - rollout), cap) with cap 2: exp(0) = 1; exp(1) = 2.718 -> 2 (capped);
+    # exp(-1.5) = 0.22313; exp(ln 1.5) = 1.5.
+    train = torch.tensor([-1.0, -0.5, -2.0, LN(0.3)])
+    rollout = torch.tensor([-1.0, -1.5, -0.5, LN(0.2)])
+    close(truncated_importance_weights(train, rollout, 2.0), [1.0, 2.0, math.exp(-1.5), 1.5])
+    # A weight folded into the advantage scales both arms of the PPO min alike: the clipped loss
+    # with advantage w*A is w times the loss with A (w > 0).
+    logp, old = torch.tensor([-0.2, -3.0]), torch.tensor([-0.5, -1.0])
+    adv, w = torch.tensor([1.0, -2.0]), torch.tensor([0.25, 2.0])
+    scaled, _ = ppo_clip_token_losses(logp, old, adv * w, 0.2, 0.28)
+    plain, _ = ppo_clip_token_losses(logp, old, adv, 0.2, 0.28)
+    close(scaled, plain * w)
+    with pytest.raises(ConfigError, match="cap must be at least 1"):
+        truncated_importance_weights(train, rollout, 0.5)
