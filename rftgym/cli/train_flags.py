@@ -11,7 +11,8 @@ AUTO_SWITCH = {"auto": None, "on": True, "off": False}
 def _train_flags() -> list[tuple[str, str, dict]]:
     """``(flag, TrainConfig field, argparse options)`` for ``rftgym train``; defaults are TrainConfig's.
     The env id, ``--env-arg``, ``--seed`` and ``--output-dir``'s default are set apart."""
-    from ..train.config import AGGREGATION_NAMES, ALGORITHMS, COMPILE_SCOPES, OLD_LOGPROBS, PARALLELISM, TrainConfig
+    from ..train.config import (AGGREGATION_NAMES, ALGORITHMS, COMPILE_SCOPES, OLD_LOGPROBS, PARALLELISM, RATIO_LEVELS,
+                                TrainConfig)
     from ..train.schedule import LR_SCHEDULES
 
     d = TrainConfig  # the dataclass's defaults
@@ -66,6 +67,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--clip-low", "clip_low", opt(optim, d.clip_low, "PPO ratio clipped below at 1 - clip_low")),
         ("--clip-high", "clip_high", opt(optim, d.clip_high, "PPO ratio clipped above at 1 + clip_high "
                                                              "(> clip-low: DAPO's clip-higher)")),
+        ("--ratio-level", "ratio_level", opt(optim, d.ratio_level, "PPO ratio per token, or one per sequence (GSPO: "
+                                             "the geometric mean of its token ratios; use a narrow clip, e.g. "
+                                             "--clip-low 3e-4 --clip-high 4e-4)", choices=RATIO_LEVELS)),
         ("--aggregation", "aggregation", opt(optim, d.aggregation, "how token losses reduce to one",
                                              choices=AGGREGATION_NAMES)),
         ("--kl-coef", "kl_coef", opt(optim, d.kl_coef, "k3 KL to the initial model (0: no reference)")),

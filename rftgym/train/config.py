@@ -23,6 +23,7 @@ AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
 # PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
 PARALLELISM = ("ddp", "fsdp")
 OLD_LOGPROBS = ("rollout", "recompute")
+RATIO_LEVELS = ("token", "sequence")  # per-token PPO ratios, or GSPO's one per sequence
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
 
 
@@ -69,6 +70,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
+    # "sequence": GSPO, every token of a sequence takes the sequence's ratio (the geometric mean of
+    # its token ratios); its clip range is narrow (the paper's clip_low=3e-4, clip_high=4e-4).
+    ratio_level: str = "token"
     aggregation: str = "token_mean"
     kl_coef: float = 0.0  # > 0 adds k3 KL to a frozen reference (the base model when LoRA is on)
     logprob_chunk_size: int = 1024
@@ -174,6 +178,9 @@ class TrainConfig:
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ConfigError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}; got {self.old_logprobs!r}",
                               field="old_logprobs")
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ConfigError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)} (per-token PPO ratios, or "
+                              f"GSPO's one per sequence); got {self.ratio_level!r}", field="ratio_level")
         if self.rollout_is_cap != 0 and self.rollout_is_cap < 1:
             raise ConfigError(f"rollout_is_cap must be 0 (off) or at least 1 (a cap below 1 would shrink every "
                               f"token's weight, not only the ones the sampler over-drew; 2.0 is usual), got "
@@ -269,6 +276,7 @@ class TrainConfig:
                 (f"kl_coef={self.kl_coef}", "kl_coef", self.kl_coef > 0),
                 ("filter_overlong=True", "filter_overlong", self.filter_overlong),
                 ("old_logprobs='recompute'", "old_logprobs", self.old_logprobs == "recompute"),
+                (f"ratio_level={self.ratio_level!r}", "ratio_level", self.ratio_level != "token"),
                 (f"clip_low={self.clip_low}", "clip_low", self.clip_low != defaults["clip_low"]),
                 (f"clip_high={self.clip_high}", "clip_high", self.clip_high != defaults["clip_high"]),
                 ("filter_zero_variance=False", "filter_zero_variance", not self.filter_zero_variance)) if on]

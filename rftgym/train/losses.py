@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..core.errors import ConfigError
+from .config import RATIO_LEVELS
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -50,12 +51,32 @@ def _per_sequence(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     return advantages
 
 
+def sequence_mean_per_position(values: torch.Tensor, mask: torch.Tensor,
+                               sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """At every position, the mean of ``values`` over the trained positions (``mask``) of its
+    sequence: a row, or with ``sequence_ids`` (packed rows) the positions sharing an id. A
+    sequence with no trained position gets 0 (its positions are masked wherever it is used)."""
+    weights = torch.broadcast_to(mask, values.shape).to(values.dtype)
+    masked = _masked(values, mask)
+    if sequence_ids is None:
+        per_row = _safe_divide(masked.sum(dim=-1), weights.sum(dim=-1))
+        return per_row.unsqueeze(-1).expand_as(values)
+    slots = torch.where(sequence_ids >= 0, sequence_ids, sequence_ids.numel()).reshape(-1)
+    sums = values.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, masked.reshape(-1))
+    counts = weights.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, weights.reshape(-1))
+    return _safe_divide(sums, counts)[slots].reshape(values.shape)
+
+
 def ppo_clip_token_losses(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    *,
+    ratio_level: str = "token",
+    mask: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level PPO-clip loss.
 
@@ -68,6 +89,15 @@ def ppo_clip_token_losses(
     (read as one advantage per sequence). ``clip_high > clip_low`` is DAPO's clip-higher, which
     lets low-probability tokens with positive advantage grow further.
 
+    ``ratio_level="sequence"`` is GSPO (Zheng et al. 2025), in its token form: every token of a
+    sequence takes the sequence's ratio ``s = exp(mean over its trained tokens (mask) of
+    (logp - old_logp))``, the geometric mean of its token ratios, so one token far off-policy
+    cannot clip or swing its sequence alone; its gradient is ``s * grad(logp)`` at each token
+    (``sg[s] * exp(logp - sg[logp])``), which with one advantage per sequence is GSPO's own
+    gradient under any aggregation, and also takes per-token advantages (PCAR). A sequence is a
+    row, or with ``sequence_ids`` (packed rows) the positions sharing an id. GSPO's clip range is
+    narrow (its paper: ``clip_low=3e-4``, ``clip_high=4e-4``), since the ratio is a mean.
+
     Returns ``(per_token_loss, clipped_mask)``, both of the broadcast shape; ``clipped_mask`` is
     True where the clipped term is the minimum, i.e. where the token gets no gradient:
     ``ratio > 1 + clip_high`` with ``A > 0``, or ``ratio < 1 - clip_low`` with ``A < 0``.
@@ -76,8 +106,16 @@ def ppo_clip_token_losses(
         raise ConfigError(f"clip_low must be in [0, 1] (the ratio is clipped at 1 - clip_low), got {clip_low}")
     if not clip_high >= 0:
         raise ConfigError(f"clip_high must be >= 0 (the ratio is clipped at 1 + clip_high), got {clip_high}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ConfigError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
     advantages = _per_sequence(advantages, logp)
-    ratio = torch.exp(_log_ratio(logp, old_logp))
+    log_ratio = _log_ratio(logp, old_logp)
+    if ratio_level == "sequence":
+        if mask is None:
+            raise ConfigError("ratio_level='sequence' needs the loss mask: a sequence's ratio is a mean over its "
+                              "trained tokens")
+        log_ratio = sequence_mean_per_position(log_ratio.detach(), mask, sequence_ids) + logp - logp.detach()
+    ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
@@ -196,6 +234,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     sequence_ids: torch.Tensor | None = None,
+    ratio_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar policy-gradient loss and its diagnostics.
 
@@ -204,7 +243,8 @@ def policy_loss(
         loss = aggregate(ppo_clip_token_losses(logp, old_logp, A)) + kl_coef * aggregate(kl_k3(logp, ref_logp))
 
     both aggregated with the same ``aggregation`` over ``mask`` (``sequence_ids``: packed rows,
-    see :func:`sequence_mean`). The KL term needs ``ref_logp``
+    see :func:`sequence_mean`); ``ratio_level="sequence"``: GSPO's ratio (see
+    :func:`ppo_clip_token_losses`). The KL term needs ``ref_logp``
     when ``kl_coef > 0``; with ``kl_coef == 0`` a given ``ref_logp`` is only reported.
 
     Stats (detached 0-dim tensors on the loss's device, so that computing them never waits for
@@ -219,7 +259,8 @@ def policy_loss(
         raise ConfigError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_logp is None:
         raise ConfigError(f"kl_coef={kl_coef} needs reference log-probs (ref_logp); pass them or set kl_coef=0")
-    per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high)
+    per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high, ratio_level=ratio_level,
+                                               mask=mask, sequence_ids=sequence_ids)
     pg_loss = aggregate(aggregation, per_token, mask, normalizer, sequence_ids)
     loss = pg_loss
     kl = None

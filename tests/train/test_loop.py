@@ -360,6 +360,25 @@ def replace_config(config, **changes):
     return replace(config, **changes)
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_training_with_sequence_level_ratios(tmp_path, make_char_policy, pack):
+    """GSPO's ratio trains end to end; with several epochs over a step's batch the policy moves
+    between them, and a sequence ratio other than 1 shows that the ratio was taken."""
+    def run(level):
+        return train(config(tmp_path / level, steps=2, ratio_level=level, clip_low=3e-4, clip_high=4e-4,
+                            epochs_per_step=2, pack_sequences=pack), policy=make_char_policy(), make_env=SayAEnv)
+
+    history, per_token = run("sequence"), run("token")
+    assert len(history) == 2 and all(math.isfinite(h["loss"]) for h in history)
+    assert any(h["clip_fraction"] > 0 for h in history)  # a 4e-4 clip on the second epoch's ratios
+    # The same seeds, the same first rollout: only the ratio differs, and with it the clipping.
+    assert [h["clip_fraction"] for h in history] != [h["clip_fraction"] for h in per_token]
+    with pytest.raises(ConfigError, match="ratio_level must be one of token, sequence"):
+        TrainConfig(ratio_level="segment")
+    with pytest.raises(ConfigError, match="ratio_level='sequence'"):
+        TrainConfig(algo="rft", group_size=1, ratio_level="sequence")
+
+
 def test_rollout_is_cap_is_read_only_with_recomputed_old_logprobs():
     with pytest.raises(ConfigError, match="rollout_is_cap=2.0 is only read with old_logprobs='recompute'"):
         TrainConfig(rollout_is_cap=2.0)

@@ -288,3 +288,41 @@ def test_truncated_importance_weights_by_hand():
     close(scaled, plain * w)
     with pytest.raises(ConfigError, match="cap must be at least 1"):
         truncated_importance_weights(train, rollout, 0.5)
+
+
+def test_sequence_ratio_gspo_by_hand():
+    """Row 0: token log-ratios ln 2 and -ln 2 (probabilities .5 over .25, .25 over .5), mean 0,
+    so s = 1 and each token's loss is -A = -1, gradient -s*A = -1 per token. Row 1: one trained token, .5 over .4: s = 1.25 > 1 + 0.2, A = 1:
+    clipped at 1.2, loss -1.2 and no gradient; its masked position takes the row's ratio too."""
+    logp = torch.tensor([[LN(0.5), LN(0.25)], [LN(0.5), LN(0.9)]], requires_grad=True)
+    old = torch.tensor([[LN(0.25), LN(0.5)], [LN(0.4), LN(0.1)]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, 1.0])
+    loss, clipped = ppo_clip_token_losses(logp, old, adv, 0.2, 0.2, ratio_level="sequence", mask=mask)
+    close(loss.detach(), [[-1.0, -1.0], [-1.2, -1.2]])
+    assert clipped.tolist() == [[False, False], [True, True]]
+    (loss * mask).sum().backward()
+    close(logp.grad, [[-1.0, -1.0], [0.0, 0.0]])
+    # Per token, the same row gives ratios 2 (clipped at 1.2) and 0.5: losses -1.2 and -0.5.
+    token_loss, _ = ppo_clip_token_losses(logp.detach(), old, adv, 0.2, 0.2)
+    close(token_loss[0], [-1.2, -0.5])
+
+
+def test_sequence_ratio_over_packed_rows_is_the_padded_one():
+    # Two sequences packed in one row (ids 0 and 1, -1 for padding) against the same two padded.
+    logp = torch.tensor([[-0.1, -0.7, -1.3, -0.2, -2.0], ])
+    old = torch.tensor([[-0.3, -0.5, -1.0, -0.9, -2.0]])
+    ids = torch.tensor([[0, 0, 1, 1, -1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    adv = torch.tensor([[0.5, 0.5, -2.0, -2.0, 0.0]])
+    packed, _ = ppo_clip_token_losses(logp, old, adv, 0.2, 0.3, ratio_level="sequence", mask=mask, sequence_ids=ids)
+    padded, _ = ppo_clip_token_losses(logp[0, :4].reshape(2, 2), old[0, :4].reshape(2, 2), torch.tensor([0.5, -2.0]),
+                                      0.2, 0.3, ratio_level="sequence", mask=torch.ones(2, 2))
+    close(packed[0, :4], padded.reshape(-1))
+    # By hand: s0 = exp((0.2 - 0.2) / 2) = 1, loss -0.5; s1 = exp((-0.3 + 0.7) / 2) = exp(0.2) = 1.2214,
+    # with A = -2 the min is max(1.2214, clamp) * 2 -> loss 2 * 1.2214 = 2.4428 (not clipped above for A < 0).
+    close(padded, [[-0.5, -0.5], [2 * math.exp(0.2), 2 * math.exp(0.2)]])
+    with pytest.raises(ConfigError, match="needs the loss mask"):
+        ppo_clip_token_losses(logp, old, adv, ratio_level="sequence")
+    with pytest.raises(ConfigError, match="ratio_level must be one of"):
+        ppo_clip_token_losses(logp, old, adv, ratio_level="segment")
