@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 
 from ..core.errors import AgentError, ConfigError, require, warn_caller
 from ..core.messages import Context, Message
-from ..core.values import is_finite_real, is_int
+from ..core.values import is_int
 from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
