@@ -180,12 +180,19 @@ def _where(episode: Episode, turn) -> str:
 
 def _check_old_logprobs(groups: list[list[Episode]], config: TrainConfig) -> None:
     """The PPO ratio's old log-probs come from the rollout unless recomputed: a policy that did not
-    record them would otherwise be trained against log-probs of 0 (probability 1)."""
-    if config.algo == "rft" or config.old_logprobs == "recompute":
+    record them would otherwise be trained against log-probs of 0 (probability 1). Truncated
+    importance sampling weighs the sampler's log-probs even when the ratio's are recomputed."""
+    weighed = config.rollout_is_cap > 0
+    if config.algo == "rft" or (config.old_logprobs == "recompute" and not weighed):
         return
     for episode in (e for g in groups for e in g):
         for turn in episode.turns:
             if turn.sampled_ids and turn.prompt_ids is not None and turn.logprobs is None:
+                if weighed:
+                    raise AgentError(f"{_where(episode, turn)}: the policy recorded no log-probs for its sampled "
+                                     f"tokens, and --rollout-is-cap {config.rollout_is_cap} weighs each token by "
+                                     "the training pass's probability over the sampler's; record them "
+                                     "(AgentReply.logprobs) or drop --rollout-is-cap")
                 raise AgentError(f"{_where(episode, turn)}: the policy recorded no log-probs for its sampled tokens; "
                                  "record them (AgentReply.logprobs) or train with --old-logprobs recompute")
 

@@ -277,6 +277,7 @@ class TrainConfig:
                 ("filter_overlong=True", "filter_overlong", self.filter_overlong),
                 ("old_logprobs='recompute'", "old_logprobs", self.old_logprobs == "recompute"),
                 (f"ratio_level={self.ratio_level!r}", "ratio_level", self.ratio_level != "token"),
+                (f"rollout_is_cap={self.rollout_is_cap}", "rollout_is_cap", self.rollout_is_cap != 0),
                 (f"clip_low={self.clip_low}", "clip_low", self.clip_low != defaults["clip_low"]),
                 (f"clip_high={self.clip_high}", "clip_high", self.clip_high != defaults["clip_high"]),
                 ("filter_zero_variance=False", "filter_zero_variance", not self.filter_zero_variance)) if on]

@@ -93,8 +93,9 @@ def ppo_clip_token_losses(
     sequence takes the sequence's ratio ``s = exp(mean over its trained tokens (mask) of
     (logp - old_logp))``, the geometric mean of its token ratios, so one token far off-policy
     cannot clip or swing its sequence alone; its gradient is ``s * grad(logp)`` at each token
-    (``sg[s] * exp(logp - sg[logp])``), which with one advantage per sequence is GSPO's own
-    gradient under any aggregation, and also takes per-token advantages (PCAR). A sequence is a
+    (``sg[s] * exp(logp - sg[logp])``), which with one advantage per sequence is the gradient of
+    GSPO's sequence objective under the same aggregation (the paper's is ``sequence_mean``;
+    ``token_mean`` weighs a sequence by its length), and also takes per-token advantages (PCAR). A sequence is a
     row, or with ``sequence_ids`` (packed rows) the positions sharing an id. GSPO's clip range is
     narrow (its paper: ``clip_low=3e-4``, ``clip_high=4e-4``), since the ratio is a mean.
 
@@ -114,7 +115,9 @@ def ppo_clip_token_losses(
         if mask is None:
             raise ConfigError("ratio_level='sequence' needs the loss mask: a sequence's ratio is a mean over its "
                               "trained tokens")
-        log_ratio = sequence_mean_per_position(log_ratio.detach(), mask, sequence_ids) + logp - logp.detach()
+        # (logp - sg[logp]) first: exactly 0, so every token of a sequence holds exactly its ratio
+        # (the other order rounds to an ulp of |logp|, enough to split a sequence at the clip edge).
+        log_ratio = sequence_mean_per_position(log_ratio.detach(), mask, sequence_ids) + (logp - logp.detach())
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages

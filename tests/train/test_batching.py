@@ -122,6 +122,10 @@ def test_a_policy_that_recorded_no_logprobs_is_refused_unless_they_are_recompute
         build_samples([group], TrainConfig(algo="grpo"))
     assert len(build_samples([group], TrainConfig(algo="grpo", old_logprobs="recompute"))[0]) == 2
     assert len(build_samples([group], TrainConfig(algo="rft"))[0]) == 1  # supervised: no ratio
+    # Truncated importance sampling weighs the sampler's log-probs: without them every weight would
+    # read the missing ones as 0 and shrink each advantage to the token's probability.
+    with pytest.raises(AgentError, match=r"recorded no log-probs .* --rollout-is-cap 2.0 weighs .* drop --rollout-is-cap"):
+        build_samples([group], TrainConfig(algo="grpo", old_logprobs="recompute", rollout_is_cap=2.0))
 
 
 def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():

@@ -386,6 +386,9 @@ def test_rollout_is_cap_is_read_only_with_recomputed_old_logprobs():
         TrainConfig(rollout_is_cap=0.5, old_logprobs="recompute")
     with pytest.raises(ConfigError, match="rollout_is_cap must be a finite number"):
         TrainConfig(rollout_is_cap=float("inf"), old_logprobs="recompute")
+    # rft has no ratio to correct: told so, not sent to old_logprobs='recompute', which it refuses too.
+    with pytest.raises(ConfigError, match="algo='rft' .* no use for rollout_is_cap=2.0"):
+        TrainConfig(algo="rft", group_size=1, rollout_is_cap=2.0)
 
 
 def test_training_with_recomputed_old_logprobs(tmp_path, make_char_policy):

@@ -326,3 +326,13 @@ def test_sequence_ratio_over_packed_rows_is_the_padded_one():
         ppo_clip_token_losses(logp, old, adv, ratio_level="sequence")
     with pytest.raises(ConfigError, match="ratio_level must be one of"):
         ppo_clip_token_losses(logp, old, adv, ratio_level="segment")
+
+
+def test_sequence_ratio_is_the_same_at_every_token_of_a_sequence():
+    # Log-probs of very different sizes in one sequence: every token holds exactly the sequence's
+    # ratio (the tokens of a sequence are clipped together or not at all), in float32.
+    logp = torch.tensor([[-25.9, -0.001, -7.3, -13.37]], requires_grad=True)
+    old = torch.tensor([[-25.8999, -0.0012, -7.3003, -13.3698]])
+    mask = torch.ones(1, 4)
+    losses, _ = ppo_clip_token_losses(logp, old, torch.tensor([1.0]), ratio_level="sequence", mask=mask)
+    assert torch.unique(losses.detach()).numel() == 1
