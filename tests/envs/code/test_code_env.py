@@ -210,18 +210,23 @@ def test_feedback_on_code_that_fails_before_any_test_names_the_cause_once(tmp_pa
     env.close()
 
 
+def function_task_and_a_partial_answer(env) -> tuple[int, str]:
+    """Reset ``env`` (generated tasks) to its first function-style task: ``(its seed, code right on
+    the first test only)`` (the tests of a function share one process): a pass rate in (0, 1)."""
+    seed = next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function")
+    env.reset(seed=seed)
+    task = env.unwrapped.task
+    return seed, (task.reference + f"\n_right, _calls = {task.entry_point}, []\n"
+                  f"def {task.entry_point}(*args, **kwargs):\n    _calls.append(1)\n"
+                  "    return _right(*args, **kwargs) if len(_calls) == 1 else 'wrong'\n")
+
+
 def test_turns_running_out_pay_the_last_graded_submission_even_after_a_turn_without_code(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
     env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, max_turns=3,
                    tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
-    seed = next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function")
-    env.reset(seed=seed)
-    task = env.unwrapped.task
-    # Right on the first test only (the tests of a function share one process): a pass rate in (0, 1).
-    some = (task.reference + f"\n_right, _calls = {task.entry_point}, []\n"
-            f"def {task.entry_point}(*args, **kwargs):\n    _calls.append(1)\n"
-            "    return _right(*args, **kwargs) if len(_calls) == 1 else 'wrong'\n")
+    _, some = function_task_and_a_partial_answer(env)
     _, _, _, _, graded = env.step(fenced(some))
     assert graded["attempts"] == 1 and 0 < graded["pass_rate"] < 1
     _, reward, _, truncated, info = env.step("I am still thinking.")
@@ -241,18 +246,13 @@ def test_test_reward_pays_the_pass_rate_or_only_a_full_pass(tmp_path, test_rewar
 
     env = gym.make("rftgym/CodeTCG-v0", dataset="generated", test_reward=test_reward,
                    tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
-    seed = next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function")
-    env.reset(seed=seed)
-    task = env.unwrapped.task
-    some = (task.reference + f"\n_right, _calls = {task.entry_point}, []\n"
-            f"def {task.entry_point}(*args, **kwargs):\n    _calls.append(1)\n"
-            "    return _right(*args, **kwargs) if len(_calls) == 1 else 'wrong'\n")
+    seed, some = function_task_and_a_partial_answer(env)
     _, reward, terminated, _, info = env.step(fenced(some))
     assert terminated and 0 < info["pass_rate"] < 1  # reported the same way under either reward
     tests_score = info["pass_rate"] if tests_pay == "the rate" else 0.0
     assert reward == pytest.approx(0.9 * tests_score + 0.1)
     env.reset(seed=seed)
-    _, reward, _, _, info = env.step(fenced(task.reference))
+    _, reward, _, _, info = env.step(fenced(env.unwrapped.task.reference))
     assert info["success"] and reward == pytest.approx(1.0)
     env.close()
 
