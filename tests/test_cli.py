@@ -800,9 +800,20 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
 
 def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
     base = ["train", ENV_ID, "--steps", "1", "--device", "cpu"]
-    # --resume with nothing to resume
+    # --resume with nothing to resume: a directory that does not exist is told apart from one with no
+    # checkpoint; neither is sent to "another output directory" (without --resume it is used as it is)
+    assert exit_code(base + ["--resume", "--output-dir", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'missing'} does not exist; give the --output-dir of an earlier run" in err
+    assert "another output directory" not in err
+    (tmp_path / "empty").mkdir()
     assert exit_code(base + ["--resume", "--output-dir", str(tmp_path / "empty")]) == 2
-    assert "holds no complete checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds no complete checkpoint" in err and "drop --resume to start a new run" in err
+    assert "another output directory" not in err
+    # export of a run that does not exist says so
+    assert exit_code(["export", str(tmp_path / "no-run"), str(tmp_path / "out")]) == 2
+    assert f"'{tmp_path / 'no-run'}' does not exist; give the --output-dir" in capsys.readouterr().err
     # a partial checkpoint (state.json lost) is not overwritten by a new run
     partial = tmp_path / "partial"
     (partial / "checkpoint").mkdir(parents=True)

@@ -14,6 +14,8 @@ from .common import UsageError, _check_model_dir
 def cmd_export(args: argparse.Namespace) -> int:
     from ..train.export import export, is_run_dir
 
+    if not Path(args.run).expanduser().exists():
+        raise UsageError(f"{args.run!r} does not exist; give the --output-dir of an `rftgym train` run")
     if not is_run_dir(args.run):
         raise UsageError(f"{args.run!r} is not the output directory of an `rftgym train` run with a complete "
                          "checkpoint (checkpoint/state.json); give the --output-dir of a run")

@@ -66,7 +66,7 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--max-grad-norm", "max_grad_norm", opt(optim, d.max_grad_norm, "gradient clipping norm")),
         ("--clip-low", "clip_low", opt(optim, d.clip_low, "PPO ratio clipped below at 1 - clip_low")),
         ("--clip-high", "clip_high", opt(optim, d.clip_high, "PPO ratio clipped above at 1 + clip_high "
-                                                             "(> clip-low: DAPO's clip-higher)")),
+                                                             "(set above --clip-low, it is DAPO's clip-higher)")),
         ("--ratio-level", "ratio_level", opt(optim, d.ratio_level, "PPO ratio per token, or one per sequence (GSPO: "
                                              "the geometric mean of its token ratios; use a narrow clip, e.g. "
                                              "--clip-low 3e-4 --clip-high 4e-4)", choices=RATIO_LEVELS)),

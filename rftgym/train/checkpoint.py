@@ -337,8 +337,11 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
         raise ConfigError(f"{output_dir} already holds a checkpoint; resume it (rftgym train --resume, or "
                           "train(..., resume=True)), or choose another output directory")
     if resume and not has_checkpoint(output_dir):
+        if not output_dir.exists():
+            raise ConfigError(f"nothing to resume: {output_dir} does not exist; give the --output-dir of an earlier "
+                              "run, or drop --resume to start a new run there")
         raise ConfigError(f"nothing to resume: {output_dir} holds no complete checkpoint (checkpoint/state.json is "
-                          "missing); drop --resume to start a new run in another output directory")
+                          "missing); give the --output-dir of an earlier run, or drop --resume to start a new run")
     metrics = output_dir / METRICS_FILE
     if not resume and metrics.is_file() and metrics.stat().st_size > 0:
         raise ConfigError(f"{output_dir} holds the metrics of an earlier run ({METRICS_FILE}) and no checkpoint to "

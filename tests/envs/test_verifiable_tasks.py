@@ -366,6 +366,10 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
     ([{"question": "q", "answer": "a"}, "{not json"], 2, "not valid JSON"),
     (["[1, 2]"], 1, "expected a JSON object, got list"),
     ([{"answer": "a"}], 1, "'question' must be a non-empty string"),
+    # Another dataset's records (MBPP's): the expected fields, and the ones found.
+    ([{"task_id": 1, "text": "Write a function", "code": "def f(): pass"}], 1,
+     re.escape("a task is {question, answer, choices?, id?}, e.g. {\"question\": \"2+2?\", \"answer\": \"4\"}); "
+               "the record has 'task_id', 'text', 'code'")),
     ([{"question": "   ", "answer": "a"}], 1, "'question' must be a non-empty string"),
     ([{"question": "q"}], 1, "'answer' must be a non-empty string or number"),
     ([{"question": "q", "answer": True}], 1, "'answer' must be a non-empty string or number"),

@@ -360,7 +360,9 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
         raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
     question, answer, choices = record.get("question"), record.get("answer"), record.get("choices")
     if not isinstance(question, str) or not question.strip():
-        raise DataFormatError(f"{where}: 'question' must be a non-empty string")
+        found = f"; the record has {', '.join(repr(k) for k in list(record)[:8])}" if record else "; the record is empty"
+        raise DataFormatError(f"{where}: 'question' must be a non-empty string (a task is {{question, answer, "
+                              f"choices?, id?}}, e.g. {{\"question\": \"2+2?\", \"answer\": \"4\"}}){found}")
     if isinstance(answer, float) and not math.isfinite(answer):
         raise DataFormatError(f"{where}: 'answer' is {answer}, which no reply can equal; give a finite number or a string")
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
