@@ -163,8 +163,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from ..rollout.metrics import format_table
 
-    rows = [[h["step"], h["reward_mean"], h["success_rate"], h["loss"] if h["loss"] is not None else "-",
-             h.get("kl_ref", "-"), f"{h['learning_rate']:.3g}", h["step_seconds"]]
+    def significant(value) -> str:  # a loss or KL of 3e-7 (GSPO's narrow clip) is no "0.000"
+        return "-" if value is None else f"{value:.3g}"
+
+    rows = [[h["step"], h["reward_mean"], h["success_rate"], significant(h["loss"]), significant(h.get("kl_ref")),
+             f"{h['learning_rate']:.3g}", h["step_seconds"]]
             + ([h.get("eval_reward_mean", "-"), h.get("eval_success_rate", "-")] if config.eval_every else [])
             for h in history]
     print(format_table(rows, ["step", "reward", "success", "loss", "kl_ref", "lr", "seconds"]

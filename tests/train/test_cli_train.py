@@ -55,6 +55,9 @@ def test_a_steps_number_is_the_same_on_stderr_in_the_rows_metrics_and_table(tmp_
     assert header.split()[0] == "step"
     tabled = [int(line.split()[0]) for line in body if not line.startswith("note:")]
     assert shown == [h["step"] for h in returned] == logged == tabled == [1, 2]
+    # The loss to 3 significant digits, so a tiny one (GSPO's narrow clip) does not read as 0.000.
+    losses = [line.split()[3] for line in body if not line.startswith("note:")]
+    assert losses == ["-" if h["loss"] is None else f"{h['loss']:.3g}" for h in returned]
 
 
 def test_train_says_when_episodes_ran_out_of_context(tmp_path, capsys):
