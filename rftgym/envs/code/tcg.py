@@ -282,27 +282,28 @@ def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunO
 def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase], skip: frozenset = frozenset(),
                       answers: Sequence[tuple[TrivialAnswer, ...]] | None = None,
                       ) -> tuple[TrivialAnswer, list[tuple]] | None:
-    """``(the trivial answer, the arguments of the tests it fails)`` when one trivial answer
+    """``(the trivial answer, the arguments of the tests it fails)`` for the trivial answer
     (:func:`~.trivial.trivial_answers`; ``answers``: theirs, per test, if already read) not in
-    ``skip`` passes over ``MAJORITY_SHARE`` of a function's tests and fails some; else None. Of
-    answers passing equally many, the first met wins."""
+    ``skip`` that passes the most of a function's tests, over ``MAJORITY_SHARE`` of them, and fails
+    some (one passing them all is the solution, or as good as one: the next is taken); else None.
+    Of answers passing equally many, the first met wins."""
     if task.style != "function" or len(tests) < 4:
         return None
     answers = [trivial_answers(test) for test in tests] if answers is None else answers
     counts = collections.Counter(answer for passing in answers for answer in passing if answer not in skip)
-    if not counts:
-        return None
-    dominant, count = counts.most_common(1)[0]  # ties: first inserted, as answers list them in a fixed order
-    if count <= MAJORITY_SHARE * len(tests):
-        return None
-    bases = []
-    for test, passing in zip(tests, answers):
-        if dominant not in passing:
-            try:
-                bases.append(parse_args_source(test.input))
-            except (ValueError, SyntaxError):
-                continue
-    return (dominant, bases) if bases else None
+    for dominant, count in counts.most_common():  # ties: first inserted, as answers list them in a fixed order
+        if count <= MAJORITY_SHARE * len(tests):
+            return None
+        bases = []
+        for test, passing in zip(tests, answers):
+            if dominant not in passing:
+                try:
+                    bases.append(parse_args_source(test.input))
+                except (ValueError, SyntaxError):
+                    continue
+        if bases:
+            return dominant, bases
+    return None
 
 
 def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, ...]:

@@ -100,6 +100,16 @@ def test_an_answer_with_nothing_to_drop_does_not_stop_the_next_one_being_held_do
     assert sum(("echo", 0) in trivial_answers(t) for t in kept) == 12 and len(kept) == 20
 
 
+def test_an_answer_that_passes_every_test_does_not_hide_the_next_one():
+    """f is len: `return len(args[0])` passes all 10 tests (it is the solution) and cannot be held
+    down; `return 3` passes 8 and is, down to 60%: 3 of 5 (the last 3-letter words go)."""
+    task = CodeTask("t-len", "unit", "function", "", "f", "def f(s):\n    return len(s)\n")
+    tests = ([case("('hello',)", 5), case("('world',)", 5)]
+             + [case(f"({word!r},)", 3) for word in ("abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx")])
+    kept = _rebalanced(task, tuple(tests))
+    assert [t.input for t in kept] == ["('hello',)", "('world',)", "('abc',)", "('def',)", "('ghi',)"]
+
+
 @pytest.fixture(scope="module")
 def sandbox():
     with make_sandbox() as box:
