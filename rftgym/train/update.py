@@ -125,8 +125,8 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
     The rollout's log-probs come from the decode kernels (a KV cache, CUDA graphs, bf16 in another
     order); the update's from the training forward pass. Their gap makes the first ratio differ
     from 1 by noise alone, which the clip then treats as a policy change. The recomputed ones are
-    the update's own numbers before its first step. Reported: ``old_logprob_gap`` (mean absolute
-    difference over trained tokens) and ``old_logprob_gap_max``.
+    the update's own numbers before its first step. Reported, over every rank's trained tokens:
+    ``old_logprob_gap`` (mean absolute difference) and ``old_logprob_gap_max``.
 
     With ``rollout_is_cap > 0`` each trained token's advantage is also multiplied by its truncated
     importance weight (:func:`~.losses.truncated_importance_weights` of the recomputed and the
@@ -177,12 +177,16 @@ def recompute_old_logprobs(model, samples: list[TrainSample], config: TrainConfi
         for t, new in zip(trained, recomputed):
             old[t] = new
         out.append(replace(sample, old_logprobs=old, advantages=advantages))
-    if not gaps:
+    # Over every rank's trained tokens, as the update's own statistics are (every rank calls this,
+    # with or without samples, so the collectives match).
+    gap_sum, gap_count, weight_sum, capped = ranks.sum_floats(
+        [sum(gaps), len(gaps), sum(weights), sum(w >= cap for w in weights)])
+    gap_max = max((g for g in ranks.gather_objects(max(gaps, default=None)) if g is not None), default=None)
+    if not gap_count:
         return out, {}
-    stats = {"old_logprob_gap": sum(gaps) / len(gaps), "old_logprob_gap_max": max(gaps)}
-    if weights:
-        stats.update(rollout_is_weight_mean=sum(weights) / len(weights),
-                     rollout_is_capped=sum(w >= cap for w in weights) / len(weights))
+    stats = {"old_logprob_gap": gap_sum / gap_count, "old_logprob_gap_max": gap_max}
+    if cap:
+        stats.update(rollout_is_weight_mean=weight_sum / gap_count, rollout_is_capped=capped / gap_count)
     return out, stats
 
 

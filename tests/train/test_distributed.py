@@ -141,8 +141,10 @@ FSDP_SCRIPT = textwrap.dedent('''
     results["fsdp_tokens"] = run("fsdp_tokens", "fsdp", 3, microbatch_tokens=60)
     results["idle_fsdp_tokens"] = run("idle_fsdp_tokens", "fsdp", 2, env=IdleOnRank1, microbatch_tokens=60,
                                       pack_sequences=True)
-    results["idle_ddp_recompute"] = run("idle_ddp_recompute", "ddp", 2, env=IdleOnRank1, old_logprobs="recompute")
-    results["idle_fsdp_recompute"] = run("idle_fsdp_recompute", "fsdp", 2, env=IdleOnRank1, old_logprobs="recompute")
+    results["idle_ddp_recompute"] = run("idle_ddp_recompute", "ddp", 2, env=IdleOnRank1, old_logprobs="recompute",
+                                        rollout_is_cap=2.0)
+    results["idle_fsdp_recompute"] = run("idle_fsdp_recompute", "fsdp", 2, env=IdleOnRank1, old_logprobs="recompute",
+                                         rollout_is_cap=2.0)
     torch.save(results, f"{result_dir}/rank{dist.get_rank()}.pt")
 ''')
 
@@ -231,6 +233,13 @@ def test_fsdp_recomputes_old_logprobs_like_data_parallel(fsdp_runs):
     _, (rank0, _) = fsdp_runs
     assert_same_run(rank0["idle_ddp_recompute"], rank0["idle_fsdp_recompute"])
     assert all(h["old_logprob_gap"] < 1e-4 for h in rank0["idle_fsdp_recompute"][0])
+    # The gap and the importance weights are over every rank's tokens: rank 1, with none of its
+    # own, reports rank 0's, as it reports the update's loss.
+    rank1 = fsdp_runs[1][1]
+    for name in ("idle_ddp_recompute", "idle_fsdp_recompute"):
+        for mine, theirs in zip(rank0[name][0], rank1[name][0]):
+            for key in ("old_logprob_gap", "old_logprob_gap_max", "rollout_is_weight_mean", "rollout_is_capped"):
+                assert theirs[key] == pytest.approx(mine[key]), (name, key)
 
 
 def test_fsdp_resume_is_exact(fsdp_runs):
