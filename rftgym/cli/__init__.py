@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         reported = True
         _report_error(prog, exc, f"{type(exc).__name__}: {exc}", same_on_every_rank=False,
-                      details=lambda: traceback.print_exception(exc, file=sys.stderr))
+                      details=lambda crash=exc: traceback.print_exception(crash, file=sys.stderr))
         return 1
     finally:
         _restore_handlers(replaced)

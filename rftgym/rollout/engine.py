@@ -382,17 +382,17 @@ def _check_tokens(name: str, reply: AgentReply) -> None:
     if reply.prompt_ids is None:
         raise AgentError(f"agent {name!r} returned sampled_ids without prompt_ids; a token-level reply "
                          "records both (or neither)")
-    for field in ("prompt_ids", "sampled_ids"):
-        ids = getattr(reply, field)
+    for name_of_ids in ("prompt_ids", "sampled_ids"):
+        ids = getattr(reply, name_of_ids)
         # Plain ints in a list first, in one pass (a whole prompt, every turn: the numbers ABC is
         # slow); other sequences of integers (numpy's too) become such a list.
         if not (type(ids) is list and all(type(t) is int for t in ids)):
             if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
-                raise AgentError(f"agent {name!r} returned {field} that are not a sequence of token ids (ints)")
+                raise AgentError(f"agent {name!r} returned {name_of_ids} that are not a sequence of token ids (ints)")
             ids = [int(t) for t in ids]
-            setattr(reply, field, ids)
+            setattr(reply, name_of_ids, ids)
         if ids and min(ids) < 0:  # an embedding row would be read from the end, or an index error raised
-            raise AgentError(f"agent {name!r} returned a negative token id ({min(ids)}) in {field}; token ids "
+            raise AgentError(f"agent {name!r} returned a negative token id ({min(ids)}) in {name_of_ids}; token ids "
                              "are >= 0")
     if reply.logprobs is not None:
         if len(reply.logprobs) != len(reply.sampled_ids):

@@ -8,7 +8,6 @@ import hashlib
 import json
 import pickle
 import random
-import warnings
 
 import gymnasium as gym
 import numpy as np
