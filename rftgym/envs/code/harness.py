@@ -17,6 +17,7 @@ import json
 import math
 import re
 import secrets
+import warnings
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -88,9 +89,14 @@ class RunOutcome:
 # ---------------------------------------------------------------- building and running
 
 def check_syntax(code: str) -> str | None:
-    """The syntax error in ``code`` as one line, or None; nothing is run."""
+    """The syntax error in ``code`` as one line, or None; nothing is run. The compiler's warnings
+    about the candidate's code (``x is 1``, an invalid escape such as ``'\\d'``) are not shown:
+    they are the policy's, and would otherwise print in the middle of a run's output."""
     try:
-        compile(code, "solution.py", "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.11's invalid escapes
+            compile(code, "solution.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
         line = getattr(exc, "lineno", None)
         return f"{type(exc).__name__}: {getattr(exc, 'msg', str(exc))}" + (f" (line {line})" if line else "")

@@ -100,6 +100,23 @@ def test_syntax_error_is_found_on_host():
     assert check_syntax("x = 1\n") is None
 
 
+def test_the_compilers_warnings_about_candidate_code_are_not_shown():
+    """`x is 1` and an invalid escape compile with warnings; they are the policy's code's, and are
+    not printed into the run's output (nor do they change the caller's warning filters)."""
+    import warnings
+
+    code = "def f(x):\n    return x is 1 or '\\d' in str(x)\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert check_syntax(code) is None
+        filters = list(warnings.filters)
+    assert caught == [] and filters[0][0] == "always"
+    with warnings.catch_warnings(record=True) as caught:  # the same code, compiled plainly, warns
+        warnings.simplefilter("always")
+        compile(code, "solution.py", "exec", dont_inherit=True)
+    assert caught and all(issubclass(w.category, (SyntaxWarning, DeprecationWarning)) for w in caught)
+
+
 ADD = CodeTask("t-add", "unit", "function", "add", "add", "def add(a, b):\n    return a + b\n",
                tests=(TestCase("(1, 2)", encode(3), "example"), TestCase("([1], [2])", encode([1, 2]), "random"),
                       TestCase("(0.1, 0.2)", encode(0.30000000000000004), "edge")))
