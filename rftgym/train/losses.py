@@ -56,15 +56,11 @@ def sequence_mean_per_position(values: torch.Tensor, mask: torch.Tensor,
     """At every position, the mean of ``values`` over the trained positions (``mask``) of its
     sequence: a row, or with ``sequence_ids`` (packed rows) the positions sharing an id. A
     sequence with no trained position gets 0 (its positions are masked wherever it is used)."""
-    weights = torch.broadcast_to(mask, values.shape).to(values.dtype)
-    masked = _masked(values, mask)
-    if sequence_ids is None:
-        per_row = _safe_divide(masked.sum(dim=-1), weights.sum(dim=-1))
-        return per_row.unsqueeze(-1).expand_as(values)
-    slots = torch.where(sequence_ids >= 0, sequence_ids, sequence_ids.numel()).reshape(-1)
-    sums = values.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, masked.reshape(-1))
-    counts = weights.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, weights.reshape(-1))
-    return _safe_divide(sums, counts)[slots].reshape(values.shape)
+    sums, counts, slots = _per_sequence_sums(values, mask, sequence_ids)
+    means = _safe_divide(sums, counts)
+    if slots is None:
+        return means.unsqueeze(-1).expand_as(values)
+    return means[slots].reshape(values.shape)
 
 
 def ppo_clip_token_losses(
@@ -153,24 +149,26 @@ def sequence_mean(loss: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Te
     or, with ``sequence_ids`` (packed rows, :mod:`rftgym.train.packing`), the positions sharing an
     id >= 0 (-1: padding, which must be masked).
     """
-    if sequence_ids is not None:
-        return _sequence_mean_by_id(loss, mask, sequence_ids)
-    per_sequence_sum = _masked(loss, mask).sum(dim=-1)
-    counts = torch.broadcast_to(mask, loss.shape).sum(dim=-1).to(loss.dtype)
-    has_tokens = counts > 0
-    per_sequence = _safe_divide(per_sequence_sum, counts)
-    return _safe_divide(per_sequence.sum(), has_tokens.sum().to(loss.dtype))
-
-
-def _sequence_mean_by_id(loss: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
-    values = _masked(loss, mask).reshape(-1)
-    weights = torch.broadcast_to(mask, loss.shape).reshape(-1).to(loss.dtype)
-    # Ids index a sum per sequence; there are at most as many sequences as positions, so that many
-    # slots need no read of the largest id from the device. Padding (-1) goes to an extra slot.
-    slots = torch.where(sequence_ids >= 0, sequence_ids, sequence_ids.numel()).reshape(-1)
-    sums = values.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, values)[:-1]
-    counts = weights.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, weights)[:-1]
+    sums, counts, slots = _per_sequence_sums(loss, mask, sequence_ids)
+    if slots is not None:  # the last slot gathers the padding
+        sums, counts = sums[:-1], counts[:-1]
     return _safe_divide(_safe_divide(sums, counts).sum(), (counts > 0).sum().to(loss.dtype))
+
+
+def _per_sequence_sums(values: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor | None):
+    """``(sums, counts, slots)``: per sequence, the sum of ``values`` over its trained positions and
+    their number. A sequence is a row (``slots`` None), or with ``sequence_ids`` the positions
+    sharing an id: ``slots`` then maps each position to its sequence's entry, padding (-1) to an
+    extra last one. There are at most as many sequences as positions, so that many entries need no
+    read of the largest id from the device."""
+    masked = _masked(values, mask)
+    weights = torch.broadcast_to(mask, values.shape).to(values.dtype)
+    if sequence_ids is None:
+        return masked.sum(dim=-1), weights.sum(dim=-1), None
+    slots = torch.where(sequence_ids >= 0, sequence_ids, sequence_ids.numel()).reshape(-1)
+    sums = values.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, masked.reshape(-1))
+    counts = weights.new_zeros(sequence_ids.numel() + 1).index_add(0, slots, weights.reshape(-1))
+    return sums, counts, slots
 
 
 def constant_normalizer(loss: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
