@@ -279,17 +279,16 @@ def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunO
     return "the reference solution's outputs were not usable (they changed between runs, took too long or failed)"
 
 
-def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase], skip: frozenset = frozenset(),
-                      answers: Sequence[tuple[TrivialAnswer, ...]] | None = None,
-                      ) -> tuple[TrivialAnswer, list[tuple]] | None:
+def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase],
+                      skip: frozenset = frozenset()) -> tuple[TrivialAnswer, list[tuple]] | None:
     """``(the trivial answer, the arguments of the tests it fails)`` for the trivial answer
-    (:func:`~.trivial.trivial_answers`; ``answers``: theirs, per test, if already read) not in
-    ``skip`` that passes the most of a function's tests, over ``MAJORITY_SHARE`` of them, and fails
-    some (one passing them all is the solution, or as good as one: the next is taken); else None.
-    Of answers passing equally many, the first met wins."""
+    (:func:`~.trivial.trivial_answers`) not in ``skip`` that passes the most of a function's
+    tests, over ``MAJORITY_SHARE`` of them, and fails some (one passing them all is the solution,
+    or as good as one: the next is taken); else None. Of answers passing equally many, the first
+    met wins."""
     if task.style != "function" or len(tests) < 4:
         return None
-    answers = [trivial_answers(test) for test in tests] if answers is None else answers
+    answers = [trivial_answers(test) for test in tests]
     counts = collections.Counter(answer for passing in answers for answer in passing if answer not in skip)
     for dominant, count in counts.most_common():  # ties: first inserted, as answers list them in a fixed order
         if count <= MAJORITY_SHARE * len(tests):
@@ -312,14 +311,13 @@ def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, 
     for the next answer that dominates what is left, until none does that random tests can be
     dropped for. A trivial answer then passes at most that share where the rare-output search
     found enough inputs it fails."""
-    answers = [trivial_answers(test) for test in tests]  # read once: a test's answers never change
     unreducible: set[TrivialAnswer] = set()  # dominant, with no random test of its own left to drop
     while True:
-        skewed = _dominant_trivial(task, tests, frozenset(unreducible), answers)
+        skewed = _dominant_trivial(task, tests, frozenset(unreducible))
         if skewed is None:
             return tests
         dominant = skewed[0]
-        passes = [dominant in passing for passing in answers]
+        passes = [dominant in trivial_answers(test) for test in tests]
         total, count = len(tests), sum(passes)
         dropped = set()
         for index in reversed(range(len(tests))):
@@ -332,7 +330,6 @@ def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, 
             unreducible.add(dominant)
             continue
         tests = tuple(t for index, t in enumerate(tests) if index not in dropped)
-        answers = [passing for index, passing in enumerate(answers) if index not in dropped]
 
 
 def build_tests(task: CodeTask, config: TCGConfig | None, sandbox: Sandbox) -> CodeTask:

@@ -12,6 +12,7 @@ by running code from a task), and compared with the expected output as the grade
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -46,10 +47,12 @@ ORDER_FREE = ("echo", "len")  # the one-step answers whose value never depends o
 TrivialAnswer = tuple[str, Any]
 
 
+@functools.lru_cache(maxsize=4096)
 def trivial_answers(test: TestCase) -> tuple[TrivialAnswer, ...]:
     """The trivial answers that pass the function-style ``test``: its expected output as a
     constant, then each one-step answer, in :data:`ONE_STEP` order (a fixed order, so that ties
-    between them are broken the same way in every process)."""
+    between them are broken the same way in every process). Cached: a suite's build asks for a
+    test's answers in each rare-output round and in each rebalancing pass."""
     answers: list[TrivialAnswer] = [("constant", test.expected)]
     try:
         args = parse_args_source(test.input)
