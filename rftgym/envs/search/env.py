@@ -366,13 +366,15 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
             out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
-            first = calls[0] if calls else None
             drafts = _draft_evaluations(parsed, calls)
-            if drafts and _only_thinking_before(parsed, calls[len(drafts)]):
-                # Evaluations drafted in a closed <think>, then one outside it that opens the turn:
-                # that one is the turn's (one after visible text leaves the draft the turn's, as before).
-                calls, first = calls[len(drafts):], calls[len(drafts)]
-            if first is not None and first.name == "evaluate" and _only_thinking_before(parsed, first):
+            # Evaluations drafted in a closed <think>, then one outside it that opens the turn: that
+            # one is the turn's (one after visible text leaves the draft the turn's, as before).
+            visible_opens = bool(drafts) and _only_thinking_before(parsed, calls[len(drafts)])
+            if visible_opens:
+                calls = calls[len(drafts):]
+            first = calls[0] if calls else None
+            if first is not None and first.name == "evaluate" \
+                    and (visible_opens or _only_thinking_before(parsed, first)):
                 calls = calls[1:]
                 self._evaluate(first.body, out)
                 out.evaluation_end = first.end - len(opened)
