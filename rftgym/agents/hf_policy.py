@@ -41,6 +41,8 @@ from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
 
 
+# Enough for 16 episodes of ~1,400 tokens of the default model (46 KB of keys and values a token).
+DEFAULT_PREFIX_CACHE_MB = 1024
 MIN_TEMPERATURE = 1e-6  # logits divided by much less overflow float32 (1e-40 gives NaN probabilities)
 
 
@@ -82,11 +84,24 @@ class HFPolicy(Agent):
     """A transformers causal LM that acts on batches of contexts and records exact tokens."""
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig | None = None, name: str = "hf",
-                 fast_decode: bool | None = None):
+                 fast_decode: bool | None = None, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
         """``fast_decode``: None (default) uses :mod:`rftgym.agents.fast_decode` (static KV cache,
         one CUDA graph per decode step) on CUDA when the model qualifies; True also uses it,
-        eagerly, on CPU; False always uses the generic transformers loop."""
+        eagerly, on CPU; False always uses the generic transformers loop.
+
+        ``prefix_cache_mb``: memory for the generic loop's prefix reuse
+        (:mod:`rftgym.agents.prefix_cache`): a prompt that begins with tokens an earlier reply
+        already ran (its episode's last turn, a shared system prompt) is prefilled from where they
+        end. 0 turns it off."""
         self.torch = require("torch", "hf", "The Hugging Face policy")
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) \
+                or not 0 <= prefix_cache_mb < float("inf"):
+            raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
+                              f"got {prefix_cache_mb!r}", field="prefix_cache_mb")
+        from .prefix_cache import PrefixKVCache
+
+        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20))
+        self._prefix_support: tuple | None = None  # (model it was checked for, reason it cannot serve it or None)
         self.fast_decode = fast_decode
         self._fast: tuple | None = None  # (model it was built for, FastDecoder or None, reason)
         # Threads whose first generations meet must build one decoder, not one each (each would
@@ -127,13 +142,14 @@ class HFPolicy(Agent):
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, *, sampling: SamplingConfig | None = None,
-                        device: str | None = None, dtype: str | None = None) -> "HFPolicy":
+                        device: str | None = None, dtype: str | None = None,
+                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> "HFPolicy":
         """Load ``model`` (a local HF directory, or None/"default" for SmolLM2-135M-Instruct)."""
         from .model_loading import DEFAULT_MODEL_NAME, load_model_and_tokenizer
 
         lm, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
         name = DEFAULT_MODEL_NAME if model in (None, "default") else str(model)
-        return cls(lm, tokenizer, sampling=sampling, name=name)
+        return cls(lm, tokenizer, sampling=sampling, name=name, prefix_cache_mb=prefix_cache_mb)
 
     @property
     def device(self):
@@ -320,18 +336,12 @@ class HFPolicy(Agent):
 
     def _generic_decode(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms=None):
         """The plain transformers loop (dynamic cache), for any causal LM; ``uniforms`` as for
-        :meth:`_sample`, one column per step."""
+        :meth:`_sample`, one column per step. Prompts that begin with tokens of an earlier reply
+        are prefilled from where those end (:mod:`rftgym.agents.prefix_cache`)."""
         torch = self.torch
         device = self.device
         batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every row ends at the same column
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt):] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        reuse = self._prefix_lookup(prompts)
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
         uniforms = None if uniforms is None else uniforms.to(device)
 
@@ -342,8 +352,8 @@ class HFPolicy(Agent):
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
 
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                             use_cache=True, logits_to_keep=1)
+            out, prompt_mask, positions = self._prefill(prompts, reuse)
+            attention = prompt_mask
             cache = _output_cache(out)
             logits = out.logits[:, -1, :]
             position = positions[:, -1:]
@@ -365,8 +375,103 @@ class HFPolicy(Agent):
                                  position_ids=position, use_cache=True, **{self._cache_kwarg: cache})
                 cache = _output_cache(out)
                 logits = out.logits[:, -1, :]
+            if reuse is not None:
+                self._prefix_store(prompts, cache, prompt_mask, sampled, lengths)
 
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
+
+    def _prefill(self, prompts: list[list[int]], reuse: list[tuple] | None):
+        """Run the prompts' tokens that no cached prefix covers, left padded, behind the reused
+        states (left padded to the longest reused prefix: row ``[pad, reused, pad, new]``). Return
+        the model's output, the attention mask over the prompts' columns and the new tokens'
+        positions."""
+        torch = self.torch
+        device = self.device
+        batch = len(prompts)
+        reused = [n for _, n in reuse] if reuse is not None else [0] * batch
+        cached = max(reused)
+        width = max(len(p) - n for p, n in zip(prompts, reused))
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, cached + width), dtype=torch.long)
+        for row, (prompt, n) in enumerate(zip(prompts, reused)):  # every row ends at the same column
+            new = prompt[n:]
+            input_ids[row, width - len(new):] = torch.tensor(new, dtype=torch.long)
+            attention[row, cached + width - len(new):] = 1
+            attention[row, cached - n:cached] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, cached:]
+        past = {}
+        if cached:
+            from .prefix_cache import cache_from_states
+
+            layers = len(next(entry for entry, _ in reuse if entry is not None).keys)
+            keys = [self._stacked_prefixes(reuse, "keys", layer, cached) for layer in range(layers)]
+            values = [self._stacked_prefixes(reuse, "values", layer, cached) for layer in range(layers)]
+            past[self._cache_kwarg] = cache_from_states(keys, values)
+        self.prefix_cache.stats.reused_tokens += sum(reused)
+        self.prefix_cache.stats.prefilled_tokens += sum(len(p) - n for p, n in zip(prompts, reused))
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **past)
+        return out, attention, positions
+
+    def _stacked_prefixes(self, reuse: list[tuple], which: str, layer: int, cached: int):
+        """One layer's reused keys or values of every row, ``[batch, heads, cached, head_dim]``,
+        each row's right-aligned (zeros before it, masked out)."""
+        rows = [(row, getattr(entry, which)[layer], n) for row, (entry, n) in enumerate(reuse) if n]
+        heads, _, dim = rows[0][1].shape
+        stacked = self.torch.zeros((len(reuse), heads, cached, dim), dtype=rows[0][1].dtype, device=self.device)
+        for row, states, n in rows:
+            stacked[row, :, cached - n:] = states[:, :n]
+        return stacked
+
+    def _prefix_lookup(self, prompts: list[list[int]]) -> list[tuple] | None:
+        """Each prompt's cached entry and how many of its tokens it covers, ``(None, 0)`` where
+        none does; None when prefix reuse is off or cannot serve the model."""
+        if self.prefix_cache.budget_bytes == 0 or self.prefix_cache_reason is not None:
+            return None
+        from .prefix_cache import weights_fingerprint
+
+        self.prefix_cache.check_weights(weights_fingerprint(self.model))
+        return [self.prefix_cache.lookup(prompt) for prompt in prompts]
+
+    def _prefix_store(self, prompts, cache, prompt_mask, sampled, lengths) -> None:
+        """Keep each row's states of its prompt and the sampled tokens the model ran (all but the
+        last: it was sampled, never fed)."""
+        from .prefix_cache import PrefixEntry, layer_states
+
+        torch = self.torch
+        states = layer_states(cache, len(prompts))
+        if states is None:  # a model whose cache is not plain full attention: found at the first generation
+            self._prefix_support = (self.model, "its generation cache is not a DynamicCache of full-attention layers")
+            self.prefix_cache.clear()
+            return
+        columns = prompt_mask.shape[1]
+        for row, prompt in enumerate(prompts):
+            fed = max(int(lengths[row]) - 1, 0)
+            if columns + fed > states[0][0].shape[2]:
+                continue
+            where = torch.cat([torch.nonzero(prompt_mask[row]).flatten(),
+                               torch.arange(columns, columns + fed, device=prompt_mask.device)])
+            ids = torch.tensor(list(prompt) + sampled[row, :fed].tolist(), dtype=torch.long)
+            self.prefix_cache.store(PrefixEntry(ids, tuple(k[row].index_select(1, where) for k, _ in states),
+                                                tuple(v[row].index_select(1, where) for _, v in states)))
+
+    @property
+    def prefix_cache_reason(self) -> str | None:
+        """Why the generic loop does not reuse prefixes for the current model (None if it does)."""
+        if self.prefix_cache.budget_bytes == 0:
+            return "prefix_cache_mb is 0"
+        if self._prefix_support is None or self._prefix_support[0] is not self.model:
+            from .prefix_cache import unsupported_reason
+
+            self._prefix_support = (self.model, unsupported_reason(self.model))
+        return self._prefix_support[1]
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix. Weight updates do so themselves (the cache checks the
+        weights' fingerprint); call this after a change it cannot see, such as LoRA adapters
+        switched off by a flag."""
+        self.prefix_cache.clear()
 
     def _replies(self, prompts, sampled, logprobs, lengths, stopped) -> list[AgentReply]:
         # A sampled token's log-prob is finite unless the model's logits were not (NaN or inf):

@@ -1,0 +1,179 @@
+"""Prefix KV reuse: the cache's bookkeeping, and replies that are the same with and without it."""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import pytest
+import torch
+
+from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
+from rftgym.agents.prefix_cache import PrefixEntry, PrefixKVCache, weights_fingerprint
+from rftgym.core.errors import ConfigError
+from rftgym.rollout.engine import RolloutConfig, run_episodes
+
+
+def entry(ids, heads=2, dim=4, layers=1, value=0.0):
+    """An entry whose states hold ``value`` + position, so that what was reused can be told apart."""
+    n = len(ids)
+    states = torch.arange(n, dtype=torch.float32)[None, :, None].expand(heads, n, dim) + value
+    return PrefixEntry(torch.tensor(ids), tuple(states.clone() for _ in range(layers)),
+                       tuple(states.clone() for _ in range(layers)))
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+def test_lookup_finds_the_longest_common_prefix_and_leaves_the_last_token_to_run():
+    cache = PrefixKVCache(budget_bytes=10**6, min_reuse=3)
+    short, long = entry([1, 2, 3, 4]), entry([1, 2, 3, 4, 5, 6, 7, 8])
+    cache.store(short)  # dropped when the longer one (which it begins) is stored
+    cache.store(long)
+    other = entry([9, 9, 9, 9, 9])
+    cache.store(other)
+    assert len(cache) == 2
+    assert cache.lookup([1, 2, 3, 4, 5, 0, 0]) == (long, 5)  # shares 5 tokens, then differs
+    # The whole entry matches, but the prompt's last token must run to give the next logits.
+    assert cache.lookup([1, 2, 3, 4, 5, 6]) == (long, 5)
+    assert cache.lookup([9, 9, 9, 9, 9, 9, 1]) == (other, 5)
+    assert cache.lookup([1, 2, 7, 7, 7]) == (None, 0)  # 2 shared tokens: fewer than min_reuse
+    assert cache.lookup([1, 2, 3]) == (None, 0)
+
+
+def test_an_entry_already_covered_is_not_stored_twice():
+    cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
+    long = entry([1, 2, 3, 4, 5])
+    cache.store(long)
+    cache.store(entry([1, 2, 3]))
+    assert len(cache) == 1 and cache.nbytes == long.nbytes
+    cache.store(entry([1, 2, 3, 4, 5]))  # the same ids again
+    assert len(cache) == 1
+
+
+def test_the_least_recently_used_entries_go_past_the_budget():
+    one = entry([1] * 10)
+    cache = PrefixKVCache(budget_bytes=2 * one.nbytes, min_reuse=2)
+    cache.store(entry([1] * 10))
+    cache.store(entry([2] * 10))
+    assert cache.lookup([1] * 11)[1] == 10  # [1]*10 is now the most recently used
+    cache.store(entry([3] * 10))  # over the budget: [2]*10 goes
+    assert len(cache) == 2 and cache.nbytes == 2 * one.nbytes
+    assert cache.lookup([2] * 11) == (None, 0)
+    assert cache.lookup([1] * 11)[1] == 10 and cache.lookup([3] * 11)[1] == 10
+    cache.store(entry([4] * 30))  # larger than the whole budget: not kept, nothing dropped for it
+    assert len(cache) == 2
+
+
+def test_new_weights_empty_the_cache_and_a_pickled_cache_is_empty():
+    cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
+    cache.check_weights("weights a")
+    cache.store(entry([1, 2, 3]))
+    cache.check_weights("weights a")
+    assert len(cache) == 1
+    assert len(pickle.loads(pickle.dumps(cache))) == 0
+    cache.check_weights("weights b")
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_the_fingerprint_changes_with_an_optimizer_step_and_not_with_a_forward(make_char_policy):
+    model = make_char_policy(seed=0).model
+    before = weights_fingerprint(model)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[3, 4, 5]]))
+    assert weights_fingerprint(model) == before
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[3, 4, 5]])).logits.sum().backward()
+    optimizer.step()
+    assert weights_fingerprint(model) != before
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+def twins(make_char_policy, **sampling):
+    """A policy with prefix reuse and one without, over the same weights."""
+    config = SamplingConfig(**{"max_new_tokens": 10, "temperature": 0.0, **sampling})
+    reusing = make_char_policy(seed=0)
+    reusing.sampling = config
+    plain = HFPolicy(reusing.model, reusing.tokenizer, sampling=config, prefix_cache_mb=0)
+    return reusing, plain
+
+
+def same_replies(a, b):
+    assert [r.sampled_ids for r in a] == [r.sampled_ids for r in b]
+    for x, y in zip(a, b):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+def test_a_next_turn_reuses_its_last_turn_and_replies_as_without(make_char_policy):
+    reusing, plain = twins(make_char_policy)
+    first = [list(range(3, 23)), list(range(4, 32)) * 2, [5, 6, 7] * 8]
+    same_replies(reusing.generate(first), plain.generate(first))
+    assert reusing.prefix_cache.stats.reused_tokens == 0 and len(reusing.prefix_cache) == 3
+    replies = reusing.generate(first)  # answered again from the cache: the same replies
+    same_replies(replies, plain.generate(first))
+    assert reusing.prefix_cache.stats.reused_tokens == sum(len(p) - 1 for p in first)
+    # Each next prompt: the last one, its reply and an observation; one shares only a start with
+    # an entry, one nothing (it is prefilled whole beside the others in one batch).
+    nxt = [p + r.sampled_ids + [10, 11, 12] for p, r in zip(first, replies)]
+    nxt[2] = first[2][:17] + [20, 21, 22, 23]
+    nxt.append([30, 29, 28, 27, 26, 25] * 3)
+    reused = reusing.prefix_cache.stats.reused_tokens
+    same_replies(reusing.generate(nxt), plain.generate(nxt))
+    fed = [len(p) + len(r.sampled_ids) - 1 for p, r in zip(first[:2], replies[:2])]  # the last token never ran
+    assert reusing.prefix_cache.stats.reused_tokens - reused == sum(fed) + 17
+    assert plain.prefix_cache.stats.reused_tokens == 0 and plain.prefix_cache_reason == "prefix_cache_mb is 0"
+
+
+def test_sampled_replies_draw_the_same_tokens_with_reuse(make_char_policy):
+    reusing, plain = twins(make_char_policy, temperature=1.0, seed=7)
+    prompts = [list(range(3, 25)), list(range(6, 30)) * 2]
+    keys = [(1, 0), (2, 0)]
+    reusing.generate(prompts, sample_keys=keys)  # fills the cache
+    same_replies(reusing.generate(prompts, sample_keys=keys), plain.generate(prompts, sample_keys=keys))
+    assert reusing.prefix_cache.stats.reused_tokens > 0
+
+
+def test_changed_weights_are_not_served_states_of_the_old_ones(make_char_policy):
+    reusing, plain = twins(make_char_policy)
+    prompts = [list(range(3, 25))]
+    reusing.generate(prompts)
+    with torch.no_grad():
+        for parameter in reusing.model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    reused = reusing.prefix_cache.stats.reused_tokens
+    same_replies(reusing.generate(prompts), plain.generate(prompts))
+    assert reusing.prefix_cache.stats.reused_tokens == reused
+
+
+def test_a_sliding_window_model_is_not_served_and_says_why(make_char_policy):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    policy = make_char_policy(seed=0, model_class=MistralForCausalLM, config_class=MistralConfig, sliding_window=8)
+    policy.sampling = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    prompts = [list(range(3, 25))]
+    policy.generate(prompts)
+    policy.generate(prompts)
+    assert policy.prefix_cache.stats.reused_tokens == 0
+    assert "sliding window" in policy.prefix_cache_reason
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1024", True])
+def test_a_bad_budget_is_refused_with_its_name(make_char_policy, bad):
+    policy = make_char_policy(seed=0)
+    with pytest.raises(ConfigError, match="prefix_cache_mb"):
+        HFPolicy(policy.model, policy.tokenizer, prefix_cache_mb=bad)
+
+
+def test_multi_turn_episodes_are_the_same_with_reuse(tiny_policy):
+    """VerifiableQA's feedback turns extend the episode's last prompt: reused, same episodes."""
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    reusing = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, sampling=config)
+    plain = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, sampling=config, prefix_cache_mb=0)
+    runs = [run_episodes(lambda: gym.make("rftgym/VerifiableQA-v0"), agent, seeds=[0, 1, 2],
+                         config=RolloutConfig(num_envs=3)) for agent in (reusing, plain)]
+    turns = [[(t.prompt_ids, t.sampled_ids) for e in episodes for t in e.turns] for episodes in runs]
+    assert turns[0] == turns[1] and len(turns[0]) > 3
+    stats = reusing.prefix_cache.stats
+    assert stats.reused_tokens > stats.prefilled_tokens  # later turns ran only their new tokens
