@@ -77,10 +77,10 @@ def main() -> None:
     rows, headlines = [], []
     for env_id in args.envs:
         stats = reusing.prefix_cache.stats
-        reused_before, prefilled_before = stats.reused_tokens, stats.prefilled_tokens
+        prompt_before, prefilled_before = stats.prompt_tokens, stats.prefilled_tokens
         reusing.clear_prefix_cache()
         ours, ours_s = rollout(reusing, env_id, seeds)
-        reused, prefilled = stats.reused_tokens - reused_before, stats.prefilled_tokens - prefilled_before
+        asked, prefilled = stats.prompt_tokens - prompt_before, stats.prefilled_tokens - prefilled_before
         base, base_s = rollout(plain, env_id, seeds)
         peer_s = generate_replay(reusing.model, base, args.max_new_tokens, args.episodes, plain.pad_id,
                                  plain.chat.stop_ids)
@@ -91,16 +91,16 @@ def main() -> None:
                      1.0, "-"])
         rows.append([env_id, "rftgym, prefix_cache_mb=0", n_turns, prompt_tokens, prompt_tokens, 0.0, base_s,
                      peer_s / base_s, "-"])
-        rows.append([env_id, "rftgym, prefix reuse", sum(len(e.turns) for e in ours), reused + prefilled, prefilled,
-                     reused / max(reused + prefilled, 1), ours_s, peer_s / ours_s, f"{same_turns}/{n_turns}"])
+        rows.append([env_id, "rftgym, prefix reuse", sum(len(e.turns) for e in ours), asked, prefilled,
+                     1 - prefilled / max(asked, 1), ours_s, peer_s / ours_s, f"{same_turns}/{n_turns}"])
         headlines.append({"bench": "prefix_cache_cpu", "env": env_id, "episodes": args.episodes,
                           "generate_s": round(peer_s, 1), "no_reuse_s": round(base_s, 1), "reuse_s": round(ours_s, 1),
-                          "reused_share": round(reused / max(reused + prefilled, 1), 3),
+                          "saved_share": round(1 - prefilled / max(asked, 1), 3),
                           "same_turns": same_turns, "turns": n_turns})
 
     print(f"default model on CPU ({torch.get_num_threads()} threads), {args.episodes} episodes per env side by side, "
           f"greedy, max_new_tokens={args.max_new_tokens}")
-    print(format_table(rows, ["env", "engine", "turns", "prompt tok", "prefilled tok", "reused share", "seconds",
+    print(format_table(rows, ["env", "engine", "turns", "prompt tok", "prefilled tok", "saved share", "seconds",
                               "speedup vs generate", "same turns as no reuse"]))
     for headline in headlines:
         print(json.dumps(headline))

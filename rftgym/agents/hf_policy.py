@@ -341,7 +341,6 @@ class HFPolicy(Agent):
         torch = self.torch
         device = self.device
         batch = len(prompts)
-        reuse = self._prefix_lookup(prompts)
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
         uniforms = None if uniforms is None else uniforms.to(device)
 
@@ -352,7 +351,8 @@ class HFPolicy(Agent):
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
 
         with torch.inference_mode():
-            out, prompt_mask, positions = self._prefill(prompts, reuse)
+            plan = self._prefix_lookup(prompts)
+            out, prompt_mask, positions = self._prefill(prompts, None if plan is None else plan[1])
             attention = prompt_mask
             cache = _output_cache(out)
             logits = out.logits[:, -1, :]
@@ -375,8 +375,8 @@ class HFPolicy(Agent):
                                  position_ids=position, use_cache=True, **{self._cache_kwarg: cache})
                 cache = _output_cache(out)
                 logits = out.logits[:, -1, :]
-            if reuse is not None:
-                self._prefix_store(prompts, cache, prompt_mask, sampled, lengths)
+            if plan is not None:
+                self._prefix_store(prompts, cache, prompt_mask, sampled, lengths, fingerprint=plan[0])
 
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
 
@@ -408,8 +408,8 @@ class HFPolicy(Agent):
             keys = [self._stacked_prefixes(reuse, "keys", layer, cached) for layer in range(layers)]
             values = [self._stacked_prefixes(reuse, "values", layer, cached) for layer in range(layers)]
             past[self._cache_kwarg] = cache_from_states(keys, values)
-        self.prefix_cache.stats.reused_tokens += sum(reused)
-        self.prefix_cache.stats.prefilled_tokens += sum(len(p) - n for p, n in zip(prompts, reused))
+        if reuse is not None:
+            self.prefix_cache.count(prefilled_tokens=sum(len(p) - n for p, n in zip(prompts, reused)))
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **past)
         return out, attention, positions
@@ -424,17 +424,30 @@ class HFPolicy(Agent):
             stacked[row, :, cached - n:] = states[:, :n]
         return stacked
 
-    def _prefix_lookup(self, prompts: list[list[int]]) -> list[tuple] | None:
-        """Each prompt's cached entry and how many of its tokens it covers, ``(None, 0)`` where
-        none does; None when prefix reuse is off or cannot serve the model."""
+    def _prefix_lookup(self, prompts: list[list[int]]) -> tuple[object, list[tuple]] | None:
+        """The weights' fingerprint, and each prompt's cached entry and how many of its tokens it
+        covers (``(None, 0)`` where none does); None when prefix reuse is off or cannot serve the
+        model. Prefixes that several of the prompts share and the cache lacks are run first, once
+        each."""
         if self.prefix_cache.budget_bytes == 0 or self.prefix_cache_reason is not None:
             return None
-        from .prefix_cache import weights_fingerprint
+        from .prefix_cache import shared_prefixes, weights_fingerprint
 
-        self.prefix_cache.check_weights(weights_fingerprint(self.model))
-        return [self.prefix_cache.lookup(prompt) for prompt in prompts]
+        cache = self.prefix_cache
+        fingerprint = weights_fingerprint(self.model)
+        cache.check_weights(fingerprint)
+        cache.count(prompt_tokens=sum(len(p) for p in prompts))
+        if len(prompts) > 1:
+            covered = [cache.lookup(prompt)[1] for prompt in prompts]
+            shared = shared_prefixes(prompts, covered, cache.min_reuse)
+            if shared:
+                shared_reuse = [cache.lookup(prefix) for prefix in shared]
+                out, prompt_mask, _ = self._prefill(shared, shared_reuse)
+                empty = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
+                self._prefix_store(shared, _output_cache(out), prompt_mask, empty, empty.sum(dim=1), fingerprint)
+        return fingerprint, [cache.lookup(prompt) for prompt in prompts]
 
-    def _prefix_store(self, prompts, cache, prompt_mask, sampled, lengths) -> None:
+    def _prefix_store(self, prompts, cache, prompt_mask, sampled, lengths, fingerprint) -> None:
         """Keep each row's states of its prompt and the sampled tokens the model ran (all but the
         last: it was sampled, never fed)."""
         from .prefix_cache import PrefixEntry, layer_states
@@ -454,11 +467,12 @@ class HFPolicy(Agent):
                                torch.arange(columns, columns + fed, device=prompt_mask.device)])
             ids = torch.tensor(list(prompt) + sampled[row, :fed].tolist(), dtype=torch.long)
             self.prefix_cache.store(PrefixEntry(ids, tuple(k[row].index_select(1, where) for k, _ in states),
-                                                tuple(v[row].index_select(1, where) for _, v in states)))
+                                                tuple(v[row].index_select(1, where) for _, v in states)), fingerprint)
 
     @property
     def prefix_cache_reason(self) -> str | None:
-        """Why the generic loop does not reuse prefixes for the current model (None if it does)."""
+        """Why the generic decode loop would not reuse prefixes for the current model (None if it
+        would; the CUDA fast path, where it serves the model, reuses none)."""
         if self.prefix_cache.budget_bytes == 0:
             return "prefix_cache_mb is 0"
         if self._prefix_support is None or self._prefix_support[0] is not self.model:
@@ -468,9 +482,10 @@ class HFPolicy(Agent):
         return self._prefix_support[1]
 
     def clear_prefix_cache(self) -> None:
-        """Forget every cached prefix. Weight updates do so themselves (the cache checks the
-        weights' fingerprint); call this after a change it cannot see, such as LoRA adapters
-        switched off by a flag."""
+        """Forget every cached prefix. Most weight changes do so themselves (each generation checks
+        the weights' fingerprint: :mod:`rftgym.agents.prefix_cache`); call this after one it
+        cannot see: a write through ``.data``, peft's ``set_adapter``, FSDP gathering new weights
+        into the same buffers."""
         self.prefix_cache.clear()
 
     def _replies(self, prompts, sampled, logprobs, lengths, stopped) -> list[AgentReply]:

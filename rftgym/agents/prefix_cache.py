@@ -10,10 +10,12 @@ shares a prefix with one of them is prefilled from the end of that prefix only. 
 with the same system prompt share that part too (the longest common prefix counts, not only a
 whole entry).
 
-The states are valid only for the weights that computed them: every lookup passes the model's
-:func:`weights_fingerprint`, and a change (an optimizer step, new weights loaded, the model moved)
-empties the cache. What the fingerprint cannot see (LoRA adapters switched off by a flag) calls
-for :meth:`PrefixKVCache.clear`.
+The states are valid only for the weights that computed them: every generation passes the
+model's :func:`weights_fingerprint`, and a change (an optimizer step, new weights loaded, the model
+moved, peft adapters disabled or merged) empties the cache. What the fingerprint cannot see calls
+for :meth:`PrefixKVCache.clear` (``HFPolicy.clear_prefix_cache``): writes through ``.data`` (they
+bypass the version counter), peft's ``set_adapter``, weights that FSDP gathers into the same
+buffers each time (the trainer clears the cache after each rollout for that reason).
 
 Reused states are the same numbers a full prefill computes, up to the last bits that a batch's
 composition can change (as with any batched decoding); the trainer recomputes log-probs anyway.
@@ -48,19 +50,23 @@ class PrefixEntry:
 
 @dataclass
 class PrefixCacheStats:
-    """Prompt tokens whose states were reused, and prompt tokens the model ran, since creation."""
+    """Since creation: the prompt tokens replies were asked for, and the tokens the model ran to
+    prefill them (shared prefixes run once included)."""
 
-    reused_tokens: int = 0
+    prompt_tokens: int = 0
     prefilled_tokens: int = 0
 
     @property
-    def reuse_rate(self) -> float:
-        total = self.reused_tokens + self.prefilled_tokens
-        return self.reused_tokens / total if total else 0.0
+    def saved_share(self) -> float:
+        """The share of prompt tokens whose states were not computed again."""
+        return 1.0 - self.prefilled_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class PrefixKVCache:
-    """Least-recently-used entries within ``budget_bytes``; thread-safe."""
+    """Least-recently-used entries within ``budget_bytes``, for one set of weights; thread-safe.
+
+    Entries are filed by their first ``min_reuse`` ids: a prompt can only reuse an entry that
+    begins as it does, so a lookup compares it with those alone."""
 
     def __init__(self, budget_bytes: int, min_reuse: int = MIN_REUSE_TOKENS):
         if budget_bytes < 0:
@@ -68,7 +74,8 @@ class PrefixKVCache:
         self.budget_bytes = int(budget_bytes)
         self.min_reuse = max(1, int(min_reuse))
         self.stats = PrefixCacheStats()
-        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
+        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # by key, least recently used first
+        self._by_start: dict[tuple[int, ...], dict[int, PrefixEntry]] = {}
         self._bytes = 0
         self._next_key = 0
         self._fingerprint: object = None
@@ -83,71 +90,108 @@ class PrefixKVCache:
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            self._clear()
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._by_start.clear()
+        self._bytes = 0
 
     def check_weights(self, fingerprint: object) -> None:
-        """Empty the cache when the weights it was computed with changed."""
+        """Empty the cache when the weights it was computed with changed; :meth:`store` keeps
+        only states computed with ``fingerprint``'s weights from now on."""
         with self._lock:
             if fingerprint != self._fingerprint:
-                self._entries.clear()
-                self._bytes = 0
+                self._clear()
                 self._fingerprint = fingerprint
+
+    def count(self, prompt_tokens: int = 0, prefilled_tokens: int = 0) -> None:
+        with self._lock:
+            self.stats.prompt_tokens += prompt_tokens
+            self.stats.prefilled_tokens += prefilled_tokens
 
     def lookup(self, prompt: Sequence[int]) -> tuple[PrefixEntry | None, int]:
         """The entry sharing the longest prefix with ``prompt`` and that prefix's length, at most
         ``len(prompt) - 1`` (the model must run the last token to give the next one's logits);
         ``(None, 0)`` when no entry shares ``min_reuse`` tokens."""
         limit = len(prompt) - 1
-        if limit < self.min_reuse or not self._entries:
+        if limit < self.min_reuse:
             return None, 0
-        wanted = torch.as_tensor(list(prompt[:limit]), dtype=torch.long)
-        best, best_length = None, 0
+        start = tuple(prompt[:self.min_reuse])
         with self._lock:
-            for entry in reversed(self._entries.values()):  # the newest first: ties go to it
-                length = _common_prefix(entry.ids, wanted)
-                if length > best_length:
-                    best, best_length = entry, length
-            if best is None or best_length < self.min_reuse:
+            candidates = self._by_start.get(start)
+            if not candidates:
                 return None, 0
-            self._touch(best)
-        return best, best_length
+            wanted = torch.as_tensor(list(prompt[:limit]), dtype=torch.long)
+            best_key, best_length = None, 0
+            for key, entry in candidates.items():
+                length = _common_prefix(entry.ids, wanted)
+                if length > best_length or (length == best_length and key > best_key):  # ties: the newest
+                    best_key, best_length = key, length
+            self._entries.move_to_end(best_key)
+            return candidates[best_key], best_length
 
-    def store(self, entry: PrefixEntry) -> None:
-        """Keep ``entry``, dropping entries that are prefixes of it (it holds their states too),
-        then the least recently used ones past the budget. An entry that is itself the prefix of
-        a kept one, or larger than the whole budget, is not kept."""
+    def store(self, entry: PrefixEntry, fingerprint: object) -> None:
+        """Keep ``entry``, computed with the weights of ``fingerprint`` (not kept if those are no
+        longer the cache's), dropping entries that are prefixes of it (it holds their states too),
+        then the least recently used ones past the budget. An entry that is itself the prefix of a
+        kept one, or larger than the whole budget, is not kept."""
         size = entry.nbytes
         if size > self.budget_bytes or len(entry.ids) < self.min_reuse:
             return
+        start = tuple(entry.ids[:self.min_reuse].tolist())
         with self._lock:
-            for key, kept in list(self._entries.items()):
+            if fingerprint != self._fingerprint:
+                return
+            bucket = self._by_start.setdefault(start, {})
+            for key, kept in list(bucket.items()):
                 shorter = min(len(kept.ids), len(entry.ids))
-                if _common_prefix(kept.ids, entry.ids[:shorter]) < shorter:
+                if _common_prefix(kept.ids, entry.ids) < shorter:
                     continue
                 if len(kept.ids) >= len(entry.ids):
                     self._entries.move_to_end(key)
                     return
-                self._bytes -= kept.nbytes
-                del self._entries[key]
-            self._entries[self._next_key] = entry
+                self._drop(key)
+            key = self._next_key
             self._next_key += 1
+            self._entries[key] = entry
+            self._by_start.setdefault(start, {})[key] = entry
             self._bytes += size
             while self._bytes > self.budget_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= dropped.nbytes
+                self._drop(next(iter(self._entries)))
 
-    def _touch(self, entry: PrefixEntry) -> None:
-        for key, kept in self._entries.items():
-            if kept is entry:
-                self._entries.move_to_end(key)
-                return
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        start = tuple(entry.ids[:self.min_reuse].tolist())
+        bucket = self._by_start[start]
+        del bucket[key]
+        if not bucket:
+            del self._by_start[start]
+        self._bytes -= entry.nbytes
 
-    def __getstate__(self):  # a pickled policy (a worker's copy) starts with an empty cache
+    def __getstate__(self):  # copied or pickled, a cache starts empty: its states belong to weights in memory
         return {"budget_bytes": self.budget_bytes, "min_reuse": self.min_reuse}
 
     def __setstate__(self, state):
         self.__init__(state["budget_bytes"], state["min_reuse"])
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], covered: Sequence[int], min_reuse: int) -> list[list[int]]:
+    """The prefixes worth running once for a batch of ``prompts`` before the batch itself: for
+    each prompt, the longest prefix it shares with another prompt of the batch (at most all but
+    its last token), where that is ``min_reuse`` tokens more than the cache already ``covered``
+    for it. A prefix that begins another one kept is dropped: running the longer one gives both.
+    (A GRPO group's samples share their whole prompt; a benchmark's tasks, the env's system
+    prompt.)"""
+    ids = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
+    wanted: set[tuple[int, ...]] = set()
+    for i, prompt in enumerate(ids):
+        longest = max((_common_prefix(prompt, other) for j, other in enumerate(ids) if j != i), default=0)
+        longest = min(longest, len(prompt) - 1)
+        if longest - covered[i] >= min_reuse:
+            wanted.add(tuple(prompt[:longest].tolist()))
+    kept = sorted(wanted, key=len, reverse=True)
+    return [list(p) for n, p in enumerate(kept) if not any(q[:len(p)] == p for q in kept[:n])]
 
 
 def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -171,8 +215,18 @@ def weights_fingerprint(model) -> tuple:
 
 def unsupported_reason(model) -> str | None:
     """Why prefix reuse cannot serve ``model`` (None if it can): reuse prefills behind a padded
-    cached part, which needs full attention in every layer and a kernel that takes any padding
-    mask."""
+    cached part, which needs full attention in every layer, a kernel that takes any padding mask,
+    and rotary frequencies that do not depend on the sequence's length."""
+    from .fast_decode import STATIC_ROPE_TYPES
+
+    try:
+        weights_fingerprint(model)
+    except RuntimeError:  # inference tensors have no version counter
+        return "its parameters were made under torch.inference_mode (no version counter tells when they change)"
+    for module in model.modules():
+        rope_type = getattr(module, "rope_type", None)
+        if isinstance(rope_type, str) and rope_type not in STATIC_ROPE_TYPES:
+            return f"its RoPE type {rope_type!r} depends on the sequence's length"
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in (None, "sdpa", "eager"):

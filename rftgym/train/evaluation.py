@@ -41,6 +41,7 @@ def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, co
     finally:
         policy.sampling = sampling
         policy._generator.set_state(sampler_state)
+        policy.clear_prefix_cache()  # stale after the next update (FSDP: unseen by the cache's fingerprint)
     n, reward, wins, tokens = ranks.sum_floats([len(episodes), sum(e.total_reward for e in episodes),
                                                 sum(e.success for e in episodes),
                                                 sum(e.num_sampled_tokens for e in episodes)])

@@ -324,6 +324,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
                         episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                                 config=RolloutConfig(num_envs=config.rollout_batch_size))
+                    # The update makes the rollout's cached prefix states stale; FSDP refills the same
+                    # buffers with the new weights, which the cache's fingerprint cannot tell apart.
+                    policy.clear_prefix_cache()
                     rollout_seconds = time.perf_counter() - started
                     with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
                         samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,

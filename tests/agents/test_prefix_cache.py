@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
-from rftgym.agents.prefix_cache import PrefixEntry, PrefixKVCache, weights_fingerprint
+from rftgym.agents.prefix_cache import PrefixEntry, PrefixKVCache, shared_prefixes, weights_fingerprint
 from rftgym.core.errors import ConfigError
 from rftgym.rollout.engine import RolloutConfig, run_episodes
 
 
-def entry(ids, heads=2, dim=4, layers=1, value=0.0):
-    """An entry whose states hold ``value`` + position, so that what was reused can be told apart."""
+def entry(ids, heads=2, dim=4, layers=1):
+    """An entry of ``ids`` with made-up states (the bookkeeping reads only their sizes)."""
     n = len(ids)
-    states = torch.arange(n, dtype=torch.float32)[None, :, None].expand(heads, n, dim) + value
+    states = torch.arange(n, dtype=torch.float32)[None, :, None].expand(heads, n, dim)
     return PrefixEntry(torch.tensor(ids), tuple(states.clone() for _ in range(layers)),
                        tuple(states.clone() for _ in range(layers)))
 
@@ -28,10 +28,10 @@ def entry(ids, heads=2, dim=4, layers=1, value=0.0):
 def test_lookup_finds_the_longest_common_prefix_and_leaves_the_last_token_to_run():
     cache = PrefixKVCache(budget_bytes=10**6, min_reuse=3)
     short, long = entry([1, 2, 3, 4]), entry([1, 2, 3, 4, 5, 6, 7, 8])
-    cache.store(short)  # dropped when the longer one (which it begins) is stored
-    cache.store(long)
+    cache.store(short, None)  # dropped when the longer one (which it begins) is stored
+    cache.store(long, None)
     other = entry([9, 9, 9, 9, 9])
-    cache.store(other)
+    cache.store(other, None)
     assert len(cache) == 2
     assert cache.lookup([1, 2, 3, 4, 5, 0, 0]) == (long, 5)  # shares 5 tokens, then differs
     # The whole entry matches, but the prompt's last token must run to give the next logits.
@@ -44,31 +44,45 @@ def test_lookup_finds_the_longest_common_prefix_and_leaves_the_last_token_to_run
 def test_an_entry_already_covered_is_not_stored_twice():
     cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
     long = entry([1, 2, 3, 4, 5])
-    cache.store(long)
-    cache.store(entry([1, 2, 3]))
+    cache.store(long, None)
+    cache.store(entry([1, 2, 3]), None)
     assert len(cache) == 1 and cache.nbytes == long.nbytes
-    cache.store(entry([1, 2, 3, 4, 5]))  # the same ids again
+    cache.store(entry([1, 2, 3, 4, 5]), None)  # the same ids again
     assert len(cache) == 1
 
 
 def test_the_least_recently_used_entries_go_past_the_budget():
     one = entry([1] * 10)
     cache = PrefixKVCache(budget_bytes=2 * one.nbytes, min_reuse=2)
-    cache.store(entry([1] * 10))
-    cache.store(entry([2] * 10))
+    cache.store(entry([1] * 10), None)
+    cache.store(entry([2] * 10), None)
     assert cache.lookup([1] * 11)[1] == 10  # [1]*10 is now the most recently used
-    cache.store(entry([3] * 10))  # over the budget: [2]*10 goes
+    cache.store(entry([3] * 10), None)  # over the budget: [2]*10 goes
     assert len(cache) == 2 and cache.nbytes == 2 * one.nbytes
     assert cache.lookup([2] * 11) == (None, 0)
     assert cache.lookup([1] * 11)[1] == 10 and cache.lookup([3] * 11)[1] == 10
-    cache.store(entry([4] * 30))  # larger than the whole budget: not kept, nothing dropped for it
+    cache.store(entry([4] * 30), None)  # larger than the whole budget: not kept, nothing dropped for it
     assert len(cache) == 2
+
+
+def test_shared_prefixes_are_the_longest_each_prompt_shares_with_another():
+    group = [1, 2, 3, 4, 5, 6]
+    system = [1, 2, 3, 9, 9]
+    prompts = [group, group, system, [7, 7, 7, 7]]
+    # The group's samples share all but the last token; the other task shares [1, 2, 3] with
+    # them, which begins the group's prefix and so is not run apart; [7, 7, 7, 7] shares nothing.
+    assert shared_prefixes(prompts, covered=[0, 0, 0, 0], min_reuse=2) == [[1, 2, 3, 4, 5]]
+    assert shared_prefixes([group, system], covered=[0, 0], min_reuse=2) == [[1, 2, 3]]
+    # Not worth it when the cache already covers all but fewer than min_reuse of them.
+    assert shared_prefixes(prompts, covered=[4, 4, 0, 0], min_reuse=2) == [[1, 2, 3]]
+    assert shared_prefixes(prompts, covered=[0, 0, 0, 0], min_reuse=6) == []
+    assert shared_prefixes([group], covered=[0], min_reuse=1) == []
 
 
 def test_new_weights_empty_the_cache_and_a_pickled_cache_is_empty():
     cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
     cache.check_weights("weights a")
-    cache.store(entry([1, 2, 3]))
+    cache.store(entry([1, 2, 3]), "weights a")
     cache.check_weights("weights a")
     assert len(cache) == 1
     assert len(pickle.loads(pickle.dumps(cache))) == 0
@@ -100,6 +114,11 @@ def twins(make_char_policy, **sampling):
     return reusing, plain
 
 
+def saved(policy) -> int:
+    """Prompt tokens the policy did not run through the model."""
+    return policy.prefix_cache.stats.prompt_tokens - policy.prefix_cache.stats.prefilled_tokens
+
+
 def same_replies(a, b):
     assert [r.sampled_ids for r in a] == [r.sampled_ids for r in b]
     for x, y in zip(a, b):
@@ -110,20 +129,32 @@ def test_a_next_turn_reuses_its_last_turn_and_replies_as_without(make_char_polic
     reusing, plain = twins(make_char_policy)
     first = [list(range(3, 23)), list(range(4, 32)) * 2, [5, 6, 7] * 8]
     same_replies(reusing.generate(first), plain.generate(first))
-    assert reusing.prefix_cache.stats.reused_tokens == 0 and len(reusing.prefix_cache) == 3
+    assert saved(reusing) == 0 and len(reusing.prefix_cache) == 3
     replies = reusing.generate(first)  # answered again from the cache: the same replies
     same_replies(replies, plain.generate(first))
-    assert reusing.prefix_cache.stats.reused_tokens == sum(len(p) - 1 for p in first)
+    assert saved(reusing) == sum(len(p) - 1 for p in first)
     # Each next prompt: the last one, its reply and an observation; one shares only a start with
     # an entry, one nothing (it is prefilled whole beside the others in one batch).
     nxt = [p + r.sampled_ids + [10, 11, 12] for p, r in zip(first, replies)]
     nxt[2] = first[2][:17] + [20, 21, 22, 23]
     nxt.append([30, 29, 28, 27, 26, 25] * 3)
-    reused = reusing.prefix_cache.stats.reused_tokens
+    before = saved(reusing)
     same_replies(reusing.generate(nxt), plain.generate(nxt))
     fed = [len(p) + len(r.sampled_ids) - 1 for p, r in zip(first[:2], replies[:2])]  # the last token never ran
-    assert reusing.prefix_cache.stats.reused_tokens - reused == sum(fed) + 17
-    assert plain.prefix_cache.stats.reused_tokens == 0 and plain.prefix_cache_reason == "prefix_cache_mb is 0"
+    assert saved(reusing) - before == sum(fed) + 17
+    assert plain.prefix_cache.stats.prompt_tokens == 0 and plain.prefix_cache_reason == "prefix_cache_mb is 0"
+
+
+def test_a_group_of_samples_runs_its_shared_prompt_once(make_char_policy):
+    reusing, plain = twins(make_char_policy, temperature=1.0, seed=3)
+    task = list(range(3, 31))
+    other = task[:20] + [5, 5, 5, 5, 5]
+    prompts = [task] * 4 + [other]
+    keys = [(0, k) for k in range(5)]
+    same_replies(reusing.generate(prompts, sample_keys=keys), plain.generate(prompts, sample_keys=keys))
+    # The group's prompt but its last token runs once, then each row runs what is its own.
+    assert reusing.prefix_cache.stats.prefilled_tokens == (len(task) - 1) + 4 * 1 + (len(other) - 20)
+    assert saved(reusing) == sum(map(len, prompts)) - reusing.prefix_cache.stats.prefilled_tokens
 
 
 def test_sampled_replies_draw_the_same_tokens_with_reuse(make_char_policy):
@@ -132,7 +163,7 @@ def test_sampled_replies_draw_the_same_tokens_with_reuse(make_char_policy):
     keys = [(1, 0), (2, 0)]
     reusing.generate(prompts, sample_keys=keys)  # fills the cache
     same_replies(reusing.generate(prompts, sample_keys=keys), plain.generate(prompts, sample_keys=keys))
-    assert reusing.prefix_cache.stats.reused_tokens > 0
+    assert saved(reusing) > 0
 
 
 def test_changed_weights_are_not_served_states_of_the_old_ones(make_char_policy):
@@ -142,9 +173,9 @@ def test_changed_weights_are_not_served_states_of_the_old_ones(make_char_policy)
     with torch.no_grad():
         for parameter in reusing.model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.5)
-    reused = reusing.prefix_cache.stats.reused_tokens
+    before = saved(reusing)
     same_replies(reusing.generate(prompts), plain.generate(prompts))
-    assert reusing.prefix_cache.stats.reused_tokens == reused
+    assert saved(reusing) == before
 
 
 def test_a_sliding_window_model_is_not_served_and_says_why(make_char_policy):
@@ -155,7 +186,7 @@ def test_a_sliding_window_model_is_not_served_and_says_why(make_char_policy):
     prompts = [list(range(3, 25))]
     policy.generate(prompts)
     policy.generate(prompts)
-    assert policy.prefix_cache.stats.reused_tokens == 0
+    assert policy.prefix_cache.stats.prompt_tokens == 0
     assert "sliding window" in policy.prefix_cache_reason
 
 
@@ -175,5 +206,59 @@ def test_multi_turn_episodes_are_the_same_with_reuse(tiny_policy):
                          config=RolloutConfig(num_envs=3)) for agent in (reusing, plain)]
     turns = [[(t.prompt_ids, t.sampled_ids) for e in episodes for t in e.turns] for episodes in runs]
     assert turns[0] == turns[1] and len(turns[0]) > 3
-    stats = reusing.prefix_cache.stats
-    assert stats.reused_tokens > stats.prefilled_tokens  # later turns ran only their new tokens
+    assert reusing.prefix_cache.stats.saved_share > 0.5  # later turns ran only their new tokens
+
+
+def test_replies_that_stop_early_keep_the_states_of_what_ran(make_char_policy):
+    """Rows stop at different steps (the stop token is the one the model picks at some step): each
+    keeps its prompt and the sampled tokens fed after it, and the next turn replies as without."""
+    reusing, plain = twins(make_char_policy, max_new_tokens=12)
+    first = [list(range(3, 23)), list(range(4, 32)), [5, 6, 7] * 8]
+    replies = plain.generate(first)
+    stop = replies[0].sampled_ids[3]  # a token the first reply samples at its 4th step
+    for policy in (reusing, plain):
+        policy.chat.stop_ids = (stop,)
+    replies = reusing.generate(first)
+    same_replies(replies, plain.generate(first))
+    assert any(r.finish_reason == "stop" for r in replies) and len({len(r.sampled_ids) for r in replies}) > 1
+    nxt = [p + r.sampled_ids + [10, 11, 12] for p, r in zip(first, replies)]
+    before = saved(reusing)
+    same_replies(reusing.generate(nxt), plain.generate(nxt))
+    assert saved(reusing) - before == sum(len(p) + len(r.sampled_ids) - 1 for p, r in zip(first, replies))
+
+
+def test_states_computed_before_the_weights_changed_are_not_kept():
+    cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
+    cache.check_weights("old")
+    cache.check_weights("new")  # another thread loaded weights while "old" states were computed
+    cache.store(entry([1, 2, 3]), "old")
+    assert len(cache) == 0
+    cache.store(entry([1, 2, 3]), "new")
+    assert len(cache) == 1
+
+
+def test_a_model_whose_cache_cannot_be_read_back_is_not_served(make_char_policy, monkeypatch):
+    import rftgym.agents.prefix_cache as prefix_cache
+
+    reusing, plain = twins(make_char_policy)
+    monkeypatch.setattr(prefix_cache, "layer_states", lambda cache, batch: None)
+    prompts = [list(range(3, 25))]
+    same_replies(reusing.generate(prompts), plain.generate(prompts))
+    assert len(reusing.prefix_cache) == 0 and "DynamicCache" in reusing.prefix_cache_reason
+    same_replies(reusing.generate(prompts), plain.generate(prompts))
+
+
+def test_rotary_frequencies_that_follow_the_length_are_not_served(make_char_policy):
+    policy = make_char_policy(seed=0, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert "dynamic" in policy.prefix_cache_reason
+
+
+def test_training_leaves_no_stale_prefix_states(tmp_path, make_char_policy):
+    from support import SayAEnv, train_config
+
+    from rftgym.train import train
+
+    policy = make_char_policy()
+    train(train_config(tmp_path, steps=2), policy=policy, make_env=SayAEnv)
+    assert policy.prefix_cache.stats.prompt_tokens > 0  # the rollouts went through the cache
+    assert len(policy.prefix_cache) == 0
