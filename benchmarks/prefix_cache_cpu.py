@@ -6,7 +6,8 @@
 - ``transformers.generate`` on the very prompts the second run fed the model, batch for batch
   (the generation alone: no env steps, no token records).
 
-All three decode greedily, so the first two must produce the same episodes; the table says
+All three decode greedily, so the first two should produce the same episodes (up to the last
+bits of the logits, which a batch's composition may change: see the README); the table says
 whether they did, turn by turn.
 
     python benchmarks/prefix_cache_cpu.py [--envs rftgym/VerifiableQA-v0 rftgym/MemoryQA-v0]

@@ -431,25 +431,32 @@ class HFPolicy(Agent):
         each."""
         if self.prefix_cache.budget_bytes == 0 or self.prefix_cache_reason is not None:
             return None
-        from .prefix_cache import shared_prefixes, weights_fingerprint
+        from .prefix_cache import best_of, shared_prefixes, weights_fingerprint
 
         cache = self.prefix_cache
         fingerprint = weights_fingerprint(self.model)
         cache.check_weights(fingerprint)
         cache.count(prompt_tokens=sum(len(p) for p in prompts))
-        if len(prompts) > 1:
-            covered = [cache.lookup(prompt)[1] for prompt in prompts]
-            shared = shared_prefixes(prompts, covered, cache.min_reuse)
-            if shared:
-                shared_reuse = [cache.lookup(prefix) for prefix in shared]
-                out, prompt_mask, _ = self._prefill(shared, shared_reuse)
-                empty = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
-                self._prefix_store(shared, _output_cache(out), prompt_mask, empty, empty.sum(dim=1), fingerprint)
-        return fingerprint, [cache.lookup(prompt) for prompt in prompts]
+        cached = [cache.lookup(prompt) for prompt in prompts]
+        shared = shared_prefixes(prompts, [n for _, n in cached], cache.min_reuse) if len(prompts) > 1 else []
+        batch_entries = []
+        if shared:
+            # Run for this batch and handed to it directly, not kept: the batch's replies keep
+            # longer entries that begin with them, and a tight budget could not evict them first.
+            out, prompt_mask, _ = self._prefill(shared, [cache.lookup(prefix) for prefix in shared])
+            empty = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
+            batch_entries = self._row_entries(shared, _output_cache(out), prompt_mask, empty, empty.sum(dim=1))
+        return fingerprint, [best_of(batch_entries, prompt, found, cache.min_reuse)
+                             for prompt, found in zip(prompts, cached)]
 
     def _prefix_store(self, prompts, cache, prompt_mask, sampled, lengths, fingerprint) -> None:
-        """Keep each row's states of its prompt and the sampled tokens the model ran (all but the
-        last: it was sampled, never fed)."""
+        """Keep each row's states of its prompt and the sampled tokens the model ran."""
+        for entry in self._row_entries(prompts, cache, prompt_mask, sampled, lengths):
+            self.prefix_cache.store(entry, fingerprint)
+
+    def _row_entries(self, prompts, cache, prompt_mask, sampled, lengths) -> list:
+        """Each row's states of its prompt and of the sampled tokens the model ran (all but the
+        last: it was sampled, never fed); none for a model whose cache cannot be read so."""
         from .prefix_cache import PrefixEntry, layer_states
 
         torch = self.torch
@@ -457,8 +464,9 @@ class HFPolicy(Agent):
         if states is None:  # a model whose cache is not plain full attention: found at the first generation
             self._prefix_support = (self.model, "its generation cache is not a DynamicCache of full-attention layers")
             self.prefix_cache.clear()
-            return
+            return []
         columns = prompt_mask.shape[1]
+        entries = []
         for row, prompt in enumerate(prompts):
             fed = max(int(lengths[row]) - 1, 0)
             if columns + fed > states[0][0].shape[2]:
@@ -466,8 +474,9 @@ class HFPolicy(Agent):
             where = torch.cat([torch.nonzero(prompt_mask[row]).flatten(),
                                torch.arange(columns, columns + fed, device=prompt_mask.device)])
             ids = torch.tensor(list(prompt) + sampled[row, :fed].tolist(), dtype=torch.long)
-            self.prefix_cache.store(PrefixEntry(ids, tuple(k[row].index_select(1, where) for k, _ in states),
-                                                tuple(v[row].index_select(1, where) for _, v in states)), fingerprint)
+            entries.append(PrefixEntry(ids, tuple(k[row].index_select(1, where) for k, _ in states),
+                                       tuple(v[row].index_select(1, where) for _, v in states)))
+        return entries
 
     @property
     def prefix_cache_reason(self) -> str | None:

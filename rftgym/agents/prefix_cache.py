@@ -122,14 +122,9 @@ class PrefixKVCache:
             candidates = self._by_start.get(start)
             if not candidates:
                 return None, 0
-            wanted = torch.as_tensor(list(prompt[:limit]), dtype=torch.long)
-            best_key, best_length = None, 0
-            for key, entry in candidates.items():
-                length = _common_prefix(entry.ids, wanted)
-                if length > best_length or (length == best_length and key > best_key):  # ties: the newest
-                    best_key, best_length = key, length
-            self._entries.move_to_end(best_key)
-            return candidates[best_key], best_length
+            key, length = _longest_match(candidates.items(), prompt[:limit])
+            self._entries.move_to_end(key)
+            return candidates[key], length
 
     def store(self, entry: PrefixEntry, fingerprint: object) -> None:
         """Keep ``entry``, computed with the weights of ``fingerprint`` (not kept if those are no
@@ -183,15 +178,41 @@ def shared_prefixes(prompts: Sequence[Sequence[int]], covered: Sequence[int], mi
     for it. A prefix that begins another one kept is dropped: running the longer one gives both.
     (A GRPO group's samples share their whole prompt; a benchmark's tasks, the env's system
     prompt.)"""
-    ids = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
+    # In sorted order, the prompt sharing the longest prefix with a prompt is next to it.
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    ids = [torch.as_tensor(list(prompts[i]), dtype=torch.long) for i in order]
+    beside = [_common_prefix(a, b) for a, b in zip(ids, ids[1:])]
     wanted: set[tuple[int, ...]] = set()
-    for i, prompt in enumerate(ids):
-        longest = max((_common_prefix(prompt, other) for j, other in enumerate(ids) if j != i), default=0)
-        longest = min(longest, len(prompt) - 1)
+    for place, i in enumerate(order):
+        longest = max(beside[place - 1] if place else 0, beside[place] if place < len(beside) else 0)
+        longest = min(longest, len(prompts[i]) - 1)
         if longest - covered[i] >= min_reuse:
-            wanted.add(tuple(prompt[:longest].tolist()))
+            wanted.add(tuple(prompts[i][:longest]))
     kept = sorted(wanted, key=len, reverse=True)
     return [list(p) for n, p in enumerate(kept) if not any(q[:len(p)] == p for q in kept[:n])]
+
+
+def best_of(batch_entries: Sequence[PrefixEntry], prompt: Sequence[int], cached: tuple[PrefixEntry | None, int],
+            min_reuse: int) -> tuple[PrefixEntry | None, int]:
+    """``cached`` (a :meth:`PrefixKVCache.lookup`), or the entry of ``batch_entries`` (states
+    computed for this batch alone) sharing a longer prefix with ``prompt``, at most all but its
+    last token and at least ``min_reuse``."""
+    if not batch_entries or len(prompt) - 1 < min_reuse:
+        return cached
+    index, length = _longest_match(enumerate(batch_entries), prompt[:len(prompt) - 1])
+    return (batch_entries[index], length) if length >= min_reuse and length > cached[1] else cached
+
+
+def _longest_match(keyed_entries, wanted: Sequence[int]) -> tuple[object, int]:
+    """The key of the entry sharing the longest prefix with ``wanted`` (the last of equals: the
+    newest, as keys are given in the order entries were made) and its length."""
+    wanted = torch.as_tensor(list(wanted), dtype=torch.long)
+    best_key, best_length = None, -1
+    for key, entry in keyed_entries:
+        length = _common_prefix(entry.ids, wanted)
+        if length >= best_length:
+            best_key, best_length = key, length
+    return best_key, best_length
 
 
 def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:

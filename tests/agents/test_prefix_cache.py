@@ -41,6 +41,15 @@ def test_lookup_finds_the_longest_common_prefix_and_leaves_the_last_token_to_run
     assert cache.lookup([1, 2, 3]) == (None, 0)
 
 
+def test_of_entries_sharing_as_much_the_newest_is_found():
+    cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
+    older, newer = entry([1, 2, 3, 4, 9]), entry([1, 2, 3, 4, 8])
+    cache.store(older, None)
+    cache.store(newer, None)
+    assert cache.lookup([1, 2, 3, 4, 7, 7]) == (newer, 4)
+    assert cache.lookup([1, 2, 3, 4, 9, 7]) == (older, 5)
+
+
 def test_an_entry_already_covered_is_not_stored_twice():
     cache = PrefixKVCache(budget_bytes=10**6, min_reuse=2)
     long = entry([1, 2, 3, 4, 5])
@@ -63,6 +72,9 @@ def test_the_least_recently_used_entries_go_past_the_budget():
     assert cache.lookup([1] * 11)[1] == 10 and cache.lookup([3] * 11)[1] == 10
     cache.store(entry([4] * 30), None)  # larger than the whole budget: not kept, nothing dropped for it
     assert len(cache) == 2
+    assert sorted(cache._by_start) == [(1, 1), (3, 3)]  # the index holds what is kept, no more
+    cache.clear()
+    assert cache._by_start == {} and cache.nbytes == 0 and cache.lookup([1] * 11) == (None, 0)
 
 
 def test_shared_prefixes_are_the_longest_each_prompt_shares_with_another():
@@ -155,6 +167,28 @@ def test_a_group_of_samples_runs_its_shared_prompt_once(make_char_policy):
     # The group's prompt but its last token runs once, then each row runs what is its own.
     assert reusing.prefix_cache.stats.prefilled_tokens == (len(task) - 1) + 4 * 1 + (len(other) - 20)
     assert saved(reusing) == sum(map(len, prompts)) - reusing.prefix_cache.stats.prefilled_tokens
+
+
+def test_a_shared_prompt_partly_cached_runs_only_the_rest_once(make_char_policy):
+    reusing, plain = twins(make_char_policy)
+    task = list(range(3, 31)) * 2
+    start = task[:20] + [5, 5, 5]
+    reusing.generate([start])
+    prefilled = reusing.prefix_cache.stats.prefilled_tokens
+    prompts = [task] * 4
+    same_replies(reusing.generate(prompts), plain.generate(prompts))
+    # 20 tokens come from the cache; the rest of the group's prompt but its last token runs once.
+    assert reusing.prefix_cache.stats.prefilled_tokens - prefilled == (len(task) - 1 - 20) + 4
+
+
+def test_a_budget_too_small_to_keep_anything_still_runs_a_group_prompt_once(make_char_policy):
+    reusing, plain = twins(make_char_policy)
+    tight = HFPolicy(reusing.model, reusing.tokenizer, sampling=reusing.sampling, prefix_cache_mb=0.001)
+    task = list(range(3, 31))
+    prompts = [task] * 4
+    same_replies(tight.generate(prompts), plain.generate(prompts))
+    assert len(tight.prefix_cache) == 0
+    assert tight.prefix_cache.stats.prefilled_tokens == (len(task) - 1) + 4
 
 
 def test_sampled_replies_draw_the_same_tokens_with_reuse(make_char_policy):
