@@ -94,14 +94,8 @@ class HFPolicy(Agent):
         already ran (its episode's last turn, a shared system prompt) is prefilled from where they
         end. 0 turns it off."""
         self.torch = require("torch", "hf", "The Hugging Face policy")
-        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) \
-                or not 0 <= prefix_cache_mb < float("inf"):
-            raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
-                              f"got {prefix_cache_mb!r}", field="prefix_cache_mb")
-        from .prefix_cache import PrefixKVCache
-
-        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20))
         self._prefix_support: tuple | None = None  # (model it was checked for, reason it cannot serve it or None)
+        self.set_prefix_cache_mb(prefix_cache_mb)
         self.fast_decode = fast_decode
         self._fast: tuple | None = None  # (model it was built for, FastDecoder or None, reason)
         # Threads whose first generations meet must build one decoder, not one each (each would
@@ -489,6 +483,16 @@ class HFPolicy(Agent):
 
             self._prefix_support = (self.model, unsupported_reason(self.model))
         return self._prefix_support[1]
+
+    def set_prefix_cache_mb(self, prefix_cache_mb: float) -> None:
+        """A new, empty prefix cache of ``prefix_cache_mb`` megabytes (0: no prefix reuse)."""
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) \
+                or not 0 <= prefix_cache_mb < float("inf"):
+            raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
+                              f"got {prefix_cache_mb!r}", field="prefix_cache_mb")
+        from .prefix_cache import PrefixKVCache
+
+        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20))
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prefix. Most weight changes do so themselves (each generation checks

@@ -47,6 +47,10 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--top-p", "top_p", opt(sampling, d.top_p, "nucleus sampling threshold")),
         ("--rollout-batch-size", "rollout_batch_size", opt(sampling, d.rollout_batch_size,
                                                            "episodes run side by side")),
+        ("--prefix-cache-mb", "prefix_cache_mb", opt(sampling, d.prefix_cache_mb, "memory for reusing the states "
+                                                     "of prompt tokens the model already ran, on the generic "
+                                                     "decode loop (CPU); 0 = off (default: the policy's, 1024)",
+                                                     type=float)),
         ("--lr", "learning_rate", opt(optim, d.learning_rate, "peak learning rate")),
         ("--lr-schedule", "lr_schedule", opt(optim, d.lr_schedule, "after the warm-up", choices=LR_SCHEDULES)),
         ("--warmup-steps", "warmup_steps", opt(optim, d.warmup_steps, "linear warm-up steps")),

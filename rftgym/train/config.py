@@ -47,6 +47,10 @@ class TrainConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     rollout_batch_size: int = 32
+    # Memory (MB) for prefix reuse in rollouts on the generic decode loop (CPU; see
+    # rftgym/agents/prefix_cache.py): a turn's prompt is prefilled from where what the model already
+    # ran ends. None = the policy's own (1024 for the model the run loads); 0 = off.
+    prefix_cache_mb: float | None = None
 
     # optimisation
     learning_rate: float = 1e-5
@@ -191,6 +195,12 @@ class TrainConfig:
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}",
                               field="lr_schedule")
+        if self.prefix_cache_mb is not None:
+            if not is_finite_real(self.prefix_cache_mb) or self.prefix_cache_mb < 0:
+                raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse "
+                                  f"off; None keeps the policy's own), got {self.prefix_cache_mb!r}",
+                                  field="prefix_cache_mb")
+            object.__setattr__(self, "prefix_cache_mb", float(self.prefix_cache_mb))
         if self.dist_timeout_s is not None:
             if not is_finite_real(self.dist_timeout_s) or not 0 < self.dist_timeout_s <= 1e7:
                 raise ConfigError(f"dist_timeout_s must be a number of seconds in (0, 1e7] (or None: the process "

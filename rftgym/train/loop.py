@@ -175,6 +175,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                               top_p=config.top_p, max_batch_size=config.rollout_batch_size,
                               max_prompt_tokens=config.max_prompt_tokens or None, seed=config.seed)
     policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
+    if config.prefix_cache_mb is not None:
+        policy.set_prefix_cache_mb(config.prefix_cache_mb)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
@@ -321,6 +323,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 # failure to build samples keeps all of them.
                 def rollout_and_samples():
                     model.eval()
+                    prefix = policy.prefix_cache.stats
+                    asked, prefilled = prefix.prompt_tokens, prefix.prefilled_tokens
                     with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
                         episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                                 config=RolloutConfig(num_envs=config.rollout_batch_size))
@@ -328,12 +332,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     # buffers with the new weights, which the cache's fingerprint cannot tell apart.
                     policy.clear_prefix_cache()
                     rollout_seconds = time.perf_counter() - started
+                    prefill = (prefix.prompt_tokens - asked, prefix.prefilled_tokens - prefilled)
                     with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
                         samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
                                                              segment_rng, split_tokens=evaluation_split(policy))
-                    return episodes, rollout_seconds, samples, batch_stats
+                    return episodes, rollout_seconds, prefill, samples, batch_stats
 
-                episodes, rollout_seconds, samples, batch_stats = ranks.together(rollout_and_samples)
+                episodes, rollout_seconds, prefill, samples, batch_stats = ranks.together(rollout_and_samples)
                 unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
                 if unused:
                     warn_caller(unused)
@@ -357,11 +362,12 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
 
                 # Episode statistics over all ranks (optimise's loss statistics are already).
                 rewards = [e.total_reward for e in episodes]
-                n, r_sum, r_sq, wins, full, tokens, kept, n_samples, n_tokens, *pcar_sums = ranks.sum_floats([
+                sums = ranks.sum_floats([
                     len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
-                    sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
+                    sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes), *prefill,
                     batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
                     batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
+                n, r_sum, r_sq, wins, full, tokens, asked, prefilled, kept, n_samples, n_tokens, *pcar_sums = sums
                 metrics = {
                     "reward_mean": r_sum / n,
                     "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
@@ -377,6 +383,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     **recomputed,
                     **update,
                 }
+                if asked:  # the rollout went through prefix reuse (the generic decode loop)
+                    metrics["prefill_saved_share"] = 1.0 - prefilled / asked
                 if config.algo == "pcar":
                     metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
                 if config.eval_every and (number % config.eval_every == 0 or number == config.steps):

@@ -296,3 +296,30 @@ def test_training_leaves_no_stale_prefix_states(tmp_path, make_char_policy):
     train(train_config(tmp_path, steps=2), policy=policy, make_env=SayAEnv)
     assert policy.prefix_cache.stats.prompt_tokens > 0  # the rollouts went through the cache
     assert len(policy.prefix_cache) == 0
+
+
+def test_a_run_sets_the_policy_budget_and_reports_what_reuse_saved(tmp_path, make_char_policy):
+    import json
+
+    from support import SayAEnv, train_config
+
+    from rftgym.train import train
+
+    policy = make_char_policy()
+    train(train_config(tmp_path, steps=1, prefix_cache_mb=2.0), policy=policy, make_env=SayAEnv)
+    assert policy.prefix_cache.budget_bytes == 2 * 2**20
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # Each group's 8 samples share their prompt: all but one run of it (and one token each) is saved.
+    assert 0.5 < rows[0]["prefill_saved_share"] < 1.0
+    off = make_char_policy()
+    train(train_config(tmp_path, "off", steps=1, prefix_cache_mb=0), policy=off, make_env=SayAEnv)
+    rows = [json.loads(line) for line in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
+    assert "prefill_saved_share" not in rows[0] and off.prefix_cache_reason == "prefix_cache_mb is 0"
+
+
+def test_a_bad_run_budget_is_refused_with_its_name(tmp_path):
+    from support import train_config
+
+    for bad in (-1, float("nan"), "1024"):
+        with pytest.raises(ConfigError, match="prefix_cache_mb"):
+            train_config(tmp_path, prefix_cache_mb=bad)
