@@ -630,6 +630,10 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
     # flags the run's agent would not read
     (["eval", ENV_ID, "--agent", "random", "--device", "cuda"], "--device is read by the local models (--agent "
                                                                  "default or hf) only, and this run's agent is random"),
+    (["eval", ENV_ID, "--agent", "random", "--prefix-cache-mb", "8", "--device", "cpu"],
+     "--device and --prefix-cache-mb are read by the local models (--agent default or hf) only"),
+    (["eval", ENV_ID, "--prefix-cache-mb", "nan"], "--prefix-cache-mb must be a number of megabytes, 0 or more"),
+    (["train", ENV_ID, "--prefix-cache-mb", "-1"], "--prefix-cache-mb must be a number of megabytes, 0 or more"),
     (["eval", ENV_ID, "--agent", "adversarial", "--temperature", "-3", "--top-p", "7"],
      "--temperature and --top-p are not read by --agent adversarial, which draws its text without a model"),
     (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5", "--env-arg", "dataset_path=/nowhere/x.jsonl"],
@@ -1131,6 +1135,27 @@ def test_eval_names_the_flag_when_new_tokens_do_not_fit_the_models_context(monke
     assert exit_code(["eval", ENV_ID, "--episodes", "1", "--max-new-tokens", str(context + 5),
                       "--out", str(tmp_path / "x.jsonl")]) == 2
     assert f"--max-new-tokens: max_new_tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
+
+
+def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_path):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    from support import make_char_policy
+
+    budgets = []
+
+    def tiny(cls, model=None, sampling=None, prefix_cache_mb=1024, **kwargs):
+        budgets.append(prefix_cache_mb)
+        policy = make_char_policy()
+        policy.sampling = sampling
+        policy.set_prefix_cache_mb(prefix_cache_mb)
+        return policy
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(tiny))
+    for flags in ([], ["--prefix-cache-mb", "0"], ["--prefix-cache-mb", "64.5"]):
+        assert main(["eval", ENV_ID, "--agent", "default", "--episodes", "1", "--max-new-tokens", "4", *flags,
+                     "--out", str(tmp_path / "x.jsonl")]) == 0
+    assert budgets == [1024, 0.0, 64.5]
 
 
 def test_a_warning_on_the_command_line_is_one_line_without_library_source(tmp_path):

@@ -107,7 +107,7 @@ AGENT_FLAGS = {
             "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
             "seed": "--sample-seed", "extra_body": "--api-extra"},
     "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
-           "max_batch_size": "--num-envs", "seed": "--sample-seed"},
+           "max_batch_size": "--num-envs", "seed": "--sample-seed", "prefix_cache_mb": "--prefix-cache-mb"},
 }
 
 
@@ -164,8 +164,9 @@ def _make_agent(args: argparse.Namespace):
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs)
+        reuse = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
-                                          device=args.device)
+                                          device=args.device, **reuse)
         policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
         return policy
     if args.agent == "api":

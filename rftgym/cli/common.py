@@ -57,9 +57,17 @@ def _check_common(args: argparse.Namespace) -> None:
         if seed is not None and not 0 <= seed < 2**63:
             raise UsageError(f"--{flag.replace('_', '-')} must be in [0, 2^63), got {seed}")
     device = getattr(args, "device", None)
-    if device and getattr(args, "agent", None) not in (None, "default", "hf"):
-        raise UsageError(f"--device is read by the local models (--agent default or hf) only, and this run's agent is "
-                         f"{args.agent}; drop --device")
+    local_only = [flag for flag, given in (("--device", device),
+                                           ("--prefix-cache-mb", getattr(args, "prefix_cache_mb", None) is not None))
+                  if given]
+    if local_only and getattr(args, "agent", None) not in (None, "default", "hf"):
+        flags = " and ".join(local_only)
+        raise UsageError(f"{flags} {'is' if len(local_only) == 1 else 'are'} read by the local models (--agent default "
+                         f"or hf) only, and this run's agent is {args.agent}; drop {flags}")
+    budget = getattr(args, "prefix_cache_mb", None)
+    if budget is not None and not 0 <= budget < float("inf"):
+        raise UsageError(f"--prefix-cache-mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
+                         f"got {budget}")
     if device:
         import torch
 

@@ -73,6 +73,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", help="episodes JSONL path (default runs/eval/<env>-<agent>-<time>.jsonl)")
     p.add_argument("--model", help="local Hugging Face model directory for --agent hf")
     p.add_argument("--device", help="torch device for local models (default: cuda if available, else cpu)")
+    p.add_argument("--prefix-cache-mb", type=float, default=None, metavar="MB",
+                   help="memory for the local models' prefix reuse: a turn's prompt is prefilled from where what "
+                        "the model already ran ends (on the generic decode loop, i.e. on CPU); 0 = off (default 1024)")
     p.add_argument("--api-base", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the API server")
     p.add_argument("--api-timeout", type=float, default=None,
