@@ -6,7 +6,8 @@ Each episode draws the same uniforms in every run (rftgym.agents.sampling_keys);
 differ only where the logits' last bits, which a batch's shapes change, move a cumulative
 probability across a draw. For each run against the reference, the table counts the sampled
 tokens compared (up to each episode's first differing token), the episodes that diverged, and
-the largest log-prob difference on the tokens both runs sampled.
+the largest log-prob difference on the tokens both runs sampled, and at each divergence how
+likely the tokens sampled there were (the lower log-prob of the two).
 
     python benchmarks/sampling_invariance.py [--episodes 32] [--max-new-tokens 64]
 
@@ -28,10 +29,11 @@ from rftgym.rollout import RolloutConfig, format_table, run_episodes
 ENV_ID = "rftgym/VerifiableQA-v0"
 
 
-def compare(reference, other) -> tuple[int, int, float]:
-    """Tokens compared, episodes that diverged, and the largest |log-prob difference| on the
-    tokens both sampled, turn by turn up to an episode's first differing token."""
-    compared, diverged, largest = 0, 0, 0.0
+def compare(reference, other) -> tuple[int, int, float, list[float]]:
+    """Tokens compared, episodes that diverged, the largest |log-prob difference| on the tokens
+    both sampled (turn by turn up to an episode's first differing token), and at each divergence
+    the lower log-prob of the two tokens sampled there."""
+    compared, diverged, largest, at_divergence = 0, 0, 0.0, []
     for a, b in zip(reference, other):
         for turn_a, turn_b in zip(a.turns, b.turns):
             same = 0
@@ -43,8 +45,10 @@ def compare(reference, other) -> tuple[int, int, float]:
                 largest = max(largest, max(abs(x - y) for x, y in zip(turn_a.logprobs[:same], turn_b.logprobs[:same])))
             if same < max(len(turn_a.sampled_ids), len(turn_b.sampled_ids)):
                 diverged += 1
+                if same < limit:  # both sampled a token there (else one reply ended)
+                    at_divergence.append(min(turn_a.logprobs[same], turn_b.logprobs[same]))
                 break
-    return compared, diverged, largest
+    return compared, diverged, largest, at_divergence
 
 
 def main() -> None:
@@ -76,12 +80,15 @@ def main() -> None:
     base = rollout(reference)
     rows, headline = [], {"bench": "sampling_invariance", "episodes": len(seeds)}
     for name, policy in policies.items():
-        compared, diverged, largest = compare(base, rollout(policy))
-        rows.append([f"batch {args.batch}, no reuse", name, compared, diverged, largest])
-        headline[name] = {"tokens": compared, "diverged": diverged, "max_logprob_diff": largest}
+        compared, diverged, largest, at_divergence = compare(base, rollout(policy))
+        rows.append([f"batch {args.batch}, no reuse", name, compared, diverged, f"{largest:.1e}",
+                     " ".join(f"{x:.1f}" for x in sorted(at_divergence)) or "-"])
+        headline[name] = {"tokens": compared, "diverged": diverged, "max_logprob_diff": largest,
+                          "logprob_at_divergence": at_divergence}
     print(f"default model on CPU ({torch.get_num_threads()} threads), {len(seeds)} keyed {ENV_ID} episodes, "
           f"temperature 1, max_new_tokens={args.max_new_tokens}")
-    print(format_table(rows, ["reference", "run", "tokens compared", "episodes diverged", "max |logprob diff|"]))
+    print(format_table(rows, ["reference", "run", "tokens compared", "episodes diverged", "max |logprob diff|",
+                              "lower log-prob of the tokens at each divergence"]))
     print(json.dumps(headline))
 
 
