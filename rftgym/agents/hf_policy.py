@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 
 from ..core.errors import AgentError, ConfigError, require, warn_caller
 from ..core.messages import Context, Message
-from ..core.values import is_int
+from ..core.values import checked_megabytes, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
@@ -438,8 +438,9 @@ class HFPolicy(Agent):
             # Run for this batch and handed to it directly, not kept: the batch's replies keep
             # longer entries that begin with them, and a tight budget could not evict them first.
             out, prompt_mask, _ = self._prefill(shared, [cache.lookup(prefix) for prefix in shared])
-            empty = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
-            batch_entries = self._row_entries(shared, _output_cache(out), prompt_mask, empty, empty.sum(dim=1))
+            nothing_sampled = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
+            batch_entries = self._row_entries(shared, _output_cache(out), prompt_mask, nothing_sampled,
+                                              lengths=self.torch.zeros(len(shared), dtype=self.torch.long))
         return fingerprint, [best_of(batch_entries, prompt, found, cache.min_reuse)
                              for prompt, found in zip(prompts, cached)]
 
@@ -486,13 +487,10 @@ class HFPolicy(Agent):
 
     def set_prefix_cache_mb(self, prefix_cache_mb: float) -> None:
         """A new, empty prefix cache of ``prefix_cache_mb`` megabytes (0: no prefix reuse)."""
-        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) \
-                or not 0 <= prefix_cache_mb < float("inf"):
-            raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
-                              f"got {prefix_cache_mb!r}", field="prefix_cache_mb")
         from .prefix_cache import PrefixKVCache
 
-        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20))
+        budget = checked_megabytes(prefix_cache_mb, "prefix_cache_mb", "turns prefix reuse off")
+        self.prefix_cache = PrefixKVCache(int(budget * 2**20))
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prefix. Most weight changes do so themselves (each generation checks

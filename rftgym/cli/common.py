@@ -7,6 +7,7 @@ import argparse
 import json
 
 from ..core.errors import ConfigError, ModelLoadError
+from ..core.values import checked_megabytes
 
 
 class UsageError(Exception):
@@ -64,10 +65,11 @@ def _check_common(args: argparse.Namespace) -> None:
         flags = " and ".join(local_only)
         raise UsageError(f"{flags} {'is' if len(local_only) == 1 else 'are'} read by the local models (--agent default "
                          f"or hf) only, and this run's agent is {args.agent}; drop {flags}")
-    budget = getattr(args, "prefix_cache_mb", None)
-    if budget is not None and not 0 <= budget < float("inf"):
-        raise UsageError(f"--prefix-cache-mb must be a number of megabytes, 0 or more (0 turns prefix reuse off), "
-                         f"got {budget}")
+    if getattr(args, "prefix_cache_mb", None) is not None:
+        try:
+            checked_megabytes(args.prefix_cache_mb, "--prefix-cache-mb", "turns prefix reuse off")
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     if device:
         import torch
 

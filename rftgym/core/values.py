@@ -49,3 +49,14 @@ def valid_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def checked_megabytes(value, name: str, zero_means: str) -> float:
+    """``value`` as a float number of megabytes, 0 or more; else a ConfigError that names it as
+    ``name`` (a field, or the flag that gave it) and says what 0 means."""
+    from .errors import ConfigError
+
+    if not is_finite_real(value) or value < 0:
+        raise ConfigError(f"{name} must be a number of megabytes, 0 or more (0 {zero_means}), got {value!r}",
+                          field=name.lstrip("-").replace("-", "_"))
+    return float(value)

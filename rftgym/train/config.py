@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..agents.hf_policy import MIN_TEMPERATURE
-from ..core.values import is_finite_real, is_int
+from ..core.values import checked_megabytes, is_finite_real, is_int
 from .schedule import LR_SCHEDULES
 
 
@@ -196,11 +196,8 @@ class TrainConfig:
             raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {self.lr_schedule!r}",
                               field="lr_schedule")
         if self.prefix_cache_mb is not None:
-            if not is_finite_real(self.prefix_cache_mb) or self.prefix_cache_mb < 0:
-                raise ConfigError(f"prefix_cache_mb must be a number of megabytes, 0 or more (0 turns prefix reuse "
-                                  f"off; None keeps the policy's own), got {self.prefix_cache_mb!r}",
-                                  field="prefix_cache_mb")
-            object.__setattr__(self, "prefix_cache_mb", float(self.prefix_cache_mb))
+            object.__setattr__(self, "prefix_cache_mb", checked_megabytes(
+                self.prefix_cache_mb, "prefix_cache_mb", "turns prefix reuse off; None keeps the policy's own"))
         if self.dist_timeout_s is not None:
             if not is_finite_real(self.dist_timeout_s) or not 0 < self.dist_timeout_s <= 1e7:
                 raise ConfigError(f"dist_timeout_s must be a number of seconds in (0, 1e7] (or None: the process "
