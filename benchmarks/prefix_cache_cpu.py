@@ -60,6 +60,11 @@ def generate_replay(model, episodes, max_new_tokens: int, batch_size: int, pad_i
     return time.perf_counter() - started
 
 
+def as_copies_mb(cache) -> float:
+    """What the cache's entries would hold with a copy of their states each (no shared blocks)."""
+    return sum(block.nbytes * used / block.tokens for entry in cache.entries() for block, used in entry.blocks) / 2**20
+
+
 def turn_tokens(episodes) -> list:
     return [(tuple(t.prompt_ids), tuple(t.sampled_ids)) for e in episodes for t in e.turns]
 
@@ -82,6 +87,7 @@ def main() -> None:
         reusing.clear_prefix_cache()
         ours, ours_s = rollout(reusing, env_id, seeds)
         asked, prefilled = stats.prompt_tokens - prompt_before, stats.prefilled_tokens - prefilled_before
+        held_mb, copies_mb = reusing.prefix_cache.nbytes / 2**20, as_copies_mb(reusing.prefix_cache)
         base, base_s = rollout(plain, env_id, seeds)
         peer_s = generate_replay(reusing.model, base, args.max_new_tokens, args.episodes, plain.pad_id,
                                  plain.chat.stop_ids)
@@ -89,20 +95,24 @@ def main() -> None:
         prompt_tokens = sum(len(t.prompt_ids) for e in base for t in e.turns)
         n_turns = sum(len(e.turns) for e in base)
         rows.append([env_id, "transformers generate (replay)", n_turns, prompt_tokens, prompt_tokens, 0.0, peer_s,
-                     1.0, "-"])
+                     1.0, "-", "-"])
         rows.append([env_id, "rftgym, prefix_cache_mb=0", n_turns, prompt_tokens, prompt_tokens, 0.0, base_s,
-                     peer_s / base_s, "-"])
+                     peer_s / base_s, "-", "-"])
         rows.append([env_id, "rftgym, prefix reuse", sum(len(e.turns) for e in ours), asked, prefilled,
-                     1 - prefilled / max(asked, 1), ours_s, peer_s / ours_s, f"{same_turns}/{n_turns}"])
+                     1 - prefilled / max(asked, 1), ours_s, peer_s / ours_s, f"{same_turns}/{n_turns}",
+                     f"{held_mb:.1f} ({copies_mb:.1f})"])
         headlines.append({"bench": "prefix_cache_cpu", "env": env_id, "episodes": args.episodes,
                           "generate_s": round(peer_s, 1), "no_reuse_s": round(base_s, 1), "reuse_s": round(ours_s, 1),
                           "saved_share": round(1 - prefilled / max(asked, 1), 3),
-                          "same_turns": same_turns, "turns": n_turns})
+                          "same_turns": same_turns, "turns": n_turns, "states_held_mb": round(held_mb, 1),
+                          "as_copies_mb": round(copies_mb, 1)})
 
     print(f"default model on CPU ({torch.get_num_threads()} threads), {args.episodes} episodes per env side by side, "
           f"greedy, max_new_tokens={args.max_new_tokens}")
     print(format_table(rows, ["env", "engine", "turns", "prompt tok", "prefilled tok", "saved share", "seconds",
-                              "speedup vs generate", "same turns as no reuse"]))
+                              "speedup vs generate", "same turns as no reuse", "states MB (as copies)"]))
+    print("states MB: what the prefix cache held after the rollout, shared blocks counted once; in brackets, what "
+          "its entries would hold with a copy each")
     for headline in headlines:
         print(json.dumps(headline))
 

@@ -370,7 +370,7 @@ class HFPolicy(Agent):
                 cache = _output_cache(out)
                 logits = out.logits[:, -1, :]
             if plan is not None:
-                self._prefix_store(prompts, cache, prompt_mask, sampled, lengths, fingerprint=plan[0])
+                self._prefix_store(prompts, plan[1], cache, prompt_mask, sampled, lengths, fingerprint=plan[0])
 
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
 
@@ -398,7 +398,7 @@ class HFPolicy(Agent):
         if cached:
             from .prefix_cache import cache_from_states
 
-            layers = len(next(entry for entry, _ in reuse if entry is not None).keys)
+            layers = next(entry for entry, _ in reuse if entry is not None).layers
             keys = [self._stacked_prefixes(reuse, "keys", layer, cached) for layer in range(layers)]
             values = [self._stacked_prefixes(reuse, "values", layer, cached) for layer in range(layers)]
             past[self._cache_kwarg] = cache_from_states(keys, values)
@@ -411,11 +411,14 @@ class HFPolicy(Agent):
     def _stacked_prefixes(self, reuse: list[tuple], which: str, layer: int, cached: int):
         """One layer's reused keys or values of every row, ``[batch, heads, cached, head_dim]``,
         each row's right-aligned (zeros before it, masked out)."""
-        rows = [(row, getattr(entry, which)[layer], n) for row, (entry, n) in enumerate(reuse) if n]
-        heads, _, dim = rows[0][1].shape
-        stacked = self.torch.zeros((len(reuse), heads, cached, dim), dtype=rows[0][1].dtype, device=self.device)
-        for row, states, n in rows:
-            stacked[row, :, cached - n:] = states[:, :n]
+        rows = [(row, entry.pieces(which, layer, n), n) for row, (entry, n) in enumerate(reuse) if n]
+        heads, _, dim = rows[0][1][0].shape
+        stacked = self.torch.zeros((len(reuse), heads, cached, dim), dtype=rows[0][1][0].dtype, device=self.device)
+        for row, pieces, n in rows:
+            start = cached - n
+            for piece in pieces:
+                stacked[row, :, start:start + piece.shape[1]] = piece
+                start += piece.shape[1]
         return stacked
 
     def _prefix_lookup(self, prompts: list[list[int]]) -> tuple[object, list[tuple]] | None:
@@ -437,22 +440,25 @@ class HFPolicy(Agent):
         if shared:
             # Run for this batch and handed to it directly, not kept: the batch's replies keep
             # longer entries that begin with them, and a tight budget could not evict them first.
-            out, prompt_mask, _ = self._prefill(shared, [cache.lookup(prefix) for prefix in shared])
+            shared_reuse = [cache.lookup(prefix) for prefix in shared]
+            out, prompt_mask, _ = self._prefill(shared, shared_reuse)
             nothing_sampled = self.torch.zeros((len(shared), 0), dtype=self.torch.long, device=self.device)
-            batch_entries = self._row_entries(shared, _output_cache(out), prompt_mask, nothing_sampled,
+            batch_entries = self._row_entries(shared, shared_reuse, _output_cache(out), prompt_mask, nothing_sampled,
                                               lengths=self.torch.zeros(len(shared), dtype=self.torch.long))
         return fingerprint, [best_of(batch_entries, prompt, found, cache.min_reuse)
                              for prompt, found in zip(prompts, cached)]
 
-    def _prefix_store(self, prompts, cache, prompt_mask, sampled, lengths, fingerprint) -> None:
+    def _prefix_store(self, prompts, reuse, cache, prompt_mask, sampled, lengths, fingerprint) -> None:
         """Keep each row's states of its prompt and the sampled tokens the model ran."""
-        for entry in self._row_entries(prompts, cache, prompt_mask, sampled, lengths):
+        for entry in self._row_entries(prompts, reuse, cache, prompt_mask, sampled, lengths):
             self.prefix_cache.store(entry, fingerprint)
 
-    def _row_entries(self, prompts, cache, prompt_mask, sampled, lengths) -> list:
+    def _row_entries(self, prompts, reuse, cache, prompt_mask, sampled, lengths) -> list:
         """Each row's states of its prompt and of the sampled tokens the model ran (all but the
-        last: it was sampled, never fed); none for a model whose cache cannot be read so."""
-        from .prefix_cache import PrefixEntry, layer_states
+        last: it was sampled, never fed); none for a model whose cache cannot be read so. A row
+        that reused ``(entry, n)`` of ``reuse`` shares that entry's blocks for its first ``n``
+        tokens and copies out only the states computed after them."""
+        from .prefix_cache import PrefixEntry, StateBlock, layer_states
 
         torch = self.torch
         states = layer_states(cache, len(prompts))
@@ -466,11 +472,13 @@ class HFPolicy(Agent):
             fed = max(int(lengths[row]) - 1, 0)
             if columns + fed > states[0][0].shape[2]:
                 continue
-            where = torch.cat([torch.nonzero(prompt_mask[row]).flatten(),
+            parent, reused = reuse[row]
+            where = torch.cat([torch.nonzero(prompt_mask[row]).flatten()[reused:],
                                torch.arange(columns, columns + fed, device=prompt_mask.device)])
             ids = torch.tensor(list(prompt) + sampled[row, :fed].tolist(), dtype=torch.long)
-            entries.append(PrefixEntry(ids, tuple(k[row].index_select(1, where) for k, _ in states),
-                                       tuple(v[row].index_select(1, where) for _, v in states)))
+            block = StateBlock(tuple(k[row].index_select(1, where) for k, _ in states),
+                               tuple(v[row].index_select(1, where) for _, v in states))
+            entries.append(parent.extended(reused, ids, block) if reused else PrefixEntry(ids, ((block, len(where)),)))
         return entries
 
     @property

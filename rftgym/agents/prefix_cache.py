@@ -8,7 +8,8 @@ costs the 135M default model as much as ~150 decode steps at batch 16). :class:`
 keeps, per reply, the keys and values of its prompt and sampled tokens; a later prompt that
 shares a prefix with one of them is prefilled from the end of that prefix only. Episodes that open
 with the same system prompt share that part too (the longest common prefix counts, not only a
-whole entry).
+whole entry). A reply that went on from reused states holds those states' blocks rather than a
+copy, so memory grows with the tokens computed, not with the replies that begin with them.
 
 The states are valid only for the weights that computed them: every generation passes the
 model's :func:`weights_fingerprint`, and a change (an optimizer step, new weights loaded, the model
@@ -35,26 +36,80 @@ import torch
 MIN_REUSE_TOKENS = 16
 
 
-@dataclass
-class PrefixEntry:
-    """The states of ``ids`` run through the model: per layer ``[kv_heads, len(ids), head_dim]``."""
+@dataclass(frozen=True, eq=False)
+class StateBlock:
+    """The keys and values of consecutive tokens: per layer ``[kv_heads, tokens, head_dim]``."""
 
-    ids: torch.Tensor  # int64, on the CPU
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.keys[0].shape[1]
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
+@dataclass(frozen=True, eq=False)
+class PrefixEntry:
+    """The states of ``ids`` run through the model, as a chain of blocks: each block and how many
+    of its first tokens belong here, in order, ``len(ids)`` tokens in all.
+
+    A reply that went on from a reused prefix keeps that prefix's blocks and adds one block of
+    its own, so a GRPO group's prompt, or an episode's earlier turns, are held once however many
+    replies begin with them."""
+
+    ids: torch.Tensor  # int64, on the CPU
+    blocks: tuple[tuple[StateBlock, int], ...]
+
+    @classmethod
+    def of_states(cls, ids: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> "PrefixEntry":
+        """An entry of one block: ``keys``/``values`` per layer ``[kv_heads, len(ids), head_dim]``."""
+        block = StateBlock(tuple(keys), tuple(values))
+        return cls(ids, ((block, block.tokens),))
+
+    def extended(self, reused: int, ids: torch.Tensor, block: StateBlock) -> "PrefixEntry":
+        """The entry of ``ids``: this entry's first ``reused`` tokens (sharing their blocks), then
+        ``block``'s tokens."""
+        return PrefixEntry(ids, (*self._first(reused), (block, block.tokens)))
+
+    def pieces(self, which: str, layer: int, tokens: int) -> list[torch.Tensor]:
+        """One layer's ``"keys"`` or ``"values"`` of the first ``tokens`` tokens, block by block."""
+        return [getattr(block, which)[layer][:, :used] for block, used in self._first(tokens)]
+
+    @property
+    def layers(self) -> int:
+        return len(self.blocks[0][0].keys)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its blocks hold (each once, whole, though it may use only their beginning)."""
+        return sum(block.nbytes for block in _distinct_blocks(self))
+
+    def _first(self, tokens: int) -> tuple[tuple[StateBlock, int], ...]:
+        if tokens > len(self.ids):
+            raise ValueError(f"the entry holds {len(self.ids)} tokens' states, {tokens} were asked for")
+        kept = []
+        for block, used in self.blocks:
+            if tokens <= 0:
+                break
+            kept.append((block, min(used, tokens)))
+            tokens -= used
+        return tuple(kept)
+
+
 @dataclass
 class PrefixCacheStats:
-    """Since creation: the prompt tokens replies were asked for, and the tokens the model ran to
-    prefill them (shared prefixes run once included)."""
+    """Since creation: the prompt tokens replies were asked for, the tokens the model ran to
+    prefill them (shared prefixes run once included), and the bytes of states dropped to stay
+    within the budget (a later prompt beginning with their tokens prefills them again: a budget
+    too small for a rollout's episodes shows here)."""
 
     prompt_tokens: int = 0
     prefilled_tokens: int = 0
+    evicted_bytes: int = 0
 
     @property
     def saved_share(self) -> float:
@@ -66,7 +121,9 @@ class PrefixKVCache:
     """Least-recently-used entries within ``budget_bytes``, for one set of weights; thread-safe.
 
     Entries are filed by their first ``min_reuse`` ids: a prompt can only reuse an entry that
-    begins as it does, so a lookup compares it with those alone."""
+    begins as it does, so a lookup compares it with those alone. The budget counts each block
+    once, however many entries share it; dropping an entry frees the blocks no other kept entry
+    holds."""
 
     def __init__(self, budget_bytes: int, min_reuse: int = MIN_REUSE_TOKENS):
         if budget_bytes < 0:
@@ -76,6 +133,7 @@ class PrefixKVCache:
         self.stats = PrefixCacheStats()
         self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # by key, least recently used first
         self._by_start: dict[tuple[int, ...], dict[int, PrefixEntry]] = {}
+        self._blocks: dict[int, list] = {}  # id(block): [block, how many kept entries hold it]
         self._bytes = 0
         self._next_key = 0
         self._fingerprint: object = None
@@ -86,7 +144,13 @@ class PrefixKVCache:
 
     @property
     def nbytes(self) -> int:
+        """The bytes the kept entries' blocks hold, each block once."""
         return self._bytes
+
+    def entries(self) -> list[PrefixEntry]:
+        """The kept entries, least recently used first."""
+        with self._lock:
+            return list(self._entries.values())
 
     def clear(self) -> None:
         with self._lock:
@@ -95,6 +159,7 @@ class PrefixKVCache:
     def _clear(self) -> None:
         self._entries.clear()
         self._by_start.clear()
+        self._blocks.clear()
         self._bytes = 0
 
     def check_weights(self, fingerprint: object) -> None:
@@ -130,7 +195,7 @@ class PrefixKVCache:
         """Keep ``entry``, computed with the weights of ``fingerprint`` (not kept if those are no
         longer the cache's), dropping entries that are prefixes of it (it holds their states too),
         then the least recently used ones past the budget. An entry that is itself the prefix of a
-        kept one, or larger than the whole budget, is not kept."""
+        kept one, or whose blocks alone are larger than the whole budget, is not kept."""
         size = entry.nbytes
         if size > self.budget_bytes or len(entry.ids) < self.min_reuse:
             return
@@ -151,18 +216,31 @@ class PrefixKVCache:
             self._next_key += 1
             self._entries[key] = entry
             self._by_start.setdefault(start, {})[key] = entry
-            self._bytes += size
+            for block in _distinct_blocks(entry):
+                held = self._blocks.setdefault(id(block), [block, 0])
+                if held[1] == 0:
+                    self._bytes += block.nbytes
+                held[1] += 1
             while self._bytes > self.budget_bytes:
-                self._drop(next(iter(self._entries)))
+                self.stats.evicted_bytes += self._drop(next(iter(self._entries)))
 
-    def _drop(self, key: int) -> None:
+    def _drop(self, key: int) -> int:
+        """Forget the entry of ``key``; return the bytes that freed (its blocks no other entry holds)."""
         entry = self._entries.pop(key)
+        freed = 0
         start = tuple(entry.ids[:self.min_reuse].tolist())
         bucket = self._by_start[start]
         del bucket[key]
         if not bucket:
             del self._by_start[start]
-        self._bytes -= entry.nbytes
+        for block in _distinct_blocks(entry):
+            held = self._blocks[id(block)]
+            held[1] -= 1
+            if held[1] == 0:
+                del self._blocks[id(block)]
+                freed += block.nbytes
+        self._bytes -= freed
+        return freed
 
     def __getstate__(self):  # copied or pickled, a cache starts empty: its states belong to weights in memory
         return {"budget_bytes": self.budget_bytes, "min_reuse": self.min_reuse}
@@ -201,6 +279,10 @@ def best_of(batch_entries: Sequence[PrefixEntry], prompt: Sequence[int], cached:
         return cached
     index, length = _longest_match(enumerate(batch_entries), prompt[:len(prompt) - 1])
     return (batch_entries[index], length) if length >= min_reuse and length > cached[1] else cached
+
+
+def _distinct_blocks(entry: PrefixEntry) -> list[StateBlock]:
+    return list({id(block): block for block, _ in entry.blocks}.values())
 
 
 def _longest_match(keyed_entries, wanted: Sequence[int]) -> tuple[object, int]:

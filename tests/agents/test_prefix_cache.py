@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
-from rftgym.agents.prefix_cache import PrefixEntry, PrefixKVCache, shared_prefixes, weights_fingerprint
+from rftgym.agents.prefix_cache import PrefixEntry, PrefixKVCache, StateBlock, shared_prefixes, weights_fingerprint
 from rftgym.core.errors import ConfigError
 from rftgym.rollout.engine import RolloutConfig, run_episodes
 
@@ -18,8 +18,8 @@ def entry(ids, heads=2, dim=4, layers=1):
     """An entry of ``ids`` with made-up states (the bookkeeping reads only their sizes)."""
     n = len(ids)
     states = torch.arange(n, dtype=torch.float32)[None, :, None].expand(heads, n, dim)
-    return PrefixEntry(torch.tensor(ids), tuple(states.clone() for _ in range(layers)),
-                       tuple(states.clone() for _ in range(layers)))
+    return PrefixEntry.of_states(torch.tensor(ids), tuple(states.clone() for _ in range(layers)),
+                                 tuple(states.clone() for _ in range(layers)))
 
 
 # ---------------------------------------------------------------------------- the cache
@@ -75,6 +75,34 @@ def test_the_least_recently_used_entries_go_past_the_budget():
     assert sorted(cache._by_start) == [(1, 1), (3, 3)]  # the index holds what is kept, no more
     cache.clear()
     assert cache._by_start == {} and cache.nbytes == 0 and cache.lookup([1] * 11) == (None, 0)
+
+
+def block(first, n, heads=2, dim=4):
+    """A block of ``n`` tokens whose every state is its token's number, counting from ``first``."""
+    states = torch.arange(first, first + n, dtype=torch.float32)[None, :, None].expand(heads, n, dim).clone()
+    return StateBlock((states,), (states.clone(),))
+
+
+def test_entries_going_on_from_one_share_its_block_and_the_budget_counts_it_once():
+    base = PrefixEntry(torch.tensor([1, 2, 3, 4, 5, 6]), ((block(0, 6), 6),))
+    token = base.nbytes // 6
+    a = base.extended(4, torch.tensor([1, 2, 3, 4, 7, 7, 7]), block(100, 3))
+    b = base.extended(6, torch.tensor([1, 2, 3, 4, 5, 6, 8, 8]), block(200, 2))
+    assert [float(x) for x in torch.cat(a.pieces("keys", 0, 7), dim=1)[0, :, 0]] == [0, 1, 2, 3, 100, 101, 102]
+    assert [float(x) for x in torch.cat(b.pieces("values", 0, 7), dim=1)[1, :, 3]] == [0, 1, 2, 3, 4, 5, 200]
+    assert a.nbytes == 9 * token  # base's block whole, though a uses 4 of its 6 tokens
+    cache = PrefixKVCache(budget_bytes=12 * token, min_reuse=2)
+    cache.store(a, None)
+    cache.store(b, None)
+    assert len(cache) == 2 and cache.nbytes == (6 + 3 + 2) * token  # as copies: 9 + 8
+    cache.store(entry([9, 9, 9, 9]), None)  # 15 tokens: a, the least recently used, goes; base stays for b
+    assert len(cache) == 2 and cache.nbytes == (6 + 2 + 4) * token and cache.stats.evicted_bytes == 3 * token
+    assert cache.lookup([1, 2, 3, 4, 7, 7, 7, 7]) == (b, 4)
+    # 22 tokens: [9]*4 goes (b was just looked up), then b, and base's block with it.
+    cache.store(entry([6] * 10), None)
+    assert len(cache) == 1 and cache.nbytes == 10 * token and cache.stats.evicted_bytes == (3 + 4 + 6 + 2) * token
+    cache.clear()
+    assert cache.nbytes == 0 and cache._blocks == {}
 
 
 def test_shared_prefixes_are_the_longest_each_prompt_shares_with_another():
@@ -167,6 +195,34 @@ def test_a_group_of_samples_runs_its_shared_prompt_once(make_char_policy):
     # The group's prompt but its last token runs once, then each row runs what is its own.
     assert reusing.prefix_cache.stats.prefilled_tokens == (len(task) - 1) + 4 * 1 + (len(other) - 20)
     assert saved(reusing) == sum(map(len, prompts)) - reusing.prefix_cache.stats.prefilled_tokens
+
+
+def test_a_group_keeps_its_shared_prompt_once_and_a_next_turn_keeps_only_its_new_states(make_char_policy):
+    reusing, plain = twins(make_char_policy, temperature=1.0, seed=5)
+    config = reusing.model.config
+    token = config.num_hidden_layers * 2 * config.num_key_value_heads * (
+        config.hidden_size // config.num_attention_heads) * 4  # float32 keys and values
+    task = list(range(3, 31))
+    other = task[:20] + [5, 5, 5, 5, 5]
+    prompts = [task] * 4 + [other]
+    keys = [(0, k) for k in range(5)]
+    replies = reusing.generate(prompts, sample_keys=keys)
+    same_replies(replies, plain.generate(prompts, sample_keys=keys))
+    fed = [len(r.sampled_ids) - 1 for r in replies]
+    assert len(reusing.prefix_cache) == 5
+    # task[:27] (run once for the batch) is held once; each reply holds what it ran after the
+    # part it reused: the group's rows their prompt's last token, `other` its 5 tokens after 20.
+    own = [1 + f for f in fed[:4]] + [5 + fed[4]]
+    assert reusing.prefix_cache.nbytes == (27 + sum(own)) * token
+    assert sum(e.nbytes for e in reusing.prefix_cache.entries()) == (5 * 27 + sum(own)) * token
+    # A next turn: each reply's entry, then 3 new ids, then its reply. The entry it went on from
+    # is a prefix of its own, so it is dropped, and its blocks are held by the new one.
+    nxt = [p + r.sampled_ids + [10, 11, 12] for p, r in zip(prompts, replies)]
+    more = reusing.generate(nxt, sample_keys=[(1, k) for k in range(5)])
+    same_replies(more, plain.generate(nxt, sample_keys=[(1, k) for k in range(5)]))
+    fed_next = [len(r.sampled_ids) - 1 for r in more]
+    assert len(reusing.prefix_cache) == 5
+    assert reusing.prefix_cache.nbytes == (27 + sum(own) + sum(1 + 3 + f for f in fed_next)) * token
 
 
 def test_a_shared_prompt_partly_cached_runs_only_the_rest_once(make_char_policy):
@@ -310,7 +366,12 @@ def test_a_run_sets_the_policy_budget_and_reports_what_reuse_saved(tmp_path, mak
     assert policy.prefix_cache.budget_bytes == 2 * 2**20
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # Each group's 8 samples share their prompt: all but one run of it (and one token each) is saved.
-    assert 0.5 < rows[0]["prefill_saved_share"] < 1.0
+    assert 0.5 < rows[0]["prefill_saved_share"] < 1.0 and rows[0]["prefix_evicted_mb"] == 0.0
+    # 10 KB hold a group's prompt and about two replies' states (256 bytes a token): the rest are dropped.
+    tight = make_char_policy()
+    train(train_config(tmp_path, "tight", steps=1, prefix_cache_mb=0.01), policy=tight, make_env=SayAEnv)
+    rows = [json.loads(line) for line in (tmp_path / "tight" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["prefix_evicted_mb"] > 0
     off = make_char_policy()
     train(train_config(tmp_path, "off", steps=1, prefix_cache_mb=0), policy=off, make_env=SayAEnv)
     rows = [json.loads(line) for line in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
