@@ -1158,6 +1158,22 @@ def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_
     assert budgets == [1024, 0.0, 64.5]
 
 
+def test_eval_says_when_the_fast_decoder_leaves_the_prefix_cache_budget_unused(monkeypatch, tmp_path, capsys):
+    from rftgym.agents.hf_policy import HFPolicy
+
+    from support import make_char_policy
+
+    def fast(cls, model=None, sampling=None, prefix_cache_mb=1024, **kwargs):  # as on CUDA by default
+        char = make_char_policy()
+        return HFPolicy(char.model, char.tokenizer, sampling=sampling, fast_decode=True, prefix_cache_mb=prefix_cache_mb)
+
+    monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(fast))
+    for flags, noted in (([], False), (["--prefix-cache-mb", "0"], False), (["--prefix-cache-mb", "64"], True)):
+        assert main(["eval", ENV_ID, "--agent", "default", "--episodes", "1", "--max-new-tokens", "4", *flags,
+                     "--out", str(tmp_path / "x.jsonl")]) == 0
+        assert ("--prefix-cache-mb changes nothing here: the fast decoder serves" in capsys.readouterr().err) == noted
+
+
 def test_a_warning_on_the_command_line_is_one_line_without_library_source(tmp_path):
     import subprocess
     import sys

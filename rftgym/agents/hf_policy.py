@@ -293,6 +293,12 @@ class HFPolicy(Agent):
         return fast if fast is not None and fast.supports_length(length) else None
 
     @property
+    def fast_decoder_serves(self) -> bool:
+        """Whether the fast decoder takes this policy's model (on CUDA, by default): it reuses no
+        prefixes, so ``prefix_cache_mb`` then changes nothing."""
+        return self._fast_decoder(0) is not None
+
+    @property
     def fast_decode_reason(self) -> str | None:
         """Why the last generation did not use the fast path (None if it did or was not asked)."""
         return None if self._fast is None else self._fast[2]

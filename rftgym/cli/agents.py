@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+import sys
 import urllib.parse
 from typing import Any
 
@@ -168,6 +169,9 @@ def _make_agent(args: argparse.Namespace):
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
                                           device=args.device, **reuse)
         policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
+        if args.prefix_cache_mb and policy.fast_decoder_serves:
+            print(f"note: --prefix-cache-mb changes nothing here: the fast decoder serves {policy.name} on "
+                  f"{policy.device.type} and reuses no prefixes (the generic decode loop, on CPU, does)", file=sys.stderr)
         return policy
     if args.agent == "api":
         if not args.api_base or not args.api_model:

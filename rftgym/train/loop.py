@@ -177,6 +177,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
     if config.prefix_cache_mb is not None:
         policy.set_prefix_cache_mb(config.prefix_cache_mb)
+        if config.prefix_cache_mb and policy.fast_decoder_serves:
+            warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} changes nothing in this run: the fast decoder "
+                        f"serves {policy.name} on {policy.device.type} and reuses no prefixes (the generic decode "
+                        "loop does); leave it out, or pass a policy made with fast_decode=False")
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.

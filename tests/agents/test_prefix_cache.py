@@ -378,6 +378,18 @@ def test_a_run_sets_the_policy_budget_and_reports_what_reuse_saved(tmp_path, mak
     assert "prefill_saved_share" not in rows[0] and off.prefix_cache_reason == "prefix_cache_mb is 0"
 
 
+def test_a_run_warns_that_its_budget_changes_nothing_where_the_fast_decoder_serves(tmp_path, make_char_policy):
+    from support import SayAEnv, train_config
+
+    from rftgym.train import train
+
+    char = make_char_policy()
+    fast = HFPolicy(char.model, char.tokenizer, fast_decode=True)
+    assert fast.fast_decoder_serves and not char.fast_decoder_serves
+    with pytest.warns(UserWarning, match="prefix_cache_mb=2 changes nothing in this run: the fast decoder serves"):
+        train(train_config(tmp_path, steps=1, prefix_cache_mb=2.0), policy=fast, make_env=SayAEnv)
+
+
 def test_a_bad_run_budget_is_refused_with_its_name(tmp_path):
     from support import train_config
 
