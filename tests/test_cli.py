@@ -1137,7 +1137,7 @@ def test_eval_names_the_flag_when_new_tokens_do_not_fit_the_models_context(monke
     assert f"--max-new-tokens: max_new_tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
 
 
-def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_path):
+def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_path, capsys):
     from rftgym.agents.hf_policy import HFPolicy
 
     from support import make_char_policy
@@ -1155,6 +1155,7 @@ def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_
     for flags in ([], ["--prefix-cache-mb", "0"], ["--prefix-cache-mb", "64.5"]):
         assert main(["eval", ENV_ID, "--agent", "default", "--episodes", "1", "--max-new-tokens", "4", *flags,
                      "--out", str(tmp_path / "x.jsonl")]) == 0
+        assert "changes nothing" not in capsys.readouterr().err  # the generic loop (CPU) reuses prefixes
     assert budgets == [1024, 0.0, 64.5]
 
 

@@ -66,14 +66,22 @@ class PrefixEntry:
 
     @classmethod
     def of_states(cls, ids: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> "PrefixEntry":
-        """An entry of one block: ``keys``/``values`` per layer ``[kv_heads, len(ids), head_dim]``."""
+        """An entry of one block: ``keys``/``values`` per layer ``[kv_heads, len(ids), head_dim]``,
+        tensors of their own (the budget counts their elements; a view would keep more alive)."""
         block = StateBlock(tuple(keys), tuple(values))
         return cls(ids, ((block, block.tokens),))
 
     def extended(self, reused: int, ids: torch.Tensor, block: StateBlock) -> "PrefixEntry":
         """The entry of ``ids``: this entry's first ``reused`` tokens (sharing their blocks), then
-        ``block``'s tokens."""
-        return PrefixEntry(ids, (*self._first(reused), (block, block.tokens)))
+        ``block``'s tokens. A last shared block used for less than half its tokens is copied
+        instead: held whole, the rest of it would stay in memory, beyond reach of any lookup,
+        once this entry's other holders are gone."""
+        kept = list(self._first(reused))
+        if kept and kept[-1][1] * 2 < kept[-1][0].tokens:
+            part, used = kept[-1]
+            part = StateBlock(tuple(k[:, :used].clone() for k in part.keys), tuple(v[:, :used].clone() for v in part.values))
+            kept[-1] = (part, used)
+        return PrefixEntry(ids, (*kept, (block, block.tokens)))
 
     def pieces(self, which: str, layer: int, tokens: int) -> list[torch.Tensor]:
         """One layer's ``"keys"`` or ``"values"`` of the first ``tokens`` tokens, block by block."""

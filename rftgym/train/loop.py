@@ -177,10 +177,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
     if config.prefix_cache_mb is not None:
         policy.set_prefix_cache_mb(config.prefix_cache_mb)
-        if config.prefix_cache_mb and policy.fast_decoder_serves:
-            warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} changes nothing in this run: the fast decoder "
-                        f"serves {policy.name} on {policy.device.type} and reuses no prefixes (the generic decode "
-                        "loop does); leave it out, or pass a policy made with fast_decode=False")
+        if config.prefix_cache_mb and policy.fast_decoder_serves and ranks.is_main:
+            warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} (--prefix-cache-mb) changes nothing in this run: "
+                        f"the fast decoder serves {policy.name} on {policy.device.type} and reuses no prefixes (the "
+                        "generic decode loop does: the default on CPU); leave it out (from Python, train(config, policy=...) "
+                        "takes a policy made with fast_decode=False)")
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
@@ -390,7 +391,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 }
                 if asked:  # the rollout went through prefix reuse (the generic decode loop)
                     metrics["prefill_saved_share"] = 1.0 - prefilled / asked
-                    # States dropped for the budget (--prefix-cache-mb): what they covered was prefilled again.
+                    # Bytes of states freed to stay within each rank's --prefix-cache-mb, summed over ranks: a
+                    # later prompt that begins with their tokens prefills them again.
                     metrics["prefix_evicted_mb"] = evicted / 2**20
                 if config.algo == "pcar":
                     metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))

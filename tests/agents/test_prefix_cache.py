@@ -91,6 +91,10 @@ def test_entries_going_on_from_one_share_its_block_and_the_budget_counts_it_once
     assert [float(x) for x in torch.cat(a.pieces("keys", 0, 7), dim=1)[0, :, 0]] == [0, 1, 2, 3, 100, 101, 102]
     assert [float(x) for x in torch.cat(b.pieces("values", 0, 7), dim=1)[1, :, 3]] == [0, 1, 2, 3, 4, 5, 200]
     assert a.nbytes == 9 * token  # base's block whole, though a uses 4 of its 6 tokens
+    # Using less than half of a block copies that part: held whole, the rest would outlive base.
+    c = base.extended(2, torch.tensor([1, 2, 9]), block(300, 1))
+    assert c.nbytes == 3 * token and c.blocks[0][0] is not base.blocks[0][0]
+    assert [float(x) for x in torch.cat(c.pieces("keys", 0, 3), dim=1)[0, :, 2]] == [0, 1, 300]
     cache = PrefixKVCache(budget_bytes=12 * token, min_reuse=2)
     cache.store(a, None)
     cache.store(b, None)
@@ -375,7 +379,8 @@ def test_a_run_sets_the_policy_budget_and_reports_what_reuse_saved(tmp_path, mak
     off = make_char_policy()
     train(train_config(tmp_path, "off", steps=1, prefix_cache_mb=0), policy=off, make_env=SayAEnv)
     rows = [json.loads(line) for line in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
-    assert "prefill_saved_share" not in rows[0] and off.prefix_cache_reason == "prefix_cache_mb is 0"
+    assert "prefill_saved_share" not in rows[0] and "prefix_evicted_mb" not in rows[0]
+    assert off.prefix_cache_reason == "prefix_cache_mb is 0"
 
 
 def test_a_run_warns_that_its_budget_changes_nothing_where_the_fast_decoder_serves(tmp_path, make_char_policy):
@@ -386,7 +391,7 @@ def test_a_run_warns_that_its_budget_changes_nothing_where_the_fast_decoder_serv
     char = make_char_policy()
     fast = HFPolicy(char.model, char.tokenizer, fast_decode=True)
     assert fast.fast_decoder_serves and not char.fast_decoder_serves
-    with pytest.warns(UserWarning, match="prefix_cache_mb=2 changes nothing in this run: the fast decoder serves"):
+    with pytest.warns(UserWarning, match=r"prefix_cache_mb=2 \(--prefix-cache-mb\) changes nothing in this run: the fast decoder serves"):
         train(train_config(tmp_path, steps=1, prefix_cache_mb=2.0), policy=fast, make_env=SayAEnv)
 
 
