@@ -335,10 +335,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                                                 config=RolloutConfig(num_envs=config.rollout_batch_size))
                     # The update makes the rollout's cached prefix states stale; FSDP refills the same
                     # buffers with the new weights, which the cache's fingerprint cannot tell apart.
+                    held = policy.prefix_cache.nbytes
                     policy.clear_prefix_cache()
                     rollout_seconds = time.perf_counter() - started
                     prefill = (prefix.prompt_tokens - asked, prefix.prefilled_tokens - prefilled,
-                               prefix.evicted_bytes - evicted)
+                               prefix.evicted_bytes - evicted, held)
                     with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
                         samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
                                                              segment_rng, split_tokens=evaluation_split(policy))
@@ -373,7 +374,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes), *prefill,
                     batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
                     batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
-                n, r_sum, r_sq, wins, full, tokens, asked, prefilled, evicted, kept, n_samples, n_tokens, *pcar_sums = sums
+                n, r_sum, r_sq, wins, full, tokens, asked, prefilled, evicted, held, kept, n_samples, n_tokens, *pcar_sums = sums
                 metrics = {
                     "reward_mean": r_sum / n,
                     "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
@@ -391,9 +392,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 }
                 if asked:  # the rollout went through prefix reuse (the generic decode loop)
                     metrics["prefill_saved_share"] = 1.0 - prefilled / asked
-                    # Bytes of states freed to stay within each rank's --prefix-cache-mb, summed over ranks: a
-                    # later prompt that begins with their tokens prefills them again.
+                    # Bytes of states freed to stay within each rank's --prefix-cache-mb, and those held at the
+                    # rollout's end, summed over ranks: a later prompt that begins with evicted tokens prefills
+                    # them again.
                     metrics["prefix_evicted_mb"] = evicted / 2**20
+                    metrics["prefix_held_mb"] = held / 2**20
                 if config.algo == "pcar":
                     metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
                 if config.eval_every and (number % config.eval_every == 0 or number == config.steps):

@@ -371,15 +371,16 @@ def test_a_run_sets_the_policy_budget_and_reports_what_reuse_saved(tmp_path, mak
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # Each group's 8 samples share their prompt: all but one run of it (and one token each) is saved.
     assert 0.5 < rows[0]["prefill_saved_share"] < 1.0 and rows[0]["prefix_evicted_mb"] == 0.0
+    assert 0 < rows[0]["prefix_held_mb"] < 0.1  # 2 tasks x 8 replies of about 24 + 8 tokens, 256 bytes each
     # 10 KB hold a group's prompt and about two replies' states (256 bytes a token): the rest are dropped.
     tight = make_char_policy()
     train(train_config(tmp_path, "tight", steps=1, prefix_cache_mb=0.01), policy=tight, make_env=SayAEnv)
     rows = [json.loads(line) for line in (tmp_path / "tight" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["prefix_evicted_mb"] > 0
+    assert rows[0]["prefix_evicted_mb"] > 0 and 0 < rows[0]["prefix_held_mb"] <= 0.01
     off = make_char_policy()
     train(train_config(tmp_path, "off", steps=1, prefix_cache_mb=0), policy=off, make_env=SayAEnv)
     rows = [json.loads(line) for line in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
-    assert "prefill_saved_share" not in rows[0] and "prefix_evicted_mb" not in rows[0]
+    assert not {"prefill_saved_share", "prefix_evicted_mb", "prefix_held_mb"} & set(rows[0])
     assert off.prefix_cache_reason == "prefix_cache_mb is 0"
 
 
