@@ -293,10 +293,13 @@ class HFPolicy(Agent):
         return fast if fast is not None and fast.supports_length(length) else None
 
     @property
-    def fast_decoder_serves(self) -> bool:
-        """Whether the fast decoder takes this policy's model (on CUDA, by default): it reuses no
-        prefixes, so ``prefix_cache_mb`` then changes nothing."""
-        return self._fast_decoder(0) is not None
+    def prefix_cache_unused(self) -> str | None:
+        """Why ``prefix_cache_mb`` changes nothing for this policy's model however it is set (None
+        if it counts): the fast decoder takes the model (on CUDA, by default) and reuses no prefixes."""
+        if self._fast_decoder(0) is None:
+            return None
+        return (f"the fast decoder serves {self.name} on {self.device.type} and reuses no prefixes (only the generic "
+                "decode loop does: the default on CPU)")
 
     @property
     def fast_decode_reason(self) -> str | None:
@@ -479,9 +482,10 @@ class HFPolicy(Agent):
             where = torch.cat([torch.nonzero(prompt_mask[row]).flatten()[reused:],
                                torch.arange(columns, columns + fed, device=prompt_mask.device)])
             ids = torch.tensor(list(prompt) + sampled[row, :fed].tolist(), dtype=torch.long)
-            block = StateBlock(tuple(k[row].index_select(1, where) for k, _ in states),
-                               tuple(v[row].index_select(1, where) for _, v in states))
-            entries.append(parent.extended(reused, ids, block) if reused else PrefixEntry(ids, ((block, len(where)),)))
+            keys = tuple(k[row].index_select(1, where) for k, _ in states)
+            values = tuple(v[row].index_select(1, where) for _, v in states)
+            entries.append(parent.extended(reused, ids, StateBlock(keys, values)) if reused
+                           else PrefixEntry.of_states(ids, keys, values))
         return entries
 
     @property

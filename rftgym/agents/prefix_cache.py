@@ -51,6 +51,11 @@ class StateBlock:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
+    def copy_of_first(self, tokens: int) -> "StateBlock":
+        """A block of its own holding this block's first ``tokens`` tokens."""
+        return StateBlock(tuple(k[:, :tokens].clone() for k in self.keys),
+                          tuple(v[:, :tokens].clone() for v in self.values))
+
 
 @dataclass(frozen=True, eq=False)
 class PrefixEntry:
@@ -79,8 +84,7 @@ class PrefixEntry:
         kept = list(self._first(reused))
         if kept and kept[-1][1] * 2 < kept[-1][0].tokens:
             part, used = kept[-1]
-            part = StateBlock(tuple(k[:, :used].clone() for k in part.keys), tuple(v[:, :used].clone() for v in part.values))
-            kept[-1] = (part, used)
+            kept[-1] = (part.copy_of_first(used), used)
         return PrefixEntry(ids, (*kept, (block, block.tokens)))
 
     def pieces(self, which: str, layer: int, tokens: int) -> list[torch.Tensor]:
@@ -93,8 +97,8 @@ class PrefixEntry:
 
     @property
     def nbytes(self) -> int:
-        """The bytes its blocks hold (each once, whole, though it may use only their beginning)."""
-        return sum(block.nbytes for block in _distinct_blocks(self))
+        """The bytes its blocks hold (whole, though it may use only the last one's beginning)."""
+        return sum(block.nbytes for block, _ in self.blocks)
 
     def _first(self, tokens: int) -> tuple[tuple[StateBlock, int], ...]:
         if tokens > len(self.ids):
@@ -112,8 +116,8 @@ class PrefixEntry:
 class PrefixCacheStats:
     """Since creation: the prompt tokens replies were asked for, the tokens the model ran to
     prefill them (shared prefixes run once included), and the bytes of states dropped to stay
-    within the budget (a later prompt beginning with their tokens prefills them again: a budget
-    too small for a rollout's episodes shows here)."""
+    within the budget (a later prompt prefills again what no kept entry covers: a budget too
+    small for a rollout's episodes shows here)."""
 
     prompt_tokens: int = 0
     prefilled_tokens: int = 0
@@ -224,7 +228,7 @@ class PrefixKVCache:
             self._next_key += 1
             self._entries[key] = entry
             self._by_start.setdefault(start, {})[key] = entry
-            for block in _distinct_blocks(entry):
+            for block, _ in entry.blocks:  # distinct: each entry adds a block of its own to its parent's
                 held = self._blocks.setdefault(id(block), [block, 0])
                 if held[1] == 0:
                     self._bytes += block.nbytes
@@ -241,7 +245,7 @@ class PrefixKVCache:
         del bucket[key]
         if not bucket:
             del self._by_start[start]
-        for block in _distinct_blocks(entry):
+        for block, _ in entry.blocks:
             held = self._blocks[id(block)]
             held[1] -= 1
             if held[1] == 0:
@@ -287,10 +291,6 @@ def best_of(batch_entries: Sequence[PrefixEntry], prompt: Sequence[int], cached:
         return cached
     index, length = _longest_match(enumerate(batch_entries), prompt[:len(prompt) - 1])
     return (batch_entries[index], length) if length >= min_reuse and length > cached[1] else cached
-
-
-def _distinct_blocks(entry: PrefixEntry) -> list[StateBlock]:
-    return list({id(block): block for block, _ in entry.blocks}.values())
 
 
 def _longest_match(keyed_entries, wanted: Sequence[int]) -> tuple[object, int]:

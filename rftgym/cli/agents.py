@@ -169,9 +169,8 @@ def _make_agent(args: argparse.Namespace):
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
                                           device=args.device, **reuse)
         policy.prompt_limit()  # --max-new-tokens past the model's context: refused now, as the flag
-        if args.prefix_cache_mb and policy.fast_decoder_serves:
-            print(f"note: --prefix-cache-mb changes nothing here: the fast decoder serves {policy.name} on "
-                  f"{policy.device.type} and reuses no prefixes (the generic decode loop, on CPU, does)", file=sys.stderr)
+        if args.prefix_cache_mb and policy.prefix_cache_unused:
+            print(f"note: --prefix-cache-mb changes nothing here: {policy.prefix_cache_unused}", file=sys.stderr)
         return policy
     if args.agent == "api":
         if not args.api_base or not args.api_model:

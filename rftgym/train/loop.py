@@ -177,11 +177,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
     if config.prefix_cache_mb is not None:
         policy.set_prefix_cache_mb(config.prefix_cache_mb)
-        if config.prefix_cache_mb and policy.fast_decoder_serves and ranks.is_main:
+        idle_budget = policy.prefix_cache_unused if config.prefix_cache_mb and ranks.is_main else None
+        if idle_budget:
             warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} (--prefix-cache-mb) changes nothing in this run: "
-                        f"the fast decoder serves {policy.name} on {policy.device.type} and reuses no prefixes (the "
-                        "generic decode loop does: the default on CPU); leave it out (from Python, train(config, policy=...) "
-                        "takes a policy made with fast_decode=False)")
+                        f"{idle_budget}; leave it out (from Python, train(config, policy=...) takes a policy made with "
+                        "fast_decode=False)")
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.

@@ -391,7 +391,7 @@ def test_a_run_warns_that_its_budget_changes_nothing_where_the_fast_decoder_serv
 
     char = make_char_policy()
     fast = HFPolicy(char.model, char.tokenizer, fast_decode=True)
-    assert fast.fast_decoder_serves and not char.fast_decoder_serves
+    assert fast.prefix_cache_unused.startswith("the fast decoder serves") and char.prefix_cache_unused is None
     with pytest.warns(UserWarning, match=r"prefix_cache_mb=2 \(--prefix-cache-mb\) changes nothing in this run: the fast decoder serves"):
         train(train_config(tmp_path, steps=1, prefix_cache_mb=2.0), policy=fast, make_env=SayAEnv)
 
