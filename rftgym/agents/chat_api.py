@@ -25,99 +25,34 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
+import queue
 import random
-import re
-import ssl
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import queue
-import zlib
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError, warn_caller
 from ..core.messages import Context
-from ..core.values import is_finite_real, is_int
-from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
-                        error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
+from ..core.values import is_finite_real
+from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, error_body_time,
+                        open_within, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
+from .chat_api_config import API_KEY_ENV, ChatAPIConfig
+from .chat_api_http import (MAX_ERROR_BYTES, MAX_REPLY_BYTES, ContextFull, RetryableError, chat_opener,
+                            context_full_reason, cut_short, decoded, error_texts, plain_http_answer, snippet)
+from .request_pool import RequestPool, on_pool_thread
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 
 __all__ = ["ChatAPIConfig", "ChatAPIAgent"]
 
-_on_pool_thread = threading.local()  # .active is True on a _RequestPool's worker threads
 RELAY_S = 0.25  # how often a caller waiting for a batch gives the warnings its workers met
 
-
-class _RequestPool:
-    """Worker threads for concurrent requests. They are daemon threads, unlike a
-    ThreadPoolExecutor's, which the interpreter joins at exit: after Ctrl-C or a failed batch a
-    request still in flight would hold the process until its timeout. An abandoned request ends
-    with the process."""
-
-    def __init__(self, workers: int, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._most, self._name = workers, name
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._queued = self._idle = 0  # jobs no worker has taken yet; workers waiting for one
-
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
-        # Workers start as they are needed, up to the cap: a high --num-envs with a few episodes
-        # starts a few threads (all at once, it took seconds per thousand).
-        with self._lock:
-            self._jobs.put((future, fn, args))
-            self._queued += 1
-            if self._queued > self._idle and len(self._threads) < self._most:
-                thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
-                self._threads.append(thread)
-                self._idle += 1  # counted now: it takes a job as soon as it runs
-                thread.start()
-        return future
-
-    def shutdown(self) -> None:
-        """Cancel what has not started; workers stop after their current request (not waited for)."""
-        while True:
-            try:
-                future, _, _ = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            future.cancel()
-        for _ in self._threads:
-            self._jobs.put(None)
-
-    def _work(self) -> None:
-        _on_pool_thread.active = True
-        while (job := self._jobs.get()) is not None:
-            with self._lock:
-                self._queued -= 1
-                self._idle -= 1
-            future, fn, args = job
-            if not future.set_running_or_notify_cancel():
-                with self._lock:
-                    self._idle += 1
-                continue
-            try:
-                result, error = fn(*args), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-                result, error = None, exc
-            with self._lock:  # idle again before the caller hears, so its next request finds this worker
-                self._idle += 1
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-
-API_KEY_ENV = "OPENAI_API_KEY"
-SNIPPET_CHARS = 300
 MAX_BACKOFF_S = 8.0
-MAX_BACKOFF_SETTING_S = 3600.0  # a longer first wait is a typo (and past time.sleep's range at 1e308)
 # Worth another try besides 5xx, as in the OpenAI client: a request timeout, a conflict (a lock
 # held elsewhere for now), a rate limit.
 _RETRIED_STATUSES = (408, 409, 429)
@@ -125,334 +60,13 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 # The jitter comes from the OS, not the global generator: processes seeded alike (the same
 # --sample-seed) would otherwise still retry in lockstep.
 _JITTER = random.SystemRandom()
-# extra_body may add or override sampling fields, but not these: they define the protocol.
-_RESERVED_BODY_KEYS = ("model", "messages", "stream")
 _EXPECTED_SHAPE = (
     'a JSON object like {"choices": [{"message": {"role": "assistant", "content": "..."}, '
     '"finish_reason": "stop"}]}'
 )
-
-
-def _default_api_key() -> str | None:
-    return os.environ.get(API_KEY_ENV) or None
-
-
-# The longest timeout_s: far past any generation, and within what timers and sockets take (a
-# far larger one overflows them).
-MAX_TIMEOUT_S = 86_400.0
-
-
-# numpy's numbers pass as Python's do (core.values), and a huge int is refused, not an OverflowError.
-_is_number = is_finite_real
-_is_int = is_int
-# The fields a request body or a timer reads: once checked, made Python numbers (json.dumps takes
-# no numpy integer or float32).
-_NUMERIC_FIELDS = ("temperature", "top_p", "max_tokens", "timeout_s", "max_retries", "backoff_s", "max_concurrency")
-
-
-def _plain_number(value: Any) -> int | float:
-    return int(value) if is_int(value) else float(value)
-
-
-@dataclass(frozen=True)
-class ChatAPIConfig:
-    """Settings of a :class:`ChatAPIAgent`; every field is validated on construction.
-
-    ``base_url`` is the part before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``).
-    ``api_key`` defaults to the ``OPENAI_API_KEY`` environment variable when that is set; it is
-    sent as ``Authorization: Bearer <key>``. ``timeout_s`` bounds each attempt as a whole:
-    connecting, sending the request, and the reply's headers and body, which a server trickling
-    bytes cannot stretch (replies are not streamed, so the model's whole generation counts); an
-    attempt that runs past it is retried. ``max_retries`` counts retries after the first
-    attempt, so a request is tried at most ``1 + max_retries`` times; the k-th retry waits a
-    random time up to ``backoff_s * 2**(k-1)`` seconds, at most 8 s (or ``backoff_s`` if that is
-    more), and at least the server's ``Retry-After`` (seconds or an HTTP date, capped at 60 s).
-    ``extra_body`` is merged into every request body (e.g. ``{"top_k": 20}`` for vLLM); it may not
-    set ``model``, ``messages`` or ``stream``, and what it sets wins. ``seed``: with a temperature
-    above 0, each request carries a ``seed`` derived from it (from the reply's sample key when the
-    rollout engine gives one); greedy requests and ``seed=None`` carry none.
-    """
-
-    base_url: str
-    model: str
-    api_key: str | None = field(default_factory=_default_api_key, repr=False)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 512
-    stop: tuple[str, ...] = ()
-    timeout_s: float = 60.0
-    max_retries: int = 5
-    backoff_s: float = 0.5
-    max_concurrency: int = 8
-    extra_body: dict | None = field(default=None, hash=False)
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-
-        # base_url
-        if not isinstance(self.base_url, str) or not self.base_url.strip():
-            raise ConfigError(
-                f"ChatAPIConfig.base_url must be a non-empty string such as "
-                f"'http://127.0.0.1:8000/v1', got {self.base_url!r}",
-                field="base_url",
-            )
-        base_url = self.base_url.strip().rstrip("/")
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"ChatAPIConfig.base_url must start with http:// or https:// "
-                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}",
-                field="base_url",
-            )
-        if base_url.endswith("/chat/completions"):
-            raise ConfigError(
-                f"ChatAPIConfig.base_url is the part before /chat/completions "
-                f"(e.g. 'http://127.0.0.1:8000/v1'), got {self.base_url!r}; drop the "
-                f"'/chat/completions' suffix",
-                field="base_url",
-            )
-        try:
-            parsed = urllib.parse.urlsplit(base_url)
-        except ValueError as exc:  # e.g. an unclosed IPv6 bracket: 'http://[::1/v1'
-            raise ConfigError(
-                f"ChatAPIConfig.base_url is not a valid URL ({exc}), got {self.base_url!r}; "
-                f"expected e.g. 'http://127.0.0.1:8000/v1' or 'http://[::1]:8000/v1'",
-                field="base_url",
-            ) from None
-        if not parsed.hostname:
-            raise ConfigError(
-                f"ChatAPIConfig.base_url has no host name (expected e.g. "
-                f"'http://127.0.0.1:8000/v1'), got {self.base_url!r}",
-                field="base_url",
-            )
-        try:
-            parsed.port  # noqa: B018 (validates the port)
-        except ValueError as exc:
-            raise ConfigError(
-                f"ChatAPIConfig.base_url has an invalid port ({exc}), got {self.base_url!r}",
-                field="base_url",
-            ) from None
-        if parsed.query or parsed.fragment:
-            raise ConfigError(
-                f"ChatAPIConfig.base_url must not contain a query string or fragment, "
-                f"got {self.base_url!r}",
-                field="base_url",
-            )
-        set_("base_url", base_url)
-
-        # model
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise ConfigError(
-                f"ChatAPIConfig.model must be a non-empty string (the model name the server "
-                f"serves, e.g. the one passed to 'vllm serve'), got {self.model!r}",
-                field="model",
-            )
-
-        # api_key
-        if self.api_key is not None and not isinstance(self.api_key, str):
-            raise ConfigError(
-                f"ChatAPIConfig.api_key must be a string or None, got {type(self.api_key).__name__}",
-                field="api_key",
-            )
-        if self.api_key is not None:
-            key = self.api_key.strip()
-            if not key.isascii() or not key.isprintable():
-                raise ConfigError(
-                    "ChatAPIConfig.api_key must contain only printable ASCII characters "
-                    "(no line breaks)",
-                    field="api_key",
-                )
-            set_("api_key", key or None)
-
-        # sampling
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise ConfigError(
-                f"ChatAPIConfig.temperature must be a finite number >= 0 (0 is greedy), "
-                f"got {self.temperature!r}",
-                field="temperature",
-            )
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ConfigError(
-                f"ChatAPIConfig.top_p must be a number in (0, 1], got {self.top_p!r}",
-                field="top_p",
-            )
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ConfigError(
-                f"ChatAPIConfig.max_tokens must be an integer >= 1, got {self.max_tokens!r}",
-                field="max_tokens",
-            )
-
-        # stop: accept a single string or any sequence of strings; store a tuple
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if stop is None:
-            stop = ()
-        if not isinstance(stop, (list, tuple)) or not all(
-            isinstance(s, str) and s for s in stop
-        ):
-            raise ConfigError(
-                f"ChatAPIConfig.stop must be a tuple of non-empty strings, got {self.stop!r}",
-                field="stop",
-            )
-        set_("stop", tuple(stop))
-
-        if self.seed is not None:
-            if not is_int(self.seed) or not 0 <= self.seed < 2**63:
-                raise ConfigError(f"ChatAPIConfig.seed must be None or an integer in [0, 2**63), got {self.seed!r}",
-                                  field="seed")
-            set_("seed", int(self.seed))  # a numpy integer would not go into the JSON body
-
-        # transport
-        if not _is_number(self.timeout_s) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
-            raise ConfigError(
-                f"ChatAPIConfig.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] (a day at most), "
-                f"got {self.timeout_s!r}",
-                field="timeout_s",
-            )
-        if not _is_int(self.max_retries) or self.max_retries < 0:
-            raise ConfigError(
-                f"ChatAPIConfig.max_retries must be an integer >= 0 (0 disables retries), "
-                f"got {self.max_retries!r}",
-                field="max_retries",
-            )
-        if not _is_number(self.backoff_s) or not 0 <= self.backoff_s <= MAX_BACKOFF_SETTING_S:
-            raise ConfigError(
-                f"ChatAPIConfig.backoff_s must be a number of seconds in [0, {MAX_BACKOFF_SETTING_S:g}], "
-                f"got {self.backoff_s!r}",
-                field="backoff_s",
-            )
-        if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
-            raise ConfigError(
-                f"ChatAPIConfig.max_concurrency must be an integer >= 1, "
-                f"got {self.max_concurrency!r}",
-                field="max_concurrency",
-            )
-        for name in _NUMERIC_FIELDS:
-            set_(name, _plain_number(getattr(self, name)))
-
-        # extra_body: a JSON-serialisable dict, copied so later mutation cannot leak in
-        if self.extra_body is not None:
-            if not isinstance(self.extra_body, dict) or not all(
-                isinstance(k, str) for k in self.extra_body
-            ):
-                raise ConfigError(
-                    f"ChatAPIConfig.extra_body must be a dict with string keys or None, "
-                    f"got {self.extra_body!r}",
-                    field="extra_body",
-                )
-            reserved = sorted(k for k in self.extra_body if k in _RESERVED_BODY_KEYS)
-            if reserved:
-                raise ConfigError(
-                    f"ChatAPIConfig.extra_body must not set {reserved}: the agent sets "
-                    f"'model' and 'messages' itself and does not support streaming",
-                    field="extra_body",
-                )
-            try:
-                copied = json.loads(json.dumps(self.extra_body, allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(
-                    f"ChatAPIConfig.extra_body must be JSON-serialisable ({exc})",
-                    field="extra_body",
-                ) from None
-            set_("extra_body", copied)
-
-    @property
-    def url(self) -> str:
-        """The endpoint every request is POSTed to."""
-        return f"{self.base_url}/chat/completions"
-
-
-class _RetryableError(Exception):
-    """A failure worth retrying (connection error, timeout, a reply cut short, 408, 409, 429, 5xx)."""
-
-    def __init__(self, what: str, status: int | None = None, retry_after: float | None = None):
-        super().__init__(what)
-        self.what = what
-        self.status = status
-        self.retry_after = retry_after
-
-
-MAX_REPLY_BYTES = 64 << 20
-MAX_ERROR_BYTES = 64 << 10  # of an error reply's body, read for its reason
 # First requests refused as too long, one at a time and none fitting, that stop the run (a batch of
 # two or more all refused stops it at once).
 FIRST_REFUSALS_TO_STOP = 3
-
-
-class _ContextFull(Exception):
-    """The server refused the request because the context does not fit the model's window."""
-
-
-# How OpenAI-compatible servers word "the prompt (plus max_tokens) does not fit the context":
-# OpenAI's error code, OpenAI's and vLLM's "maximum context length", SGLang's "context length",
-# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=" (an HTTP 422).
-_CONTEXT_FULL_ERROR = re.compile(r"context_length_exceeded|context[ _-]length|maximum context|context size|"
-                                 r"context window|max_new_tokens` must be <=", re.IGNORECASE)
-
-
-def _error_texts(body: bytes) -> list[str]:
-    """The text fields of an error body's error object (OpenAI's ``{"error": {...}}``, or vLLM's
-    and TGI's top-level fields), never the rest of the body (which may echo the prompt)."""
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return []
-    if not isinstance(payload, dict):
-        return []
-    fields = [payload.get(k) for k in ("message", "detail", "code", "type", "error_type")]
-    error = payload.get("error")
-    fields += [error.get(k) for k in ("message", "code", "type")] if isinstance(error, dict) else [error]
-    return [f for f in fields if isinstance(f, str)]
-
-
-def _context_full_reason(body: bytes) -> str | None:
-    """The server's words when an error body says the context does not fit, else None."""
-    texts = _error_texts(body)
-    if not any(_CONTEXT_FULL_ERROR.search(text) for text in texts):
-        return None
-    return max(texts, key=len)[:300]
-
-
-def _snippet(body: bytes | str | None) -> str:
-    if body is None:
-        return ""
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-    text = " ".join(text.split())
-    if len(text) > SNIPPET_CHARS:
-        text = text[: SNIPPET_CHARS - 3] + "..."
-    return text
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Redirects are not followed: urllib would resend the POST as a GET (301-303: then an HTTP 405
-    that blames the request) or give up on it (307, 308). The agent names the new address instead."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-# How OpenSSL versions word a TLS hello answered in plain HTTP (1.1 and 3.0: wrong version
-# number; 3.2 on: record layer failure; others: packet length, unknown protocol, http request).
-_NOT_TLS = ("wrong_version_number", "wrong version number", "record layer failure", "packet length too long",
-            "packet_length_too_long", "unknown protocol", "unknown_protocol", "http request", "http_request")
-
-
-def _plain_http_answer(reason: object) -> bool:
-    """Whether a TLS failure says the server answered in plain HTTP (not a certificate problem,
-    which another scheme would not mend)."""
-    if not isinstance(reason, ssl.SSLError) or isinstance(reason, ssl.SSLCertVerificationError):
-        return False
-    return any(marker in str(reason).lower() for marker in _NOT_TLS)
-
-
-def _build_opener(url: str) -> urllib.request.OpenerDirector:
-    handlers: list = [_NoRedirects()]
-    # Requests to a server on this machine never go through an HTTP(S)_PROXY from the
-    # environment; remote servers use the standard urllib handlers (env proxies honoured).
-    if is_loopback(urllib.parse.urlsplit(url).hostname):
-        handlers.append(urllib.request.ProxyHandler({}))
-    return build_opener(*handlers)  # connections that a request's deadline can shut
 
 
 class ChatAPIAgent(Agent):
@@ -483,9 +97,9 @@ class ChatAPIAgent(Agent):
 
     def _connect(self) -> None:
         """What a copy makes afresh: threads, a lock and an opener cannot be copied or pickled."""
-        self._pool: _RequestPool | None = None
+        self._pool: RequestPool | None = None
         self._lock = threading.Lock()
-        self._opener = _build_opener(self.config.url)
+        self._opener = chat_opener(self.config.url)
         self._relayed: queue.SimpleQueue = queue.SimpleQueue()  # warnings the pool's threads met, for the caller
 
     def __getstate__(self) -> dict:
@@ -588,10 +202,10 @@ class ChatAPIAgent(Agent):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _executor(self) -> _RequestPool:
+    def _executor(self) -> RequestPool:
         with self._lock:
             if self._pool is None:
-                self._pool = _RequestPool(self.config.max_concurrency, "rftgym-chat-api")
+                self._pool = RequestPool(self.config.max_concurrency, "rftgym-chat-api")
             return self._pool
 
     @property
@@ -600,7 +214,7 @@ class ChatAPIAgent(Agent):
         sees), and no seed of extra_body's own; strict servers refuse fields they do not know."""
         extra = self.config.extra_body or {}
         temperature = extra.get("temperature", self.config.temperature)
-        return self.config.seed is not None and "seed" not in extra and _is_number(temperature) and temperature > 0
+        return self.config.seed is not None and "seed" not in extra and is_finite_real(temperature) and temperature > 0
 
     def _request_seeds(self, count: int, sample_keys: Sequence[SampleKey] | None) -> list[int | None]:
         """Each request's ``seed`` (None: none sent). A keyed request's comes from its key alone;
@@ -649,7 +263,7 @@ class ChatAPIAgent(Agent):
             if kind in self._warned:
                 return
             self._warned.add(kind)
-        if getattr(_on_pool_thread, "active", False):
+        if on_pool_thread():
             self._relayed.put(message)
         else:
             warn_caller(message)
@@ -671,7 +285,7 @@ class ChatAPIAgent(Agent):
         url = cfg.url
         data = json.dumps(self._body(context, seed)).encode("utf-8")
         attempts_allowed = 1 + cfg.max_retries
-        last: _RetryableError | None = None
+        last: RetryableError | None = None
         made = 0
         for attempt in range(1, attempts_allowed + 1):
             if attempt > 1:
@@ -689,9 +303,9 @@ class ChatAPIAgent(Agent):
             try:
                 status, raw = self._post(url, data, attempt)
                 return self._parse(raw, status, url)
-            except _RetryableError as exc:
+            except RetryableError as exc:
                 last = exc
-            except _ContextFull as refusal:
+            except ContextFull as refusal:
                 return self._context_full(context, str(refusal))
         assert last is not None
         raise ChatAPIError(
@@ -709,29 +323,29 @@ class ChatAPIAgent(Agent):
         return max(_JITTER.uniform(0.0, ceiling), retry_after or 0.0)
 
     def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes]:
-        """One HTTP attempt: returns (status, body), raises _RetryableError or ChatAPIError."""
+        """One HTTP attempt: returns (status, body), raises RetryableError or ChatAPIError."""
         request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
         deadline = Deadline(self.config.timeout_s)  # for the whole attempt: a trickle cannot hold it
         try:
             with open_within(self._opener, request, deadline) as response:
                 raw = self._read_body(response, deadline, url)
-                return response.status, _decoded(raw, response.headers.get("Content-Encoding"), url)
+                return response.status, decoded(raw, response.headers.get("Content-Encoding"), url)
         except urllib.error.HTTPError as exc:
             body = b""
             try:  # read for its reason and the message, inflated as a reply's would be
                 body = read_error_body(exc, error_body_time(deadline), MAX_ERROR_BYTES)
-                body = _decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
+                body = decoded(body, exc.headers.get("Content-Encoding") if exc.headers else None, url)
             except Exception:  # noqa: BLE001 (then the raw body, or none, serves the message)
                 pass
             finally:
                 exc.close()
             status = exc.code
-            what = f"HTTP {status}" + (f": {_snippet(body)}" if body else "")
+            what = f"HTTP {status}" + (f": {snippet(body)}" if body else "")
             if status in _REDIRECTS:
                 raise self._redirected(url, status, exc.headers) from None
-            if status in (400, 413, 422) and (reason := _context_full_reason(body)) is not None:
-                raise _ContextFull(reason) from None
-            if status == 429 and "insufficient_quota" in _error_texts(body):
+            if status in (400, 413, 422) and (reason := context_full_reason(body)) is not None:
+                raise ContextFull(reason) from None
+            if status == 429 and "insufficient_quota" in error_texts(body):
                 raise ChatAPIError(
                     f"POST {url} failed with {what}: the account is out of quota (insufficient_quota), which "
                     f"no retry mends. Add credit or raise the account's limit, or use another key (api_key, or "
@@ -739,7 +353,7 @@ class ChatAPIAgent(Agent):
                     status=status,
                 ) from None
             if status in _RETRIED_STATUSES or status >= 500:
-                raise _RetryableError(what, status, retry_after_s(exc.headers)) from None
+                raise RetryableError(what, status, retry_after_s(exc.headers)) from None
             raise ChatAPIError(
                 f"POST {url} failed with {what} (attempt {attempt}; HTTP {status} is not "
                 f"retried). {self._hint(status)}",
@@ -749,23 +363,23 @@ class ChatAPIAgent(Agent):
             reason = exc.reason
             if isinstance(reason, TimeoutError):
                 what = f"timed out after {self.config.timeout_s:g} s (timeout_s)"
-            elif url.startswith("https:") and _plain_http_answer(reason):
+            elif url.startswith("https:") and plain_http_answer(reason):
                 # TLS spoken to a plain-HTTP server: no retry mends that
                 raise ChatAPIError(f"POST {url}: the server does not speak TLS ({reason}); if it serves plain "
                                    f"HTTP, use http:// in --api-base (base_url)") from None
             else:
                 what = f"could not connect ({reason})"
-            raise _RetryableError(what) from None
+            raise RetryableError(what) from None
         except NameLookupTooSlow as exc:  # the resolver, not the server: the message says what to check
-            raise _RetryableError(str(exc)) from None
+            raise RetryableError(str(exc)) from None
         except TimeoutError:
-            raise _RetryableError(
+            raise RetryableError(
                 f"timed out after {self.config.timeout_s:g} s (timeout_s)"
             ) from None
         except http.client.IncompleteRead:  # a chunked reply whose connection closed mid-way
-            raise _RetryableError("the connection closed before the end of the reply") from None
+            raise RetryableError("the connection closed before the end of the reply") from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
-            raise _RetryableError(
+            raise RetryableError(
                 f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
             ) from None
 
@@ -806,29 +420,29 @@ class ChatAPIAgent(Agent):
         try:
             return read_body(response, deadline.left(), MAX_REPLY_BYTES)
         except BodyCutShort as exc:
-            raise _RetryableError(str(exc)) from None
+            raise RetryableError(str(exc)) from None
         except BodyTooLarge:
             raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
                                "is far smaller. Check that --api-base points at a chat completions server") from None
         except BodyTooSlow:
-            raise _RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive") from None
+            raise RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive") from None
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:
             return ChatAPIError(
                 f"POST {url} returned HTTP {status} but {problem}; expected {_EXPECTED_SHAPE}. "
-                f"Body: {_snippet(raw)!r}. Is base_url an OpenAI-compatible endpoint "
+                f"Body: {snippet(raw)!r}. Is base_url an OpenAI-compatible endpoint "
                 f"(the part before /chat/completions, e.g. http://127.0.0.1:8000/v1)?",
                 status=status,
             )
 
         if not raw.strip():  # headers and then nothing: a connection that closed before the body
-            raise _RetryableError("the reply's body is empty, as when a connection closes early")
+            raise RetryableError("the reply's body is empty, as when a connection closes early")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            if _cut_short(raw, exc):
-                raise _RetryableError("the reply breaks off inside a character, as when a connection closes "
+            if cut_short(raw, exc):
+                raise RetryableError("the reply breaks off inside a character, as when a connection closes "
                                       "early") from None
             # The model's text is agent text, never an error: a stray byte is read as U+FFFD.
             self._warn_once("not_utf8", f"POST {url} sent a reply that is not valid UTF-8 ({exc.reason} at byte "
@@ -837,8 +451,8 @@ class ChatAPIAgent(Agent):
         try:
             payload = json.loads(text)
         except ValueError as exc:
-            if _cut_short(raw, exc):
-                raise _RetryableError("the reply's JSON breaks off at its end, as when a connection closes early") \
+            if cut_short(raw, exc):
+                raise RetryableError("the reply's JSON breaks off at its end, as when a connection closes early") \
                     from None
             raise fail("the body is not valid JSON") from None
         except RecursionError:
@@ -927,45 +541,3 @@ class ChatAPIAgent(Agent):
             f"The server rejected the request; check --api-model (model={cfg.model!r}), "
             f"--max-new-tokens (max_tokens={cfg.max_tokens}, against the model's context), extra_body{seed}."
         )
-
-
-def _decoded(raw: bytes, encoding: str | None, url: str) -> bytes:
-    """The body without the content coding a server applied though the request asked for none
-    (urllib sends ``Accept-Encoding: identity``): gzip and deflate are undone, within the reply
-    size limit; another coding is an error that names it."""
-    coding = (encoding or "identity").strip().lower()
-    if coding in ("identity", ""):
-        return raw
-    if coding not in ("gzip", "x-gzip", "deflate"):
-        raise ChatAPIError(f"POST {url} sent its reply in the {coding!r} content coding, which the agent does not "
-                           "read (it asks for none); turn the server's or proxy's compression off")
-    # gzip's header (wbits 16+), or deflate's zlib one (wbits 15); some servers send raw deflate (-15)
-    for wbits in ((31,) if coding != "deflate" else (15, -15)):
-        inflater = zlib.decompressobj(wbits)
-        try:
-            body = inflater.decompress(raw, MAX_REPLY_BYTES + 1)
-        except zlib.error:
-            continue
-        if len(body) > MAX_REPLY_BYTES:
-            raise ChatAPIError(f"POST {url} sent a {coding} reply of over {MAX_REPLY_BYTES >> 20} MiB once "
-                               "inflated; a chat completion is far smaller")
-        if not inflater.eof:  # the compressed stream stops early: the connection closed mid-way
-            raise _RetryableError(f"the {coding} reply breaks off before its end")
-        return body
-    raise ChatAPIError(f"POST {url} said its reply is {coding}-compressed, but it does not inflate; turn the "
-                       "server's or proxy's compression off")
-
-
-def _cut_short(raw: bytes, error: ValueError) -> bool:
-    """Whether a body that does not decode is the start of a JSON object: a reply whose connection
-    closed early where no length was announced to tell (HTTP/1.0, Connection: close)."""
-    if not raw.lstrip().startswith(b"{"):
-        return False
-    if isinstance(error, UnicodeDecodeError):  # cut inside a character
-        return error.reason == "unexpected end of data"
-    if isinstance(error, json.JSONDecodeError):
-        rest = error.doc[error.pos:].rstrip()
-        # Cut at the end, inside a string, or inside a literal (`{"content": nul`).
-        return error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string") or \
-            any(literal.startswith(rest) for literal in ("true", "false", "null"))
-    return False

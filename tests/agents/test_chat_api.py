@@ -458,17 +458,17 @@ def test_an_error_reply_late_in_its_time_still_has_its_reason_read():
 
 
 def test_a_reply_cut_inside_a_literal_is_taken_for_cut_short():
-    from rftgym.agents.chat_api import _cut_short
+    from rftgym.agents.chat_api_http import cut_short
 
     for body in ('{"choices": [{"message": {"content": nul', '{"a": tru', '{"a": fals', '{"a": 1, "b": '):
         try:
             json.loads(body)
         except json.JSONDecodeError as exc:
-            assert _cut_short(body.encode(), exc), body
+            assert cut_short(body.encode(), exc), body
     try:
         json.loads('{"a": nope}')
     except json.JSONDecodeError as exc:
-        assert not _cut_short(b'{"a": nope}', exc)  # not a literal's start: a malformed body
+        assert not cut_short(b'{"a": nope}', exc)  # not a literal's start: a malformed body
 
 
 def test_a_prompt_that_mentions_context_length_is_not_a_context_refusal(server):
@@ -1124,13 +1124,13 @@ def test_a_compressed_reply_the_agent_did_not_ask_for_is_inflated(server, coding
 
 
 def test_an_unknown_or_broken_content_coding_is_named():
-    from rftgym.agents.chat_api import _decoded
+    from rftgym.agents.chat_api_http import decoded
 
     with pytest.raises(ChatAPIError, match=r"'br' content coding, which the agent does not read"):
-        _decoded(b"\x00", "br", "http://127.0.0.1/v1/chat/completions")
+        decoded(b"\x00", "br", "http://127.0.0.1/v1/chat/completions")
     with pytest.raises(ChatAPIError, match="said its reply is gzip-compressed, but it does not inflate"):
-        _decoded(b"{\"not\": \"gzip\"}", "gzip", "http://127.0.0.1/v1/chat/completions")
-    assert _decoded(b"{}", "Identity", "u") == b"{}"
+        decoded(b"{\"not\": \"gzip\"}", "gzip", "http://127.0.0.1/v1/chat/completions")
+    assert decoded(b"{}", "Identity", "u") == b"{}"
 
 
 def test_https_to_a_plain_http_server_says_to_use_http(server):
@@ -1153,15 +1153,15 @@ def test_a_compressed_error_reply_is_read_for_its_reason(server):
 def test_the_plain_http_hint_reads_how_other_openssl_versions_word_it():
     import ssl
 
-    from rftgym.agents.chat_api import _plain_http_answer
+    from rftgym.agents.chat_api_http import plain_http_answer
 
     def failure(library_text: str) -> ssl.SSLError:
         return ssl.SSLError(1, library_text)
 
-    assert _plain_http_answer(failure("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"))
-    assert _plain_http_answer(failure("[SSL] record layer failure (_ssl.c:1010)"))  # OpenSSL 3.2 on
-    assert _plain_http_answer(failure("[SSL: PACKET_LENGTH_TOO_LONG] packet length too long"))
+    assert plain_http_answer(failure("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"))
+    assert plain_http_answer(failure("[SSL] record layer failure (_ssl.c:1010)"))  # OpenSSL 3.2 on
+    assert plain_http_answer(failure("[SSL: PACKET_LENGTH_TOO_LONG] packet length too long"))
     # a certificate problem, or anything not TLS, is not mended by http://
-    assert not _plain_http_answer(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] wrong version number"))
-    assert not _plain_http_answer(ConnectionRefusedError(111, "Connection refused"))
-    assert not _plain_http_answer("wrong version number")
+    assert not plain_http_answer(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] wrong version number"))
+    assert not plain_http_answer(ConnectionRefusedError(111, "Connection refused"))
+    assert not plain_http_answer("wrong version number")
