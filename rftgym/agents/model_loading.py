@@ -127,7 +127,7 @@ def resolve_model_dir(model: str | None) -> Path:
     if names_default_model(model):
         return default_model_dir()
     path = Path(model).expanduser()
-    from ..train.checkpoint import has_checkpoint_files
+    from ..train.run_dir import has_checkpoint_files
     from ..train.export import is_run_dir
 
     if is_run_dir(path):  # a training run's output: its trained model (load_trained)
@@ -169,7 +169,8 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
     reads it is not refused: the load reads it again, whole. ``doing`` (what the caller does with
     the run) and ``otherwise`` (what it may do instead of mending the checkpoint) are for the
     messages."""
-    from ..train.checkpoint import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, saved_state, verify_checkpoint_file
+    from ..train.checkpoint import saved_state, verify_checkpoint_file
+    from ..train.run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR
     from ..train.export import saved_config
 
     def saved() -> dict:

@@ -45,7 +45,7 @@ def _default_output_dir(args: argparse.Namespace) -> str:
     """runs/train/<env>-<algo>. A resume that names neither the folder nor the algorithm resumes
     the one run of the env with a checkpoint there (not necessarily the default algorithm's), and
     is refused where there are several."""
-    from ..train.checkpoint import has_checkpoint
+    from ..train.run_dir import has_checkpoint
     from ..train.config import ALGORITHMS
 
     def folder(algo: str) -> Path:
@@ -73,7 +73,8 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     defaults in their place would quietly resume another run."""
     from ..core.errors import ConfigError
     from ..train import TrainConfig
-    from ..train.checkpoint import has_checkpoint, saved_state
+    from ..train.checkpoint import saved_state
+    from ..train.run_dir import has_checkpoint
 
     if given is None or not has_checkpoint(output_dir):
         return settings
@@ -138,7 +139,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise
         raise flagged from exc
     except KeyboardInterrupt as stop:
-        from ..train.checkpoint import METRICS_FILE, saved_state
+        from ..train.checkpoint import saved_state
+        from ..train.run_dir import METRICS_FILE
 
         how, code = stop_reason(stop)
         rank, world = _launch()

@@ -22,15 +22,8 @@ import torch
 
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
-from .checkpoint import (
-    CHECKPOINT_DIR,
-    OLD_CHECKPOINT_DIR,
-    STAGING_PREFIX,
-    apply_trainable,
-    has_checkpoint,
-    saved_state,
-    verify_checkpoint_file,
-)
+from .checkpoint import apply_trainable, saved_state, verify_checkpoint_file
+from .run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, STAGING_PREFIX, has_checkpoint
 from .config import TrainConfig
 
 

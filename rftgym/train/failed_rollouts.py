@@ -12,7 +12,7 @@ lets the error go on unchanged.
   step N), N counted from 1 as the progress lines count steps; a resumed run that fails at the
   same step again writes over it, as the newer failure is the one to look at.
 - It is kept even when the run had written no result yet, and so removes its other files
-  (:class:`~rftgym.train.checkpoint.RunFootprint`): a run that names a file must not delete it,
+  (:class:`~rftgym.train.run_dir.RunFootprint`): a run that names a file must not delete it,
   and a rollout that fails at once (an env misconfigured) is where the file helps most. It does
   not stop a new run in that directory.
 - A stop (Ctrl-C, SIGTERM, SIGHUP: a KeyboardInterrupt) writes nothing: it is no failure to look

@@ -35,12 +35,9 @@ from .batching import (
 )
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
-    OutputLock,
-    RunFootprint,
     check_base_model,
     check_base_model_early,
     check_checkpoint_files,
-    check_output_dir,
     check_world_size,
     checkpoint_state,
     load_checkpoint,
@@ -60,6 +57,7 @@ from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finishe
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
+from .run_dir import OutputLock, RunFootprint, check_output_dir
 from .schedule import learning_rate_at
 from .speed import (
     SpeedConfig,

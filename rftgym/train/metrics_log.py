@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
+from .run_dir import how_to_continue
 
 # What the learning curve plots, where a run's rows hold it.
 CURVE_KEYS = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
@@ -19,8 +20,6 @@ def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | N
     """The error for an output the run cannot write (a full disk, a read-only file), saying how
     much room is left there and how the run goes on (resumed, or started again before its first
     checkpoint)."""
-    from .checkpoint import how_to_continue
-
     folder = what if what.is_dir() else what.parent
     try:
         free = f"; {shutil.disk_usage(folder).free / 2**20:,.0f} MiB free there"

@@ -400,7 +400,7 @@ LOCKED_SCRIPT = textwrap.dedent('''
 
 
 def test_a_locked_output_directory_stops_every_rank(tmp_path):
-    from rftgym.train.checkpoint import OutputLock
+    from rftgym.train.run_dir import OutputLock
 
     (tmp_path / "run").mkdir()
     held = OutputLock(tmp_path / "run")  # another run, in this process

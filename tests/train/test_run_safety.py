@@ -16,7 +16,7 @@ from support import SayAEnv, train_config
 
 from rftgym.core.errors import ConfigError, TrainingError
 from rftgym.train import TrainConfig
-from rftgym.train.checkpoint import OutputLock
+from rftgym.train.run_dir import OutputLock
 from rftgym.train.loop import train
 from rftgym.train.metrics_log import read_metrics
 
@@ -96,7 +96,7 @@ def test_tasks_that_do_not_split_across_processes_are_refused_by_their_flag(tmp_
 
 
 def test_a_live_runs_directory_is_named_as_such_before_its_files_are_judged(tmp_path, make_char_policy):
-    from rftgym.train.checkpoint import check_output_dir
+    from rftgym.train.run_dir import check_output_dir
 
     train(config(tmp_path, save_every=100, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     shutil.rmtree(tmp_path / "run" / "checkpoint")
@@ -445,7 +445,7 @@ def test_rft_without_successes_warns_at_the_end(tmp_path, make_char_policy):
 @pytest.mark.parametrize("name, make", [("metrics.jsonl", "dir"), ("learning_curve.png", "dir"),
                                         ("tensorboard", "file"), ("checkpoint", "file")])
 def test_an_output_of_the_wrong_kind_is_named_before_the_run(tmp_path, name, make):
-    from rftgym.train.checkpoint import check_output_dir
+    from rftgym.train.run_dir import check_output_dir
 
     (tmp_path / name).mkdir() if make == "dir" else (tmp_path / name).write_text("x")
     with pytest.raises(ConfigError, match=rf"{name} is a {'directory' if make == 'dir' else 'file'}, where the run "
@@ -615,7 +615,7 @@ def test_a_run_unlocked_and_without_tensorboard_or_matplotlib_warns_at_the_call_
 
 
 def test_a_lock_file_that_cannot_be_written_is_named_and_not_taken_for_bad_input(tmp_path, monkeypatch):
-    from rftgym.train import checkpoint
+    from rftgym.train import run_dir
 
     class FullDisk:
         def __init__(self, handle):
@@ -630,7 +630,7 @@ def test_a_lock_file_that_cannot_be_written_is_named_and_not_taken_for_bad_input
         handles.append(open(*args, **kwargs))
         return FullDisk(handles[-1])
 
-    monkeypatch.setattr(checkpoint, "open", full_disk_open, raising=False)
+    monkeypatch.setattr(run_dir, "open", full_disk_open, raising=False)
     with pytest.raises(TrainingError, match=r"cannot write the lock file .*\.lock \(No space left on device\)"):
         OutputLock(tmp_path)
     handles[0].close()
@@ -713,7 +713,7 @@ def test_a_run_that_wrote_a_result_keeps_its_outputs_when_it_stops(tmp_path, mak
 def test_a_stopped_runs_writers_are_closed_before_its_files_are_removed(tmp_path):
     # TensorBoard writes from a thread of its own: removing its folder first left that thread
     # writing into a removed path (FileNotFoundError in a thread, after the run had stopped).
-    from rftgym.train.checkpoint import RunFootprint
+    from rftgym.train.run_dir import RunFootprint
 
     out = tmp_path / "run"
     footprint = RunFootprint(out)
