@@ -712,11 +712,12 @@ def test_an_interrupted_eval_keeps_its_finished_episodes(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(rollout, "run_episodes", interrupted)
     out = tmp_path / "eval.jsonl"
-    out.write_text("an earlier evaluation\n")
+    earlier = '{"env_id": "an earlier evaluation"}\n'
+    out.write_text(earlier)
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "5", "--out", str(out)]) == 130
     partial = tmp_path / "eval.jsonl.partial"
     assert len(list(read_episodes_jsonl(partial))) == 2
-    assert out.read_text() == "an earlier evaluation\n"  # replaced only by a complete evaluation
+    assert out.read_text() == earlier  # replaced only by a complete evaluation
     assert f"the 2 finished episodes are in {partial}; {out} is as it was" in capsys.readouterr().err
 
 
@@ -800,6 +801,26 @@ def test_eval_refuses_to_write_over_its_input_or_where_it_cannot_write(tmp_path,
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(fifo)]) == 2
     assert "is not a regular file (a device, pipe or socket)" in capsys.readouterr().err
     assert fifo.is_fifo() and not (tmp_path / "pipe.jsonl.partial").exists()
+
+
+def test_eval_out_replaces_only_an_earlier_evaluations_episodes(tmp_path, capsys):
+    # A file of the user's (code, notes) is never overwritten; an earlier evaluation's episodes
+    # (a rerun) and an empty file are.
+    module = tmp_path / "myenvs.py"
+    module.write_text("import gymnasium\n")
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(module)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {module} is a file that is not an earlier evaluation's episodes" in err
+    assert "Give another --out, or move the file away" in err
+    assert module.read_text() == "import gymnasium\n" and not (tmp_path / "myenvs.py.partial").exists()
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(out)]) == 0
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 0
+    assert len(list(read_episodes_jsonl(out))) == 2
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(empty)]) == 0
+    assert len(list(read_episodes_jsonl(empty))) == 1
 
 
 def test_train_resume_problems_say_what_to_do(tmp_path, capsys):
@@ -906,7 +927,7 @@ def test_eval_never_starts_over_an_unfinished_evaluations_episodes(tmp_path, mon
 def test_eval_writes_through_a_symlinked_out(tmp_path):
     real = tmp_path / "results" / "eval.jsonl"
     real.parent.mkdir()
-    real.write_text("old\n")
+    real.write_text("{\"env_id\": \"an earlier run\"}\n")
     link = tmp_path / "latest.jsonl"
     link.symlink_to(real)
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(link)]) == 0

@@ -1,7 +1,7 @@
 """Where an evaluation writes its episodes: the --out checks made before any episode runs (never
-a directory, an input file or the source of a module the run imports), the partial file the
-episodes stream to, and default names that no other run has (claimed, so that runs started together
-do not share one)."""
+a directory, an input file, the source of a module the run imports, or any existing file but an
+earlier evaluation's episodes), the partial file the episodes stream to, and default names that no
+other run has (claimed, so that runs started together do not share one)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
                    sources: dict[str, tuple[str, str]] | None = None) -> None:
     """Refuse an output file path that cannot be written, or that names one of the run's input
     files (an ``--env-arg`` path, a file in one of the input ``folders``: flag -> directory, such
-    as the model's, or the source of a module imported for the run: :func:`_users_sources`),
-    before any episode runs. Creating the partial file beside it (:func:`_partial`) is the test:
+    as the model's, or the source of a module imported for the run: :func:`_users_sources`), or
+    any other non-empty file that does not hold episodes, before any episode runs. Creating the partial file beside it (:func:`_partial`) is the test:
     it is where the episodes go while the run lasts."""
     try:
         if path.is_dir():
@@ -73,12 +73,13 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
             module, named_by = code
             raise UsageError(f"{what} {path} is the source of the Python module {module!r}, imported for {named_by}; "
                              "the evaluation would overwrite that code with its episodes. Give another --out")
-        for flag, folder in (folders or {}).items():
-            # Episodes beside the model's files are fine (a run's eval.jsonl, again); its files are not.
-            if path.is_file() and os.path.isdir(folder) and path.resolve().is_relative_to(Path(folder).resolve()) \
-                    and not _holds_episodes(path):
-                raise UsageError(f"{what} {path} is a file of the {flag} directory {folder}; the evaluation would "
-                                 "overwrite it with its episodes. Give another --out")
+        if path.is_file() and path.stat().st_size > 0 and not _holds_episodes(path):
+            # An earlier evaluation's episodes are replaced (a rerun); any other file is the user's.
+            owner = next((f"a file of the {flag} directory {folder}" for flag, folder in (folders or {}).items()
+                          if os.path.isdir(folder) and path.resolve().is_relative_to(Path(folder).resolve())),
+                         "a file that is not an earlier evaluation's episodes")
+            raise UsageError(f"{what} {path} is {owner}; the evaluation would overwrite it with its episodes. Give "
+                             "another --out, or move the file away")
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()

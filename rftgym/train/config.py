@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,17 @@ PARALLELISM = ("ddp", "fsdp")
 OLD_LOGPROBS = ("rollout", "recompute")
 RATIO_LEVELS = ("token", "sequence")  # per-token PPO ratios, or GSPO's one per sequence
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
+
+
+def _absolute_if_a_file(key: str, value: Any) -> Any:
+    """An env's file option (``dataset_path``, ``corpus_path``: any ``*_path``) given relative to
+    where the run starts and naming a file there, made absolute: the checkpoint keeps it, and a
+    resume from another directory reads the same file. Anything else is kept as given (a missing
+    file is the env's to refuse, naming it)."""
+    if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value) \
+            and os.path.exists(value):
+        return os.path.abspath(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,8 @@ class TrainConfig:
                               field="model")
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError("env_kwargs must be a dict of environment options", field="env_kwargs")
+        object.__setattr__(self, "env_kwargs", {key: _absolute_if_a_file(key, value)
+                                                for key, value in self.env_kwargs.items()})
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", field=name)

@@ -201,6 +201,23 @@ def test_a_resume_finds_a_model_given_by_a_relative_path_from_another_directory(
                        str(out)]).model == "models/m"
 
 
+def test_a_resume_finds_an_env_file_given_by_a_relative_path_from_another_directory(tmp_path, monkeypatch):
+    (tmp_path / "ds.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    first = _config_of(["train", "rftgym/VerifiableQA-v0", "--env-arg", "dataset_path=ds.jsonl", "--output-dir",
+                        str(out)])
+    assert first.env_kwargs == {"dataset_path": str(tmp_path / "ds.jsonl")}
+    _fake_checkpoint(out, first)
+    monkeypatch.chdir(out)  # not where ds.jsonl is
+    resumed = _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)])
+    assert resumed.env_kwargs == {"dataset_path": str(tmp_path / "ds.jsonl")}
+    # A path naming no file here is the env's to refuse, as given; other options are untouched.
+    options = _config_of(["train", "rftgym/VerifiableQA-v0", "--env-arg", "dataset_path=missing.jsonl",
+                          "--env-arg", "difficulties=[1]"]).env_kwargs
+    assert options == {"dataset_path": "missing.jsonl", "difficulties": [1]}
+
+
 def _fake_checkpoint(out: Path, config) -> None:
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 1, "config": config.to_dict()}))
