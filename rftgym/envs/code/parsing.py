@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 from .tasks import args_source
 
@@ -47,6 +47,29 @@ def calls_with_literal_args(code: str, names: Iterable[str]) -> list[str]:
             if source not in out:
                 out.append(source)
     return out
+
+
+def stated_outputs(code: str, name: str) -> dict[str, Any]:
+    """What the asserts ``assert name(literals) == literal`` (either side) in ``code`` say each call
+    returns: input source -> value. Other asserts (a computed side, ``!=``, ``math.isclose``) are
+    skipped; for an input stated twice the first counts."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {}
+    stated: dict[str, Any] = {}
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.Assert) else None
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            continue
+        for call, other in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+            if isinstance(call, ast.Call) and _callee(call) == name and (args := literal_args(call)) is not None:
+                try:
+                    stated.setdefault(args_source(args), ast.literal_eval(other))
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    pass
+                break
+    return stated
 
 
 def _balanced_call(text: str, start: int) -> str | None:

@@ -35,6 +35,8 @@ from ...core.files import replace_text
 from .harness import RunOutcome, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import DEFAULT_HASH_SEED, Sandbox
+from .codec import display, encode, encoded_equal
+from .parsing import stated_outputs
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
 from .trivial import TrivialAnswer, trivial_answers
 
@@ -214,6 +216,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         cached = _cache_read(task, config)
         if cached is not None:
             out[i] = task.with_tests(cached)
+            _warn_if_the_dataset_disagrees(task, cached)
             if not cached:
                 _warn_untestable(task, f"as found when its tests were built and cached in {cache_dir(config)}")
         else:
@@ -256,6 +259,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
         if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
             _cache_write(tasks[i], config, built[i])
         out[i] = tasks[i].with_tests(built[i])
+        _warn_if_the_dataset_disagrees(tasks[i], built[i])
         if not built[i]:
             _warn_untestable(tasks[i], untestable_reason(candidates[i], runs_of[i]))
     return out  # type: ignore[return-value]
@@ -265,6 +269,25 @@ def _warn_untestable(task: CodeTask, reason: str) -> None:
     # Tests are built as the env resets, inside gymnasium's wrappers (warn_caller looks past them).
     warn_caller(f"task {task.task_id}: no tests could be made ({reason}); its episodes end with status "
                 "'untestable' and a pass rate of 0")
+
+
+def _warn_if_the_dataset_disagrees(task: CodeTask, tests: Sequence[TestCase]) -> None:
+    """Say so when the task's reference returns other values than its dataset's asserts state (a
+    dataset row at odds with itself): the tests take the reference's outputs, while the prompt
+    shows the dataset's assert, so the model would be graded against what it was shown."""
+    if not task.dataset_tests or task.style != "function":
+        return
+    stated = stated_outputs(task.dataset_tests, task.entry_point)
+    wrong = [(test, stated[test.input]) for test in tests if test.input in stated and test.expected is not None
+             and not encoded_equal(encode(stated[test.input]), test.expected)]
+    if not wrong:
+        return
+    test, value = wrong[0]
+    call = f"{task.entry_point}({', '.join(map(repr, parse_args_source(test.input)))})"
+    more = f" (and {len(wrong) - 1} more of its asserts)" if len(wrong) > 1 else ""
+    warn_caller(f"task {task.task_id}: its dataset asserts {call} == {display(encode(value))}, but its reference "
+                f"solution returns {display(test.expected)}{more}; the tests take the reference's outputs while the "
+                "prompt shows the dataset's assert. Fix the task's code or its asserts (MBPP: 'code', 'test_list')")
 
 
 def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunOutcome]) -> str:

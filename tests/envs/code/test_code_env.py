@@ -456,3 +456,36 @@ def test_a_reference_solution_that_fails_is_named_with_its_error(tmp_path):
     assert {w.filename for w in caught if "no tests could be made" in str(w.message)} == {__file__}
     assert [len(both.tested_task(t).tests) > 0 for t in both.dataset] == [True, False]
     both.close()
+
+
+def test_a_reference_at_odds_with_its_own_asserts_is_named(tmp_path):
+    """An MBPP row whose reference returns 1 where its assert (shown in the prompt) says 2: the
+    tests take the reference's output, so the warning names the assert and both values."""
+    import json
+    import warnings
+
+    from rftgym.envs.code.tcg import TCGConfig
+
+    path = tmp_path / "mbpp.jsonl"
+    rows = [{"task_id": 1, "text": "Return 1.", "code": "def f():\n    return 1", "test_list": ["assert f() == 2"]},
+            {"task_id": 2, "text": "Add one.", "code": "def g(x):\n    return x + 1",
+             "test_list": ["assert g(1) == 2", "assert 3 == g(2)", "assert g(3) == 4.0", "assert g(5) != 9"]},
+            {"task_id": 3, "text": "Pairs.", "code": "def h(x):\n    return (x, x)",
+             "test_list": ["assert h(1) == [1, 1]", "assert h('a') == ('a', 'a')", "assert h(2) == [2, 2]"]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for attempt in ("built", "cached"):  # said again when the tests come from the cache
+        env = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.prepare()
+        said = [str(w.message) for w in caught if "its dataset asserts" in str(w.message)]
+        assert said == [
+            "task mbpp/1: its dataset asserts f() == 2, but its reference solution returns 1; the tests take the "
+            "reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its asserts "
+            "(MBPP: 'code', 'test_list')",
+            # a list is not a tuple, as for Python's ==; g(2) == 3, g(3) == 4.0 and g(5) != 9 agree
+            "task mbpp/3: its dataset asserts h(1) == [1, 1], but its reference solution returns (1, 1) (and 1 more of "
+            "its asserts); the tests "
+            "take the reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its "
+            "asserts (MBPP: 'code', 'test_list')"], (attempt, said)
+        env.close()
