@@ -10,6 +10,7 @@ file damaged later is refused instead of trained on.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import hashlib
 import json
@@ -357,6 +358,8 @@ def _verify_for_resume(output_dir: Path, folder: Path, name: str, state: dict | 
 # (another env, algorithm, or LoRA adapters of another shape). The model may be given by another
 # path (a moved directory): its weights' fingerprint must be the checkpoint's (check_base_model).
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
+RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
+               "dist_timeout_s")  # what a resume may change without a note
 
 
 def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) -> list[str]:
@@ -369,10 +372,8 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
                               f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
                               "run in another output directory", field=key)
-    free = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-            "dist_timeout_s")
     return sorted(key for key, value in config.items()
-                  if key not in free and key in saved and not _same_setting(key, saved[key], value, loaded_from))
+                  if key not in RESUME_FREE and key in saved and not _same_setting(key, saved[key], value, loaded_from))
 
 
 def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
@@ -388,7 +389,6 @@ def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> boo
     if os.path.isabs(saved) and os.path.isabs(value):
         return os.path.realpath(saved) == os.path.realpath(value)
     return not os.path.isabs(saved) and not os.path.isabs(value) and os.path.normpath(saved) == os.path.normpath(value)
-
 
 
 def apply_trainable(weights: dict[str, torch.Tensor], model, where: Path) -> None:
@@ -475,12 +475,27 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
     settings, step = saved["config"], saved["step"]
     notes = []
     now = config.to_dict()
+
+    def value(v) -> str:
+        text = repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    # Fields the checkpoint names that this version does not know (a hand edit's typo, or a later
+    # version's setting) or lacks (an earlier version's checkpoint): the run goes on without them.
+    unknown = sorted(set(settings) - set(now))
+    if unknown:
+        def guess(key: str) -> str:
+            close = difflib.get_close_matches(key, now, n=1)
+            return f" (did you mean {close[0]}?)" if close else ""
+
+        notes.append("the checkpoint's settings (checkpoint/state.json) hold fields this version does not know, "
+                     "which the resume ignores: " + ", ".join(key + guess(key) for key in unknown))
+    missing = sorted(key for key in set(now) - set(settings) if key not in RESUME_FREE)
+    if missing:
+        notes.append("the checkpoint's settings (checkpoint/state.json) lack " + ", ".join(missing) + "; this run "
+                     "has " + ", ".join(f"{key}={value(now[key])}" for key in missing))
     changed = resume_changes(settings, now, saved.get("base_model_path"))
     if changed:
-        def value(v) -> str:
-            text = repr(v)
-            return text if len(text) <= 60 else text[:57] + "..."
-
         notes.append("resuming with settings that differ from the checkpoint's: "
                      + ", ".join(f"{key} {value(settings[key])} -> {value(now[key])}" for key in changed))
     if config.lr_schedule != "constant" and isinstance(settings.get("steps"), int) and settings["steps"] != config.steps:

@@ -133,7 +133,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
             check_base_model_early(saved, from_files, config)
         if saved is not None and saved["step"] >= config.steps:
             raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
-                              f"{config.steps} steps; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
+                              f"{config.steps} step{'s' if config.steps != 1 else ''}; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
                               "to continue it")
         if saved is not None:  # the files its save wrote (read whole: after the quick refusals above)
             check_checkpoint_files(out, saved, already=("rng.pt",))  # (saved_rng_states verified that one)

@@ -411,7 +411,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
     # Already at the last step: say how to continue, before any model loads (there is none here).
     from dataclasses import replace
 
-    with pytest.raises(ConfigError, match="already at step 1 and this run has 1 steps"):
+    with pytest.raises(ConfigError, match="already at step 1 and this run has 1 step;"):
         train(replace(run, model=str(tmp_path / "no-such-model")), make_env=SayAEnv, resume=True)
     # Other base weights (the same shapes, another seed) are not the model it was trained from.
     with pytest.raises(ConfigError, match="was trained from other base weights than --model"):

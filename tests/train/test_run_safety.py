@@ -120,6 +120,22 @@ def test_resume_compares_settings_as_the_checkpoint_stored_them(tmp_path, make_c
     assert "differ from the checkpoint's: model '/moved/models/tiny' -> None" in capsys.readouterr().err
 
 
+def test_resume_names_the_settings_a_checkpoint_misspells_or_lacks(tmp_path, make_char_policy, capsys):
+    train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    state_file = tmp_path / "run" / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["config"]["group_sise"] = state["config"].pop("group_size")  # a hand edit's typo
+    del state["config"]["kl_coef"]  # as from a version before the setting
+    state["config"]["zzz"] = 1
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    train(config(tmp_path, steps=2), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    err = capsys.readouterr().err
+    assert "hold fields this version does not know, which the resume ignores: group_sise (did you mean " \
+           "group_size?), zzz" in err
+    assert f"lack group_size, kl_coef; this run has group_size=4, kl_coef={TrainConfig.kl_coef!r}" in err
+
+
 def test_an_evaluation_is_logged_whatever_log_every_says(tmp_path, make_char_policy):
     train(config(tmp_path, steps=4, eval_every=3, eval_episodes=2, log_every=2), policy=make_char_policy(),
           make_env=SayAEnv)
