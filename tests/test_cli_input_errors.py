@@ -65,6 +65,33 @@ def test_a_mistyped_env_arg_names_the_option(typed, meant, capsys):
     assert f"unknown option {typed!r} (did you mean {meant!r}?). Valid options: kinds," in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("pair, said", [
+    ("system_prompt=42", "system_prompt must be a string or None, got int (--env-arg values are read as JSON, so "
+                         "system_prompt=42 is not a string; for the string give --env-arg system_prompt='\"42\"')"),
+    ("difficulties=1,2", "(--env-arg values are read as JSON; for a list give --env-arg difficulties='[1, 2]')"),
+    ("kinds=arithmetic,sequence", "(--env-arg values are read as JSON; for a list give --env-arg "
+                                  "kinds='[\"arithmetic\", \"sequence\"]')"),
+    ("system_prompt=", "--env-arg system_prompt= has no value; give one, leave the option out for its default, or "
+                       "give --env-arg system_prompt='\"\"' for an empty string"),
+])
+def test_an_env_arg_read_as_json_against_its_meaning_says_how_to_write_it(pair, said, tmp_path, capsys):
+    out = tmp_path / "eval.jsonl"
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--env-arg", pair,
+                      "--out", str(out)]) == 2
+    assert said in capsys.readouterr().err
+    assert not out.exists()
+    # Written as the hint says, the option is taken.
+    fixed = {"system_prompt=42": 'system_prompt="42"', "difficulties=1,2": "difficulties=[1, 2]",
+             "kinds=arithmetic,sequence": 'kinds=["arithmetic", "sequence"]', "system_prompt=": 'system_prompt=""'}
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--env-arg", fixed[pair],
+                 "--out", str(out)]) == 0
+
+
+def test_eval_seeds_past_the_last_one_are_refused(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--seed", str(2**63 - 1)]) == 2
+    assert f"would run seeds past 2^63 - 1; give a --seed of at most {2**63 - 2}" in capsys.readouterr().err
+
+
 def test_an_api_base_with_an_open_bracket_is_a_usage_error(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-model", "m", "--api-base", "http://[::1/v1"]) == 2
     err = capsys.readouterr().err

@@ -93,3 +93,7 @@ def _check_common(args: argparse.Namespace) -> None:
     episodes = getattr(args, "episodes", None)
     if episodes is not None and episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")
+    seed = getattr(args, "seed", None)
+    if episodes is not None and seed is not None and seed + episodes > 2**63:  # episode k runs seed + k
+        raise UsageError(f"--seed {seed} with --episodes {episodes} would run seeds past 2^63 - 1; give a --seed of at "
+                         f"most {2**63 - episodes}")

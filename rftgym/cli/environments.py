@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from .. import envs as env_registry
+from ..core.errors import ConfigError
 from ..envs.common import env_entry_point
 from .common import UsageError
 from .user_code import _import_users_module, _load_object
@@ -41,6 +42,9 @@ def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
                              "of that name; drop it (an env of your own needs another name for such an option)")
         if key.strip() in kwargs:  # the last one would win without a word
             raise UsageError(f"--env-arg {key.strip()} is given twice; give each option once")
+        if not raw:  # e.g. KEY=$UNSET: an empty string would quietly replace the option's default
+            raise UsageError(f"--env-arg {key.strip()}= has no value; give one, leave the option out for its default, "
+                             f"or give --env-arg {key.strip()}='\"\"' for an empty string")
         try:
             kwargs[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -108,6 +112,11 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         raise UsageError(f"--env-arg max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
     try:
         return gym.make(env_id, **kwargs)
+    except ConfigError as exc:
+        hint = _json_reading_hint(kwargs, str(exc))
+        if hint is None:
+            raise
+        raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
     except TypeError as exc:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
         if unknown is None:  # a type error inside the env (e.g. from a data file), not an unknown option
@@ -124,6 +133,26 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
         raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
                          f"{valid} (and gymnasium's max_episode_steps)") from exc
+
+
+def _json_reading_hint(kwargs: dict[str, Any], message: str) -> str | None:
+    """How to write the value an env refused (``message`` names its option), when reading
+    ``--env-arg`` values as JSON is what went wrong: ``42`` meant as a string, ``1,2`` as a list."""
+    for key, value in kwargs.items():
+        if not re.search(rf"\b{re.escape(key)}\b", message):
+            continue
+        if not isinstance(value, str) and "string" in message:
+            return (f"--env-arg values are read as JSON, so {key}={json.dumps(value)} is not a string; for the "
+                    f"string give --env-arg {key}='{json.dumps(json.dumps(value))}'")
+        if isinstance(value, str) and "," in value and any(word in message for word in ("list", "subset", "tuple")):
+            items = []
+            for item in value.split(","):
+                try:
+                    items.append(json.loads(item))
+                except json.JSONDecodeError:
+                    items.append(item.strip())
+            return f"--env-arg values are read as JSON; for a list give --env-arg {key}='{json.dumps(items)}'"
+    return None
 
 
 def _env_option_names(env_id: str) -> list[str]:
