@@ -677,6 +677,13 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
                                                  "cosine lr_schedule, and this run has lr_schedule='constant'"),
     (["train", ENV_ID, "--microbatch-size", "100", "--minibatch-size", "4"],
      "--microbatch-size: microbatch_size=100 is larger than minibatch_size=4"),
+    # An algorithm whose signal the env declares it never gives would train as GRPO.
+    (["train", ENV_ID, "--algo", "pcar"], f"--algo: pcar scales each search's advantage by the env's score of the "
+                                          f"agent's evaluation of it; {ENV_ID} gives no evaluation scores "
+                                          "(info['evaluation_score']), so pcar would train as plain GRPO there. Train "
+                                          "with grpo, or on an env that gives them (rftgym/SearchEvalQA-v0)"),
+    (["train", "rftgym/CodeTCG-v0", "--algo", "dcpo"], "rftgym/CodeTCG-v0 gives no context edits, so dcpo would "
+                                                       "train as plain GRPO there"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert exit_code(argv) == 2

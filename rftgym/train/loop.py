@@ -87,6 +87,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if fsdp and "RANK" not in os.environ:
         raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
                           "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
+    if make_env is None:  # (an env made by the caller declares nothing here)
+        refuse_idle_algorithm(config.algo, config.env_id)
     # One process unless started by torchrun / accelerate launch.
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
     if config.tasks_per_step % ranks.world_size:
@@ -490,6 +492,29 @@ def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:
     return {"pcar_scores_per_episode": spans / episodes if episodes else 0.0,
             "pcar_factor_mean": mean,
             "pcar_factor_std": float(np.sqrt(max(0.0, squares / spans - mean * mean))) if spans else 0.0}
+
+
+# What PCAR and DCPO need of an env's episodes besides the reward: (signal, what the algorithm does
+# with it, the signal in words, a built-in env that gives it).
+ALGORITHM_SIGNALS = {
+    "pcar": ("evaluation_score", "scales each search's advantage by the env's score of the agent's evaluation of it",
+             "evaluation scores (info['evaluation_score'])", "rftgym/SearchEvalQA-v0"),
+    "dcpo": ("context_edits", "trains the segments between the agent's edits of its context", "context edits",
+             "rftgym/MemoryQA-v0"),
+}
+
+
+def refuse_idle_algorithm(algo: str, env_id: str) -> None:
+    """Refuse PCAR or DCPO on an env that declares (``metadata["train_signals"]``) that its
+    episodes never give what the algorithm works on: it would train as plain GRPO, a step later
+    (:func:`unused_signal` says so of an env that declares nothing)."""
+    need = ALGORITHM_SIGNALS.get(algo)
+    signals = env_metadata(env_id).get("train_signals")
+    if need is None or signals is None or need[0] in signals:
+        return
+    _, does, what, example = need
+    raise ConfigError(f"{algo} {does}; {env_id} gives no {what}, so {algo} would train as plain GRPO there. Train "
+                      f"with grpo, or on an env that gives them ({example})", field="algo")
 
 
 def unused_signal(algo: str, episodes) -> str | None:

@@ -191,6 +191,24 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     assert "the policy evaluated none of its searches" in unused_signal("pcar", [in_search_env])
 
 
+def test_pcar_and_dcpo_are_refused_up_front_only_where_the_env_declares_it_lacks_their_signal(monkeypatch):
+    import gymnasium as gym
+
+    from rftgym.train.loop import refuse_idle_algorithm
+
+    for algo, env_id in (("pcar", "rftgym/SearchEvalQA-v0"), ("dcpo", "rftgym/MemoryQA-v0"),
+                         ("grpo", "rftgym/VerifiableQA-v0"), ("rloo", "rftgym/CodeTCG-v0")):
+        refuse_idle_algorithm(algo, env_id)  # each in the env made for it, and the others anywhere
+    for algo, env_id in (("pcar", "rftgym/MemoryQA-v0"), ("dcpo", "rftgym/SearchEvalQA-v0"),
+                         ("pcar", "rftgym/CodeTCG-v0")):
+        with pytest.raises(ConfigError, match=f"{env_id} gives no .* so {algo} would train as plain GRPO") as refused:
+            refuse_idle_algorithm(algo, env_id)
+        assert refused.value.fields == ("algo",)
+    # An env that declares nothing is trained, and said of after a step if it gave nothing (above).
+    monkeypatch.setitem(gym.registry, "mine/Plain-v0", gym.envs.registration.EnvSpec("mine/Plain-v0", SayAEnv))
+    refuse_idle_algorithm("pcar", "mine/Plain-v0")
+
+
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):
     plain = train(config(tmp_path, "a", steps=1), policy=make_char_policy(), make_env=SayAEnv)
     checkpointed = train(config(tmp_path, "b", steps=1, gradient_checkpointing=True), policy=make_char_policy(),

@@ -283,6 +283,9 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
                          ("syntax_err", "syntax_error", "final_rate")),
         # the option training turns on unless it is given (envs.common.with_training_defaults)
         "training_options": {"require_isolation": True},
+        # what its episodes give beyond the reward: none that PCAR or DCPO use (a step scorer's
+        # process reward is part of the reward)
+        "train_signals": frozenset(),
         # options given as a string that eval and train bind to their policy (envs.common.with_policy_options)
         "policy_options": {"step_scorer": PolicyRollouts},
     }

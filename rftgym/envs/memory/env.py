@@ -297,6 +297,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         "eval_baselines": (("no-memory", {"allow_prune": False, "max_note_chars": MemoryQAConfig.max_note_chars},
                             None),
                            ("heuristic-prune", {}, "rftgym.agents.memory_baselines:HeuristicPruner")),
+        # what its episodes give beyond the reward: the agent's context edits, whose segments DCPO trains
+        "train_signals": frozenset({"context_edits"}),
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):

@@ -225,6 +225,8 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         "eval_metrics": (("em", "em", "final_mean"), ("f1", "f1", "final_mean"),
                          ("searches/ep", "searches", "final_mean"),
                          ("violation_rate", "protocol_violations", "final_rate")),
+        # what its episodes give beyond the reward: each evaluated search's score, which PCAR uses
+        "train_signals": frozenset({"evaluation_score"}),
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):

@@ -142,7 +142,8 @@ class VerifiableQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
 
     shared_attributes = ("config", "dataset")
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    # train_signals: what its episodes give beyond the reward (none: PCAR and DCPO have nothing to use)
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4, "train_signals": frozenset()}
 
     def __init__(self, render_mode: str | None = None, **config: Any):
         check_render_mode(render_mode, self.metadata)
