@@ -87,6 +87,17 @@ def test_an_env_arg_read_as_json_against_its_meaning_says_how_to_write_it(pair, 
                  "--out", str(out)]) == 0
 
 
+@pytest.mark.parametrize("command", ["eval", "train", "play"])
+def test_a_gymnasium_env_that_is_not_an_rftgym_env_is_refused_before_any_model_loads(command, tmp_path, capsys):
+    argv = [command, "CartPole-v1"] + {"eval": ["--agent", "random", "--out", str(tmp_path / "e.jsonl")],
+                                       "train": ["--output-dir", str(tmp_path / "run")], "play": []}[command]
+    assert exit_code(argv) == 2
+    said = capsys.readouterr().err
+    assert "CartPole-v1 is not an rftgym environment: its observation space is a Box, where an rftgym env's " \
+           "observation is the chat context" in said and "rftgym/VerifiableQA-v0" in said
+    assert "Loading" not in said and list(tmp_path.iterdir()) == []
+
+
 def test_eval_seeds_past_the_last_one_are_refused(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--seed", str(2**63 - 1)]) == 2
     assert f"would run seeds past 2^63 - 1; give a --seed of at most {2**63 - 2}" in capsys.readouterr().err

@@ -18,6 +18,7 @@ import gymnasium as gym
 
 from .. import envs as env_registry
 from ..core.errors import ConfigError
+from ..core.spaces import ContextSpace
 from ..envs.common import env_entry_point
 from .common import UsageError
 from .user_code import _import_users_module, _load_object
@@ -111,7 +112,7 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise UsageError(f"--env-arg max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
     try:
-        return gym.make(env_id, **kwargs)
+        env = gym.make(env_id, **kwargs)
     except ConfigError as exc:
         hint = _json_reading_hint(kwargs, str(exc))
         if hint is None:
@@ -133,6 +134,15 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
         raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
                          f"{valid} (and gymnasium's max_episode_steps)") from exc
+    if not isinstance(env.observation_space, ContextSpace):  # found now, not at the first reset after a model loads
+        space = env.observation_space
+        env.close()
+        raise UsageError(f"{env_id} is not an rftgym environment: its observation space is a {type(space).__name__}, "
+                         "where an rftgym env's "
+                         "observation is the chat context (observation_space rftgym.core.spaces.ContextSpace, "
+                         f"actions AssistantText). rftgym's own: {', '.join(env_registry.env_ids())}; for an env of "
+                         "your own, see 'Your own env and agent' in the README")
+    return env
 
 
 def _json_reading_hint(kwargs: dict[str, Any], message: str) -> str | None:
