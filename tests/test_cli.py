@@ -728,6 +728,48 @@ def test_an_interrupted_eval_keeps_its_finished_episodes(tmp_path, monkeypatch, 
     assert f"the 2 finished episodes are in {partial}; {out} is as it was" in capsys.readouterr().err
 
 
+def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_path, monkeypatch, capsys):
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+    ran = []
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:3], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    def counted(make_env, agent, seeds, config=None, on_episode=None):
+        ran.extend(seeds)
+        return real(make_env, agent, seeds, config=config, on_episode=on_episode)
+
+    command = ["eval", ENV_ID, "--agent", "random", "--episodes", "8", "--seed", "4"]
+    whole = tmp_path / "whole.jsonl"
+    assert main(command + ["--out", str(whole)]) == 0
+    out = tmp_path / "eval.jsonl"
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    assert main(command + ["--out", str(out)]) == 130
+    assert f"the same command with --out {out} --resume runs the others" in capsys.readouterr().err
+    monkeypatch.setattr(rollout, "run_episodes", counted)
+    # Another setting than the episodes were run with is refused, naming it; so is a plain rerun.
+    assert exit_code(command[:-1] + ["5", "--sample-seed", "3", "--out", str(out), "--resume"]) == 2
+    assert "ran with other settings (seed 4 -> 5; sample_seed 0 -> 3)" in capsys.readouterr().err
+    assert exit_code(command + ["--out", str(out)]) == 2
+    assert "finish it with the same command and --resume" in capsys.readouterr().err
+    # A last line cut short by a kill while it was written is dropped.
+    partial = tmp_path / "eval.jsonl.partial"
+    partial.write_bytes(partial.read_bytes() + b'{"env_id": "rftgym/Verif')
+    assert main(command + ["--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "dropped the unfinished last line" in err and "3 of 8 episodes were finished" in err
+    assert sorted(ran) == [7, 8, 9, 10, 11] and not partial.exists()
+    assert out.read_text() == whole.read_text()  # the same episodes, in seed order
+    assert not (tmp_path / "eval.jsonl.partial.json").exists()
+    assert exit_code(command + ["--out", str(out), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert exit_code(command + ["--resume"]) == 2
+    assert "give that --out" in capsys.readouterr().err
+
+
 def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):
     import os
     import signal

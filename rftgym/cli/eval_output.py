@@ -5,12 +5,14 @@ other run has (claimed, so that runs started together do not share one)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Collection, Sequence
 
 from .common import UsageError
 from .environments import _env_class, _env_spec
+from .sigterm import say
 from .user_code import _module_source
 
 
@@ -43,7 +45,7 @@ def _users_sources(env_ids: Sequence[str], agent: str, baselines: bool) -> dict[
 
 
 def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: dict | None = None,
-                   sources: dict[str, tuple[str, str]] | None = None) -> None:
+                   sources: dict[str, tuple[str, str]] | None = None, resuming: bool = False) -> None:
     """Refuse an output file path that cannot be written, or that names one of the run's input
     files (an ``--env-arg`` path, a file in one of the input ``folders``: flag -> directory, such
     as the model's, or the source of a module imported for the run: :func:`_users_sources`), or
@@ -81,7 +83,8 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
             raise UsageError(f"{what} {path} is {owner}; the evaluation would overwrite it with its episodes. Give "
                              "another --out, or move the file away")
         path.parent.mkdir(parents=True, exist_ok=True)
-        _check_partial(path)
+        if not resuming:
+            _check_partial(path)
         _partial(path).open("a", encoding="utf-8").close()
     except OSError as exc:
         raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
@@ -107,10 +110,60 @@ def _partial(path: Path) -> Path:
 
 def _check_partial(path: Path) -> None:
     """Refuse to start over the episodes an earlier, unfinished evaluation left in the partial file."""
+    if _holds_finished_episodes(path):
+        raise UsageError(f"{_partial(path)} holds the episodes of an earlier evaluation that did not complete; finish "
+                         "it with the same command and --resume, move or delete the file, or give another --out")
+
+
+def _holds_finished_episodes(path: Path) -> bool:
     partial = _partial(path)
-    if partial.is_file() and partial.stat().st_size > 0:
-        raise UsageError(f"{partial} holds the episodes of an earlier evaluation that did not complete; move or "
-                         "delete it, or give another --out")
+    return partial.is_file() and partial.stat().st_size > 0
+
+
+def _partial_settings(path: Path) -> Path:
+    """Where an evaluation notes, beside its partial file, the settings its episodes ran with, so
+    that ``--resume`` adds only episodes of the same evaluation."""
+    return path.with_name(path.name + ".partial.json")
+
+
+def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: dict) -> list:
+    """The episodes an interrupted evaluation of these ``settings`` finished, from ``path``'s
+    partial file: refused when the partial file was written with other settings, or holds an
+    episode of another env or seed. A last line cut short (the process killed while writing it) is
+    dropped from the file, with a note."""
+    from ..core.errors import DataFormatError
+    from ..core.records import read_episodes_jsonl
+
+    partial, noted = _partial(path), _partial_settings(path)
+    try:
+        saved = json.loads(noted.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: cannot read {noted}, the settings {partial} was written with "
+                         f"({getattr(exc, 'strerror', None) or exc}), so there is no telling that its episodes are this "
+                         "evaluation's; move both away to run it afresh") from None
+    changed = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in settings.items() if saved.get(key) != value]
+    if changed:
+        raise UsageError(f"--resume: the episodes in {partial} ran with other settings ({'; '.join(changed)}); give "
+                         "the command that started them, or move the partial file away to run afresh")
+    with open(partial, "rb+") as handle:  # a line cut short has no line end: its process died writing it
+        data = handle.read()
+        whole = data.rfind(b"\n") + 1
+        if whole < len(data):
+            handle.truncate(whole)
+            say(f"--resume: dropped the unfinished last line of {partial} (its process stopped while writing it)")
+    try:
+        episodes = list(read_episodes_jsonl(partial))
+    except DataFormatError as exc:
+        raise UsageError(f"--resume: {exc}; move {partial} away to run the evaluation afresh") from None
+    planned, seen = set(seeds), set()
+    for episode in episodes:
+        if episode.env_id != env_id or episode.seed not in planned or episode.seed in seen:
+            what = ("a second episode of seed" if episode.seed in seen else
+                    f"an episode of {episode.env_id}, seed" if episode.env_id != env_id else "an episode of seed")
+            raise UsageError(f"--resume: {partial} holds {what} {episode.seed}, which is not one this evaluation "
+                             f"runs ({env_id}, seeds {seeds[0]} to {seeds[-1]}); move it away to run afresh")
+        seen.add(episode.seed)
+    return episodes
 
 
 def _claim_unique(path: Path, taken: Collection[Path] = ()) -> Path:

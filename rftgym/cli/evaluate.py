@@ -4,6 +4,7 @@ episode streamed to a file, and the table of results."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -18,7 +19,8 @@ from ..envs.common import with_policy_options, with_policy_stand_in
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError
 from .environments import _env_class, _make_env, _parse_env_args, _short_name
-from .eval_output import _claim_unique, _partial, _users_sources, _writable_file
+from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
+                          _users_sources, _writable_file)
 from .sigterm import say, stop_reason
 from .user_code import _load_object
 
@@ -41,6 +43,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "episode is kept for the table); split it into runs with --seed S --episodes N")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
+    if args.resume and not args.out:
+        raise UsageError("--resume finishes the evaluation whose episodes are in --out's partial file (OUT.partial); "
+                         "give that --out")
     _check_agent_flags(args)
     repeated = sorted({env_id for env_id in args.env if args.env.count(env_id) > 1})
     if repeated:
@@ -79,7 +84,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sources = _users_sources(env_ids, args.agent, args.baselines)
         for path in paths:
             _writable_file(path, "--out", env_kwargs, {"--model": args.model} if args.agent == "hf" and args.model
-                           else {}, sources)
+                           else {}, sources, resuming=args.resume)
+        if args.resume and not any(_holds_finished_episodes(path) for path in paths):
+            raise UsageError(f"--resume: nothing to resume, no {' or '.join(str(_partial(p)) for p in paths)} holds "
+                             "episodes; drop --resume to run the evaluation")
         agent = _build_agent(args)
         for env_id in env_ids:
             for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
@@ -137,6 +145,7 @@ def _remove_empty_partials(paths: Sequence[Path]) -> None:
         try:
             if partial.is_file() and partial.stat().st_size == 0:
                 partial.unlink()
+                _partial_settings(path).unlink(missing_ok=True)
         except OSError:  # e.g. a name too long: it was refused, and nothing was made there
             pass
 
@@ -217,6 +226,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     from ..core.records import write_episodes_jsonl
 
     env_class = _env_class(env_id)
+    given_kwargs = env_kwargs
     # The options that stand for the policy (a token counter, CodeTCG's step_scorer=rollout) are its own.
     env_kwargs = with_policy_options(env_class.metadata, env_kwargs, agent)
     seeds = [args.seed + i for i in range(episodes)]
@@ -226,7 +236,8 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
-        run_episodes_, elapsed = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path)
+        settings = _run_settings(args, env_id, label, given_kwargs, seeds)
+        run_episodes_, elapsed, ran = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path, settings)
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
         try:  # in seed order, then in place of any earlier file at once
@@ -238,8 +249,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         finally:
             complete.unlink(missing_ok=True)
         _partial(path).unlink(missing_ok=True)
+        _partial_settings(path).unlink(missing_ok=True)
         headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
-                                          run_episodes_, elapsed)
+                                          run_episodes_, elapsed, ran)
         yield (headers, row), path, summary["context_full"]
 
 
@@ -250,10 +262,24 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
     return {"": out, **{label: out.with_name(f"{out.stem}-{label}{out.suffix}") for label in labels}}
 
 
-def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
+def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int]) -> dict:
+    """What the episodes of one run of an evaluation depend on, as noted beside its partial file
+    (JSON's form of them, so that a resume compares like with like); how they are batched, and
+    the transport to an API server, are not."""
+    settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": args.model,
+                "api_base": args.api_base, "api_model": args.api_model, "api_extra": args.api_extra,
+                "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "sample_seed": args.sample_seed}
+    return json.loads(json.dumps(settings, default=repr))
+
+
+def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path, settings: dict):
     """Run the episodes; each finished one is appended at once to ``path``'s partial file, so an
     interrupted or failed evaluation keeps what it finished, and an earlier ``path`` is left as it
-    was until the evaluation completes."""
+    was until the evaluation completes. With ``--resume``, the episodes a partial file of the same
+    ``settings`` holds are kept and the others run. Returns the episodes in seed order, the seconds
+    taken and how many episodes ran."""
     from tqdm import tqdm
 
     from ..core.records import append_episode_jsonl
@@ -263,46 +289,57 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path):
     desc = f"eval {env_id}" + (f" ({label})" if label else "")
     finished = 0
     partial = _partial(path)
+    kept = _finished_episodes(path, env_id, seeds, settings) if args.resume and _holds_finished_episodes(path) else []
+    done_seeds = {episode.seed for episode in kept}
+    todo = [seed for seed in seeds if seed not in done_seeds]
     try:
-        handle = open(partial, "w", encoding="utf-8")
+        handle = open(partial, "a" if kept else "w", encoding="utf-8")
+        if not kept:
+            _partial_settings(path).write_text(json.dumps(settings, indent=1), encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"--out {path}: cannot write {partial} ({exc.strerror or exc})") from None
-    with handle, tqdm(total=len(seeds), desc=desc, unit="ep", file=sys.stderr) as bar:
+    if kept:
+        say(f"--resume: {len(kept)} of {len(seeds)} episodes were finished in {partial}; running the other "
+            f"{len(todo)}")
+    with handle, tqdm(total=len(todo), desc=desc, unit="ep", file=sys.stderr) as bar:
         def done(episode):
             nonlocal finished
             try:
                 append_episode_jsonl(handle, episode)
             except OSError as exc:
-                raise UsageError(f"cannot write episodes to {partial} ({exc.strerror or exc}); the {finished} "
-                                 "finished before are there") from None
+                raise UsageError(f"cannot write episodes to {partial} ({exc.strerror or exc}); the "
+                                 f"{finished + len(kept)} finished before are there") from None
             finished += 1
             bar.update(1)
 
         try:
-            episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, seeds,
-                                    config=RolloutConfig(num_envs=args.num_envs), on_episode=done)
+            episodes = run_episodes(lambda: gym.make(env_id, **env_kwargs), agent, todo,
+                                    config=RolloutConfig(num_envs=args.num_envs), on_episode=done) if todo else []
         except BaseException as exc:
             why = stop_reason(exc)[0] if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
-            kept = f"; {path} is as it was" if path.exists() else ""
-            if finished:
-                say(f"\n{why}: the {finished} finished episodes are in {partial}{kept}")
+            as_it_was = f"; {path} is as it was" if path.exists() else ""
+            if finished or kept:
+                say(f"\n{why}: the {finished + len(kept)} finished episodes are in {partial}{as_it_was}; the same "
+                    f"command with --out {path} --resume runs the others")
             else:
                 partial.unlink(missing_ok=True)
+                _partial_settings(path).unlink(missing_ok=True)
                 if isinstance(exc, KeyboardInterrupt):
-                    say(f"\n{why} before any episode finished{kept}")
+                    say(f"\n{why} before any episode finished{as_it_was}")
             if isinstance(exc, KeyboardInterrupt):
                 exc.reported = True
             raise
-    return episodes, time.perf_counter() - started
+    by_seed = {episode.seed: episode for episode in [*kept, *episodes]}
+    return [by_seed[seed] for seed in seeds], time.perf_counter() - started, len(episodes)
 
 
-def _eval_row(env_id, env_class, agent_name, episodes, elapsed):
+def _eval_row(env_id, env_class, agent_name, episodes, elapsed, ran):
     from ..rollout import summarize
     from ..rollout.metrics import env_metrics
 
     s = summarize(episodes)
     headers = list(EVAL_COLUMNS)
     row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
-           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], s["episodes"] / elapsed]
+           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], ran / elapsed if ran else "-"]
     extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
     return headers + list(extra), row + ["-" if v is None else v for v in extra.values()], s

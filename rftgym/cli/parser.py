@@ -99,6 +99,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                    help="nucleus sampling's probability mass (default 1.0: off)")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an evaluation that stopped: the episodes it finished (in --out's partial file, "
+                        "OUT.partial) are kept and only the others run; give the command that started it")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
