@@ -684,6 +684,12 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
                                           "with grpo, or on an env that gives them (rftgym/SearchEvalQA-v0)"),
     (["train", "rftgym/CodeTCG-v0", "--algo", "dcpo"], "rftgym/CodeTCG-v0 gives no context edits, so dcpo would "
                                                        "train as plain GRPO there"),
+    # ... before the env is made (which would read its data files first)
+    (["train", "rftgym/MemoryQA-v0", "--algo", "pcar", "--env-arg", "dataset_path=/nowhere/hotpot.json"],
+     "--algo: pcar scales each search's advantage by the env's score of the agent's evaluation of it; "
+     "rftgym/MemoryQA-v0 gives no evaluation scores"),
+    (["eval", ENV_ID, "--agent", "random", "--seed", str(2**63 - 5)],
+     f"--seed {2**63 - 5} with 32 episodes would run seeds past 2^63 - 1; give a --seed of at most {2**63 - 32}"),
 ])
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert exit_code(argv) == 2

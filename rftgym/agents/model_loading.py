@@ -128,7 +128,7 @@ def resolve_model_dir(model: str | None) -> Path:
         return default_model_dir()
     path = Path(model).expanduser()
     from ..train.run_dir import has_checkpoint_files
-    from ..train.export import is_run_dir
+    from ..train.run_dir import is_run_dir
 
     if is_run_dir(path):  # a training run's output: its trained model (load_trained)
         return path
@@ -219,7 +219,8 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ModelLoadError(f"dtype must be a torch dtype name such as float32 or bfloat16, got {dtype!r}")
-    from ..train.export import is_run_dir, load_trained
+    from ..train.export import load_trained
+    from ..train.run_dir import is_run_dir
 
     if is_run_dir(path):  # a training run's output directory (resolve_model_dir)
         lm, tokenizer = load_trained(path, device="cpu")

@@ -39,7 +39,7 @@ def _check_model_dir(model: str | None, flag: str = "--model") -> None:
     whose checkpoint is damaged, is a usage error, found before any other work (the default model
     is checked where it loads: finding it may convert its weights)."""
     from ..agents.model_loading import check_trained_run, names_default_model, resolve_model_dir
-    from ..train.export import is_run_dir
+    from ..train.run_dir import is_run_dir
 
     if names_default_model(model):
         return

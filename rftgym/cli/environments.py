@@ -114,7 +114,8 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     try:
         env = gym.make(env_id, **kwargs)
     except ConfigError as exc:
-        hint = _json_reading_hint(kwargs, str(exc))
+        named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
+        hint = _json_reading_hint(named or kwargs, str(exc))
         if hint is None:
             raise
         raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
@@ -151,7 +152,7 @@ def _json_reading_hint(kwargs: dict[str, Any], message: str) -> str | None:
     for key, value in kwargs.items():
         if not re.search(rf"\b{re.escape(key)}\b", message):
             continue
-        if not isinstance(value, str) and "string" in message:
+        if isinstance(value, (bool, int, float, list, dict, type(None))) and "string" in message:  # (JSON's)
             return (f"--env-arg values are read as JSON, so {key}={json.dumps(value)} is not a string; for the "
                     f"string give --env-arg {key}='{json.dumps(json.dumps(value))}'")
         if isinstance(value, str) and "," in value and any(word in message for word in ("list", "subset", "tuple")):

@@ -49,8 +49,9 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
     """Refuse an output file path that cannot be written, or that names one of the run's input
     files (an ``--env-arg`` path, a file in one of the input ``folders``: flag -> directory, such
     as the model's, or the source of a module imported for the run: :func:`_users_sources`), or
-    any other non-empty file that does not hold episodes, before any episode runs. Creating the partial file beside it (:func:`_partial`) is the test:
-    it is where the episodes go while the run lasts."""
+    any other non-empty file that does not hold episodes, before any episode runs. Creating the
+    partial file beside it (:func:`_partial`) is the test: it is where the episodes go while the
+    run lasts."""
     try:
         if path.is_dir():
             # With one env a trailing slash names a directory to write in (several envs always do).

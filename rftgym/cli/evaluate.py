@@ -63,6 +63,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         episodes_per_env[env_id] = args.episodes or getattr(probe.unwrapped, "eval_episodes", None) \
             or DEFAULT_EVAL_EPISODES
         probe.close()
+    most = max(episodes_per_env.values())
+    if args.seed + most > 2**63:  # an env's default number of episodes (a given --episodes was checked already)
+        raise UsageError(f"--seed {args.seed} with {most} episodes would run seeds past 2^63 - 1; give a --seed of at "
+                         f"most {2**63 - most}")
     for env_id in env_ids:
         _check_eval_metadata(env_id, args.baselines)
     if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):

@@ -12,7 +12,8 @@ from .common import UsageError, _check_model_dir
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..train.export import export, is_run_dir
+    from ..train.export import export
+    from ..train.run_dir import is_run_dir
 
     if not Path(args.run).expanduser().exists():
         raise UsageError(f"{args.run!r} does not exist; give the --output-dir of an `rftgym train` run")

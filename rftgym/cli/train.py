@@ -119,15 +119,21 @@ def _progress(steps: int):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train.loop import train
+    from ..train.loop import refuse_idle_algorithm, train
+
+    from ..core.errors import ConfigError
 
     config = train_config_from_args(args)
     _check_model_dir(config.model)
+    env_class = _env_class(config.env_id)  # an unknown env id is refused here
+    try:  # before the env is made: that may read its data files
+        refuse_idle_algorithm(config.algo, config.env_id)
+    except ConfigError as exc:
+        raise _flagged(exc, _train_field_flags()) from exc
     # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
-    _make_env(config.env_id, with_policy_stand_in(_env_class(config.env_id).metadata, config.env_kwargs)).close()
+    _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs)).close()
     output_dir = config.output_dir
-    from ..core.errors import ConfigError
 
     # train() checks the output directory (on the writing rank, before the model loads).
     replaced = _stop_on_sigterm()

@@ -69,7 +69,7 @@ def _files_fingerprint(model: str | None, dtype: torch.dtype) -> str | None:
     import transformers
 
     from ..agents.model_loading import resolve_model_dir
-    from .export import is_run_dir
+    from .run_dir import is_run_dir
 
     folder = resolve_model_dir(model)
     if is_run_dir(folder):

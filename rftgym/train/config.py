@@ -33,8 +33,8 @@ def _absolute_if_a_file(key: str, value: Any) -> Any:
     where the run starts and naming a file there, made absolute: the checkpoint keeps it, and a
     resume from another directory reads the same file. Anything else is kept as given (a missing
     file is the env's to refuse, naming it)."""
-    if key.endswith("_path") and isinstance(value, str) and value and not os.path.isabs(value) \
-            and os.path.exists(value):
+    if key.endswith("_path") and isinstance(value, str) and value \
+            and not os.path.isabs(value) and os.path.exists(value):
         return os.path.abspath(value)
     return value
 
@@ -165,8 +165,9 @@ class TrainConfig:
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}",
                               field="model")
-        if not isinstance(self.env_kwargs, dict):
-            raise ConfigError("env_kwargs must be a dict of environment options", field="env_kwargs")
+        if not isinstance(self.env_kwargs, dict) or not all(isinstance(key, str) for key in self.env_kwargs):
+            raise ConfigError("env_kwargs must be a dict of environment options (by name: string keys), got "
+                              f"{self.env_kwargs!r}", field="env_kwargs")
         object.__setattr__(self, "env_kwargs", {key: _absolute_if_a_file(key, value)
                                                 for key, value in self.env_kwargs.items()})
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):

@@ -23,14 +23,8 @@ import torch
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import apply_trainable, saved_state, verify_checkpoint_file
-from .run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, STAGING_PREFIX, has_checkpoint
+from .run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, STAGING_PREFIX, is_run_dir
 from .config import TrainConfig
-
-
-def is_run_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a training run's output directory holding a complete checkpoint."""
-    path = Path(path).expanduser()
-    return path.is_dir() and has_checkpoint(path)
 
 
 def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: str | Path | None = None):

@@ -134,9 +134,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if saved is not None:
             check_base_model_early(saved, from_files, config)
         if saved is not None and saved["step"] >= config.steps:
-            raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has "
-                              f"{config.steps} step{'s' if config.steps != 1 else ''}; pass more steps (e.g. --steps {saved['step'] + config.steps}) "
-                              "to continue it")
+            steps = f"{config.steps} step{'s' if config.steps != 1 else ''}"
+            raise ConfigError(f"the checkpoint in {out} is already at step {saved['step']} and this run has {steps}; "
+                              f"pass more steps (e.g. --steps {saved['step'] + config.steps}) to continue it")
         if saved is not None:  # the files its save wrote (read whole: after the quick refusals above)
             check_checkpoint_files(out, saved, already=("rng.pt",))  # (saved_rng_states verified that one)
         if ranks.is_main:
@@ -509,8 +509,10 @@ def refuse_idle_algorithm(algo: str, env_id: str) -> None:
     episodes never give what the algorithm works on: it would train as plain GRPO, a step later
     (:func:`unused_signal` says so of an env that declares nothing)."""
     need = ALGORITHM_SIGNALS.get(algo)
+    if need is None:
+        return
     signals = env_metadata(env_id).get("train_signals")
-    if need is None or signals is None or need[0] in signals:
+    if signals is None or need[0] in signals:
         return
     _, does, what, example = need
     raise ConfigError(f"{algo} {does}; {env_id} gives no {what}, so {algo} would train as plain GRPO there. Train "

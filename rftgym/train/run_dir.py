@@ -54,6 +54,12 @@ def has_checkpoint(output_dir: Path) -> bool:
     return checkpoint_path(output_dir) is not None
 
 
+def is_run_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a training run's output directory holding a complete checkpoint."""
+    path = Path(path).expanduser()
+    return path.is_dir() and has_checkpoint(path)
+
+
 def has_checkpoint_files(output_dir: Path) -> bool:
     """Whether ``output_dir`` holds any checkpoint folder, complete or not (a new run there would
     overwrite it)."""

@@ -19,6 +19,19 @@ def test_unknown_parallelism_says_what_is_allowed_and_what_fsdp_needs():
         TrainConfig(parallelism="zero3")
 
 
+def test_env_options_are_named_by_strings_and_relative_files_are_kept_absolute(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"env_kwargs must be a dict of environment options \(by name: string keys\), "
+                                          r"got \{1: 2\}") as refused:
+        TrainConfig(env_kwargs={1: 2})
+    assert refused.value.fields == ("env_kwargs",)
+    (tmp_path / "tasks.jsonl").touch()
+    monkeypatch.chdir(tmp_path)
+    options = {"dataset_path": "tasks.jsonl", "corpus_path": "missing.json", "tag_path_like": "tasks.jsonl",
+               "max_turns": 3}
+    assert TrainConfig(env_kwargs=options).env_kwargs == {**options, "dataset_path": str(tmp_path / "tasks.jsonl")}
+    assert options["dataset_path"] == "tasks.jsonl"  # the caller's dict is left as it was
+
+
 def test_fsdp_refuses_compile_but_takes_mlp_recompute():
     with pytest.raises(ConfigError, match="compile is not supported with parallelism='fsdp'"):
         TrainConfig(parallelism="fsdp", compile=True)
