@@ -773,7 +773,9 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert exit_code(command + ["--out", str(out), "--resume"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
     assert exit_code(command + ["--resume"]) == 2
-    assert "give that --out" in capsys.readouterr().err
+    assert "give that environment and that --out" in capsys.readouterr().err
+    assert exit_code(command[:2] + ["rftgym/MemoryQA-v0"] + command[2:] + ["--out", str(tmp_path), "--resume"]) == 2
+    assert "give that environment and that --out" in capsys.readouterr().err
 
 
 def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):

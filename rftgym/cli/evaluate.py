@@ -43,9 +43,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "episode is kept for the table); split it into runs with --seed S --episodes N")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
-    if args.resume and not args.out:
-        raise UsageError("--resume finishes the evaluation whose episodes are in --out's partial file (OUT.partial); "
-                         "give that --out")
+    if args.resume and (not args.out or len(args.env) > 1):
+        raise UsageError("--resume finishes one environment's evaluation, whose episodes are in --out's partial file "
+                         "(OUT.partial); give that environment and that --out (several environments write files of "
+                         "new names in --out, which no later run finds)")
     _check_agent_flags(args)
     repeated = sorted({env_id for env_id in args.env if args.env.count(env_id) > 1})
     if repeated:
