@@ -134,7 +134,7 @@ def test_unknown_env_id(capsys, tmp_path):
     assert exit_code(["eval", "rftgym/Nope-v0", "--agent", "random", "--out", str(tmp_path / "x.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "unknown environment 'rftgym/Nope-v0'" in err
-    assert f"registered environments: {', '.join(ENVS)}" in err
+    assert f"rftgym's environments: {', '.join(ENVS)}" in err
     assert not (tmp_path / "x.jsonl").exists()
 
 

@@ -56,7 +56,7 @@ def test_a_mistyped_env_id_names_the_registered_one(typed, capsys):
     assert exit_code(["eval", typed, "--agent", "random"]) == 2
     assert f"unknown environment {typed!r} (did you mean rftgym/VerifiableQA-v0?)" in capsys.readouterr().err
     assert exit_code(["eval", "rftgym/Nope-v0", "--agent", "random"]) == 2  # like no other: no guess
-    assert "unknown environment 'rftgym/Nope-v0'; registered environments" in capsys.readouterr().err
+    assert "unknown environment 'rftgym/Nope-v0'; rftgym's environments" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("typed, meant", [("max_turn", "max_turns"), ("max_episode_step", "max_episode_steps")])
@@ -359,6 +359,13 @@ def test_a_mistyped_id_of_your_own_is_suggested_with_its_module(tmp_path, monkey
                  "--out", str(tmp_path / "e.jsonl")]) == 0
     assert exit_code(["eval", "zebra_envs:rftgym/VerifiableQA-v1", "--agent", "random"]) == 2
     assert "(did you mean rftgym/VerifiableQA-v0?)" in capsys.readouterr().err
+    # an id far from any: what the module registers is listed
+    assert exit_code(["eval", "zebra_envs:mine/Other-v0", "--agent", "random"]) == 2
+    assert "unknown environment 'zebra_envs:mine/Other-v0'; zebra_envs registers mine/Zebrafish-v0; rftgym's " \
+        in capsys.readouterr().err
+    (tmp_path / "no_envs.py").write_text("VALUE = 1\n")
+    assert exit_code(["eval", "no_envs:mine/Other-v0", "--agent", "random"]) == 2
+    assert "; importing no_envs registers no environment; rftgym's environments: " in capsys.readouterr().err
 
 
 NAMELESS_AGENTS = """

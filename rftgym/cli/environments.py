@@ -69,7 +69,12 @@ def _env_spec(env_id: str):
         close = [known if known in env_registry.ENVS or not module else f"{module}:{known}"
                  for known in _close_env_ids(bare)]
         guess = f" (did you mean {' or '.join(filter(None, [', '.join(close[:-1]), close[-1]]))}?)" if close else ""
-        raise UsageError(f"unknown environment {env_id!r}{guess}; registered environments: "
+        own = ""
+        if module:
+            registered = _ids_registered_by(module)
+            own = f"; {module} registers {', '.join(registered)}" if registered else \
+                f"; importing {module} registers no environment"
+        raise UsageError(f"unknown environment {env_id!r}{guess}{own}; rftgym's environments: "
                          f"{', '.join(env_registry.env_ids())} (your own: module:EnvId, where importing module "
                          "registers EnvId with gymnasium.register)")
     spec = gym.spec(bare)
@@ -81,6 +86,15 @@ def _env_spec(env_id: str):
                              f"({type(exc).__name__}: {exc}); register it as 'module:Class' with an importable "
                              "module") from None
     return spec
+
+
+def _ids_registered_by(module: str) -> list[str]:
+    """The ids in Gymnasium's registry whose entry point is in ``module`` (or a module inside it)."""
+    def home(entry_point) -> str:
+        return entry_point.partition(":")[0] if isinstance(entry_point, str) else \
+            getattr(entry_point, "__module__", "") or ""
+    return sorted(env_id for env_id, spec in gym.registry.items()
+                  if home(spec.entry_point) == module or home(spec.entry_point).startswith(module + "."))
 
 
 def _close_env_ids(env_id: str) -> list[str]:
@@ -113,12 +127,6 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         raise UsageError(f"--env-arg max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
     try:
         env = gym.make(env_id, **kwargs)
-    except ConfigError as exc:
-        named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
-        hint = _json_reading_hint(named or kwargs, str(exc))
-        if hint is None:
-            raise
-        raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
     except TypeError as exc:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
         if unknown is None:  # a type error inside the env (e.g. from a data file), not an unknown option
@@ -135,14 +143,20 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
         raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
                          f"{valid} (and gymnasium's max_episode_steps)") from exc
+    except ConfigError as exc:  # (after TypeError: an unknown option is both)
+        named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
+        hint = _json_reading_hint(named or kwargs, str(exc))
+        if hint is None:
+            raise
+        raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
     if not isinstance(env.observation_space, ContextSpace):  # found now, not at the first reset after a model loads
         space = env.observation_space
         env.close()
         raise UsageError(f"{env_id} is not an rftgym environment: its observation space is a {type(space).__name__}, "
-                         "where an rftgym env's "
-                         "observation is the chat context (observation_space rftgym.core.spaces.ContextSpace, "
-                         f"actions AssistantText). rftgym's own: {', '.join(env_registry.env_ids())}; for an env of "
-                         "your own, see 'Your own env and agent' in the README")
+                         "where an rftgym env's observation is the chat context (observation_space "
+                         "rftgym.core.spaces.ContextSpace, actions AssistantText). rftgym's own: "
+                         f"{', '.join(env_registry.env_ids())}; for an env of your own, see 'Your own env and agent' "
+                         "in the README")
     return env
 
 
