@@ -57,7 +57,7 @@ from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finishe
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
-from .run_dir import OutputLock, RunFootprint, check_output_dir
+from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir
 from .schedule import learning_rate_at
 from .speed import (
     SpeedConfig,
@@ -437,7 +437,7 @@ def step_number(index: int) -> int:
 
 def _close_outputs(log: MetricsLog, out: Path) -> None:
     log.close()
-    plot_learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+    plot_learning_curve(out / METRICS_FILE, out / LEARNING_CURVE)
 
 
 def untrained_run(history: list[dict], config: TrainConfig) -> str | None:

@@ -22,6 +22,7 @@ METRICS_FILE = "metrics.jsonl"
 STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
 OLD_CHECKPOINT_DIR = ".checkpoint-old"  # the previous checkpoint, while the new one takes its place
 LOCK_FILE = ".lock"
+LEARNING_CURVE = "learning_curve.png"
 TENSORBOARD_DIR = "tensorboard"  # (metrics_log.MetricsLog writes there)
 
 
@@ -88,7 +89,7 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
     holder = lock_holder(output_dir)
     if holder is not None:  # before what its files say: a live run's are not an earlier run's
         raise ConfigError(_locked_message(output_dir, holder))
-    for name, is_folder, what in ((METRICS_FILE, False, "metrics"), ("learning_curve.png", False, "learning curve"),
+    for name, is_folder, what in ((METRICS_FILE, False, "metrics"), (LEARNING_CURVE, False, "learning curve"),
                                   (TENSORBOARD_DIR, True, "TensorBoard logs"), (CHECKPOINT_DIR, True, "checkpoint")):
         path = output_dir / name
         if path.exists() and path.is_dir() != is_folder:
@@ -113,6 +114,9 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
         raise ConfigError(f"{output_dir} holds the metrics of an earlier run ({METRICS_FILE}) and no checkpoint to "
                           "resume; a new run would overwrite them. Choose another output directory, or move them "
                           "away first")
+    if not resume and (output_dir / LEARNING_CURVE).is_file():
+        raise ConfigError(f"{output_dir} holds a {LEARNING_CURVE} that a new run would overwrite with its own; choose "
+                          "another output directory, or move it away first")
 
 
 class OutputLock:
@@ -161,7 +165,7 @@ class OutputLock:
             self._file = None
 
 
-RUN_FILES = (LOCK_FILE, METRICS_FILE, "learning_curve.png", TENSORBOARD_DIR)  # what a run adds beside its checkpoint
+RUN_FILES = (LOCK_FILE, METRICS_FILE, LEARNING_CURVE, TENSORBOARD_DIR)  # what a run adds beside its checkpoint
 
 
 class RunFootprint:

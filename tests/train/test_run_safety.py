@@ -120,6 +120,16 @@ def test_resume_compares_settings_as_the_checkpoint_stored_them(tmp_path, make_c
     assert "differ from the checkpoint's: model '/moved/models/tiny' -> None" in capsys.readouterr().err
 
 
+def test_a_new_run_refuses_a_learning_curve_it_would_overwrite(tmp_path):
+    from rftgym.train.run_dir import check_output_dir
+
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "learning_curve.png").write_bytes(b"someone's plot")
+    with pytest.raises(ConfigError, match="holds a learning_curve.png that a new run would overwrite with its own"):
+        check_output_dir(tmp_path / "plots", resume=False)
+    check_output_dir(tmp_path / "elsewhere", resume=False)
+
+
 def test_resume_names_the_settings_a_checkpoint_misspells_or_lacks(tmp_path, make_char_policy, capsys):
     train(config(tmp_path, steps=1), policy=make_char_policy(), make_env=SayAEnv)
     state_file = tmp_path / "run" / "checkpoint" / "state.json"
