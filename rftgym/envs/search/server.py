@@ -40,7 +40,6 @@ command calls).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 import json
 import math
@@ -57,14 +56,13 @@ from ...core.web import BodyCutShort, BodyTooSlow, read_body
 # The client lived here before it had a module of its own: its names still import from here.
 from .client import RemoteRetriever, RetrievalServiceError, check_service_url  # noqa: F401
 from .corpora import load_corpus
+from .retrieve_request import REQUEST_SHAPE, content_type_problem, json_body, parse_request, shown
 from .retrievers import Hit, Retriever, make_retriever
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 REQUEST_HEAD_S = 10.0  # a request's line and headers must arrive within this of its first byte
 REQUEST_BODY_S = 60.0  # the whole request body must arrive within this (each read waits at most what is left of it)
 LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
-MAX_TOPK = 1000
-MAX_RESULTS = 100_000  # queries x topk per request: the reply is built whole in memory
 DEFAULT_MAX_CONNECTIONS = 128  # handled at once: a 64-worker rollout twice over (a thread each)
 IDLE_TIMEOUT_S = 5.0  # a kept-alive connection's wait for its next request (as uvicorn's and Apache's)
 
@@ -74,12 +72,8 @@ def to_contents(hit: Hit) -> str:
     return f'"{hit.title}"\n{hit.text}'
 
 
-REQUEST_SHAPE = '{"queries": ["..."], "topk": 3, "return_scores": true}'
 USAGE = (f"this service answers POST /retrieve with a JSON body {REQUEST_SHAPE} (Content-Type: application/json) "
          "and GET /health, over HTTP/1.1")
-REQUEST_FIELDS = ("queries", "topk", "return_scores")
-# Tools that send a body as written label it so by default (curl -d, urllib): read as JSON too.
-LENIENT_TYPES = ("application/x-www-form-urlencoded", "text/plain")
 MAX_BLANK_LINES = 8  # empty lines read past before a request line (RFC 9112 2.2: some clients send one)
 # Hints for the errors the standard library finds before a request reaches this service's code.
 _STDLIB_ERROR_HINTS = {
@@ -221,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not super().parse_request():
             return False
         if len(self.requestline.split()) == 2:  # HTTP/0.9: no headers, so no body and no JSON
-            self.send_error(400, f"HTTP/0.9 request ({_shown(self.requestline)})")
+            self.send_error(400, f"HTTP/0.9 request ({shown(self.requestline)})")
             return False
         return True
 
@@ -230,9 +224,9 @@ class _Handler(BaseHTTPRequestHandler):
         method) in this service's JSON, never its HTML page."""
         if self.request_version in ("HTTP/0.9", ""):
             self.request_version = "HTTP/1.1"  # a reply with a status line and headers: what any client reads
-        what = _shown(message or self.responses.get(code, ("error",))[0], 200, quoted=False)
+        what = shown(message or self.responses.get(code, ("error",))[0], 200, quoted=False)
         if explain and code == 431:
-            what += f" ({_shown(explain, quoted=False)})"
+            what += f" ({shown(explain, quoted=False)})"
         self._send(code, {"error": f"{what}: {_STDLIB_ERROR_HINTS.get(code, USAGE)}"})
 
     def _send(self, status: int, payload: dict, allow: str | None = None) -> None:
@@ -280,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _wrong_method(self) -> None:
         allowed = {"/retrieve": "POST", "/health": "GET, HEAD"}.get(self._route())
         if allowed is None:
-            path = _shown(self._route() or "/")
+            path = shown(self._route() or "/")
             self._send(404, {"error": f"unknown path {path}; use POST /retrieve or GET /health"})
             return
         self._send(405, {"error": f"{self.command} is not served at {self._route()}; use {allowed}"}, allow=allowed)
@@ -330,7 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.body_read = True
         try:
             sent_as = self.headers.get_content_type() if "Content-Type" in self.headers else None
-            queries, topk, with_scores = _parse_request(_json_body(raw, sent_as))
+            queries, topk, with_scores = parse_request(json_body(raw, sent_as))
         except ValueError as exc:
             self._send(400, {"error": f"bad request: {exc}"})
             return
@@ -355,7 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
             # http.server does not decode chunked bodies; reading one as a Content-Length body would
             # answer as if the request were empty.
             return 411, {"error": f"send the request body with a Content-Length, not Transfer-Encoding: "
-                                  f"{_shown(self.headers['Transfer-Encoding'])}"}
+                                  f"{shown(self.headers['Transfer-Encoding'])}"}
         lengths = {value.strip() for value in self.headers.get_all("Content-Length", [])}
         if len(lengths) > 1:  # which one frames the body? (a request smuggling trick)
             return 400, {"error": f"bad request: {len(lengths)} different Content-Length headers; send one"}
@@ -363,107 +357,16 @@ class _Handler(BaseHTTPRequestHandler):
             return 411, {"error": f"send the request body with a Content-Length header: {REQUEST_SHAPE}"}
         length = lengths.pop()
         if not (length.isascii() and length.isdigit()):
-            got = _shown(length, quoted=False)
+            got = shown(length, quoted=False)
             return 400, {"error": f"bad request: Content-Length must be a byte count, got {got}"}
         if int(length) > MAX_BODY_BYTES:
             return 413, {"error": f"the request body is {int(length)} bytes; it must be at most {MAX_BODY_BYTES} "
                                   "bytes: send fewer queries per request"}
         encoding = self.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ("", "identity"):
-            return 415, {"error": f"the request body is {_shown(encoding)}-encoded; send it uncompressed, as JSON"}
-        problem = _content_type_problem(self.headers)
+            return 415, {"error": f"the request body is {shown(encoding)}-encoded; send it uncompressed, as JSON"}
+        problem = content_type_problem(self.headers)
         return None if problem is None else (415, {"error": problem})
-
-
-def _content_type_problem(headers) -> str | None:
-    """Why a request's Content-Type cannot label its JSON body, or None: none given, a JSON type
-    (``application/json``, ``application/*+json``), or a default of tools that send a body as
-    written (LENIENT_TYPES), in UTF-8."""
-    if "Content-Type" not in headers:
-        return None
-    media = headers.get_content_type()  # lower case; "text/plain" for a value it cannot read
-    maintype, _, subtype = media.partition("/")
-    if not (maintype == "application" and (subtype == "json" or subtype.endswith("+json"))) \
-            and media not in LENIENT_TYPES:
-        return (f"the request body is labelled {_shown(headers['Content-Type'])}; send it as JSON, "
-                f"{REQUEST_SHAPE}, with Content-Type: application/json")
-    charset = (headers.get_content_charset() or "utf-8").lower()
-    if charset not in ("utf-8", "utf8", "us-ascii", "ascii"):
-        return f"the request body is in {_shown(charset)}; send it in UTF-8 (Content-Type: application/json)"
-    return None
-
-
-def _json_body(raw: bytes, sent_as: str | None) -> Any:
-    """The request body's JSON, or a ValueError that says what the body was instead (``sent_as``:
-    the media type its Content-Type named, if any)."""
-    labelled = f" (it came as {sent_as})" if sent_as in LENIENT_TYPES else ""
-    if not raw.strip():
-        raise ValueError(f"the request body is empty; send the JSON object {REQUEST_SHAPE}")
-    try:
-        return json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"the request body is not UTF-8 text ({exc.reason} at byte {exc.start}); send the JSON "
-                         f"object {REQUEST_SHAPE} in UTF-8") from None
-    except RecursionError:
-        raise ValueError(f"the JSON is nested too deeply; send the JSON object {REQUEST_SHAPE}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the request body is not JSON{labelled} ({exc}; it begins {_shown(raw[:40])}); send the "
-                         f"JSON object {REQUEST_SHAPE} with Content-Type: application/json") from None
-
-
-def _shown(value: Any, limit: int = 100, quoted: bool = True) -> str:
-    """A client's text (or bytes) for an error message: cut to ``limit`` characters, quoted."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return repr(text) if quoted else text
-
-
-def _parse_request(request: Any) -> tuple[list[str], int, bool]:
-    if not isinstance(request, dict):
-        raise ValueError(f"expected a JSON object {REQUEST_SHAPE}, got {_json_kind(request)}")
-    for key in request:
-        meant = _meant_field(key)
-        if meant is not None:  # a misspelt "top_k" would otherwise be answered with the default 3 documents
-            raise ValueError(f"unknown field {_shown(key)} (did you mean \"{meant}\"?); the fields are \"queries\", "
-                             f"\"topk\" and \"return_scores\": {REQUEST_SHAPE}")
-    queries = request.get("queries")
-    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-        raise ValueError(f'"queries" must be a list of strings, e.g. {REQUEST_SHAPE}')
-    topk = request.get("topk")
-    topk = 3 if topk is None else topk  # as in Search-R1, where null is the server's default
-    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
-        raise ValueError(f'"topk" must be an int in [1, {MAX_TOPK}], got {_shown(json.dumps(topk))}')
-    if len(queries) * topk > MAX_RESULTS:
-        raise ValueError(f"{len(queries)} queries x topk {topk} is more than {MAX_RESULTS:,} results in one request; "
-                         "send fewer queries per request")
-    scores = request.get("return_scores", True)
-    if not isinstance(scores, bool):
-        raise ValueError(f'"return_scores" must be true or false, got {_shown(json.dumps(scores))}')
-    return queries, topk, scores
-
-
-# Spellings of the request's fields in other retrieval APIs, too far from ours for a close match.
-FIELD_ALIASES = {"k": "topk", "n": "topk", "top_n": "topk", "num_docs": "topk", "q": "queries", "query": "queries", "texts": "queries",
-                 "scores": "return_scores", "with_scores": "return_scores"}
-
-
-def _meant_field(key: str) -> str | None:
-    """The field an unknown ``key`` is a misspelling of (``top_k``, ``query``, ``return_score``),
-    or None for one of ours or an unrelated extra (a request id), which is ignored, as Search-R1's
-    server ignores extra fields."""
-    if key in REQUEST_FIELDS or not isinstance(key, str):
-        return None
-    folded = key.lower().replace("-", "_")
-    if folded in FIELD_ALIASES:
-        return FIELD_ALIASES[folded]
-    squeezed = folded.replace("_", "")
-    # Close only: a field of another client (query_ids, top_p, return_scores_only) is no misspelling.
-    close = difflib.get_close_matches(squeezed, [f.replace("_", "") for f in REQUEST_FIELDS], n=1, cutoff=0.9)
-    return None if not close else next(f for f in REQUEST_FIELDS if f.replace("_", "") == close[0])
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
 
 
 class ConnectionSlots:
