@@ -874,6 +874,11 @@ def test_eval_out_replaces_only_an_earlier_evaluations_episodes(tmp_path, capsys
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(out)]) == 0
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 0
     assert len(list(read_episodes_jsonl(out))) == 2
+    # Compressed where the name says so, and replaced as episodes again.
+    packed = tmp_path / "eval.jsonl.gz"
+    for episodes in (2, 3):
+        assert main(["eval", ENV_ID, "--agent", "random", "--episodes", str(episodes), "--out", str(packed)]) == 0
+        assert packed.read_bytes()[:2] == b"\x1f\x8b" and len(list(read_episodes_jsonl(packed))) == episodes
     empty = tmp_path / "empty.jsonl"
     empty.touch()
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--out", str(empty)]) == 0

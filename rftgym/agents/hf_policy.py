@@ -31,6 +31,7 @@ import inspect
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..core.errors import AgentError, ConfigError, require, warn_caller
@@ -115,6 +116,7 @@ class HFPolicy(Agent):
                               "?); resize the embeddings and train them, or use the tokenizer the model was made with")
         self.sampling = sampling or SamplingConfig()
         self.name = name
+        self.source_dir: str | None = None  # the model directory it was loaded from (from_pretrained), if any
         self._warned_context_full = False
         self._warned_prompt_cap = False
         pad = tokenizer.pad_token_id
@@ -143,7 +145,9 @@ class HFPolicy(Agent):
 
         lm, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
         name = DEFAULT_MODEL_NAME if model in (None, "default") else str(model)
-        return cls(lm, tokenizer, sampling=sampling, name=name, prefix_cache_mb=prefix_cache_mb)
+        policy = cls(lm, tokenizer, sampling=sampling, name=name, prefix_cache_mb=prefix_cache_mb)
+        policy.source_dir = None if model in (None, "default") else str(Path(model).expanduser().resolve())
+        return policy
 
     @property
     def device(self):

@@ -5,6 +5,7 @@ other run has (claimed, so that runs started together do not share one)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -96,8 +97,12 @@ def _holds_episodes(path: Path) -> bool:
     first bytes only, since a model's weights file may have no line end for gigabytes."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(EPISODE_START)) == EPISODE_START
-    except OSError:
+            start = handle.read(len(EPISODE_START))
+        if start[:2] == b"\x1f\x8b":  # gzip's magic: an --out ending in .gz
+            with gzip.open(path, "rb") as handle:
+                start = handle.read(len(EPISODE_START))
+        return start == EPISODE_START
+    except (OSError, EOFError):  # (gzip raises BadGzipFile, an OSError, or EOFError for a cut stream)
         return False
 
 

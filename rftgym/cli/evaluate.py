@@ -246,7 +246,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
         try:  # in seed order, then in place of any earlier file at once
-            write_episodes_jsonl(complete, run_episodes_)
+            write_episodes_jsonl(complete, run_episodes_, compressed=target.name.lower().endswith(".gz"))
             os.replace(complete, target)
         except OSError as exc:
             raise UsageError(f"cannot write the episodes to {path} ({exc.strerror or exc}); they are all in "

@@ -14,6 +14,7 @@ exactly on the tokens the policy sampled, and 0 on prompt, tool output and templ
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from array import array
@@ -337,9 +338,13 @@ def _json_default(obj: Any):
     return repr(obj)
 
 
-def write_episodes_jsonl(path, episodes: Iterable[Episode]) -> int:
+def write_episodes_jsonl(path, episodes: Iterable[Episode], compressed: bool | None = None) -> int:
+    """Write ``episodes`` to ``path``, one JSON line each, through gzip when ``compressed`` (None:
+    when the name ends in ``.gz``, as :func:`read_episodes_jsonl` reads it); return how many."""
     count = 0
-    with open(path, "w", encoding="utf-8") as handle:
+    if compressed is None:
+        compressed = str(path).lower().endswith(".gz")
+    with (gzip.open(path, "wt", encoding="utf-8") if compressed else open(path, "w", encoding="utf-8")) as handle:
         for episode in episodes:
             append_episode_jsonl(handle, episode)
             count += 1

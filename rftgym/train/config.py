@@ -159,6 +159,9 @@ class TrainConfig:
         if self.aggregation not in AGGREGATION_NAMES:
             raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}",
                               field="aggregation")
+        for name in ("output_dir", "model"):  # a pathlib.Path is a path too; kept as a string (saved as JSON)
+            if isinstance(getattr(self, name), os.PathLike):
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
         for name in ("env_id", "output_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}", field=name)

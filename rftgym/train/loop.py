@@ -81,7 +81,33 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics, each row's
     ``"step"`` the step's number as the user sees it (1 for the first step; a resumed run's first
     row is the checkpoint's step + 1). ``on_step``: called on the writing rank with each step's
-    metrics (the returned list's entry) as soon as the step is done, e.g. to show progress."""
+    metrics (the returned list's entry) as soon as the step is done and saved (where it saves),
+    e.g. to show progress; to stop early, raise from it: a run in one process then saves that
+    step first, so that ``resume=True`` continues from it.
+
+    ``policy``: an :class:`HFPolicy` to train instead of loading ``config.model`` (it is trained in
+    place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
+    ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
+    **config.env_kwargs)``."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"train takes a TrainConfig, got {type(config).__name__} (a dict of settings: "
+                        "TrainConfig.from_dict(settings))")
+    if policy is not None and not isinstance(policy, HFPolicy):
+        raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
+                        f"recorded), got {type(policy).__name__}; or None to load config.model")
+    if config.device is not None:  # (the CLI checks --device likewise)
+        try:
+            device = torch.device(config.device)
+        except RuntimeError:
+            raise ConfigError(f"device={config.device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N' (or None: "
+                              "cuda if available, else cpu)", field="device") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device={config.device!r}, but this torch build or machine has no CUDA; use 'cpu' (or "
+                              "None: cuda if available, else cpu)", field="device")
+    if make_env is not None and config.env_kwargs:
+        raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
+                          "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
+                          "so that the checkpoint does not name options the run never used)", field="env_kwargs")
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     if fsdp and "RANK" not in os.environ:
@@ -189,8 +215,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         env_kwargs = with_training_defaults(metadata, with_policy_options(metadata, config.env_kwargs, policy))
         make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
     base_model = base_fingerprint(policy.model)
-    base_model_path = str(Path(config.model).expanduser().resolve()) if config.model not in (None, "default") \
-        and Path(config.model).expanduser().is_dir() else None
+    # Where the base weights came from, for a later export or resume: config.model, or the directory
+    # the policy passed in was loaded from.
+    source = config.model if config.model not in (None, "default") else policy.source_dir
+    base_model_path = str(Path(source).expanduser().resolve()) if source and Path(source).expanduser().is_dir() \
+        else None
     if saved is not None:  # before anything is built on the weights
         check_base_model(saved, base_model, config)
     # Its checkpoints say whether the files told the fingerprint: their resumes are then checked at once.
@@ -411,12 +440,18 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     logged = number
                     if footprint is not None:
                         footprint.results_written = True
-                if on_step is not None and ranks.is_main:
-                    on_step(history[-1])
-
                 # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
                 if number % config.save_every == 0 or number == config.steps:
                     save(number, at_step_end())
+                if on_step is not None and ranks.is_main:
+                    try:
+                        on_step(history[-1])
+                    except BaseException:
+                        # The caller stops the run (early stopping raises here): one process keeps the
+                        # steps it finished, this one too, so that the run can be resumed.
+                        if ranks.world_size == 1:
+                            keep_finished_steps(number, at_step_end)
+                        raise
             launch_stops.stop_if_asked(lambda: keep_finished_steps(number, at_step_end))
 
     # Rank 0 writes the curve; every rank waits for it, so that no rank leaves the process group

@@ -30,6 +30,8 @@ def test_env_options_are_named_by_strings_and_relative_files_are_kept_absolute(t
                "max_turns": 3}
     assert TrainConfig(env_kwargs=options).env_kwargs == {**options, "dataset_path": str(tmp_path / "tasks.jsonl")}
     assert options["dataset_path"] == "tasks.jsonl"  # the caller's dict is left as it was
+    paths = TrainConfig(output_dir=tmp_path / "run", model=tmp_path / "m")  # pathlib paths, kept as strings
+    assert (paths.output_dir, paths.model) == (str(tmp_path / "run"), str(tmp_path / "m"))
 
 
 def test_fsdp_refuses_compile_but_takes_mlp_recompute():

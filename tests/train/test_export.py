@@ -34,6 +34,22 @@ def trained_run(tmp_path, **settings):
     return tmp_path / "run", policy
 
 
+def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path):
+    """train(config, policy=HFPolicy.from_pretrained(DIR)) without config.model: the checkpoint names
+    DIR, so the run exports and loads without base_model=."""
+    from rftgym.agents.hf_policy import HFPolicy
+
+    base = tmp_path / "base"
+    made = make_char_policy()
+    made.model.save_pretrained(base)
+    made.tokenizer.save_pretrained(base)
+    policy = HFPolicy.from_pretrained(str(base), device="cpu")
+    assert policy.source_dir == str(base.resolve())
+    train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
+    model, _ = load_trained(tmp_path / "run", device="cpu")
+    torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])
 def test_the_trained_model_is_rebuilt_from_the_run(tmp_path, settings):
     run, policy = trained_run(tmp_path, **settings)

@@ -209,6 +209,40 @@ def test_pcar_and_dcpo_are_refused_up_front_only_where_the_env_declares_it_lacks
     refuse_idle_algorithm("pcar", "mine/Plain-v0")
 
 
+def test_an_on_step_that_raises_stops_the_run_with_that_step_saved(tmp_path, make_char_policy):
+    class EarlyStop(Exception):
+        pass
+
+    def stop_at_2(row):
+        if row["step"] == 2:
+            raise EarlyStop
+
+    with pytest.raises(EarlyStop):  # save_every=100: without the stop's save no checkpoint would exist
+        train(config(tmp_path, steps=4), policy=make_char_policy(), make_env=SayAEnv, on_step=stop_at_2)
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2
+    rows = train(config(tmp_path, steps=4), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [row["step"] for row in rows] == [3, 4]
+
+
+def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_policy):
+    from rftgym.agents.scripted import ScriptedAgent
+
+    with pytest.raises(TypeError, match=r"train takes a TrainConfig, got dict \(a dict of settings: "
+                                        r"TrainConfig.from_dict\(settings\)\)"):
+        train(config(tmp_path).to_dict())
+    with pytest.raises(TypeError, match="policy must be an HFPolicy .* got ScriptedAgent"):
+        train(config(tmp_path), policy=ScriptedAgent(["a"]), make_env=SayAEnv)
+    with pytest.raises(ConfigError, match=r"env_kwargs \['word'\] are read only when train makes the env"):
+        train(config(tmp_path, env_kwargs={"word": "a"}), policy=make_char_policy(), make_env=SayAEnv)
+    with pytest.raises(ConfigError, match="device='tpu' is not a torch device"):
+        train(config(tmp_path, device="tpu"), policy=make_char_policy(), make_env=SayAEnv)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device='cuda', but this torch build or machine has no CUDA"):
+            train(config(tmp_path, device="cuda"), policy=make_char_policy(), make_env=SayAEnv)
+    assert not (tmp_path / "run").exists()
+
+
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):
     plain = train(config(tmp_path, "a", steps=1), policy=make_char_policy(), make_env=SayAEnv)
     checkpointed = train(config(tmp_path, "b", steps=1, gradient_checkpointing=True), policy=make_char_policy(),
