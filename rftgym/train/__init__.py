@@ -2,7 +2,7 @@
 
 from .config import ALGORITHMS, TrainConfig
 
-__all__ = ["ALGORITHMS", "TrainConfig", "train"]
+__all__ = ["ALGORITHMS", "TrainConfig", "train", "load_trained"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from .loop import train
 
         return train
-    raise AttributeError(name)
+    if name == "load_trained":
+        from .export import load_trained
+
+        return load_trained
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ pass over a step's samples (minibatches, gradient accumulation, the loss) is
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -147,6 +148,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     try:
         saved = saved_state(out) if resume else None
         saved_rng = None
+        loaded_from = saved.get("base_model_path") if saved is not None else None
+        if policy is None and config.model is None and isinstance(loaded_from, str) and os.path.isdir(loaded_from):
+            # A resume that names no model loads the one its checkpoint was trained from (as the CLI's does).
+            config = dataclasses.replace(config, model=loaded_from)
         if saved is not None:
             check_checkpoint_files(out)  # each file there
         # Before any model loads, and what cannot be mended first: a run told to add steps would

@@ -48,6 +48,9 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path):
     train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
     model, _ = load_trained(tmp_path / "run", device="cpu")
     torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+    # A resume given no policy and no model loads DIR (not the default model, which it would refuse).
+    rows = train(train_config(tmp_path, "run", steps=2, device="cpu"), make_env=SayAEnv, resume=True)
+    assert [row["step"] for row in rows] == [2]
 
 
 @pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])
