@@ -159,7 +159,15 @@ class HFPolicy(Agent):
     keyed_sampling = True
 
     def act(self, contexts: Sequence[Context], *, sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        if isinstance(contexts, Context):  # iterating it would give its messages
+            raise TypeError("act takes a list of contexts; wrap one in a list: act([context])")
         return self.generate([self.chat.prompt_ids(c) for c in contexts], sample_keys=sample_keys)
+
+    def __reduce__(self):
+        # A model on a device, its caches and CUDA graphs: not a thing to pickle or deepcopy.
+        raise TypeError("an HFPolicy cannot be pickled or copied (it holds a model on a device and its decode caches); "
+                        "save the model with policy.model.save_pretrained(DIR) and policy.tokenizer.save_pretrained(DIR), "
+                        "and make another with HFPolicy.from_pretrained(DIR)")
 
     def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]], *,
                    sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
@@ -205,6 +213,7 @@ class HFPolicy(Agent):
         own_seed = sampling is not None and sampling.seed is not None and sampling.seed != self.sampling.seed
         sampling = sampling or self.sampling
         refuse_empty_prompts(prompts)
+        self._refuse_unknown_ids(prompts)
         limit = self.prompt_limit(sampling)
         replies: list[AgentReply | None] = [None] * len(prompts)
         for i, prompt in enumerate(prompts):
@@ -225,6 +234,18 @@ class HFPolicy(Agent):
             for index, reply in zip(chunk, self._generate_batch([list(prompts[i]) for i in chunk], sampling, rows)):
                 replies[index] = reply
         return replies  # type: ignore[return-value]
+
+    def _refuse_unknown_ids(self, prompts: Sequence[Sequence[int]]) -> None:
+        """A ValueError naming the first token id the model has no embedding for (an IndexError deep
+        in the model otherwise, or a device-side assert on a GPU)."""
+        rows = getattr(self.model.get_input_embeddings(), "num_embeddings", None) or 2**63
+        for i, prompt in enumerate(prompts):
+            if min(prompt) >= 0 and max(prompt) < rows:  # (min and max run in C: a long prompt costs little)
+                continue
+            bad = next(t for t in prompt if not 0 <= t < rows)
+            raise ValueError(f"prompt {i} of {len(prompts)} holds the token id {bad!r}, which the model has no "
+                             f"embedding for (ids are ints in [0, {rows})); give ids from the policy's tokenizer "
+                             "(policy.chat.prompt_ids(context))")
 
     def _uniforms(self, sampling: SamplingConfig, rows: int, keys: Sequence[SampleKey] | None,
                   call_seeded: bool = False):

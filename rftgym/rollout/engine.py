@@ -152,6 +152,7 @@ def run_episodes(
     try:
         config = config if config is not None else RolloutConfig()
         _check_arguments(make_env, agent, seeds, config, options, on_episode)
+        seeds = _checked_seeds(seeds)
         keys = _episode_keys(agent, seeds, sample_keys)
         queue = list(range(len(seeds)))
         owner: dict[int, int] = {}  # slot index -> episode index
@@ -251,6 +252,18 @@ def _check_arguments(make_env, agent, seeds, config, options, on_episode) -> Non
     if on_episode is not None and not callable(on_episode):
         raise TypeError(f"on_episode is a function called with each finished episode (e.g. a list's append), or "
                         f"None; got {type(on_episode).__name__} {_short(on_episode)}")
+
+
+def _checked_seeds(seeds: Sequence) -> list[int | None]:
+    """The seeds as Python ints (numpy's too: Gymnasium's reset takes only Python ints), a
+    ValueError naming the first that is not a non-negative int or None (found now, not as an env's
+    failure to reset)."""
+    checked = []
+    for position, seed in enumerate(seeds):
+        if seed is not None and (not is_int(seed) or seed < 0):
+            raise ValueError(f"seeds[{position}] is {_short(seed)}; a seed is an int >= 0 (or None: an unseeded reset)")
+        checked.append(None if seed is None else int(seed))
+    return checked
 
 
 def _short(value) -> str:

@@ -34,6 +34,26 @@ def test_an_empty_prompt_is_refused_saying_which(make_char_policy):
         decoder.generate([[]], DecodeSettings(4, 0.0, 0, 1.0), stop_ids=[2], pad_id=0)
 
 
+def test_a_token_id_without_an_embedding_and_a_lone_context_are_refused_saying_what_to_give(make_char_policy):
+    import copy
+    import pickle
+
+    from rftgym.core.messages import Context
+
+    for policy in both_paths(make_char_policy):  # the tiny model has 32 embeddings
+        for bad in (32, -1):
+            with pytest.raises(ValueError, match=f"prompt 1 of 2 holds the token id {bad}, which the model has no "
+                                                 r"embedding for \(ids are ints in \[0, 32\)\)"):
+                policy.generate([[3, 4], [5, bad, 6]], GREEDY)
+        assert len(policy.generate([[0, 31]], GREEDY)) == 1
+    policy = make_char_policy()
+    with pytest.raises(TypeError, match=r"wrap one in a list: act\(\[context\]\)"):
+        policy.act(Context(()))
+    for copying in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"an HFPolicy cannot be pickled or copied .* HFPolicy.from_pretrained"):
+            copying(policy)
+
+
 def test_scoring_after_an_empty_prompt_is_refused(make_char_policy):
     policy = make_char_policy()
     with pytest.raises(ValueError, match="score.. needs at least one prompt token"):

@@ -33,6 +33,16 @@ def test_episodes_come_back_in_seed_order_with_reset_seeds():
         assert episode.context(0) == context
 
 
+def test_seeds_are_checked_up_front_and_numpy_ints_taken():
+    agent = ScriptedAgent(["<answer>1</answer>"])
+    episodes = run_episodes(make_qa, agent, seeds=np.arange(5, 7))
+    assert [e.seed for e in episodes] == [5, 6] and all(type(e.seed) is int for e in episodes)
+    assert run_episodes(make_qa, agent, seeds=[None])[0].seed is None
+    for bad, shown in ((-1, "-1"), (1.5, "1.5"), ("3", "'3'"), (True, "True")):
+        with pytest.raises(ValueError, match=rf"seeds\[1\] is {shown}; a seed is an int >= 0 \(or None"):
+            run_episodes(make_qa, agent, seeds=[0, bad])
+
+
 class CountingAgent(Agent):
     """Answers wrongly, and records how many contexts each call carried."""
 
