@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from ..core.errors import ConfigError
-from ..core.values import is_finite_real
+from ..core.values import is_finite_real, is_int
 
 
 def _as_reward_matrix(rewards: torch.Tensor) -> torch.Tensor:
@@ -53,6 +53,8 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     TRL and verl). A group of size 1 has no spread to compare against: its advantages are 0.
     A group whose rewards are all equal gets 0 (the numerator is 0; ``eps`` avoids 0/0).
     """
+    if not (is_finite_real(eps) and eps > 0):
+        raise ConfigError(f"eps must be a finite number > 0 (it keeps a flat group's 0 / 0 away), got {eps!r}")
     rewards = _as_reward_matrix(rewards)
     if rewards.shape[1] < 2:
         return torch.zeros_like(rewards)
@@ -151,6 +153,9 @@ def _check_group_lengths(advantages: torch.Tensor, count: int, what: str) -> tor
         )
     if not advantages.is_floating_point():
         advantages = advantages.to(torch.get_default_dtype())
+    if not torch.isfinite(advantages).all():
+        raise ValueError(f"advantages must be finite, got {advantages.tolist()[:8]}: they come from the group's rewards "
+                         "(grpo_advantages refuses rewards that are not)")
     return advantages
 
 
@@ -163,10 +168,13 @@ def pcar_factors(segment_scores: list[ScoreRow], lam: float, delta: float, eps: 
     """PCAR's rescaling factors for ONE group: ``max(1 + lam * z_ik, delta)`` per scored segment,
     with ``z`` the scores standardized over the whole group, and exactly 1 per segment whose score is
     None (see :func:`pcar_segment_advantages`). Returns one tensor of k_i factors per trajectory."""
-    if not lam >= 0:
-        raise ConfigError(f"PCAR lam must be >= 0 (it scales the standardized score), got {lam}")
-    if not delta >= 0:
-        raise ConfigError(f"PCAR delta must be >= 0 (the floor of the rescaling factor), got {delta}")
+    if not (is_finite_real(lam) and lam >= 0):
+        raise ConfigError(f"PCAR lam must be a finite number >= 0 (it scales the standardized score), got {lam!r}")
+    if not (is_finite_real(delta) and 0 <= delta <= 1):
+        raise ConfigError(f"PCAR delta must be in [0, 1] (the floor of the rescaling factor, which is 1 for an average "
+                          f"score), got {delta!r}")
+    if not (is_finite_real(eps) and eps > 0):
+        raise ConfigError(f"eps must be a finite number > 0, got {eps!r}")
     rows = [_score_list(s) for s in segment_scores]
     scored = [s for row in rows for s in row if s is not None]
     factors = iter(_scored_factors(scored, lam, delta, eps).tolist())
@@ -242,9 +250,13 @@ def dcpo_segment_advantages(
     trajectory with no segments).
     """
     advantages = _check_group_lengths(advantages, len(segments_per_trajectory), "trajectories")
-    if any(k < 0 for k in segments_per_trajectory):
-        raise ValueError(f"segment counts must be >= 0, got {segments_per_trajectory}")
+    _check_segment_counts(segments_per_trajectory)
     return [advantages[i].expand(k).clone() for i, k in enumerate(segments_per_trajectory)]
+
+
+def _check_segment_counts(counts: list[int]) -> None:
+    if not all(is_int(k) and k >= 0 for k in counts):
+        raise ValueError(f"segment counts must be ints >= 0, got {counts}")
 
 
 def sample_segments(
@@ -264,10 +276,9 @@ def sample_segments(
     The pairs come in pick order. All randomness comes from ``generator`` (the global torch RNG if
     None): the same seed gives the same picks.
     """
-    if budget < 0:
-        raise ConfigError(f"segment sampling budget must be >= 0, got {budget}")
-    if any(k < 0 for k in segments_per_trajectory):
-        raise ValueError(f"segment counts must be >= 0, got {segments_per_trajectory}")
+    if not (is_int(budget) and budget >= 0):
+        raise ConfigError(f"segment sampling budget must be an int >= 0, got {budget!r}")
+    _check_segment_counts(segments_per_trajectory)
     with_segments = [i for i, k in enumerate(segments_per_trajectory) if k > 0]
     order = [with_segments[j] for j in torch.randperm(len(with_segments), generator=generator).tolist()]
     # One random permutation of segment indices per trajectory; pass r takes its r-th entry.

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..core.errors import ConfigError
+from ..core.values import is_finite_real
 from .config import RATIO_LEVELS
 
 LOG_RATIO_CLAMP = 20.0
@@ -221,6 +222,17 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def _check_shapes(logp: torch.Tensor, **others: torch.Tensor | None) -> None:
+    """A ValueError naming a tensor whose shape is not ``logp``'s ([batch, seq]): broadcasting would
+    otherwise train on a loss of mismatched rows without a word."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [batch, seq] (one log-prob per position), got shape {tuple(logp.shape)}")
+    for name, tensor in others.items():
+        if tensor is not None and tensor.shape != logp.shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, logp {tuple(logp.shape)}: give one value per "
+                             "position of logp")
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -256,8 +268,13 @@ def policy_loss(
     ``r - 1 - log r``), ``ratio_mean``, ``kl_ref`` (if ``ref_logp``), ``entropy`` (if given;
     ``entropy`` is only reported, it is not a bonus in the loss).
     """
-    if kl_coef < 0:
-        raise ConfigError(f"kl_coef must be >= 0, got {kl_coef}")
+    if not (is_finite_real(kl_coef) and kl_coef >= 0):
+        raise ConfigError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+    _check_shapes(logp, old_logp=old_logp, mask=mask, ref_logp=ref_logp, entropy=entropy, sequence_ids=sequence_ids)
+    if advantages.shape not in (logp.shape[:1], (*logp.shape[:1], 1), logp.shape):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; with logp of shape {tuple(logp.shape)} it is "
+                         f"one per sequence ({tuple(logp.shape[:1])} or {(*logp.shape[:1], 1)}) or one per token "
+                         f"({tuple(logp.shape)})")
     if kl_coef > 0 and ref_logp is None:
         raise ConfigError(f"kl_coef={kl_coef} needs reference log-probs (ref_logp); pass them or set kl_coef=0")
     per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high, ratio_level=ratio_level,

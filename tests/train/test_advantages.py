@@ -334,3 +334,24 @@ def test_sample_segments_properties(counts, budget, seed):
     unfinished = [per_traj[i] for i in range(len(counts)) if per_traj[i] < counts[i]]
     if unfinished:
         assert max(per_traj) - min(unfinished) <= 1
+
+
+def test_advantage_settings_and_inputs_that_are_no_numbers_are_refused():
+    rewards = torch.tensor([[1.0, 0.0, 0.5]])
+    for eps in (-1.0, 0.0, math.nan):
+        with pytest.raises(ConfigError, match="eps must be a finite number > 0"):
+            grpo_advantages(rewards, eps=eps)
+    adv = torch.tensor([1.0, -1.0])
+    scores = [[3.0], [5.0]]
+    for lam, delta, said in ((math.inf, 0.1, "lam must be a finite number >= 0"), (-1.0, 0.1, "lam must be"),
+                             (0.5, 5.0, r"delta must be in \[0, 1\]"), (0.5, math.nan, "delta must be")):
+        with pytest.raises(ConfigError, match=said):
+            pcar_segment_advantages(adv, scores, lam=lam, delta=delta)
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        pcar_segment_advantages(torch.tensor([1.0, math.nan]), scores, lam=0.5, delta=0.1)
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        dcpo_segment_advantages(torch.tensor([math.inf, 0.0]), [1, 1])
+    with pytest.raises(ValueError, match=r"segment counts must be ints >= 0, got \[1.5, 1\]"):
+        dcpo_segment_advantages(adv, [1.5, 1])
+    with pytest.raises(ConfigError, match="budget must be an int >= 0, got 2.5"):
+        sample_segments([2, 2], budget=2.5)

@@ -336,3 +336,23 @@ def test_sequence_ratio_is_the_same_at_every_token_of_a_sequence():
     mask = torch.ones(1, 4)
     losses, _ = ppo_clip_token_losses(logp, old, torch.tensor([1.0]), ratio_level="sequence", mask=mask)
     assert torch.unique(losses.detach()).numel() == 1
+
+
+def test_policy_loss_refuses_tensors_that_would_only_broadcast_and_a_kl_coef_that_is_no_number():
+    logp, mask = torch.zeros(4, 5), torch.ones(4, 5)
+    adv = torch.ones(4)
+    settings = dict(clip_low=0.2, clip_high=0.2)
+    for name, bad in (("old_logp", torch.zeros(1, 5)), ("mask", torch.ones(5)), ("mask", torch.ones(4, 1))):
+        tensors = {"old_logp": logp, "mask": mask, name: bad}
+        with pytest.raises(ValueError, match=rf"{name} has shape \({', '.join(map(str, bad.shape))},?\), logp \(4, 5\)"):
+            policy_loss(logp, tensors["old_logp"], adv, tensors["mask"], **settings)
+    with pytest.raises(ValueError, match=r"advantages has shape \(2, 1, 1\); with logp of shape \(4, 5\) it is one per "
+                                         r"sequence \(\(4,\) or \(4, 1\)\) or one per token \(\(4, 5\)\)"):
+        policy_loss(logp, logp, torch.ones(2, 1, 1), mask, **settings)
+    with pytest.raises(ValueError, match=r"logp must be \[batch, seq\]"):
+        policy_loss(logp.view(-1), logp.view(-1), adv, mask.view(-1), **settings)
+    with pytest.raises(ConfigError, match="kl_coef must be a finite number >= 0, got nan"):
+        policy_loss(logp, logp, adv, mask, kl_coef=math.nan, ref_logp=logp, **settings)
+    for good in (adv, adv.view(4, 1), torch.ones(4, 5)):  # one per sequence, or per token
+        loss, _ = policy_loss(logp, logp, good, mask, **settings)
+        assert loss.item() == pytest.approx(-1.0)
