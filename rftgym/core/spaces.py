@@ -118,6 +118,9 @@ class ContextSpace(spaces.Space[Context]):
 
     def to_jsonable(self, sample_n: Sequence[Context]) -> list[list[dict[str, str]]]:
         """Each context as a list of ``{"role", "content", "id"}`` dicts (what ``json.dumps`` takes)."""
+        if isinstance(sample_n, Context):  # iterating it would give its messages
+            raise TypeError("to_jsonable takes a sequence of contexts (Gymnasium's sample_n); wrap one in a list: "
+                            "to_jsonable([context])")
         return [context.to_list() for context in sample_n]
 
     def from_jsonable(self, sample_n: Sequence[Sequence[dict[str, str]]]) -> list[Context]:

@@ -9,6 +9,7 @@ pass over a step's samples (minibatches, gradient accumulation, the loss) is
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -69,6 +70,14 @@ from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, s
 from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
 
+def _is_json(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def segment_seed(seed: int, rank: int) -> int:
     """The seed of a rank's generator for DCPO segment picks and minibatch shuffles: drawn from
     (seed, rank) apart from the sampler's ``seed + rank``, since two CPU generators seeded alike
@@ -118,6 +127,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         refuse_idle_algorithm(config.algo, config.env_id)
     # One process unless started by torchrun / accelerate launch.
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
+    unsaved = [key for key, value in config.env_kwargs.items() if not _is_json(value)]
+    if unsaved and ranks.is_main:
+        warn_caller(f"env_kwargs {unsaved} are not JSON values (e.g. objects); the checkpoint keeps only their text, so "
+                    "a resume must give them again (train(config, resume=True) with this config does; `rftgym train "
+                    "--resume` cannot)")
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
                           f"processes ({ranks.world_size}) so that every rank rolls out the same number of tasks",

@@ -115,6 +115,8 @@ def test_context_space_samples_round_trip_through_json():
     assert all(isinstance(c, list) and all(set(m) == {"role", "content", "id"} for m in c) for c in written)
     assert space.from_jsonable(json.loads(json.dumps(written))) == samples
     assert space.to_jsonable([Context()]) == [[]] and space.from_jsonable([[]]) == [Context()]
+    with pytest.raises(TypeError, match=r"wrap one in a list: to_jsonable\(\[context\]\)"):
+        space.to_jsonable(samples[0])
 
 
 def test_context_space_from_jsonable_says_what_a_json_context_is():

@@ -243,6 +243,18 @@ def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_po
     assert not (tmp_path / "run").exists()
 
 
+def test_env_options_that_are_no_json_are_said_to_be_kept_as_text(tmp_path, make_char_policy):
+    from pathlib import Path
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    with pytest.warns(UserWarning, match=r"env_kwargs \['dataset_path'\] are not JSON values .* the checkpoint keeps "
+                                         r"only their text, so a resume must give them again"):
+        train(config(tmp_path, steps=1, env_kwargs={"dataset_path": Path(data)}), policy=make_char_policy())
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    assert state["config"]["env_kwargs"] == {"dataset_path": str(data)}
+
+
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):
     plain = train(config(tmp_path, "a", steps=1), policy=make_char_policy(), make_env=SayAEnv)
     checkpointed = train(config(tmp_path, "b", steps=1, gradient_checkpointing=True), policy=make_char_policy(),
