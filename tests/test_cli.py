@@ -626,7 +626,7 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
     (["eval", ENV_ID, "--agent", "random", "--seed", "-3"], "--seed must be in [0, 2^63)"),
     (["eval", ENV_ID, "--agent", "random", "--sample-seed", "-3"], "--sample-seed must be in [0, 2^63)"),
     (["train", ENV_ID, "--seed", "99999999999999999999999"], "--seed must be in [0, 2^63)"),
-    (["eval", ENV_ID, "--agent", "hf", "--model", "m", "--device", "foo"], "is not a torch device"),
+    (["eval", ENV_ID, "--agent", "hf", "--model", "m", "--device", "foo"], "--device foo: not a torch device; use cpu, cuda or cuda:N"),
     # flags the run's agent would not read
     (["eval", ENV_ID, "--agent", "random", "--device", "cuda"], "--device is read by the local models (--agent "
                                                                  "default or hf) only, and this run's agent is random"),
@@ -776,6 +776,9 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert "give that environment and that --out" in capsys.readouterr().err
     assert exit_code(command[:2] + ["rftgym/MemoryQA-v0"] + command[2:] + ["--out", str(tmp_path), "--resume"]) == 2
     assert "give that environment and that --out" in capsys.readouterr().err
+    assert exit_code(["eval", "rftgym/MemoryQA-v0", "--agent", "random", "--baselines", "--out", str(out),
+                      "--resume"]) == 2
+    assert "without --baselines" in capsys.readouterr().err
 
 
 def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):
@@ -1424,3 +1427,12 @@ def test_an_eval_refused_after_its_out_was_checked_leaves_no_folder_behind(out, 
     assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", "nowhere", *(["--out", out] if out else [])]) == 2
     assert "--model: 'nowhere' is not a local Hugging Face model directory" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"] and not any((tmp_path / "runs").iterdir())
+
+
+def test_baseline_files_keep_the_outs_whole_suffix(tmp_path):
+    from rftgym.cli.evaluate import _baseline_paths
+
+    for name, expected in (("he.jsonl", "he-no-memory.jsonl"), ("he.jsonl.gz", "he-no-memory.jsonl.gz"),
+                           ("he.JSONL.GZ", "he-no-memory.JSONL.GZ")):
+        paths = _baseline_paths("rftgym/MemoryQA-v0", tmp_path / name, baselines=True)
+        assert paths[""] == tmp_path / name and paths["no-memory"] == tmp_path / expected

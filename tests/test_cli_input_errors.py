@@ -361,11 +361,12 @@ def test_a_mistyped_id_of_your_own_is_suggested_with_its_module(tmp_path, monkey
     assert "(did you mean rftgym/VerifiableQA-v0?)" in capsys.readouterr().err
     # an id far from any: what the module registers is listed
     assert exit_code(["eval", "zebra_envs:mine/Other-v0", "--agent", "random"]) == 2
-    assert "unknown environment 'zebra_envs:mine/Other-v0'; zebra_envs registers mine/Zebrafish-v0; rftgym's " \
-        in capsys.readouterr().err
+    assert "unknown environment 'zebra_envs:mine/Other-v0'; the environments of zebra_envs: " \
+           "zebra_envs:mine/Zebrafish-v0; rftgym's " in capsys.readouterr().err
     (tmp_path / "no_envs.py").write_text("VALUE = 1\n")
     assert exit_code(["eval", "no_envs:mine/Other-v0", "--agent", "random"]) == 2
-    assert "; importing no_envs registers no environment; rftgym's environments: " in capsys.readouterr().err
+    assert "; no registered environment's entry point is in no_envs; rftgym's environments: " \
+        in capsys.readouterr().err
 
 
 NAMELESS_AGENTS = """

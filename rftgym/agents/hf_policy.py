@@ -116,7 +116,9 @@ class HFPolicy(Agent):
                               "?); resize the embeddings and train them, or use the tokenizer the model was made with")
         self.sampling = sampling or SamplingConfig()
         self.name = name
-        self.source_dir: str | None = None  # the model directory it was loaded from (from_pretrained), if any
+        # The model directory it was loaded from (from_pretrained), while its weights are that
+        # directory's (training in place clears it).
+        self.source_dir: str | None = None
         self._warned_context_full = False
         self._warned_prompt_cap = False
         pad = tokenizer.pad_token_id
@@ -146,7 +148,8 @@ class HFPolicy(Agent):
         lm, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
         name = DEFAULT_MODEL_NAME if model in (None, "default") else str(model)
         policy = cls(lm, tokenizer, sampling=sampling, name=name, prefix_cache_mb=prefix_cache_mb)
-        policy.source_dir = None if model in (None, "default") else str(Path(model).expanduser().resolve())
+        if model not in (None, "default") and Path(model).expanduser().is_dir():
+            policy.source_dir = str(Path(model).expanduser().resolve())
         return policy
 
     @property

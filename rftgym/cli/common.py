@@ -71,21 +71,11 @@ def _check_common(args: argparse.Namespace) -> None:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     if device:
-        import torch
+        from ..core.devices import device_problem
 
-        try:
-            parsed = torch.device(device)
-        except RuntimeError:
-            raise UsageError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
-        if parsed.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: this torch build or machine has no CUDA; use --device cpu")
-        if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
-            raise UsageError(f"--device {device!r}: rftgym runs on cpu or cuda (got the {parsed.type} device type)")
-        available = {"mps": lambda: torch.backends.mps.is_available(),  # torch.mps has it only from 2.5
-                     "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(parsed.type)
-        if available is not None and not available():
-            raise UsageError(f"--device {device}: this torch build or machine has no {parsed.type.upper()} device; "
-                             "use --device cpu")
+        problem = device_problem(device)
+        if problem is not None:
+            raise UsageError(f"--device {device}: {problem}")
     for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):
         value = getattr(args, name, None)
         if value is not None and not value.strip():  # would quietly mean the default path

@@ -72,8 +72,8 @@ def _env_spec(env_id: str):
         own = ""
         if module:
             registered = _ids_registered_by(module)
-            own = f"; {module} registers {', '.join(registered)}" if registered else \
-                f"; importing {module} registers no environment"
+            own = f"; the environments of {module}: {', '.join(f'{module}:{i}' for i in registered)}" if registered \
+                else f"; no registered environment's entry point is in {module}"
         raise UsageError(f"unknown environment {env_id!r}{guess}{own}; rftgym's environments: "
                          f"{', '.join(env_registry.env_ids())} (your own: module:EnvId, where importing module "
                          "registers EnvId with gymnasium.register)")

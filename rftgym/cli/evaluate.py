@@ -43,10 +43,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "episode is kept for the table); split it into runs with --seed S --episodes N")
     if args.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1, got {args.num_envs}")
-    if args.resume and (not args.out or len(args.env) > 1):
-        raise UsageError("--resume finishes one environment's evaluation, whose episodes are in --out's partial file "
-                         "(OUT.partial); give that environment and that --out (several environments write files of "
-                         "new names in --out, which no later run finds)")
+    if args.resume and (not args.out or len(args.env) > 1 or args.baselines):
+        raise UsageError("--resume finishes one environment's evaluation of one agent, whose episodes are in --out's "
+                         "partial file (OUT.partial); give that environment and that --out, without --baselines "
+                         "(several environments write files of new names, which no later run finds, and a baseline's "
+                         "run that finished keeps no note of its settings)")
     _check_agent_flags(args)
     repeated = sorted({env_id for env_id in args.env if args.env.count(env_id) > 1})
     if repeated:
@@ -117,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _output_paths(out: str | None, env_ids: Sequence[str], agent: str) -> dict[str, Path]:
     """Each env's episodes file: ``--out`` itself for one env, else a default name in ``--out``
     (a directory) or in runs/eval, claimed at once so that no other evaluation writes it."""
-    if out and len(env_ids) > 1 and (Path(out).suffix == ".jsonl" or Path(out).is_file()):
+    if out and len(env_ids) > 1 and (out.lower().endswith((".jsonl", ".jsonl.gz")) or Path(out).is_file()):
         raise UsageError("with several environments --out is a directory (one JSONL per environment), "
                          f"not a file; got {out}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -246,7 +247,8 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
         try:  # in seed order, then in place of any earlier file at once
-            write_episodes_jsonl(complete, run_episodes_, compressed=target.name.lower().endswith(".gz"))
+            write_episodes_jsonl(complete, run_episodes_,
+                                 compressed=path.name.lower().endswith(".gz") or target.name.lower().endswith(".gz"))
             os.replace(complete, target)
         except OSError as exc:
             raise UsageError(f"cannot write the episodes to {path} ({exc.strerror or exc}); they are all in "
@@ -264,7 +266,9 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
     """Where each run of an env's evaluation writes its episodes, by label: ``""`` (the agent as it
     is) to ``out``, and with ``--baselines`` each baseline the env declares beside it."""
     labels = [label for label, _, _ in _env_class(env_id).metadata.get("eval_baselines", ())] if baselines else []
-    return {"": out, **{label: out.with_name(f"{out.stem}-{label}{out.suffix}") for label in labels}}
+    suffix = out.name[-len(".jsonl.gz"):] if out.name.lower().endswith(".jsonl.gz") else out.suffix
+    stem = out.name[:len(out.name) - len(suffix)]
+    return {"": out, **{label: out.with_name(f"{stem}-{label}{suffix}") for label in labels}}
 
 
 def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int]) -> dict:
@@ -324,8 +328,9 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path, setting
             why = stop_reason(exc)[0] if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
             as_it_was = f"; {path} is as it was" if path.exists() else ""
             if finished or kept:
-                say(f"\n{why}: the {finished + len(kept)} finished episodes are in {partial}{as_it_was}; the same "
-                    f"command with --out {path} --resume runs the others")
+                resumable = len(args.env) == 1 and not args.baselines  # (what --resume takes)
+                how = f"; the same command with --out {path} --resume runs the others" if resumable else ""
+                say(f"\n{why}: the {finished + len(kept)} finished episodes are in {partial}{as_it_was}{how}")
             else:
                 partial.unlink(missing_ok=True)
                 _partial_settings(path).unlink(missing_ok=True)

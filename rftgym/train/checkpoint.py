@@ -97,7 +97,8 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
-    and the absolute path it was loaded from (None for the default model or a policy passed in),
+    and the absolute path it was loaded from (None for the default model, or a policy passed in that
+    was not loaded from a directory),
     which --model may have given as a relative one. Ctrl-C or SIGTERM meanwhile stops the run once
     the checkpoint is whole."""
     with _stops_deferred():
@@ -379,11 +380,15 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
 def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
     if str(saved) == str(value):  # saved values may be strings
         return True
-    if key != "model" or not isinstance(saved, str) or not isinstance(value, str):
+    if key != "model" or not isinstance(value, str):
         return False
     if isinstance(loaded_from, str) and os.path.isabs(value) \
             and os.path.realpath(value) == os.path.realpath(loaded_from):
-        return True  # the directory the checkpoint's model was loaded from, however the run named it
+        # the directory the checkpoint's model was loaded from, however the run named it (or a run that
+        # trained a policy passed in, and named none)
+        return True
+    if not isinstance(saved, str):
+        return False
     # A model directory named another way is the same directory: ./m and m (relative to whatever
     # directory each run started in, so only spelled alike), or two absolute paths to one place.
     if os.path.isabs(saved) and os.path.isabs(value):

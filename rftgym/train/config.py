@@ -171,8 +171,10 @@ class TrainConfig:
         if not isinstance(self.env_kwargs, dict) or not all(isinstance(key, str) for key in self.env_kwargs):
             raise ConfigError("env_kwargs must be a dict of environment options (by name: string keys), got "
                               f"{self.env_kwargs!r}", field="env_kwargs")
-        object.__setattr__(self, "env_kwargs", {key: _absolute_if_a_file(key, value)
-                                                for key, value in self.env_kwargs.items()})
+        # (a pathlib path is taken as its text, as output_dir's)
+        object.__setattr__(self, "env_kwargs", {
+            key: _absolute_if_a_file(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
+            for key, value in self.env_kwargs.items()})
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", field=name)

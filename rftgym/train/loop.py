@@ -24,6 +24,7 @@ import torch
 
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
+from ..core.devices import device_problem
 from ..core.errors import ConfigError, EnvContractError, TrainingError, warn_caller
 from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
@@ -91,9 +92,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     """Run ``config.steps`` steps of ``config.algo``; return the per-step metrics, each row's
     ``"step"`` the step's number as the user sees it (1 for the first step; a resumed run's first
     row is the checkpoint's step + 1). ``on_step``: called on the writing rank with each step's
-    metrics (the returned list's entry) as soon as the step is done and saved (where it saves),
-    e.g. to show progress; to stop early, raise from it: a run in one process then saves that
-    step first, so that ``resume=True`` continues from it.
+    metrics (the returned list's entry) as soon as the step is done (and saved, on a save_every
+    step), e.g. to show progress; to stop early, raise from it: a run in one process then saves
+    that step first, so that ``resume=True`` continues from it (under a launch of several
+    processes, the other ranks would wait for it until dist_timeout_s: stop those with a signal).
 
     ``policy``: an :class:`HFPolicy` to train instead of loading ``config.model`` (it is trained in
     place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
@@ -105,15 +107,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     if policy is not None and not isinstance(policy, HFPolicy):
         raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
                         f"recorded), got {type(policy).__name__}; or None to load config.model")
-    if config.device is not None:  # (the CLI checks --device likewise)
-        try:
-            device = torch.device(config.device)
-        except RuntimeError:
-            raise ConfigError(f"device={config.device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N' (or None: "
-                              "cuda if available, else cpu)", field="device") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device={config.device!r}, but this torch build or machine has no CUDA; use 'cpu' (or "
-                              "None: cuda if available, else cpu)", field="device")
+    problem = device_problem(config.device) if config.device is not None else None
+    if problem is not None:  # (as the CLI checks --device)
+        raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")
     if make_env is not None and config.env_kwargs:
         raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
                           "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
@@ -413,6 +409,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     group["lr"] = learning_rate
                 update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks,
                                   autocast)
+                policy.source_dir = None  # trained in place: its weights are no longer its directory's
                 ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
 
                 # Episode statistics over all ranks (optimise's loss statistics are already).

@@ -34,7 +34,7 @@ def trained_run(tmp_path, **settings):
     return tmp_path / "run", policy
 
 
-def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path):
+def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, capsys):
     """train(config, policy=HFPolicy.from_pretrained(DIR)) without config.model: the checkpoint names
     DIR, so the run exports and loads without base_model=."""
     from rftgym.agents.hf_policy import HFPolicy
@@ -46,11 +46,14 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path):
     policy = HFPolicy.from_pretrained(str(base), device="cpu")
     assert policy.source_dir == str(base.resolve())
     train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
+    assert policy.source_dir is None  # trained in place: another run from it names no directory
     model, _ = load_trained(tmp_path / "run", device="cpu")
     torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
     # A resume given no policy and no model loads DIR (not the default model, which it would refuse).
-    rows = train(train_config(tmp_path, "run", steps=2, device="cpu"), make_env=SayAEnv, resume=True)
+    capsys.readouterr()
+    rows = train(train_config(tmp_path, "run", steps=2), make_env=SayAEnv, resume=True)
     assert [row["step"] for row in rows] == [2]
+    assert "differ from the checkpoint" not in capsys.readouterr().err  # the same base, named two ways
 
 
 @pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])

@@ -235,24 +235,30 @@ def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_po
         train(config(tmp_path), policy=ScriptedAgent(["a"]), make_env=SayAEnv)
     with pytest.raises(ConfigError, match=r"env_kwargs \['word'\] are read only when train makes the env"):
         train(config(tmp_path, env_kwargs={"word": "a"}), policy=make_char_policy(), make_env=SayAEnv)
-    with pytest.raises(ConfigError, match="device='tpu' is not a torch device"):
+    with pytest.raises(ConfigError, match="device='tpu': not a torch device"):
         train(config(tmp_path, device="tpu"), policy=make_char_policy(), make_env=SayAEnv)
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="device='cuda', but this torch build or machine has no CUDA"):
+        with pytest.raises(ConfigError, match="device='cuda': this torch build or machine has no CUDA; use cpu"):
             train(config(tmp_path, device="cuda"), policy=make_char_policy(), make_env=SayAEnv)
     assert not (tmp_path / "run").exists()
 
 
-def test_env_options_that_are_no_json_are_said_to_be_kept_as_text(tmp_path, make_char_policy):
-    from pathlib import Path
+def test_env_options_that_are_no_json_are_said_to_be_kept_as_text(tmp_path, monkeypatch, make_char_policy):
+    from support import ECHO_MODULE
 
-    data = tmp_path / "tasks.jsonl"
-    data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
-    with pytest.warns(UserWarning, match=r"env_kwargs \['dataset_path'\] are not JSON values .* the checkpoint keeps "
-                                         r"only their text, so a resume must give them again"):
-        train(config(tmp_path, steps=1, env_kwargs={"dataset_path": Path(data)}), policy=make_char_policy())
+    # An env with an option the user gives an object (a set here: not a JSON value).
+    module = ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoNote-v0").replace('def __init__(self, word="hi"):',
+                                                                           'def __init__(self, word="hi", note=None):')
+    (tmp_path / "echo_note_module.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(UserWarning, match=r"env_kwargs \['note'\] are not JSON values .* the checkpoint keeps only "
+                                         r"their text, so a resume must give them again"):
+        train(config(tmp_path, steps=1, env_id="echo_note_module:mine/EchoNote-v0", env_kwargs={"note": {"a"}}),
+              policy=make_char_policy())
     state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
-    assert state["config"]["env_kwargs"] == {"dataset_path": str(data)}
+    assert state["config"]["env_kwargs"] == {"note": "{'a'}"}
+    assert TrainConfig(env_kwargs={"dataset_path": tmp_path / "x.jsonl"}).env_kwargs == \
+        {"dataset_path": str(tmp_path / "x.jsonl")}  # a pathlib path is a path (and JSON, as text)
 
 
 def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_policy):

@@ -1,0 +1,23 @@
+"""Whether a torch device named by a user (``--device``, ``TrainConfig.device``) can run rftgym here."""
+
+from __future__ import annotations
+
+
+def device_problem(device: str) -> str | None:
+    """What is wrong with running on ``device`` on this machine, said to follow the setting's name
+    ("--device X: ..."), or None when it can run there."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return "not a torch device; use cpu, cuda or cuda:N"
+    if parsed.type not in ("cpu", "cuda", "mps", "xpu"):
+        return f"rftgym runs on cpu or cuda (got the {parsed.type} device type)"
+    available = {"cuda": torch.cuda.is_available,
+                 "mps": lambda: torch.backends.mps.is_available(),  # torch.mps has it only from 2.5
+                 "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(parsed.type)
+    if available is not None and not available():
+        what = "CUDA" if parsed.type == "cuda" else f"{parsed.type.upper()} device"
+        return f"this torch build or machine has no {what}; use cpu"
+    return None
