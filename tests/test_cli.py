@@ -761,9 +761,13 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert "ran with other settings (seed 4 -> 5; sample_seed 0 -> 3)" in capsys.readouterr().err
     assert exit_code(command + ["--out", str(out)]) == 2
     assert "finish it with the same command and --resume" in capsys.readouterr().err
-    # A last line cut short by a kill while it was written is dropped.
+    # An episode twice is refused, naming it; a last line cut short by a kill while it was written is dropped.
     partial = tmp_path / "eval.jsonl.partial"
-    partial.write_bytes(partial.read_bytes() + b'{"env_id": "rftgym/Verif')
+    lines = partial.read_bytes().splitlines(keepends=True)
+    partial.write_bytes(b"".join(lines + lines[-1:]))
+    assert exit_code(command + ["--out", str(out), "--resume"]) == 2
+    assert f"--resume: {partial} holds two episodes of seed" in capsys.readouterr().err
+    partial.write_bytes(b"".join(lines) + b'{"env_id": "rftgym/Verif')
     assert main(command + ["--out", str(out), "--resume"]) == 0
     err = capsys.readouterr().err
     assert "dropped the unfinished last line" in err and "3 of 8 episodes were finished" in err

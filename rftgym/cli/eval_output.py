@@ -163,12 +163,15 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
         raise UsageError(f"--resume: {exc}; move {partial} away to run the evaluation afresh") from None
     planned, seen = set(seeds), set()
     for episode in episodes:
-        if episode.env_id != env_id or episode.seed not in planned or episode.seed in seen:
-            what = ("a second episode of seed" if episode.seed in seen else
-                    f"an episode of {episode.env_id}, seed" if episode.env_id != env_id else "an episode of seed")
-            raise UsageError(f"--resume: {partial} holds {what} {episode.seed}, which is not one this evaluation "
-                             f"runs ({env_id}, seeds {seeds[0]} to {seeds[-1]}); move it away to run afresh")
-        seen.add(episode.seed)
+        if episode.seed in seen:
+            problem = f"two episodes of seed {episode.seed}"
+        elif episode.env_id != env_id or episode.seed not in planned:
+            problem = (f"an episode of {episode.env_id}, seed {episode.seed}, which this evaluation does not run "
+                       f"({env_id}, seeds {seeds[0]} to {seeds[-1]})")
+        else:
+            seen.add(episode.seed)
+            continue
+        raise UsageError(f"--resume: {partial} holds {problem}; move it away to run afresh")
     return episodes
 
 

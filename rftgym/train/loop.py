@@ -71,6 +71,30 @@ from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, s
 from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
 
+def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
+    """What :func:`train` cannot use, refused before any work: another type than it takes, a device
+    torch cannot run on here, env options beside an env the caller makes, an FSDP run without a
+    launch, and PCAR or DCPO on an env that declares it gives them nothing to work on."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"train takes a TrainConfig, got {type(config).__name__} (a dict of settings: "
+                        "TrainConfig.from_dict(settings))")
+    if policy is not None and not isinstance(policy, HFPolicy):
+        raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
+                        f"recorded), got {type(policy).__name__}; or None to load config.model")
+    problem = device_problem(config.device) if config.device is not None else None
+    if problem is not None:  # (as the CLI checks --device)
+        raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")
+    if make_env is not None and config.env_kwargs:
+        raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
+                          "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
+                          "so that the checkpoint does not name options the run never used)", field="env_kwargs")
+    if config.parallelism == "fsdp" and "RANK" not in os.environ:
+        raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
+                          "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
+    if make_env is None:  # (an env made by the caller declares nothing here)
+        refuse_idle_algorithm(config.algo, config.env_id)
+
+
 def _is_json(value) -> bool:
     try:
         json.dumps(value, allow_nan=False)
@@ -101,26 +125,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
     ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
     **config.env_kwargs)``."""
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"train takes a TrainConfig, got {type(config).__name__} (a dict of settings: "
-                        "TrainConfig.from_dict(settings))")
-    if policy is not None and not isinstance(policy, HFPolicy):
-        raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
-                        f"recorded), got {type(policy).__name__}; or None to load config.model")
-    problem = device_problem(config.device) if config.device is not None else None
-    if problem is not None:  # (as the CLI checks --device)
-        raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")
-    if make_env is not None and config.env_kwargs:
-        raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
-                          "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
-                          "so that the checkpoint does not name options the run never used)", field="env_kwargs")
+    check_train_arguments(config, policy, make_env)
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
-    if fsdp and "RANK" not in os.environ:
-        raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
-                          "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
-    if make_env is None:  # (an env made by the caller declares nothing here)
-        refuse_idle_algorithm(config.algo, config.env_id)
     # One process unless started by torchrun / accelerate launch.
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
     unsaved = [key for key, value in config.env_kwargs.items() if not _is_json(value)]
