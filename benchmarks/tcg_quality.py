@@ -16,7 +16,9 @@ What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit
 * mutation score: AST mutants of the reference (see ``rftgym.envs.code.mutants``; at most
   ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
   dataset ships) against the whole TCG suite (ours);
-* agreement with the dataset's own tests (HumanEval ``check``, MBPP asserts) for the reference.
+* agreement with the dataset's own tests (HumanEval ``check``, MBPP asserts) for the reference;
+  and the dataset's literal asserts (``assert f(...) == value``) whose stated value the tests'
+  expected output (the reference's) contradicts, which ``CodeTCGEnv`` warns of.
 
 The last line is one JSON object with the headline figures.
 """
@@ -34,7 +36,7 @@ from rftgym.envs.code.harness import grade_many, run_dataset_tests_many
 from rftgym.envs.code.mutants import quality_report, summarize
 from rftgym.envs.code.sandbox import make_sandbox
 from rftgym.envs.code.tasks import parse_args_source
-from rftgym.envs.code.tcg import TCGConfig, build_tests_many
+from rftgym.envs.code.tcg import TCGConfig, build_tests_many, stated_and_contradicted
 from rftgym.envs.code.trivial import one_step_programs
 
 # The shared data folder beside the checkout.
@@ -119,6 +121,10 @@ def main() -> None:
     with_checks = [c for c in checks if c.passed is not None]
     dataset_ok = sum(bool(c.passed) for c in with_checks)
     dataset_fail = [(t.task_id, c.error) for t, c in zip(built, checks) if c.passed is False]
+    # The dataset's literal asserts (assert f(...) == value) against the outputs the tests took from the reference.
+    stated = [stated_and_contradicted(t, t.tests) for t in built]
+    asserts_compared = sum(count for count, _ in stated)
+    contradicted = [(t.task_id, test.input, value) for t, (_, wrong) in zip(built, stated) for test, value in wrong]
 
     summary = {"tasks": len(built), "tests_per_task": sum(len(t.tests) for t in built) / max(1, len(built))}
     if not args.skip_mutants:
@@ -153,6 +159,8 @@ def main() -> None:
         print(f"{label + ': most of any task':44s}{max(best['dataset'], default=0):>20.3f}"
               f"{max(best['tcg'], default=0):>16.3f}")
     print(f"{'reference passes the dataset own tests':44s}{dataset_ok:>14d}/{len(with_checks)}")
+    print(f"{'literal dataset asserts the TCG outputs break':44s}{'':>20s}"
+          f"{len(contradicted):>10d}/{asserts_compared}")
     print(f"{'seconds: build tests / grade ref+wrong':44s}{t_build:>20.1f}{t_grade:>16.1f}")
     for task_id, status, passed, total in ref_fail:
         print(f"  reference failure: {task_id}: {status} {passed}/{total}")
@@ -160,10 +168,13 @@ def main() -> None:
         print(f"  trivial answer passing >= 0.8 of the TCG suite: {task_id}: {answer} ({rate:.3f})")
     for task_id, error in dataset_fail:
         print(f"  dataset-test failure: {task_id}: {error}")
+    for task_id, source, value in contradicted:
+        print(f"  dataset assert contradicted: {task_id}: {source} == {value!r}")
     headline = {"bench": "tcg_quality", "dataset": args.dataset, "tasks": len(built), "limit": args.limit,
                 "tests_per_task": round(summary["tests_per_task"], 2),
                 "reference_pass_testable": sum(r.pass_rate == 1.0 for r in testable), "testable": len(testable),
                 "wrong_fails": len(testable) - len(wrong_pass), "dataset_check_pass": dataset_ok,
+                "literal_asserts_compared": asserts_compared, "literal_asserts_contradicted": len(contradicted),
                 "best_constant_mean": {k: round(v, 3) for k, v in means.items()},
                 "best_constant_ge_0.8": {k: sum(b >= 0.8 for b in v) for k, v in constants.items()},
                 "best_trivial_mean": {k: round(v, 3) for k, v in trivial_means.items()},

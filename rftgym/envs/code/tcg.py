@@ -271,15 +271,23 @@ def _warn_untestable(task: CodeTask, reason: str) -> None:
                 "'untestable' and a pass rate of 0")
 
 
+def stated_and_contradicted(task: CodeTask, tests: Sequence[TestCase]) -> tuple[int, list[tuple[TestCase, object]]]:
+    """How many of ``tests`` a literal assert of the task's dataset states an output for
+    (``assert f(...) == literal``), and those whose reference output contradicts it, each with the
+    stated value."""
+    if not task.dataset_tests or task.style != "function":
+        return 0, []
+    stated = stated_outputs(task.dataset_tests, task.entry_point)
+    compared = [test for test in tests if test.input in stated and test.expected is not None]
+    return len(compared), [(test, stated[test.input]) for test in compared
+                           if not encoded_equal(encode(stated[test.input]), test.expected)]
+
+
 def _warn_if_the_dataset_disagrees(task: CodeTask, tests: Sequence[TestCase]) -> None:
     """Say so when the task's reference returns other values than its dataset's asserts state (a
     dataset row at odds with itself): the tests take the reference's outputs, while the prompt
     shows the dataset's assert, so the model would be graded against what it was shown."""
-    if not task.dataset_tests or task.style != "function":
-        return
-    stated = stated_outputs(task.dataset_tests, task.entry_point)
-    wrong = [(test, stated[test.input]) for test in tests if test.input in stated and test.expected is not None
-             and not encoded_equal(encode(stated[test.input]), test.expected)]
+    _, wrong = stated_and_contradicted(task, tests)
     if not wrong:
         return
     test, value = wrong[0]
