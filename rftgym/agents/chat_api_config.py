@@ -149,22 +149,11 @@ class ChatAPIConfig:
             set_("api_key", key or None)
 
         # sampling
-        if not is_finite_real(self.temperature) or self.temperature < 0:
-            raise ConfigError(
-                f"ChatAPIConfig.temperature must be a finite number >= 0 (0 is greedy), "
-                f"got {self.temperature!r}",
-                field="temperature",
-            )
-        if not is_finite_real(self.top_p) or not 0 < self.top_p <= 1:
-            raise ConfigError(
-                f"ChatAPIConfig.top_p must be a number in (0, 1], got {self.top_p!r}",
-                field="top_p",
-            )
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ConfigError(
-                f"ChatAPIConfig.max_tokens must be an integer >= 1, got {self.max_tokens!r}",
-                field="max_tokens",
-            )
+        self._check_numbers(
+            ("temperature", lambda v: is_finite_real(v) and v >= 0, "a finite number >= 0 (0 is greedy)"),
+            ("top_p", lambda v: is_finite_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+            ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        )
 
         # stop: accept a single string or any sequence of strings; store a tuple
         stop = self.stop
@@ -188,30 +177,14 @@ class ChatAPIConfig:
             set_("seed", int(self.seed))  # a numpy integer would not go into the JSON body
 
         # transport
-        if not is_finite_real(self.timeout_s) or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
-            raise ConfigError(
-                f"ChatAPIConfig.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] (a day at most), "
-                f"got {self.timeout_s!r}",
-                field="timeout_s",
-            )
-        if not is_int(self.max_retries) or self.max_retries < 0:
-            raise ConfigError(
-                f"ChatAPIConfig.max_retries must be an integer >= 0 (0 disables retries), "
-                f"got {self.max_retries!r}",
-                field="max_retries",
-            )
-        if not is_finite_real(self.backoff_s) or not 0 <= self.backoff_s <= MAX_BACKOFF_SETTING_S:
-            raise ConfigError(
-                f"ChatAPIConfig.backoff_s must be a number of seconds in [0, {MAX_BACKOFF_SETTING_S:g}], "
-                f"got {self.backoff_s!r}",
-                field="backoff_s",
-            )
-        if not is_int(self.max_concurrency) or self.max_concurrency < 1:
-            raise ConfigError(
-                f"ChatAPIConfig.max_concurrency must be an integer >= 1, "
-                f"got {self.max_concurrency!r}",
-                field="max_concurrency",
-            )
+        self._check_numbers(
+            ("timeout_s", lambda v: is_finite_real(v) and 0 < v <= MAX_TIMEOUT_S,
+             f"a number of seconds in (0, {MAX_TIMEOUT_S:g}] (a day at most)"),
+            ("max_retries", lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 disables retries)"),
+            ("backoff_s", lambda v: is_finite_real(v) and 0 <= v <= MAX_BACKOFF_SETTING_S,
+             f"a number of seconds in [0, {MAX_BACKOFF_SETTING_S:g}]"),
+            ("max_concurrency", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        )
         for name in _NUMERIC_FIELDS:
             set_(name, _plain_number(getattr(self, name)))
 
@@ -240,6 +213,13 @@ class ChatAPIConfig:
                     field="extra_body",
                 ) from None
             set_("extra_body", copied)
+
+    def _check_numbers(self, *checks) -> None:
+        """``(field, valid, what it must be)`` each: the first field whose value is not valid is refused."""
+        for name, valid, allowed in checks:
+            value = getattr(self, name)
+            if not valid(value):
+                raise ConfigError(f"ChatAPIConfig.{name} must be {allowed}, got {value!r}", field=name)
 
     @property
     def url(self) -> str:
