@@ -377,8 +377,17 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
                   if key not in RESUME_FREE and key in saved and not _same_setting(key, saved[key], value, loaded_from))
 
 
+def _as_saved(value):
+    """``value`` as state.json gives it back (a tuple as a list), or as it is where JSON cannot hold it."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return value
+
+
 def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
-    if str(saved) == str(value):  # saved values may be strings
+    # saved values may be strings (a hand edit), and JSON saved tuples (an env's difficulties) as lists
+    if str(saved) == str(value) or _as_saved(saved) == _as_saved(value):
         return True
     if key != "model" or not isinstance(value, str):
         return False

@@ -682,6 +682,10 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
     assert resume_changes(saved, {"model": "m", "seed": 0, "temperature": 1.0, "steps": 5}) == []
     assert resume_changes(saved, {"model": "m/", "seed": 1, "temperature": 0.7, "steps": 5}) == ["seed", "temperature"]
     assert resume_changes(saved, {"model": "other", "seed": 0, "temperature": 1.0}) == ["model"]
+    # state.json holds a tuple option as a list: the same setting
+    options = {"env_kwargs": {"difficulties": [1, 2]}}
+    assert resume_changes(options, {"env_kwargs": {"difficulties": (1, 2)}}) == []
+    assert resume_changes(options, {"env_kwargs": {"difficulties": (1, 3)}}) == ["env_kwargs"]
     # Absolute paths to one place are one directory; a relative one is not compared with an
     # absolute one (it was relative to the directory the first run started in).
     absolute = {"model": str(tmp_path / "m")}
