@@ -785,6 +785,32 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert "without --baselines" in capsys.readouterr().err
 
 
+def test_an_interrupted_eval_of_an_env_of_your_own_resumes(tmp_path, monkeypatch, capsys):
+    from support import ECHO_MODULE
+
+    import rftgym.rollout as rollout
+
+    (tmp_path / "echo_resume_module.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoResume-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = rollout.run_episodes
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:2], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "echo.jsonl"
+    command = ["eval", "echo_resume_module:mine/EchoResume-v0", "--agent", "random", "--episodes", "4",
+               "--env-arg", "word=x", "--out", str(out)]
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    assert main(command) == 130
+    monkeypatch.setattr(rollout, "run_episodes", real)
+    capsys.readouterr()
+    # The episodes name their env mine/EchoResume-v0, as its spec does; the command names its module too.
+    assert main(command + ["--resume"]) == 0
+    assert "2 of 4 episodes were finished" in capsys.readouterr().err
+    assert [e.seed for e in read_episodes_jsonl(out)] == [0, 1, 2, 3]
+
+
 def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):
     import os
     import signal

@@ -162,10 +162,11 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
     except DataFormatError as exc:
         raise UsageError(f"--resume: {exc}; move {partial} away to run the evaluation afresh") from None
     planned, seen = set(seeds), set()
+    recorded_id = env_id.rpartition(":")[2]  # an episode names its env by its spec's id, without module:
     for episode in episodes:
         if episode.seed in seen:
             problem = f"two episodes of seed {episode.seed}"
-        elif episode.env_id != env_id or episode.seed not in planned:
+        elif episode.env_id != recorded_id or episode.seed not in planned:
             problem = (f"an episode of {episode.env_id}, seed {episode.seed}, which this evaluation does not run "
                        f"({env_id}, seeds {seeds[0]} to {seeds[-1]})")
         else:
