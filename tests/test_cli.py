@@ -1140,6 +1140,13 @@ class Sampler(Agent):
 
 def sampler_without_seed(temperature):
     return Answers4()
+
+
+class ClosesBadly(Answers4):
+    name = "closes-badly"
+
+    def close(self):
+        raise RuntimeError("close failed")
 """
 
 
@@ -1156,7 +1163,10 @@ def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypat
     for argv, message, code in [
         (["--agent", "my_agents_mod:nothing"], "cannot load 'nothing' from 'my_agents_mod'", 2),
         (["--agent", "no_such_agents_mod:X"], "cannot load 'X' from 'no_such_agents_mod'", 2),
-        (["--agent", "my_agents_mod:NOT_AN_AGENT"], "is a int; name an Agent", 2),
+        (["--agent", "my_agents_mod:NOT_AN_AGENT"], "is an int; name an Agent", 2),
+        (["--agent", "my_agents_mod:make_itt"], "'my_agents_mod' has no 'make_itt' (did you mean 'make_it'?)", 2),
+        (["--agent", "my_agents_mod:sampler_without_seed"], "needs 'temperature', which the command line does not "
+                                                            "give; give --temperature, or give the parameter a default", 2),
         (["--agent", "my_agents_mod:broken"], "making the agent raised RuntimeError: no weights here", 1),
         (["--agent", "nonsense"], "invalid choice: 'nonsense'", 2),
         (["--agent", "my_agents_mod:Answers4", "--model", "x"], "--model is for --agent hf", 2),
@@ -1164,6 +1174,11 @@ def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypat
         argv = ["eval", ENV_ID, "--episodes", "1", *argv]
         assert (exit_code(argv) if code == 2 else main(argv)) == code, argv
         assert message in capsys.readouterr().err, argv
+    # An agent whose close() fails: the results stay, with a warning naming it.
+    assert main(["eval", ENV_ID, "--agent", "my_agents_mod:ClosesBadly", "--episodes", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "closes-badly" in captured.out.splitlines()[2]
+    assert "agent 'closes-badly': close() raised RuntimeError: close failed" in captured.err
 
 
 def test_sampling_flags_reach_an_agent_of_your_own_or_are_refused(tmp_path, monkeypatch, capsys):
@@ -1205,12 +1220,27 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
     (tmp_path / "rft_probe_entry.py").write_text(
         "import gymnasium as gym\ngym.register('mine/BadEntry-v0', entry_point='rft_probe_entry:nothere')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for env_id, message in [("rft_probe_syntax:mine/X-v0", "cannot import 'rft_probe_syntax' (SyntaxError: "),
-                            ("rft_probe_raises:mine/X-v0", "cannot import 'rft_probe_raises' (RuntimeError: boom at import)"),
+    (tmp_path / "rft_probe_needs.py").write_text("import rft_no_such_dependency\n")
+    (tmp_path / "rft_probe_init.py").write_text(
+        "import gymnasium as gym\n\nclass Broken(gym.Env):\n    def __init__(self):\n        raise OSError('no disk')\n\n"
+        "gym.register('mine/BrokenInit-v0', entry_point=Broken)\n")
+    raises = tmp_path / "rft_probe_raises.py"
+    for env_id, message in [("rft_probe_syntax:mine/X-v0", "cannot import 'rft_probe_syntax': SyntaxError: "),
+                            ("rft_probe_raises:mine/X-v0", "cannot import 'rft_probe_raises': RuntimeError: boom at "
+                                                           f"import, raised at {raises}:1; fix the module"),
+                            ("rft_probe_needs:mine/X-v0", "cannot import 'rft_probe_needs': importing it needs "
+                                                          "'rft_no_such_dependency', raised at "),
+                            ("rft_probe_nothere:mine/X-v0", "cannot import 'rft_probe_nothere': no module "
+                                                            "'rft_probe_nothere' is on the Python path"),
                             ("rft_probe_entry:mine/BadEntry-v0", "its entry point 'rft_probe_entry:nothere' cannot be "
-                                                                 "loaded (AttributeError: ")]:
+                                                                 "loaded: 'rft_probe_entry' has no 'nothere'")]:
         assert exit_code(["eval", env_id, "--agent", "random", "--episodes", "1"]) == 2
         assert message in capsys.readouterr().err, env_id
+    # An env whose constructor raises: an error naming it, and the constructor's traceback.
+    assert main(["eval", "rft_probe_init:mine/BrokenInit-v0", "--agent", "random", "--episodes", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "mine/BrokenInit-v0 could not be made: its constructor raised OSError: no disk" in err
+    assert "raise OSError('no disk')" in err
 
 
 def test_a_service_that_is_down_is_one_line_not_a_traceback(capsys):

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from ..core.errors import ChatAPIError, ConfigError, warn_caller
 from ..core.messages import Context
-from ..core.values import is_finite_real
+from ..core.values import a_type, is_finite_real
 from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, error_body_time,
                         open_within, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
@@ -482,7 +482,7 @@ class ChatAPIAgent(Agent):
                 raise fail("a part of choices[0].message.content has a 'text' that is not a string")
             text = "".join(t for t in texts if t is not None)
         else:
-            raise fail(f"choices[0].message.content is a {type(content).__name__}")
+            raise fail(f"choices[0].message.content is {a_type(content)}")
         finish_reason = choice.get("finish_reason")
         if not isinstance(finish_reason, str):
             finish_reason = None

@@ -11,8 +11,9 @@ import urllib.parse
 from typing import Any
 
 from ..core.errors import AgentError, ConfigError
+from ..core.values import a_type
 from .common import UsageError, _check_model_dir, _flagged, _json_object
-from .user_code import _load_object
+from .user_code import _load_object, load_failure
 
 
 AGENTS = ("default", "hf", "api", "random", "adversarial")
@@ -63,6 +64,16 @@ def _takes(factory, parameter: str) -> bool:
                for p in parameters)
 
 
+def _required_parameters(factory, given: dict[str, Any]) -> list[str]:
+    """The parameters ``factory`` needs that ``given`` lacks (none where it has no signature to read)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is p.empty and p.name not in given
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
     """The agent ``--agent module:name`` names: ``name`` in ``module`` (imported as an env module
     is, the current directory on the path) is an Agent or a callable that returns one (a class, a
@@ -75,10 +86,10 @@ def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
     try:
         found = _load_object(path)
     except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
-        raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r} ({type(exc).__name__}: {exc}); "
-                         "give module:name with a module on the Python path") from None
+        raise UsageError(f"--agent {path!r}: cannot load {name!r} from {module!r}: {load_failure(module, exc)}") \
+            from None
     if not isinstance(found, Agent) and not callable(found):
-        raise UsageError(f"--agent {path!r} is a {type(found).__name__}; name an Agent, or a class or function "
+        raise UsageError(f"--agent {path!r} is {a_type(found)}; name an Agent, or a class or function "
                          "that makes one")
     made = isinstance(found, Agent)
     refused = [flag for flag, (parameter, _) in sampling.items() if made or not _takes(found, parameter)]
@@ -89,12 +100,19 @@ def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
                          f"sample as asked; drop {' and '.join(refused)}, or name a class or function that takes "
                          f"{' and '.join(sampling[flag][0] + '=' for flag in refused)}")
     if not made:
+        given = {parameter: value for parameter, value in sampling.values()}
+        needed = _required_parameters(found, given)
+        if needed:
+            flags = {parameter: flag for flag, (parameter, _) in SAMPLING_FLAGS.items()}
+            how = [f"give {flags[n]}" for n in needed if n in flags]
+            raise UsageError(f"--agent {path!r} needs {' and '.join(map(repr, needed))}, which the command line does not "
+                             f"give; {', or '.join(how + ['give the parameter a default' + ('s' if len(needed) > 1 else '')])}")
         try:
-            found = found(**{parameter: value for parameter, value in sampling.values()})
+            found = found(**given)
         except Exception as exc:  # noqa: BLE001 (the user's factory)
             raise AgentError(f"--agent {path!r}: making the agent raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(found, Agent):
-        raise UsageError(f"--agent {path!r} made a {type(found).__name__}, not an rftgym Agent; subclass "
+        raise UsageError(f"--agent {path!r} made {a_type(found)}, not an rftgym Agent; subclass "
                          "rftgym.agents.base.Agent (act(contexts) -> list of AgentReply)")
     if found.name == Agent.name:  # it named itself nothing: the table and its errors call it as the user did
         found.name = path

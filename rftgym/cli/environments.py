@@ -17,11 +17,12 @@ from typing import Any, Sequence
 import gymnasium as gym
 
 from .. import envs as env_registry
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, EnvError, RftgymError
 from ..core.spaces import ContextSpace
+from ..core.values import a_type
 from ..envs.common import env_entry_point
 from .common import UsageError
-from .user_code import _import_users_module, _load_object
+from .user_code import _import_users_module, _load_object, load_failure
 
 
 # gymnasium.make's own parameters that no env can be given as an option (make(id, **options)
@@ -61,9 +62,8 @@ def _env_spec(env_id: str):
         try:
             _import_users_module(module)
         except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
-            raise UsageError(f"environment {env_id!r}: cannot import {module!r} ({type(exc).__name__}: {exc}); give "
-                             "module:EnvId with a module on the Python path that registers EnvId with "
-                             "gymnasium.register") from None
+            raise UsageError(f"environment {env_id!r}: cannot import {module!r}: "
+                             f"{load_failure(module, exc, form='module:EnvId')}") from None
     if bare not in gym.registry:
         # An id that only the user's module registers is found only through it: the hint keeps the module.
         close = [known if known in env_registry.ENVS or not module else f"{module}:{known}"
@@ -82,9 +82,8 @@ def _env_spec(env_id: str):
         try:
             _load_object(spec.entry_point)
         except Exception as exc:  # noqa: BLE001 (importing the entry point's module runs the user's code)
-            raise UsageError(f"environment {env_id!r}: its entry point {spec.entry_point!r} cannot be loaded "
-                             f"({type(exc).__name__}: {exc}); register it as 'module:Class' with an importable "
-                             "module") from None
+            raise UsageError(f"environment {env_id!r}: its entry point {spec.entry_point!r} cannot be loaded: "
+                             f"{load_failure(spec.entry_point.partition(':')[0], exc, form='module:Class')}") from None
     return spec
 
 
@@ -149,10 +148,14 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         if hint is None:
             raise
         raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
+    except RftgymError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (an env's constructor, the user's code, may raise anything)
+        raise EnvError(f"{env_id} could not be made: its constructor raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(env.observation_space, ContextSpace):  # found now, not at the first reset after a model loads
         space = env.observation_space
         env.close()
-        raise UsageError(f"{env_id} is not an rftgym environment: its observation space is a {type(space).__name__}, "
+        raise UsageError(f"{env_id} is not an rftgym environment: its observation space is {a_type(space)}, "
                          "where an rftgym env's observation is the chat context (observation_space "
                          "rftgym.core.spaces.ContextSpace, actions AssistantText). rftgym's own: "
                          f"{', '.join(env_registry.env_ids())}; for an env of your own, see 'Your own env and agent' "

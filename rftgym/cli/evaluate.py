@@ -22,7 +22,7 @@ from .environments import _env_class, _make_env, _parse_env_args, _short_name
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
                           _users_sources, _writable_file)
 from .sigterm import say, stop_reason
-from .user_code import _load_object
+from .user_code import _load_object, load_failure
 
 
 DEFAULT_EVAL_EPISODES = 32
@@ -108,11 +108,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise
     finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
         if agent is not None:
-            agent.close()
+            _close_agent(agent)
         _remove_empty_partials([*paths, *outs.values()])  # outs: default names claimed before a refusal
         _remove_empty_folders(made)  # a refusal leaves no folder it made for --out
     _print_eval_results(len(env_ids), rows, written, context_full)
     return 0
+
+
+def _close_agent(agent) -> None:
+    """Close the agent; a close() that raises is said, not raised: the episodes are written by then,
+    and the results table (or the error that stopped the run) is what the user needs to see."""
+    try:
+        agent.close()
+    except Exception as exc:  # noqa: BLE001 (an agent of your own may raise anything)
+        say(f"warning: agent {getattr(agent, 'name', type(agent).__name__)!r}: close() raised {type(exc).__name__}: "
+            f"{exc} (the episodes and results are kept)")
 
 
 def _output_paths(out: str | None, env_ids: Sequence[str], agent: str) -> dict[str, Path]:
@@ -220,9 +230,8 @@ def _check_eval_metadata(env_id: str, baselines: bool) -> None:
             try:
                 _load_object(wrapper)
             except Exception as exc:  # noqa: BLE001 (the user's module may raise anything while importing)
-                raise ConfigError(f"{env_id}: the baseline {label!r}'s agent wrapper {wrapper!r} cannot be loaded "
-                                  f"({type(exc).__name__}: {exc}); give 'module:Wrapper' with an importable module") \
-                    from None
+                raise ConfigError(f"{env_id}: the baseline {label!r}'s agent wrapper {wrapper!r} cannot be loaded: "
+                                  f"{load_failure(wrapper.partition(':')[0], exc, form='module:Wrapper')}") from None
 
 
 def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):

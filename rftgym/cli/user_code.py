@@ -3,10 +3,12 @@ baseline's wrapper): imported with the current directory on the path, or found w
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
 import sys
+import traceback
 
 
 def _cwd_on_path() -> None:
@@ -36,9 +38,39 @@ def _module_source(module: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+class NotInModule(AttributeError):
+    """The module of ``module:name`` was imported and has no ``name``."""
+
+
 def _load_object(path: str):
     """The object ``module:name`` names (an env's entry point, an agent, a baseline's wrapper)."""
     module_name, _, name = path.partition(":")
     if not module_name or not name:
         raise ValueError(f"{path!r} is not of the form 'module:name'")
-    return getattr(_import_users_module(module_name), name)
+    module = _import_users_module(module_name)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        names = [n for n in vars(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(name, names, n=1)
+        raise NotInModule(f"{module_name!r} has no {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                          + f"; it is {getattr(module, '__file__', None) or module_name}") from None
+
+
+def load_failure(module: str, exc: BaseException, form: str = "module:name") -> str:
+    """Why loading from ``module`` failed, and what to do, for a message. A module that is not
+    there is told apart from one that was found and failed while it ran: for that one, the file and
+    line where its error was raised (a syntax error names them itself)."""
+    if isinstance(exc, NotInModule):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
+        return (f"no module {exc.name!r} is on the Python path (the current directory is searched too); give "
+                f"{form} with a module on the Python path")
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc}; fix the module"
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not frame.filename.startswith("<") and "importlib" not in frame.filename]
+    where = f", raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return f"importing it needs {exc.name!r}{where}, which is not installed; install it"
+    return f"{type(exc).__name__}: {exc}{where}; fix the module"

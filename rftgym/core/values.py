@@ -13,6 +13,12 @@ import numbers
 import numpy as np
 
 
+def a_type(value) -> str:
+    """``value``'s type with its article, for a message: ``an int``, ``a dict``."""
+    name = type(value).__name__
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
 def is_int(value) -> bool:
     """An integer, Python's or numpy's, and not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))

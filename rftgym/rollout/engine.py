@@ -40,7 +40,7 @@ from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError, warn_caller
 from ..core.messages import Context, Message
 from ..core.records import Episode, Turn
-from ..core.values import is_finite_real, is_int
+from ..core.values import a_type, is_finite_real, is_int
 from ..envs.common import INFO_IF_CUT, REWARD_IF_CUT, settle_cut
 
 
@@ -366,7 +366,7 @@ def _check_replies(agent: Agent, replies, expected: int) -> None:
     token-level replies matching token records (they become the training data)."""
     name = _agent_name(agent)
     if not isinstance(replies, (list, tuple)):
-        raise AgentError(f"agent {name!r} returned a {type(replies).__name__} from act(); return a list of "
+        raise AgentError(f"agent {name!r} returned {a_type(replies)} from act(); return a list of "
                          "AgentReply, one per context")
     if len(replies) != expected:
         raise AgentError(f"agent {name!r} returned {len(replies)} replies for {expected} contexts")
@@ -449,7 +449,7 @@ def _call_env(env: gym.Env, episode_seed, call: str, turn: int, *args, **kwargs)
 
 def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
     if not isinstance(result, tuple) or len(result) != size:
-        shape = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        shape = f"a {len(result)}-tuple" if isinstance(result, tuple) else a_type(result)
         raise EnvContractError(f"{_env_id(env)} (seed {seed}) {call} returned {shape}; Gymnasium's {call} returns a "
                                f"{size}-tuple")
     return result
@@ -459,10 +459,10 @@ def _check_observation(where: str, context, info) -> None:
     """What reset and step hand back (``where`` ends in the verb, e.g. "... reset to"): the chat
     context and an info dict."""
     if not isinstance(context, Context):
-        raise EnvContractError(f"{where} a {type(context).__name__}; an rftgym env's observation is the chat "
+        raise EnvContractError(f"{where} {a_type(context)}; an rftgym env's observation is the chat "
                                "context (rftgym.core.messages.Context)")
     if not isinstance(info, dict):
-        raise EnvContractError(f"{where} a {type(info).__name__} as its info; Gymnasium's info is a dict")
+        raise EnvContractError(f"{where} {a_type(info)} as its info; Gymnasium's info is a dict")
 
 
 def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> float:
