@@ -2,7 +2,9 @@
 one-context-at-a-time ``transformers.generate`` loop, side by side in one run.
 
 Both run the same seeded VerifiableQA-v0 episodes with greedy decoding and the same token
-budget. Ours also records exact tokens and log-probs; the plain loop records text only.
+budget. Ours also records exact tokens and log-probs; the plain loop records text only. One
+untimed episode warms both up first, and each batch size starts with an empty prefix cache: a row
+reuses only the prompts of its own episodes, never the states an earlier row computed.
 
     python benchmarks/rollout_cpu.py [--episodes 32] [--max-new-tokens 64] [--batch-sizes 1 8 32]
 
@@ -60,6 +62,11 @@ def main() -> None:
     policy = HFPolicy.from_pretrained(device="cpu")
     rows, results = [], {}
 
+    # Warm-up (first calls allocate and pick kernels), untimed, for both engines.
+    plain_generate_loop(policy.model, policy.tokenizer, seeds[:1], args.max_new_tokens)
+    policy.sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    run_episodes(lambda: gym.make(ENV_ID), policy, seeds[:1])
+
     started = time.perf_counter()
     rewards, generated = plain_generate_loop(policy.model, policy.tokenizer, seeds, args.max_new_tokens)
     elapsed = time.perf_counter() - started
@@ -69,6 +76,7 @@ def main() -> None:
     for batch in args.batch_sizes:
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0, max_batch_size=batch)
         policy.sampling = sampling
+        policy.clear_prefix_cache()  # the row's own episodes only (the same seeds ran in the row before)
         started = time.perf_counter()
         episodes = run_episodes(lambda: gym.make(ENV_ID), policy, seeds, config=RolloutConfig(num_envs=batch))
         elapsed = time.perf_counter() - started
