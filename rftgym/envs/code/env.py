@@ -32,7 +32,8 @@ Reward (paid on the turn that ends the episode)
     ``test_reward="pass_rate"`` (the default, as O1-CODER) ``tests_score`` is the fraction of the
     task's tests passed by the last submission (0 for a syntax error or a missing entry point,
     which are told apart in ``info["status"]``; after ``max_timeouts`` tests over their time limit
-    the rest count as failed, unrun); with ``test_reward="all_passed"`` it is 1 when every test
+    (``per_test_seconds`` each, 2 by default; the whole run gets time for all of them, and at least
+    ``timeout_seconds``) the rest count as failed, unrun); with ``test_reward="all_passed"`` it is 1 when every test
     passed, else 0 (the sparse outcome reward of DeepSeek-R1 and DeepCoder: a partial answer, a
     predicate's constant ``return False`` among them, earns nothing from the tests; the
     pseudocode turn's process reward below, when on, still scores a plan by its completions'
@@ -65,7 +66,8 @@ Info keys
     ``status`` (``"ok"``, ``"syntax_error"``, ``"missing_entry_point"``, ``"timeout"``,
     ``"crashed"``, ``"import_error"``, ``"no_code"``, ``"untestable"``; one test over its time
     limit is an error of that test), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
-    input, expected, got, error, seconds, passed, origin), ``format_ok``, ``format_error``,
+    input, expected, got, error, seconds, passed, origin), ``syntax_error`` (whether the graded code
+    did not parse), ``format_ok``, ``format_error``,
     ``success`` (every test passed), ``first_attempt_success`` (whether the episode's first graded
     submission passed every test: None until one is graded; ``rftgym eval``'s pass@1, which with
     ``max_attempts > 1`` is not the episode's success), ``step_scores`` (pseudocode turns), ``sandbox`` (its
@@ -106,7 +108,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
-from .harness import DEFAULT_MAX_TIMEOUTS, check_max_timeouts
+from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds
 from .process import PolicyRollouts, RolloutStepScorer, rollout_samples
 from .sandbox import SandboxLimits
 from .sandbox_shared import shared_sandbox
@@ -145,6 +147,9 @@ class CodeTCGConfig:
     # programs can read the host's files, the benchmark's solutions among them. `rftgym train`
     # sets it unless given, as a policy under training is rewarded for finding that.
     require_isolation: bool = False
+    # Each test's time limit; a submission's whole run gets time for all its tests at this rate
+    # (at least timeout_seconds, at most harness.MAX_TOTAL_SECONDS).
+    per_test_seconds: float = PER_TEST_SECONDS
     timeout_seconds: float = 10.0
     memory_mb: int = 512
     max_attempts: int = 1
@@ -205,6 +210,7 @@ class CodeTCGConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{name} must be an int of at least {least}, got {value!r}")
         check_max_timeouts(self.max_timeouts)
+        check_per_test_seconds(self.per_test_seconds)
         turns_needed = self.max_attempts + int(self.pseudocode)
         if self.max_turns is None:
             object.__setattr__(self, "max_turns", turns_needed + 1)
@@ -215,8 +221,9 @@ class CodeTCGConfig:
                 or self.timeout_seconds <= 0:
             raise ConfigError(f"timeout_seconds must be a positive number, got {self.timeout_seconds!r}")
         if not 0.01 <= self.timeout_seconds <= 3600:
-            raise ConfigError(f"timeout_seconds must be in [0.01, 3600] (a submission's base wall and CPU limit), "
-                              f"got {self.timeout_seconds!r}")
+            raise ConfigError(f"timeout_seconds must be in [0.01, 3600] (the least wall and CPU time a submission's "
+                              f"whole run gets; each test's own limit is per_test_seconds), got {self.timeout_seconds!r}",
+                              field="timeout_seconds")
         if not 64 <= self.memory_mb <= MAX_MEMORY_MB:
             raise ConfigError(f"memory_mb must be in [64, {MAX_MEMORY_MB}] (Python itself needs about 64; "
                               f"{MAX_MEMORY_MB} MiB is 1 TiB per submission), got {self.memory_mb}", field="memory_mb")
@@ -376,7 +383,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         # of this env's own grading in its share (given back with it); any other is used as given.
         scorer = cfg.step_scorer
         own_share = isinstance(scorer, RolloutStepScorer) and scorer.grades_in_a_sandbox_of_its_own
-        self._step_scorer = scorer.in_sandbox(self.sandbox, max_timeouts=cfg.max_timeouts) if own_share else scorer
+        self._step_scorer = scorer.in_sandbox(self.sandbox, max_timeouts=cfg.max_timeouts,
+                                              per_test_seconds=cfg.per_test_seconds) if own_share else scorer
 
     def _share_resources(self, clone: "CodeTCGEnv") -> None:
         clone._open_resources(self.sandbox.name)
@@ -475,7 +483,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
         if not self.task.tests:
             result = self._untestable()
         else:
-            result = grade(self.task, code, self.sandbox, max_timeouts=self.config.max_timeouts)
+            result = grade(self.task, code, self.sandbox, per_test_seconds=self.config.per_test_seconds,
+                           max_timeouts=self.config.max_timeouts)
         self._last.update(status=result.status, passed=result.passed, total=result.total,
                           pass_rate=result.pass_rate, syntax_error=result.status == "syntax_error",
                           tests=[_test_record(r) for r in result.results])

@@ -122,6 +122,13 @@ def check_max_timeouts(value) -> None:
                           field="max_timeouts")
 
 
+def check_per_test_seconds(per_test_seconds) -> None:
+    if isinstance(per_test_seconds, bool) or not isinstance(per_test_seconds, (int, float)) \
+            or not 0.01 <= per_test_seconds <= MAX_TOTAL_SECONDS:
+        raise ConfigError(f"per_test_seconds must be a number in [0.01, {MAX_TOTAL_SECONDS:g}] (each test's time "
+                          f"limit), got {per_test_seconds!r}", field="per_test_seconds")
+
+
 def import_seconds(per_test_seconds: float) -> float:
     """How long the runner gives the candidate's code to be defined."""
     return max(2.0, 2 * float(per_test_seconds))
@@ -202,8 +209,7 @@ def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: S
     """Run each ``(task, code, inputs)`` in one program, all programs concurrently. With
     ``max_timeouts``, a run skips its remaining tests after that many per-test timeouts; with
     ``hash_seeds`` (one per job), each program runs under its own ``PYTHONHASHSEED``."""
-    if not isinstance(per_test_seconds, (int, float)) or not per_test_seconds > 0:
-        raise ConfigError(f"per_test_seconds must be a positive number, got {per_test_seconds!r}")
+    check_per_test_seconds(per_test_seconds)
     outcomes: list[RunOutcome | None] = [None] * len(jobs)
     programs, where = [], []
     for index, (task, code, inputs) in enumerate(jobs):

@@ -23,7 +23,7 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from .feedback import extract_code
-from .harness import DEFAULT_MAX_TIMEOUTS, check_max_timeouts, grade_many
+from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds, grade_many
 
 COMPLETION_PROMPT = (
     "{task}\n\nA plan for the solution, as pseudocode steps:\n{steps}\n\n"
@@ -36,7 +36,7 @@ class RolloutStepScorer:
 
     Without a ``sandbox`` it grades in a share of the process's local sandbox, with its default
     limits; given to CodeTCG as its ``step_scorer``, each env grades it in the env's own sandbox
-    share instead (:meth:`in_sandbox`), with the env's ``max_timeouts``: the completions are the
+    share instead (:meth:`in_sandbox`), with the env's ``max_timeouts`` and ``per_test_seconds``: the completions are the
     policy's code as much as its submissions are, so they run under the env's backend, limits and
     ``require_isolation``, and a looping one costs what a looping submission costs.
 
@@ -45,13 +45,15 @@ class RolloutStepScorer:
     per-test time limit (None: every test runs)."""
 
     def __init__(self, agent, *, samples: int = 1, sandbox=None, max_steps: int = 8,
-                 max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS):
+                 max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS, per_test_seconds: float = PER_TEST_SECONDS):
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ConfigError(f"samples must be a positive int, got {samples!r}", field="samples")
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ConfigError(f"max_steps must be a positive int, got {max_steps!r}", field="max_steps")
         check_max_timeouts(max_timeouts)
+        check_per_test_seconds(per_test_seconds)
         self.agent, self.samples, self.max_steps, self.max_timeouts = agent, samples, max_steps, max_timeouts
+        self.per_test_seconds = float(per_test_seconds)
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
 
@@ -60,18 +62,21 @@ class RolloutStepScorer:
         """Whether no sandbox was given to it (it then opens a local one when it first grades)."""
         return self._owns_sandbox
 
-    def in_sandbox(self, sandbox, *, max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS) -> "RolloutStepScorer":
+    def in_sandbox(self, sandbox, *, max_timeouts: int | None = DEFAULT_MAX_TIMEOUTS,
+                   per_test_seconds: float = PER_TEST_SECONDS) -> "RolloutStepScorer":
         """This scorer over the same agent, grading in ``sandbox`` (which its owner closes) with
-        ``max_timeouts`` (the env's own, so that completions are graded as submissions are)."""
+        ``max_timeouts`` and ``per_test_seconds`` (the env's own, so that completions are graded as
+        submissions are)."""
         return RolloutStepScorer(self.agent, samples=self.samples, sandbox=sandbox, max_steps=self.max_steps,
-                                 max_timeouts=max_timeouts)
+                                 max_timeouts=max_timeouts, per_test_seconds=per_test_seconds)
 
     def __deepcopy__(self, memo: dict) -> "RolloutStepScorer":
         # The agent is shared, not copied (a policy holds a model; gymnasium's env checker copies an
         # env's spec, scorer included); a sandbox given to it stays its owner's, one of its own is not
         # carried over (the copy opens its own when it first grades).
         return RolloutStepScorer(self.agent, samples=self.samples, max_steps=self.max_steps,
-                                 max_timeouts=self.max_timeouts, sandbox=None if self._owns_sandbox else self._sandbox)
+                                 max_timeouts=self.max_timeouts, per_test_seconds=self.per_test_seconds,
+                                 sandbox=None if self._owns_sandbox else self._sandbox)
 
     @property
     def sandbox(self):
@@ -93,7 +98,7 @@ class RolloutStepScorer:
         codes = [extract_code(parse_tags(r.text, ("think",)))[0] for r in replies]
         # One batch: the sandbox runs the completions side by side instead of one after another.
         graded = iter(grade_many([(task, code) for code in codes if code is not None], self.sandbox,
-                                 max_timeouts=self.max_timeouts))
+                                 self.per_test_seconds, max_timeouts=self.max_timeouts))
         rates = [next(graded).pass_rate if code is not None else 0.0 for code in codes]
         return [sum(rates[i:i + self.samples]) / self.samples for i in range(0, len(rates), self.samples)]
 

@@ -52,6 +52,21 @@ def test_reference_solution_gets_full_reward(generated_env):
     assert all(t["passed"] for t in info["tests"]) and {"input", "expected", "got", "seconds"} <= set(info["tests"][0])
 
 
+def test_per_test_seconds_is_each_tests_time_limit(tmp_path):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", per_test_seconds=0.3, max_timeouts=2,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4, n_edge=2))
+    env.reset(seed=3)  # a stdin/stdout task: the program runs once per test
+    task = env.unwrapped.task
+    assert task.style == "stdio"
+    _, _, _, _, info = env.step(fenced("import time\ntime.sleep(0.6)\n" + task.reference))
+    env.close()
+    errors = [t["error"] or "" for t in info["tests"]]
+    assert info["passed"] == 0 and errors[0].startswith("Timeout: the test took longer than 0.3 s"), errors
+    assert all(e.startswith("Skipped") for e in errors[2:]), errors
+
+
 def test_wrong_solution_gets_less_and_syntax_error_is_told_apart(generated_env):
     generated_env.reset(seed=5)
     task = generated_env.unwrapped.task
@@ -356,6 +371,8 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(max_timeouts=0), "max_timeouts"),
     (dict(timeout_seconds=1e308), r"timeout_seconds must be in \[0.01, 3600\]"),
     (dict(timeout_seconds=1e-9), "timeout_seconds must be in"),
+    (dict(per_test_seconds=0), r"per_test_seconds must be a number in \[0.01, 120\] \(each test's time limit\)"),
+    (dict(per_test_seconds=True), "per_test_seconds must be a number"),
     (dict(max_timeouts=2.5), "max_timeouts"),
     (dict(process_weight=float("nan")), "process_weight must be a finite non-negative number"),
     (dict(process_weight=float("inf")), "process_weight must be a finite non-negative number"),
