@@ -116,9 +116,13 @@ def check_bool_options(config, names: tuple[str, ...]) -> None:
 
 def check_path_options(config, names: tuple[str, ...]) -> None:
     """Each of ``config``'s ``names`` is None or a non-empty path (``--env-arg dataset_path=`` gives
-    an empty one, which would read as the current directory or as no file at all)."""
+    an empty one, which would read as the current directory or as no file at all); a pathlib path
+    is kept as its text (a config is compared, and written to JSON, by its values)."""
     for name in names:
         value = getattr(config, name)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+            object.__setattr__(config, name, value)  # (in the frozen config's own __post_init__)
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{name} must be a path to a file, got {value!r} (on the command line a value that "
                               f"reads as JSON is taken as JSON: quote the path as a JSON string, --env-arg "
@@ -159,6 +163,26 @@ def refuse_unread_option(config, name: str, *, because: str, fix: str) -> None:
     value = getattr(config, name)
     if value != default:
         raise ConfigError(f"{name}={value!r} {because}; {fix}", field=name)
+
+
+class PathsAsText:
+    """Mixin: the spec ``gym.make`` records keeps a pathlib option (``dataset_path=Path(...)``) as
+    its text, as the config reads it, so that ``env.spec.to_json()`` writes it (gymnasium sets the
+    spec after the env is made, through this setter)."""
+
+    _spec = None
+
+    @property
+    def spec(self):
+        return self._spec
+
+    @spec.setter
+    def spec(self, value) -> None:
+        kwargs = getattr(value, "kwargs", None)
+        if isinstance(kwargs, dict) and any(isinstance(v, os.PathLike) for v in kwargs.values()):
+            value = dataclasses.replace(value, kwargs={key: os.fspath(v) if isinstance(v, os.PathLike) else v
+                                                       for key, v in kwargs.items()})
+        self._spec = value
 
 
 class ClosableEnv:

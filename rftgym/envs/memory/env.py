@@ -137,6 +137,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
+from ..common import PathsAsText
 from ..copying import CopyableEnv, Share
 from ..search.corpora import has_own_corpus
 from ..search.retrievers import check_retriever_options, corpus_source, open_retriever
@@ -270,7 +271,7 @@ class _Turn:
     prune_errors: list[str] = field(default_factory=list)
 
 
-class MemoryQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
+class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     """Several questions in one episode; evidence overflows the context unless the agent prunes.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``

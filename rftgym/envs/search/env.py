@@ -120,6 +120,7 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from . import protocol
+from ..common import PathsAsText
 from ..copying import CopyableEnv, Share
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, check_retriever_options, corpus_source, open_retriever
@@ -209,7 +210,7 @@ class SearchEvalQAConfig:
         return 0.0 if self.violation_gate == "zero" else float(self.violation_gate)
 
 
-class SearchEvalQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
+class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     """Multi-hop QA where every search must be followed at once by an evaluation.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the retriever) and ``pickle``

@@ -64,6 +64,7 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
+from ..common import PathsAsText
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, check_task_selection, covering_episodes,
@@ -134,7 +135,7 @@ class VerifiableQAConfig:
             raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight!r}")
 
 
-class VerifiableQAEnv(CopyableEnv, ClosableEnv, gym.Env[Context, str]):
+class VerifiableQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     """Single- or few-turn questions with a checkable answer, given in <answer> tags.
 
     ``copy.deepcopy(env)`` branches an episode (the copies share the dataset) and ``pickle`` sends
