@@ -28,7 +28,7 @@ needs_qa_data = pytest.mark.skipif(not (QA_DIR / "hotpotqa_100.json").is_file(),
                                    reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"question_id", "hops", "answerable", "turn", "searches", "query", "doc_ids", "evaluation_score",
              "confidence", "evaluation_note", "evaluation_end", "protocol_violation", "protocol_violations", "segments",
-             "answer", "em", "f1", "gated", "format_error", "success"}
+             "answer", "em", "f1", "gated", "format_error", "success", "search_limit_reached"}
 
 
 def run_episode(env, actions):
@@ -310,6 +310,13 @@ def test_search_budget_truncates():
     assert len(steps) == 3
     _, reward, terminated, truncated, info = steps[-1]
     assert truncated and not terminated and reward == 0.0 and info["searches"] == 2 and "expected" in info
+    assert info["search_limit_reached"] and not any(step[-1]["search_limit_reached"] for step in steps[:-1])
+    # An answer after the search past the limit, in the same turn, is not played: the info says why.
+    env.reset(seed=0)
+    env.step("<search>a</search>")
+    env.step("<evaluate>score: 1 no</evaluate><search>b</search>")
+    _, _, terminated, truncated, info = env.step("<evaluate>score: 1 no</evaluate><search>c</search><answer>x</answer>")
+    assert truncated and not terminated and info["answer"] is None and info["search_limit_reached"]
 
 
 def test_search_limit_message_mode():
@@ -317,7 +324,7 @@ def test_search_limit_message_mode():
     env.reset(seed=0)
     env.step("<search>a</search>")
     obs, _, terminated, truncated, info = env.step("<evaluate>score: 1 no</evaluate><search>b</search>")
-    assert not (terminated or truncated) and info["searches"] == 1
+    assert not (terminated or truncated) and info["searches"] == 1 and info["search_limit_reached"]
     assert "Search limit reached (1 searches)" in obs[-1].content
     # no hint or prompt to search again once none is left
     assert "search again" not in obs[-1].content and "Continue: search" not in obs[-1].content

@@ -60,8 +60,10 @@ Reward (paid on the turn that ends the episode; 0 on other turns)
 
 Episode end
     ``terminated`` on an answer. ``truncated`` when ``max_turns`` turns passed, or when a search
-    would exceed ``max_searches`` (with ``on_search_limit="truncate"``; with ``"message"`` the
-    search is not run and the observation says the limit was reached, as in AutoCoA).
+    would exceed ``max_searches`` (with ``on_search_limit="truncate"``; the rest of that turn, an
+    answer after the search too, is not played; with ``"message"`` the search is not run and the
+    observation says the limit was reached, as in AutoCoA). Either way that turn's
+    ``info["search_limit_reached"]`` is True.
 
 Info keys
     ``question_id``, ``hops``, ``answerable``, ``turn``, ``searches``, ``query`` and ``doc_ids``
@@ -75,8 +77,8 @@ Info keys
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
     ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1``, ``gated``, ``format_error``,
     ``success`` (exact match, or a refusal of an unanswerable question, in an episode without a
-    protocol violation; ``em`` is the match alone), and ``expected`` (the gold answers) once the
-    episode has ended.
+    protocol violation; ``em`` is the match alone), ``search_limit_reached`` (this turn asked for a
+    search past ``max_searches``), and ``expected`` (the gold answers) once the episode has ended.
 
 Options to ``reset``
     ``task_index`` picks a question of a loaded dataset. Otherwise, with
@@ -430,10 +432,10 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
             out.problems.append("an empty <search> was not run")
             return False
         if self._searches >= self.config.max_searches:
+            out.past_search_limit = True
             if self.config.on_search_limit == "truncate":
-                out.truncated = True
+                out.truncated = True  # the rest of the turn (an answer after the search too) is not played
             else:
-                out.search_refused = True
                 out.notes.append(f"Search limit reached ({self.config.max_searches} searches); the search was not "
                                  "run. Give your final answer in <answer>…</answer>.")
             return False
@@ -517,6 +519,7 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
             "format_error": summarize_problems(out.problems + [protocol.VIOLATION_MESSAGES[kind] for kind in
                                                                out.violation_kinds if kind == "malformed_evaluation"]),
             "success": out.success,
+            "search_limit_reached": out.past_search_limit,
         }
         if self._done:
             info["expected"] = list(self.question.answers)
@@ -592,7 +595,7 @@ class _TurnOutcome:
     gated: bool = False
     terminated: bool = False
     truncated: bool = False
-    search_refused: bool = False  # a search past the limit: its note says to answer
+    past_search_limit: bool = False  # a search past max_searches (with "message", its note says to answer)
 
     def flag(self, kind: str) -> None:
         self.violation = self.violation or kind
@@ -606,7 +609,7 @@ class _TurnOutcome:
             parts.append(f"Format problems: {summarize_problems(self.problems)}.")
         if self.results is not None:
             parts += [self.results, protocol.EVALUATE_REMINDER]
-        elif not self.search_refused:  # its note already says to answer
+        elif not self.past_search_limit:  # its note already says to answer (or the episode is over)
             parts.append(protocol.CONTINUE_PROMPT if searches_left else protocol.ANSWER_PROMPT)
         return "\n\n".join(parts)
 
