@@ -242,6 +242,9 @@ def free(answer: str) -> Task:
     ("-3", "\u20133", True), ("3", "\u20133", False),  # an en dash written for a minus is one
     ("-3", "\u2014 3", True), ("3", "Answer\u20143", True),  # so is an em dash, where no word stands before it
     ("3", "3\u20135", False),  # a range is no answer
+    ("5", "not 5", False), ("5", "It isn't 5", False), ("5", "no, 5", False),  # a denial holds the number
+    ("Paris", "not Paris", False), ("5", "nothing but 5", True),  # (a word that begins with "no" denies nothing)
+    ("Not applicable", "not applicable", True),  # an answer that denies is said by denying
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

@@ -186,7 +186,13 @@ def is_correct(task: Task, given: str) -> bool:
     return any(_answers(task, text) for text in dict.fromkeys(readings))
 
 
+# Words that deny what follows them: "not 5" holds the number 5 and does not answer 5.
+_NEGATION = re.compile(r"\b(?:not|no|never|none|neither|nor)\b|n['\u2019]t\b", re.IGNORECASE)
+
+
 def _answers(task: Task, given: str) -> bool:
+    if _NEGATION.search(given) and not _NEGATION.search(task.answer):
+        return False
     if task.choices:
         index = _choice_index(given, task.choices)
         return index is not None and task.choices[index] == task.answer
