@@ -339,6 +339,8 @@ def test_single_kind_and_difficulty_are_accepted():
 
 @pytest.mark.parametrize("options, message", [
     ({"kind": "poetry"}, "unknown task kind 'poetry'"),
+    ({"kind": ["weekday"]}, r"kind must be one task kind, .* got \['weekday'\]; to draw from several, make the env "
+                            r"with kinds=\[...\]"),
     ({"difficulty": 0}, "difficulty must be one of"),
     ({"difficulty": 9}, "difficulty must be one of"),
     ({"difficulty": "3"}, "difficulty must be one of"),

@@ -383,6 +383,9 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
     ([{"question": "q", "answer": "x", "choices": ["x"]}], 1, "'choices' must be a list of at least 2"),
     ([{"question": "q", "answer": "x", "choices": "xy"}], 1, "'choices' must be a list of at least 2"),
     ([{"question": "q", "answer": "x", "choices": ["x", None]}], 1, "'choices' must be a list of at least 2"),
+    ([{"question": "q", "answer": "x", "choices": ["x", True]}], 1, "'choices' must be a list of at least 2"),
+    (['{"question": "q", "answer": "x", "choices": ["x", NaN]}'], 1, "'choices' must be a list .* got \\['x', nan\\]"),
+    ([{"question": "q", "answer": "a", "kind": ["a"]}], 1, "'kind' must be a non-empty string .* got \\['a'\\]"),
     ([{"question": "q", "answer": "x", "choices": ["x", "x", "y"]}], 1, "'choices' has duplicates"),
     ([{"question": "q", "answer": "x", "choices": [str(i) for i in range(27)]}], 1, "at most 26 choices"),
     # Choices that differ only in case or spacing can never be named by their text.

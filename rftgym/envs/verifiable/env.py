@@ -270,6 +270,9 @@ class VerifiableQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
         kind = options.get("kind")
         if kind is None:
             kind = kinds[int(self.np_random.integers(len(kinds)))]
+        if not isinstance(kind, str):  # (a list of kinds is the config's kinds=, not a reset option)
+            raise ValueError(f"kind must be one task kind, one of {sorted(GENERATORS)}, got {kind!r}; to draw from "
+                             "several, make the env with kinds=[...]")
         difficulty = options.get("difficulty")
         if difficulty is None:
             difficulty = difficulties[int(self.np_random.integers(len(difficulties)))]

@@ -379,8 +379,11 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
         raise DataFormatError(f"{where}: 'answer' {answer!r} reads as a number but has no value (a zero "
                               "denominator); give the number it stands for")
     if choices is not None:
-        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, (str, int, float)) for c in choices):
-            raise DataFormatError(f"{where}: 'choices' must be a list of at least 2 strings")
+        if not isinstance(choices, list) or len(choices) < 2 or not all(
+                isinstance(c, str) or (isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c))
+                for c in choices):
+            raise DataFormatError(f"{where}: 'choices' must be a list of at least 2 strings (or finite numbers), got "
+                                  f"{choices!r}")
         if len(choices) > len(LETTERS):
             raise DataFormatError(f"{where}: at most {len(LETTERS)} choices are supported")
         choices = tuple(c if isinstance(c, str) else _number_text(c) for c in choices)
@@ -408,7 +411,11 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
     difficulty = record.get("difficulty", 0)
     if not is_int(difficulty):
         raise DataFormatError(f"{where}: 'difficulty' must be an integer (0 = unrated), got {difficulty!r}")
-    return Task(str(task_id), question.strip(), answer, choices, str(record.get("kind", "custom")), int(difficulty))
+    kind = record.get("kind", "custom")
+    if not isinstance(kind, str) or not kind.strip():
+        raise DataFormatError(f"{where}: 'kind' must be a non-empty string (the task's kind, reported per kind), got "
+                              f"{kind!r}")
+    return Task(str(task_id), question.strip(), answer, choices, kind, int(difficulty))
 
 
 def _other_dataset(record: dict) -> str:
