@@ -356,6 +356,15 @@ def test_tokens_are_counted_with_the_given_counter_and_summed():
     assert steps[-1][2] and steps[-1][4]["success"]
 
 
+@pytest.mark.parametrize("count", ["x", -5, 2.5, None])
+def test_a_counter_that_returns_no_token_count_is_named(count):
+    env = small_env(count_tokens=lambda context: count)
+    with pytest.raises(ValueError, match=f"count_tokens returned {count!r} for a context of 2 messages; it must return "
+                                         "the context's number of tokens"):
+        env.reset(seed=0)
+    env.close()
+
+
 def test_turn_and_tool_call_budgets():
     env = small_env(max_turns=2)
     env.reset(seed=0)

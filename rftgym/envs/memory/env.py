@@ -362,7 +362,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._correct: dict[int, bool] = {}
         self._paid = 0.0  # the score paid out so far
         self._done = False
-        self._observation_tokens = self._budget_tokens = self.count_tokens(self._context)
+        self._observation_tokens = self._budget_tokens = self._tokens(self._context)
         budget = self.config.max_context_tokens
         over_budget = budget is not None and self._budget_tokens > budget
         if over_budget and not self._warned_start_over_budget:  # once per env: a setting, not an episode
@@ -380,7 +380,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._turn += 1
         # Measured again now rather than reusing the last step's count, so that a counter whose
         # result changes once the agent has seen its reply (a cache, a binding) is honoured.
-        context_tokens = self.count_tokens(self._context)
+        context_tokens = self._tokens(self._context)
         self._total_tokens += context_tokens
         self._peak_tokens = max(self._peak_tokens, context_tokens)
         action, cut = read_action(action, self.config.max_action_chars)
@@ -394,7 +394,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             self._status_ids.clear()
         context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)
         # The budget is the agent's: it counts what the agent can prune, not the env's statuses.
-        budget_tokens = self.count_tokens(context.without(self._status_ids) if self._status_ids else context)
+        budget_tokens = self._tokens(context.without(self._status_ids) if self._status_ids else context)
         budget = self.config.max_context_tokens
         near_budget = budget is not None and budget_tokens >= WARN_FRACTION * budget
         over_budget = budget is not None and budget_tokens > budget
@@ -404,7 +404,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             status = self._ids.message("user", self._status(turn, budget_tokens, terminated, truncated))
             self._status_ids.add(status.id)
             context = context.appended(status)
-        observation_tokens = self.count_tokens(context)
+        observation_tokens = self._tokens(context)
         reward = 0.0
         if over_budget:
             self._overflows += 1
@@ -594,6 +594,15 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         return "[env] " + "\n".join(lines)
 
     # ------------------------------------------------------------------ helpers
+
+    def _tokens(self, context: Context) -> int:
+        """``count_tokens(context)``, held to what it promises: a count, not another value that
+        would compare or add wrongly further on."""
+        count = self.count_tokens(context)
+        if not is_int(count) or count < 0:
+            raise ValueError(f"count_tokens returned {count!r} for a context of {len(context)} messages; it must return "
+                             "the context's number of tokens, a non-negative int")
+        return int(count)
 
     def _draw_task(self, options: dict[str, Any]) -> MemoryTask:
         check_reset_options(options, from_dataset=self.pool is not None,
