@@ -128,7 +128,12 @@ class ContextSpace(spaces.Space[Context]):
         contexts = []
         try:
             for items in sample_n:
-                contexts.append(Context.from_list(items))
+                context = Context.from_list(items)
+                for index, message in enumerate(context.messages):
+                    if message.role not in self.roles:  # a role of rftgym's that this space does not hold
+                        raise DataFormatError(f"context[{index}].role is {message.role!r}; this space's roles are "
+                                              f"{', '.join(self.roles)}")
+                contexts.append(context)
         except DataFormatError as exc:  # it names the message and field; say which context too
             raise DataFormatError(f"sample_n[{len(contexts)}]: {exc}") from None
         except (KeyError, TypeError) as exc:

@@ -131,6 +131,15 @@ def test_context_space_from_jsonable_names_the_context_and_the_field():
         ContextSpace().from_jsonable([good, [{"role": "user", "content": "hi"}]])
 
 
+def test_context_space_from_jsonable_holds_a_context_to_the_spaces_roles():
+    space = ContextSpace(roles=("system", "user", "assistant"))
+    tool = [{"role": "user", "content": "hi", "id": "m-1"}, {"role": "tool", "content": "42", "id": "m-2"}]
+    with pytest.raises(ValueError, match=r"^sample_n\[0\]: context\[1\].role is 'tool'; this space's roles are "
+                                         r"system, user, assistant$"):
+        space.from_jsonable([tool])
+    assert ContextSpace().from_jsonable([tool])[0] in ContextSpace()
+
+
 def test_context_space_single_role_samples():
     space = ContextSpace(max_messages=2, roles=("assistant",), seed=0)
     assert all(m.role == "assistant" for _ in range(20) for m in space.sample())
