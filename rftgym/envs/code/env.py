@@ -108,7 +108,7 @@ from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_genera
                       summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
 from ..common import PathsAsText
 from ..copying import CopyableEnv
-from .feedback import describe_failures, extract_code, parse_pseudocode
+from .feedback import describe_failures, extract_code, parse_pseudocode, stray_fence
 from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds
 from .process import PolicyRollouts, RolloutStepScorer, rollout_samples
 from .sandbox import SandboxLimits
@@ -475,8 +475,10 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
 
         parsed = parse_tags(action, ("think", "pseudocode"))
         code, format_error = extract_code(parsed)
+        stray = stray_fence(parsed, action)
         # one list, so that the parser and the extraction saying the same thing say it once
-        format_error = summarize_problems([*([format_error] if format_error else []), *cut, *parsed.problems])
+        format_error = summarize_problems([*([format_error] if format_error else []), *([stray] if stray else []),
+                                           *cut, *parsed.problems])
         self._last.update(format_ok=format_error is None, format_error=format_error, step_scores=None)
         if code is None:
             self._last.update(status="no_code", passed=0, pass_rate=0.0, tests=[], syntax_error=False)

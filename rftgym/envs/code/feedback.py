@@ -47,6 +47,22 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
     return code, "; ".join(problems) or None
 
 
+def stray_fence(parsed, text: str) -> str | None:
+    """Why a reply's code block went unopened or unclosed, where a ``` that follows other text on
+    its line ("Here it is: ```python", "return x```") is why: such a ``` is no fence. Said of the
+    first one outside a closed block; None where no block is missing or none is to blame."""
+    if parsed.code_blocks and all(block.closed for block in parsed.code_blocks):
+        return None
+    closed = [(block.start, block.end) for block in parsed.code_blocks if block.closed]
+    for mark in re.finditer(r"`{3,}", text):
+        line_start = text.rfind("\n", 0, mark.start()) + 1
+        before = text[line_start:mark.start()].strip()
+        if before and not any(start <= mark.start() < end for start, end in closed):
+            return (f"the ``` after {before[-20:]!r} (line {text.count(chr(10), 0, mark.start()) + 1}) is no code "
+                    "fence, as it does not start its line; put each ``` on a line of its own")
+    return None
+
+
 def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
     """The numbered steps inside ``<pseudocode>`` and what was wrong (None when clean).
 

@@ -102,6 +102,20 @@ def test_unclosed_fence_is_reported(generated_env):
     assert said in context[-1].content
 
 
+def test_a_fence_after_text_on_its_line_is_named_when_it_leaves_a_block_unopened(generated_env):
+    fence = "`" * 3
+    generated_env.reset(seed=1)
+    reference = generated_env.unwrapped.task.reference
+    context, _, _, _, info = generated_env.step(f"Here it is: {fence}python\n{reference}{fence}")
+    assert info["status"] == "no_code"
+    assert "the ``` after 'Here it is:' (line 1) is no code fence, as it does not start its line" in info["format_error"]
+    assert "put each ``` on a line of its own" in context[-1].content
+    # Prose that quotes ``` beside a block that counts is no format problem.
+    generated_env.reset(seed=1)
+    _, reward, _, _, info = generated_env.step(f"Use {fence} fences:\n{fence}python\n{reference}\n{fence}")
+    assert info["format_error"] is None and reward == pytest.approx(1.0)
+
+
 def test_code_inside_think_is_reasoning_and_never_graded(generated_env):
     generated_env.reset(seed=3)
     task = generated_env.unwrapped.task
