@@ -349,6 +349,50 @@ def test_play_says_which_messages_an_edit_removed(tmp_path, monkeypatch, capsys)
     assert "[user]\nwhat was it?" in out
 
 
+MISBEHAVING_MODULE = """
+import gymnasium as gym
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+
+
+class Misbehaves(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, how="nan"):
+        self.how, self.observation_space, self.action_space = how, ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.how == "list":
+            return [{"role": "user", "content": "hi"}], {}
+        self.ids = MessageIds.from_rng(self.np_random)
+        return Context((self.ids.message("user", "say something"),)), {}
+
+    def step(self, action):
+        if self.how == "raise":
+            raise KeyError("lost track")
+        context = Context((self.ids.message("user", "done"),))
+        return context, {"nan": float("nan"), "text": "1.0"}[self.how], True, False, {}
+
+
+gym.register("mine/Misbehaves-v0", entry_point=Misbehaves)
+"""
+
+
+@pytest.mark.parametrize("how, said", [
+    ("nan", "mine/Misbehaves-v0 (seed 3, turn 0) returned the reward nan; a reward is a finite number"),
+    ("text", "mine/Misbehaves-v0 (seed 3, turn 0) returned the reward '1.0'; a reward is a finite number"),
+    ("raise", "mine/Misbehaves-v0 raised KeyError in step (seed 3, turn 0): 'lost track'"),
+    ("list", "mine/Misbehaves-v0 (seed 3) reset to a list; an rftgym env's observation is the chat context"),
+])
+def test_play_holds_an_env_to_the_protocol_as_eval_does(how, said, tmp_path, monkeypatch, capsys):
+    (tmp_path / "misbehaving_env_mod.py").write_text(MISBEHAVING_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    feed(monkeypatch, ["hello"])
+    assert main(["play", "misbehaving_env_mod:mine/Misbehaves-v0", "--seed", "3", "--env-arg", f"how={how}"]) == 1
+    assert f"rftgym play: error: {said}" in capsys.readouterr().err
+
+
 def test_play_handles_eof_at_once(monkeypatch, capsys):
     feed(monkeypatch, [])
     assert main(["play", ENV_ID]) == 0

@@ -10,6 +10,7 @@ from .environments import _make_env, _parse_env_args
 
 def cmd_play(args: argparse.Namespace) -> int:
     from ..envs.common import settle_cut
+    from ..rollout.engine import checked_reset, checked_step
 
     env = _make_env(args.env, _parse_env_args(args.env_arg))
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
@@ -26,7 +27,10 @@ def cmd_play(args: argparse.Namespace) -> int:
 
     try:
         for episode in range(args.episodes):
-            context, info = env.reset(seed=None if args.seed is None else args.seed + episode)
+            # Held to the protocol as `rftgym eval` holds it: an env's own error, or a reward that is
+            # not a finite number, is an error naming the env, the seed and the turn.
+            seed = None if args.seed is None else args.seed + episode
+            context, info = checked_reset(env, seed)
             done, turns = False, 0
             while not done:
                 for message in context:
@@ -41,9 +45,9 @@ def cmd_play(args: argparse.Namespace) -> int:
                         print(_input_ended_note(episode, args.episodes, turns, end.unsent_lines))
                     print("bye")
                     return 0
-                turns += 1
                 before = context
-                context, reward, terminated, truncated, info = env.step(text)
+                context, reward, terminated, truncated, info = checked_step(env, seed, turns, text)
+                turns += 1
                 if truncated and not terminated:  # paid and reported as rftgym eval records it
                     reward, info = settle_cut(reward, info)
                 for message in context:

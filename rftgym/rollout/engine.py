@@ -162,9 +162,7 @@ def run_episodes(
             episode_index = queue.pop(0)
             seed = seeds[episode_index]
             opts = options[episode_index] if options is not None else None
-            context, info = _unpack(_call_env(slot.env, seed, "reset", 0, seed=seed, options=opts), 2, slot.env,
-                                    seed, "reset")
-            _check_observation(f"{_env_id(slot.env)} (seed {seed}) reset to", context, info)
+            context, info = checked_reset(slot.env, seed, opts)
             slot.seed, slot.options, slot.context = seed, opts, context
             slot.messages = {m.id: m for m in context}
             slot.turns, slot.spans, slot.reset_info, slot.active = [], {}, _snapshot(info), True
@@ -465,10 +463,27 @@ def _check_observation(where: str, context, info) -> None:
         raise EnvContractError(f"{where} {a_type(info)} as its info; Gymnasium's info is a dict")
 
 
-def _checked_step(slot: _Slot, context, reward, terminated, truncated, info) -> float:
+def checked_reset(env: gym.Env, seed: int | None, options: dict[str, Any] | None = None) -> tuple[Context, dict]:
+    """``env.reset(seed=seed, options=options)``, held to the protocol as the engine holds it: an
+    exception of the env's own becomes an EnvError naming the env and seed, and anything but a
+    (Context, info dict) pair an EnvContractError."""
+    context, info = _unpack(_call_env(env, seed, "reset", 0, seed=seed, options=options), 2, env, seed, "reset")
+    _check_observation(f"{_env_id(env)} (seed {seed}) reset to", context, info)
+    return context, info
+
+
+def checked_step(env: gym.Env, seed: int | None, turn: int, action: str) -> tuple[Context, float, bool, bool, dict]:
+    """``env.step(action)`` on the episode of ``seed``, at ``turn`` (0 for the first), held to the
+    protocol as the engine holds it: the reward a finite float, the flags bools."""
+    context, reward, terminated, truncated, info = _unpack(_call_env(env, seed, "step", turn, action), 5, env, seed,
+                                                           "step")
+    reward = _checked_step(f"{_env_id(env)} (seed {seed}, turn {turn})", context, reward, terminated, truncated, info)
+    return context, reward, bool(terminated), bool(truncated), info
+
+
+def _checked_step(where: str, context, reward, terminated, truncated, info) -> float:
     """The step's reward as a float, once the env's answer keeps the protocol: a NaN or infinite
     reward would turn every advantage of its group, and then the weights, into NaN."""
-    where = f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns)})"
     _check_observation(f"{where} returned", context, info)
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, (bool, np.bool_)):
@@ -504,9 +519,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
                                terminated=False, truncated=True, info=info, finish_reason=CONTEXT_FULL))
         slot.active = False
         return
-    context, reward, terminated, truncated, info = _unpack(
-        _call_env(slot.env, slot.seed, "step", len(slot.turns), reply.text), 5, slot.env, slot.seed, "step")
-    reward = _checked_step(slot, context, reward, terminated, truncated, info)
+    context, reward, terminated, truncated, info = checked_step(slot.env, slot.seed, len(slot.turns), reply.text)
     if not (terminated or truncated) and len(slot.turns) + 1 >= max_turns:
         truncated = True
         info = {**info, "rollout_truncated": True}
