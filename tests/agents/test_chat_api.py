@@ -858,6 +858,9 @@ def test_a_reply_cut_short_without_a_length_to_tell_is_retried(server, cut):
     with pytest.raises(ChatAPIError, match="failed after 2 attempt") as info:
         server.agent(max_retries=1).act_one(ctx(("user", "q")))
     assert "not valid JSON" not in str(info.value)
+    # The server is reachable: it is the replies that broke off.
+    assert "answers, but its replies broke off before their end" in str(info.value)
+    assert "Is the server running" not in str(info.value)
 
 
 def test_the_first_retry_warns_once_naming_its_cause(server):
