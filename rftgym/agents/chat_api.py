@@ -40,11 +40,11 @@ from ..core.errors import ChatAPIError, ConfigError, warn_caller
 from ..core.messages import Context
 from ..core.values import a_type, is_finite_real
 from ..core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, error_body_time,
-                        open_within, read_body, read_error_body, retry_after_s)
+                        open_within, plain_http_answer, read_body, read_error_body, retry_after_s)
 from .base import CONTEXT_FULL, Agent, AgentReply
 from .chat_api_config import API_KEY_ENV, ChatAPIConfig
 from .chat_api_http import (MAX_ERROR_BYTES, MAX_REPLY_BYTES, ContextFull, RetryableError, chat_opener,
-                            context_full_reason, cut_short, decoded, error_texts, plain_http_answer, snippet)
+                            context_full_reason, cut_short, decoded, error_texts, snippet)
 from .request_pool import RequestPool, on_pool_thread
 from .sampling_keys import UNKEYED, SampleKey, keyed_seed
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
 import urllib.parse
 import urllib.request
 import zlib
@@ -80,20 +79,6 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
-
-
-# How OpenSSL versions word a TLS hello answered in plain HTTP (1.1 and 3.0: wrong version
-# number; 3.2 on: record layer failure; others: packet length, unknown protocol, http request).
-_NOT_TLS = ("wrong_version_number", "wrong version number", "record layer failure", "packet length too long",
-            "packet_length_too_long", "unknown protocol", "unknown_protocol", "http request", "http_request")
-
-
-def plain_http_answer(reason: object) -> bool:
-    """Whether a TLS failure says the server answered in plain HTTP (not a certificate problem,
-    which another scheme would not mend)."""
-    if not isinstance(reason, ssl.SSLError) or isinstance(reason, ssl.SSLCertVerificationError):
-        return False
-    return any(marker in str(reason).lower() for marker in _NOT_TLS)
 
 
 def chat_opener(url: str) -> urllib.request.OpenerDirector:

@@ -23,6 +23,7 @@ import ipaddress
 import math
 import os
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -519,3 +520,17 @@ def retry_after_s(headers) -> float | None:
     if seconds is None or not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+# How OpenSSL versions word a TLS hello answered in plain HTTP (1.1 and 3.0: wrong version
+# number; 3.2 on: record layer failure; others: packet length, unknown protocol, http request).
+_NOT_TLS = ("wrong_version_number", "wrong version number", "record layer failure", "packet length too long",
+            "packet_length_too_long", "unknown protocol", "unknown_protocol", "http request", "http_request")
+
+
+def plain_http_answer(reason: object) -> bool:
+    """Whether a TLS failure says the server answered in plain HTTP (not a certificate problem,
+    which another scheme would not mend)."""
+    if not isinstance(reason, ssl.SSLError) or isinstance(reason, ssl.SSLCertVerificationError):
+        return False
+    return any(marker in str(reason).lower() for marker in _NOT_TLS)

@@ -1156,7 +1156,7 @@ def test_a_compressed_error_reply_is_read_for_its_reason(server):
 def test_the_plain_http_hint_reads_how_other_openssl_versions_word_it():
     import ssl
 
-    from rftgym.agents.chat_api_http import plain_http_answer
+    from rftgym.core.web import plain_http_answer
 
     def failure(library_text: str) -> ssl.SSLError:
         return ssl.SSLError(1, library_text)

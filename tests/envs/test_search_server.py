@@ -103,8 +103,20 @@ def test_a_down_service_is_a_clear_error():
     with pytest.raises(RetrievalServiceError, match=r"failed 2 attempts \(last: no answer: .*rftgym serve-retriever"):
         remote.search(["q"], 1)
     # The env probes the service when it is made, not at the agent's first search.
-    with pytest.raises(RetrievalServiceError, match="failed 3 attempts"):
-        SearchEvalQAEnv(retriever="remote", retriever_url=url)
+    # ... and told how to serve its own documents: here its generated world.
+    with pytest.raises(RetrievalServiceError, match="failed 3 attempts .* Start one with: rftgym serve-retriever "
+                                                    "--world-seed 4 --world-size 30$"):
+        SearchEvalQAEnv(retriever="remote", retriever_url=url, world_seed=4, world_size=30)
+    # A service spoken to in TLS that answers in plain HTTP is said at once, not retried.
+    plain = make_server(BM25Retriever(DOCS), port=0)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    try:
+        tls = RemoteRetriever(plain.url.replace("http://", "https://"), timeout=2, retries=3, backoff=5)
+        with pytest.raises(RetrievalServiceError, match="does not speak TLS .* give an http:// retriever_url"):
+            tls.search(["q"], 1)
+    finally:
+        plain.shutdown()
+        plain.server_close()
 
 
 @pytest.mark.parametrize("url, problem", [

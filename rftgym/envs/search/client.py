@@ -24,7 +24,8 @@ from typing import Any, Sequence
 from ...core.errors import ConfigError, RftgymError, warn_caller
 from ...core.values import valid_text
 from ...core.web import (BodyCutShort, BodyTooLarge, BodyTooSlow, Deadline, NameLookupTooSlow, build_opener,
-                         error_body_time, is_loopback, open_within, read_body, read_error_body, retry_after_s)
+                         error_body_time, is_loopback, open_within, plain_http_answer, read_body, read_error_body,
+                         retry_after_s)
 from .corpora import split_flashrag_contents
 from .retrievers import Hit, Retriever, _check_search_args
 
@@ -98,11 +99,14 @@ class RemoteRetriever(Retriever):
 
     name = "remote"
 
-    def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5):
+    def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5,
+                 serve_command: str = "rftgym serve-retriever --corpus <file> --index bm25"):
         """``timeout``: seconds each attempt may take in all, from connecting to the reply's last
         byte; ``retries``: attempts after the first, the n-th after ``backoff * 2**(n-1)`` s (or a
-        busy service's ``Retry-After``, if longer)."""
+        busy service's ``Retry-After``, if longer). ``serve_command``: the command that serves the
+        corpus this client is for, which a service that cannot be reached is told to start."""
         self.url = check_service_url(url)
+        self.serve_command = serve_command
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         # A service on this machine is never reached through an HTTP(S)_PROXY from the environment.
         handlers = [_NoRedirect()] + ([urllib.request.ProxyHandler({})]
@@ -214,6 +218,9 @@ class RemoteRetriever(Retriever):
                 continue
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                if self.url.startswith("https:") and plain_http_answer(reason):  # no retry mends that
+                    raise RetrievalServiceError(f"{self.url}: the service does not speak TLS ({reason}); if it "
+                                                "serves plain HTTP, give an http:// retriever_url") from None
                 last_error = f"no answer: {reason}"
                 continue
             # It answered: a body that is not JSON is its shape, which asking again will not change.
@@ -227,8 +234,7 @@ class RemoteRetriever(Retriever):
                     "/retrieve service (e.g. rftgym serve-retriever)?") from None
         raise RetrievalServiceError(
             f"the retrieval service at {self.url} failed {self.retries + 1} attempt{'s' if self.retries else ''} "
-            f"(last: {last_error}). Is it "
-            "running and healthy? Start one with: rftgym serve-retriever --corpus <file> --index bm25") from None
+            f"(last: {last_error}). Is it running and healthy? Start one with: {self.serve_command}") from None
 
     def _read(self, response, deadline: Deadline) -> bytes:
         """The body, by the attempt's ``deadline`` and at most MAX_REPLY_BYTES."""

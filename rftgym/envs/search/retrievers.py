@@ -309,7 +309,7 @@ def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[
     if config.retriever == "remote":
         from .client import RemoteRetriever
 
-        remote = RemoteRetriever(config.retriever_url)
+        remote = RemoteRetriever(config.retriever_url, serve_command=serve_command(config))
         remote.probe(config.top_k)
         # a generated world is served whole or not at all: one of another size shares a few names
         remote.check_corpus(documents, source, config.top_k, whole=config.dataset_path is None)
@@ -317,10 +317,17 @@ def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[
     return make_retriever(config.retriever, documents), True
 
 
+def serve_command(config) -> str:
+    """The command that serves an env's documents: its generated world, or its corpus file."""
+    if config.dataset_path is None:
+        return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}"
+    return f"rftgym serve-retriever --corpus {config.corpus_path or config.dataset_path} --index bm25"
+
+
 def corpus_source(config) -> str:
     """Where an env's documents come from, for a remote service that does not serve them: the
     generated world (and the command that serves it), or the data file."""
     if config.dataset_path is None:
         return (f"the env's generated world (world_seed={config.world_seed}, world_size={config.world_size}: "
-                f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size} serves it)")
+                f"{serve_command(config)} serves it)")
     return f"the env's ({config.corpus_path or config.dataset_path})"
