@@ -65,6 +65,14 @@ def test_a_mistyped_env_arg_names_the_option(typed, meant, capsys):
     assert f"unknown option {typed!r} (did you mean {meant!r}?). Valid options: kinds," in capsys.readouterr().err
 
 
+def test_a_path_read_as_a_json_number_is_told_how_to_write_it_once(capsys):
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "1", "--env-arg", "dataset_path=123"]) == 2
+    err = capsys.readouterr().err
+    assert "dataset_path must be a path to a file (a string or a pathlib path), got 123 (--env-arg values are read as " \
+           "JSON, so dataset_path=123 is not a string; for the string give --env-arg dataset_path='\"123\"')" in err
+    assert err.count("JSON") == 1  # one hint, not the env's and the command line's
+
+
 @pytest.mark.parametrize("pair, said", [
     ("system_prompt=42", "system_prompt must be a string or None, got int (--env-arg values are read as JSON, so "
                          "system_prompt=42 is not a string; for the string give --env-arg system_prompt='\"42\"')"),

@@ -124,9 +124,8 @@ def check_path_options(config, names: tuple[str, ...]) -> None:
             value = os.fspath(value)
             object.__setattr__(config, name, value)  # (in the frozen config's own __post_init__)
         if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{name} must be a path to a file, got {value!r} (on the command line a value that "
-                              f"reads as JSON is taken as JSON: quote the path as a JSON string, --env-arg "
-                              f"'{name}=\"PATH\"')", field=name)
+            raise ConfigError(f"{name} must be a path to a file (a string or a pathlib path), got {value!r}",
+                              field=name)
         if value is not None and not os.fspath(value).strip():
             raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out", field=name)
 
