@@ -139,6 +139,10 @@ def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():
     obs, batch_ids, _ = two_searches(env)
     new, *_, info = env.step(f'<prune ids="{batch_ids[0]}" ids="m1">x</prune>')
     assert info["prunes"] == 0 and "more than one ids attribute" in info["prune_error"]
+    # The same refusal twice in one turn is said once, as format_error says it.
+    two = f'<prune ids="{batch_ids[0]}" ids="m1">x</prune><prune ids="{batch_ids[0]}" ids="m2">y</prune>'
+    *_, info = env.step(two)
+    assert info["prune_error"].count("more than one ids attribute") == 1
 
 
 @pytest.mark.parametrize("make_action, message", [

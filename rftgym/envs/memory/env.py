@@ -656,7 +656,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             "pruned": [dict(p) for p in turn.pruned],
             "pruned_ids": list(self._pruned_ids),
             "memory_notes": sum(1 for key in self._prunable if key.startswith("m")),
-            "prune_error": "; ".join(turn.prune_errors) or None,
+            "prune_error": summarize_problems(turn.prune_errors),  # distinct, as format_error
             "format_error": summarize_problems(turn.problems),
             "answers": {str(k): v for k, v in sorted(self._answers.items())},
             "answered": len(self._answers),
