@@ -1208,7 +1208,7 @@ def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypat
         (["--agent", "my_agents_mod:nothing"], "cannot load 'nothing' from 'my_agents_mod'", 2),
         (["--agent", "no_such_agents_mod:X"], "cannot load 'X' from 'no_such_agents_mod'", 2),
         (["--agent", "my_agents_mod:NOT_AN_AGENT"], "is an int; name an Agent", 2),
-        (["--agent", "my_agents_mod:make_itt"], "'my_agents_mod' has no 'make_itt' (did you mean 'make_it'?)", 2),
+        (["--agent", "my_agents_mod:make_itt"], "my_agents_mod.py) has no 'make_itt' (did you mean 'make_it'?)", 2),
         (["--agent", "my_agents_mod:sampler_without_seed"], "needs 'temperature', which the command line does not "
                                                             "give; give --temperature, or give the parameter a default", 2),
         (["--agent", "my_agents_mod:broken"], "making the agent raised RuntimeError: no weights here", 1),
@@ -1277,7 +1277,8 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
                             ("rft_probe_nothere:mine/X-v0", "cannot import 'rft_probe_nothere': no module "
                                                             "'rft_probe_nothere' is on the Python path"),
                             ("rft_probe_entry:mine/BadEntry-v0", "its entry point 'rft_probe_entry:nothere' cannot be "
-                                                                 "loaded: 'rft_probe_entry' has no 'nothere'")]:
+                                                                 f"loaded: 'rft_probe_entry' ({tmp_path}/rft_probe_entry.py) "
+                                                                 "has no 'nothere'")]:
         assert exit_code(["eval", env_id, "--agent", "random", "--episodes", "1"]) == 2
         assert message in capsys.readouterr().err, env_id
     # An env whose constructor raises: an error naming it, and the constructor's traceback.

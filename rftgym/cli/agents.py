@@ -102,11 +102,12 @@ def _agent_of_your_own(path: str, sampling: dict[str, tuple[str, Any]]):
     if not made:
         given = {parameter: value for parameter, value in sampling.values()}
         needed = _required_parameters(found, given)
-        if needed:
+        if needed:  # said now: calling it would fail with a TypeError that names no flag
             flags = {parameter: flag for flag, (parameter, _) in SAMPLING_FLAGS.items()}
-            how = [f"give {flags[n]}" for n in needed if n in flags]
-            raise UsageError(f"--agent {path!r} needs {' and '.join(map(repr, needed))}, which the command line does not "
-                             f"give; {', or '.join(how + ['give the parameter a default' + ('s' if len(needed) > 1 else '')])}")
+            fixes = [f"give {flags[n]}" for n in needed if n in flags]
+            fixes.append("give the parameter a default" if len(needed) == 1 else "give the parameters defaults")
+            raise UsageError(f"--agent {path!r} needs {' and '.join(map(repr, needed))}, which the command line does "
+                             f"not give; {', or '.join(fixes)}")
         try:
             found = found(**given)
         except Exception as exc:  # noqa: BLE001 (the user's factory)

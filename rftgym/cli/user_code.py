@@ -53,8 +53,9 @@ def _load_object(path: str):
     except AttributeError:
         names = [n for n in vars(module) if not n.startswith("_")]
         close = difflib.get_close_matches(name, names, n=1)
-        raise NotInModule(f"{module_name!r} has no {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                          + f"; it is {getattr(module, '__file__', None) or module_name}") from None
+        where = getattr(module, "__file__", None)
+        raise NotInModule(f"{module_name!r}{f' ({where})' if where else ''} has no {name!r}"
+                          + (f" (did you mean {close[0]!r}?)" if close else "")) from None
 
 
 def load_failure(module: str, exc: BaseException, form: str = "module:name") -> str:
