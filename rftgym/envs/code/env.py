@@ -33,11 +33,11 @@ Reward (paid on the turn that ends the episode)
     task's tests passed by the last submission (0 for a syntax error or a missing entry point,
     which are told apart in ``info["status"]``; after ``max_timeouts`` tests over their time limit
     (``per_test_seconds`` each, 2 by default; the whole run gets time for all of them, and at least
-    ``timeout_seconds``) the rest count as failed, unrun); with ``test_reward="all_passed"`` it is 1 when every test
-    passed, else 0 (the sparse outcome reward of DeepSeek-R1 and DeepCoder: a partial answer, a
-    predicate's constant ``return False`` among them, earns nothing from the tests; the
-    pseudocode turn's process reward below, when on, still scores a plan by its completions'
-    pass rates). ``info["pass_rate"]`` is the fraction either way. ``well_formatted`` is 1 when the turn held
+    ``timeout_seconds``) the rest count as failed, unrun); with ``test_reward="all_passed"`` it is
+    1 when every test passed, else 0 (the sparse outcome reward of DeepSeek-R1 and DeepCoder: a
+    partial answer, a predicate's constant ``return False`` among them, earns nothing from the
+    tests; the pseudocode turn's process reward below, when on, still scores a plan by its
+    completions' pass rates). ``info["pass_rate"]`` is the fraction either way. ``well_formatted`` is 1 when the turn held
     exactly one closed code block and no malformed tags. With ``pseudocode=True`` the
     pseudocode turn is paid ``process_weight * mean(step scores)`` when a ``step_scorer`` is given
     (see :class:`RolloutStepScorer`, O1-CODER's process reward); without one it is paid 0. On the
@@ -105,8 +105,7 @@ from ...core.values import int_tuple, is_int
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_render_mode,
                       check_reset_options, check_step_call, check_task_selection, config_from_dict, covering_episodes,
                       dataset_index, read_action, refuse_unread_option, render_context, reset_options, resolve_config,
-                      summarize_problems, INFO_IF_CUT, REWARD_IF_CUT)
-from ..common import PathsAsText
+                      summarize_problems, INFO_IF_CUT, REWARD_IF_CUT, PathsAsText)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode, stray_fence
 from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds

@@ -36,9 +36,10 @@ class RolloutStepScorer:
 
     Without a ``sandbox`` it grades in a share of the process's local sandbox, with its default
     limits; given to CodeTCG as its ``step_scorer``, each env grades it in the env's own sandbox
-    share instead (:meth:`in_sandbox`), with the env's ``max_timeouts`` and ``per_test_seconds``: the completions are the
-    policy's code as much as its submissions are, so they run under the env's backend, limits and
-    ``require_isolation``, and a looping one costs what a looping submission costs.
+    share instead (:meth:`in_sandbox`), with the env's ``max_timeouts`` and ``per_test_seconds``:
+    the completions are the policy's code as much as its submissions are, so they run under the
+    env's backend, limits and ``require_isolation``, and a looping one costs what a looping
+    submission costs.
 
     All of a plan's completions are graded in one batch (the sandbox runs them concurrently on its
     workers); a completion gives up its remaining tests after ``max_timeouts`` of them hit the

@@ -133,11 +133,11 @@ import gymnasium as gym
 from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
-                      render_context, reset_options, resolve_config, summarize_problems, without_tool_markup)
+                      render_context, reset_options, resolve_config, summarize_problems, without_tool_markup,
+                      PathsAsText)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
-from ..common import PathsAsText
 from ..copying import CopyableEnv, Share
 from ..search.corpora import has_own_corpus
 from ..search.retrievers import check_retriever_options, corpus_source, open_retriever

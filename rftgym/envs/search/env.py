@@ -117,12 +117,11 @@ from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
                       covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
-                      summarize_problems, without_tool_markup)
+                      summarize_problems, without_tool_markup, PathsAsText)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
 from . import protocol
-from ..common import PathsAsText
 from ..copying import CopyableEnv, Share
 from .corpora import Question, has_own_corpus, load_corpus, load_questions
 from .retrievers import Hit, check_retriever_options, corpus_source, open_retriever

@@ -64,12 +64,11 @@ from typing import Any
 import gymnasium as gym
 
 from ...core.errors import ConfigError
-from ..common import PathsAsText
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, check_task_selection, covering_episodes,
                       dataset_index, read_action, render_context, reset_options, resolve_config, summarize_problems,
-                      REWARD_IF_CUT)
+                      REWARD_IF_CUT, PathsAsText)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
