@@ -13,7 +13,7 @@ whether they did, turn by turn.
     python benchmarks/prefix_cache_cpu.py [--envs rftgym/VerifiableQA-v0 rftgym/MemoryQA-v0]
         [--episodes 16] [--max-new-tokens 256]
 
-Prints a table, then one JSON line per env with the headline figures.
+Prints a table, then one JSON line with the headline figures of each env.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     reusing = HFPolicy.from_pretrained(sampling=sampling, device="cpu")
     plain = HFPolicy(reusing.model, reusing.tokenizer, sampling=sampling, name=reusing.name, prefix_cache_mb=0)
     seeds = list(range(args.episodes))
-    rows, headlines = [], []
+    rows, headlines = [], {}
     for env_id in args.envs:
         stats = reusing.prefix_cache.stats
         prompt_before, prefilled_before = stats.prompt_tokens, stats.prefilled_tokens
@@ -101,11 +101,10 @@ def main() -> None:
         rows.append([env_id, "rftgym, prefix reuse", sum(len(e.turns) for e in ours), asked, prefilled,
                      1 - prefilled / max(asked, 1), ours_s, peer_s / ours_s, f"{same_turns}/{n_turns}",
                      f"{held_mb:.1f} ({copies_mb:.1f})"])
-        headlines.append({"bench": "prefix_cache_cpu", "env": env_id, "episodes": args.episodes,
-                          "generate_s": round(peer_s, 1), "no_reuse_s": round(base_s, 1), "reuse_s": round(ours_s, 1),
-                          "saved_share": round(1 - prefilled / max(asked, 1), 3),
-                          "same_turns": same_turns, "turns": n_turns, "states_held_mb": round(held_mb, 1),
-                          "as_copies_mb": round(copies_mb, 1)})
+        headlines[env_id] = {"generate_s": round(peer_s, 1), "no_reuse_s": round(base_s, 1),
+                             "reuse_s": round(ours_s, 1), "saved_share": round(1 - prefilled / max(asked, 1), 3),
+                             "same_turns": same_turns, "turns": n_turns, "states_held_mb": round(held_mb, 1),
+                             "as_copies_mb": round(copies_mb, 1)}
 
     print(f"default model on CPU ({torch.get_num_threads()} threads), {args.episodes} episodes per env side by side, "
           f"greedy, max_new_tokens={args.max_new_tokens}")
@@ -113,8 +112,7 @@ def main() -> None:
                               "speedup vs generate", "same turns as no reuse", "states MB (as copies)"]))
     print("states MB: what the prefix cache held after the rollout, shared blocks counted once; in brackets, what "
           "its entries would hold with a copy each")
-    for headline in headlines:
-        print(json.dumps(headline))
+    print(json.dumps({"bench": "prefix_cache_cpu", "episodes": args.episodes, "envs": headlines}))  # one last line
 
 
 if __name__ == "__main__":
