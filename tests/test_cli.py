@@ -1273,7 +1273,8 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
                             ("rft_probe_raises:mine/X-v0", "cannot import 'rft_probe_raises': RuntimeError: boom at "
                                                            f"import, raised at {raises}:1; fix the module"),
                             ("rft_probe_needs:mine/X-v0", "cannot import 'rft_probe_needs': importing it needs "
-                                                          "'rft_no_such_dependency', raised at "),
+                                                          "'rft_no_such_dependency', which is not installed (imported "
+                                                          f"at {tmp_path}/rft_probe_needs.py:1); install it"),
                             ("rft_probe_nothere:mine/X-v0", "cannot import 'rft_probe_nothere': no module "
                                                             "'rft_probe_nothere' is on the Python path"),
                             ("rft_probe_entry:mine/BadEntry-v0", "its entry point 'rft_probe_entry:nothere' cannot be "
@@ -1281,6 +1282,13 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
                                                                  "has no 'nothere'")]:
         assert exit_code(["eval", env_id, "--agent", "random", "--episodes", "1"]) == 2
         assert message in capsys.readouterr().err, env_id
+    # An entry point that is no module:name is said to be one.
+    from rftgym.cli.user_code import _load_object, load_failure
+
+    with pytest.raises(ValueError) as refused:
+        _load_object("rft_probe_entry.nothere")
+    assert load_failure("rft_probe_entry.nothere", refused.value, form="module:Class") == \
+        "'rft_probe_entry.nothere' is not of the form 'module:name'; give module:Class"
     # An env whose constructor raises: an error naming it, and the constructor's traceback.
     assert main(["eval", "rft_probe_init:mine/BrokenInit-v0", "--agent", "random", "--episodes", "1"]) == 1
     err = capsys.readouterr().err

@@ -310,7 +310,7 @@ class ChatAPIAgent(Agent):
         assert last is not None
         raise ChatAPIError(
             f"POST {url} failed after {made} attempt(s): {last.what}. "
-            f"{self._hint(last.status, cut_short=last.cut_short)}",
+            f"{self._hint(last.status, broke_off=last.broke_off)}",
             status=last.status,
         )
 
@@ -377,7 +377,7 @@ class ChatAPIAgent(Agent):
                 f"timed out after {self.config.timeout_s:g} s (timeout_s)"
             ) from None
         except http.client.IncompleteRead:  # a chunked reply whose connection closed mid-way
-            raise RetryableError("the connection closed before the end of the reply", cut_short=True) from None
+            raise RetryableError("the connection closed before the end of the reply", broke_off=True) from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise RetryableError(
                 f"connection failed ({type(exc).__name__}: {exc or 'no details'})"
@@ -420,7 +420,7 @@ class ChatAPIAgent(Agent):
         try:
             return read_body(response, deadline.left(), MAX_REPLY_BYTES)
         except BodyCutShort as exc:
-            raise RetryableError(str(exc), cut_short=True) from None
+            raise RetryableError(str(exc), broke_off=True) from None
         except BodyTooLarge:
             raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
                                "is far smaller. Check that --api-base points at a chat completions server") from None
@@ -437,13 +437,13 @@ class ChatAPIAgent(Agent):
             )
 
         if not raw.strip():  # headers and then nothing: a connection that closed before the body
-            raise RetryableError("the reply's body is empty, as when a connection closes early", cut_short=True)
+            raise RetryableError("the reply's body is empty, as when a connection closes early", broke_off=True)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             if cut_short(raw, exc):
                 raise RetryableError("the reply breaks off inside a character, as when a connection closes "
-                                      "early", cut_short=True) from None
+                                      "early", broke_off=True) from None
             # The model's text is agent text, never an error: a stray byte is read as U+FFFD.
             self._warn_once("not_utf8", f"POST {url} sent a reply that is not valid UTF-8 ({exc.reason} at byte "
                                         f"{exc.start}); such bytes are read as U+FFFD (further ones are not reported)")
@@ -453,7 +453,7 @@ class ChatAPIAgent(Agent):
         except ValueError as exc:
             if cut_short(raw, exc):
                 raise RetryableError("the reply's JSON breaks off at its end, as when a connection closes early",
-                                     cut_short=True) from None
+                                     broke_off=True) from None
             raise fail("the body is not valid JSON") from None
         except RecursionError:
             raise fail("the body's JSON is nested too deeply to read") from None
@@ -510,10 +510,10 @@ class ChatAPIAgent(Agent):
                                          f"before it answers: raise --max-new-tokens (max_tokens="
                                          f"{self.config.max_tokens}), or turn off the server's reasoning parser")
 
-    def _hint(self, status: int | None, cut_short: bool = False) -> str:
+    def _hint(self, status: int | None, broke_off: bool = False) -> str:
         cfg = self.config
         retry_more = "raise --api-max-retries (max_retries) or --api-backoff (backoff_s)"
-        if status is None and cut_short:
+        if status is None and broke_off:
             return (
                 f"The server at {cfg.base_url} answers, but its replies broke off before their end; check its "
                 f"logs, and any proxy before it, for a limit on a reply's size or time; for a server that does "

@@ -21,12 +21,12 @@ class RetryableError(Exception):
     """A failure worth retrying (connection error, timeout, a reply cut short, 408, 409, 429, 5xx)."""
 
     def __init__(self, what: str, status: int | None = None, retry_after: float | None = None,
-                 cut_short: bool = False):
+                 broke_off: bool = False):
         super().__init__(what)
         self.what = what
         self.status = status
         self.retry_after = retry_after
-        self.cut_short = cut_short  # the server answered, and its reply broke off: it is reachable
+        self.broke_off = broke_off  # the server answered, and its reply broke off: it is reachable
 
 
 class ContextFull(Exception):
@@ -111,7 +111,7 @@ def decoded(raw: bytes, encoding: str | None, url: str) -> bytes:
             raise ChatAPIError(f"POST {url} sent a {coding} reply of over {MAX_REPLY_BYTES >> 20} MiB once "
                                "inflated; a chat completion is far smaller")
         if not inflater.eof:  # the compressed stream stops early: the connection closed mid-way
-            raise RetryableError(f"the {coding} reply breaks off before its end", cut_short=True)
+            raise RetryableError(f"the {coding} reply breaks off before its end", broke_off=True)
         return body
     raise ChatAPIError(f"POST {url} said its reply is {coding}-compressed, but it does not inflate; turn the "
                        "server's or proxy's compression off")

@@ -42,11 +42,15 @@ class NotInModule(AttributeError):
     """The module of ``module:name`` was imported and has no ``name``."""
 
 
+class NotModuleName(ValueError):
+    """A name that is not of the form ``module:name``."""
+
+
 def _load_object(path: str):
     """The object ``module:name`` names (an env's entry point, an agent, a baseline's wrapper)."""
     module_name, _, name = path.partition(":")
     if not module_name or not name:
-        raise ValueError(f"{path!r} is not of the form 'module:name'")
+        raise NotModuleName(f"{path!r} is not of the form 'module:name'")
     module = _import_users_module(module_name)
     try:
         return getattr(module, name)
@@ -64,6 +68,8 @@ def load_failure(module: str, exc: BaseException, form: str = "module:name") -> 
     line where its error was raised (a syntax error names them itself)."""
     if isinstance(exc, NotInModule):
         return str(exc)
+    if isinstance(exc, NotModuleName):
+        return f"{exc}; give {form}"
     if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
         return (f"no module {exc.name!r} is on the Python path (the current directory is searched too); give "
                 f"{form} with a module on the Python path")
@@ -71,7 +77,7 @@ def load_failure(module: str, exc: BaseException, form: str = "module:name") -> 
         return f"SyntaxError: {exc}; fix the module"
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
               if not frame.filename.startswith("<") and "importlib" not in frame.filename]
-    where = f", raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    at = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        return f"importing it needs {exc.name!r}{where}, which is not installed; install it"
-    return f"{type(exc).__name__}: {exc}{where}; fix the module"
+        return f"importing it needs {exc.name!r}, which is not installed{f' (imported at {at})' if at else ''}; install it"
+    return f"{type(exc).__name__}: {exc}{f', raised at {at}' if at else ''}; fix the module"

@@ -123,10 +123,10 @@ def check_path_options(config, names: tuple[str, ...]) -> None:
         if isinstance(value, os.PathLike):
             value = os.fspath(value)
             object.__setattr__(config, name, value)  # (in the frozen config's own __post_init__)
-        if value is not None and not isinstance(value, (str, os.PathLike)):
+        if value is not None and not isinstance(value, str):
             raise ConfigError(f"{name} must be a path to a file (a string or a pathlib path), got {value!r}",
                               field=name)
-        if value is not None and not os.fspath(value).strip():
+        if value is not None and not value.strip():
             raise ConfigError(f"{name} is empty; give the path of a file, or leave {name} out", field=name)
 
 

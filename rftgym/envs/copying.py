@@ -93,7 +93,7 @@ class CopyableEnv:
         memo[id(self)] = clone
         # The spec (from gym.make) is read-only too, and its kwargs may hold the caller's objects
         # (a retriever, a token counter), which a deep copy must not copy.
-        shared = {"spec", *self.shared_attributes, *self.resource_attributes}
+        shared = {"spec", "_spec", *self.shared_attributes, *self.resource_attributes}  # (_spec: PathsAsText)
         for key, value in self.__dict__.items():
             clone.__dict__[key] = value if key in shared else copy.deepcopy(value, memo)
         self._share_resources(clone)

@@ -377,17 +377,17 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
                   if key not in RESUME_FREE and key in saved and not _same_setting(key, saved[key], value, loaded_from))
 
 
-def _as_saved(value):
-    """``value`` as state.json gives it back (a tuple as a list), or as it is where JSON cannot hold it."""
+def _as_saved(value) -> str | None:
+    """``value`` as state.json writes it (a tuple as a list; True not as 1), or None where JSON cannot hold it."""
     try:
-        return json.loads(json.dumps(value))
+        return json.dumps(value, sort_keys=True)
     except (TypeError, ValueError):
-        return value
+        return None
 
 
 def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
     # saved values may be strings (a hand edit), and JSON saved tuples (an env's difficulties) as lists
-    if str(saved) == str(value) or _as_saved(saved) == _as_saved(value):
+    if str(saved) == str(value) or (_as_saved(saved) is not None and _as_saved(saved) == _as_saved(value)):
         return True
     if key != "model" or not isinstance(value, str):
         return False

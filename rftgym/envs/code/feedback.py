@@ -50,17 +50,24 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
 def stray_fence(parsed, text: str) -> str | None:
     """Why a reply's code block went unopened or unclosed, where a ``` that follows other text on
     its line ("Here it is: ```python", "return x```") is why: such a ``` is no fence. Said of the
-    first one outside a closed block; None where no block is missing or none is to blame."""
+    first one inside a block left unclosed (the closing fence meant), else of the first one outside
+    every closed block; None where no block is missing or none is to blame."""
     if parsed.code_blocks and all(block.closed for block in parsed.code_blocks):
         return None
     closed = [(block.start, block.end) for block in parsed.code_blocks if block.closed]
+    unclosed = [(block.start, block.end) for block in parsed.code_blocks if not block.closed]
+    strays = []
     for mark in re.finditer(r"`{3,}", text):
         line_start = text.rfind("\n", 0, mark.start()) + 1
         before = text[line_start:mark.start()].strip()
         if before and not any(start <= mark.start() < end for start, end in closed):
-            return (f"the ``` after {before[-20:]!r} (line {text.count(chr(10), 0, mark.start()) + 1}) is no code "
-                    "fence, as it does not start its line; put each ``` on a line of its own")
-    return None
+            strays.append((mark.start(), before))
+    meant = [stray for stray in strays if any(start <= stray[0] < end for start, end in unclosed)]
+    if not strays:
+        return None
+    where, before = (meant or strays)[0]
+    return (f"the ``` after {before[-20:]!r} (line {text.count(chr(10), 0, where) + 1}) is no code fence, as it does "
+            "not start its line; put each ``` on a line of its own")
 
 
 def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from ...core.errors import ConfigError, warn_caller
 from ...core.files import replace_text
-from .harness import RunOutcome, execute_many
+from .harness import RunOutcome, check_per_test_seconds, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import DEFAULT_HASH_SEED, Sandbox
 from .codec import display, encode, encoded_equal
@@ -75,8 +75,7 @@ class TCGConfig:
                 raise ConfigError(f"TCGConfig.{name} must be an int >= 0, got {value!r}")
         if isinstance(self.max_tests, bool) or not isinstance(self.max_tests, int) or self.max_tests < 1:
             raise ConfigError(f"TCGConfig.max_tests must be an int >= 1, got {self.max_tests!r}")
-        if not isinstance(self.per_test_seconds, (int, float)) or not 0 < self.per_test_seconds <= 60:
-            raise ConfigError(f"TCGConfig.per_test_seconds must be in (0, 60], got {self.per_test_seconds!r}")
+        check_per_test_seconds(self.per_test_seconds)  # as grading checks it (TCGConfig's own per_test_seconds)
         for name in ("check_determinism", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"TCGConfig.{name} must be True or False, got {getattr(self, name)!r}")

@@ -96,7 +96,8 @@ Info keys
     ``result_ids`` (this turn's), ``prunes`` (valid prunes so far), ``pruned`` (this turn's valid
     prunes: ``named`` ids, ``removed_ids`` (every id that left the context), ``message_ids``,
     ``note_id``, ``note``), ``pruned_ids`` (every id pruned this episode), ``memory_notes``
-    (notes in the context now), ``prune_error`` (None or what was wrong), ``format_error``
+    (notes in the context now), ``prune_error`` (None, or this turn's refused prunes, each distinct
+    reason once), ``format_error``
     (None or this turn's problems: tag problems, refused prunes and
     answers), ``answers`` ({"1": text, …}), ``answered``, ``correct``
     (counts), ``score``, ``success`` (all objectives correct), and ``expected``

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import tempfile
 import threading
 from abc import ABC, abstractmethod
@@ -321,7 +322,11 @@ def serve_command(config) -> str:
     """The command that serves an env's documents: its generated world, or its corpus file."""
     if config.dataset_path is None:
         return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}"
-    return f"rftgym serve-retriever --corpus {config.corpus_path or config.dataset_path} --index bm25"
+    if hasattr(config, "max_distractors") and config.corpus_path is not None:
+        # MemoryQA's corpus is the dataset's paragraphs and then corpus_path's: no one file holds it
+        return ("rftgym serve-retriever --corpus FILE, FILE holding the dataset's paragraphs and the first "
+                "max_distractors documents of corpus_path")
+    return f"rftgym serve-retriever --corpus {shlex.quote(str(config.corpus_path or config.dataset_path))} --index bm25"
 
 
 def corpus_source(config) -> str:

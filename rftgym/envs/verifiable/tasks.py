@@ -186,12 +186,14 @@ def is_correct(task: Task, given: str) -> bool:
     return any(_answers(task, text) for text in dict.fromkeys(readings))
 
 
-# Words that deny what follows them: "not 5" holds the number 5 and does not answer 5.
-_NEGATION = re.compile(r"\b(?:not|no|never|none|neither|nor)\b|n['\u2019]t\b", re.IGNORECASE)
+# A number denied ("not 5", "isn't 5", "never equal to 5"): the reply holds 5 and does not answer
+# it. Only "not", "never" and "n't" up to two words before a number deny it: "No. 5" and "12 (no
+# remainder)" answer their numbers.
+_DENIED_NUMBER = re.compile(r"(?:\b(?:not|never)\b|n['\u2019]t\b)(?:\s+[a-z]+){0,2}?\s*[-+$\u2212]?\d", re.IGNORECASE)
 
 
 def _answers(task: Task, given: str) -> bool:
-    if _NEGATION.search(given) and not _NEGATION.search(task.answer):
+    if _DENIED_NUMBER.search(given) and not _DENIED_NUMBER.search(task.answer):
         return False
     if task.choices:
         index = _choice_index(given, task.choices)

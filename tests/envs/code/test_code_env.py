@@ -110,6 +110,10 @@ def test_a_fence_after_text_on_its_line_is_named_when_it_leaves_a_block_unopened
     assert info["status"] == "no_code"
     assert "the ``` after 'Here it is:' (line 1) is no code fence, as it does not start its line" in info["format_error"]
     assert "put each ``` on a line of its own" in context[-1].content
+    # Where a block is left open, the ``` meant to close it is the one named, not one in prose before it.
+    generated_env.reset(seed=1)
+    _, _, _, _, info = generated_env.step(f"Use {fence} fences:\n{fence}python\n{reference.rstrip()}{fence}")
+    assert f"the ``` after {reference.rstrip().splitlines()[-1].strip()[-20:]!r} (line " in info["format_error"]
     # Prose that quotes ``` beside a block that counts is no format problem.
     generated_env.reset(seed=1)
     _, reward, _, _, info = generated_env.step(f"Use {fence} fences:\n{fence}python\n{reference}\n{fence}")
