@@ -249,6 +249,31 @@ def test_bm25_ranks_and_batches():
     assert retriever.search([], k=3) == []
 
 
+def test_bm25_ranks_as_bm25s_does_best_first_ties_in_corpus_order():
+    import random
+
+    from rftgym.envs.search.corpora import Document
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    documents = [Document(f"d{i}", f"t{i}", " ".join(rng.choice(words) for _ in range(20))) for i in range(2000)]
+    documents += [Document("twin-a", "", "w0 w1 w2"), Document("twin-b", "", "w0 w1 w2")]  # tied scores
+    retriever = BM25Retriever(documents)
+    queries = [" ".join(rng.choice(words) for _ in range(4)) for _ in range(30)]
+    ours = retriever.search(queries, k=10)
+    tokens = retriever.bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False)
+    indices, scores = retriever.index.retrieve(tokens, k=10, show_progress=False)
+    for hits, row_scores in zip(ours, scores):  # the same top-10 scores as bm25s's own ranking
+        assert [h.score for h in hits] == pytest.approx([float(x) for x in row_scores if x > 0], rel=1e-6)
+        assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    position = {d.id: i for i, d in enumerate(documents)}
+    hits = retriever.search(["w0 w1 w2"], k=len(documents))[0]
+    assert [h.doc_id for h in hits if h.doc_id.startswith("twin")] == ["twin-a", "twin-b"]
+    for score in {h.score for h in hits}:  # ties in corpus order: a ranking that does not depend on numpy's sort
+        tied = [position[h.doc_id] for h in hits if h.score == score]
+        assert tied == sorted(tied)
+
+
 def test_search_arguments_are_checked():
     retriever = BM25Retriever(TINY)
     with pytest.raises(TypeError, match="list of queries"):
