@@ -143,15 +143,20 @@ def test_cli_sighup_saves_and_names_the_checkpoint(tmp_path, monkeypatch, make_c
     monkeypatch.setattr(loop, "train", lambda config, **kw: real_train(config, policy=make_char_policy(),
                                                                        make_env=SayAEnv, **kw))
     monkeypatch.setattr(cli_train, "_make_env", lambda *a: SayAEnv())
-    before = signal.getsignal(signal.SIGHUP)
-    out = tmp_path / "run"
-    code = cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out), "--steps", "4",
-                     "--tasks-per-step", "2", "--group-size", "8", "--max-new-tokens", "8", "--save-every", "100"])
-    assert code == 128 + signal.SIGHUP
-    assert f"hung up (SIGHUP): the checkpoint in {out}/checkpoint is at step 2; run the same command with " \
-           "--resume" in capsys.readouterr().err
-    assert saved_step(out) == 2
-    assert signal.getsignal(signal.SIGHUP) == before
+    # SIGHUP as a terminal leaves it: the tests may run under nohup, which ignores it, and the CLI
+    # leaves an ignored SIGHUP ignored (test_sighup_that_nohup_ignores_stays_ignored).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        out = tmp_path / "run"
+        code = cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(out), "--steps", "4",
+                         "--tasks-per-step", "2", "--group-size", "8", "--max-new-tokens", "8", "--save-every", "100"])
+        assert code == 128 + signal.SIGHUP
+        assert f"hung up (SIGHUP): the checkpoint in {out}/checkpoint is at step 2; run the same command with " \
+               "--resume" in capsys.readouterr().err
+        assert saved_step(out) == 2
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the CLI's handler is gone again
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_sighup_that_nohup_ignores_stays_ignored():
