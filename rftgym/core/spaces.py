@@ -129,10 +129,7 @@ class ContextSpace(spaces.Space[Context]):
         try:
             for items in sample_n:
                 context = Context.from_list(items)
-                for index, message in enumerate(context.messages):
-                    if message.role not in self.roles:  # a role of rftgym's that this space does not hold
-                        raise DataFormatError(f"context[{index}].role is {message.role!r}; this space's roles are "
-                                              f"{', '.join(self.roles)}")
+                self._check_read(context)
                 contexts.append(context)
         except DataFormatError as exc:  # it names the message and field; say which context too
             raise DataFormatError(f"sample_n[{len(contexts)}]: {exc}") from None
@@ -140,6 +137,19 @@ class ContextSpace(spaces.Space[Context]):
             raise ValueError("a JSON context is a list of {\"role\", \"content\", \"id\"} objects, one per "
                              f"message, as to_jsonable writes it; got {str(sample_n)[:200]}") from exc
         return contexts
+
+    def _check_read(self, context: Context) -> None:
+        """A context read from JSON that this space does not contain says why (what contains() checks)."""
+        if len(context) > self.max_messages:
+            raise DataFormatError(f"the context has {len(context)} messages; this space holds at most "
+                                  f"{self.max_messages}")
+        for index, message in enumerate(context.messages):
+            if message.role not in self.roles:  # a role of rftgym's that this space does not hold
+                raise DataFormatError(f"context[{index}].role is {message.role!r}; this space's roles are "
+                                      f"{', '.join(self.roles)}")
+            if len(message.content) > self.max_message_chars:
+                raise DataFormatError(f"context[{index}].content has {len(message.content):,} characters; this space "
+                                      f"holds at most {self.max_message_chars:,} per message")
 
     def __repr__(self) -> str:
         return f"ContextSpace(max_messages={self.max_messages}, roles={self.roles})"

@@ -138,6 +138,12 @@ def test_context_space_from_jsonable_holds_a_context_to_the_spaces_roles():
                                          r"system, user, assistant$"):
         space.from_jsonable([tool])
     assert ContextSpace().from_jsonable([tool])[0] in ContextSpace()
+    # ... and to its sizes, which contains() checks too
+    with pytest.raises(ValueError, match=r"^sample_n\[0\]: the context has 2 messages; this space holds at most 1$"):
+        ContextSpace(max_messages=1).from_jsonable([tool])
+    with pytest.raises(ValueError, match=r"^sample_n\[0\]: context\[0\].content has 2 characters; this space holds "
+                                         r"at most 1 per message$"):
+        ContextSpace(max_message_chars=1).from_jsonable([tool])
 
 
 def test_context_space_single_role_samples():
