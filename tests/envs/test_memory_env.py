@@ -413,6 +413,25 @@ def test_questions_without_their_own_paragraphs_are_refused_with_what_to_give():
 
 
 @needs_qa_data
+def test_a_remote_service_that_is_down_is_told_what_corpus_to_serve():
+    import socket
+
+    from rftgym.envs.search.client import RetrievalServiceError
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/retrieve"
+    # The dataset's paragraphs and then corpus_path's: no one file holds that corpus.
+    with pytest.raises(RetrievalServiceError, match="Start one with: rftgym serve-retriever --corpus FILE, FILE holding "
+                                                    "the dataset's paragraphs and the first max_distractors documents"):
+        MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),
+                    retriever="remote", retriever_url=url)
+    with pytest.raises(RetrievalServiceError, match=f"Start one with: rftgym serve-retriever --corpus "
+                                                    f"{re.escape(str(QA_DIR / 'hotpotqa_100.json'))} --index bm25$"):
+        MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), retriever="remote", retriever_url=url)
+
+
+@needs_qa_data
 def test_hotpotqa_tasks_over_a_distractor_corpus():
     env = MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),
                       max_distractors=1000, objectives=3, max_context_tokens=None)

@@ -128,10 +128,7 @@ def test_the_command_that_serves_an_envs_documents():
     assert serve_command(world) == "rftgym serve-retriever --world-seed 3 --world-size 40"
     search = SimpleNamespace(dataset_path="q.json", corpus_path="my corpus.jsonl")
     assert serve_command(search) == "rftgym serve-retriever --corpus 'my corpus.jsonl' --index bm25"
-    # MemoryQA's corpus joins the dataset's paragraphs and corpus_path's: no one file serves it
-    memory = SimpleNamespace(dataset_path="q.json", corpus_path="wiki.jsonl", max_distractors=100)
-    assert "FILE holding the dataset's paragraphs and the first max_distractors documents" in serve_command(memory)
-    assert serve_command(SimpleNamespace(dataset_path="q.json", corpus_path=None, max_distractors=100)) == \
+    assert serve_command(SimpleNamespace(dataset_path="q.json", corpus_path=None)) == \
         "rftgym serve-retriever --corpus q.json --index bm25"
 
 

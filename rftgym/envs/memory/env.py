@@ -430,7 +430,11 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._context = Context()
 
     def _open_resources(self) -> None:
-        retriever, owned = open_retriever(self.config, self._documents, corpus_source(self.config))
+        serve = None
+        if self.config.corpus_path is not None:  # the dataset's paragraphs and then corpus_path's: no one file
+            serve = ("rftgym serve-retriever --corpus FILE, FILE holding the dataset's paragraphs and the first "
+                     "max_distractors documents of corpus_path")
+        retriever, owned = open_retriever(self.config, self._documents, corpus_source(self.config), serve)
         self.retriever = retriever
         self._retriever_share = Share(retriever, self) if owned else None  # None: the caller's to close
 

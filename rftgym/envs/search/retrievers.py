@@ -306,17 +306,19 @@ def check_retriever_options(config) -> None:
                           "add retriever=remote, or drop retriever_url")
 
 
-def open_retriever(config, documents: Sequence[Document], source: str) -> tuple[Retriever, bool]:
+def open_retriever(config, documents: Sequence[Document], source: str,
+                   serve: str | None = None) -> tuple[Retriever, bool]:
     """The retriever an env config names over ``documents``, and whether the env owns it (a
     Retriever object given is the caller's to close). ``"remote"``: the service at
     ``config.retriever_url``, probed, and checked to serve ``documents`` (``source`` says where
-    they come from, for the warning when it does not)."""
+    they come from, for the warning when it does not; ``serve``, the command that serves them, by
+    default :func:`serve_command`'s, for the error when it cannot be reached)."""
     if isinstance(config.retriever, Retriever):
         return config.retriever, False
     if config.retriever == "remote":
         from .client import RemoteRetriever
 
-        remote = RemoteRetriever(config.retriever_url, serve_command=serve_command(config))
+        remote = RemoteRetriever(config.retriever_url, serve_command=serve or serve_command(config))
         remote.probe(config.top_k)
         # a generated world is served whole or not at all: one of another size shares a few names
         remote.check_corpus(documents, source, config.top_k, whole=config.dataset_path is None)
@@ -328,10 +330,6 @@ def serve_command(config) -> str:
     """The command that serves an env's documents: its generated world, or its corpus file."""
     if config.dataset_path is None:
         return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}"
-    if hasattr(config, "max_distractors") and config.corpus_path is not None:
-        # MemoryQA's corpus is the dataset's paragraphs and then corpus_path's: no one file holds it
-        return ("rftgym serve-retriever --corpus FILE, FILE holding the dataset's paragraphs and the first "
-                "max_distractors documents of corpus_path")
     return f"rftgym serve-retriever --corpus {shlex.quote(str(config.corpus_path or config.dataset_path))} --index bm25"
 
 
