@@ -164,7 +164,8 @@ class HFPolicy(Agent):
     def act(self, contexts: Sequence[Context], *, sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
         if isinstance(contexts, Context):  # iterating it would give its messages
             raise TypeError("act takes a list of contexts; wrap one in a list: act([context])")
-        return self.generate([self.chat.prompt_ids(c) for c in contexts], sample_keys=sample_keys)
+        # (the policy's own tokenizer made these ids: __init__ checked that each has an embedding)
+        return self._generate([self.chat.prompt_ids(c) for c in contexts], None, sample_keys)
 
     def __reduce__(self):
         # A model on a device, its caches and CUDA graphs: not a thing to pickle or deepcopy.
@@ -210,13 +211,18 @@ class HFPolicy(Agent):
         finish reason ``CONTEXT_FULL`` (the episode cannot go on, which is the episode's fate, not
         an error of the run).
         """
+        refuse_empty_prompts(prompts)
+        self._refuse_unknown_ids(prompts)
+        return self._generate(prompts, sampling, sample_keys)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None,
+                  sample_keys: Sequence[SampleKey] | None) -> list[AgentReply]:
+        """:meth:`generate` of prompts known to be non-empty and to hold only ids with embeddings."""
         # A seed of the call's own makes the call reproducible. The policy's seed is not one: a
         # config made from the policy's settings (dataclasses.replace(policy.sampling, ...)) in a
         # loop of calls must sample afresh each time, as without a config.
         own_seed = sampling is not None and sampling.seed is not None and sampling.seed != self.sampling.seed
         sampling = sampling or self.sampling
-        refuse_empty_prompts(prompts)
-        self._refuse_unknown_ids(prompts)
         limit = self.prompt_limit(sampling)
         replies: list[AgentReply | None] = [None] * len(prompts)
         for i, prompt in enumerate(prompts):

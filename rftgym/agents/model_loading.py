@@ -170,7 +170,7 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
     the run) and ``otherwise`` (what it may do instead of mending the checkpoint) are for the
     messages."""
     from ..train.checkpoint import saved_state, verify_checkpoint_file
-    from ..train.run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR
+    from ..train.run_dir import checkpoint_path
     from ..train.export import saved_config
 
     def saved() -> dict:
@@ -182,8 +182,7 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
     state = saved()
     saved_config(run_dir, state)
     # The folder saved_state read (a crash between a save's renames leaves the previous one).
-    folder = next((run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
-                   if (run_dir / name / "state.json").is_file()), None)
+    folder = checkpoint_path(run_dir)
     if folder is None:  # replaced since, between a save's renames
         return
     weights = folder / "trainable.pt"

@@ -51,6 +51,14 @@ def _check_model_dir(model: str | None, flag: str = "--model") -> None:
         raise UsageError(f"{flag}: {exc}") from None
 
 
+def check_seed_range(seed: int, episodes: int, episodes_said: str) -> None:
+    """Episode k runs seed + k: the last must be a seed (below 2^63). ``episodes_said``: how the
+    message names the number of episodes (the flag, or an env's default)."""
+    if seed + episodes > 2**63:
+        raise UsageError(f"--seed {seed} with {episodes_said} would run seeds past 2^63 - 1; give a --seed of at most "
+                         f"{2**63 - episodes}")
+
+
 def _check_common(args: argparse.Namespace) -> None:
     """Arguments every command that has them gets wrong the same way; refused before any work."""
     for flag in ("seed", "sample_seed"):
@@ -84,6 +92,5 @@ def _check_common(args: argparse.Namespace) -> None:
     if episodes is not None and episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")
     seed = getattr(args, "seed", None)
-    if episodes is not None and seed is not None and seed + episodes > 2**63:  # episode k runs seed + k
-        raise UsageError(f"--seed {seed} with --episodes {episodes} would run seeds past 2^63 - 1; give a --seed of at "
-                         f"most {2**63 - episodes}")
+    if episodes is not None and seed is not None:
+        check_seed_range(seed, episodes, f"--episodes {episodes}")

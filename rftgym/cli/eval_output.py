@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Collection, Sequence
 
+from ..core.files import drop_unfinished_line
+from ..core.jsonl import GZIP_MAGIC
 from .common import UsageError
 from .environments import _env_class, _env_spec
 from .sigterm import say
@@ -98,7 +100,7 @@ def _holds_episodes(path: Path) -> bool:
     try:
         with open(path, "rb") as handle:
             start = handle.read(len(EPISODE_START))
-        if start[:2] == b"\x1f\x8b":  # gzip's magic: an --out ending in .gz
+        if start.startswith(GZIP_MAGIC):  # an --out ending in .gz
             with gzip.open(path, "rb") as handle:
                 start = handle.read(len(EPISODE_START))
         return start == EPISODE_START
@@ -151,12 +153,8 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
     if changed:
         raise UsageError(f"--resume: the episodes in {partial} ran with other settings ({'; '.join(changed)}); give "
                          "the command that started them, or move the partial file away to run afresh")
-    with open(partial, "rb+") as handle:  # a line cut short has no line end: its process died writing it
-        data = handle.read()
-        whole = data.rfind(b"\n") + 1
-        if whole < len(data):
-            handle.truncate(whole)
-            say(f"--resume: dropped the unfinished last line of {partial} (its process stopped while writing it)")
+    if drop_unfinished_line(partial):  # a line cut short has no line end: its process died writing it
+        say(f"--resume: dropped the unfinished last line of {partial} (its process stopped while writing it)")
     try:
         episodes = list(read_episodes_jsonl(partial))
     except DataFormatError as exc:

@@ -15,9 +15,10 @@ from typing import Sequence
 import gymnasium as gym
 
 from ..core.errors import ConfigError
+from ..core.jsonl import is_jsonl
 from ..envs.common import with_policy_options, with_policy_stand_in
 from .agents import _agent_label, _build_agent, _check_agent_flags
-from .common import UsageError
+from .common import UsageError, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args, _short_name
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
                           _users_sources, _writable_file)
@@ -66,9 +67,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             or DEFAULT_EVAL_EPISODES
         probe.close()
     most = max(episodes_per_env.values())
-    if args.seed + most > 2**63:  # an env's default number of episodes (a given --episodes was checked already)
-        raise UsageError(f"--seed {args.seed} with {most} episodes would run seeds past 2^63 - 1; give a --seed of at "
-                         f"most {2**63 - most}")
+    check_seed_range(args.seed, most, f"{most} episodes")  # an env's default number (a given --episodes was checked)
     for env_id in env_ids:
         _check_eval_metadata(env_id, args.baselines)
     if args.baselines and not any(_env_class(e).metadata.get("eval_baselines") for e in env_ids):
@@ -128,7 +127,7 @@ def _close_agent(agent) -> None:
 def _output_paths(out: str | None, env_ids: Sequence[str], agent: str) -> dict[str, Path]:
     """Each env's episodes file: ``--out`` itself for one env, else a default name in ``--out``
     (a directory) or in runs/eval, claimed at once so that no other evaluation writes it."""
-    if out and len(env_ids) > 1 and (out.lower().endswith((".jsonl", ".jsonl.gz")) or Path(out).is_file()):
+    if out and len(env_ids) > 1 and (is_jsonl(out) or Path(out).is_file()):
         raise UsageError("with several environments --out is a directory (one JSONL per environment), "
                          f"not a file; got {out}")
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -15,3 +15,26 @@ def replace_text(path: Path, text: str) -> None:
         os.replace(staging, path)
     finally:
         staging.unlink(missing_ok=True)
+
+
+def drop_unfinished_line(path: Path, block: int = 1 << 16) -> bool:
+    """Truncate ``path`` after its last line end, when what follows it is a line cut short (its
+    writer stopped mid-line); True if it did. Reads from the end, a block at a time: the usual
+    file, whose last byte is a line end, costs one byte however large it is."""
+    with open(path, "rb+") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        position = end
+        while position > 0:
+            start = max(0, position - block)
+            handle.seek(start)
+            found = handle.read(position - start).rfind(b"\n")
+            if found >= 0:
+                whole = start + found + 1
+                break
+            position = start
+        else:
+            whole = 0
+        if whole == end:
+            return False
+        handle.truncate(whole)
+        return True

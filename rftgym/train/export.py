@@ -23,7 +23,7 @@ import torch
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import apply_trainable, saved_state, verify_checkpoint_file
-from .run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, STAGING_PREFIX, is_run_dir
+from .run_dir import CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, is_run_dir
 from .config import TrainConfig
 
 
@@ -140,8 +140,7 @@ def _read_weights(run_dir: Path, state: dict | None = None) -> tuple[dict, Path,
     if state is None:
         state = _saved(run_dir)
     for _ in range(5):
-        folder = next((run_dir / name for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR)
-                       if (run_dir / name / "state.json").is_file()), None)
+        folder = checkpoint_path(run_dir)
         weights, failure = None, None
         try:
             if folder is None:

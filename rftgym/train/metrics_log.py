@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
-from .run_dir import how_to_continue
+from .run_dir import METRICS_FILE, TENSORBOARD_DIR, how_to_continue
 
 # What the learning curve plots, where a run's rows hold it.
 CURVE_KEYS = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
@@ -42,8 +42,8 @@ class MetricsLog:
 
     def __init__(self, output_dir: Path, resume_step: int = 0):
         self.output_dir = output_dir
-        self.path = output_dir / "metrics.jsonl"
-        self._tb_dir = output_dir / "tensorboard"
+        self.path = output_dir / METRICS_FILE
+        self._tb_dir = output_dir / TENSORBOARD_DIR
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
             # On resume, rows of steps that will be run again are dropped (each step appears once),
