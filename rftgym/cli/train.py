@@ -119,7 +119,8 @@ def _progress(steps: int):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train.loop import refuse_idle_algorithm, train
+    from ..train.loop import train
+    from ..train.signals import refuse_idle_algorithm
 
     from ..core.errors import ConfigError
 

@@ -53,11 +53,9 @@ from .advantages import (
     zero_variance_groups,
 )
 from .config import BASE_ESTIMATOR, TrainConfig
+from .signals import PROCESS_SCORE_KEY, PROCESS_SEARCH_KEY
 
 CUT_SHORT = ("length", CONTEXT_FULL)  # last-turn finish reasons that overlong filtering masks
-PROCESS_SCORE_KEY = "evaluation_score"
-PROCESS_SPLIT_KEY = "evaluation_end"  # character offset in the action just after the evaluation
-PROCESS_SEARCH_KEY = "query"  # the query a turn ran (None on turns that did not search)
 
 
 @dataclass

@@ -29,13 +29,7 @@ from ..core.errors import ConfigError, EnvContractError, TrainingError, warn_cal
 from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
-from .batching import (
-    PROCESS_SCORE_KEY,
-    PROCESS_SPLIT_KEY,
-    build_samples,
-    group_episodes,
-    tokens_covering,
-)
+from .batching import build_samples, group_episodes, tokens_covering
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     check_base_model,
@@ -62,6 +56,7 @@ from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
 from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir
 from .schedule import learning_rate_at
+from .signals import PROCESS_SPLIT_KEY, refuse_idle_algorithm, unused_signal
 from .speed import (
     SpeedConfig,
     apply_training_speedups,
@@ -550,48 +545,6 @@ def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:
     return {"pcar_scores_per_episode": spans / episodes if episodes else 0.0,
             "pcar_factor_mean": mean,
             "pcar_factor_std": float(np.sqrt(max(0.0, squares / spans - mean * mean))) if spans else 0.0}
-
-
-# What PCAR and DCPO need of an env's episodes besides the reward: (signal, what the algorithm does
-# with it, the signal in words, a built-in env that gives it).
-ALGORITHM_SIGNALS = {
-    "pcar": ("evaluation_score", "scales each search's advantage by the env's score of the agent's evaluation of it",
-             "evaluation scores (info['evaluation_score'])", "rftgym/SearchEvalQA-v0"),
-    "dcpo": ("context_edits", "trains the segments between the agent's edits of its context", "context edits",
-             "rftgym/MemoryQA-v0"),
-}
-
-
-def refuse_idle_algorithm(algo: str, env_id: str) -> None:
-    """Refuse PCAR or DCPO on an env that declares (``metadata["train_signals"]``) that its
-    episodes never give what the algorithm works on: it would train as plain GRPO, a step later
-    (:func:`unused_signal` says so of an env that declares nothing)."""
-    need = ALGORITHM_SIGNALS.get(algo)
-    if need is None:
-        return
-    signals = env_metadata(env_id).get("train_signals")
-    if signals is None or need[0] in signals:
-        return
-    _, does, what, example = need
-    raise ConfigError(f"{algo} {does}; {env_id} gives no {what}, so {algo} would train as plain GRPO there. Train "
-                      f"with grpo, or on an env that gives them ({example})", field="algo")
-
-
-def unused_signal(algo: str, episodes) -> str | None:
-    """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or None: PCAR scales advantages by the
-    env's per-search evaluation scores, DCPO trains the segments between context edits; without
-    either there is nothing for them to do (most likely an env that has no such signal)."""
-    env_ids = {e.env_id for e in episodes}
-    if algo == "pcar" and not any(t.info.get(PROCESS_SCORE_KEY) is not None for e in episodes for t in e.turns):
-        why = ("the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"
-               if env_ids == {"rftgym/SearchEvalQA-v0"} else "PCAR needs an env that scores each search "
-               "(rftgym/SearchEvalQA-v0) and a policy that evaluates its searches")
-        return f"--algo pcar: no turn had info['evaluation_score'], so PCAR trained as GRPO; {why}"
-    if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):
-        why = ("the policy made no <prune> edit" if env_ids == {"rftgym/MemoryQA-v0"} else "DCPO needs an env whose "
-               "context the agent edits (rftgym/MemoryQA-v0) and a policy that edits it")
-        return f"--algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; {why}"
-    return None
 
 
 def evaluation_split(policy: HFPolicy) -> Callable:

@@ -168,7 +168,7 @@ def test_every_algorithm_runs_a_step(tmp_path, make_char_policy, algo):
 
 def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     from rftgym.core.records import Episode, Turn
-    from rftgym.train.loop import unused_signal
+    from rftgym.train.signals import unused_signal
 
     def episode(info, prompts, env_id="e"):
         turns = [Turn(index=i, context_ids=(), action="a", reward=0.0, terminated=i == len(prompts) - 1,
@@ -194,7 +194,7 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
 def test_pcar_and_dcpo_are_refused_up_front_only_where_the_env_declares_it_lacks_their_signal(monkeypatch):
     import gymnasium as gym
 
-    from rftgym.train.loop import refuse_idle_algorithm
+    from rftgym.train.signals import refuse_idle_algorithm
 
     for algo, env_id in (("pcar", "rftgym/SearchEvalQA-v0"), ("dcpo", "rftgym/MemoryQA-v0"),
                          ("grpo", "rftgym/VerifiableQA-v0"), ("rloo", "rftgym/CodeTCG-v0")):
