@@ -119,7 +119,6 @@ def _progress(steps: int):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train.loop import train
     from ..train.signals import refuse_idle_algorithm
 
     from ..core.errors import ConfigError
@@ -135,6 +134,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
     _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs)).close()
     output_dir = config.output_dir
+
+    from ..train.loop import train  # (torch loads here, once the flags and the env are known good)
 
     # train() checks the output directory (on the writing rank, before the model loads).
     replaced = _stop_on_sigterm()
