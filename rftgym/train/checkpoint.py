@@ -385,6 +385,12 @@ def _as_saved(value) -> str | None:
         return None
 
 
+def kept_as_text(value) -> bool:
+    """Whether state.json keeps only ``value``'s text (no JSON value holds it, e.g. an object), so
+    that a resume cannot read it back."""
+    return _as_saved(value) is None
+
+
 def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> bool:
     # saved values may be strings (a hand edit), and JSON saved tuples (an env's difficulties) as lists
     if str(saved) == str(value) or (_as_saved(saved) is not None and _as_saved(saved) == _as_saved(value)):

@@ -9,7 +9,6 @@ pass over a step's samples (minibatches, gradient accumulation, the loss) is
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -37,6 +36,7 @@ from .checkpoint import (
     check_checkpoint_files,
     check_world_size,
     checkpoint_state,
+    kept_as_text,
     load_checkpoint,
     resume_notes,
     save_checkpoint,
@@ -90,14 +90,6 @@ def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
         refuse_idle_algorithm(config.algo, config.env_id)
 
 
-def _is_json(value) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def segment_seed(seed: int, rank: int) -> int:
     """The seed of a rank's generator for DCPO segment picks and minibatch shuffles: drawn from
     (seed, rank) apart from the sampler's ``seed + rank``, since two CPU generators seeded alike
@@ -125,7 +117,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     fsdp = config.parallelism == "fsdp"
     # One process unless started by torchrun / accelerate launch.
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
-    unsaved = [key for key, value in config.env_kwargs.items() if not _is_json(value)]
+    unsaved = [key for key, value in config.env_kwargs.items() if kept_as_text(value)]
     if unsaved and ranks.is_main:
         warn_caller(f"env_kwargs {unsaved} are not JSON values (e.g. objects); the checkpoint keeps only their text, so "
                     "a resume must give them again (train(config, resume=True) with this config does; `rftgym train "

@@ -697,6 +697,14 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
     assert resume_changes(saved, {"model": str(tmp_path / "other")}, loaded_from=str(tmp_path / "m")) == ["model"]
 
 
+def test_only_values_state_json_cannot_hold_are_said_to_be_kept_as_text(tmp_path):
+    from rftgym.train.checkpoint import kept_as_text
+
+    # state.json is written as Python's json writes it: NaN and a tuple are read back as saved.
+    assert not any(kept_as_text(value) for value in (float("nan"), (1, 2), {"a": [None, True]}, "x"))
+    assert kept_as_text({"a"}) and kept_as_text(tmp_path) and kept_as_text(object())
+
+
 def test_a_run_stopped_before_any_result_leaves_its_output_directory_as_it_was(tmp_path, make_char_policy):
     policy = make_char_policy()
     context = policy.model.config.max_position_embeddings
