@@ -169,7 +169,8 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
     reads it is not refused: the load reads it again, whole. ``doing`` (what the caller does with
     the run) and ``otherwise`` (what it may do instead of mending the checkpoint) are for the
     messages."""
-    from ..train.checkpoint import saved_state, verify_checkpoint_file
+    from ..train.checkpoint import verify_checkpoint_file
+    from ..train.run_dir import saved_state
     from ..train.run_dir import checkpoint_path
     from ..train.export import saved_config
 

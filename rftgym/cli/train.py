@@ -73,7 +73,7 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     defaults in their place would quietly resume another run."""
     from ..core.errors import ConfigError
     from ..train import TrainConfig
-    from ..train.checkpoint import saved_state
+    from ..train.run_dir import saved_state
     from ..train.run_dir import has_checkpoint
 
     if given is None or not has_checkpoint(output_dir):
@@ -147,7 +147,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise
         raise flagged from exc
     except KeyboardInterrupt as stop:
-        from ..train.checkpoint import saved_state
+        from ..train.run_dir import saved_state
         from ..train.run_dir import METRICS_FILE
 
         how, code = stop_reason(stop)

@@ -25,11 +25,17 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError, TrainingError
-from ..core.values import is_int
 from .config import TrainConfig
 from .distributed import Distributed, ShardedModel, full_tensor, shard_like
 from .master_weights import MasterWeights
-from .run_dir import CHECKPOINT_DIR, OLD_CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, how_to_continue
+from .run_dir import (
+    CHECKPOINT_DIR,
+    OLD_CHECKPOINT_DIR,
+    STAGING_PREFIX,
+    check_state,
+    checkpoint_path,
+    how_to_continue,
+)
 from .schedule import learning_rate_at
 from .stopping import held_stops
 
@@ -262,13 +268,6 @@ def _check_whole(path: Path, otherwise: str) -> None:
 
 
 
-def _check_state(state, where: Path) -> None:
-    step = state.get("step") if isinstance(state, dict) else None
-    if not is_int(step) or step < 0 or not isinstance(state.get("config"), dict):
-        raise ConfigError(f"{where} is not a checkpoint state (it needs 'step', the number of steps done: an int "
-                          f">= 0, and a 'config'); got step {step!r}. The checkpoint is left as it is")
-
-
 def check_rng_states(rng, output_dir: Path) -> None:
     """Refuse random states (from :func:`load_checkpoint`) that are not a training run's."""
     if not isinstance(rng, dict) or not {"tasks", "torch", "ranks"} <= rng.keys() or not isinstance(rng["ranks"], list) \
@@ -303,21 +302,6 @@ def check_world_size(written: int, ranks: Distributed, output_dir: Path) -> None
             f"the checkpoint in {output_dir} was written by {written} process{'es' if written != 1 else ''} and this "
             f"run has {ranks.world_size}; resume under `torchrun --nproc_per_node {written}` (or `accelerate launch "
             f"--num_processes {written}`), or start a new run in another --output-dir"))
-
-
-def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
-    """The step and config of the checkpoint in ``output_dir`` (read before any model loads);
-    ``doing`` is what the caller does with it, for the messages."""
-    path = checkpoint_path(output_dir)
-    if path is None:
-        raise ConfigError(f"nothing to {doing.split()[0]}: {output_dir} holds no complete checkpoint")
-    try:
-        state = json.loads((path / "state.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot {doing} the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
-                          f"({exc}); the checkpoint is left as it is") from None
-    _check_state(state, path / "state.json")
-    return state
 
 
 CHECKPOINT_FILES = ("trainable.pt", "optimizer.pt", "rng.pt")
@@ -457,7 +441,7 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None =
         raise FileNotFoundError(f"no checkpoint in {output_dir}")
     if state is None:
         state = json.loads((path / "state.json").read_text())
-        _check_state(state, path / "state.json")
+        check_state(state, path / "state.json")
     if not verified:  # all, before anything is changed
         check_checkpoint_files(output_dir, state)
     apply_trainable(torch.load(path / "trainable.pt", map_location="cpu"), model, path)

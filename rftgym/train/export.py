@@ -22,8 +22,8 @@ import torch
 
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
-from .checkpoint import apply_trainable, saved_state, verify_checkpoint_file
-from .run_dir import CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, is_run_dir
+from .checkpoint import apply_trainable, verify_checkpoint_file
+from .run_dir import CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, is_run_dir, saved_state
 from .config import TrainConfig
 
 

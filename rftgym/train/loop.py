@@ -41,7 +41,6 @@ from .checkpoint import (
     resume_notes,
     save_checkpoint,
     saved_rng_states,
-    saved_state,
 )
 from .config import TrainConfig
 from .distributed import (
@@ -54,7 +53,7 @@ from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finishe
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
-from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir
+from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir, saved_state
 from .schedule import learning_rate_at
 from .signals import PROCESS_SPLIT_KEY, refuse_idle_algorithm, unused_signal
 from .speed import (

@@ -243,3 +243,25 @@ def lock_holder(output_dir: Path) -> str | None:
 def _locked_message(output_dir: Path, holder: str | None) -> str:
     return (f"another run (process {holder or 'unknown'}) is writing to {output_dir}; wait for it to end, or choose "
             "another output directory")
+
+
+def check_state(state, where: Path) -> None:
+    step = state.get("step") if isinstance(state, dict) else None
+    if not is_int(step) or step < 0 or not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{where} is not a checkpoint state (it needs 'step', the number of steps done: an int "
+                          f">= 0, and a 'config'); got step {step!r}. The checkpoint is left as it is")
+
+
+def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
+    """The step and config of the checkpoint in ``output_dir`` (read before any model loads);
+    ``doing`` is what the caller does with it, for the messages."""
+    path = checkpoint_path(output_dir)
+    if path is None:
+        raise ConfigError(f"nothing to {doing.split()[0]}: {output_dir} holds no complete checkpoint")
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot {doing} the checkpoint in {output_dir}: {path / 'state.json'} is unreadable "
+                          f"({exc}); the checkpoint is left as it is") from None
+    check_state(state, path / "state.json")
+    return state
