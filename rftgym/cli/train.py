@@ -4,7 +4,6 @@ run, and what an interrupted run says about resuming it."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -73,8 +72,7 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     defaults in their place would quietly resume another run."""
     from ..core.errors import ConfigError
     from ..train import TrainConfig
-    from ..train.run_dir import saved_state
-    from ..train.run_dir import has_checkpoint
+    from ..train.run_dir import has_checkpoint, resumed_model, saved_state
 
     if given is None or not has_checkpoint(output_dir):
         return settings
@@ -99,11 +97,8 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     saved_options = (saved.get("env_kwargs") or {}) if saved.get("env_id") == settings["env_id"] else {}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
                   env_kwargs={**saved_options, **settings["env_kwargs"]})
-    # A model given by a path relative to where the run started: where it was loaded from, absolute.
-    loaded_from = state.get("base_model_path")
-    if "model" not in given and isinstance(merged["model"], str) and not os.path.isabs(merged["model"]) \
-            and isinstance(loaded_from, str) and os.path.isdir(loaded_from):
-        merged["model"] = loaded_from
+    if "model" not in given:
+        merged["model"] = resumed_model(state, merged["model"])
     return merged
 
 
@@ -147,8 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise
         raise flagged from exc
     except KeyboardInterrupt as stop:
-        from ..train.run_dir import saved_state
-        from ..train.run_dir import METRICS_FILE
+        from ..train.run_dir import METRICS_FILE, saved_state
 
         how, code = stop_reason(stop)
         rank, world = _launch()

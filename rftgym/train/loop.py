@@ -53,7 +53,7 @@ from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finishe
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
-from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir, saved_state
+from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir, resumed_model, saved_state
 from .schedule import learning_rate_at
 from .signals import PROCESS_SPLIT_KEY, refuse_idle_algorithm, unused_signal
 from .speed import (
@@ -151,10 +151,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     try:
         saved = saved_state(out) if resume else None
         saved_rng = None
-        loaded_from = saved.get("base_model_path") if saved is not None else None
-        if policy is None and config.model is None and isinstance(loaded_from, str) and os.path.isdir(loaded_from):
-            # A resume that names no model loads the one its checkpoint was trained from (as the CLI's does).
-            config = dataclasses.replace(config, model=loaded_from)
+        if saved is not None and policy is None and config.model is None:  # (as the CLI's resume does)
+            config = dataclasses.replace(config, model=resumed_model(saved, None))
         if saved is not None:
             check_checkpoint_files(out)  # each file there
         # Before any model loads, and what cannot be mended first: a run told to add steps would

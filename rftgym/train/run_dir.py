@@ -265,3 +265,12 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
                           f"({exc}); the checkpoint is left as it is") from None
     check_state(state, path / "state.json")
     return state
+
+
+def resumed_model(state: dict, model: str | None) -> str | None:
+    """The model a resume that names none of its own loads: the directory its checkpoint's model
+    was loaded from (state.json's ``base_model_path``, absolute) while it is there, so that a
+    model given by a path relative to where the first run started is found from anywhere; else
+    ``model``, the setting as saved (None: the default model)."""
+    loaded_from = state.get("base_model_path")
+    return loaded_from if isinstance(loaded_from, str) and os.path.isdir(loaded_from) else model

@@ -705,6 +705,17 @@ def test_only_values_state_json_cannot_hold_are_said_to_be_kept_as_text(tmp_path
     assert kept_as_text({"a"}) and kept_as_text(tmp_path) and kept_as_text(object())
 
 
+def test_a_resume_naming_no_model_loads_the_directory_its_checkpoint_loaded(tmp_path):
+    from rftgym.train.run_dir import resumed_model
+
+    (tmp_path / "m").mkdir()
+    state = {"step": 1, "config": {"model": "m"}, "base_model_path": str(tmp_path / "m")}
+    assert resumed_model(state, "m") == resumed_model(state, None) == str(tmp_path / "m")
+    # moved away, or the default model (no directory): the setting as saved
+    assert resumed_model({**state, "base_model_path": str(tmp_path / "gone")}, "m") == "m"
+    assert resumed_model({**state, "base_model_path": None}, None) is None
+
+
 def test_a_run_stopped_before_any_result_leaves_its_output_directory_as_it_was(tmp_path, make_char_policy):
     policy = make_char_policy()
     context = policy.model.config.max_position_embeddings
