@@ -466,6 +466,11 @@ def _load_checkpoint(output_dir: Path, *, model, optimizer, state: dict | None =
                     param.copy_(master.to(param.device, param.dtype))
         saved["state"] = {index: rest for index, entry in saved["state"].items()
                           if (rest := {k: v for k, v in entry.items() if k != "master"})}
+    # The run's own settings (weight decay; fused, which the device decides), not the saved ones:
+    # load_state_dict restores a group's settings with its moments, and a resume may change them
+    # (resume_notes names each). The learning rate is set at each step from the schedule.
+    for group, current in zip(saved["param_groups"], optimizer.param_groups):
+        group.update({key: value for key, value in current.items() if key != "params"})
     optimizer.load_state_dict(saved)
     if rng_states is None:
         rng_states = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)  # tensors, dicts, numbers

@@ -287,3 +287,26 @@ def test_files_that_cannot_give_the_fingerprint_give_none(tmp_path, run_from_bas
     settings = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**settings, "num_hidden_layers": 3}))  # a layer the files lack
     assert files_fingerprint(str(folder), "float32") is None
+
+
+@pytest.mark.parametrize("master_weights", [False, True], ids=["adamw", "float32-masters"])
+def test_a_resume_steps_with_its_own_weight_decay_and_the_saved_moments(tmp_path, master_weights):
+    from rftgym.train.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
+    from rftgym.train.speed import make_optimizer
+
+    def setup(weight_decay: float):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 2).to(torch.bfloat16 if master_weights else torch.float32)
+        return model, make_optimizer(model.parameters(), lr=0.1, weight_decay=weight_decay)
+
+    model, optimizer = setup(0.0)
+    model(torch.ones(1, 2, dtype=model.weight.dtype)).sum().backward()
+    optimizer.step()
+    moments = [optimizer.state_dict()["state"][i]["exp_avg"].clone() for i in (0, 1)]
+    save_checkpoint(tmp_path, state=checkpoint_state(model, optimizer), step=1, rng_states={"ranks": []},
+                    config=TrainConfig().to_dict())
+    resumed, optimizer = setup(0.1)
+    load_checkpoint(tmp_path, model=resumed, optimizer=optimizer)
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1]  # the resume's, not the saved 0.0
+    for index, moment in enumerate(moments):
+        assert torch.equal(optimizer.state_dict()["state"][index]["exp_avg"], moment)
