@@ -52,12 +52,13 @@ def _rebuild(run_dir: Path, base_model: str | Path | None):
 
 
 def _rebuild_once(run_dir: Path, base_model: str | Path | None):
-    from ..agents.model_loading import load_model_and_tokenizer
+    from ..agents.model_loading import load_model_and_tokenizer, names_default_model
 
     saved = _saved(run_dir)
     config = saved_config(run_dir, saved)
+    # Where the run loaded its base (absolute), even when gone: the message then names that place.
     source = base_model or saved.get("base_model_path") or config.model
-    named = f"from {source}" if source not in (None, "default") else "as the default model"
+    named = "as the default model" if names_default_model(source) else f"from {source}"
     _refuse_a_loop(run_dir, source)
     model_name = None if source is None else str(source)
     dtype = load_dtype(config)  # the dtype the run trained it in: its update was made on those weights
@@ -207,21 +208,26 @@ EXPORT_STAGING_PREFIX = ".rftgym-export."  # the folder an export writes before 
 def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None) -> Path:
     """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new (or
     empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds."""
+    from ..agents.model_loading import names_default_model
+
     run_dir = Path(run_dir).expanduser()
     out = _check_out_dir(run_dir, Path(out_dir))
     model, tokenizer, saved, source = _rebuild(run_dir, base_model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside it and renamed, so that an interrupted export leaves no half model behind; under
-    # a name of the export's own (".checkpoint-…" is a run's staging, which its next save clears
-    # away when the export goes into the run's directory).
-    staging = Path(tempfile.mkdtemp(prefix=f"{EXPORT_STAGING_PREFIX}{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside it and renamed, so that an interrupted export leaves no half model behind; under
+        # a name of the export's own (".checkpoint-…" is a run's staging, which its next save clears
+        # away when the export goes into the run's directory).
+        staging = Path(tempfile.mkdtemp(prefix=f"{EXPORT_STAGING_PREFIX}{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise _cannot_export(out, exc) from exc
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "rftgym_run.json").write_text(json.dumps(
             {"run": str(run_dir.resolve()), "step": saved["step"], "env_id": saved["config"].get("env_id"),
              "algo": saved["config"].get("algo"),
-             "base_model": str(Path(source).expanduser().resolve()) if source not in (None, "default") else "default"},
+             "base_model": "default" if names_default_model(source) else str(Path(source).expanduser().resolve())},
             indent=2))
         # For any reader (a model server running as another user): save_pretrained may write 0600.
         for path in staging.rglob("*"):
@@ -233,7 +239,19 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
         if out.exists():
             out.rmdir()
         staging.rename(out)
+    except OSError as exc:  # a full disk, a quota, a folder it may not write
+        raise _cannot_export(out, exc) from exc
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _cannot_export(out: Path, exc: OSError) -> TrainingError:
+    try:
+        free = f"; {shutil.disk_usage(out.parent).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = ""
+    return TrainingError(f"cannot write the export in {out.parent} ({exc.strerror or exc}{free}); nothing was "
+                         f"exported to {out}, and the run is left as it is. Free space (or export elsewhere), then "
+                         "run the export again")

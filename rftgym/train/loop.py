@@ -151,8 +151,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     try:
         saved = saved_state(out) if resume else None
         saved_rng = None
-        if saved is not None and policy is None and config.model is None:  # (as the CLI's resume does)
-            config = dataclasses.replace(config, model=resumed_model(saved, None))
+        if saved is not None and policy is None and config.model in (None, saved["config"].get("model")):
+            # A resume that names no other model loads its checkpoint's (as the CLI's resume does).
+            config = dataclasses.replace(config, model=resumed_model(saved, config.model))
         if saved is not None:
             check_checkpoint_files(out)  # each file there
         # Before any model loads, and what cannot be mended first: a run told to add steps would
@@ -221,11 +222,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         env_kwargs = with_training_defaults(metadata, with_policy_options(metadata, config.env_kwargs, policy))
         make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
     base_model = base_fingerprint(policy.model)
-    # Where the base weights came from, for a later export or resume: config.model, or the directory
-    # the policy passed in was loaded from.
-    source = config.model if config.model not in (None, "default") else policy.source_dir
-    base_model_path = str(Path(source).expanduser().resolve()) if source and Path(source).expanduser().is_dir() \
-        else None
+    # Where the base weights came from, for a later export or resume, absolute: the directory the
+    # policy was loaded from, else config.model's (a policy passed in, said to be that model's).
+    source = policy.source_dir or config.model
+    base_model_path = str(Path(source).expanduser().resolve()) \
+        if source not in (None, "default") and Path(source).expanduser().is_dir() else None
     if saved is not None:  # before anything is built on the weights
         check_base_model(saved, base_model, config)
     # Its checkpoints say whether the files told the fingerprint: their resumes are then checked at once.

@@ -159,6 +159,9 @@ def test_a_run_is_rebuilt_from_where_it_loaded_its_base_or_where_it_moved(tmp_pa
     train(train_config(tmp_path, "run", steps=1, model="base"), policy=policy, make_env=SayAEnv)
     monkeypatch.chdir(tmp_path / "run")  # elsewhere: the run kept the absolute path
     torch.testing.assert_close(logits(load_trained(tmp_path / "run")[0]), logits(policy.model))
+    # and a resume with the same config (model="base", no such directory here) loads it from there
+    assert [row["step"] for row in train(train_config(tmp_path, "run", steps=2, model="base"), make_env=SayAEnv,
+                                         resume=True)] == [2]
     shutil.move(tmp_path / "base", tmp_path / "moved")
     with pytest.raises(ModelLoadError, match="the base model of the run in .* cannot be loaded from .* --base-model DIR"):
         load_trained(tmp_path / "run")
@@ -261,3 +264,21 @@ def test_an_export_whose_files_went_missing_is_an_error_not_an_empty_model(tmp_p
     with pytest.raises(TrainingError, match=r"went missing while it wrote them .*nothing was exported"):
         export(run, tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+def test_an_export_that_cannot_be_written_is_an_error_naming_the_folder(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import transformers
+
+    run, _ = trained_run(tmp_path)
+
+    def disk_full(model, folder, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", disk_full)
+    assert main(["export", str(run), str(tmp_path / "model")]) == 1
+    said = capsys.readouterr().err
+    assert f"cannot write the export in {tmp_path} (No space left on device; " in said and "Traceback" not in said
+    assert "nothing was exported" in said and not (tmp_path / "model").exists()
+    assert not list(tmp_path.glob(".*model*"))  # no staging folder left behind
