@@ -73,7 +73,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     epochs_per_step: int = 1
-    minibatch_size: int = 16  # sequences (segments) per optimizer step
+    # Sequences (segments) per optimizer step on each process (as TRL's per-device batch): under a
+    # launch of N processes a step takes N x minibatch_size of them.
+    minibatch_size: int = 16
     # Gradient accumulation inside a minibatch: forward/backward this many samples at a time
     # (0 = the whole minibatch at once). Same gradient, less activation memory.
     microbatch_size: int = 0

@@ -20,10 +20,7 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
     """Apply LoRA and gradient checkpointing as configured; return the model to train.
     ``autocast``: the precision context the rollouts and updates will run under."""
     model = policy.model
-    # Rollouts run in eval mode; dropout during the update would make first-epoch ratios noisy.
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    turn_off_dropout(model)
     check_training_logprobs(model, autocast)
     if config.pack_sequences:
         check_packed_attention(model, autocast)
@@ -40,6 +37,26 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
         if config.lora_rank:
             model.enable_input_require_grads()
     return model
+
+
+# Attention modules that apply dropout themselves in train mode keep its probability as a number
+# (Llama, Qwen2, Mistral: attention_dropout, read from the config when the module is built).
+DROPOUT_PROBABILITIES = ("attention_dropout", "attn_dropout", "dropout")
+
+
+def turn_off_dropout(model) -> None:
+    """Rollouts run in eval mode, without dropout; the update runs in train mode, where dropout
+    would make the first epoch's ratios noisy (and recomputed old log-probs with it). So every
+    dropout is set to 0: ``nn.Dropout`` modules, and attention's own probability where a module
+    keeps it as a number."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in DROPOUT_PROBABILITIES:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    if isinstance(getattr(model.config, "attention_dropout", None), float):
+        model.config.attention_dropout = 0.0  # (what a later save records)
 
 
 def check_lora_rank(model, rank: int) -> None:

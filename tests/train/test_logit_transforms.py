@@ -89,3 +89,15 @@ def test_output_bias_is_refused():
     head.bias = torch.nn.Parameter(torch.zeros(head.weight.shape[0]))
     with pytest.raises(ConfigError, match="bias"):
         check_training_logprobs(policy.model)
+
+
+def test_the_update_runs_without_the_attention_dropout_a_model_config_asks():
+    policy = make_char_policy(0, attention_dropout=0.5)
+    model = prepare_model(policy, TrainConfig())
+    model.train()  # as the update runs: Llama's attention applies its dropout itself in train mode
+    ids = torch.tensor([[5, 9, 11, 4, 7, 3, 8]])
+    with torch.no_grad():
+        first, second = model(input_ids=ids).logits, model(input_ids=ids).logits
+        model.eval()
+        evaluated = model(input_ids=ids).logits
+    assert torch.equal(first, second) and torch.allclose(first, evaluated, atol=1e-6)
