@@ -124,7 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:  # before the env is made: that may read its data files
         refuse_idle_algorithm(config.algo, config.env_id)
     except ConfigError as exc:
-        raise _flagged(exc, _train_field_flags()) from exc
+        raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
     # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
     _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs)).close()

@@ -13,12 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .distributed import ShardedModel
-
-
-def _unwrap(model):
-    # The FSDP root wraps the model; fingerprints name parameters as the model itself does.
-    return model.model if isinstance(model, ShardedModel) else model
+from .distributed import inner_model
 
 
 FINGERPRINT_SAMPLES = 256  # weights sampled from each parameter
@@ -47,7 +42,7 @@ def base_fingerprint(model) -> str:
     with torch.no_grad():
         return _fingerprint((name, tuple(parameter.shape),
                              parameter.detach().reshape(-1)[:: _stride(parameter.numel())][:FINGERPRINT_SAMPLES])
-                            for name, parameter in sorted(_unwrap(model).named_parameters()))
+                            for name, parameter in sorted(inner_model(model).named_parameters()))
 
 
 def files_fingerprint(model: str | None, dtype: str) -> str | None:
@@ -137,3 +132,10 @@ def load_dtype(config) -> str:
     master weights of mixed precision, elsewhere full precision); its fingerprint is read in it,
     and an export rebuilds the model in it, as the run's update was made on those weights."""
     return config.dtype or "float32"
+
+
+def kept_fingerprint_differs(saved: dict, found: str | None) -> bool:
+    """Whether the base-weight fingerprint a checkpoint kept (``saved``: its state) is not ``found``
+    (None: unknown; a checkpoint written before fingerprints were kept has none: not compared)."""
+    expected = saved.get("base_model")
+    return found is not None and isinstance(expected, str) and expected != found

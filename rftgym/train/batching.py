@@ -37,13 +37,14 @@ masked too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..core.errors import AgentError, EnvContractError
 from ..core.records import CONTEXT_FULL, Episode, Segment
-from ..core.values import is_finite_real
+from ..core.values import is_finite_real, is_int
 from .advantages import (
     compute_advantages,
     dcpo_segment_advantages,
@@ -53,7 +54,7 @@ from .advantages import (
     zero_variance_groups,
 )
 from .config import BASE_ESTIMATOR, TrainConfig
-from .signals import PROCESS_SCORE_KEY, PROCESS_SEARCH_KEY
+from .signals import PROCESS_SCORE_KEY, PROCESS_SEARCH_KEY, PROCESS_SPLIT_KEY
 
 CUT_SHORT = ("length", CONTEXT_FULL)  # last-turn finish reasons that overlong filtering masks
 
@@ -331,3 +332,22 @@ def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:
         attention[row, :len(sample.token_ids)] = 1
     return {**tensors, "attention_mask": attention, "targets": tensors["input_ids"][:, 1:].contiguous(),
             "trained_index": trained_index(tensors["loss_mask"])}
+
+
+def evaluation_split(policy) -> Callable:
+    """PCAR's ``split_tokens``: how many of a turn's sampled tokens its evaluation spans (the
+    env's ``evaluation_end`` character offset, mapped through the policy's tokenizer), or None."""
+    def split_tokens(turn) -> int | None:
+        end = turn.info.get(PROCESS_SPLIT_KEY)
+        if end is None or not turn.sampled_ids:
+            return None
+        if not is_int(end) or not 0 <= end <= len(turn.action):
+            raise EnvContractError(f"info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
+                                   f"offset into the turn's action, an int in [0, {len(turn.action)}]")
+        if not turn.action[end:].strip():
+            # Nothing but white space after the evaluation: the whole turn is its span. Mapped to
+            # tokens, the offset would fall before the sampled stop token, which would then go to
+            # the next span.
+            return None
+        return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
+    return split_tokens

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError, TrainingError
-from .config import TrainConfig
-from .distributed import Distributed, ShardedModel, full_tensor, shard_like
+from .base_model import kept_fingerprint_differs
+from .config import RESUME_FIXED, RESUME_FREE, TrainConfig
+from .distributed import Distributed, full_tensor, inner_model, shard_like
 from .master_weights import MasterWeights
 from .run_dir import (
     CHECKPOINT_DIR,
@@ -40,11 +41,6 @@ from .schedule import learning_rate_at
 from .stopping import held_stops
 
 
-def _unwrap(model):
-    # The FSDP root wraps the model; checkpoints name parameters as the model itself does.
-    return model.model if isinstance(model, ShardedModel) else model
-
-
 def _whole(tensor: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
     # One tensor at a time, straight to CPU: a sharded optimizer state never exists whole on a GPU.
     whole = full_tensor(tensor.detach())
@@ -54,7 +50,7 @@ def _whole(tensor: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
 def trainable_state(model, keep: bool = True) -> dict[str, torch.Tensor]:
     """The trainable weights, whole, on CPU (a collective when sharded; ``keep=False`` on ranks
     that only take part in the gathering)."""
-    return {name: _whole(p, keep) for name, p in _unwrap(model).named_parameters() if p.requires_grad}
+    return {name: _whole(p, keep) for name, p in inner_model(model).named_parameters() if p.requires_grad}
 
 
 def optimizer_state(optimizer, keep: bool = True) -> dict:
@@ -73,10 +69,9 @@ def checkpoint_state(model, optimizer, keep: bool = True) -> dict[str, Any]:
 def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None:
     """Refuse to resume a checkpoint (``saved``: its state) on other base weights than it was
     trained from; a checkpoint written before fingerprints were kept is not checked."""
-    expected = saved.get("base_model")
-    if isinstance(expected, str) and expected != fingerprint:
+    if kept_fingerprint_differs(saved, fingerprint):
         raise ConfigError(f"the checkpoint in {config.output_dir} was trained from other base weights than "
-                          f"--model {config.model or 'default'} holds (fingerprint {expected}, this model's "
+                          f"--model {config.model or 'default'} holds (fingerprint {saved['base_model']}, this model's "
                           f"{fingerprint}; it was trained from --model {saved['config'].get('model') or 'default'}). "
                           "Resume with the model it was trained from, or start a new run in another output directory")
 
@@ -342,11 +337,6 @@ def _verify_for_resume(output_dir: Path, folder: Path, name: str, state: dict | 
 # A resumed run must continue the same experiment: these settings change what the checkpoint is
 # (another env, algorithm, or LoRA adapters of another shape). The model may be given by another
 # path (a moved directory): its weights' fingerprint must be the checkpoint's (check_base_model).
-RESUME_FIXED = ("env_id", "algo", "lora_rank")
-RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-               "dist_timeout_s")  # what a resume may change without a note
-
-
 def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) -> list[str]:
     """The settings of ``config`` that differ from the checkpoint's ``saved`` ones (the length of
     the run and how often it logs, saves and evaluates may change freely); a ConfigError for one
@@ -398,7 +388,7 @@ def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> boo
 def apply_trainable(weights: dict[str, torch.Tensor], model, where: Path) -> None:
     """Copy a checkpoint's trainable weights (``trainable.pt``, from ``where``) into ``model``,
     whose parameters of those names must have those shapes (a ValueError says otherwise)."""
-    params = dict(_unwrap(model).named_parameters())
+    params = dict(inner_model(model).named_parameters())
     unknown = [name for name in weights if name not in params]
     wrong = [name for name in weights if name in params and weights[name].shape != params[name].shape]
     if unknown or wrong or not weights:

@@ -21,11 +21,16 @@ class UnreadSetting(ConfigError):
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "pcar", "dcpo", "rft")
 COMPILE_SCOPES = ("layers", "decoder")  # what one compiled graph of the update covers (train/speed.py)
 AGGREGATION_NAMES = ("token_mean", "sequence_mean", "constant_normalizer")
-# PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
 PARALLELISM = ("ddp", "fsdp")
 OLD_LOGPROBS = ("rollout", "recompute")
 RATIO_LEVELS = ("token", "sequence")  # per-token PPO ratios, or GSPO's one per sequence
+# PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
+# What a resume may not change (another env, algorithm or adapter shape would be another run), and
+# what it may change without a note; any other change is noted as the run resumes.
+RESUME_FIXED = ("env_id", "algo", "lora_rank")
+RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
+               "dist_timeout_s")
 
 
 def _absolute_if_a_file(key: str, value: Any) -> Any:

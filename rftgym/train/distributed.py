@@ -302,6 +302,12 @@ class ShardedModel(torch.nn.Module):
         return self.model.disable_adapter()
 
 
+def inner_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model itself under FSDP's root, whose parameter names (in checkpoints and fingerprints)
+    are the model's own."""
+    return model.model if isinstance(model, ShardedModel) else model
+
+
 def shard_model(model: torch.nn.Module, logprobs: Callable, mixed_precision: bool) -> ShardedModel:
     """Shard ``model`` in place with FSDP2 and return its root (a :class:`ShardedModel`).
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
-from .base_model import base_fingerprint, files_fingerprint, load_dtype
+from .base_model import base_fingerprint, files_fingerprint, kept_fingerprint_differs, load_dtype
 from .checkpoint import apply_trainable, verify_checkpoint_file
 from .run_dir import CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, is_run_dir, saved_state
 from .config import TrainConfig
@@ -93,10 +93,9 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
 def _check_base_weights(saved: dict, found: str | None, run_dir: Path, named: str) -> None:
     """Refuse base weights whose fingerprint ``found`` (None: unknown, not checked) is not the one
     the run kept (a run saved before fingerprints were kept is not checked)."""
-    expected = saved.get("base_model")
-    if found is not None and isinstance(expected, str) and expected != found:
+    if kept_fingerprint_differs(saved, found):
         raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
-                             f"from (fingerprint {found}, the run's {expected}); name the directory of the model it "
+                             f"from (fingerprint {found}, the run's {saved['base_model']}); name the directory of the model it "
                              "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
                              "base_model=DIR))")
 

@@ -24,11 +24,10 @@ import torch
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.devices import device_problem
-from ..core.errors import ConfigError, EnvContractError, TrainingError, warn_caller
-from ..core.values import is_int
+from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
-from .batching import build_samples, group_episodes, tokens_covering
+from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     check_base_model,
@@ -55,7 +54,7 @@ from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
 from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir, resumed_model, saved_state
 from .schedule import learning_rate_at
-from .signals import PROCESS_SPLIT_KEY, refuse_idle_algorithm, unused_signal
+from .signals import refuse_idle_algorithm, unused_signal
 from .speed import (
     SpeedConfig,
     apply_training_speedups,
@@ -485,8 +484,7 @@ def _close_outputs(log: MetricsLog, out: Path) -> None:
 
 def untrained_run(history: list[dict], config: TrainConfig) -> str | None:
     """Why no step of the run updated the model (no rank had a sample to train on), or None when
-    one did. ``samples`` is summed over ranks; a rank's own ``loss`` is None whenever it alone had
-    none."""
+    one did (``samples`` is summed over ranks)."""
     if not history or any(h.get("samples", 0) > 0 for h in history):
         return None
     if config.algo == "rft":
@@ -535,22 +533,3 @@ def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:
     return {"pcar_scores_per_episode": spans / episodes if episodes else 0.0,
             "pcar_factor_mean": mean,
             "pcar_factor_std": float(np.sqrt(max(0.0, squares / spans - mean * mean))) if spans else 0.0}
-
-
-def evaluation_split(policy: HFPolicy) -> Callable:
-    """PCAR's ``split_tokens``: how many of a turn's sampled tokens its evaluation spans (the
-    env's ``evaluation_end`` character offset, mapped through the policy's tokenizer), or None."""
-    def split_tokens(turn) -> int | None:
-        end = turn.info.get(PROCESS_SPLIT_KEY)
-        if end is None or not turn.sampled_ids:
-            return None
-        if not is_int(end) or not 0 <= end <= len(turn.action):
-            raise EnvContractError(f"info[{PROCESS_SPLIT_KEY!r}] is {end!r}; it is a character "
-                                   f"offset into the turn's action, an int in [0, {len(turn.action)}]")
-        if not turn.action[end:].strip():
-            # Nothing but white space after the evaluation: the whole turn is its span. Mapped to
-            # tokens, the offset would fall before the sampled stop token, which would then go to
-            # the next span.
-            return None
-        return tokens_covering(policy.chat.decode_reply, list(turn.sampled_ids), int(end))
-    return split_tokens

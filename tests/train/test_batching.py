@@ -101,7 +101,7 @@ def test_a_process_score_that_is_not_a_finite_number_is_an_env_error(score):
 
 def test_a_bad_evaluation_end_names_the_episode_and_turn_it_came_from(make_char_policy):
     from rftgym.core.errors import EnvContractError
-    from rftgym.train.loop import evaluation_split
+    from rftgym.train.batching import evaluation_split
 
     good = episode([(2, 0, {"evaluation_score": 8, "evaluation_end": 1}), (1, 1.0, {})])
     bad = episode([(2, 0, {}), (2, 0.0, {"evaluation_score": 3, "evaluation_end": 9})])

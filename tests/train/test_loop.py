@@ -317,7 +317,7 @@ def test_env_metadata_is_read_without_making_an_env(tmp_path, monkeypatch):
 
 def test_evaluation_split_maps_the_envs_offset_to_sampled_tokens(make_char_policy):
     from rftgym.core.records import Turn
-    from rftgym.train.loop import evaluation_split
+    from rftgym.train.batching import evaluation_split
 
     policy = make_char_policy()
     text = "evaluate score six. search next"  # the character tokenizer's alphabet: letters, space, dot

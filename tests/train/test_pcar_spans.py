@@ -184,7 +184,7 @@ class CharTokenAgent(ScriptedAgent):
 
 
 def test_a_real_searchevalqa_episode_with_a_skipped_evaluation_gets_the_right_factor_per_token():
-    from rftgym.train.loop import evaluation_split
+    from rftgym.train.batching import evaluation_split
 
     make_env = lambda: gym.make("rftgym/SearchEvalQA-v0")  # noqa: E731
     probe = make_env()
