@@ -29,7 +29,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.base_model is not None:
         _check_model_dir(args.base_model, "--base-model")
     _check_out_can_be_made(args.out)
-    out = export(args.run, args.out, base_model=args.base_model)
+    try:
+        out = export(args.run, args.out, base_model=args.base_model)
+    except ModelLoadError as exc:  # the base model given is not the run's (or cannot load): the argument's fault
+        if args.base_model is None:
+            raise
+        raise UsageError(f"--base-model: {exc}") from None
     print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
     return 0
 

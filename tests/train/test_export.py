@@ -144,6 +144,10 @@ def test_an_export_on_other_base_weights_is_refused_before_the_model_loads(tmp_p
             export(run, tmp_path / "out", base_model=tmp_path / "other")
     assert str(at_once.value) == str(after_the_load.value)
     assert not (tmp_path / "out").exists()
+    # On the command line the --base-model given is at fault: a usage error naming it (exit 2).
+    with pytest.raises(SystemExit) as refused:
+        main(["export", str(run), str(tmp_path / "out"), "--base-model", str(tmp_path / "other")])
+    assert refused.value.code == 2
     moved = (tmp_path / "base").rename(tmp_path / "moved")
     assert (export(run, tmp_path / "out", base_model=moved) / "config.json").is_file()
 
