@@ -94,23 +94,23 @@ def _stops_deferred():
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None,
-                    base_model_from_files: bool = False) -> Path:
+                    base_model_from_files: bool = False, env_from_caller: bool = False) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
     and the absolute path it was loaded from (None for the default model, or a policy passed in that
-    was not loaded from a directory),
-    which --model may have given as a relative one. Ctrl-C or SIGTERM meanwhile stops the run once
-    the checkpoint is whole."""
+    was not loaded from a directory), which --model may have given as a relative one; and whether
+    the caller made the env (``train(make_env=...)``: a resume must be given it again). Ctrl-C or
+    SIGTERM meanwhile stops the run once the checkpoint is whole."""
     with _stops_deferred():
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
                                 base_model=base_model, base_model_path=base_model_path,
-                                base_model_from_files=base_model_from_files)
+                                base_model_from_files=base_model_from_files, env_from_caller=env_from_caller)
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                      config: dict, base_model: str | None, base_model_path: str | None,
-                     base_model_from_files: bool) -> Path:
+                     base_model_from_files: bool, env_from_caller: bool) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -126,6 +126,7 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
             with open(staging / "state.json", "w", encoding="utf-8") as handle:
                 json.dump({"step": step, "config": config, "base_model": base_model,
                            "base_model_from_files": base_model_from_files, "base_model_path": base_model_path,
+                           "env_from_caller": env_from_caller,
                            "files": files}, handle, indent=2, default=str)
                 handle.flush()
                 _fsync(handle.fileno())

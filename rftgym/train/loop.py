@@ -158,6 +158,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         # Before any model loads, and what cannot be mended first: a run told to add steps would
         # only then learn that it may not resume this checkpoint at all, or not with this launch.
         notes = resume_notes(saved, config) if resume else []
+        if saved is not None and saved.get("env_from_caller") is True and make_env is None:
+            raise ConfigError(f"the run in {out} made its env with train(..., make_env=...), which its checkpoint cannot "
+                              f"hold: resume it with the same make_env= (gymnasium.make({config.env_id!r}) with "
+                              "env_kwargs would be another env, with other tasks)")
         if saved is not None:
             saved_rng = saved_rng_states(out, saved)  # given to the load, like saved: not read again
             check_world_size(len(saved_rng["ranks"]), ranks, out)
@@ -214,6 +218,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} (--prefix-cache-mb) changes nothing in this run: "
                         f"{idle_budget}; leave it out (from Python, train(config, policy=...) takes a policy made with "
                         "fast_decode=False)")
+    env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
@@ -304,7 +309,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
             save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
                             base_model_path=base_model_path, base_model_from_files=base_model_from_files,
-                            rng_states=rng_states)
+                            env_from_caller=env_from_caller, rng_states=rng_states)
 
         # The others wait for the writing rank, and stop with it if it cannot write.
         ranks.together(lambda: ranks.is_main and write())

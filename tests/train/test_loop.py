@@ -221,6 +221,10 @@ def test_an_on_step_that_raises_stops_the_run_with_that_step_saved(tmp_path, mak
         train(config(tmp_path, steps=4), policy=make_char_policy(), make_env=SayAEnv, on_step=stop_at_2)
     state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2
+    # The env came from make_env=: a resume without it would make gymnasium.make(env_id)'s, another env.
+    with pytest.raises(ConfigError, match=r"made its env with train\(..., make_env=...\).* resume it with the same "
+                                          "make_env="):
+        train(config(tmp_path, steps=4), policy=make_char_policy(), resume=True)
     rows = train(config(tmp_path, steps=4), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     assert [row["step"] for row in rows] == [3, 4]
 
