@@ -119,6 +119,7 @@ class HFPolicy(Agent):
         # The model directory it was loaded from (from_pretrained), while its weights are that
         # directory's (training in place clears it).
         self.source_dir: str | None = None
+        self.trained_in: str | None = None  # the output directory of the run that last trained it in place
         self._warned_context_full = False
         self._warned_prompt_cap = False
         pad = tokenizer.pad_token_id

@@ -218,6 +218,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             warn_caller(f"prefix_cache_mb={config.prefix_cache_mb:g} (--prefix-cache-mb) changes nothing in this run: "
                         f"{idle_budget}; leave it out (from Python, train(config, policy=...) takes a policy made with "
                         "fast_decode=False)")
+    if policy.trained_in not in (None, str(out.resolve())) and ranks.is_main:
+        warn_caller(f"the policy passed in was trained in place by the run in {policy.trained_in}: no model directory "
+                    "holds its weights, so this run's checkpoint could not be resumed, exported or loaded without one "
+                    f"(as --model / --base-model). Save them first (rftgym export {policy.trained_in} DIR) and train "
+                    "HFPolicy.from_pretrained(DIR)")
     env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
@@ -405,7 +410,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     group["lr"] = learning_rate
                 update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks,
                                   autocast)
-                policy.source_dir = None  # trained in place: its weights are no longer its directory's
+                # Trained in place: its weights are no longer its directory's, but this run's.
+                policy.source_dir, policy.trained_in = None, str(out.resolve())
                 ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
 
                 # Episode statistics over all ranks (optimise's loss statistics are already).

@@ -54,6 +54,10 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, ca
     rows = train(train_config(tmp_path, "run", steps=2), make_env=SayAEnv, resume=True)
     assert [row["step"] for row in rows] == [2]
     assert "differ from the checkpoint" not in capsys.readouterr().err  # the same base, named two ways
+    # Another run from the policy trained in place: warned that no directory holds its weights.
+    with pytest.warns(UserWarning, match=r"trained in place by the run in .*run: no model directory holds its "
+                                         r"weights.* \(rftgym export .*run DIR\)"):
+        train(train_config(tmp_path, "second", steps=1), policy=policy, make_env=SayAEnv)
 
 
 @pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])
