@@ -273,4 +273,10 @@ def resumed_model(state: dict, model: str | None) -> str | None:
     model given by a path relative to where the first run started is found from anywhere; else
     ``model``, the setting as saved (None: the default model)."""
     loaded_from = state.get("base_model_path")
-    return loaded_from if isinstance(loaded_from, str) and os.path.isdir(loaded_from) else model
+    if not isinstance(loaded_from, str) or os.path.isdir(loaded_from):
+        return loaded_from or model
+    if model is None or not os.path.isdir(os.path.expanduser(model)):
+        raise ConfigError(f"the checkpoint's base model was loaded from {loaded_from}, which is no directory now (moved "
+                          "or removed); give the directory it moved to (--model DIR; from Python, model=DIR)",
+                          field="model")
+    return model

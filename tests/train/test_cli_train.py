@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rftgym.cli import TRAIN_FLAGS, UsageError, build_parser, given_train_flags, main, train_config_from_args
+from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 
 
@@ -199,6 +200,12 @@ def test_a_resume_finds_a_model_given_by_a_relative_path_from_another_directory(
     # given on the command line, it is taken as given
     assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--model", "models/m", "--output-dir",
                        str(out)]).model == "models/m"
+    # moved away: said, with where it was and what to give
+    model.rename(tmp_path / "models" / "moved")
+    with pytest.raises(ConfigError, match=f"base model was loaded from {model}, which is no directory now"):
+        _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)])
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--model", str(tmp_path / "models" / "moved"),
+                       "--output-dir", str(out)]).model == str(tmp_path / "models" / "moved")
 
 
 def test_a_resume_finds_an_env_file_given_by_a_relative_path_from_another_directory(tmp_path, monkeypatch):

@@ -711,9 +711,13 @@ def test_a_resume_naming_no_model_loads_the_directory_its_checkpoint_loaded(tmp_
     (tmp_path / "m").mkdir()
     state = {"step": 1, "config": {"model": "m"}, "base_model_path": str(tmp_path / "m")}
     assert resumed_model(state, "m") == resumed_model(state, None) == str(tmp_path / "m")
-    # moved away, or the default model (no directory): the setting as saved
-    assert resumed_model({**state, "base_model_path": str(tmp_path / "gone")}, "m") == "m"
+    # the default model (no directory): the setting as saved
     assert resumed_model({**state, "base_model_path": None}, None) is None
+    # moved away: the setting where it names a directory here, else an error that says where it was
+    moved = {**state, "base_model_path": str(tmp_path / "gone")}
+    assert resumed_model(moved, str(tmp_path / "m")) == str(tmp_path / "m")
+    with pytest.raises(ConfigError, match=r"base model was loaded from .*gone, which is no directory now .*\(--model DIR"):
+        resumed_model(moved, "nowhere")
 
 
 def test_a_run_stopped_before_any_result_leaves_its_output_directory_as_it_was(tmp_path, make_char_policy):
