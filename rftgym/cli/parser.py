@@ -37,11 +37,12 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("envs", help="list registered environments")
     p.set_defaults(func=cmd_envs)
 
-    def env_args(p: argparse.ArgumentParser, seed_default=0) -> None:
+    def env_args(p: argparse.ArgumentParser, seed_default=0,
+                 seed_help: str = "seed of the first episode (default 0)") -> None:
         p.add_argument("env", help="environment id, e.g. rftgym/VerifiableQA-v0 (see `rftgym envs`)")
         p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="environment option (JSON value or bare string); repeatable")
-        p.add_argument("--seed", type=int, default=seed_default, help="seed of the first episode (default 0)")
+        p.add_argument("--seed", type=int, default=seed_default, help=seed_help)
 
     p = sub.add_parser("play", help="play an environment by typing the assistant's turns")
     env_args(p)
@@ -107,7 +108,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
                        description="Train a local model on an environment. Every TrainConfig field has a flag "
                                    "(defaults shown); see rftgym/train/config.py.")
-    env_args(p, seed_default=0 if defaults else argparse.SUPPRESS)
+    env_args(p, seed_default=0 if defaults else argparse.SUPPRESS,
+             seed_help="seed of the run: the tasks each step draws, the policy's sampling and the model's initial "
+                       "random state (LoRA adapters); the same seed and settings give the same run (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir; the "
                                                          "flags not given are the checkpoint's settings")
     groups = {}

@@ -176,6 +176,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         if saved is not None:  # the files its save wrote (read whole: after the quick refusals above)
             check_checkpoint_files(out, saved, already=("rng.pt",))  # (saved_rng_states verified that one)
         if ranks.is_main:
+            if saved is not None:
+                print(f"resuming the run in {out} from its checkpoint at step {saved['step']}: steps "
+                      f"{saved['step'] + 1} to {config.steps}", file=sys.stderr)
             for note in notes:
                 print(note, file=sys.stderr)
         return _train(config, policy, saved, saved_rng, make_env, ranks, footprint, on_step, from_files)

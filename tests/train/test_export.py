@@ -53,7 +53,9 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, ca
     capsys.readouterr()
     rows = train(train_config(tmp_path, "run", steps=2), make_env=SayAEnv, resume=True)
     assert [row["step"] for row in rows] == [2]
-    assert "differ from the checkpoint" not in capsys.readouterr().err  # the same base, named two ways
+    said = capsys.readouterr().err
+    assert "differ from the checkpoint" not in said  # the same base, named two ways
+    assert f"resuming the run in {tmp_path / 'run'} from its checkpoint at step 1: steps 2 to 2" in said
     # Another run from the policy trained in place: warned that no directory holds its weights.
     with pytest.warns(UserWarning, match=r"trained in place by the run in .*run: no model directory holds its "
                                          r"weights.* \(rftgym export .*run DIR\)"):
