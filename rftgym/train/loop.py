@@ -24,6 +24,7 @@ import torch
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.devices import device_problem
+from ..core.records import CONTEXT_FULL
 from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
@@ -421,16 +422,23 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 rewards = [e.total_reward for e in episodes]
                 sums = ranks.sum_floats([
                     len(episodes), sum(rewards), sum(r * r for r in rewards), sum(e.success for e in episodes),
-                    sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes), *prefill,
-                    batch_stats.groups_kept, batch_stats.samples, batch_stats.trained_tokens,
+                    sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
+                    *turn_counts(episodes), *prefill,
+                    batch_stats.groups_kept, batch_stats.episodes_masked_overlong, batch_stats.samples,
+                    batch_stats.trained_tokens,
                     batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
-                n, r_sum, r_sq, wins, full, tokens, asked, prefilled, evicted, held, kept, n_samples, n_tokens, *pcar_sums = sums
+                (n, r_sum, r_sq, wins, full, tokens, turns, format_errors, cut, asked, prefilled, evicted, held, kept,
+                 masked, n_samples, n_tokens, *pcar_sums) = sums
                 metrics = {
                     "reward_mean": r_sum / n,
                     "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
                     "success_rate": wins / n,
                     "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
                     "sampled_tokens_mean": tokens / n,
+                    "turns_mean": turns / n,
+                    # over the replies the env played (0 when none was: every episode out of context at once)
+                    "format_error_rate": format_errors / turns if turns else 0.0,
+                    "cut_reply_rate": cut / turns if turns else 0.0,  # replies that reached max_new_tokens
                     "groups_kept": int(kept),
                     "samples": int(n_samples),
                     "trained_tokens": int(n_tokens),
@@ -447,6 +455,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     # them again.
                     metrics["prefix_evicted_mb"] = evicted / 2**20
                     metrics["prefix_held_mb"] = held / 2**20
+                if config.filter_overlong:
+                    metrics["episodes_masked_overlong"] = int(masked)
                 if config.algo == "pcar":
                     metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
                 if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
@@ -536,6 +546,14 @@ def check_finite_update(update: dict, step: int, out: Path, episodes, config: Tr
         f"longer finite; the run stops without saving them (the checkpoint in {out}, if any, is the last good "
         f"state). Rewards this step ranged over [{min(rewards, default=0):g}, {max(rewards, default=0):g}]. Lower "
         f"what scales the loss ({', '.join(suspects)}) or the env's rewards, then resume or start again")
+
+
+def turn_counts(episodes) -> list[int]:
+    """``[replies the env played, those with info["format_error"], those cut at max_new_tokens]``
+    over ``episodes`` (the empty turn that ends an episode for want of context is no reply)."""
+    played = [t for e in episodes for t in e.turns if t.finish_reason != CONTEXT_FULL]
+    return [len(played), sum(bool(t.info.get("format_error")) for t in played),
+            sum(t.finish_reason == "length" for t in played)]
 
 
 def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:

@@ -191,6 +191,23 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     assert "the policy evaluated none of its searches" in unused_signal("pcar", [in_search_env])
 
 
+def test_turn_counts_count_the_replies_played_their_format_errors_and_cut_replies():
+    from rftgym.core.records import CONTEXT_FULL, Episode, Turn
+    from rftgym.train.loop import turn_counts
+
+    def turn(i, finish, info=None):
+        return Turn(index=i, context_ids=(), action="a", reward=0.0, terminated=False, truncated=False,
+                    info=info or {}, prompt_ids=[1], sampled_ids=[5], logprobs=[0.0], finish_reason=finish)
+
+    first = Episode(env_id="e", seed=0, messages={}, final_context_ids=(),
+                    turns=[turn(0, "stop", {"format_error": "no <answer> tag"}), turn(1, "length")])
+    # the empty turn that ends an episode for want of context is no reply
+    second = Episode(env_id="e", seed=1, messages={}, final_context_ids=(),
+                     turns=[turn(0, "length", {"format_error": None}), turn(1, CONTEXT_FULL)])
+    assert turn_counts([first, second]) == [3, 1, 2]
+    assert turn_counts([]) == [0, 0, 0]
+
+
 def test_pcar_and_dcpo_are_refused_up_front_only_where_the_env_declares_it_lacks_their_signal(monkeypatch):
     import gymnasium as gym
 
@@ -286,6 +303,9 @@ def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, a
     policy = make_char_policy(max_position_embeddings=16384)
     history = train(cfg, policy=policy)
     assert history[0]["context_full_rate"] == 0
+    # a random model's replies run to max_new_tokens; each rate is a share of the replies played
+    assert history[0]["turns_mean"] >= 1 and history[0]["cut_reply_rate"] > 0.5
+    assert 0 < history[0]["format_error_rate"] <= 1
     assert history[0]["updates"] >= 1 and history[0]["trained_tokens"] > 0
     assert history[0]["loss"] == history[0]["loss"]  # not NaN
     # MemoryQA's context budget counts with the policy's tokenizer in training, as in `rftgym eval`

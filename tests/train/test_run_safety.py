@@ -202,8 +202,14 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
         history = train(config(tmp_path, steps=2, max_prompt_tokens=1), policy=make_char_policy(), make_env=SayAEnv)
     assert [(h["context_full_rate"], h["reward_mean"], h["samples"]) for h in history] == [(1.0, 0.0, 0)] * 2
     assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["context_full_rate"] == 1.0
-    history = train(config(tmp_path, "roomy", steps=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert "episodes_masked_overlong" not in history[0]  # (no filter_overlong)
+    roomy = config(tmp_path, "roomy", steps=1, filter_overlong=True)
+    history = train(roomy, policy=make_char_policy(), make_env=SayAEnv)
     assert history[0]["context_full_rate"] == 0.0 and history[0]["sampled_tokens_mean"] > 0
+    # One reply per episode: the episodes masked as cut short are the replies cut at max_new_tokens.
+    episodes = roomy.tasks_per_step * roomy.group_size
+    assert history[0]["turns_mean"] == 1.0 and history[0]["cut_reply_rate"] > 0
+    assert history[0]["episodes_masked_overlong"] == round(history[0]["cut_reply_rate"] * episodes)
 
 
 @pytest.mark.parametrize("settings, message", [
