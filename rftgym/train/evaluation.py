@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -12,14 +12,18 @@ import torch
 
 from ..agents.hf_policy import HFPolicy
 from ..rollout import RolloutConfig, run_episodes
+from ..rollout.metrics import env_metrics
 from .config import TrainConfig
 from .distributed import Distributed, full_parameters
 
 
 def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, config: TrainConfig,
-                    ranks: Distributed, autocast=nullcontext) -> dict[str, float]:
+                    ranks: Distributed, autocast=nullcontext,
+                    env_columns: Sequence[tuple[str, str, str]] = ()) -> dict[str, float | None]:
     """The policy's greedy episodes on the evaluation seeds (``eval_seed`` onwards, shared out over
-    the ranks): their mean reward, success rate and sampled tokens, over all ranks.
+    the ranks): their mean reward, success rate and sampled tokens, over all ranks, and the env's
+    own columns (``env_columns``: its ``metadata["eval_metrics"]``, as `rftgym eval` prints them),
+    each as ``eval_<column>`` (None where no episode reported it).
 
     It leaves training as it was: the sampling settings and every random state (the policy's
     sampler, torch's global ones) are restored, so a run with evaluation trains exactly as one
@@ -45,5 +49,8 @@ def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, co
     n, reward, wins, tokens = ranks.sum_floats([len(episodes), sum(e.total_reward for e in episodes),
                                                 sum(e.success for e in episodes),
                                                 sum(e.num_sampled_tokens for e in episodes)])
-    return {"eval_reward_mean": reward / n, "eval_success_rate": wins / n, "eval_sampled_tokens_mean": tokens / n,
-            "eval_seconds": time.perf_counter() - started}
+    metrics = {"eval_reward_mean": reward / n, "eval_success_rate": wins / n, "eval_sampled_tokens_mean": tokens / n}
+    if env_columns:  # (its reducers need every episode: a mean over those that report a key, a max)
+        everyone = [e for part in ranks.gather_objects(episodes) for e in part]
+        metrics.update({f"eval_{column}": value for column, value in env_metrics(everyone, env_columns).items()})
+    return {**metrics, "eval_seconds": time.perf_counter() - started}

@@ -28,6 +28,7 @@ from ..core.records import CONTEXT_FULL
 from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
+from ..rollout.metrics import metric_spec_problem
 from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
@@ -228,10 +229,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     f"(as --model / --base-model). Save them first (rftgym export {policy.trained_in} DIR) and train "
                     "HFPolicy.from_pretrained(DIR)")
     env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
+    eval_columns = ()  # the env's own evaluation columns (an env made by the caller declares none here)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
         metadata = env_metadata(config.env_id)
+        if metric_spec_problem(metadata.get("eval_metrics", ())) is None:  # (`rftgym eval` says what is wrong)
+            eval_columns = metadata.get("eval_metrics", ())
         env_kwargs = with_training_defaults(metadata, with_policy_options(metadata, config.env_kwargs, policy))
         make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
     base_model = base_fingerprint(policy.model)
@@ -463,7 +467,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
                     eval_share = len(ranks.shard(list(range(config.eval_episodes))))
                     with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
-                        metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast))
+                        metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast,
+                                                       eval_columns))
                 history.append({"step": number, **metrics})
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                     # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.

@@ -293,16 +293,22 @@ def test_gradient_checkpointing_gives_the_same_first_loss(tmp_path, make_char_po
 def test_pcar_and_dcpo_train_on_their_envs(tmp_path, make_char_policy, env_id, algo, monkeypatch):
     import gymnasium
 
+    from rftgym.envs.common import env_metadata
+
     made = []
     real_make = gymnasium.make
     monkeypatch.setattr(gymnasium, "make", lambda *args, **kwargs: made.append(kwargs) or real_make(*args, **kwargs))
     # Zero-variance filtering off, so that the update runs even when every tiny-model reply fails.
     cfg = config(tmp_path, steps=1, env_id=env_id, algo=algo, group_size=2, tasks_per_step=1, max_new_tokens=6,
-                 filter_zero_variance=False)
+                 filter_zero_variance=False, eval_every=1, eval_episodes=2)
     # One token per character: these envs' prompts need a context of thousands of positions.
     policy = make_char_policy(max_position_embeddings=16384)
     history = train(cfg, policy=policy)
     assert history[0]["context_full_rate"] == 0
+    # The evaluation has the env's own columns, as `rftgym eval` prints them (None where none reported).
+    columns = {f"eval_{column}" for column, _, _ in env_metadata(env_id)["eval_metrics"]}
+    assert columns and columns <= history[0].keys()
+    assert all(history[0][c] is None or math.isfinite(history[0][c]) for c in columns)
     # a random model's replies run to max_new_tokens; each rate is a share of the replies played
     assert history[0]["turns_mean"] >= 1 and history[0]["cut_reply_rate"] > 0.5
     assert 0 < history[0]["format_error_rate"] <= 1
