@@ -12,8 +12,11 @@ from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR, how_to_continue
 
-# What the learning curve plots, where a run's rows hold it.
-CURVE_KEYS = ("reward_mean", "eval_reward_mean", "success_rate", "loss")
+# What the learning curve plots, where a run's rows hold it: the rewards, then what explains them
+# (format errors; the policy's entropy and its distance from the reference), then the loss (near 0
+# by construction for one epoch of group-normalized advantages).
+CURVE_KEYS = ("reward_mean", "eval_reward_mean", "success_rate", "eval_success_rate", "format_error_rate", "entropy",
+              "kl_ref", "loss")
 
 
 def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | None = None) -> TrainingError:

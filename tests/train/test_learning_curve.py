@@ -36,14 +36,15 @@ def test_drawing_the_curve_leaves_the_callers_backend_and_figures_alone(tmp_path
 
 
 def test_one_panel_per_metric_present_and_steps_ticked_as_whole_numbers():
-    rows = [{"step": 1, "reward_mean": 0.1, "loss": 0.5, "eval_reward_mean": None},
-            {"step": 2, "reward_mean": 0.2, "loss": None},
-            {"step": 3, "reward_mean": 0.4, "loss": 0.3, "eval_reward_mean": 0.25}]
+    rows = [{"step": 1, "reward_mean": 0.1, "loss": 0.5, "eval_reward_mean": None, "entropy": 2.0},
+            {"step": 2, "reward_mean": 0.2, "loss": None, "entropy": 1.5},
+            {"step": 3, "reward_mean": 0.4, "loss": 0.3, "eval_reward_mean": 0.25, "entropy": 1.0}]
     figure = learning_curve_figure(rows)
     axes = figure.get_axes()
-    assert [ax.get_ylabel() for ax in axes] == ["reward_mean", "eval_reward_mean", "loss"]  # no success_rate
+    # no success_rate, format_error_rate or kl_ref in these rows: no panel
+    assert [ax.get_ylabel() for ax in axes] == ["reward_mean", "eval_reward_mean", "entropy", "loss"]
     # Each panel plots the steps that have a value, None left out.
-    assert [list(ax.lines[0].get_xdata()) for ax in axes] == [[1, 2, 3], [3], [1, 3]]
+    assert [list(ax.lines[0].get_xdata()) for ax in axes] == [[1, 2, 3], [3], [1, 2, 3], [1, 3]]
     figure.canvas.draw()
     ticks = axes[-1].get_xticks()
     assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks  # no step 1.5 on a 3-step run
