@@ -209,7 +209,8 @@ class RunFootprint:
         if self.results_written or self._before is None:
             return
         for writer in self._writers:
-            writer.close()
+            with contextlib.suppress(Exception):  # (a writer that fails to close must not keep its files)
+                writer.close()
         try:
             made = self._entries() - self._before if held_lock else set()
         except OSError:
