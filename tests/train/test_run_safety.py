@@ -785,6 +785,11 @@ def test_a_stopped_runs_writers_are_closed_before_its_files_are_removed(tmp_path
         def close(self):
             seen.append(events.exists())
 
+    class Broken:
+        def close(self):
+            raise OSError("its thread failed")
+
+    footprint.close_before_removing(Broken())  # (one that cannot close keeps nothing behind either)
     footprint.close_before_removing(Writer())
     footprint.remove_unless_results()
     assert seen == [True] and not out.exists()
