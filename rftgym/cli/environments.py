@@ -113,11 +113,6 @@ def _close_env_ids(env_id: str) -> list[str]:
     return [known for _, _, known in sorted(scored)[:3]]
 
 
-def _short_name(env_id: str) -> str:
-    """``VerifiableQA-v0`` for ``rftgym/VerifiableQA-v0`` (and for ``module:ns/VerifiableQA-v0``)."""
-    return env_id.rpartition(":")[2].split("/")[-1]
-
-
 def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     _env_spec(env_id)
     # gymnasium's own make() options, checked here: its errors are not about the env.

@@ -16,10 +16,10 @@ import gymnasium as gym
 
 from ..core.errors import ConfigError
 from ..core.jsonl import is_jsonl
-from ..envs.common import with_policy_options, with_policy_stand_in
+from ..envs.common import short_env_name, with_policy_options, with_policy_stand_in
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError, check_seed_range
-from .environments import _env_class, _make_env, _parse_env_args, _short_name
+from .environments import _env_class, _make_env, _parse_env_args
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
                           _users_sources, _writable_file)
 from .sigterm import say, stop_reason
@@ -137,7 +137,7 @@ def _output_paths(out: str | None, env_ids: Sequence[str], agent: str) -> dict[s
             outs[env_id] = Path(out)
         else:
             outs[env_id] = _claim_unique((Path(out) if out else Path("runs") / "eval")
-                                         / f"{_short_name(env_id)}-{_agent_label(agent)}-{stamp}.jsonl",
+                                         / f"{short_env_name(env_id)}-{_agent_label(agent)}-{stamp}.jsonl",
                                          set(outs.values()))
     return outs
 

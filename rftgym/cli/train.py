@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..envs.common import with_policy_stand_in
+from ..envs.common import same_env_id, with_policy_stand_in
 from .common import UsageError, _check_model_dir, _flagged
-from .environments import _env_class, _make_env, _parse_env_args, _short_name
+from .environments import _env_class, _make_env, _parse_env_args
 from .launcher import _launch
 from .sigterm import _restore_handlers, _stop_on_sigterm, say, stop_reason
 from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
@@ -44,11 +44,11 @@ def _default_output_dir(args: argparse.Namespace) -> str:
     """runs/train/<env>-<algo>. A resume that names neither the folder nor the algorithm resumes
     the one run of the env with a checkpoint there (not necessarily the default algorithm's), and
     is refused where there are several."""
+    from ..train.config import ALGORITHMS, default_output_dir
     from ..train.run_dir import has_checkpoint
-    from ..train.config import ALGORITHMS
 
     def folder(algo: str) -> Path:
-        return Path("runs") / "train" / f"{_short_name(args.env)}-{algo}"
+        return Path(default_output_dir(args.env, algo))
 
     given = getattr(args, "given", None)
     if getattr(args, "resume", False) and given is not None and "algo" not in given:
@@ -94,7 +94,8 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
     # The checkpoint's env options are its env's: another env (which the resume then refuses, saying
     # so) would be made with them first, and refused as given options it does not know.
-    saved_options = (saved.get("env_kwargs") or {}) if saved.get("env_id") == settings["env_id"] else {}
+    saved_options = (saved.get("env_kwargs") or {}) \
+        if isinstance(saved.get("env_id"), str) and same_env_id(saved["env_id"], settings["env_id"]) else {}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
                   env_kwargs={**saved_options, **settings["env_kwargs"]})
     if "model" not in given:

@@ -371,6 +371,17 @@ def env_entry_point(env_id: str):
     return entry
 
 
+def short_env_name(env_id: str) -> str:
+    """``VerifiableQA-v0`` for ``rftgym/VerifiableQA-v0`` (and for ``module:ns/VerifiableQA-v0``)."""
+    return env_id.rpartition(":")[2].split("/")[-1]
+
+
+def same_env_id(first: str, second: str) -> bool:
+    """Whether two env ids name one registered env: ``module:ns/Name-v0`` imports ``module`` and
+    makes ``ns/Name-v0``, the id the env's spec (and a run started from Python) records."""
+    return first.rpartition(":")[2] == second.rpartition(":")[2]
+
+
 def env_metadata(env_id: str) -> dict:
     """The ``metadata`` of a registered env's class, read without making an env (``{}`` for an
     entry point that has none, such as a factory function)."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError, TrainingError
+from ..envs.common import same_env_id
 from .base_model import kept_fingerprint_differs
 from .config import RESUME_FIXED, RESUME_FREE, TrainConfig
 from .distributed import Distributed, full_tensor, inner_model, shard_like
@@ -344,7 +345,7 @@ def resume_changes(saved: dict, config: dict, loaded_from: str | None = None) ->
     of :data:`RESUME_FIXED`. ``loaded_from``: the absolute directory the checkpoint's model was
     loaded from (state.json's base_model_path), which names the same model as its saved path."""
     for key in RESUME_FIXED:
-        if key in saved and str(saved[key]) != str(config.get(key)):  # saved values may be strings
+        if key in saved and not _same_setting(key, saved[key], config.get(key)):
             raise ConfigError(f"the checkpoint in {config.get('output_dir')} was written with {key}={saved[key]!r}; "
                               f"this run has {key}={config.get(key)!r}. Resume with the same {key}, or start a new "
                               "run in another output directory", field=key)
@@ -370,6 +371,8 @@ def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> boo
     # saved values may be strings (a hand edit), and JSON saved tuples (an env's difficulties) as lists
     if str(saved) == str(value) or (_as_saved(saved) is not None and _as_saved(saved) == _as_saved(value)):
         return True
+    if key == "env_id" and isinstance(saved, str) and isinstance(value, str):  # `module:` or not, one env
+        return same_env_id(saved, value)
     if key != "model" or not isinstance(value, str):
         return False
     if isinstance(loaded_from, str) and os.path.isabs(value) \

@@ -9,6 +9,7 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..agents.hf_policy import MIN_TEMPERATURE
 from ..core.values import checked_megabytes, is_finite_real, is_int
+from ..envs.common import short_env_name
 from .schedule import LR_SCHEDULES
 
 
@@ -33,6 +34,12 @@ RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "
                "dist_timeout_s")
 
 
+def default_output_dir(env_id: str, algo: str) -> str:
+    """Where a run of ``algo`` on ``env_id`` writes unless told: ``runs/train/<env>-<algo>``, the
+    env's name without its namespace or module (``VerifiableQA-v0`` for ``rftgym/VerifiableQA-v0``)."""
+    return os.path.join("runs", "train", f"{short_env_name(env_id)}-{algo}")
+
+
 def _absolute_if_a_file(key: str, value: Any) -> Any:
     """An env's file option (``dataset_path``, ``corpus_path``: any ``*_path``) given relative to
     where the run starts and naming a file there, made absolute: the checkpoint keeps it, and a
@@ -50,7 +57,7 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     algo: str = "grpo"
     model: str | None = None  # None: the default SmolLM2-135M-Instruct; else a local HF directory
-    output_dir: str = "runs/train"
+    output_dir: str | None = None  # None: runs/train/<env>-<algo>, as `rftgym train` names it
 
     # sampling
     steps: int = 20
@@ -166,6 +173,8 @@ class TrainConfig:
         if self.aggregation not in AGGREGATION_NAMES:
             raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}",
                               field="aggregation")
+        if self.output_dir is None and isinstance(self.env_id, str) and isinstance(self.algo, str):
+            object.__setattr__(self, "output_dir", default_output_dir(self.env_id, self.algo))
         for name in ("output_dir", "model"):  # a pathlib.Path is a path too; kept as a string (saved as JSON)
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))

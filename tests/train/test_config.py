@@ -73,3 +73,14 @@ def test_cli_passes_parallelism_through(tmp_path, monkeypatch, capsys):
         cli.main(["train", "rftgym/VerifiableQA-v0", "--output-dir", str(tmp_path / "x"), "--parallelism", "zero3"])
     assert exit_info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_run_from_python_writes_where_the_cli_would():
+    import os
+
+    from rftgym.train.config import default_output_dir
+
+    assert TrainConfig().output_dir == os.path.join("runs", "train", "VerifiableQA-v0-grpo")
+    assert TrainConfig(env_id="my_envs:mine/X-v0", algo="rft").output_dir == os.path.join("runs", "train", "X-v0-rft")
+    assert default_output_dir("rftgym/MemoryQA-v0", "dcpo") == os.path.join("runs", "train", "MemoryQA-v0-dcpo")
+    assert TrainConfig(output_dir="here").output_dir == "here"

@@ -688,6 +688,10 @@ def test_a_resume_names_changed_settings_but_not_a_model_path_spelled_another_wa
     assert resume_changes(saved, {"model": "m", "seed": 0, "temperature": 1.0, "steps": 5}) == []
     assert resume_changes(saved, {"model": "m/", "seed": 1, "temperature": 0.7, "steps": 5}) == ["seed", "temperature"]
     assert resume_changes(saved, {"model": "other", "seed": 0, "temperature": 1.0}) == ["model"]
+    # an env named with the module that registers it, or without (as a run from Python names it): one env
+    assert resume_changes({"env_id": "mine/X-v0"}, {"env_id": "my_envs:mine/X-v0"}) == []
+    with pytest.raises(ConfigError, match="was written with env_id='mine/X-v0'"):
+        resume_changes({"env_id": "mine/X-v0"}, {"env_id": "my_envs:mine/Y-v0"})
     # state.json holds a tuple option as a list: the same setting
     options = {"env_kwargs": {"difficulties": [1, 2]}}
     assert resume_changes(options, {"env_kwargs": {"difficulties": (1, 2)}}) == []
