@@ -34,7 +34,11 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{envs,play,eval,train,export,serve-retriever}")
     sub.required = True
 
-    p = sub.add_parser("envs", help="list registered environments")
+    def command(name: str, help: str, **options) -> argparse.ArgumentParser:
+        """A subcommand whose --help starts with what it does (its line in `rftgym --help`)."""
+        return sub.add_parser(name, help=help, **{"description": help[0].upper() + help[1:] + ".", **options})
+
+    p = command("envs", help="list registered environments")
     p.set_defaults(func=cmd_envs)
 
     def env_args(p: argparse.ArgumentParser, seed_default=0,
@@ -44,12 +48,12 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                        help="environment option (JSON value or bare string); repeatable")
         p.add_argument("--seed", type=int, default=seed_default, help=seed_help)
 
-    p = sub.add_parser("play", help="play an environment by typing the assistant's turns")
+    p = command("play", help="play an environment by typing the assistant's turns")
     env_args(p)
     p.add_argument("--episodes", type=int, default=1, help="episodes to play, one after another (default 1)")
     p.set_defaults(func=cmd_play)
 
-    p = sub.add_parser("eval", help="evaluate an agent on one or more environments and print a table")
+    p = command("eval", help="evaluate an agent on one or more environments and print a table")
     p.add_argument("env", nargs="+", help="environment id(s), e.g. rftgym/VerifiableQA-v0 (see `rftgym envs`); with "
                                           "several, --env-arg applies to each and --out is a directory")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -105,7 +109,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                         "OUT.partial) are kept and only the others run; give the command that started it")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
+    p = command("train", help="train a local model on an environment (GRPO family, PCAR, DCPO, RFT)",
                        description="Train a local model on an environment. Every TrainConfig field has a flag "
                                    "(defaults shown); see rftgym/train/config.py.")
     env_args(p, seed_default=0 if defaults else argparse.SUPPRESS,
@@ -124,7 +128,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         groups[group].add_argument(flag, dest=field_name, **options)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("export", help="save a training run's model (LoRA merged) as a Hugging Face model directory")
+    p = command("export", help="save a training run's model (LoRA merged) as a Hugging Face model directory")
     p.add_argument("run", help="the run's output directory (rftgym train --output-dir)")
     p.add_argument("out", help="a new directory for the model and its tokenizer")
     p.add_argument("--base-model", default=None, metavar="DIR",
@@ -133,7 +137,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
     from ..envs.search.server import DEFAULT_MAX_CONNECTIONS  # standard library only, with the retriever's names
 
-    p = sub.add_parser("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
+    p = command("serve-retriever", help="serve a corpus index over HTTP (Search-R1's /retrieve shape)")
     p.add_argument("--corpus", default=None, help="corpus file (HotpotQA JSON, {title: [sentences]}, [{title, text}], "
                                                   "or FlashRAG JSONL)")
     p.add_argument("--world-seed", type=int, default=None, metavar="N",
