@@ -59,7 +59,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
                                                                      "share of --lr")),
         ("--weight-decay", "weight_decay", opt(optim, d.weight_decay, "AdamW weight decay")),
         ("--epochs", "epochs_per_step", opt(optim, d.epochs_per_step, "passes over each step's samples")),
-        ("--minibatch-size", "minibatch_size", opt(optim, d.minibatch_size, "samples per optimizer step on each process (N processes: N x this many per step)")),
+        ("--minibatch-size", "minibatch_size", opt(optim, d.minibatch_size, "samples per optimizer step on each "
+                                                                           "process (N processes: N x this many)")),
         ("--microbatch-size", "microbatch_size", opt(optim, d.microbatch_size, "gradient accumulation: forward/"
                                                      "backward this many samples at a time (0 = the whole minibatch)")),
         ("--microbatch-tokens", "microbatch_tokens", opt(
