@@ -30,23 +30,23 @@ from .user_code import _import_users_module, _load_object, load_failure
 GYM_MAKE_OWN = ("id",)
 
 
-def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
+def _parse_env_args(pairs: Sequence[str], flag: str = "--env-arg") -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise UsageError(f"--env-arg takes KEY=VALUE (e.g. --env-arg max_attempts=2), got {pair!r}")
+            raise UsageError(f"{flag} takes KEY=VALUE (e.g. {flag} max_attempts=2), got {pair!r}")
         key, raw = pair.split("=", 1)
         if not key.strip():
-            raise UsageError(f"--env-arg {pair!r} has no KEY before '='; give KEY=VALUE (e.g. --env-arg max_attempts=2)")
+            raise UsageError(f"{flag} {pair!r} has no KEY before '='; give KEY=VALUE (e.g. {flag} max_attempts=2)")
         if key.strip() in GYM_MAKE_OWN:
-            raise UsageError(f"--env-arg {key.strip()}: {key.strip()!r} is gymnasium.make's own parameter (the "
+            raise UsageError(f"{flag} {key.strip()}: {key.strip()!r} is gymnasium.make's own parameter (the "
                              "environment's id, which the ENV argument gives), so no environment can take an option "
                              "of that name; drop it (an env of your own needs another name for such an option)")
         if key.strip() in kwargs:  # the last one would win without a word
-            raise UsageError(f"--env-arg {key.strip()} is given twice; give each option once")
+            raise UsageError(f"{flag} {key.strip()} is given twice; give each option once")
         if not raw:  # e.g. KEY=$UNSET: an empty string would quietly replace the option's default
-            raise UsageError(f"--env-arg {key.strip()}= has no value; give one, leave the option out for its default, "
-                             f"or give --env-arg {key.strip()}='\"\"' for an empty string")
+            raise UsageError(f"{flag} {key.strip()}= has no value; give one, leave the option out for its default, "
+                             f"or give {flag} {key.strip()}='\"\"' for an empty string")
         try:
             kwargs[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -113,19 +113,20 @@ def _close_env_ids(env_id: str) -> list[str]:
     return [known for _, _, known in sorted(scored)[:3]]
 
 
-def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg") -> gym.Env:
+    """The env ``kwargs`` make, its errors naming ``flag`` (the flag that gave the options)."""
     _env_spec(env_id)
     # gymnasium's own make() options, checked here: its errors are not about the env.
     steps = kwargs.get("max_episode_steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise UsageError(f"--env-arg max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
+        raise UsageError(f"{flag} max_episode_steps must be a positive int (gymnasium's step limit), got {steps!r}")
     try:
         env = gym.make(env_id, **kwargs)
     except TypeError as exc:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
         if unknown is None:  # a type error inside the env (e.g. from a data file), not an unknown option
             raise UsageError(f"{env_id} could not be made: {str(exc).split(' was raised from')[0]}. Check the "
-                             "--env-arg values and the data files they name") from exc
+                             f"{flag} values and the data files they name") from exc
         names = _env_option_names(env_id)
         # render_mode reaches the env's constructor (gymnasium checks it against the env's modes).
         modes = _env_class(env_id).metadata.get("render_modes") or []
@@ -135,11 +136,11 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         close = difflib.get_close_matches(unknown.group(1), candidates, n=1, cutoff=0.75)
         guess = f" (did you mean {close[0]!r}?)" if close else ""
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
-        raise UsageError(f"bad --env-arg for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
+        raise UsageError(f"bad {flag} for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
                          f"{valid} (and gymnasium's max_episode_steps)") from exc
     except ConfigError as exc:  # (after TypeError: an unknown option is both)
         named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
-        hint = _json_reading_hint(named or kwargs, str(exc))
+        hint = _json_reading_hint(named or kwargs, str(exc), flag)
         if hint is None:
             raise
         raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
@@ -158,15 +159,15 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     return env
 
 
-def _json_reading_hint(kwargs: dict[str, Any], message: str) -> str | None:
+def _json_reading_hint(kwargs: dict[str, Any], message: str, flag: str = "--env-arg") -> str | None:
     """How to write the value an env refused (``message`` names its option), when reading
     ``--env-arg`` values as JSON is what went wrong: ``42`` meant as a string, ``1,2`` as a list."""
     for key, value in kwargs.items():
         if not re.search(rf"\b{re.escape(key)}\b", message):
             continue
         if isinstance(value, (bool, int, float, list, dict, type(None))) and "string" in message:  # (JSON's)
-            return (f"--env-arg values are read as JSON, so {key}={json.dumps(value)} is not a string; for the "
-                    f"string give --env-arg {key}='{json.dumps(json.dumps(value))}'")
+            return (f"{flag} values are read as JSON, so {key}={json.dumps(value)} is not a string; for the "
+                    f"string give {flag} {key}='{json.dumps(json.dumps(value))}'")
         if isinstance(value, str) and "," in value and any(word in message for word in ("list", "subset", "tuple")):
             items = []
             for item in value.split(","):
@@ -174,7 +175,7 @@ def _json_reading_hint(kwargs: dict[str, Any], message: str) -> str | None:
                     items.append(json.loads(item))
                 except json.JSONDecodeError:
                     items.append(item.strip())
-            return f"--env-arg values are read as JSON; for a list give --env-arg {key}='{json.dumps(items)}'"
+            return f"{flag} values are read as JSON; for a list give {flag} {key}='{json.dumps(items)}'"
     return None
 
 

@@ -23,6 +23,7 @@ def train_config_from_args(args: argparse.Namespace):
     output_dir = args.output_dir or _default_output_dir(args)
     settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
     settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
+                    eval_env_kwargs=_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg"),
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
                     dtype=None if args.dtype == "auto" else args.dtype)
     if getattr(args, "resume", False):
@@ -129,6 +130,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
     _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs)).close()
+    if config.eval_env_kwargs:  # and the evaluation's, with its own options
+        _make_env(config.env_id, with_policy_stand_in(env_class.metadata,
+                                                      {**config.env_kwargs, **config.eval_env_kwargs}),
+                  "--eval-env-arg").close()
     output_dir = config.output_dir
 
     from ..train.loop import train  # (torch loads here, once the flags and the env are known good)

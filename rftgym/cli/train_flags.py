@@ -38,6 +38,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--eval-episodes", "eval_episodes", opt(run, d.eval_episodes, "episodes per evaluation")),
         ("--eval-seed", "eval_seed", opt(run, d.eval_seed, "seed of the first evaluation episode (the same "
                                                            "episodes as rftgym eval --seed N)")),
+        ("--eval-env-arg", "eval_env_kwargs", opt(run, None, "env option of the evaluation's episodes, over "
+                                                             "--env-arg's (e.g. a held-out dataset_path=FILE); "
+                                                             "repeatable", action="append", metavar="KEY=VALUE")),
         ("--tasks-per-step", "tasks_per_step", opt(sampling, d.tasks_per_step, "tasks sampled per step")),
         ("--group-size", "group_size", opt(sampling, d.group_size, "samples per task (G)")),
         ("--max-new-tokens", "max_new_tokens", opt(sampling, d.max_new_tokens, "token limit of one assistant turn")),

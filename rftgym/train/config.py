@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigError
@@ -31,7 +31,13 @@ BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": 
 # what it may change without a note; any other change is noted as the run resumes.
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
 RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-               "dist_timeout_s")
+               "eval_env_kwargs", "dist_timeout_s")
+
+
+def _default(name: str) -> Any:
+    """TrainConfig's default of the field ``name`` (a fresh one where a factory makes it)."""
+    spec = TrainConfig.__dataclass_fields__[name]
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 def default_output_dir(env_id: str, algo: str) -> str:
@@ -160,6 +166,9 @@ class TrainConfig:
     eval_every: int = 0
     eval_episodes: int = 32
     eval_seed: int = 0
+    # Env options of the evaluation's episodes, over env_kwargs: e.g. a held-out dataset_path, so
+    # that the curve is measured on tasks training never draws.
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
 
     def __post_init__(self) -> None:
@@ -184,13 +193,15 @@ class TrainConfig:
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}",
                               field="model")
-        if not isinstance(self.env_kwargs, dict) or not all(isinstance(key, str) for key in self.env_kwargs):
-            raise ConfigError("env_kwargs must be a dict of environment options (by name: string keys), got "
-                              f"{self.env_kwargs!r}", field="env_kwargs")
-        # (a pathlib path is taken as its text, as output_dir's)
-        object.__setattr__(self, "env_kwargs", {
-            key: _absolute_if_a_file(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
-            for key, value in self.env_kwargs.items()})
+        for name in ("env_kwargs", "eval_env_kwargs"):
+            options = getattr(self, name)
+            if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+                raise ConfigError(f"{name} must be a dict of environment options (by name: string keys), got "
+                                  f"{options!r}", field=name)
+            # (a pathlib path is taken as its text, as output_dir's)
+            object.__setattr__(self, name, {
+                key: _absolute_if_a_file(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
+                for key, value in options.items()})
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", field=name)
@@ -342,10 +353,10 @@ class TrainConfig:
                 ("compile_scope", self.compile is not False, "compile on (or auto)", "compile=False"),
                 ("eval_episodes", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
                 ("eval_seed", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
+                ("eval_env_kwargs", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
                 ("min_lr_ratio", self.lr_schedule != "constant", "a linear or cosine lr_schedule",
                  "lr_schedule='constant'")):
-            default = self.__dataclass_fields__[name].default
-            if not used and getattr(self, name) != default:
+            if not used and getattr(self, name) != _default(name):
                 raise UnreadSetting(f"{name}={getattr(self, name)!r} is only read with {where}, and this run has "
                                     f"{this_run}; drop {name}, or set what it belongs to", field=name)
         if self.microbatch_size > self.minibatch_size:
@@ -387,5 +398,5 @@ class TrainConfig:
                 return cls(**data)
             except UnreadSetting as exc:
                 for name in exc.fields:
-                    data[name] = cls.__dataclass_fields__[name].default
+                    data[name] = _default(name)
         return cls(**data)

@@ -79,10 +79,11 @@ def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
     problem = device_problem(config.device) if config.device is not None else None
     if problem is not None:  # (as the CLI checks --device)
         raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")
-    if make_env is not None and config.env_kwargs:
-        raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
-                          "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
-                          "so that the checkpoint does not name options the run never used)", field="env_kwargs")
+    for name in ("env_kwargs", "eval_env_kwargs"):
+        if make_env is not None and getattr(config, name):
+            raise ConfigError(f"{name} {sorted(getattr(config, name))} are read only when train makes the env from "
+                              f"env_id; with make_env=, give the options to the env it makes (and leave {name} "
+                              "empty, so that the checkpoint does not name options the run never used)", field=name)
     if config.parallelism == "fsdp" and "RANK" not in os.environ:
         raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
                           "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
@@ -230,14 +231,21 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     "HFPolicy.from_pretrained(DIR)")
     env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
     eval_columns = ()  # the env's own evaluation columns (an env made by the caller declares none here)
+    make_eval_env = make_env  # (the caller's; else made below)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
         metadata = env_metadata(config.env_id)
         if metric_spec_problem(metadata.get("eval_metrics", ())) is None:  # (`rftgym eval` says what is wrong)
             eval_columns = metadata.get("eval_metrics", ())
-        env_kwargs = with_training_defaults(metadata, with_policy_options(metadata, config.env_kwargs, policy))
-        make_env = lambda: gym.make(config.env_id, **env_kwargs)  # noqa: E731
+
+        def env_maker(options: dict) -> Callable[[], gym.Env]:
+            kwargs = with_training_defaults(metadata, with_policy_options(metadata, options, policy))
+            return lambda: gym.make(config.env_id, **kwargs)
+
+        make_env = env_maker(config.env_kwargs)
+        make_eval_env = env_maker({**config.env_kwargs, **config.eval_env_kwargs}) if config.eval_env_kwargs \
+            else make_env
     base_model = base_fingerprint(policy.model)
     # Where the base weights came from, for a later export or resume, absolute: the directory the
     # policy was loaded from, else config.model's (a policy passed in, said to be that model's).
@@ -467,7 +475,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
                     eval_share = len(ranks.shard(list(range(config.eval_episodes))))
                     with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
-                        metrics.update(evaluate_policy(make_env, policy, model, config, ranks, autocast,
+                        metrics.update(evaluate_policy(make_eval_env, policy, model, config, ranks, autocast,
                                                        eval_columns))
                 history.append({"step": number, **metrics})
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:

@@ -256,3 +256,23 @@ def test_gradient_checkpointing_can_be_turned_off_on_resume(tmp_path):
     assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)]).gradient_checkpointing
     assert not _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--no-gradient-checkpointing",
                            "--output-dir", str(out)]).gradient_checkpointing
+
+
+def test_the_evaluation_takes_env_options_of_its_own(tmp_path, capsys):
+    argv = ["train", "rftgym/VerifiableQA-v0", "--env-arg", "difficulties=[1]", "--eval-every", "2",
+            "--eval-env-arg", "difficulties=[5]", "--eval-env-arg", "kinds=[\"weekday\"]"]
+    config = _config_of(argv)
+    assert config.env_kwargs == {"difficulties": [1]}
+    assert config.eval_env_kwargs == {"difficulties": [5], "kinds": ["weekday"]}
+    with pytest.raises(UsageError, match="--eval-env-arg takes KEY=VALUE"):
+        _config_of(argv + ["--eval-env-arg", "oops"])
+    with pytest.raises(UsageError, match=r"^--eval-env-arg: eval_env_kwargs=.* is only read with eval_every > 0"):
+        _config_of(["train", "rftgym/VerifiableQA-v0", "--eval-env-arg", "difficulties=[5]"])
+    # a bad one is named by its flag before any model loads
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "rftgym/VerifiableQA-v0", "--eval-every", "1", "--eval-env-arg", "difficultys=[5]",
+              "--output-dir", str(tmp_path / "run")])
+    assert refused.value.code == 2
+    assert "bad --eval-env-arg for rftgym/VerifiableQA-v0: unknown option 'difficultys' (did you mean " \
+           "'difficulties'?)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

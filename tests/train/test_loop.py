@@ -264,6 +264,26 @@ def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_po
     assert not (tmp_path / "run").exists()
 
 
+def test_the_evaluation_plays_its_own_env_options_over_the_runs(tmp_path, monkeypatch, make_char_policy):
+    import gymnasium
+
+    from support import ECHO_MODULE
+
+    (tmp_path / "echo_eval_module.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoEval-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made, real_make = [], gymnasium.make
+    monkeypatch.setattr(gymnasium, "make", lambda *args, **kwargs: made.append(kwargs) or real_make(*args, **kwargs))
+    history = train(config(tmp_path, steps=1, env_id="echo_eval_module:mine/EchoEval-v0", env_kwargs={"word": "hi"},
+                           eval_every=1, eval_episodes=3, eval_env_kwargs={"word": "held-out"}),
+                    policy=make_char_policy())
+    assert {kwargs["word"] for kwargs in made} == {"hi", "held-out"}
+    assert [kwargs["word"] for kwargs in made].count("held-out") == 3  # one env per evaluation episode
+    assert "eval_said" in history[0]  # (the env's own column, from the evaluation's episodes)
+    with pytest.raises(ConfigError, match=r"eval_env_kwargs \['word'\] are read only when train makes the env"):
+        train(config(tmp_path, "caller", steps=1, eval_every=1, eval_env_kwargs={"word": "x"}),
+              policy=make_char_policy(), make_env=SayAEnv)
+
+
 def test_env_options_that_are_no_json_are_said_to_be_kept_as_text(tmp_path, monkeypatch, make_char_policy):
     from support import ECHO_MODULE
 
