@@ -95,8 +95,8 @@ def _check_base_weights(saved: dict, found: str | None, run_dir: Path, named: st
     the run kept (a run saved before fingerprints were kept is not checked)."""
     if kept_fingerprint_differs(saved, found):
         raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
-                             f"from (fingerprint {found}, the run's {saved['base_model']}); name the directory of the model it "
-                             "was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
+                             f"from (fingerprint {found}, the run's {saved['base_model']}); name the directory of the "
+                             "model it was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
                              "base_model=DIR))")
 
 

@@ -24,8 +24,8 @@ import torch
 from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.devices import device_problem
-from ..core.records import CONTEXT_FULL
 from ..core.errors import ConfigError, TrainingError, warn_caller
+from ..core.records import CONTEXT_FULL
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from ..rollout.metrics import metric_spec_problem
@@ -54,7 +54,15 @@ from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finishe
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
 from .model_setup import make_reference, prepare_model
-from .run_dir import LEARNING_CURVE, METRICS_FILE, OutputLock, RunFootprint, check_output_dir, resumed_model, saved_state
+from .run_dir import (
+    LEARNING_CURVE,
+    METRICS_FILE,
+    OutputLock,
+    RunFootprint,
+    check_output_dir,
+    resumed_model,
+    saved_state,
+)
 from .schedule import learning_rate_at
 from .signals import refuse_idle_algorithm, unused_signal
 from .speed import (
@@ -162,9 +170,9 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         # only then learn that it may not resume this checkpoint at all, or not with this launch.
         notes = resume_notes(saved, config) if resume else []
         if saved is not None and saved.get("env_from_caller") is True and make_env is None:
-            raise ConfigError(f"the run in {out} made its env with train(..., make_env=...), which its checkpoint cannot "
-                              f"hold: resume it with the same make_env= (gymnasium.make({config.env_id!r}) with "
-                              "env_kwargs would be another env, with other tasks)")
+            raise ConfigError(f"the run in {out} made its env with train(..., make_env=...), which its checkpoint "
+                              f"cannot hold: resume it with the same make_env= (gymnasium.make({config.env_id!r}) "
+                              "with env_kwargs would be another env, with other tasks)")
         if saved is not None:
             saved_rng = saved_rng_states(out, saved)  # given to the load, like saved: not read again
             check_world_size(len(saved_rng["ranks"]), ranks, out)

@@ -277,7 +277,7 @@ def resumed_model(state: dict, model: str | None) -> str | None:
     if not isinstance(loaded_from, str) or os.path.isdir(loaded_from):
         return loaded_from or model
     if model is None or not os.path.isdir(os.path.expanduser(model)):
-        raise ConfigError(f"the checkpoint's base model was loaded from {loaded_from}, which is no directory now (moved "
-                          "or removed); give the directory it moved to (--model DIR; from Python, model=DIR)",
+        raise ConfigError(f"the checkpoint's base model was loaded from {loaded_from}, which is no directory now "
+                          "(moved or removed); give the directory it moved to (--model DIR; from Python, model=DIR)",
                           field="model")
     return model
