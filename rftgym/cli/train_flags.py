@@ -41,6 +41,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--eval-env-arg", "eval_env_kwargs", opt(run, None, "env option of the evaluation's episodes, over "
                                                              "--env-arg's (e.g. a held-out dataset_path=FILE); "
                                                              "repeatable", action="append", metavar="KEY=VALUE")),
+        ("--eval-before-training", "eval_before_training", opt(
+            run, d.eval_before_training, "also evaluate before the first step (a new run's), logged as step 0: the "
+            "baseline the curve starts from", action=argparse.BooleanOptionalAction)),
         ("--tasks-per-step", "tasks_per_step", opt(sampling, d.tasks_per_step, "tasks sampled per step")),
         ("--group-size", "group_size", opt(sampling, d.group_size, "samples per task (G)")),
         ("--max-new-tokens", "max_new_tokens", opt(sampling, d.max_new_tokens, "token limit of one assistant turn")),

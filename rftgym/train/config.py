@@ -31,7 +31,7 @@ BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": 
 # what it may change without a note; any other change is noted as the run resumes.
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
 RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-               "eval_env_kwargs", "dist_timeout_s")
+               "eval_env_kwargs", "eval_before_training", "dist_timeout_s")
 
 
 def _default(name: str) -> Any:
@@ -169,6 +169,9 @@ class TrainConfig:
     # Env options of the evaluation's episodes, over env_kwargs: e.g. a held-out dataset_path, so
     # that the curve is measured on tasks training never draws.
     eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Also evaluate before the first step (a new run's, not a resume's), logged as step 0: the
+    # baseline the curve starts from (verl's val_before_train).
+    eval_before_training: bool = False
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
 
     def __post_init__(self) -> None:
@@ -202,7 +205,8 @@ class TrainConfig:
             object.__setattr__(self, name, {
                 key: _absolute_if_a_file(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
                 for key, value in options.items()})
-        for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing"):
+        for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing",
+                     "eval_before_training"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", field=name)
         if self.compile_scope not in COMPILE_SCOPES:
@@ -354,6 +358,7 @@ class TrainConfig:
                 ("eval_episodes", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
                 ("eval_seed", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
                 ("eval_env_kwargs", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
+                ("eval_before_training", self.eval_every > 0, "eval_every > 0", "eval_every=0 (no evaluation)"),
                 ("min_lr_ratio", self.lr_schedule != "constant", "a linear or cosine lr_schedule",
                  "lr_schedule='constant'")):
             if not used and getattr(self, name) != _default(name):

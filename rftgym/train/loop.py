@@ -126,6 +126,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     fsdp = config.parallelism == "fsdp"
     # One process unless started by torchrun / accelerate launch.
     ranks = Distributed.from_env(config.device, process_group_for_one=fsdp, timeout_s=config.dist_timeout_s)
+    if config.dist_timeout_s is not None and ranks.world_size == 1 and ranks.is_main:
+        warn_caller(f"dist_timeout_s={config.dist_timeout_s:g} (--dist-timeout) changes nothing in a run of one "
+                    "process: it bounds how long the processes of a launch (torchrun, accelerate launch) wait for "
+                    "each other; leave it out")
     unsaved = [key for key, value in config.env_kwargs.items() if kept_as_text(value)]
     if unsaved and ranks.is_main:
         warn_caller(f"env_kwargs {unsaved} are not JSON values (e.g. objects); the checkpoint keeps only their text, so "
@@ -362,6 +366,21 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         if log is not None:
             _close_outputs(log, out)
 
+    def evaluate(number: int) -> dict:
+        """The evaluation after step ``number`` (0: before the first), every rank's share of it."""
+        share = len(ranks.shard(list(range(config.eval_episodes))))  # (as evaluate_policy deals the seeds out)
+        with keeping_finished_episodes(out, number, share, ranks, phase="evaluation"):
+            return evaluate_policy(make_eval_env, policy, model, config, ranks, autocast, eval_columns)
+
+    if config.eval_before_training and start == 0:
+        # The baseline, logged as step 0. No result of the run: stopped in its first step, the run
+        # still leaves its output directory as it found it.
+        baseline = evaluate(0)
+        ranks.together(lambda: log is not None and log.write(0, baseline))
+        if ranks.is_main:
+            print(f"before training: eval reward {baseline['eval_reward_mean']:.3f}  success "
+                  f"{baseline['eval_success_rate']:.3f}", file=sys.stderr)
+
     # One process stops where it is (stopping.keeping_finished_steps, finishing_the_step); the
     # ranks of a launch, which would each stop elsewhere in a step, stop together (LaunchStops).
     stops_save = ranks.world_size == 1 and log is not None
@@ -480,11 +499,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 if config.algo == "pcar":
                     metrics.update(pcar_metrics(pcar_sums, int(kept) * config.group_size))
                 if config.eval_every and (number % config.eval_every == 0 or number == config.steps):
-                    # (this rank's share of the evaluation seeds, as evaluate_policy deals them out)
-                    eval_share = len(ranks.shard(list(range(config.eval_episodes))))
-                    with keeping_finished_episodes(out, number, eval_share, ranks, phase="evaluation"):
-                        metrics.update(evaluate_policy(make_eval_env, policy, model, config, ranks, autocast,
-                                                       eval_columns))
+                    metrics.update(evaluate(number))
                 history.append({"step": number, **metrics})
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                     # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.

@@ -66,8 +66,12 @@ def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make
 
     plain = train(config(tmp_path, "plain", steps=4), policy=make_char_policy(), make_env=SayAEnv)
     policy = make_char_policy()
-    evaluated = train(config(tmp_path, "evaluated", steps=4, eval_every=3, eval_episodes=5, eval_seed=7),
-                      policy=policy, make_env=SayAEnv)
+    # The untrained policy's greedy episodes, which the evaluation before training plays.
+    untrained = make_char_policy()
+    untrained.sampling = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    baseline = run_episodes(SayAEnv, untrained, list(range(7, 12)), config=RolloutConfig(num_envs=32))
+    evaluated = train(config(tmp_path, "evaluated", steps=4, eval_every=3, eval_episodes=5, eval_seed=7,
+                             eval_before_training=True), policy=policy, make_env=SayAEnv)
     for a, b in zip(plain, evaluated):  # the same rollouts and updates, step by step
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-8)
@@ -80,16 +84,29 @@ def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make
     assert evaluated[-1]["eval_reward_mean"] == pytest.approx(sum(e.total_reward for e in episodes) / 5)
     assert evaluated[-1]["eval_success_rate"] == pytest.approx(sum(e.success for e in episodes) / 5)
     rows = [json.loads(line) for line in (tmp_path / "evaluated" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [3, 4]
+    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [0, 3, 4]
+    # Step 0 is the evaluation before training: in the log, not among the steps train() returns.
+    assert rows[0]["eval_reward_mean"] == pytest.approx(sum(e.total_reward for e in baseline) / 5)
+    assert "reward_mean" not in rows[0] and evaluated[0]["step"] == 1
 
 
 def test_evaluation_settings_are_checked():
     for settings, message in [({"eval_every": -1}, "eval_every must be an int >= 0"),
                               ({"eval_episodes": 0}, "eval_episodes must be a positive integer"),
                               ({"eval_seed": -3}, r"eval_seed must be an int in \[0, 2\*\*63\)"),
-                              ({"eval_seed": 2**63 - 2, "eval_episodes": 5}, "lower eval_seed")]:
+                              ({"eval_seed": 2**63 - 2, "eval_episodes": 5}, "lower eval_seed"),
+                              ({"eval_before_training": True}, "eval_before_training=True is only read with "
+                                                               r"eval_every > 0"),
+                              ({"eval_before_training": 1, "eval_every": 2}, "eval_before_training must be True or "
+                                                                             "False, got 1")]:
         with pytest.raises(ConfigError, match=message):
             TrainConfig(**settings)
+
+
+def test_a_process_groups_timeout_in_a_run_of_one_process_is_said_to_change_nothing(tmp_path, make_char_policy):
+    with pytest.warns(UserWarning, match=r"dist_timeout_s=10 \(--dist-timeout\) changes nothing in a run of one "
+                                         "process"):
+        train(config(tmp_path, steps=1, dist_timeout_s=10), policy=make_char_policy(), make_env=SayAEnv)
 
 
 def test_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, make_char_policy):
