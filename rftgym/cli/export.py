@@ -30,12 +30,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         _check_model_dir(args.base_model, "--base-model")
     _check_out_can_be_made(args.out)
     try:
-        out = export(args.run, args.out, base_model=args.base_model)
+        out = export(args.run, args.out, base_model=args.base_model, adapter_only=args.adapter_only)
     except ModelLoadError as exc:  # the base model given is not the run's (or cannot load): the argument's fault
         if args.base_model is None:
             raise
         raise UsageError(f"--base-model: {exc}") from None
-    print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
+    if args.adapter_only:
+        print(f"the LoRA adapters of {args.run} are in {out}: PeftModel.from_pretrained(base_model, {str(out)!r}), or "
+              f"vllm serve BASE --enable-lora --lora-modules NAME={out}")
+    else:
+        print(f"the trained model of {args.run} is in {out}: rftgym eval ENV --agent hf --model {out}")
     return 0
 
 

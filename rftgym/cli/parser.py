@@ -133,6 +133,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("out", help="a new directory for the model and its tokenizer")
     p.add_argument("--base-model", default=None, metavar="DIR",
                    help="where the run's base model is now, if it has moved (default: where the run loaded it)")
+    p.add_argument("--adapter-only", action="store_true",
+                   help="a LoRA run's adapters alone, as peft saves them (adapter_config.json naming the base "
+                        "model's directory), for PeftModel.from_pretrained or vLLM's --lora-modules")
     p.set_defaults(func=cmd_export)
 
     from ..envs.search.server import DEFAULT_MAX_CONNECTIONS  # standard library only, with the retriever's names

@@ -42,16 +42,18 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: 
 _REBUILDING: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("rftgym_rebuilding", default=())
 
 
-def _rebuild(run_dir: Path, base_model: str | Path | None):
-    """(model, tokenizer, the checkpoint state of the weights read, the base model's source)."""
+def _rebuild(run_dir: Path, base_model: str | Path | None, merge: bool = True):
+    """(model, tokenizer, the checkpoint state of the weights read, the base model's source);
+    ``merge=False``: a LoRA run's model as the peft model of its base and adapters (refused for a
+    run that trained none)."""
     token = _REBUILDING.set((*_REBUILDING.get(), run_dir.resolve()))
     try:
-        return _rebuild_once(run_dir, base_model)
+        return _rebuild_once(run_dir, base_model, merge)
     finally:
         _REBUILDING.reset(token)
 
 
-def _rebuild_once(run_dir: Path, base_model: str | Path | None):
+def _rebuild_once(run_dir: Path, base_model: str | Path | None, merge: bool = True):
     from ..agents.model_loading import load_model_and_tokenizer, names_default_model
 
     saved = _saved(run_dir)
@@ -60,6 +62,9 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
     source = base_model or saved.get("base_model_path") or config.model
     named = "as the default model" if names_default_model(source) else f"from {source}"
     _refuse_a_loop(run_dir, source)
+    if not merge and not config.lora_rank:
+        raise ConfigError(f"the run in {run_dir} trained the whole model (lora_rank 0), so it has no adapters to "
+                          "export on their own; export the model without --adapter-only (adapter_only=False)")
     model_name = None if source is None else str(source)
     dtype = load_dtype(config)  # the dtype the run trained it in: its update was made on those weights
     # Before the load (minutes for a large model), where the run's own base model's files gave its
@@ -83,7 +88,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None):
         apply_trainable(weights, model, folder)
     except ValueError as exc:
         raise ModelLoadError(f"{exc} (was the run's model or LoRA setting changed by hand?)") from None
-    if config.lora_rank:
+    if config.lora_rank and merge:
         model = model.merge_and_unload()
         model.requires_grad_(True)  # LoRA froze the base weights; the merged model is a whole model again
     model.eval()
@@ -204,14 +209,23 @@ def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
 EXPORT_STAGING_PREFIX = ".rftgym-export."  # the folder an export writes before it takes its name
 
 
-def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None) -> Path:
+def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path | None = None,
+           adapter_only: bool = False) -> Path:
     """Save the run's trained model (LoRA merged) and its tokenizer in ``out_dir``, a new (or
-    empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds."""
+    empty) directory, with ``rftgym_run.json`` saying which run, step and base model it holds.
+    ``adapter_only``: a LoRA run's adapters alone, as peft saves them (``adapter_config.json``
+    naming the base model's directory, ``adapter_model.safetensors``), for
+    ``PeftModel.from_pretrained(base, out_dir)`` or a server that applies adapters to its base
+    (vLLM's ``--lora-modules``)."""
     from ..agents.model_loading import names_default_model
 
     run_dir = Path(run_dir).expanduser()
     out = _check_out_dir(run_dir, Path(out_dir))
-    model, tokenizer, saved, source = _rebuild(run_dir, base_model)
+    model, tokenizer, saved, source = _rebuild(run_dir, base_model, merge=not adapter_only)
+    base = "default" if names_default_model(source) else str(Path(source).expanduser().resolve())
+    if adapter_only:  # where a loader finds the base (the default model has no directory of its own)
+        for adapter in model.peft_config.values():
+            adapter.base_model_name_or_path = None if base == "default" else base
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         # Written beside it and renamed, so that an interrupted export leaves no half model behind; under
@@ -225,14 +239,14 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
         tokenizer.save_pretrained(staging)
         (staging / "rftgym_run.json").write_text(json.dumps(
             {"run": str(run_dir.resolve()), "step": saved["step"], "env_id": saved["config"].get("env_id"),
-             "algo": saved["config"].get("algo"),
-             "base_model": "default" if names_default_model(source) else str(Path(source).expanduser().resolve())},
+             "algo": saved["config"].get("algo"), "base_model": base, "adapter_only": adapter_only},
             indent=2))
         # For any reader (a model server running as another user): save_pretrained may write 0600.
         for path in staging.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
         staging.chmod(0o755)
-        if not (staging / "config.json").is_file() or not any(staging.glob("*.safetensors")):
+        written = "adapter_config.json" if adapter_only else "config.json"
+        if not (staging / written).is_file() or not any(staging.glob("*.safetensors")):
             raise TrainingError(f"the export's files in {staging} went missing while it wrote them (another "
                                 f"program removed them?); nothing was exported to {out}: run the export again")
         if out.exists():

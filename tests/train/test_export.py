@@ -292,3 +292,27 @@ def test_an_export_that_cannot_be_written_is_an_error_naming_the_folder(tmp_path
     assert f"cannot write the export in {tmp_path} (No space left on device; " in said and "Traceback" not in said
     assert "nothing was exported" in said and not (tmp_path / "model").exists()
     assert not list(tmp_path.glob(".*model*"))  # no staging folder left behind
+
+
+def test_a_lora_runs_adapters_export_alone_and_load_onto_their_base_with_peft(tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run, policy = trained_run(tmp_path, lora_rank=4)
+    assert main(["export", str(run), str(tmp_path / "adapters"), "--adapter-only"]) == 0
+    assert "PeftModel.from_pretrained" in capsys.readouterr().out
+    out = tmp_path / "adapters"
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert not (out / "config.json").exists()  # no whole model: the base stays where it is
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "base").resolve())
+    assert json.loads((out / "rftgym_run.json").read_text())["adapter_only"] is True
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"], dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, str(out)).eval()
+    merged, _ = load_trained(run, device="cpu")
+    torch.testing.assert_close(logits(adapted), logits(merged), atol=1e-5, rtol=1e-5)
+    # A run that trained the whole model has no adapters to export alone.
+    full, _ = trained_run(tmp_path / "full")
+    with pytest.raises(ConfigError, match=r"trained the whole model \(lora_rank 0\), so it has no adapters"):
+        export(full, tmp_path / "none", adapter_only=True)
+    assert not (tmp_path / "none").exists()
