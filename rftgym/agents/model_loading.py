@@ -127,8 +127,7 @@ def resolve_model_dir(model: str | None) -> Path:
     if names_default_model(model):
         return default_model_dir()
     path = Path(model).expanduser()
-    from ..train.run_dir import has_checkpoint_files
-    from ..train.run_dir import is_run_dir
+    from ..train.run_dir import has_checkpoint_files, is_run_dir
 
     if is_run_dir(path):  # a training run's output: its trained model (load_trained)
         return path
@@ -170,8 +169,7 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
     the run) and ``otherwise`` (what it may do instead of mending the checkpoint) are for the
     messages."""
     from ..train.checkpoint import verify_checkpoint_file
-    from ..train.run_dir import saved_state
-    from ..train.run_dir import checkpoint_path
+    from ..train.run_dir import checkpoint_path, saved_state
     from ..train.export import saved_config
 
     def saved() -> dict:

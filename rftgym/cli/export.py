@@ -12,7 +12,7 @@ from .common import UsageError, _check_model_dir
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..train.export import export
+    from ..train.export import BaseModelError, export
     from ..train.run_dir import is_run_dir
 
     if not Path(args.run).expanduser().exists():
@@ -31,7 +31,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     _check_out_can_be_made(args.out)
     try:
         out = export(args.run, args.out, base_model=args.base_model, adapter_only=args.adapter_only)
-    except ModelLoadError as exc:  # the base model given is not the run's (or cannot load): the argument's fault
+    except BaseModelError as exc:  # the base model given is not the run's (or cannot load): the argument's fault
         if args.base_model is None:
             raise
         raise UsageError(f"--base-model: {exc}") from None

@@ -54,8 +54,7 @@ def _default_output_dir(args: argparse.Namespace) -> str:
     given = getattr(args, "given", None)
     if getattr(args, "resume", False) and given is not None and "algo" not in given:
         runs = [folder(algo) for algo in ALGORITHMS if has_checkpoint(folder(algo))]
-        if len(runs) == 1:
-            print(f"resuming the run in {runs[0]}", file=sys.stderr)
+        if len(runs) == 1:  # (the run says which it resumes, from which step)
             return str(runs[0])
         if len(runs) > 1:
             raise UsageError(f"--resume: {len(runs)} runs of {args.env} have a checkpoint ("
@@ -66,7 +65,8 @@ def _default_output_dir(args: argparse.Namespace) -> str:
 def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir: Path) -> dict:
     """A resume's settings: those its command line gives, and the checkpoint's for the rest, not
     TrainConfig's defaults (which would quietly turn the run into another: another group size or
-    reply length). ``--env-arg`` pairs update the checkpoint's env options. ``given`` (the fields
+    reply length). ``--env-arg`` pairs update the checkpoint's env options, ``--eval-env-arg`` pairs
+    its evaluation's. ``given`` (the fields
     whose flags were on the command line) None, or no readable checkpoint: the settings as they
     are (a missing or damaged checkpoint is refused later, with its message). Saved settings that
     TrainConfig refuses (a state.json edited by hand) are refused here, naming their flags: the
@@ -95,10 +95,14 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     merged = {name: value if name in given or name not in saved else saved[name] for name, value in settings.items()}
     # The checkpoint's env options are its env's: another env (which the resume then refuses, saying
     # so) would be made with them first, and refused as given options it does not know.
-    saved_options = (saved.get("env_kwargs") or {}) \
-        if isinstance(saved.get("env_id"), str) and same_env_id(saved["env_id"], settings["env_id"]) else {}
+    same_env = isinstance(saved.get("env_id"), str) and same_env_id(saved["env_id"], settings["env_id"])
+    saved_options = (saved.get("env_kwargs") or {}) if same_env else {}
+    # (as saved: `saved` took the --eval-env-arg pairs given in its place, to check them)
+    saved_eval_options = state["config"].get("eval_env_kwargs") if same_env else None
+    saved_eval_options = saved_eval_options if isinstance(saved_eval_options, dict) else {}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
-                  env_kwargs={**saved_options, **settings["env_kwargs"]})
+                  env_kwargs={**saved_options, **settings["env_kwargs"]},
+                  eval_env_kwargs={**saved_eval_options, **settings["eval_env_kwargs"]})
     if "model" not in given:
         merged["model"] = resumed_model(state, merged["model"])
     return merged

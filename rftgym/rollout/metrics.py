@@ -17,6 +17,12 @@ from ..core.records import CONTEXT_FULL, Episode
 _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampled_tokens", "prompt_tokens")
 
 
+def played_turns(episode: Episode) -> list:
+    """The turns the env played: the empty turn that records an episode's end for want of context
+    is no reply, so it counts neither as a turn nor as a turn without a format error."""
+    return [t for t in episode.turns if t.finish_reason != CONTEXT_FULL]
+
+
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     """The means over ``episodes`` of their reward, success, turns, truncation and tokens, the share
     of the turns they played with a format error (NaN when they played none), and two counts:
@@ -26,9 +32,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     number, and 0 would read as a measured reward or success rate of 0."""
     if not episodes:
         return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0}
-    # Turns the env played: the empty turn that records an episode's end for want of context is
-    # no reply, so it counts neither as a turn nor as a turn without a format error.
-    played = [[t for t in e.turns if t.finish_reason != CONTEXT_FULL] for e in episodes]
+    played = [played_turns(e) for e in episodes]
     format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
     # Means are floats even when every value is the same int (statistics.mean([3, 3]) is the int 3),
     # so that a table prints "3.000", not "3", where other rows print "2.500".

@@ -31,7 +31,7 @@ BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": 
 # what it may change without a note; any other change is noted as the run resumes.
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
 RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-               "eval_env_kwargs", "eval_before_training", "dist_timeout_s")
+               "eval_before_training", "dist_timeout_s")
 
 
 def _default(name: str) -> Any:
@@ -63,7 +63,9 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     algo: str = "grpo"
     model: str | None = None  # None: the default SmolLM2-135M-Instruct; else a local HF directory
-    output_dir: str | None = None  # None: runs/train/<env>-<algo>, as `rftgym train` names it
+    # None: runs/train/<env>-<algo>, as `rftgym train` names it (decided when the run starts, so that
+    # dataclasses.replace(config, algo=...) writes elsewhere)
+    output_dir: str | None = None
 
     # sampling
     steps: int = 20
@@ -185,14 +187,15 @@ class TrainConfig:
         if self.aggregation not in AGGREGATION_NAMES:
             raise ConfigError(f"aggregation must be one of {', '.join(AGGREGATION_NAMES)}; got {self.aggregation!r}",
                               field="aggregation")
-        if self.output_dir is None and isinstance(self.env_id, str) and isinstance(self.algo, str):
-            object.__setattr__(self, "output_dir", default_output_dir(self.env_id, self.algo))
         for name in ("output_dir", "model"):  # a pathlib.Path is a path too; kept as a string (saved as JSON)
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
         for name in ("env_id", "output_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}", field=name)
+                if name == "output_dir" and self.output_dir is None:
+                    continue
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}"
+                                  + (" (or None: runs/train/<env>-<algo>)" if name == "output_dir" else ""), field=name)
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"model must be a local model directory (a string) or None, got {self.model!r}",
                               field="model")

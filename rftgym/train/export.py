@@ -37,6 +37,11 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: 
     return model, tokenizer
 
 
+class BaseModelError(ModelLoadError):
+    """The base model of a run cannot be loaded, or is not the one the run was trained from: what
+    a --base-model (base_model=) given mends, unlike a damaged checkpoint."""
+
+
 # The runs whose models are being rebuilt in this context, outermost first: a run's base model
 # may be another run's directory, but a chain that comes back to a run would never end.
 _REBUILDING: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("rftgym_rebuilding", default=())
@@ -74,7 +79,7 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None, merge: bool = Tr
     try:
         model, tokenizer = load_model_and_tokenizer(model_name, device="cpu", dtype=dtype)
     except ModelLoadError as exc:
-        raise ModelLoadError(f"the base model of the run in {run_dir} cannot be loaded {named}: {exc} If it has "
+        raise BaseModelError(f"the base model of the run in {run_dir} cannot be loaded {named}: {exc} If it has "
                              "moved, name its directory: rftgym export RUN OUT --base-model DIR "
                              "(load_trained(..., base_model=DIR))") from None
     _check_base_weights(saved, base_fingerprint(model), run_dir, named)
@@ -99,7 +104,7 @@ def _check_base_weights(saved: dict, found: str | None, run_dir: Path, named: st
     """Refuse base weights whose fingerprint ``found`` (None: unknown, not checked) is not the one
     the run kept (a run saved before fingerprints were kept is not checked)."""
     if kept_fingerprint_differs(saved, found):
-        raise ModelLoadError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
+        raise BaseModelError(f"the weights loaded {named} are not the base weights the run in {run_dir} was trained "
                              f"from (fingerprint {found}, the run's {saved['base_model']}); name the directory of the "
                              "model it was trained from: rftgym export RUN OUT --base-model DIR (load_trained(..., "
                              "base_model=DIR))")
@@ -217,15 +222,22 @@ def export(run_dir: str | Path, out_dir: str | Path, *, base_model: str | Path |
     naming the base model's directory, ``adapter_model.safetensors``), for
     ``PeftModel.from_pretrained(base, out_dir)`` or a server that applies adapters to its base
     (vLLM's ``--lora-modules``)."""
-    from ..agents.model_loading import names_default_model
+    from ..agents.model_loading import default_model_dir, names_default_model
 
     run_dir = Path(run_dir).expanduser()
     out = _check_out_dir(run_dir, Path(out_dir))
     model, tokenizer, saved, source = _rebuild(run_dir, base_model, merge=not adapter_only)
     base = "default" if names_default_model(source) else str(Path(source).expanduser().resolve())
-    if adapter_only:  # where a loader finds the base (the default model has no directory of its own)
+    if adapter_only:
+        if base != "default" and is_run_dir(base):
+            raise ConfigError(f"the base model of the run in {run_dir} is another run ({base}), whose trained weights "
+                              "no model directory holds, so its adapters would name a base no loader can read; export "
+                              f"that run first (rftgym export {base} DIR) and name it: --base-model DIR "
+                              "(base_model=DIR)")
+        # Where a loader finds the base: its directory (the default model's, where its weights are kept).
+        base = str(default_model_dir()) if base == "default" else base
         for adapter in model.peft_config.values():
-            adapter.base_model_name_or_path = None if base == "default" else base
+            adapter.base_model_name_or_path = base
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         # Written beside it and renamed, so that an interrupted export leaves no half model behind; under

@@ -25,10 +25,9 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.devices import device_problem
 from ..core.errors import ConfigError, TrainingError, warn_caller
-from ..core.records import CONTEXT_FULL
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
-from ..rollout.metrics import metric_spec_problem
+from ..rollout.metrics import metric_spec_problem, played_turns
 from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
@@ -43,7 +42,7 @@ from .checkpoint import (
     save_checkpoint,
     saved_rng_states,
 )
-from .config import TrainConfig
+from .config import TrainConfig, default_output_dir
 from .distributed import (
     Distributed,
     full_parameters,
@@ -87,11 +86,14 @@ def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
     problem = device_problem(config.device) if config.device is not None else None
     if problem is not None:  # (as the CLI checks --device)
         raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")
-    for name in ("env_kwargs", "eval_env_kwargs"):
-        if make_env is not None and getattr(config, name):
-            raise ConfigError(f"{name} {sorted(getattr(config, name))} are read only when train makes the env from "
-                              f"env_id; with make_env=, give the options to the env it makes (and leave {name} "
-                              "empty, so that the checkpoint does not name options the run never used)", field=name)
+    if make_env is not None and config.env_kwargs:
+        raise ConfigError(f"env_kwargs {sorted(config.env_kwargs)} are read only when train makes the env from "
+                          "env_id; with make_env=, give the options to the env it makes (and leave env_kwargs empty, "
+                          "so that the checkpoint does not name options the run never used)", field="env_kwargs")
+    if make_env is not None and config.eval_env_kwargs:
+        raise ConfigError(f"eval_env_kwargs {sorted(config.eval_env_kwargs)} are read only when train makes the env "
+                          "from env_id; with make_env=, the evaluation plays make_env's env: leave eval_env_kwargs "
+                          "empty", field="eval_env_kwargs")
     if config.parallelism == "fsdp" and "RANK" not in os.environ:
         raise ConfigError("parallelism='fsdp' needs a distributed launch, e.g. torchrun --nproc_per_node=2 "
                           "-m rftgym.cli train ... (or accelerate launch); one plain process uses 'ddp'")
@@ -122,6 +124,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
     **config.env_kwargs)``."""
     check_train_arguments(config, policy, make_env)
+    if config.output_dir is None:
+        config = dataclasses.replace(config, output_dir=default_output_dir(config.env_id, config.algo))
     out = Path(config.output_dir)
     fsdp = config.parallelism == "fsdp"
     # One process unless started by torchrun / accelerate launch.
@@ -130,10 +134,11 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
         warn_caller(f"dist_timeout_s={config.dist_timeout_s:g} (--dist-timeout) changes nothing in a run of one "
                     "process: it bounds how long the processes of a launch (torchrun, accelerate launch) wait for "
                     "each other; leave it out")
-    unsaved = [key for key, value in config.env_kwargs.items() if kept_as_text(value)]
+    unsaved = [key for options in (config.env_kwargs, config.eval_env_kwargs) for key, value in options.items()
+               if kept_as_text(value)]
     if unsaved and ranks.is_main:
-        warn_caller(f"env_kwargs {unsaved} are not JSON values (e.g. objects); the checkpoint keeps only their text, so "
-                    "a resume must give them again (train(config, resume=True) with this config does; `rftgym train "
+        warn_caller(f"env options {unsaved} are not JSON values (e.g. objects); the checkpoint keeps only their text, "
+                    "so a resume must give them again (train(config, resume=True) with this config does; `rftgym train "
                     "--resume` cannot)")
     if config.tasks_per_step % ranks.world_size:
         raise ConfigError(f"tasks_per_step ({config.tasks_per_step}) must be a multiple of the number of "
@@ -258,6 +263,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         make_env = env_maker(config.env_kwargs)
         make_eval_env = env_maker({**config.env_kwargs, **config.eval_env_kwargs}) if config.eval_env_kwargs \
             else make_env
+        if config.eval_env_kwargs:  # its options refused now, not at the first evaluation, steps later
+            ranks.together(lambda: make_eval_env().close())
     base_model = base_fingerprint(policy.model)
     # Where the base weights came from, for a later export or resume, absolute: the directory the
     # policy was loaded from, else config.model's (a policy passed in, said to be that model's).
@@ -475,9 +482,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
                     "sampled_tokens_mean": tokens / n,
                     "turns_mean": turns / n,
-                    # over the replies the env played (0 when none was: every episode out of context at once)
-                    "format_error_rate": format_errors / turns if turns else 0.0,
-                    "cut_reply_rate": cut / turns if turns else 0.0,  # replies that reached max_new_tokens
+                    # over the replies the env played (None when none was: every episode out of context at
+                    # once; 0 would read as a measured rate)
+                    "format_error_rate": format_errors / turns if turns else None,
+                    "cut_reply_rate": cut / turns if turns else None,  # replies that reached max_new_tokens
                     "groups_kept": int(kept),
                     "samples": int(n_samples),
                     "trained_tokens": int(n_tokens),
@@ -586,8 +594,8 @@ def check_finite_update(update: dict, step: int, out: Path, episodes, config: Tr
 
 def turn_counts(episodes) -> list[int]:
     """``[replies the env played, those with info["format_error"], those cut at max_new_tokens]``
-    over ``episodes`` (the empty turn that ends an episode for want of context is no reply)."""
-    played = [t for e in episodes for t in e.turns if t.finish_reason != CONTEXT_FULL]
+    over ``episodes`` (as ``rftgym eval`` counts them: :func:`~rftgym.rollout.metrics.played_turns`)."""
+    played = [t for e in episodes for t in played_turns(e)]
     return [len(played), sum(bool(t.info.get("format_error")) for t in played),
             sum(t.finish_reason == "length" for t in played)]
 

@@ -39,24 +39,26 @@ def prepare_model(policy: HFPolicy, config: TrainConfig, autocast=nullcontext):
     return model
 
 
-# Attention modules that apply dropout themselves in train mode keep its probability as a number
-# (Llama, Qwen2, Mistral: attention_dropout, read from the config when the module is built).
-DROPOUT_PROBABILITIES = ("attention_dropout", "attn_dropout", "dropout")
+# Dropout probabilities that models keep as numbers and apply themselves in train mode, on their
+# modules (Llama, Qwen2, Mistral: attention_dropout, read from the config as the module is built)
+# or read from their config in the forward pass (Falcon's hidden_dropout; OPT's layerdrop).
+DROPOUT_PROBABILITIES = ("attention_dropout", "attn_dropout", "dropout", "hidden_dropout", "layerdrop")
 
 
 def turn_off_dropout(model) -> None:
     """Rollouts run in eval mode, without dropout; the update runs in train mode, where dropout
     would make the first epoch's ratios noisy (and recomputed old log-probs with it). So every
-    dropout is set to 0: ``nn.Dropout`` modules, and attention's own probability where a module
-    keeps it as a number."""
+    dropout rftgym knows of is set to 0: ``nn.Dropout`` modules, and the probabilities of
+    :data:`DROPOUT_PROBABILITIES` on the modules and the config."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
         for name in DROPOUT_PROBABILITIES:
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
-    if isinstance(getattr(model.config, "attention_dropout", None), float):
-        model.config.attention_dropout = 0.0  # (what a later save records)
+    for name in DROPOUT_PROBABILITIES:
+        if isinstance(getattr(model.config, name, None), float):
+            setattr(model.config, name, 0.0)
 
 
 def check_lora_rank(model, rank: int) -> None:

@@ -247,6 +247,8 @@ def _locked_message(output_dir: Path, holder: str | None) -> str:
 
 
 def check_state(state, where: Path) -> None:
+    """Refuse a ``state.json`` (read from ``where``) that is no checkpoint state: it needs the
+    number of steps done and the run's settings."""
     step = state.get("step") if isinstance(state, dict) else None
     if not is_int(step) or step < 0 or not isinstance(state.get("config"), dict):
         raise ConfigError(f"{where} is not a checkpoint state (it needs 'step', the number of steps done: an int "

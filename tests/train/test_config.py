@@ -75,12 +75,22 @@ def test_cli_passes_parallelism_through(tmp_path, monkeypatch, capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_a_run_from_python_writes_where_the_cli_would():
+def test_a_run_from_python_writes_where_the_cli_would(tmp_path, monkeypatch, make_char_policy):
+    import dataclasses
     import os
 
-    from rftgym.train.config import default_output_dir
+    from support import SayAEnv
 
-    assert TrainConfig().output_dir == os.path.join("runs", "train", "VerifiableQA-v0-grpo")
-    assert TrainConfig(env_id="my_envs:mine/X-v0", algo="rft").output_dir == os.path.join("runs", "train", "X-v0-rft")
+    from rftgym.train.config import default_output_dir
+    from rftgym.train.loop import train
+
     assert default_output_dir("rftgym/MemoryQA-v0", "dcpo") == os.path.join("runs", "train", "MemoryQA-v0-dcpo")
-    assert TrainConfig(output_dir="here").output_dir == "here"
+    assert default_output_dir("my_envs:mine/X-v0", "rft") == os.path.join("runs", "train", "X-v0-rft")
+    # Decided as the run starts: a config made from another by dataclasses.replace writes elsewhere.
+    base = TrainConfig(steps=1, tasks_per_step=1, group_size=2, max_new_tokens=4)
+    assert base.output_dir is None and TrainConfig(output_dir="here").output_dir == "here"
+    monkeypatch.chdir(tmp_path)
+    for algo in ("grpo", "rloo"):
+        train(dataclasses.replace(base, algo=algo), policy=make_char_policy(), make_env=SayAEnv)
+    assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["VerifiableQA-v0-grpo",
+                                                                              "VerifiableQA-v0-rloo"]

@@ -311,6 +311,11 @@ def test_a_lora_runs_adapters_export_alone_and_load_onto_their_base_with_peft(tm
     adapted = PeftModel.from_pretrained(base, str(out)).eval()
     merged, _ = load_trained(run, device="cpu")
     torch.testing.assert_close(logits(adapted), logits(merged), atol=1e-5, rtol=1e-5)
+    # Adapters on another run's model would name a base no loader reads: refused, saying what to do.
+    train(train_config(tmp_path, "on-run", steps=1, model=str(run), lora_rank=4), make_env=SayAEnv)
+    with pytest.raises(ConfigError, match=r"is another run .*export that run first \(rftgym export .*run DIR\)"):
+        export(tmp_path / "on-run", tmp_path / "refused", adapter_only=True)
+    assert not (tmp_path / "refused").exists()
     # A run that trained the whole model has no adapters to export alone.
     full, _ = trained_run(tmp_path / "full")
     with pytest.raises(ConfigError, match=r"trained the whole model \(lora_rank 0\), so it has no adapters"):

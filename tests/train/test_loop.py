@@ -60,9 +60,19 @@ def test_the_rollouts_do_not_depend_on_the_rollout_batch_size(tmp_path, make_cha
     assert wide[0]["reward_mean"] != wide[1]["reward_mean"] or wide[0]["loss"] != wide[1]["loss"]
 
 
-def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make_char_policy):
+def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make_char_policy, monkeypatch):
+    import rftgym.train.loop as loop
     from rftgym.agents.hf_policy import SamplingConfig
     from rftgym.rollout import RolloutConfig, run_episodes
+    from rftgym.train.base_model import base_fingerprint
+
+    seen = []  # the weights each evaluation played
+
+    def recording(make_env, policy, *args, **kwargs):
+        seen.append(base_fingerprint(policy.model))
+        return evaluate_policy(make_env, policy, *args, **kwargs)
+
+    evaluate_policy = loop.evaluate_policy
 
     plain = train(config(tmp_path, "plain", steps=4), policy=make_char_policy(), make_env=SayAEnv)
     policy = make_char_policy()
@@ -70,8 +80,11 @@ def test_evaluation_during_training_leaves_the_training_as_it_was(tmp_path, make
     untrained = make_char_policy()
     untrained.sampling = SamplingConfig(max_new_tokens=8, temperature=0.0)
     baseline = run_episodes(SayAEnv, untrained, list(range(7, 12)), config=RolloutConfig(num_envs=32))
+    monkeypatch.setattr(loop, "evaluate_policy", recording)
     evaluated = train(config(tmp_path, "evaluated", steps=4, eval_every=3, eval_episodes=5, eval_seed=7,
                              eval_before_training=True), policy=policy, make_env=SayAEnv)
+    # before training (the untrained weights), after step 3 and after step 4
+    assert len(seen) == 3 and seen[0] == base_fingerprint(untrained.model) and len(set(seen)) == 3
     for a, b in zip(plain, evaluated):  # the same rollouts and updates, step by step
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-8)
@@ -294,8 +307,14 @@ def test_the_evaluation_plays_its_own_env_options_over_the_runs(tmp_path, monkey
                            eval_every=1, eval_episodes=3, eval_env_kwargs={"word": "held-out"}),
                     policy=make_char_policy())
     assert {kwargs["word"] for kwargs in made} == {"hi", "held-out"}
-    assert [kwargs["word"] for kwargs in made].count("held-out") == 3  # one env per evaluation episode
+    # one env checked as the run starts, then one per evaluation episode
+    assert [kwargs["word"] for kwargs in made].count("held-out") == 1 + 3
     assert "eval_said" in history[0]  # (the env's own column, from the evaluation's episodes)
+    # An option the evaluation's env refuses stops the run before its first step, not at its first evaluation.
+    with pytest.raises(TypeError, match="wrod"):
+        train(config(tmp_path, "bad", steps=1, env_id="echo_eval_module:mine/EchoEval-v0", eval_every=1,
+                     eval_env_kwargs={"wrod": "x"}), policy=make_char_policy())
+    assert not (tmp_path / "bad").exists()
     with pytest.raises(ConfigError, match=r"eval_env_kwargs \['word'\] are read only when train makes the env"):
         train(config(tmp_path, "caller", steps=1, eval_every=1, eval_env_kwargs={"word": "x"}),
               policy=make_char_policy(), make_env=SayAEnv)
@@ -309,7 +328,7 @@ def test_env_options_that_are_no_json_are_said_to_be_kept_as_text(tmp_path, monk
                                                                            'def __init__(self, word="hi", note=None):')
     (tmp_path / "echo_note_module.py").write_text(module)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.warns(UserWarning, match=r"env_kwargs \['note'\] are not JSON values .* the checkpoint keeps only "
+    with pytest.warns(UserWarning, match=r"env options \['note'\] are not JSON values .* the checkpoint keeps only "
                                          r"their text, so a resume must give them again"):
         train(config(tmp_path, steps=1, env_id="echo_note_module:mine/EchoNote-v0", env_kwargs={"note": {"a"}}),
               policy=make_char_policy())
