@@ -74,15 +74,21 @@ from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, r
 
 
 def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
-    """What :func:`train` cannot use, refused before any work: another type than it takes, a device
-    torch cannot run on here, env options beside an env the caller makes, an FSDP run without a
-    launch, and PCAR or DCPO on an env that declares it gives them nothing to work on."""
+    """What :func:`train` cannot use, refused before any work: another type than it takes, a model
+    setting that names another directory than the policy passed in came from, a device torch
+    cannot run on here, env options beside an env the caller makes, an FSDP run without a launch,
+    and PCAR or DCPO on an env that declares it gives them nothing to work on."""
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train takes a TrainConfig, got {type(config).__name__} (a dict of settings: "
                         "TrainConfig.from_dict(settings))")
     if policy is not None and not isinstance(policy, HFPolicy):
         raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
                         f"recorded), got {type(policy).__name__}; or None to load config.model")
+    if policy is not None and policy.source_dir and isinstance(config.model, str) and config.model != "default" \
+            and os.path.realpath(os.path.expanduser(config.model)) != os.path.realpath(policy.source_dir):
+        raise ConfigError(f"model={config.model!r} names another directory than the policy passed in was loaded from "
+                          f"({policy.source_dir}); the run trains the policy, and its checkpoint would name the wrong "
+                          "model: leave model None, or name that directory", field="model")
     problem = device_problem(config.device) if config.device is not None else None
     if problem is not None:  # (as the CLI checks --device)
         raise ConfigError(f"device={config.device!r}: {problem} (or None: cuda if available, else cpu)", field="device")

@@ -45,6 +45,11 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, ca
     made.tokenizer.save_pretrained(base)
     policy = HFPolicy.from_pretrained(str(base), device="cpu")
     assert policy.source_dir == str(base.resolve())
+    # A model setting naming another directory would be recorded as the run's base: refused.
+    with pytest.raises(ConfigError, match=r"model='.*elsewhere' names another directory than the policy passed in "
+                                          r"was loaded from \(.*base\)"):
+        train(train_config(tmp_path, "refused", steps=1, model=str(tmp_path / "elsewhere")), policy=policy,
+              make_env=SayAEnv)
     train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
     assert policy.source_dir is None  # trained in place: another run from it names no directory
     model, _ = load_trained(tmp_path / "run", device="cpu")
