@@ -81,8 +81,9 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
         state = saved_state(output_dir)
     except ConfigError:
         return settings
-    # A setting given on the command line replaces the saved one, so that it can mend a bad one.
-    overrides = {name: settings[name] for name in given if name in settings}
+    # A setting given on the command line replaces the saved one, so that it can mend a bad one;
+    # the evaluation's env options are merged over the saved ones instead (below), as the env's are.
+    overrides = {name: settings[name] for name in given if name in settings and name != "eval_env_kwargs"}
     try:
         saved = TrainConfig.from_saved({**state["config"], **overrides}).to_dict()
     except (ConfigError, TypeError, ValueError) as exc:
@@ -97,9 +98,7 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     # so) would be made with them first, and refused as given options it does not know.
     same_env = isinstance(saved.get("env_id"), str) and same_env_id(saved["env_id"], settings["env_id"])
     saved_options = (saved.get("env_kwargs") or {}) if same_env else {}
-    # (as saved: `saved` took the --eval-env-arg pairs given in its place, to check them)
-    saved_eval_options = state["config"].get("eval_env_kwargs") if same_env else None
-    saved_eval_options = saved_eval_options if isinstance(saved_eval_options, dict) else {}
+    saved_eval_options = (saved.get("eval_env_kwargs") or {}) if same_env else {}
     merged.update(env_id=settings["env_id"], output_dir=settings["output_dir"],
                   env_kwargs={**saved_options, **settings["env_kwargs"]},
                   eval_env_kwargs={**saved_eval_options, **settings["eval_env_kwargs"]})

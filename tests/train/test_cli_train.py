@@ -275,6 +275,9 @@ def test_the_evaluation_takes_env_options_of_its_own(tmp_path, capsys):
     assert resumed.eval_env_kwargs == {"difficulties": [5], "kinds": ["weekday"], "max_attempts": 2}
     assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out)]).eval_env_kwargs == \
         {"difficulties": [5], "kinds": ["weekday"]}
+    # a resume that turns evaluation off leaves the saved evaluation options unread, not refused
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--resume", "--output-dir", str(out), "--eval-every",
+                       "0"]).eval_env_kwargs == {}
     # a bad one is named by its flag before any model loads
     with pytest.raises(SystemExit) as refused:
         main(["train", "rftgym/VerifiableQA-v0", "--eval-every", "1", "--eval-env-arg", "difficultys=[5]",
