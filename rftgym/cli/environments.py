@@ -161,7 +161,7 @@ def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg") -> g
 
 def _json_reading_hint(kwargs: dict[str, Any], message: str, flag: str = "--env-arg") -> str | None:
     """How to write the value an env refused (``message`` names its option), when reading
-    ``--env-arg`` values as JSON is what went wrong: ``42`` meant as a string, ``1,2`` as a list."""
+    ``flag``'s values as JSON is what went wrong: ``42`` meant as a string, ``1,2`` as a list."""
     for key, value in kwargs.items():
         if not re.search(rf"\b{re.escape(key)}\b", message):
             continue
