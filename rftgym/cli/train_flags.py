@@ -30,8 +30,10 @@ def _train_flags() -> list[tuple[str, str, dict]]:
                                                       "(runs/train/<env>-<algo> when unset; with --resume and "
                                                       "no --algo, the env's one run there)")),
         ("--steps", "steps", opt(run, d.steps, "training steps")),
-        ("--save-every", "save_every", opt(run, d.save_every, "checkpoint every N steps (and after the last); "
-                                                              "each replaces the one before: a run keeps its latest")),
+        ("--save-every", "save_every", opt(run, d.save_every, "checkpoint every N steps (and after the last)")),
+        ("--keep-checkpoints", "keep_checkpoints", opt(run, d.keep_checkpoints, "checkpoints kept, the latest "
+                                                                                "included (0 = every one); earlier "
+                                                                                "ones stay as checkpoint-<step>/")),
         ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
         ("--eval-every", "eval_every", opt(run, d.eval_every, "every N steps (and after the last) play --eval-episodes "
                                                              "greedy episodes and log eval_reward_mean (0 = never)")),

@@ -4,7 +4,8 @@ A checkpoint holds the trainable weights (all of them, or only the LoRA adapters
 optimizer state, the step, and every random state the loop draws from (task seeds, sampling,
 segment sampling), written to a temporary directory, synced to disk and renamed into place so
 that a crash never leaves half a checkpoint, with each file's sha256 in ``state.json`` so that a
-file damaged later is refused instead of trained on.
+file damaged later is refused instead of trained on. The checkpoint a save replaces is removed, or
+kept as ``checkpoint-<step>/`` when the run keeps earlier ones (``keep_checkpoints``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError, TrainingError
+from ..core.values import is_int
 from ..envs.common import same_env_id
 from .base_model import kept_fingerprint_differs
 from .config import RESUME_FIXED, RESUME_FREE, TrainConfig
@@ -32,11 +34,13 @@ from .distributed import Distributed, full_tensor, inner_model, shard_like
 from .master_weights import MasterWeights
 from .run_dir import (
     CHECKPOINT_DIR,
+    KEPT_PREFIX,
     OLD_CHECKPOINT_DIR,
     STAGING_PREFIX,
     check_state,
     checkpoint_path,
     how_to_continue,
+    kept_checkpoints,
 )
 from .schedule import learning_rate_at
 from .stopping import held_stops
@@ -95,23 +99,26 @@ def _stops_deferred():
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None,
-                    base_model_from_files: bool = False, env_from_caller: bool = False) -> Path:
+                    base_model_from_files: bool = False, env_from_caller: bool = False, keep: int = 1) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
     and the absolute path it was loaded from (None for the default model, or a policy passed in that
     was not loaded from a directory), which --model may have given as a relative one; and whether
-    the caller made the env (``train(make_env=...)``: a resume must be given it again). Ctrl-C or
-    SIGTERM meanwhile stops the run once the checkpoint is whole."""
+    the caller made the env (``train(make_env=...)``: a resume must be given it again). ``keep``:
+    how many checkpoints the run keeps, this one included (0: every one); the one this replaces
+    is kept as ``checkpoint-<its step>/`` while there is room. Ctrl-C or SIGTERM meanwhile stops
+    the run once the checkpoint is whole."""
     with _stops_deferred():
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
                                 base_model=base_model, base_model_path=base_model_path,
-                                base_model_from_files=base_model_from_files, env_from_caller=env_from_caller)
+                                base_model_from_files=base_model_from_files, env_from_caller=env_from_caller,
+                                keep=keep)
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                      config: dict, base_model: str | None, base_model_path: str | None,
-                     base_model_from_files: bool, env_from_caller: bool) -> Path:
+                     base_model_from_files: bool, env_from_caller: bool, keep: int) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -139,21 +146,47 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
                                 f"there); the previous checkpoint, if any, is kept. Free space, "
                                 f"{how_to_continue(output_dir)}") from exc
         target = output_dir / CHECKPOINT_DIR
+        old = output_dir / OLD_CHECKPOINT_DIR
         if target.exists():
-            old = output_dir / OLD_CHECKPOINT_DIR
-            shutil.rmtree(old, ignore_errors=True)
+            _retire(old, keep, step)  # one a crash left there after a save's renames: an earlier one
             os.replace(target, old)
-            os.replace(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-            # a run resumed from the previous checkpoint a crash left under its temporary name
-            shutil.rmtree(output_dir / OLD_CHECKPOINT_DIR, ignore_errors=True)
+        # (else old, if there, is the last whole checkpoint: a crash came between these renames)
+        os.replace(staging, target)
+        _retire(old, keep, step)
+        _drop_surplus(output_dir, keep, step)
         _fsync_dir(output_dir)  # the renames themselves, so that a power loss keeps one whole checkpoint
         return target
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _retire(previous: Path, keep: int, saved_step: int) -> None:
+    """Keep the checkpoint a save (of step ``saved_step``) replaced, ``previous``, as
+    ``checkpoint-<its step>/`` when the run keeps earlier ones, else remove it."""
+    if not previous.exists():
+        return
+    try:
+        step = json.loads((previous / "state.json").read_text())["step"] if keep != 1 else None
+    except (OSError, ValueError, TypeError, KeyError):
+        step = None  # not a whole checkpoint (nothing to keep)
+    if not is_int(step) or not 0 <= step < saved_step:
+        shutil.rmtree(previous, ignore_errors=True)
+        return
+    kept = previous.parent / f"{KEPT_PREFIX}{step}"
+    shutil.rmtree(kept, ignore_errors=True)  # the same step, left by a resume from an earlier checkpoint
+    os.replace(previous, kept)
+
+
+def _drop_surplus(output_dir: Path, keep: int, step: int) -> None:
+    """Remove the oldest earlier checkpoints past the ``keep - 1`` the run keeps beside its last one
+    (of step ``step``; 0: keep every one). Only those before it count: a later step's folder is
+    another run's, resumed from here by a copy, and is not this run's to remove."""
+    if keep == 0:
+        return
+    earlier = [folder for number, folder in kept_checkpoints(output_dir).items() if number < step]
+    for folder in earlier[:max(len(earlier) - (keep - 1), 0)]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class _HashingWriter:

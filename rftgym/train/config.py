@@ -30,8 +30,8 @@ BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": 
 # What a resume may not change (another env, algorithm or adapter shape would be another run), and
 # what it may change without a note; any other change is noted as the run resumes.
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
-RESUME_FREE = ("steps", "save_every", "log_every", "output_dir", "eval_every", "eval_episodes", "eval_seed",
-               "eval_before_training", "dist_timeout_s")
+RESUME_FREE = ("steps", "save_every", "keep_checkpoints", "log_every", "output_dir", "eval_every", "eval_episodes",
+               "eval_seed", "eval_before_training", "dist_timeout_s")
 
 
 def _default(name: str) -> Any:
@@ -161,6 +161,10 @@ class TrainConfig:
     dtype: str | None = None
     seed: int = 0
     save_every: int = 10
+    # Checkpoints the run keeps, its latest included (0 = every one): each save then leaves the
+    # one before as checkpoint-<step>/, which rftgym eval --model and rftgym export read as the run
+    # at that step (TRL's save_total_limit, verl's max_ckpt_to_keep).
+    keep_checkpoints: int = 1
     # Evaluation during training: every eval_every steps (0 = never) and after the last, the
     # policy plays eval_episodes episodes greedily, with seeds eval_seed, eval_seed + 1, ... (the
     # episodes of `rftgym eval --seed eval_seed --episodes eval_episodes`), so that the curve
@@ -271,6 +275,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}", field=name)
         for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
                                  ("microbatch_tokens", "off"), ("dcpo_segment_budget", "all segments"),
+                                 ("keep_checkpoints", "every one"),
                                  ("max_prompt_tokens", "room for a reply in the model's context"),
                                  ("lora_rank", "full fine-tuning")):
             if getattr(self, name) < 0:

@@ -23,13 +23,21 @@ import torch
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, kept_fingerprint_differs, load_dtype
 from .checkpoint import apply_trainable, verify_checkpoint_file
-from .run_dir import CHECKPOINT_DIR, STAGING_PREFIX, checkpoint_path, is_run_dir, saved_state
+from .run_dir import (
+    CHECKPOINT_DIR,
+    STAGING_PREFIX,
+    checkpoint_path,
+    is_kept_checkpoint,
+    is_run_dir,
+    kept_step,
+    saved_state,
+)
 from .config import TrainConfig
 
 
 def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: str | Path | None = None):
-    """The model and tokenizer of the run in ``run_dir``, as of its last checkpoint, with LoRA
-    adapters merged: a plain transformers model in eval mode, every weight trainable. The base
+    """The model and tokenizer of the run in ``run_dir``, as of its last checkpoint (or of an
+    earlier one it keeps: ``run_dir/checkpoint-40``), with LoRA adapters merged: a plain transformers model in eval mode, every weight trainable. The base
     model is the one the run loaded (by the absolute path it kept, else its ``--model``), or
     ``base_model`` where it has moved since."""
     model, tokenizer, _, _ = _rebuild(Path(run_dir).expanduser(), base_model)
@@ -201,9 +209,11 @@ def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
     if not existing.is_dir():
         raise ConfigError(f"{out_dir} cannot be made: {existing} is a file")
     run = run_dir.expanduser().resolve()
+    if is_kept_checkpoint(run):  # (RUN/checkpoint-40: the run's own directory is its parent)
+        run = run.parent
     if out.is_relative_to(run) and out != run:
         first = out.relative_to(run).parts[0]
-        if first == CHECKPOINT_DIR or first.startswith(STAGING_PREFIX):
+        if first == CHECKPOINT_DIR or first.startswith(STAGING_PREFIX) or kept_step(Path(first)) is not None:
             raise ConfigError(f"{out_dir} is inside the run's checkpoint area, which its next save replaces; "
                               f"choose another directory (e.g. {run / 'model'})")
     if out == run or out == out.parent:

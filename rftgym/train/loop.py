@@ -355,7 +355,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
             save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
                             base_model_path=base_model_path, base_model_from_files=base_model_from_files,
-                            env_from_caller=env_from_caller, rng_states=rng_states)
+                            env_from_caller=env_from_caller, rng_states=rng_states, keep=config.keep_checkpoints)
 
         # The others wait for the writing rank, and stop with it if it cannot write.
         ranks.together(lambda: ranks.is_main and write())

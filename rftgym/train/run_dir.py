@@ -2,8 +2,13 @@
 run may start there, and the lock and the footprint a run keeps while it writes there.
 
 Layout: ``checkpoint/`` (the last complete checkpoint; ``.checkpoint-old/`` for a moment while a
-new one takes its place, ``.checkpoint-*`` while one is written), ``metrics.jsonl``,
-``learning_curve.png``, ``tensorboard/`` and ``.lock``.
+new one takes its place, ``.checkpoint-*`` while one is written), ``checkpoint-<step>/`` (earlier
+checkpoints the run keeps, ``keep_checkpoints``), ``metrics.jsonl``, ``learning_curve.png``,
+``tensorboard/`` and ``.lock``.
+
+A kept checkpoint's folder reads as the run at that step wherever a run's directory is read (its
+model: ``rftgym eval --model RUN/checkpoint-40``, ``rftgym export RUN/checkpoint-40 OUT``); a run
+resumes from its last checkpoint only.
 """
 
 from __future__ import annotations
@@ -21,12 +26,36 @@ CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
 STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
 OLD_CHECKPOINT_DIR = ".checkpoint-old"  # the previous checkpoint, while the new one takes its place
+KEPT_PREFIX = "checkpoint-"  # checkpoint-<step>: an earlier checkpoint the run keeps
 LOCK_FILE = ".lock"
 LEARNING_CURVE = "learning_curve.png"
 TENSORBOARD_DIR = "tensorboard"  # (metrics_log.MetricsLog writes there)
 
 
+def kept_step(folder: Path) -> int | None:
+    """The step of an earlier checkpoint's folder by its name (``checkpoint-40``: 40), else None."""
+    number = folder.name[len(KEPT_PREFIX):] if folder.name.startswith(KEPT_PREFIX) else ""
+    return int(number) if number.isascii() and number.isdigit() else None
+
+
+def is_kept_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` is one of the earlier checkpoints a run keeps beside its last one."""
+    return kept_step(folder) is not None and (folder / "state.json").is_file()
+
+
+def kept_checkpoints(output_dir: Path) -> dict[int, Path]:
+    """The earlier checkpoints' folders in ``output_dir`` by step, oldest first (complete or not)."""
+    try:
+        found = {step: entry for entry in output_dir.iterdir()
+                 if (step := kept_step(entry)) is not None and entry.is_dir() and not entry.is_symlink()}
+    except OSError:
+        return {}
+    return dict(sorted(found.items()))
+
+
 def checkpoint_path(output_dir: Path) -> Path | None:
+    if is_kept_checkpoint(output_dir):  # RUN/checkpoint-40 read as the run at step 40
+        return output_dir
     # A crash between the two renames of a save leaves only the previous checkpoint, under its
     # temporary name: it is still a complete checkpoint.
     for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR):
@@ -64,7 +93,8 @@ def is_run_dir(path: str | Path) -> bool:
 def has_checkpoint_files(output_dir: Path) -> bool:
     """Whether ``output_dir`` holds any checkpoint folder, complete or not (a new run there would
     overwrite it)."""
-    return any((output_dir / name).exists() for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR))
+    return (any((output_dir / name).exists() for name in (CHECKPOINT_DIR, OLD_CHECKPOINT_DIR))
+            or bool(kept_checkpoints(output_dir)))
 
 
 def check_output_dir(output_dir: Path, resume: bool) -> None:
@@ -78,6 +108,11 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
 
 
 def _check_output_dir(output_dir: Path, resume: bool) -> None:
+    if is_kept_checkpoint(output_dir):
+        raise ConfigError(f"{output_dir} is an earlier checkpoint the run in {output_dir.parent} keeps, not a run's "
+                          f"output directory; a run resumes from its last checkpoint (--output-dir "
+                          f"{output_dir.parent} --resume). To go on from step {kept_step(output_dir)} instead, copy "
+                          f"the folder to NEW/checkpoint and resume there (--output-dir NEW --resume)")
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
     if (output_dir / "config.json").is_file():
@@ -96,6 +131,10 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
             raise ConfigError(f"{path} is a {'file' if is_folder else 'directory'}, where the run writes its {what}; "
                               "move it away or choose another output directory")
     if has_checkpoint_files(output_dir) and not resume:
+        kept = ", ".join(folder.name for folder in kept_checkpoints(output_dir).values())
+        if kept and not (output_dir / CHECKPOINT_DIR).exists() and not has_checkpoint(output_dir):
+            raise ConfigError(f"{output_dir} holds earlier checkpoints of a run ({kept}) that a new run would mix with "
+                              "its own; choose another output directory, or move them away first")
         if not has_checkpoint(output_dir):
             raise ConfigError(f"{output_dir} holds an incomplete checkpoint (no {CHECKPOINT_DIR}/state.json: a run "
                               "stopped while writing it, or a copy cut short), which cannot be resumed and which a "

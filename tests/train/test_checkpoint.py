@@ -310,3 +310,51 @@ def test_a_resume_steps_with_its_own_weight_decay_and_the_saved_moments(tmp_path
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1]  # the resume's, not the saved 0.0
     for index, moment in enumerate(moments):
         assert torch.equal(optimizer.state_dict()["state"][index]["exp_avg"], moment)
+
+
+def _save(folder: Path, step: int, keep: int) -> None:
+    state = {"weights": {"w": torch.full((2,), float(step))}, "optimizer": {"state": {}, "param_groups": []}}
+    checkpoint.save_checkpoint(folder, state=state, step=step, rng_states={"ranks": [{}]}, config={}, keep=keep)
+
+
+def _folders(folder: Path) -> dict[str, int]:
+    return {path.name: json.loads((path / "state.json").read_text())["step"]
+            for path in sorted(folder.iterdir()) if path.name.startswith(("checkpoint", ".checkpoint"))}
+
+
+@pytest.mark.parametrize("keep, kept", [(1, {}), (2, {"checkpoint-6": 6}), (3, {"checkpoint-4": 4, "checkpoint-6": 6}),
+                                        (0, {"checkpoint-2": 2, "checkpoint-4": 4, "checkpoint-6": 6})])
+def test_a_save_keeps_the_earlier_checkpoints_the_run_keeps(tmp_path, keep, kept):
+    for step in (2, 4, 6, 8):
+        _save(tmp_path, step, keep)
+    assert _folders(tmp_path) == {"checkpoint": 8, **kept}
+
+
+def test_a_checkpoint_a_crash_left_after_a_saves_renames_is_kept_and_a_later_runs_is_not_removed(tmp_path):
+    _save(tmp_path, 2, keep=2)
+    _save(tmp_path, 4, keep=2)
+    # A crash after the renames of step 4's save, before step 2's checkpoint took its kept name;
+    # and a later step's checkpoint, of a run resumed from here by a copy of an earlier one.
+    (tmp_path / "checkpoint-2").rename(tmp_path / ".checkpoint-old")
+    _save(tmp_path / "elsewhere", 9, keep=1)
+    (tmp_path / "elsewhere" / "checkpoint").rename(tmp_path / "checkpoint-9")
+    _save(tmp_path, 6, keep=2)
+    assert _folders(tmp_path) == {"checkpoint": 6, "checkpoint-4": 4, "checkpoint-9": 9}
+    _save(tmp_path, 8, keep=0)
+    (tmp_path / "checkpoint-6").rename(tmp_path / ".checkpoint-old")  # as above, after step 8's renames
+    _save(tmp_path, 10, keep=0)
+    assert _folders(tmp_path) == {"checkpoint": 10, "checkpoint-4": 4, "checkpoint-6": 6, "checkpoint-8": 8,
+                                  "checkpoint-9": 9}
+
+
+def test_a_new_run_is_refused_where_earlier_checkpoints_of_a_run_lie(tmp_path):
+    from rftgym.train.run_dir import check_output_dir
+
+    _save(tmp_path, 2, keep=0)
+    _save(tmp_path, 4, keep=0)
+    (tmp_path / "checkpoint").rename(tmp_path / "moved")
+    with pytest.raises(ConfigError, match=r"holds earlier checkpoints of a run \(checkpoint-2\) that a new run would "
+                                          "mix with its own"):
+        check_output_dir(tmp_path, resume=False)
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        check_output_dir(tmp_path, resume=True)

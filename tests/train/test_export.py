@@ -326,3 +326,26 @@ def test_a_lora_runs_adapters_export_alone_and_load_onto_their_base_with_peft(tm
     with pytest.raises(ConfigError, match=r"trained the whole model \(lora_rank 0\), so it has no adapters"):
         export(full, tmp_path / "none", adapter_only=True)
     assert not (tmp_path / "none").exists()
+
+
+def test_an_earlier_checkpoint_a_run_keeps_is_its_model_at_that_step(tmp_path):
+    base = tmp_path / "base"
+    policy = make_char_policy()
+    policy.model.save_pretrained(base)
+    policy.tokenizer.save_pretrained(base)
+    after = {}
+    train(train_config(tmp_path, "run", steps=3, save_every=1, keep_checkpoints=0, model=str(base)), policy=policy,
+          make_env=SayAEnv, on_step=lambda row: after.__setitem__(row["step"], logits(policy.model)))
+    run = tmp_path / "run"
+    assert not torch.allclose(after[1], after[3])
+    first, _ = load_trained(run / "checkpoint-1", device="cpu")
+    torch.testing.assert_close(logits(first), after[1], atol=1e-5, rtol=1e-5)
+    assert main(["export", str(run / "checkpoint-2"), str(tmp_path / "model-2")]) == 0
+    assert json.loads((tmp_path / "model-2" / "rftgym_run.json").read_text())["step"] == 2
+    import transformers
+
+    second = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model-2")
+    torch.testing.assert_close(logits(second), after[2], atol=1e-5, rtol=1e-5)
+    # An earlier checkpoint is removed once the run keeps fewer: no export goes there.
+    with pytest.raises(ConfigError, match="inside the run's checkpoint area"):
+        export(run / "checkpoint-2", run / "checkpoint-1" / "model")

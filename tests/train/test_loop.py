@@ -647,3 +647,27 @@ def test_on_step_sees_each_steps_metrics_as_it_ends(tmp_path, make_char_policy):
     history = train(train_config(tmp_path, "run", steps=2, tasks_per_step=1, group_size=2, minibatch_size=2),
                     policy=make_char_policy(), make_env=SayAEnv, on_step=on_step)
     assert [m["step"] for m in seen] == [1, 2] and seen == history
+
+
+def test_a_run_keeps_its_earlier_checkpoints_and_goes_on_from_a_copy_of_one(tmp_path, make_char_policy):
+    straight = train(config(tmp_path, "straight", steps=5, save_every=1, keep_checkpoints=3), policy=make_char_policy(),
+                     make_env=SayAEnv)
+    out = tmp_path / "straight"
+    # The last checkpoint and the two before it; older ones removed as each save made room.
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == [
+        "checkpoint", "checkpoint-3", "checkpoint-4"]
+    assert [json.loads((out / name / "state.json").read_text())["step"]
+            for name in ("checkpoint", "checkpoint-3", "checkpoint-4")] == [5, 3, 4]
+    # An earlier checkpoint is not an output directory to train in ...
+    with pytest.raises(ConfigError, match=r"is an earlier checkpoint the run in .*straight keeps, not a run's output "
+                                          r"directory.*To go on from step 3 instead, copy the folder to NEW/checkpoint"):
+        train(config(out, "checkpoint-3", steps=5), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    # ... and a copy of it goes on exactly as the run did from that step.
+    import shutil
+
+    shutil.copytree(out / "checkpoint-3", tmp_path / "again" / "checkpoint")
+    again = train(config(tmp_path, "again", steps=5), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    assert [h["step"] for h in again] == [4, 5]
+    for a, b in zip(straight[3:], again, strict=True):
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
