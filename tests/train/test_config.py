@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rftgym.cli import main
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 
@@ -94,3 +95,12 @@ def test_a_run_from_python_writes_where_the_cli_would(tmp_path, monkeypatch, mak
         train(dataclasses.replace(base, algo=algo), policy=make_char_policy(), make_env=SayAEnv)
     assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["VerifiableQA-v0-grpo",
                                                                               "VerifiableQA-v0-rloo"]
+
+
+def test_the_number_of_checkpoints_kept_is_checked_and_named_by_its_flag(capsys):
+    with pytest.raises(ConfigError, match=r"keep_checkpoints must be an int >= 0 \(0 = every one\), got -1"):
+        TrainConfig(keep_checkpoints=-1)
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "rftgym/VerifiableQA-v0", "--keep-checkpoints", "-2"])
+    assert exited.value.code == 2
+    assert "--keep-checkpoints: keep_checkpoints must be an int >= 0" in capsys.readouterr().err
