@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.records import CONTEXT_FULL, Episode
+from ..core.records import CONTEXT_FULL, Episode, Turn
 
 
 # The keys of summarize() that are means (NaN over nothing): over episodes, but format_error_rate,
@@ -124,6 +124,17 @@ def env_metrics(episodes: Sequence[Episode], spec: Iterable[tuple[str, str, str]
             raise ValueError(f"unknown eval reducer {reducer!r}; choose from {sorted(EVAL_REDUCERS)}")
         out[column] = EVAL_REDUCERS[reducer](episodes, key) if episodes else None
     return out
+
+
+def reducers_view(episode: Episode, spec: Iterable[tuple[str, str, str]]) -> Episode:
+    """``episode`` cut down to what ``env_metrics`` reads of it for ``spec``: each turn's reward,
+    ending and finish reason, and of its info the keys ``spec`` names (no messages, text or
+    tokens), so that an evaluation's episodes can be sent between processes for the columns."""
+    keys = {key for _, key, _ in spec} | {"success"}
+    turns = [Turn(index=t.index, context_ids=(), action="", reward=t.reward, terminated=t.terminated,
+                  truncated=t.truncated, info={k: t.info[k] for k in keys if k in t.info},
+                  finish_reason=t.finish_reason) for t in episode.turns]
+    return Episode(env_id=episode.env_id, seed=episode.seed, messages={}, turns=turns, final_context_ids=())
 
 
 def format_table(rows: Iterable[Sequence], headers: Sequence[str]) -> str:

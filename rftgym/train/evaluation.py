@@ -12,9 +12,32 @@ import torch
 
 from ..agents.hf_policy import HFPolicy
 from ..rollout import RolloutConfig, run_episodes
-from ..rollout.metrics import env_metrics
+from ..core.errors import warn_caller
+from ..rollout.metrics import env_metrics, metric_spec_problem, reducers_view
 from .config import TrainConfig
 from .distributed import Distributed, full_parameters
+
+
+def declared_columns(metadata: dict, whose: str) -> tuple[tuple[str, str, str], ...]:
+    """The evaluation columns an env's ``metadata`` declares (``eval_metrics``); a malformed
+    declaration is warned about (naming ``whose`` env) and gives none, as training goes on."""
+    spec = metadata.get("eval_metrics", ())
+    problem = metric_spec_problem(spec)
+    if problem is not None:
+        warn_caller(f"{whose}: metadata['eval_metrics'] is malformed ({problem}), so the evaluation reports none of "
+                    "its columns; `rftgym eval` says the same")
+        return ()
+    return tuple(tuple(entry) for entry in spec)
+
+
+def columns_of_made_env(make_env: Callable[[], gym.Env]) -> tuple[tuple[str, str, str], ...]:
+    """:func:`declared_columns` of the env ``make_env`` makes (one is made and closed for it: the
+    caller's function may make any class)."""
+    env = make_env()
+    try:
+        return declared_columns(env.unwrapped.metadata, f"the env make_env made ({type(env.unwrapped).__name__})")
+    finally:
+        env.close()
 
 
 def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, config: TrainConfig,
@@ -51,6 +74,7 @@ def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, co
                                                 sum(e.num_sampled_tokens for e in episodes)])
     metrics = {"eval_reward_mean": reward / n, "eval_success_rate": wins / n, "eval_sampled_tokens_mean": tokens / n}
     if env_columns:  # (its reducers need every episode: a mean over those that report a key, a max)
-        everyone = [e for part in ranks.gather_objects(episodes) for e in part]
+        views = [reducers_view(e, env_columns) for e in episodes]  # (not their texts and tokens)
+        everyone = [e for part in ranks.gather_objects(views) for e in part]
         metrics.update({f"eval_{column}": value for column, value in env_metrics(everyone, env_columns).items()})
     return {**metrics, "eval_seconds": time.perf_counter() - started}

@@ -27,7 +27,7 @@ from ..core.devices import device_problem
 from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
-from ..rollout.metrics import metric_spec_problem, played_turns
+from ..rollout.metrics import played_turns
 from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
@@ -48,7 +48,7 @@ from .distributed import (
     full_parameters,
     shard_model,
 )
-from .evaluation import evaluate_policy
+from .evaluation import columns_of_made_env, declared_columns, evaluate_policy
 from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finished_episodes
 from .master_weights import needs_master_weights
 from .metrics_log import MetricsLog, plot_learning_curve
@@ -253,14 +253,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     f"(as --model / --base-model). Save them first (rftgym export {policy.trained_in} DIR) and train "
                     "HFPolicy.from_pretrained(DIR)")
     env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
-    eval_columns = ()  # the env's own evaluation columns (an env made by the caller declares none here)
+    eval_columns = None  # the env's own evaluation columns (the caller's env's: read at the first evaluation)
     make_eval_env = make_env  # (the caller's; else made below)
     if make_env is None:
         # An env's token budget counts with the policy's tokenizer, as in `rftgym eval`; options an env asks
         # of training (CodeTCG: a sandbox that isolates) are set unless given.
         metadata = env_metadata(config.env_id)
-        if metric_spec_problem(metadata.get("eval_metrics", ())) is None:  # (`rftgym eval` says what is wrong)
-            eval_columns = metadata.get("eval_metrics", ())
+        eval_columns = declared_columns(metadata, config.env_id) if config.eval_every else ()
 
         def env_maker(options: dict) -> Callable[[], gym.Env]:
             kwargs = with_training_defaults(metadata, with_policy_options(metadata, options, policy))
@@ -381,6 +380,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
 
     def evaluate(number: int) -> dict:
         """The evaluation after step ``number`` (0: before the first), every rank's share of it."""
+        nonlocal eval_columns
+        if eval_columns is None:
+            eval_columns = ranks.together(lambda: columns_of_made_env(make_eval_env))
         share = len(ranks.shard(list(range(config.eval_episodes))))  # (as evaluate_policy deals the seeds out)
         with keeping_finished_episodes(out, number, share, ranks, phase="evaluation"):
             return evaluate_policy(make_eval_env, policy, model, config, ranks, autocast, eval_columns)

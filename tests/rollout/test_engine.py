@@ -121,6 +121,16 @@ def test_env_columns_score_an_episode_that_ran_out_of_context_as_unfinished():
     columns = env_metrics(good + full, spec)
     assert columns["em"] == 0.5  # the unanswered episode scores 0, not left out
     assert columns["searches/ep"] == 0.5  # its env's last report (1 search) counts; the answer had none
+    # What an evaluation during training sends between processes gives the same columns.
+    import pickle
+
+    from rftgym.rollout.metrics import reducers_view
+
+    views = [reducers_view(e, spec) for e in good + full]
+    assert env_metrics(views, spec) == columns
+    assert [(v.success, v.context_full, v.total_reward) for v in views] == [
+        (e.success, e.context_full, e.total_reward) for e in good + full]
+    assert len(pickle.dumps(views)) < len(pickle.dumps(good + full)) / 3
     summary = summarize(good + full)
     assert summary["context_full"] == 1 and summary["success"] == 0.5
     # The empty turn recording the end is no reply: one turn each, and the search had no format error.

@@ -33,7 +33,10 @@ SCRIPT = textwrap.dedent('''
         return act_tokens(contexts, spans, **keyed)
 
     policy.act_tokens = recording
-    history = train(config, policy=policy, make_env=SayAEnv)
+    class Declaring(SayAEnv):  # an env column, gathered over the ranks' evaluation episodes
+        metadata = {"render_modes": [], "eval_metrics": (("won", "success", "final_rate"),)}
+
+    history = train(config, policy=policy, make_env=Declaring)
     rank = Distributed.from_env().rank
     weights = torch.cat([p.detach().reshape(-1) for p in policy.model.parameters()])
     json.dump({"history": history, "checksum": float(weights.double().sum()), "keys": keys,
@@ -71,7 +74,9 @@ def test_two_processes_stay_in_lockstep(tmp_path):
     assert [h["reward_mean"] for h in rank0["history"]] == [h["reward_mean"] for h in rank1["history"]]
     # So are the evaluation's, over 3 episodes shared out unevenly (seeds 0 and 2 on rank 0, 1 on rank 1).
     assert "eval_reward_mean" in rank0["history"][-1]
-    assert all(rank0["history"][-1][k] == rank1["history"][-1][k] for k in ("eval_reward_mean", "eval_success_rate"))
+    assert all(rank0["history"][-1][k] == rank1["history"][-1][k]
+               for k in ("eval_reward_mean", "eval_success_rate", "eval_won"))  # (the env's own column too)
+    assert rank0["history"][-1]["eval_won"] == rank0["history"][-1]["eval_success_rate"]  # over all 3 episodes
     # Only rank 0 writes the metrics and the checkpoint.
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]

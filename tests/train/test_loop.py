@@ -671,3 +671,21 @@ def test_a_run_keeps_its_earlier_checkpoints_and_goes_on_from_a_copy_of_one(tmp_
     for a, b in zip(straight[3:], again, strict=True):
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_the_callers_env_reports_its_own_evaluation_columns(tmp_path, make_char_policy):
+    class Declaring(SayAEnv):
+        metadata = {"render_modes": [], "eval_metrics": (("won", "success", "final_rate"),)}
+
+    rows = train(config(tmp_path, "declared", steps=2, eval_every=2, eval_episodes=4), policy=make_char_policy(),
+                 make_env=Declaring)
+    assert rows[-1]["eval_won"] == rows[-1]["eval_success_rate"]
+
+    class Malformed(SayAEnv):
+        metadata = {"render_modes": [], "eval_metrics": ("won",)}
+
+    with pytest.warns(UserWarning, match=r"the env make_env made \(Malformed\): metadata\['eval_metrics'\] is "
+                                         "malformed .*so the evaluation reports none of its columns"):
+        rows = train(config(tmp_path, "malformed", steps=1, eval_every=1, eval_episodes=2), policy=make_char_policy(),
+                     make_env=Malformed)
+    assert "eval_reward_mean" in rows[-1] and not any(key.startswith("eval_won") for key in rows[-1])
