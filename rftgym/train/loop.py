@@ -121,9 +121,10 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     ``"step"`` the step's number as the user sees it (1 for the first step; a resumed run's first
     row is the checkpoint's step + 1). ``on_step``: called on the writing rank with each step's
     metrics (the returned list's entry) as soon as the step is done (and saved, on a save_every
-    step), e.g. to show progress; to stop early, raise from it: a run in one process then saves
-    that step first, so that ``resume=True`` continues from it (under a launch of several
-    processes, the other ranks would wait for it until dist_timeout_s: stop those with a signal).
+    step), e.g. to show progress; to stop early, raise an Exception from it: the run then saves
+    that step first, so that ``resume=True`` continues from it, and raises it (under a launch of
+    several processes, every rank saves and stops together, the others raising a
+    :class:`.distributed.PeerRankError` that names it).
 
     ``policy``: an :class:`HFPolicy` to train instead of loading ``config.model`` (it is trained in
     place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
@@ -526,12 +527,15 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 # 5. Checkpoint (weights, optimizer, every random state) for an exact resume.
                 if number % config.save_every == 0 or number == config.steps:
                     save(number, at_step_end())
-                if on_step is not None and ranks.is_main:
-                    try:
-                        on_step(history[-1])
-                    except BaseException:
-                        # The caller stops the run (early stopping raises here): one process keeps the
+                if on_step is not None:
+                    try:  # (on the writing rank; every rank raises when it does)
+                        ranks.together(lambda: ranks.is_main and on_step(history[-1]))
+                    except Exception:
+                        # The caller stops the run (early stopping raises here): every rank keeps the
                         # steps it finished, this one too, so that the run can be resumed.
+                        keep_finished_steps(number, at_step_end)
+                        raise
+                    except BaseException:  # (not sent to the other ranks: Ctrl-C reaches them itself)
                         if ranks.world_size == 1:
                             keep_finished_steps(number, at_step_end)
                         raise

@@ -666,3 +666,46 @@ def test_dist_timeout_stops_the_ranks_a_hung_rank_holds(tmp_path):
     assert outcome is not None and outcome[2] is False, outcome
     assert outcome[0] == "PeerRankError" and "rank 0 waited for the other ranks past the process group's " \
         "timeout" in outcome[1] and "Raise --dist-timeout" in outcome[1], outcome
+
+
+# Early stopping from on_step under a launch: the callback runs on rank 0; every rank saves the
+# step and stops, rank 0 with the callback's own exception.
+ON_STEP_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from support import SayAEnv, make_char_policy
+    from rftgym.train import TrainConfig
+    from rftgym.train.distributed import Distributed
+    from rftgym.train.loop import train
+
+    out, result_dir = sys.argv[1], sys.argv[2]
+    rank = Distributed.from_env().rank
+
+    class GoodEnough(Exception):
+        pass
+
+    seen = []
+
+    def stop_at_2(row):
+        seen.append(row["step"])
+        if row["step"] == 2:
+            raise GoodEnough("step 2 is good enough")
+
+    config = TrainConfig(steps=5, tasks_per_step=2, group_size=4, max_new_tokens=8, minibatch_size=4,
+                         output_dir=out, seed=0, save_every=100)
+    try:
+        train(config, policy=make_char_policy(seed=0), make_env=SayAEnv, on_step=stop_at_2)
+        outcome = ["finished", ""]
+    except Exception as exc:
+        outcome = [type(exc).__name__, str(exc)]
+    json.dump({"outcome": outcome, "seen": seen}, open(f"{result_dir}/rank{rank}.json", "w"))
+''')
+
+
+def test_an_on_step_that_raises_under_a_launch_stops_every_rank_with_the_step_saved(tmp_path):
+    torchrun(ON_STEP_SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path))
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0 == {"outcome": ["GoodEnough", "step 2 is good enough"], "seen": [1, 2]}
+    assert rank1["seen"] == [] and rank1["outcome"][0] == "PeerRankError"
+    assert rank1["outcome"][1].startswith("rank 0 stopped the run with GoodEnough: step 2 is good enough")
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 2
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
