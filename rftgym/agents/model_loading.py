@@ -207,6 +207,20 @@ def check_trained_run(run_dir: Path, doing: str = "read", otherwise: str = "give
                              f"readable, or {otherwise}") from None
 
 
+def _cast_as_loaded(model, dtype):
+    """``model`` with its weights in ``dtype``, as ``from_pretrained(dtype=...)`` loads them: the
+    buffers a model computes rather than saves (the rotary embedding's ``inv_freq``) keep their
+    float32, which ``Module.to(dtype)`` would round (a bfloat16 ``inv_freq`` moves every position's
+    angle: other log-probs than the same model loaded from a directory)."""
+    computed = [(module, name, buffer) for module in model.modules()
+                for name, buffer in module._buffers.items()
+                if buffer is not None and name in module._non_persistent_buffers_set]
+    model.to(dtype)
+    for module, name, buffer in computed:
+        module._buffers[name] = buffer
+    return model
+
+
 def load_model_and_tokenizer(model: str | None = None, *, device: str | None = None, dtype: str | None = None):
     """Load a causal LM and its tokenizer from local files."""
     torch = require("torch", "hf", "The Hugging Face policy")
@@ -222,8 +236,7 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
 
     if is_run_dir(path):  # a training run's output directory (resolve_model_dir)
         lm, tokenizer = load_trained(path, device="cpu")
-        lm.to(device, torch_dtype)
-        return lm, tokenizer
+        return _cast_as_loaded(lm, torch_dtype).to(device), tokenizer
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)

@@ -349,3 +349,19 @@ def test_an_earlier_checkpoint_a_run_keeps_is_its_model_at_that_step(tmp_path):
     # An earlier checkpoint is removed once the run keeps fewer: no export goes there.
     with pytest.raises(ConfigError, match="inside the run's checkpoint area"):
         export(run / "checkpoint-2", run / "checkpoint-1" / "model")
+
+
+def test_a_run_loaded_in_bfloat16_is_the_exported_model_loaded_so(tmp_path):
+    """A run's directory as --model in bfloat16 (CUDA's default) is cast as from_pretrained loads a
+    model: computed buffers (the rotary inv_freq) stay float32, so both give the same log-probs."""
+    from rftgym.agents.model_loading import load_model_and_tokenizer
+
+    run, _ = trained_run(tmp_path)
+    export(run, tmp_path / "model")
+    from_run, _ = load_model_and_tokenizer(str(run), device="cpu", dtype="bfloat16")
+    exported, _ = load_model_and_tokenizer(str(tmp_path / "model"), device="cpu", dtype="bfloat16")
+    buffers = {name: buffer.dtype for name, buffer in exported.named_buffers()}
+    assert any(dtype == torch.float32 for dtype in buffers.values())  # (the model has such a buffer)
+    assert {name: buffer.dtype for name, buffer in from_run.named_buffers()} == buffers
+    assert {p.dtype for p in from_run.parameters()} == {torch.bfloat16}
+    torch.testing.assert_close(logits(from_run), logits(exported), atol=0, rtol=0)
