@@ -18,7 +18,7 @@ import gzip
 import json
 import math
 from array import array
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Iterable, Iterator
 
 from .errors import DataFormatError
@@ -153,7 +153,8 @@ class Episode:
             "env_id": self.env_id,
             "seed": self.seed,
             "messages": [m.to_dict() for m in self.messages.values()],
-            "turns": [asdict(t) for t in self.turns],
+            # (shallow: an info value no copy can take, such as a lock, is written as its repr)
+            "turns": [{f.name: getattr(t, f.name) for f in fields(t)} for t in self.turns],
             "final_context_ids": list(self.final_context_ids),
             "reset_info": self.reset_info,
             "summary": {

@@ -259,6 +259,19 @@ def test_unordered_and_unknown_info_values_are_written(tmp_path):
     assert loaded.turns[0].info == {"mixed": ["a", 1], "obj": repr(object)}  # ordered by repr
 
 
+def test_info_values_no_copy_can_take_are_written_as_their_text(tmp_path):
+    """The engine keeps such values as they are (a lock, a generator: its snapshot cannot copy
+    them); writing the episode must not try to copy them either."""
+    import threading
+
+    lock = threading.Lock()
+    path = tmp_path / "eps.jsonl"
+    ep = Episode("x", None, {}, [Turn(0, (), "a", 0.0, True, False, {"lock": lock, "n": 1})], ())
+    write_episodes_jsonl(path, [ep])
+    (loaded,) = read_episodes_jsonl(path)
+    assert loaded.turns[0].info == {"lock": repr(lock), "n": 1}
+
+
 def test_info_keys_json_cannot_write_are_written_as_their_text(tmp_path):
     import numpy as np
 
