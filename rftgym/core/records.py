@@ -256,8 +256,12 @@ def _checked_token_ids(ids: Any, where: str) -> list[int] | None:
     return ids
 
 
+LOGPROB_ROUNDING = 1e-3  # how far above 0 a float32 log_softmax may round a near-certain token's log-prob
+
+
 def _checked_logprobs(logprobs: Any, sampled: list[int] | None, where: str) -> list[float] | None:
-    """One finite log-prob per sampled token (training's importance ratios divide by them)."""
+    """One finite log-prob per sampled token, a number at most 0 (but for rounding): training's
+    importance ratios divide by them, and a rollout records no other."""
     if logprobs is None:
         return None
     logprobs = _checked(logprobs, list, where)
@@ -266,14 +270,16 @@ def _checked_logprobs(logprobs: Any, sampled: list[int] | None, where: str) -> l
     if len(logprobs) != len(sampled):
         raise DataFormatError(f"{where} has {len(logprobs)} entries for the {len(sampled)} tokens of "
                               "sampled_ids; a turn has one log-prob per sampled token")
-    try:  # one C pass: a NaN or an infinity makes the sum one, text or null a TypeError
-        finite = math.isfinite(sum(logprobs))
+    try:  # C passes: a NaN or an infinity makes the sum one, text or null a TypeError
+        sound = (math.isfinite(sum(logprobs)) and set(map(type, logprobs)) <= {float, int}
+                 and max(logprobs, default=0.0) <= LOGPROB_ROUNDING)
     except (TypeError, OverflowError):
-        finite = False
-    if not finite:  # which entry (none, when only the sum of finite numbers overflowed)
-        bad = next(((n, x) for n, x in enumerate(logprobs) if type(x) is bool or not is_finite_real(x)), None)
+        sound = False
+    if not sound:  # which entry (none, when only the sum of finite numbers overflowed)
+        bad = next(((n, x) for n, x in enumerate(logprobs)
+                    if type(x) is bool or not is_finite_real(x) or x > LOGPROB_ROUNDING), None)
         if bad is not None:
-            raise DataFormatError(f"{where}[{bad[0]}] is {shown(bad[1])}; a log-prob is a finite number")
+            raise DataFormatError(f"{where}[{bad[0]}] is {shown(bad[1])}; a log-prob is a finite number at most 0")
     return logprobs
 
 

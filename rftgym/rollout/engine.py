@@ -39,13 +39,12 @@ from ..agents.base import CONTEXT_FULL, Agent, AgentReply, why_not_keyed
 from ..agents.sampling_keys import check_key, episode_keys
 from ..core.errors import AgentError, ConfigError, EnvContractError, EnvError, RftgymError, warn_caller
 from ..core.messages import Context, Message
-from ..core.records import Episode, Turn
+from ..core.records import LOGPROB_ROUNDING, Episode, Turn
 from ..core.values import a_type, is_finite_real, is_int
 from ..envs.common import INFO_IF_CUT, REWARD_IF_CUT, settle_cut
 
 
 SAFETY_NET_TURNS = 64
-LOGPROB_ROUNDING = 1e-3  # how far above 0 a float32 log_softmax may round a near-certain token's log-prob
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,10 @@ DAMAGE = [
     (_set("turns.1.logprobs.0", float("-inf")), r"turns\[1\].logprobs\[0\] is -inf \(float\)"),
     (_set("turns.1.logprobs.0", float("nan")), r"turns\[1\].logprobs\[0\] is nan \(float\)"),
     (_set("turns.1.logprobs.0", None), r"turns\[1\].logprobs\[0\] is None \(NoneType\)"),
+    (_set("turns.1.logprobs.0", 5.0), r"turns\[1\].logprobs\[0\] is 5.0 \(float\); a log-prob is a finite number "
+                                      "at most 0"),
+    (_set("turns.1.logprobs.0", True), r"turns\[1\].logprobs\[0\] is True \(bool\)"),
+    (_set("turns.1.logprobs.0", False), r"turns\[1\].logprobs\[0\] is False \(bool\)"),
     (_set("turns.1.finish_reason", 0), r"turns\[1\].finish_reason is 0 \(int\); it is a string"),
     (_set("turns.1.message_id", "m-9"), r"turns\[1\].message_id is 'm-9', which is the id of none of the "
                                         "episode's messages"),
