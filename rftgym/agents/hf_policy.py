@@ -549,6 +549,16 @@ class HFPolicy(Agent):
         into the same buffers."""
         self.prefix_cache.clear()
 
+    def close(self) -> None:
+        """Free what generation holds beyond the model: the fast decoder's captured graphs and their
+        KV caches (up to ``max_graphs`` of them: gigabytes at large batches) and the cached
+        prefixes. The policy still works; its next generation builds what it needs again."""
+        with self._fast_lock:
+            self._fast = None
+        self.prefix_cache.clear()
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()  # (their memory, given back by the allocator)
+
     def _replies(self, prompts, sampled, logprobs, lengths, stopped) -> list[AgentReply]:
         # A sampled token's log-prob is finite unless the model's logits were not (NaN or inf):
         # such replies would hand training NaN weights, and their tokens mean nothing.

@@ -118,3 +118,18 @@ def test_a_seeded_call_does_not_replay_a_keyed_reply(make_char_policy):
     unkeyed = policy.generate(PROMPTS[:1], sampling)[0].sampled_ids
     keyed = policy.generate(PROMPTS[:1], sampling, sample_keys=[(0,)])[0].sampled_ids
     assert unkeyed != keyed
+
+
+def test_close_frees_what_generation_holds_and_the_policy_still_generates(make_char_policy):
+    generic, fast = both_paths(make_char_policy)
+    generic.set_prefix_cache_mb(16)
+    prompts = [list(range(3, 23)), [5, 6, 7] * 8]  # (long enough for their prefixes to be kept)
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=5)
+    before = {p.name: p.generate(prompts, sampling) for p in (generic, fast)}
+    assert fast._fast[1]._graphs  # a decode state (its KV cache) kept for the next call
+    assert generic.prefix_cache.entries()  # the replies' prefixes, for a next turn
+    for policy in (generic, fast):
+        policy.close()
+    assert fast._fast is None and not generic.prefix_cache.entries() and generic.prefix_cache.nbytes == 0
+    for policy in (generic, fast):
+        assert policy.generate(prompts, sampling) == before[policy.name]
