@@ -32,6 +32,8 @@ round-trip test checks the default model on real episodes.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
@@ -63,6 +65,9 @@ _USE_ANOTHER = ("rftgym records the exact tokens of every turn as spans of singl
 
 
 class _LRU(OrderedDict):
+    """A least-recently-used cache that threads may share: each operation on it is atomic, and an
+    entry another thread evicts between two of them is simply gone (it is recomputable)."""
+
     def __init__(self, capacity: int = 0):  # a default: pickle rebuilds an OrderedDict with no arguments
         super().__init__()
         self.capacity = capacity
@@ -70,14 +75,19 @@ class _LRU(OrderedDict):
     def get_fresh(self, key):
         value = self.get(key)
         if value is not None:
-            self.move_to_end(key)
+            with contextlib.suppress(KeyError):
+                self.move_to_end(key)
         return value
 
     def put(self, key, value) -> None:
         self[key] = value
-        self.move_to_end(key)
+        with contextlib.suppress(KeyError):
+            self.move_to_end(key)
         while len(self) > self.capacity:
-            self.popitem(last=False)
+            try:
+                self.popitem(last=False)
+            except KeyError:  # emptied by the others meanwhile
+                break
 
 
 class ChatTokenizer:

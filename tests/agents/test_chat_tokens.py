@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
 from rftgym.core.messages import Context, Message
@@ -238,3 +240,23 @@ def test_a_template_that_renders_each_tool_message_alone_takes_any_run_of_them()
     assert chat.tool_limit is None
     context = _context("assistant", "tool", "tool", "tool")
     assert chat.prompt_ids(context) == tokenizer(chat.render_text(context), add_special_tokens=False)["input_ids"]
+
+
+def test_the_span_cache_shrugs_off_an_entry_another_thread_evicts_between_two_steps():
+    from rftgym.agents.chat_tokens import _LRU
+
+    class EvictedMeanwhile(_LRU):  # another thread's put evicts the entry right after each step
+        def get(self, key, default=None):
+            value = super().get(key, default)
+            self.pop(key, None)
+            return value
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            self.pop(key, None)
+
+    cache = EvictedMeanwhile(capacity=2)
+    OrderedDict.__setitem__(cache, "a", 1)
+    assert cache.get_fresh("a") == 1  # found, then gone: no KeyError
+    cache.put("b", 2)
+    assert "b" not in cache and len(cache) == 0
