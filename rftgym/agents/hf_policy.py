@@ -102,6 +102,11 @@ class HFPolicy(Agent):
         # Threads whose first generations meet must build one decoder, not one each (each would
         # hold its own static caches and CUDA graphs, and all but the last would be dropped mid-use).
         self._fast_lock = threading.Lock()
+        # The generations under way (threads may share the policy) and whether the first of them
+        # found the model in train mode, which the last one gives back (_evaluating).
+        self._mode_lock = threading.Lock()
+        self._generating = 0
+        self._was_training = False
         self.model = model
         self.tokenizer = tokenizer
         # The model's own generation config may name more end-of-turn tokens (as generate() reads it).
@@ -345,15 +350,21 @@ class HFPolicy(Agent):
     def _evaluating(self):
         """The model in eval mode meanwhile: a model built in train mode (from_config, or handed
         over from a training loop) would sample and score with dropout, so that the recorded
-        log-probs would not be the policy's and the samples would draw on torch's global RNG."""
-        training = getattr(self.model, "training", False)
-        if training:
-            self.model.eval()
+        log-probs would not be the policy's and the samples would draw on torch's global RNG.
+        Threads generating at once share it: the last to finish gives train mode back."""
+        with self._mode_lock:
+            if self._generating == 0:
+                self._was_training = bool(getattr(self.model, "training", False))
+                if self._was_training:
+                    self.model.eval()
+            self._generating += 1
         try:
             yield
         finally:
-            if training:
-                self.model.train()
+            with self._mode_lock:
+                self._generating -= 1
+                if self._generating == 0 and self._was_training:
+                    self.model.train()
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms) -> list[AgentReply]:
         with self._evaluating():

@@ -130,3 +130,42 @@ def test_threads_meeting_at_a_fresh_policy_build_one_decoder(make_char_policy, m
         thread.join(timeout=60)
     assert not errors and len(built) == 1
     assert len(got) == 4 and all(decoder is built[0] for decoder in got)
+
+
+def test_a_model_in_train_mode_samples_in_eval_mode_until_the_last_thread_is_done(make_char_policy):
+    """The first generation to start finds the model in train mode (as between updates) and puts
+    it in eval mode; one that ends while another still generates must not give train mode back."""
+    policy = make_char_policy()
+    policy.fast_decode = False
+    policy.model.train()
+    seen = {"A": [], "B": []}
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(module, args, kwargs):
+        who = threading.current_thread().name
+        seen[who].append(module.training)
+        if who == "A" and len(seen["A"]) == 1:
+            a_in.set()
+            b_in.wait(10)  # A (which began first) waits for B to be generating
+        if who == "B" and len(seen["B"]) == 2:
+            b_in.set()
+            a_done.wait(10)  # B waits, mid-generation, until A has finished
+
+    handle = policy.model.register_forward_pre_hook(hold, with_kwargs=True)
+
+    def first():
+        policy.generate([[3, 4, 5]], GREEDY)
+        a_done.set()
+
+    def second():
+        a_in.wait(10)
+        policy.generate([[6, 7, 8]], GREEDY)
+
+    threads = [threading.Thread(target=first, name="A"), threading.Thread(target=second, name="B")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    handle.remove()
+    assert len(seen["B"]) > 2 and not any(seen["A"] + seen["B"])  # every forward in eval mode
+    assert policy.model.training  # given back once both were done
