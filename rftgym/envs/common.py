@@ -251,16 +251,56 @@ ANSWER_IN_THINK = "an <answer> inside <think> is reasoning, not an answer; it wa
 
 def without_elements(text: str, names, *, unclosed: bool = False) -> str:
     """``text`` without its ``<name ...>…</name>`` elements for ``names`` (tags of any case, as
-    the tag parser reads them; nested ones too, innermost first). With ``unclosed``, an element
-    never closed runs to the end and goes as well."""
+    the tag parser reads them; nested ones too), each replaced by a space. An element goes when
+    every tag of ``names`` inside it pairs up; one whose content keeps a stray tag of them stays.
+    With ``unclosed``, an element never closed runs to the end and goes as well. One pass over the
+    tags: a reply of thousands of nested tags costs no more than its length."""
     alternatives = "|".join(re.escape(name) for name in names)
-    opening = rf"<\s*({alternatives})(?=[\s>/])[^>]*>"
-    element = re.compile(rf"{opening}(?:(?!<\s*/?\s*(?:{alternatives})(?=[\s>/])).)*?<\s*/\s*\1\s*>", re.I | re.S)
-    while True:
-        text, removed = element.subn(" ", text)
-        if not removed:
-            break
-    return re.sub(rf"{opening}.*", " ", text, flags=re.I | re.S) if unclosed else text
+    tag_start = re.compile(rf"<\s*/?\s*(?:{alternatives})(?=[\s>/])", re.I)
+    closing = re.compile(rf"<\s*/\s*({alternatives})\s*>", re.I)
+    opening = re.compile(rf"<\s*({alternatives})(?=[\s>/])[^>]*>", re.I)
+    # The tags still unpaired, as (lowercased name, or None for one that pairs with nothing;
+    # whether it opens; where it starts), and the spans removed so far, outermost last.
+    unpaired: list[tuple[str | None, bool, int]] = []
+    removed: list[tuple[int, int]] = []
+    position = 0
+    for start in (match.start() for match in tag_start.finditer(text)):
+        if start < position:  # inside the opening tag before it (its attributes)
+            continue
+        if (tag := closing.match(text, start)) is not None:
+            name, opens = tag.group(1).lower(), False
+        elif (tag := opening.match(text, start)) is not None:
+            name, opens = tag.group(1).lower(), True
+        else:  # "<search" never closed by ">": no tag, but an element around it cannot go
+            unpaired.append((None, False, start))
+            position = start + 1
+            continue
+        position = tag.end()
+        if not opens and unpaired and unpaired[-1][:2] == (name, True):
+            element_start = unpaired.pop()[2]
+            while removed and removed[-1][0] >= element_start:  # the elements inside it
+                removed.pop()
+            removed.append((element_start, position))
+        else:
+            unpaired.append((name, opens, start))
+    if unclosed:
+        first_open = next((start for name, opens, start in unpaired if opens), None)
+        if first_open is not None:
+            removed = [span for span in removed if span[0] < first_open] + [(first_open, len(text))]
+    pieces, kept_from = [], 0
+    for start, end in removed:
+        pieces.append(text[kept_from:start])
+        pieces.append(" ")
+        kept_from = end
+    pieces.append(text[kept_from:])
+    return "".join(pieces)
+
+
+# The tool tags (searches, answers, prunes...) one turn has run or refused; the rest of a reply of
+# thousands of them is ignored, with a problem saying so, so that no reply holds a step for long
+# (each tag's text is read in time proportional to its length).
+MAX_TAGS_PER_TURN = 64
+TOO_MANY_TAGS = f"the turn has more than {MAX_TAGS_PER_TURN} tags; those after the {MAX_TAGS_PER_TURN}th were ignored"
 
 
 def without_tool_markup(text: str, tags) -> str:

@@ -62,3 +62,28 @@ def test_an_answer_inside_think_is_reasoning_and_an_unclosed_think_encloses_noth
         assert "inside <think>" not in info["format_error"]
     finally:
         env.close()
+
+
+def test_markup_is_stripped_from_a_tags_text_in_one_pass_however_deep_it_nests():
+    from rftgym.envs.common import without_elements, without_tool_markup
+
+    tags = ("search", "answer")
+    deep = "<search>" * 3000 + "q" + "</search>" * 3000
+    assert without_elements("a" + deep + "b", tags) == "a b"
+    assert without_tool_markup("x <ANSWER id=1>y <search>z</search></answer > w", tags) == "x w"
+    # An element around a stray tag stays; one never closed runs to the end with `unclosed`.
+    assert without_elements("<search>a</answer>b</search>c", tags) == "<search>a</answer>b</search>c"
+    assert without_elements("a <search>b <answer>c</answer> d", tags, unclosed=True) == "a  "
+    assert without_elements("<search q", tags, unclosed=True) == "<search q"
+
+
+@pytest.mark.parametrize("env_id, tag", [("rftgym/MemoryQA-v0", "search"), ("rftgym/SearchEvalQA-v0", "answer")])
+def test_a_reply_of_more_tags_than_a_turn_handles_says_the_rest_were_ignored(env_id, tag):
+    env = gym.make(env_id)
+    try:
+        env.reset(seed=0)
+        deep = f"<{tag}>" * 500 + "q" + f"</{tag}>" * 500  # (each tag's text read in turn was cubic time)
+        _, _, _, _, info = env.step(deep)
+        assert "the turn has more than 64 tags; those after the 64th were ignored" in info["format_error"]
+    finally:
+        env.close()

@@ -135,6 +135,7 @@ from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
                       render_context, reset_options, resolve_config, summarize_problems, without_tool_markup,
+                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS,
                       PathsAsText)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
@@ -448,9 +449,14 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             problem + " (if the reply was cut off at its length limit, keep the note shorter)"
             if problem == never_closed("prune") else problem for problem in parsed.problems))
         visible = dict(self._prunable)  # what the observation showed: prunes can name only these
+        handled = 0
         for tag in parsed.tags:
             if tag.name == "think" or not tag.closed:
                 continue  # unclosed tags are already reported by the parser and never run
+            handled += 1
+            if handled > MAX_TAGS_PER_TURN:
+                turn.problems.append(TOO_MANY_TAGS)
+                break
             if parsed.inside_closed(tag, "think"):
                 turn.problems.append(f"a <{tag.name}> inside <think> was not run")
             elif tag.name == "search":

@@ -117,7 +117,8 @@ from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
                       covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
-                      summarize_problems, without_tool_markup, PathsAsText)
+                      summarize_problems, without_tool_markup, PathsAsText,
+                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -390,6 +391,9 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
                     first.name if acted else "", "skipped_evaluation")
                 out.flag(kind)
         searched = False
+        if len(calls) > MAX_TAGS_PER_TURN:
+            out.problems.append(TOO_MANY_TAGS)
+            calls = calls[:MAX_TAGS_PER_TURN]
         for tag in calls:
             if tag.name == "evaluate":
                 out.problems.append("an <evaluate> that does not open the turn right after a search was ignored")
