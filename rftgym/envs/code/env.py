@@ -92,7 +92,7 @@ Version history
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
@@ -304,6 +304,10 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self.tcg_config = cfg.tcg if cfg.tcg is not None else TCGConfig()
         if not isinstance(self.tcg_config, TCGConfig):
             raise ConfigError(f"tcg must be a TCGConfig, got {type(self.tcg_config).__name__}")
+        # The tests keep inputs the reference answers within a share of the generator's time limit:
+        # never a longer one than grading applies, or the reference itself would fail them.
+        if self.tcg_config.per_test_seconds > cfg.per_test_seconds:
+            self.tcg_config = replace(self.tcg_config, per_test_seconds=cfg.per_test_seconds)
         self.dataset: list[CodeTask] | None = self._load_dataset()
         self._open_resources()
         self._tested: dict[str, CodeTask] = {}  # task id -> the task with its generated tests

@@ -60,6 +60,9 @@ class TCGConfig:
     n_edge: int = 10
     max_tests: int = 40
     seed: int = 0
+    # The time limit the reference runs under; an input it needs more than REFERENCE_TIME_SHARE of
+    # it for is dropped. CodeTCG lowers it to its own per_test_seconds (grading's limit) when that
+    # is lower, so that the reference passes every test kept.
     per_test_seconds: float = 2.0
     check_determinism: bool = True
     use_cache: bool = True

@@ -524,3 +524,21 @@ def test_a_reference_at_odds_with_its_own_asserts_is_named(tmp_path):
             "take the reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its "
             "asserts (MBPP: 'code', 'test_list')"], (attempt, said)
         env.close()
+
+
+def test_a_lower_time_limit_holds_the_test_generator_to_it_so_the_reference_passes(tmp_path):
+    """Tests are kept for inputs the reference answers within a quarter of the generator's limit:
+    a grading limit below the generator's own (2 s) must lower it too, or the reference fails
+    (HumanEval/75 and /147 did at 0.05 s)."""
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", per_test_seconds=0.05, tcg=TCGConfig(cache_dir=str(tmp_path))).unwrapped
+    try:
+        assert env.tcg_config.per_test_seconds == 0.05
+        for seed in (36, 75, 147):
+            env.reset(seed=seed)
+            _, reward, _, _, info = env.step(fenced(env.task.reference))
+            assert reward == 1.0 and info["total"] > 0, (env.task.task_id, info["tests"])
+    finally:
+        env.close()
+    assert gym.make("rftgym/CodeTCG-v0", per_test_seconds=5.0).unwrapped.tcg_config.per_test_seconds == 2.0
