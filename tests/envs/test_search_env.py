@@ -333,6 +333,17 @@ def test_search_limit_message_mode():
     assert obs[-1].content.endswith("No searches are left: give your final answer in <answer>…</answer>.")
 
 
+def test_the_results_of_the_last_search_allowed_say_to_answer_next():
+    env = SearchEvalQAEnv(max_searches=2)
+    env.reset(seed=0)
+    obs, *_ = env.step("<search>a</search>")
+    assert "last search allowed" not in obs[-1].content
+    obs, _, terminated, truncated, info = env.step("<evaluate>score: 1 no</evaluate><search>b</search>")
+    assert not (terminated or truncated) and info["searches"] == 2
+    assert obs[-1].content.endswith("That was the last search allowed: after the evaluation, give your final answer "
+                                    "in <answer>…</answer>.")
+
+
 def test_a_query_cut_to_its_limit_says_so():
     env = SearchEvalQAEnv()
     env.reset(seed=0)

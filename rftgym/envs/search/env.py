@@ -612,6 +612,8 @@ class _TurnOutcome:
             parts.append(f"Format problems: {summarize_problems(self.problems)}.")
         if self.results is not None:
             parts += [self.results, protocol.EVALUATE_REMINDER]
+            if not searches_left:
+                parts.append(protocol.LAST_RESULTS)
         elif not self.past_search_limit:  # its note already says to answer (or the episode is over)
             parts.append(protocol.CONTINUE_PROMPT if searches_left else protocol.ANSWER_PROMPT)
         return "\n\n".join(parts)

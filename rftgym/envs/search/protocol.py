@@ -33,6 +33,9 @@ EVALUATE_REMINDER = ("Begin your next reply with <evaluate>score: N short note</
 CONTINUE_PROMPT = ("Continue: search with <search>query</search>, or give your final answer in "
                    "<answer>…</answer>.")
 ANSWER_PROMPT = "No searches are left: give your final answer in <answer>…</answer>."
+# After the results of the search that used up the budget, where a reply would evaluate and search.
+LAST_RESULTS = ("That was the last search allowed: after the evaluation, give your final answer in "
+                "<answer>…</answer>.")
 
 VIOLATION_MESSAGES = {
     "skipped_evaluation": "your reply did not begin with an evaluation of the search results",
