@@ -17,6 +17,7 @@ from rftgym.envs.code.env import CodeTCGConfig, CodeTCGEnv
 from rftgym.envs.code.process import PolicyRollouts
 from rftgym.envs.code.tcg import TCGConfig
 from rftgym.envs.memory.env import MemoryQAConfig, MemoryQAEnv
+from rftgym.envs.search.env import SearchEvalQAConfig
 from rftgym.envs.verifiable.env import VerifiableQAConfig
 
 VERIFIABLE, CODE = "rftgym/VerifiableQA-v0", "rftgym/CodeTCG-v0"
@@ -110,11 +111,28 @@ UNREAD_OPTIONS = [  # (config class, options, the option the others leave unread
     (MemoryQAConfig, dict(allow_prune=False, max_note_chars=200), "max_note_chars",
      "max_note_chars=200 caps the notes that prunes keep, and allow_prune=False refuses every prune",
      "drop max_note_chars, or set allow_prune=True"),
+    (MemoryQAConfig, dict(answer_metric="em", f1_threshold=0.5), "f1_threshold",
+     "f1_threshold=0.5 is the token F1 an answer needs, and answer_metric='em' scores answers by exact match",
+     "drop f1_threshold, or set answer_metric='f1'"),
+    (MemoryQAConfig, dict(max_context_tokens=None, overflow_penalty=0.5), "overflow_penalty",
+     "overflow_penalty=0.5 acts on a context past max_context_tokens, and max_context_tokens=None sets no budget",
+     "drop overflow_penalty, or give max_context_tokens"),
+    (MemoryQAConfig, dict(max_context_tokens=None, on_context_overflow="penalize"), "on_context_overflow",
+     "on_context_overflow='penalize' acts on", "drop on_context_overflow, or give max_context_tokens"),
+    (VerifiableQAConfig, dict(task_selection="random"), "task_selection",
+     "task_selection='random' picks a dataset item at each reset, and this env generates its tasks from the reset's "
+     "seed", "drop task_selection, or give dataset_path"),
+    (SearchEvalQAConfig, dict(task_selection="random"), "task_selection", "task_selection='random' picks",
+     "drop task_selection, or give dataset_path"),
+    (CodeTCGConfig, dict(dataset="generated", task_selection="random"), "task_selection",
+     "task_selection='random' picks", "drop task_selection, or read a dataset (dataset=humaneval or mbpp)"),
 ]
 
 
 @pytest.mark.parametrize("config_class, options, name, why, fix", UNREAD_OPTIONS,
-                         ids=["process_weight", "process_weight_0", "feedback_tests", "max_note_chars"])
+                         ids=["process_weight", "process_weight_0", "feedback_tests", "max_note_chars", "f1_threshold",
+                              "overflow_penalty", "on_context_overflow", "task_selection_verifiable",
+                              "task_selection_search", "task_selection_code"])
 def test_an_option_the_others_leave_unread_is_refused_with_what_to_do(config_class, options, name, why, fix):
     with pytest.raises(ConfigError) as caught:
         config_class(**options)
@@ -133,8 +151,12 @@ def test_an_option_the_others_leave_unread_is_refused_with_what_to_do(config_cla
     (CodeTCGConfig, dict(dataset="generated", max_attempts=2, feedback_tests=0)),
     (MemoryQAConfig, dict(allow_prune=False, max_note_chars=500)),
     (MemoryQAConfig, dict(max_note_chars=200)),
+    (MemoryQAConfig, dict(answer_metric="em", f1_threshold=0.8)),
+    (MemoryQAConfig, dict(max_context_tokens=None, on_context_overflow="truncate", overflow_penalty=0.1)),
+    (CodeTCGConfig, dict(dataset="humaneval", task_selection="random")),
 ], ids=["process_weight_default", "process_weight_read", "process_weight_read_bound", "feedback_tests_default",
-        "feedback_tests_read", "max_note_chars_default", "max_note_chars_read"])
+        "feedback_tests_read", "max_note_chars_default", "max_note_chars_read", "f1_threshold_default",
+        "overflow_default", "task_selection_read"])
 def test_an_option_that_is_read_or_left_at_its_default_is_taken(config_class, options):
     config = config_class(**options)
     assert all(getattr(config, name) == value for name, value in options.items())

