@@ -229,3 +229,21 @@ def test_a_format_weight_given_as_text_is_shown_as_text():
 def test_feedback_tests_says_that_zero_is_allowed():
     with pytest.raises(ConfigError, match="feedback_tests must be an int of at least 0, got -1"):
         CodeTCGEnv(dataset="generated", feedback_tests=-1)
+
+
+def test_the_pruning_baseline_prunes_beside_an_agents_run_without_pruning(tmp_path, capsys):
+    from rftgym.cli import main
+    from rftgym.core.records import read_episodes_jsonl
+
+    out = tmp_path / "mem.jsonl"
+    assert main(["eval", MEMORY, "--agent", "adversarial", "--episodes", "2", "--baselines",
+                 "--env-arg", "allow_prune=false", "--out", str(out)]) == 0
+    capsys.readouterr()
+    def system_prompt(name: str) -> str:
+        episode = next(iter(read_episodes_jsonl(tmp_path / name)))
+        return episode.context(0)[0].content
+
+    # The agent's run and the no-memory one are told there is no pruning; the pruning baseline's
+    # env allows it (it refused every prune of the baseline before).
+    assert "<prune" not in system_prompt("mem.jsonl") and "<prune" not in system_prompt("mem-no-memory.jsonl")
+    assert "<prune" in system_prompt("mem-heuristic-prune.jsonl")

@@ -305,10 +305,11 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         "token_counter_option": "count_tokens",
         # `rftgym eval --baselines` runs these beside the agent: (label, env options, agent wrapper).
         # The no-memory run keeps no notes: a max_note_chars given for the agent's run is set back
-        # to its default there, which MemoryQAConfig would otherwise refuse as unread.
+        # to its default there, which MemoryQAConfig would otherwise refuse as unread. The pruning
+        # baseline prunes, also beside an agent's run with allow_prune=False.
         "eval_baselines": (("no-memory", {"allow_prune": False, "max_note_chars": MemoryQAConfig.max_note_chars},
                             None),
-                           ("heuristic-prune", {}, "rftgym.agents.memory_baselines:HeuristicPruner")),
+                           ("heuristic-prune", {"allow_prune": True}, "rftgym.agents.memory_baselines:HeuristicPruner")),
         # what its episodes give beyond the reward: the agent's context edits, whose segments DCPO trains
         "train_signals": frozenset({"context_edits"}),
     }
