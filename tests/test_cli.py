@@ -166,7 +166,7 @@ def test_a_type_error_inside_an_env_is_not_blamed_on_an_option(capsys, monkeypat
 
 
 @pytest.mark.parametrize("env_arg, message", [
-    ("max_turns=0", "max_turns must be at least 2"),
+    ("max_turns=0", "max_turns must be at least max_attempts (1): each attempt is a turn"),
     ("max_attempts=0", "max_attempts must be at least 1"),
     ("format_weight=1.5", "format_weight must be in [0, 1)"),
     ("kinds=poetry", "kinds must be a non-empty subset of ['arithmetic', 'comparison', 'sequence', 'weekday', 'word_problem']"),

@@ -412,8 +412,7 @@ def test_a_bad_dataset_fails_at_construction(tmp_path):
     ({"difficulties": ["x"]}, "difficulties a list of ints"),
     ({"kinds": 5}, "kinds must be a list of kind names"),
     ({"max_attempts": 0}, "max_attempts must be at least 1"),
-    ({"max_turns": 1}, "max_turns must be at least 2"),
-    ({"max_turns": 0}, "max_turns must be at least 2"),
+    ({"max_turns": 0}, r"max_turns must be at least max_attempts \(1\): each attempt is a turn; got 0"),
     ({"max_attempts": 3, "max_turns": 2}, r"at least max_attempts \(3\)"),
     ({"max_turns": 2.5}, "max_turns must be an int"),
     ({"format_weight": 1.0}, r"format_weight must be in \[0, 1\)"),
@@ -639,3 +638,16 @@ def test_adversarial_answers_are_graded_sensibly():
         env.reset(seed=0, options={"kind": "arithmetic", "difficulty": 1})
         _, reward, _, _, info = env.step(text)
         assert not info["correct"] and reward <= 0.1
+
+
+def test_one_turn_is_a_single_reply_episode():
+    """max_turns=1: standard one-reply RLVR; a reply without an answer ends the episode, cut."""
+    import gymnasium as gym
+
+    env = gym.make("rftgym/VerifiableQA-v0", max_turns=1)
+    env.reset(seed=0)
+    _, _, terminated, truncated, info = env.step("no tags at all")
+    assert truncated and not terminated and "answer" in info["format_error"]
+    env.reset(seed=0)
+    _, reward, terminated, truncated, _ = env.step(f"<answer>{env.unwrapped.task.answer}</answer>")
+    assert terminated and not truncated and reward > 0.9

@@ -126,10 +126,9 @@ class VerifiableQAConfig:
         check_generator_only(self, ("kinds", "difficulties"))
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.max_turns < max(2, self.max_attempts):
-            raise ConfigError(
-                f"max_turns must be at least 2 and at least max_attempts ({self.max_attempts}); got {self.max_turns}"
-            )
+        if self.max_turns < self.max_attempts:
+            raise ConfigError(f"max_turns must be at least max_attempts ({self.max_attempts}): each attempt is a turn; "
+                              f"got {self.max_turns}")
         if isinstance(self.format_weight, bool) or not isinstance(self.format_weight, (int, float)) \
                 or not 0.0 <= self.format_weight < 1.0:
             raise ConfigError(f"format_weight must be in [0, 1), got {self.format_weight!r}")
