@@ -152,6 +152,13 @@ def test_env_arg_without_equals(capsys):
     assert "--env-arg '=3' has no KEY before '='" in capsys.readouterr().err
 
 
+def test_play_refuses_an_option_that_stands_for_a_policy(capsys):
+    assert exit_code(["play", "rftgym/CodeTCG-v0", "--env-arg", "dataset=generated", "--env-arg", "pseudocode=true",
+                      "--env-arg", "step_scorer=rollout"]) == 2
+    assert ("--env-arg step_scorer=rollout stands for the policy acting in the env, and in rftgym play you are the "
+            "assistant") in capsys.readouterr().err
+
+
 def test_a_type_error_inside_an_env_is_not_blamed_on_an_option(capsys, monkeypatch):
     from rftgym.envs.verifiable import env as verifiable
 

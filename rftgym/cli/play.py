@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import UsageError
 from .environments import _make_env, _parse_env_args
 
 
@@ -12,7 +13,9 @@ def cmd_play(args: argparse.Namespace) -> int:
     from ..envs.common import settle_cut
     from ..rollout.engine import checked_reset, checked_step
 
-    env = _make_env(args.env, _parse_env_args(args.env_arg))
+    env_kwargs = _parse_env_args(args.env_arg)
+    _refuse_policy_options(args.env, env_kwargs)
+    env = _make_env(args.env, env_kwargs)
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
     seen: set[str] = set()
@@ -159,3 +162,20 @@ def _valid_text(line: str) -> str:
         return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:  # a surrogate that is not an escaped byte
         return line.encode("utf-8", "replace").decode("utf-8")
+
+
+def _refuse_policy_options(env_id: str, env_kwargs: dict) -> None:
+    """An option that stands for the policy acting in the env (CodeTCG's ``step_scorer=rollout``)
+    has none to stand for here: the user plays the assistant."""
+    from ..envs.common import env_metadata
+
+    try:
+        bound = env_metadata(env_id).get("policy_options") or {}
+    except Exception:  # noqa: BLE001 (an env id that does not resolve is said by _make_env)
+        return
+    given = [name for name in bound if isinstance(env_kwargs.get(name), str)]
+    if given:
+        flags = " and ".join(f"--env-arg {name}={env_kwargs[name]}" for name in given)
+        raise UsageError(f"{flags} stands for the policy acting in the env, and in rftgym play you are the "
+                         "assistant: no policy is there to bind it to. Drop it here; rftgym eval (with --agent) and "
+                         "rftgym train bind their policy to it")
