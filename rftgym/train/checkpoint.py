@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import ConfigError, TrainingError
+from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..core.values import is_int
 from ..envs.common import same_env_id
 from .base_model import kept_fingerprint_differs
@@ -34,6 +34,7 @@ from .distributed import Distributed, full_tensor, inner_model, shard_like
 from .master_weights import MasterWeights
 from .run_dir import (
     CHECKPOINT_DIR,
+    KEPT_MARKER,
     KEPT_PREFIX,
     OLD_CHECKPOINT_DIR,
     STAGING_PREFIX,
@@ -163,7 +164,9 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
 
 def _retire(previous: Path, keep: int, saved_step: int) -> None:
     """Keep the checkpoint a save (of step ``saved_step``) replaced, ``previous``, as
-    ``checkpoint-<its step>/`` when the run keeps earlier ones, else remove it."""
+    ``checkpoint-<its step>/`` when the run keeps earlier ones, else remove it. Keeping it is
+    housekeeping: where it cannot be kept (a folder of that name that is not one this run kept,
+    a rename that fails) it is removed, with a warning, and the run goes on."""
     if not previous.exists():
         return
     try:
@@ -174,19 +177,40 @@ def _retire(previous: Path, keep: int, saved_step: int) -> None:
         shutil.rmtree(previous, ignore_errors=True)
         return
     kept = previous.parent / f"{KEPT_PREFIX}{step}"
-    shutil.rmtree(kept, ignore_errors=True)  # the same step, left by a resume from an earlier checkpoint
-    os.replace(previous, kept)
+    try:
+        if os.path.lexists(kept):
+            if not (kept / KEPT_MARKER).is_file():
+                raise FileExistsError(errno.EEXIST, "a file or folder of that name, not one the run kept, is there")
+            _discard(kept)  # this run's at that step, kept before a resume from an earlier checkpoint
+        (previous / KEPT_MARKER).touch()
+        os.replace(previous, kept)
+    except OSError as exc:
+        warn_caller(f"the checkpoint of step {step} cannot be kept as {kept} ({exc.strerror or exc}); it is removed")
+        shutil.rmtree(previous, ignore_errors=True)
 
 
 def _drop_surplus(output_dir: Path, keep: int, step: int) -> None:
-    """Remove the oldest earlier checkpoints past the ``keep - 1`` the run keeps beside its last one
-    (of step ``step``; 0: keep every one). Only those before it count: a later step's folder is
-    another run's, resumed from here by a copy, and is not this run's to remove."""
+    """Remove the oldest earlier checkpoints this run kept (those marked so: never a copy or another
+    tool's folder) past the ``keep - 1`` it keeps beside its last one, of step ``step`` (0: keep
+    every one)."""
     if keep == 0:
         return
-    earlier = [folder for number, folder in kept_checkpoints(output_dir).items() if number < step]
+    earlier = [folder for number, folder in kept_checkpoints(output_dir).items()
+               if number < step and (folder / KEPT_MARKER).is_file()]
     for folder in earlier[:max(len(earlier) - (keep - 1), 0)]:
-        shutil.rmtree(folder, ignore_errors=True)
+        _discard(folder)
+
+
+def _discard(folder: Path) -> None:
+    """Remove ``folder``, first renamed to a staging name, so that a crash midway leaves no half
+    checkpoint under a kept one's name (the next save clears staging folders away)."""
+    doomed = folder.with_name(f"{STAGING_PREFIX}drop-{folder.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.replace(folder, doomed)
+    except OSError:
+        doomed = folder
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 class _HashingWriter:

@@ -27,6 +27,7 @@ METRICS_FILE = "metrics.jsonl"
 STAGING_PREFIX = ".checkpoint-"  # a checkpoint being written, renamed to CHECKPOINT_DIR when whole
 OLD_CHECKPOINT_DIR = ".checkpoint-old"  # the previous checkpoint, while the new one takes its place
 KEPT_PREFIX = "checkpoint-"  # checkpoint-<step>: an earlier checkpoint the run keeps
+KEPT_MARKER = ".kept"  # in each checkpoint-<step>/ a run kept: only those are its to remove
 LOCK_FILE = ".lock"
 LEARNING_CURVE = "learning_curve.png"
 TENSORBOARD_DIR = "tensorboard"  # (metrics_log.MetricsLog writes there)
@@ -44,10 +45,11 @@ def is_kept_checkpoint(folder: Path) -> bool:
 
 
 def kept_checkpoints(output_dir: Path) -> dict[int, Path]:
-    """The earlier checkpoints' folders in ``output_dir`` by step, oldest first (complete or not)."""
+    """The earlier checkpoints in ``output_dir`` (``checkpoint-<step>/`` holding a state.json, not
+    another tool's folder of that name) by step, oldest first."""
     try:
         found = {step: entry for entry in output_dir.iterdir()
-                 if (step := kept_step(entry)) is not None and entry.is_dir() and not entry.is_symlink()}
+                 if (step := kept_step(entry)) is not None and not entry.is_symlink() and is_kept_checkpoint(entry)}
     except OSError:
         return {}
     return dict(sorted(found.items()))

@@ -318,8 +318,9 @@ def _save(folder: Path, step: int, keep: int) -> None:
 
 
 def _folders(folder: Path) -> dict[str, int]:
+    """The checkpoints in ``folder`` by name, and their steps."""
     return {path.name: json.loads((path / "state.json").read_text())["step"]
-            for path in sorted(folder.iterdir()) if path.name.startswith(("checkpoint", ".checkpoint"))}
+            for path in sorted(folder.iterdir()) if (path / "state.json").is_file()}
 
 
 @pytest.mark.parametrize("keep, kept", [(1, {}), (2, {"checkpoint-6": 6}), (3, {"checkpoint-4": 4, "checkpoint-6": 6}),
@@ -330,21 +331,44 @@ def test_a_save_keeps_the_earlier_checkpoints_the_run_keeps(tmp_path, keep, kept
     assert _folders(tmp_path) == {"checkpoint": 8, **kept}
 
 
-def test_a_checkpoint_a_crash_left_after_a_saves_renames_is_kept_and_a_later_runs_is_not_removed(tmp_path):
-    _save(tmp_path, 2, keep=2)
-    _save(tmp_path, 4, keep=2)
-    # A crash after the renames of step 4's save, before step 2's checkpoint took its kept name;
-    # and a later step's checkpoint, of a run resumed from here by a copy of an earlier one.
-    (tmp_path / "checkpoint-2").rename(tmp_path / ".checkpoint-old")
-    _save(tmp_path / "elsewhere", 9, keep=1)
-    (tmp_path / "elsewhere" / "checkpoint").rename(tmp_path / "checkpoint-9")
+def test_a_checkpoint_a_crash_left_between_or_after_a_saves_renames_is_kept(tmp_path):
+    from rftgym.train.run_dir import checkpoint_path
+
+    _save(tmp_path, 2, keep=3)
+    _save(tmp_path, 4, keep=3)
+    # A crash between the renames of step 6's save: the last checkpoint lies under its old name.
+    (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint-old")
+    assert checkpoint_path(tmp_path) == tmp_path / ".checkpoint-old"
+    _save(tmp_path, 6, keep=3)
+    assert _folders(tmp_path) == {"checkpoint": 6, "checkpoint-2": 2, "checkpoint-4": 4}
+    # A crash after the renames of step 8's save, before step 6's checkpoint took its kept name.
+    _save(tmp_path, 8, keep=3)
+    (tmp_path / "checkpoint-6").rename(tmp_path / ".checkpoint-old")
+    _save(tmp_path, 10, keep=3)
+    assert _folders(tmp_path) == {"checkpoint": 10, "checkpoint-6": 6, "checkpoint-8": 8}
+
+
+def test_folders_the_run_did_not_keep_are_never_removed(tmp_path):
+    """A copy of a checkpoint under a kept one's name and another tool's checkpoint-N (a Hugging
+    Face Trainer's) stay, at the default keep=1 too; a checkpoint that cannot take its kept name
+    is removed with a warning, and the run goes on saving."""
+    import shutil
+
+    _save(tmp_path, 2, keep=1)
+    shutil.copytree(tmp_path / "checkpoint", tmp_path / "checkpoint-1")  # a copy by hand
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / "config.json").write_text("{}")  # another tool's
+    _save(tmp_path, 4, keep=1)
     _save(tmp_path, 6, keep=2)
-    assert _folders(tmp_path) == {"checkpoint": 6, "checkpoint-4": 4, "checkpoint-9": 9}
-    _save(tmp_path, 8, keep=0)
-    (tmp_path / "checkpoint-6").rename(tmp_path / ".checkpoint-old")  # as above, after step 8's renames
+    assert _folders(tmp_path) == {"checkpoint": 6, "checkpoint-1": 2, "checkpoint-4": 4}
+    assert (tmp_path / "checkpoint-3" / "config.json").is_file()
+    (tmp_path / "checkpoint-6").write_text("a file")  # where step 6 would be kept
+    with pytest.warns(UserWarning, match=r"the checkpoint of step 6 cannot be kept as .*checkpoint-6 \(a file or "
+                                         "folder of that name, not one the run kept, is there\); it is removed"):
+        _save(tmp_path, 8, keep=0)
     _save(tmp_path, 10, keep=0)
-    assert _folders(tmp_path) == {"checkpoint": 10, "checkpoint-4": 4, "checkpoint-6": 6, "checkpoint-8": 8,
-                                  "checkpoint-9": 9}
+    assert _folders(tmp_path) == {"checkpoint": 10, "checkpoint-1": 2, "checkpoint-4": 4, "checkpoint-8": 8}
+    assert (tmp_path / "checkpoint-6").read_text() == "a file"
 
 
 def test_a_new_run_is_refused_where_earlier_checkpoints_of_a_run_lie(tmp_path):
@@ -358,3 +382,16 @@ def test_a_new_run_is_refused_where_earlier_checkpoints_of_a_run_lie(tmp_path):
         check_output_dir(tmp_path, resume=False)
     with pytest.raises(ConfigError, match="nothing to resume"):
         check_output_dir(tmp_path, resume=True)
+
+
+def test_another_tools_checkpoint_folders_do_not_make_a_run_directory(tmp_path):
+    from rftgym.agents.model_loading import resolve_model_dir
+    from rftgym.core.errors import ModelLoadError
+    from rftgym.train.run_dir import check_output_dir
+
+    trainer_output = tmp_path / "outputs"
+    (trainer_output / "checkpoint-500").mkdir(parents=True)
+    (trainer_output / "checkpoint-500" / "config.json").write_text("{}")
+    check_output_dir(trainer_output, resume=False)  # a new run may write there
+    with pytest.raises(ModelLoadError, match="is not a local Hugging Face model directory"):
+        resolve_model_dir(str(trainer_output))
