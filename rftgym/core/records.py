@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import dataclasses
 import math
 from array import array
 from dataclasses import MISSING, dataclass, field, fields
@@ -335,6 +336,8 @@ def _checked_turn(data: Any, position: int, messages: dict[str, Message]) -> Tur
 
 def _json_default(obj: Any):
     # numpy scalars and arrays, tuples in info dicts
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # an env's result record: its fields
+        return _json_ready({f.name: getattr(obj, f.name) for f in fields(obj)})
     if hasattr(obj, "tolist"):
         return _json_ready(obj.tolist())
     if isinstance(obj, (set, frozenset)):

@@ -272,6 +272,22 @@ def test_info_values_no_copy_can_take_are_written_as_their_text(tmp_path):
     assert loaded.turns[0].info == {"lock": repr(lock), "n": 1}
 
 
+def test_dataclasses_in_info_are_written_as_objects_of_their_fields(tmp_path):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Result:
+        passed: int
+        total: int
+
+    path = tmp_path / "eps.jsonl"
+    ep = Episode("x", None, {}, [Turn(0, (), "a", 0.0, True, False, {"result": Result(1, 2), "all": [Result(0, 1)]})],
+                 ())
+    write_episodes_jsonl(path, [ep])
+    (loaded,) = read_episodes_jsonl(path)
+    assert loaded.turns[0].info == {"result": {"passed": 1, "total": 2}, "all": [{"passed": 0, "total": 1}]}
+
+
 def test_info_keys_json_cannot_write_are_written_as_their_text(tmp_path):
     import numpy as np
 
