@@ -200,16 +200,11 @@ def _check_eval_metadata(env_id: str, baselines: bool) -> None:
     from ..rollout.metrics import metric_spec_problem
 
     metadata = _env_class(env_id).metadata
-    problem = metric_spec_problem(metadata.get("eval_metrics", ()))
+    problem = metric_spec_problem(metadata.get("eval_metrics", ()), EVAL_COLUMNS, "the table's own")
     if problem:
         raise ConfigError(f"{env_id}: metadata['eval_metrics'] is malformed: {problem}; e.g. "
                           "(('hit_rate', 'hit', 'final_rate'),) adds a column hit_rate, the share of episodes whose "
                           "last turn's info['hit'] is true")
-    columns = [column for column, _, _ in metadata.get("eval_metrics", ())]
-    taken = sorted({c for c in columns if columns.count(c) > 1 or c in EVAL_COLUMNS})
-    if taken:
-        raise ConfigError(f"{env_id}: metadata['eval_metrics'] names the column(s) {', '.join(taken)} twice or as one "
-                          f"of the table's own ({', '.join(EVAL_COLUMNS)}); give each column a name of its own")
     declared = metadata.get("eval_baselines", ())
     entries = declared if isinstance(declared, (list, tuple)) else [declared]
     labels = []

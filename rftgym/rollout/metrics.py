@@ -103,9 +103,11 @@ def _mean(values) -> float | None:
     return mean(kept) if kept else None
 
 
-def metric_spec_problem(spec) -> str | None:
+def metric_spec_problem(spec, reserved: Sequence[str] = (), reserved_as: str = "") -> str | None:
     """What is wrong with an env's ``metadata["eval_metrics"]``, or None: it is a sequence of
-    ``(column, info key, reducer)`` string triples, the reducer one of ``EVAL_REDUCERS``."""
+    ``(column, info key, reducer)`` string triples, the reducer one of ``EVAL_REDUCERS``, each
+    column named once and by none of the ``reserved`` names (the reader's own columns, which
+    ``reserved_as`` describes)."""
     if isinstance(spec, (str, bytes, dict)) or not isinstance(spec, (list, tuple)):
         return f"it is {type(spec).__name__}, not a tuple of (column, info key, reducer) triples"
     for entry in spec:
@@ -113,6 +115,11 @@ def metric_spec_problem(spec) -> str | None:
             return f"the entry {entry!r} is not a (column, info key, reducer) triple of strings"
         if entry[2] not in EVAL_REDUCERS:
             return f"the entry {tuple(entry)!r} names the reducer {entry[2]!r}; choose from {', '.join(EVAL_REDUCERS)}"
+    columns = [entry[0] for entry in spec]
+    taken = sorted({c for c in columns if columns.count(c) > 1 or c in reserved})
+    if taken:
+        return (f"it names the column(s) {', '.join(taken)} twice or as one of {reserved_as} ({', '.join(reserved)}); "
+                "give each column a name of its own")
     return None
 
 

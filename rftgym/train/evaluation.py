@@ -18,24 +18,33 @@ from .config import TrainConfig
 from .distributed import Distributed, full_parameters
 
 
-def declared_columns(metadata: dict, whose: str) -> tuple[tuple[str, str, str], ...]:
+# What the evaluation reports itself (as eval_<name>): no env column may take one of these names.
+OWN_METRICS = ("reward_mean", "success_rate", "sampled_tokens_mean", "seconds")
+
+
+def declared_columns(metadata: dict, whose: str, checked_by_eval: bool = True) -> tuple[tuple[str, str, str], ...]:
     """The evaluation columns an env's ``metadata`` declares (``eval_metrics``); a malformed
-    declaration is warned about (naming ``whose`` env) and gives none, as training goes on."""
+    declaration is warned about (naming ``whose`` env) and gives none, as training goes on.
+    ``checked_by_eval``: whether ``rftgym eval`` can run the env (it is registered), and say so too."""
     spec = metadata.get("eval_metrics", ())
-    problem = metric_spec_problem(spec)
+    problem = metric_spec_problem(spec, OWN_METRICS, "the evaluation's own")
     if problem is not None:
-        warn_caller(f"{whose}: metadata['eval_metrics'] is malformed ({problem}), so the evaluation reports none of "
-                    "its columns; `rftgym eval` says the same")
+        also = "; `rftgym eval` refuses it" if checked_by_eval else ""
+        warn_caller(f"{whose}: metadata['eval_metrics'] is malformed ({problem}), so the evaluation during training "
+                    f"reports none of its columns{also}")
         return ()
     return tuple(tuple(entry) for entry in spec)
 
 
 def columns_of_made_env(make_env: Callable[[], gym.Env]) -> tuple[tuple[str, str, str], ...]:
-    """:func:`declared_columns` of the env ``make_env`` makes (one is made and closed for it: the
-    caller's function may make any class)."""
+    """:func:`declared_columns` of the env ``make_env`` makes: its class's metadata where
+    ``make_env`` is the class, else that of one env made and closed for it."""
+    if isinstance(make_env, type) and isinstance(getattr(make_env, "metadata", None), dict):
+        return declared_columns(make_env.metadata, f"the env make_env makes ({make_env.__name__})", False)
     env = make_env()
     try:
-        return declared_columns(env.unwrapped.metadata, f"the env make_env made ({type(env.unwrapped).__name__})")
+        return declared_columns(env.unwrapped.metadata, f"the env make_env made ({type(env.unwrapped).__name__})",
+                                False)
     finally:
         env.close()
 

@@ -681,11 +681,15 @@ def test_the_callers_env_reports_its_own_evaluation_columns(tmp_path, make_char_
                  make_env=Declaring)
     assert rows[-1]["eval_won"] == rows[-1]["eval_success_rate"]
 
-    class Malformed(SayAEnv):
-        metadata = {"render_modes": [], "eval_metrics": ("won",)}
-
-    with pytest.warns(UserWarning, match=r"the env make_env made \(Malformed\): metadata\['eval_metrics'\] is "
-                                         "malformed .*so the evaluation reports none of its columns"):
-        rows = train(config(tmp_path, "malformed", steps=1, eval_every=1, eval_episodes=2), policy=make_char_policy(),
-                     make_env=Malformed)
-    assert "eval_reward_mean" in rows[-1] and not any(key.startswith("eval_won") for key in rows[-1])
+    # A malformed declaration, or one taking the evaluation's own names: warned about, none reported.
+    for name, spec, problem in (("Malformed", ("won",), r"the entry 'won' is not a \(column, info key, reducer\)"),
+                                ("Taking", (("reward_mean", "success", "final_rate"),),
+                                 r"it names the column\(s\) reward_mean twice or as one of the evaluation's own")):
+        made = type(name, (SayAEnv,), {"metadata": {"render_modes": [], "eval_metrics": spec}})
+        with pytest.warns(UserWarning, match=rf"the env make_env makes \({name}\): metadata\['eval_metrics'\] is "
+                                             rf"malformed \({problem}.*so the evaluation during training reports "
+                                             r"none of its columns$"):
+            rows = train(config(tmp_path, name, steps=1, eval_every=1, eval_episodes=2), policy=make_char_policy(),
+                         make_env=made)
+        assert {key for key in rows[-1] if key.startswith("eval_")} == {
+            "eval_reward_mean", "eval_success_rate", "eval_sampled_tokens_mean", "eval_seconds"}
