@@ -37,9 +37,10 @@ from .config import TrainConfig
 
 def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: str | Path | None = None):
     """The model and tokenizer of the run in ``run_dir``, as of its last checkpoint (or of an
-    earlier one it keeps: ``run_dir/checkpoint-40``), with LoRA adapters merged: a plain transformers model in eval mode, every weight trainable. The base
-    model is the one the run loaded (by the absolute path it kept, else its ``--model``), or
-    ``base_model`` where it has moved since."""
+    earlier one it keeps: ``run_dir/checkpoint-40``), with LoRA adapters merged: a plain
+    transformers model in eval mode, every weight trainable. The base model is the one the run
+    loaded (by the absolute path it kept, else its ``--model``), or ``base_model`` where it has
+    moved since."""
     model, tokenizer, _, _ = _rebuild(Path(run_dir).expanduser(), base_model)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return model, tokenizer

@@ -135,8 +135,7 @@ from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
                       render_context, reset_options, resolve_config, summarize_problems, without_tool_markup,
-                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS,
-                      PathsAsText)
+                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS, PathsAsText)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -309,7 +308,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         # baseline prunes, also beside an agent's run with allow_prune=False.
         "eval_baselines": (("no-memory", {"allow_prune": False, "max_note_chars": MemoryQAConfig.max_note_chars},
                             None),
-                           ("heuristic-prune", {"allow_prune": True}, "rftgym.agents.memory_baselines:HeuristicPruner")),
+                           ("heuristic-prune", {"allow_prune": True},
+                            "rftgym.agents.memory_baselines:HeuristicPruner")),
         # what its episodes give beyond the reward: the agent's context edits, whose segments DCPO trains
         "train_signals": frozenset({"context_edits"}),
     }
