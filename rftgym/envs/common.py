@@ -372,16 +372,12 @@ TASK_SELECTIONS = ("seed", "random")
 def check_task_selection(config, generated: bool, fix: str = "give dataset_path") -> None:
     """``task_selection`` is one of :data:`TASK_SELECTIONS`, and given only where a dataset is read
     (``generated``: the tasks are made from each reset's seed, and it would be ignored)."""
-    _check_task_selection(config)
-    if generated:
-        refuse_unread_option(config, "task_selection", because="picks a dataset item at each reset, and this env "
-                             "generates its tasks from the reset's seed", fix=f"drop task_selection, or {fix}")
-
-
-def _check_task_selection(config) -> None:
     if config.task_selection not in TASK_SELECTIONS:
         raise ConfigError(f"task_selection must be 'seed' (reset(seed=i) gives dataset item i mod its size) or "
                           f"'random' (a draw from the env's RNG), got {config.task_selection!r}")
+    if generated:
+        refuse_unread_option(config, "task_selection", because="picks a dataset item at each reset, and this env "
+                             "generates its tasks from the reset's seed", fix=f"drop task_selection, or {fix}")
 
 
 def covering_episodes(dataset, selection: str) -> int | None:

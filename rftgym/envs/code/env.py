@@ -86,7 +86,9 @@ Options to ``reset``
     reset succeeds. After ``close()``, reset() and step() raise RuntimeError: make a new env.
 
 Version history
-    v0: first version (2026-12-06, before any release: ``first_attempt_success``, which pass@1 reads).
+    v0: first version (2026-12-06, before any release: ``first_attempt_success``, which pass@1 reads;
+    2026-12-07: the test generator runs the reference under at most ``per_test_seconds``, so a
+    lower limit keeps other tests, and ``task_selection`` with ``dataset="generated"`` is refused).
 """
 
 from __future__ import annotations

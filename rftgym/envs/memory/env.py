@@ -120,7 +120,10 @@ Data
 
 Version history
     v0: first version (2026-12-01, before any release: the budget stopped counting the env's own
-    status messages, and the score is paid as it is earned rather than at the episode's end).
+    status messages, and the score is paid as it is earned rather than at the episode's end;
+    2026-12-07: a turn's tags past its 64th are ignored (said in ``format_error``), the
+    heuristic-prune baseline runs with pruning allowed, and ``f1_threshold`` with
+    ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused).
 """
 
 from __future__ import annotations

@@ -102,7 +102,10 @@ Version history
     another call's body is that call's text, not a call, and ``think_opened_by_template``;
     2026-12-06: a ``</think>`` that closes nothing no longer counts as thinking before the
     evaluation, drafted evaluations give way to the visible one, an answer in never-closed
-    template thinking is not graded, and markup between digits is no score).
+    template thinking is not graded, and markup between digits is no score; 2026-12-07: the
+    results of the last search allowed say to answer after the evaluation, a turn's tags past
+    its 64th are ignored (said in ``format_error``), and ``task_selection`` without a dataset is
+    refused).
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ Version history
     past; comparison choices at difficulty 3-5 lie more than 0.001 apart; 2026-12-06: a number
     glued to letters or in exponent notation is no number, where "120cm" read as 12 and "1.5e3"
     as 1.5, and an en or em dash before a number is a minus sign; a denied number, "not 5" or
-    "isn't 5", answers nothing, where it was graded as 5).
+    "isn't 5", answers nothing, where it was graded as 5; 2026-12-07: ``max_turns=1`` is taken,
+    and ``task_selection`` without ``dataset_path`` is refused).
 """
 
 from __future__ import annotations
