@@ -64,7 +64,7 @@ def test_an_answer_inside_think_is_reasoning_and_an_unclosed_think_encloses_noth
         env.close()
 
 
-def test_markup_is_stripped_from_a_tags_text_in_one_pass_however_deep_it_nests():
+def test_markup_is_stripped_from_a_tags_text_however_deep_it_nests():
     from rftgym.envs.common import without_elements, without_tool_markup
 
     tags = ("search", "answer")
