@@ -100,6 +100,8 @@ def check_syntax(code: str) -> str | None:
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
         line = getattr(exc, "lineno", None)
         return f"{type(exc).__name__}: {getattr(exc, 'msg', str(exc))}" + (f" (line {line})" if line else "")
+    except (RecursionError, MemoryError) as exc:  # "1+1+...+1" thousands long: Python cannot compile it
+        return f"{type(exc).__name__}: the code nests too deeply for Python to compile it"
     return None
 
 

@@ -15,6 +15,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from .parsing import UNPARSABLE
 from .tasks import args_source, parse_args_source
 
 
@@ -200,7 +201,7 @@ def argument_models(reference: str, entry_point: str, example_inputs: list[str])
         return models
     try:
         tree = ast.parse(reference)
-    except SyntaxError:
+    except UNPARSABLE:
         return None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == entry_point:

@@ -14,6 +14,10 @@ from typing import Any, Iterable
 
 from .tasks import args_source
 
+# What parsing a text Python never ran may raise: a syntax error, a NUL byte (ValueError), or
+# nesting past the parser's depth, "1+1+...+1" thousands long (RecursionError, MemoryError).
+UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
 
 def literal_args(call: ast.Call) -> tuple | None:
     """The call's positional arguments as values, or None if any is not a literal."""
@@ -35,7 +39,7 @@ def calls_with_literal_args(code: str, names: Iterable[str]) -> list[str]:
     wanted = set(names)
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except UNPARSABLE:
         return []
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) in wanted]
     calls.sort(key=lambda n: (n.lineno, n.col_offset))
@@ -55,7 +59,7 @@ def stated_outputs(code: str, name: str) -> dict[str, Any]:
     skipped; for an input stated twice the first counts."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except UNPARSABLE:
         return {}
     stated: dict[str, Any] = {}
     for node in ast.walk(tree):
@@ -107,7 +111,7 @@ def example_calls(text: str, entry_point: str) -> list[str]:
             continue
         try:
             node = ast.parse(entry_point + call_text.replace("\n", " "), mode="eval").body
-        except SyntaxError:
+        except UNPARSABLE:
             continue
         if isinstance(node, ast.Call):
             args = literal_args(node)
@@ -119,7 +123,7 @@ def example_calls(text: str, entry_point: str) -> list[str]:
 def top_level_functions(code: str) -> list[ast.FunctionDef]:
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except UNPARSABLE:
         return []
     return [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
@@ -128,7 +132,7 @@ def called_names(code: str) -> list[str]:
     """Names called in ``code``, in source order, deduplicated."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except UNPARSABLE:
         return []
     calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n)),
                    key=lambda n: (n.lineno, n.col_offset))

@@ -97,7 +97,7 @@ def call_source(entry_point: str, input_source: str) -> str:
     """``f(a, b)`` for the input ``"(a, b)"`` (or ``f(*<input>)`` if it is not a tuple display)."""
     try:
         node = ast.parse(input_source, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         node = None
     if isinstance(node, ast.Tuple):
         return f"{entry_point}({', '.join(ast.unparse(e) for e in node.elts)})"

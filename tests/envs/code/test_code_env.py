@@ -542,3 +542,16 @@ def test_a_lower_time_limit_holds_the_test_generator_to_it_so_the_reference_pass
     finally:
         env.close()
     assert gym.make("rftgym/CodeTCG-v0", per_test_seconds=5.0).unwrapped.tcg_config.per_test_seconds == 2.0
+
+
+def test_code_nested_past_the_compilers_depth_is_a_syntax_error_not_a_crash(generated_env):
+    """A small model's repetition loop ("1+1+...+1", "----1") is past what CPython compiles: a
+    RecursionError or MemoryError from compile(), which must be graded as the syntax error it is."""
+    from rftgym.envs.code.parsing import example_calls
+
+    for body in ("x = " + "1+" * 14000 + "1", "x = " + "-" * 25000 + "1"):
+        generated_env.reset(seed=0)
+        _, reward, _, _, info = generated_env.step(fenced(body))
+        assert info["status"] == "syntax_error" and info["syntax_error"] and info["passed"] == 0
+        assert "nests too deeply for Python to compile it" in info["tests"][0]["error"]
+    assert example_calls("f(" + "1+" * 14000 + "1)", "f") == []  # a proposal of the same shape: no input
