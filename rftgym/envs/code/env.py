@@ -57,9 +57,10 @@ Episode end
     ``info["info_if_cut"]`` its outcome; the rollout engine adds the one to the reward and merges
     the other into the info of the last turn of any episode that ends truncated (a TimeLimit, its
     own turn cap, a full context); a loop of your own does likewise. With ``max_attempts > 1``
-    a failing submission is answered with up to ``feedback_tests`` failing tests (input, got or
-    error, and the expected output for the task's own examples only: a hidden test's expected
-    output would let a later attempt pass it from a lookup table) and the agent tries again.
+    a failing submission is answered with up to ``feedback_tests`` of the task's own failing
+    examples (input, expected, got or error) and the count of failed hidden tests by kind of
+    failure, never their inputs or outputs (a later attempt could pass them from a lookup table
+    of what feedback showed), and the agent tries again.
 
 Info keys
     ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code"),
@@ -88,7 +89,9 @@ Options to ``reset``
 Version history
     v0: first version (2026-12-06, before any release: ``first_attempt_success``, which pass@1 reads;
     2026-12-07: the test generator runs the reference under at most ``per_test_seconds``, so a
-    lower limit keeps other tests, and ``task_selection`` with ``dataset="generated"`` is refused).
+    lower limit keeps other tests; ``task_selection`` with ``dataset="generated"`` is refused; the
+    feedback after a failed attempt counts the hidden tests that failed instead of showing their
+    inputs and outputs; code nested past what Python compiles is a syntax error).
 """
 
 from __future__ import annotations

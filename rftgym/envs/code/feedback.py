@@ -6,12 +6,14 @@ Everything here turns agent text into data or data into text; nothing raises on 
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from ...core.tags import UNCLOSED_FENCE
 
 PYTHON_LANGUAGES = ("python", "py", "python3")
 _STEP = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
 MAX_SHOWN_CHARS = 300
+MAX_KINDS_SHOWN = 4  # kinds of failure counted for a submission's hidden tests
 
 
 CODE_IN_THINK = "the code is inside <think>, which is reasoning, not the submission; give it after </think>"
@@ -98,14 +100,12 @@ def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
     return steps, "; ".join(problems) or None
 
 
-HIDDEN_EXPECTED = "expected: (not shown for a hidden test)"
-
-
 def describe_failures(result, shown: int, attempts_left: int, format_error: str | None = None) -> str:
     """Feedback after a failing submission: the status, what was wrong with the reply's form
-    (``format_error``, e.g. which of several code blocks was graded), and up to ``shown`` failing
-    tests, the task's examples first, with what the code gave; only an example's expected output
-    is shown (none at all for a submission that failed before any test ran)."""
+    (``format_error``, e.g. which of several code blocks was graded), up to ``shown`` of the task's
+    own failing examples (input, expected, what the code gave), and how many hidden tests failed
+    and how, without their inputs or outputs (no test at all for a submission that failed before
+    any test ran)."""
     plural = "s" if attempts_left != 1 else ""
     head = {
         "syntax_error": "Your code has a syntax error",
@@ -118,20 +118,35 @@ def describe_failures(result, shown: int, attempts_left: int, format_error: str 
     if format_error:
         lines.append(f"Note: {format_error}.")
     before_tests = result.status in ("syntax_error", "import_error", "missing_entry_point")
-    # The task's own examples first: their expected outputs are in the prompt already. A hidden
-    # test's is withheld, or a later attempt could pass it from a table of what feedback showed.
-    failing = [] if before_tests else sorted((r for r in result.results if not r.passed),
-                                             key=lambda r: r.origin != "example")[:shown]
+    # The task's own examples are shown: their expected outputs are in the prompt already. Of a
+    # hidden test neither input nor output is: a later attempt could pass it from a table of what
+    # feedback showed (an input that failed with "got False" answers True).
+    failed = [] if before_tests else [r for r in result.results if not r.passed]
+    failing = [r for r in failed if r.origin == "example"][:shown]
     for r in failing:
         outcome = f"error: {r.error}" if r.error else f"got: {r.got}"
-        expected = f"expected: {_clip(r.expected)}" if r.origin == "example" else HIDDEN_EXPECTED
-        lines.append(f"- input: {_clip(r.input)}\n  {expected}\n  {_clip(outcome)}")
+        lines.append(f"- input: {_clip(r.input)}\n  expected: {_clip(r.expected)}\n  {_clip(outcome)}")
+    hidden = [r for r in failed if r.origin != "example"] if shown else []
+    if hidden:
+        kinds = Counter(_failure_kind(r.error) for r in hidden)
+        said = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common(MAX_KINDS_SHOWN))
+        lines.append(f"- {len(hidden)} hidden test{'s' if len(hidden) != 1 else ''} failed ({said}); their inputs and "
+                     "outputs are not shown")
     detail = getattr(result, "message", None)
     if before_tests and not detail:  # the error is the same for every test: say it once
         detail = next((r.error for r in result.results if r.error), None)
-    if detail and not failing:
+    if detail and not (failing or hidden):
         lines.append(_clip(str(detail)))
     return "\n".join(lines)
+
+
+def _failure_kind(error: str | None) -> str:
+    """How a hidden test failed, in a word that tells nothing of its input or output: a wrong
+    answer, or the error's name ("ValueError", "Timeout")."""
+    if not error:
+        return "wrong answer"
+    name = error.split(":", 1)[0].strip()
+    return name if ":" in error and re.fullmatch(r"[A-Za-z_][\w.]{0,40}", name) else "error"
 
 
 def _clip(text) -> str:

@@ -206,9 +206,10 @@ def test_second_attempt_after_failing_tests_feedback(tmp_path):
     env.close()
 
 
-def test_feedback_shows_expected_outputs_of_the_tasks_examples_only(tmp_path):
+def test_feedback_shows_the_tasks_examples_and_only_counts_of_hidden_tests(tmp_path):
     # A hidden test's expected output in the feedback let a later attempt pass it from a lookup
-    # table: 0.50 mean reward over four attempts without solving anything.
+    # table: 0.50 mean reward over four attempts without solving anything; so did its input with
+    # what the code gave ("got False" answers True: 22/22 on a balanced-brackets task).
     from rftgym.envs.code.tcg import TCGConfig
 
     env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=50,
@@ -216,13 +217,16 @@ def test_feedback_shows_expected_outputs_of_the_tasks_examples_only(tmp_path):
     env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
     task = env.unwrapped.task
     context, _, _, _, info = env.step(fenced(f"def {task.entry_point}(*args, **kwargs):\n    return 'wrong'"))
-    shown = context[-1].content.split("\n- input: ")[1:]
-    origins = [t["origin"] for t in info["tests"]]
-    assert len(shown) == len(origins) == origins.count("example") + sum(o != "example" for o in origins)
-    examples = origins.count("example")
-    assert examples >= 1 and len(shown) > examples
-    assert all("expected: (not shown" not in item for item in shown[:examples])  # examples come first
-    assert all("\n  expected: (not shown for a hidden test)\n  got: 'wrong'" in item for item in shown[examples:])
+    feedback = context[-1].content
+    shown = feedback.split("\n- input: ")[1:]
+    examples = [t for t in info["tests"] if t["origin"] == "example"]
+    hidden = [t for t in info["tests"] if t["origin"] != "example"]
+    assert len(shown) == len(examples) >= 1 and hidden
+    assert all("\n  expected: " in item and "\n  got: 'wrong'" in item for item in shown)
+    assert f"- {len(hidden)} hidden tests failed ({len(hidden)} wrong answer); their inputs and outputs are not " \
+           "shown" in feedback
+    for test in hidden:
+        assert test["input"] not in feedback
     env.close()
 
 
