@@ -416,8 +416,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         from .tcg import build_tests
 
         self.check_open("tested_task")  # they are built in the sandbox, given back on close()
-        if self.dataset is None:  # a generated task is new on every reset: nothing to keep
-            return build_tests(task, self.tcg_config, self.sandbox)
+        if self.dataset is None:  # a generated task is new on every reset: nothing to keep, on disk either
+            return build_tests(task, replace(self.tcg_config, use_cache=False), self.sandbox)
         if task.task_id not in self._tested:
             self._tested[task.task_id] = build_tests(task, self.tcg_config, self.sandbox)
         return self._tested[task.task_id]

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from ...core.errors import ConfigError, warn_caller
 from ...core.files import replace_text
 from .harness import RunOutcome, check_per_test_seconds, execute_many
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
-from .sandbox import DEFAULT_HASH_SEED, Sandbox
+from .sandbox import DEFAULT_HASH_SEED, Sandbox, SandboxLimits
 from .codec import display, encode, encoded_equal
 from .parsing import stated_outputs
 from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
@@ -138,19 +139,23 @@ def cache_dir(config: TCGConfig) -> Path:
     return Path(root) / "tcg"
 
 
-def cache_key(task: CodeTask, config: TCGConfig) -> str:
+def cache_key(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None = None) -> str:
+    """What a task's tests depend on: the task, the TCG's settings, and where the reference ran
+    (the sandbox's limits, under which an input it needs too much memory for is dropped, and the
+    Python version, whose behaviour it records)."""
     fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("use_cache", "cache_dir")}
     payload = {"v": CACHE_VERSION, "id": task.task_id, "style": task.style, "entry": task.entry_point,
                "reference": task.reference, "setup": task.setup_code, "prompt": task.prompt,
                "examples": [t.input for t in task.examples], "tests": [(t.input, t.origin) for t in task.tests],
-               "config": fields}
+               "config": fields, "limits": dataclasses.asdict(limits or SandboxLimits()),
+               "python": platform.python_version()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _cache_read(task: CodeTask, config: TCGConfig) -> tuple[TestCase, ...] | None:
+def _cache_read(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None) -> tuple[TestCase, ...] | None:
     if not config.use_cache:
         return None
-    path = cache_dir(config) / f"{cache_key(task, config)}.json"
+    path = cache_dir(config) / f"{cache_key(task, config, limits)}.json"
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
         return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows)
@@ -158,13 +163,14 @@ def _cache_read(task: CodeTask, config: TCGConfig) -> tuple[TestCase, ...] | Non
         return None  # missing or unreadable: rebuild
 
 
-def _cache_write(task: CodeTask, config: TCGConfig, tests: Sequence[TestCase]) -> None:
+def _cache_write(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None, tests: Sequence[TestCase]) -> None:
     if not config.use_cache:
         return
     directory = cache_dir(config)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        replace_text(directory / f"{cache_key(task, config)}.json", json.dumps([dataclasses.asdict(t) for t in tests]))
+        replace_text(directory / f"{cache_key(task, config, limits)}.json",
+                     json.dumps([dataclasses.asdict(t) for t in tests]))
     except OSError:
         pass  # a read-only cache only costs speed
 
@@ -215,7 +221,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     out: list[CodeTask | None] = [None] * len(tasks)
     todo: list[int] = []
     for i, task in enumerate(tasks):
-        cached = _cache_read(task, config)
+        cached = _cache_read(task, config, getattr(sandbox, "limits", None))
         if cached is not None:
             out[i] = task.with_tests(cached)
             _warn_if_the_dataset_disagrees(task, cached)
@@ -259,7 +265,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     built = {i: _rebalanced(tasks[i], tests) for i, tests in built.items()}
     for i in todo:
         if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
-            _cache_write(tasks[i], config, built[i])
+            _cache_write(tasks[i], config, getattr(sandbox, "limits", None), built[i])
         out[i] = tasks[i].with_tests(built[i])
         _warn_if_the_dataset_disagrees(tasks[i], built[i])
         if not built[i]:

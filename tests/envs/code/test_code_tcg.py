@@ -261,3 +261,24 @@ def test_random_tests_of_a_dominant_output_are_dropped_down_to_the_majority_shar
     assert _rebalanced(task, balanced) == balanced
     only_dataset = tuple(TestCase(f"({n},)", false, "dataset") for n in range(5)) + (TestCase("(7,)", true, "edge"),)
     assert _rebalanced(task, only_dataset) == only_dataset  # nothing random to drop
+
+
+def test_the_cache_key_follows_the_sandbox_limits_the_reference_ran_under():
+    from rftgym.envs.code.sandbox import SandboxLimits
+
+    config = TCGConfig()
+    small, large = SandboxLimits(memory_mb=128), SandboxLimits(memory_mb=1024)
+    assert cache_key(SQRT, config, large) != cache_key(SQRT, config, small)
+    assert cache_key(SQRT, config) == cache_key(SQRT, config, SandboxLimits())
+
+
+def test_generated_tasks_leave_no_cache_files(tmp_path):
+    import gymnasium as gym
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    try:
+        for seed in range(3):
+            env.reset(seed=seed)
+    finally:
+        env.close()
+    assert not list(tmp_path.rglob("*.json"))  # each is new: a file per reset would only grow the cache
