@@ -91,7 +91,8 @@ Version history
     2026-12-07: the test generator runs the reference under at most ``per_test_seconds``, so a
     lower limit keeps other tests; ``task_selection`` with ``dataset="generated"`` is refused; the
     feedback after a failed attempt counts the hidden tests that failed instead of showing their
-    inputs and outputs; code nested past what Python compiles is a syntax error).
+    inputs and outputs; code nested past what Python compiles is a syntax error; each stdio test
+    ends as a program does, its files flushed and fileinput closed).
 """
 
 from __future__ import annotations

@@ -410,6 +410,14 @@ def finish(status: int = 0) -> int:
         status = exit_status(exc.code)
     except BaseException:   # noqa: BLE001
         pass
+    main = sys.modules.get("__main__")
+    try:   # its objects go, as at CPython's exit: a file the program opened on fd 1 flushes as it closes
+        if main is not None:
+            main.__dict__.clear()
+        import gc
+        gc.collect()
+    except BaseException:   # noqa: BLE001 - a finalizer of the program's own
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

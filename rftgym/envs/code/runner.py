@@ -30,7 +30,7 @@ from __future__ import annotations
 from .codec import ENCODER_SOURCE
 
 RUNNER_TEMPLATE = r'''
-import atexit, builtins, io, json, math, os, select, signal, sys, threading, time
+import atexit, builtins, gc, io, json, math, os, select, signal, sys, threading, time
 MARK = __MARK__
 __ENCODER__
 _channel = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
@@ -101,6 +101,23 @@ def _test_overran(i, total, seconds, started):
                    "message": "not run: an earlier test did not stop at its time limit"})
         _emit({"done": True})
     return report
+
+def _program_gone(namespace):
+    # What the end of a real program does, which another test's run must not inherit: its objects
+    # go (a file it opened on fd 1 flushes as it closes), sys.__stdout__ is flushed, and an input
+    # fileinput still reads is closed.
+    namespace.clear()
+    gc.collect()
+    for stream in (sys.__stdout__, sys.stdout):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if "fileinput" in sys.modules:
+        try:
+            sys.modules["fileinput"].close()
+        except BaseException:
+            pass
 
 def _redirect(fd, path, mode):
     flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -239,6 +256,7 @@ def _stdio_style(cfg):
             except SystemExit as exc:
                 error, message = _exit_error(exc.code)
             _program_end(threads_before)
+            _program_gone(namespace)
             _disarm()
         except _Timeout:
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]

@@ -8,7 +8,7 @@ import pytest
 
 from rftgym.envs.code.codec import decode, display, encode, encoded_equal, normalize_stdout, stdout_equal, values_equal
 from rftgym.envs.code.harness import check_syntax, grade, grade_many, run_dataset_tests
-from rftgym.envs.code.sandbox import make_sandbox
+from rftgym.envs.code.sandbox import Program, make_sandbox
 from rftgym.envs.code.tasks import CodeTask, TestCase
 
 
@@ -380,3 +380,17 @@ def test_forged_or_malformed_records_fail_the_test_and_never_raise(forged):
     from rftgym.envs.code.harness import _compare
 
     assert not _compare(task, task.tests[0], record).passed
+
+
+@pytest.mark.parametrize("name, code", [
+    ("a writer of its own on fd 1", "out = open(1, 'w', closefd=False)\nn = int(input())\nout.write(str(n * 2) + '\\n')\n"),
+    ("sys.__stdout__", "import sys\nn = int(input())\nsys.__stdout__.write(str(n * 2) + '\\n')\n"),
+    ("fileinput left reading", "import fileinput\nfor line in fileinput.input():\n    print(int(line) * 2)\n    break\n"),
+])
+def test_a_stdio_test_ends_as_a_program_does(sandbox, name, code):
+    """Each stdio test runs in one interpreter after another: what a real program's end does (its
+    files flushed as they close, sys.__stdout__ flushed, fileinput closed) must happen at each
+    test's end, or its output lands in the next test's, or the next test fails."""
+    graded = grade(ECHO, code, sandbox)
+    assert graded.passed == graded.total == 2, [(r.got, r.error) for r in graded.results]
+    assert sandbox.run(Program({"main.py": code}, stdin="3\n")).stdout == "6\n"  # as a program on its own
