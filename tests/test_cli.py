@@ -152,6 +152,14 @@ def test_env_arg_without_equals(capsys):
     assert "--env-arg '=3' has no KEY before '='" in capsys.readouterr().err
 
 
+def test_json_nested_too_deeply_to_read_is_a_usage_error(capsys):
+    deep = "[" * 20000 + "]" * 20000
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"difficulties={deep}"]) == 2
+    assert "--env-arg difficulties=...: its JSON value nests too deeply to read" in capsys.readouterr().err
+    assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-extra", f'{{"a": {deep}}}']) == 2
+    assert "--api-extra: its JSON nests too deeply to read" in capsys.readouterr().err
+
+
 def test_play_refuses_an_option_that_stands_for_a_policy(capsys):
     assert exit_code(["play", "rftgym/CodeTCG-v0", "--env-arg", "dataset=generated", "--env-arg", "pseudocode=true",
                       "--env-arg", "step_scorer=rollout"]) == 2

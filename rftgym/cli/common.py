@@ -22,6 +22,9 @@ def _json_object(text: str | None, flag: str) -> dict | None:
         value = json.loads(text)
     except ValueError as exc:
         raise UsageError(f"{flag}: not valid JSON ({exc}); give an object, e.g. {flag} '{{\"top_k\": 20}}'") from None
+    except RecursionError:
+        raise UsageError(f"{flag}: its JSON nests too deeply to read; give a flat object, e.g. {flag} "
+                         "'{\"top_k\": 20}'") from None
     if not isinstance(value, dict):
         raise UsageError(f"{flag}: give a JSON object, e.g. {flag} '{{\"top_k\": 20}}', not {type(value).__name__}")
     return value

@@ -51,6 +51,8 @@ def _parse_env_args(pairs: Sequence[str], flag: str = "--env-arg") -> dict[str, 
             kwargs[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
             kwargs[key.strip()] = raw  # a bare string such as a path
+        except RecursionError:
+            raise UsageError(f"{flag} {key.strip()}=...: its JSON value nests too deeply to read") from None
     return kwargs
 
 

@@ -129,6 +129,12 @@ class Episode:
         return bool(self.turns and self.turns[-1].finish_reason == CONTEXT_FULL)
 
     @property
+    def played_turns(self) -> list[Turn]:
+        """The turns the env played: the empty turn that records an episode's end for want of
+        context is no reply, so it counts neither as a turn nor as a turn without a format error."""
+        return [t for t in self.turns if t.finish_reason != CONTEXT_FULL]
+
+    @property
     def success(self) -> bool:
         return bool(self.turns and self.turns[-1].info.get("success", False))
 
@@ -161,7 +167,7 @@ class Episode:
             "summary": {
                 "total_reward": self.total_reward,
                 "success": self.success,
-                "turns": len(self.turns),
+                "turns": len(self.played_turns),  # as `rftgym eval`'s table counts them
                 "prompt_tokens": self.num_prompt_tokens,
                 "sampled_tokens": self.num_sampled_tokens,
                 "segments": len(self.segments),

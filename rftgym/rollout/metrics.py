@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.records import CONTEXT_FULL, Episode, Turn
+from ..core.records import Episode, Turn
 
 
 # The keys of summarize() that are means (NaN over nothing): over episodes, but format_error_rate,
@@ -18,9 +18,9 @@ _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampl
 
 
 def played_turns(episode: Episode) -> list:
-    """The turns the env played: the empty turn that records an episode's end for want of context
-    is no reply, so it counts neither as a turn nor as a turn without a format error."""
-    return [t for t in episode.turns if t.finish_reason != CONTEXT_FULL]
+    """:attr:`Episode.played_turns` (the empty turn that records an end for want of context is no
+    reply)."""
+    return episode.played_turns
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -135,6 +135,7 @@ def test_env_columns_score_an_episode_that_ran_out_of_context_as_unfinished():
     assert summary["context_full"] == 1 and summary["success"] == 0.5
     # The empty turn recording the end is no reply: one turn each, and the search had no format error.
     assert summary["turns"] == 1.0 and summary["format_error_rate"] == 0.0
+    assert full[0].to_json()["summary"]["turns"] == 1  # the episode file counts them alike
 
 
 def test_a_prompt_over_the_policy_limit_ends_only_its_own_episode(tiny_policy):
