@@ -35,9 +35,12 @@ class ContextFull(Exception):
 
 # How OpenAI-compatible servers word "the prompt (plus max_tokens) does not fit the context":
 # OpenAI's error code, OpenAI's and vLLM's "maximum context length", SGLang's "context length",
-# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=" (an HTTP 422).
+# llama.cpp's "context size", TGI's "`max_new_tokens` must be <=" and "`inputs` must have less than
+# N tokens" (HTTP 422s, with or without the backticks), vLLM's "The decoder prompt (length N) is
+# longer than the maximum model length".
 _CONTEXT_FULL_ERROR = re.compile(r"context_length_exceeded|context[ _-]length|maximum context|context size|"
-                                 r"context window|max_new_tokens` must be <=", re.IGNORECASE)
+                                 r"context window|max_new_tokens`? must be <=|inputs`? must have less than|"
+                                 r"longer than the maximum model length", re.IGNORECASE)
 
 
 def error_texts(body: bytes) -> list[str]:

@@ -396,6 +396,13 @@ def test_400_is_not_retried(server):
                "type": "exceed_context_size_error"}},  # llama.cpp server
     {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 2048. Given: 1900 `inputs` "
               "tokens and 256 `max_new_tokens`", "error_type": "validation"},  # TGI, as HTTP 422
+    {"error": "Input validation error: inputs tokens + max_new_tokens must be <= 2048. Given: 1900 inputs tokens and "
+              "256 max_new_tokens", "error_type": "validation"},  # TGI's newer wording
+    {"error": "Input validation error: `inputs` must have less than 1024 tokens. Given: 1100",
+     "error_type": "validation"},  # TGI, a prompt alone too long
+    {"object": "error", "message": "The decoder prompt (length 4200) is longer than the maximum model length of 4096. "
+                                   "Make sure that `max_model_len` is no smaller than the number of text tokens.",
+     "type": "BadRequestError", "code": 400},  # vLLM, a prompt alone too long
 ])
 def test_a_context_that_does_not_fit_the_served_model_ends_the_episode(server, error_body):
     status = 422 if "error_type" in error_body else 400
