@@ -27,6 +27,7 @@ import http.client
 import json
 import queue
 import random
+import ssl
 import threading
 import time
 import urllib.error
@@ -367,6 +368,10 @@ class ChatAPIAgent(Agent):
                 # TLS spoken to a plain-HTTP server: no retry mends that
                 raise ChatAPIError(f"POST {url}: the server does not speak TLS ({reason}); if it serves plain "
                                    f"HTTP, use http:// in --api-base (base_url)") from None
+            elif isinstance(reason, ssl.SSLCertVerificationError):  # no retry mends a certificate
+                raise ChatAPIError(f"POST {url}: the server's TLS certificate is not trusted ({reason.verify_message}"
+                                   "); if it is your own server's (self-signed, or from a private CA), name the CA's "
+                                   "certificate file in the SSL_CERT_FILE environment variable") from None
             else:
                 what = f"could not connect ({reason})"
             raise RetryableError(what) from None

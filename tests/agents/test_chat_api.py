@@ -1150,6 +1150,53 @@ def test_https_to_a_plain_http_server_says_to_use_http(server):
         agent.act_one(ctx(("user", "q")))
 
 
+def test_a_certificate_the_client_does_not_trust_is_said_at_once(tmp_path):
+    """A self-signed certificate (a server of your own): no retry mends it; the message says how
+    to trust it."""
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    asked = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # never reached: the handshake fails first
+            asked.append(self.path)
+
+        def log_message(self, *args):
+            pass
+
+    connections = []
+
+    class Counting(ThreadingHTTPServer):
+        def get_request(self):
+            connections.append(1)
+            return super().get_request()
+
+    httpd = Counting(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        agent = ChatAPIAgent.from_url(f"https://127.0.0.1:{httpd.server_address[1]}/v1", "test-model",
+                                      backoff_s=0.01, timeout_s=5.0, api_key=None, max_retries=3)
+        with pytest.raises(ChatAPIError, match=r"the server's TLS certificate is not trusted \(self.signed "
+                                               r"certificate.*name the CA's certificate file in the SSL_CERT_FILE"):
+            agent.act_one(ctx(("user", "q")))
+        assert len(connections) == 1 and not asked  # not retried
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_a_compressed_error_reply_is_read_for_its_reason(server):
     import gzip
 
