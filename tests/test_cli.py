@@ -152,6 +152,14 @@ def test_env_arg_without_equals(capsys):
     assert "--env-arg '=3' has no KEY before '='" in capsys.readouterr().err
 
 
+def test_a_key_with_a_tab_is_named_by_its_environment_variable(capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ab\tc")
+    assert exit_code(["eval", ENV_ID, "--agent", "api", "--api-base", "http://127.0.0.1:9/v1", "--api-model", "m",
+                      "--episodes", "1"]) == 2
+    assert "api_key (on the command line, the OPENAI_API_KEY environment variable) must contain only printable ASCII" \
+           in capsys.readouterr().err
+
+
 def test_json_nested_too_deeply_to_read_is_a_usage_error(capsys):
     deep = "[" * 20000 + "]" * 20000
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"difficulties={deep}"]) == 2

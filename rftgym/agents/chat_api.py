@@ -311,7 +311,7 @@ class ChatAPIAgent(Agent):
         assert last is not None
         raise ChatAPIError(
             f"POST {url} failed after {made} attempt(s): {last.what}. "
-            f"{self._hint(last.status, broke_off=last.broke_off)}",
+            f"{self._hint(last.status, broke_off=last.broke_off, timed_out='timed out' in last.what)}",
             status=last.status,
         )
 
@@ -515,9 +515,16 @@ class ChatAPIAgent(Agent):
                                          f"before it answers: raise --max-new-tokens (max_tokens="
                                          f"{self.config.max_tokens}), or turn off the server's reasoning parser")
 
-    def _hint(self, status: int | None, broke_off: bool = False) -> str:
+    def _hint(self, status: int | None, broke_off: bool = False, timed_out: bool = False) -> str:
         cfg = self.config
         retry_more = "raise --api-max-retries (max_retries) or --api-backoff (backoff_s)"
+        if status is None and timed_out:
+            return (
+                f"The time a request waits in the server's queue counts too: a server that answers few requests "
+                f"at once (llama.cpp with one slot, a CPU server) is sent {cfg.max_concurrency} at a time; lower "
+                f"--num-envs (max_concurrency), or raise --api-timeout (timeout_s). If nothing answers at all, "
+                f"check that the server runs at {cfg.base_url} (--api-base)."
+            )
         if status is None and broke_off:
             return (
                 f"The server at {cfg.base_url} answers, but its replies broke off before their end; check its "

@@ -142,8 +142,8 @@ class ChatAPIConfig:
             key = self.api_key.strip()
             if not key.isascii() or not key.isprintable():
                 raise ConfigError(
-                    "ChatAPIConfig.api_key must contain only printable ASCII characters "
-                    "(no line breaks)",
+                    f"ChatAPIConfig.api_key (on the command line, the {API_KEY_ENV} environment variable) must "
+                    "contain only printable ASCII characters (no tab or line break: check how it was pasted)",
                     field="api_key",
                 )
             set_("api_key", key or None)

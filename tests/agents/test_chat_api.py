@@ -551,6 +551,9 @@ def test_headers_trickling_in_are_given_up_at_the_timeout_and_retried():
     assert isinstance(error, ChatAPIError) and error.status is None, error
     assert "failed after 2 attempt(s): timed out after 1 s (timeout_s)" in str(error)
     assert "--api-timeout" in str(error)
+    # A request that waits in a busy server's queue times out too: the hint says to send fewer at once.
+    assert "The time a request waits in the server's queue counts too" in str(error)
+    assert "lower --num-envs (max_concurrency)" in str(error)
 
 
 def test_a_name_lookup_that_hangs_is_reported_as_the_resolvers(monkeypatch):
