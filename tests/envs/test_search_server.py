@@ -105,7 +105,7 @@ def test_a_down_service_is_a_clear_error():
     # The env probes the service when it is made, not at the agent's first search.
     # ... and told how to serve its own documents: here its generated world.
     with pytest.raises(RetrievalServiceError, match="failed 3 attempts .* Start one with: rftgym serve-retriever "
-                                                    "--world-seed 4 --world-size 30$"):
+                                                    r"--world-seed 4 --world-size 30 --port \d+$"):
         SearchEvalQAEnv(retriever="remote", retriever_url=url, world_seed=4, world_size=30)
     # A service spoken to in TLS that answers in plain HTTP is said at once, not retried.
     plain = make_server(BM25Retriever(DOCS), port=0)
@@ -130,6 +130,10 @@ def test_the_command_that_serves_an_envs_documents():
     assert serve_command(search) == "rftgym serve-retriever --corpus 'my corpus.jsonl' --index bm25"
     assert serve_command(SimpleNamespace(dataset_path="q.json", corpus_path=None)) == \
         "rftgym serve-retriever --corpus q.json --index bm25"
+    # Where the env looks for it: the port of its retriever_url (serve-retriever's own is 8000).
+    remote = SimpleNamespace(dataset_path=None, corpus_path=None, world_seed=3, world_size=40,
+                             retriever_url="http://127.0.0.1:35105")
+    assert serve_command(remote) == "rftgym serve-retriever --world-seed 3 --world-size 40 --port 35105"
 
 
 @pytest.mark.parametrize("url, problem", [

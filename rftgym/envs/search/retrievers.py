@@ -25,6 +25,7 @@ import os
 import shlex
 import tempfile
 import threading
+import urllib.parse
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,10 +328,17 @@ def open_retriever(config, documents: Sequence[Document], source: str,
 
 
 def serve_command(config) -> str:
-    """The command that serves an env's documents: its generated world, or its corpus file."""
+    """The command that serves an env's documents (its generated world, or its corpus file) where
+    its ``retriever_url`` looks for them (the URL's port; serve-retriever's own default otherwise)."""
+    url = urllib.parse.urlsplit(getattr(config, "retriever_url", None) or "")
+    try:
+        port = f" --port {url.port}" if url.port is not None else ""
+    except ValueError:  # a port out of range: the URL is refused elsewhere
+        port = ""
     if config.dataset_path is None:
-        return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}"
-    return f"rftgym serve-retriever --corpus {shlex.quote(str(config.corpus_path or config.dataset_path))} --index bm25"
+        return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}{port}"
+    corpus = shlex.quote(str(config.corpus_path or config.dataset_path))
+    return f"rftgym serve-retriever --corpus {corpus} --index bm25{port}"
 
 
 def corpus_source(config) -> str:
