@@ -493,9 +493,19 @@ class ChatAPIAgent(Agent):
             finish_reason = None
         elif finish_reason == CONTEXT_FULL:  # rftgym's own marker (no room left): a server's is another thing
             finish_reason = f"server:{finish_reason}"
+        # A stop string is left out of the reply; put back the one the server says it matched
+        # (vLLM's stop_reason, SGLang's matched_stop), so that a tag it closes stays closed.
+        matched = choice.get("stop_reason", choice.get("matched_stop"))
+        if finish_reason == "stop" and isinstance(matched, str) and matched in self._stop_strings():
+            text += matched
         if not text:
             self._explain_empty(message, finish_reason)
         return AgentReply(text=text, finish_reason=finish_reason)
+
+    def _stop_strings(self) -> tuple[str, ...]:
+        """The stop strings the requests name (``stop``, or ``extra_body``'s)."""
+        extra = (self.config.extra_body or {}).get("stop")
+        return (*self.config.stop, *([extra] if isinstance(extra, str) else extra if isinstance(extra, list) else []))
 
     def _explain_empty(self, message: dict, finish_reason: str | None) -> None:
         """An empty reply the server sent for a reason the user can act on is recorded as it is

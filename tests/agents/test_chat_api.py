@@ -215,6 +215,27 @@ def test_normal_reply_and_request_body(server):
     assert "stream" not in body
 
 
+def test_the_stop_string_the_server_matched_is_put_back(server):
+    """OpenAI-compatible servers leave a stop string out of the reply: a search that "</search>"
+    stopped would read as never closed. The one the server names is put back."""
+    def reply(stop_reason, key="stop_reason"):
+        body = completion("<search>Scott Derrickson", "stop")
+        body["choices"][0][key] = stop_reason
+        return Response(body=body)
+
+    with server.agent(stop=("</search>", "</answer>")) as agent:
+        for stop_reason, key, text in (("</search>", "stop_reason", "<search>Scott Derrickson</search>"),  # vLLM
+                                       ("</search>", "matched_stop", "<search>Scott Derrickson</search>"),  # SGLang
+                                       (None, "stop_reason", "<search>Scott Derrickson"),  # the end of a turn
+                                       (128009, "matched_stop", "<search>Scott Derrickson"),  # a stop token's id
+                                       ("\n\n", "stop_reason", "<search>Scott Derrickson")):  # no stop asked of it
+            server.behaviour = lambda req, n: reply(stop_reason, key)
+            assert agent.act_one(ctx(("user", "q"))).text == text
+    with server.agent(extra_body={"stop": ["</search>"]}) as agent:  # (--api-extra '{"stop": [...]}')
+        server.behaviour = lambda req, n: reply("</search>")
+        assert agent.act_one(ctx(("user", "q"))).text == "<search>Scott Derrickson</search>"
+
+
 def test_defaults_omit_stop_and_act_one(server):
     agent = server.agent()
     try:
