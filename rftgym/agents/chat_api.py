@@ -459,6 +459,10 @@ class ChatAPIAgent(Agent):
             if cut_short(raw, exc):
                 raise RetryableError("the reply's JSON breaks off at its end, as when a connection closes early",
                                      broke_off=True) from None
+            if text.lstrip().startswith(("data:", "event:")):
+                raise ChatAPIError(f"POST {url} answered with an event stream (server-sent 'data:' lines), not one "
+                                   "JSON reply: the server streams although the request did not ask it to. Turn "
+                                   "streaming off on the server (or in a proxy before it)", status=status) from None
             raise fail("the body is not valid JSON") from None
         except RecursionError:
             raise fail("the body's JSON is nested too deeply to read") from None
@@ -466,8 +470,10 @@ class ChatAPIAgent(Agent):
             raise fail(f"the body is a JSON {type(payload).__name__}, not an object")
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            if "error" in payload:
-                raise fail("the body is an error object, not a completion")
+            if "error" in payload:  # a failure the server reports with HTTP 200 (e.g. out of GPU memory)
+                said = "; ".join(error_texts(raw)) or snippet(raw)
+                raise RetryableError(f"HTTP {status} with an error instead of a completion: {said[:300]}",
+                                     status=status)
             raise fail("it has no non-empty 'choices' list")
         choice = choices[0]
         message = choice.get("message")
@@ -558,7 +564,7 @@ class ChatAPIAgent(Agent):
             return f"The server is rate limiting; lower --num-envs (max_concurrency) or {retry_more}."
         if status in _RETRIED_STATUSES:
             return f"The server kept turning the request away (HTTP {status}); {retry_more}."
-        if status >= 500:
+        if status >= 500 or status == 200:  # (200: a failure the server sent as a reply)
             return (
                 f"The server at {cfg.base_url} is failing; check its logs (is model "
                 f"{cfg.model!r} loaded?), or for a server that fails now and then {retry_more}."

@@ -619,6 +619,22 @@ def test_malformed_response_raises(server, body, expected):
     assert len(server.requests) == 1  # a malformed 200 is not retried
 
 
+def test_a_streamed_reply_and_an_error_sent_as_http_200_are_said_as_such(server):
+    server.behaviour = lambda req, n: Response(200, 'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\n'
+                                                    "data: [DONE]\n\n", headers={"Content-Type": "text/event-stream"})
+    with pytest.raises(ChatAPIError, match="answered with an event stream .*Turn streaming off on the server"):
+        server.agent(max_retries=2).act_one(ctx(("user", "q")))
+    assert len(server.requests) == 1
+    # A failure the server reports with a 200 (out of GPU memory) is retried, then named.
+    server.requests.clear()
+    server.behaviour = lambda req, n: Response(200, {"error": {"message": "CUDA out of memory", "code": 500}})
+    with pytest.raises(ChatAPIError, match=r"failed after 3 attempt\(s\): HTTP 200 with an error instead of a "
+                                           r"completion: CUDA out of memory.*The server at .* is failing; check its "
+                                           "logs"):
+        server.agent(max_retries=2).act_one(ctx(("user", "q")))
+    assert len(server.requests) == 3
+
+
 def test_connection_refused_mentions_url():
     port = free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
