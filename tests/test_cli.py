@@ -168,6 +168,21 @@ def test_json_nested_too_deeply_to_read_is_a_usage_error(capsys):
     assert "--api-extra: its JSON nests too deeply to read" in capsys.readouterr().err
 
 
+def test_a_resume_follows_an_api_server_to_another_address_and_reads_its_options_as_json():
+    import argparse
+
+    from rftgym.cli.evaluate import _run_settings
+
+    def settings(api_base, api_extra):
+        args = argparse.Namespace(agent="api", model=None, api_base=api_base, api_model="m", api_extra=api_extra,
+                                  max_new_tokens=64, temperature=0.0, top_p=None, sample_seed=0)
+        return _run_settings(args, ENV_ID, "", {}, [0, 1])
+
+    first = settings("http://127.0.0.1:8000/v1", '{"top_k": 20}')
+    assert settings("http://localhost:8001/v1/", '{"top_k":20}') == first  # restarted elsewhere, respaced
+    assert settings("http://127.0.0.1:8000/v1", '{"top_k": 21}') != first
+
+
 def test_play_refuses_an_option_that_stands_for_a_policy(capsys):
     assert exit_code(["play", "rftgym/CodeTCG-v0", "--env-arg", "dataset=generated", "--env-arg", "pseudocode=true",
                       "--env-arg", "step_scorer=rollout"]) == 2

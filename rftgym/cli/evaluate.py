@@ -18,7 +18,7 @@ from ..core.errors import ConfigError
 from ..core.jsonl import is_jsonl
 from ..envs.common import short_env_name, with_policy_options, with_policy_stand_in
 from .agents import _agent_label, _build_agent, _check_agent_flags
-from .common import UsageError, check_seed_range
+from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
                           _users_sources, _writable_file)
@@ -277,9 +277,10 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
 def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int]) -> dict:
     """What the episodes of one run of an evaluation depend on, as noted beside its partial file
     (JSON's form of them, so that a resume compares like with like); how they are batched, and
-    the transport to an API server, are not."""
+    the transport to an API server (its address: a server restarted on another port serves the
+    same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced."""
     settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": args.model,
-                "api_base": args.api_base, "api_model": args.api_model, "api_extra": args.api_extra,
+                "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
                 "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "sample_seed": args.sample_seed}
