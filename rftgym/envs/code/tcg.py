@@ -70,8 +70,13 @@ class TCGConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
+        built_in = tuple(origin for origin in ORIGINS if origin != "llm")
         if isinstance(self.sources, str) or not all(s in ORIGINS for s in self.sources):
-            raise ConfigError(f"TCGConfig.sources must be a tuple drawn from {ORIGINS}, got {self.sources!r}")
+            raise ConfigError(f"TCGConfig.sources must be a tuple drawn from {built_in}, got {self.sources!r}")
+        if "llm" in self.sources:
+            raise ConfigError("TCGConfig.sources cannot hold 'llm': a model's proposed inputs come from "
+                              "rftgym.envs.code.tcg_llm (an agent proposing them), not from the built-in generator; "
+                              f"draw sources from {built_in}")
         object.__setattr__(self, "sources", tuple(self.sources))
         for name in ("n_random", "n_edge", "seed"):
             value = getattr(self, name)
@@ -79,6 +84,11 @@ class TCGConfig:
                 raise ConfigError(f"TCGConfig.{name} must be an int >= 0, got {value!r}")
         if isinstance(self.max_tests, bool) or not isinstance(self.max_tests, int) or self.max_tests < 1:
             raise ConfigError(f"TCGConfig.max_tests must be an int >= 1, got {self.max_tests!r}")
+        counts = {"random": self.n_random, "edge": self.n_edge}
+        if self.sources and all(counts.get(source) == 0 for source in self.sources):
+            raise ConfigError(f"TCGConfig.sources={self.sources} with " + " and ".join(
+                f"n_{source}=0" for source in self.sources) + " generate no input, so every task would be "
+                "untestable; raise them, or add 'example' or 'dataset' to sources")
         check_per_test_seconds(self.per_test_seconds)  # as grading checks it (TCGConfig's own per_test_seconds)
         for name in ("check_determinism", "use_cache"):
             if not isinstance(getattr(self, name), bool):

@@ -282,3 +282,12 @@ def test_generated_tasks_leave_no_cache_files(tmp_path):
     finally:
         env.close()
     assert not list(tmp_path.rglob("*.json"))  # each is new: a file per reset would only grow the cache
+
+
+def test_sources_that_cannot_give_an_input_are_refused():
+    with pytest.raises(ConfigError, match=r"cannot hold 'llm': a model's proposed inputs come from "
+                                          r"rftgym.envs.code.tcg_llm"):
+        TCGConfig(sources=("llm",))
+    with pytest.raises(ConfigError, match=r"sources=\('random',\) with n_random=0 generate no input"):
+        TCGConfig(sources=("random",), n_random=0)
+    assert TCGConfig(sources=("example", "random"), n_random=0).n_random == 0  # the examples give some
