@@ -427,7 +427,8 @@ def test_a_remote_service_that_is_down_is_told_what_corpus_to_serve():
         MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),
                     retriever="remote", retriever_url=url)
     with pytest.raises(RetrievalServiceError, match=f"Start one with: rftgym serve-retriever --corpus "
-                                                    f"{re.escape(str(QA_DIR / 'hotpotqa_100.json'))} --index bm25$"):
+                                                    f"{re.escape(str(QA_DIR / 'hotpotqa_100.json'))} --index bm25 "
+                                                    rf"--port {url.split(':')[2].split('/')[0]}$"):
         MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), retriever="remote", retriever_url=url)
 
 

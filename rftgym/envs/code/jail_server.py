@@ -384,6 +384,7 @@ def run_script(path: str, args: list) -> int:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         status = 1
+    module = None   # finish() drops sys.modules' reference: the program's objects then go
     return finish(status)
 
 
@@ -410,10 +411,16 @@ def finish(status: int = 0) -> int:
         status = exit_status(exc.code)
     except BaseException:   # noqa: BLE001
         pass
-    main = sys.modules.get("__main__")
-    try:   # its objects go, as at CPython's exit: a file the program opened on fd 1 flushes as it closes
-        if main is not None:
-            main.__dict__.clear()
+    # CPython's order: stdout flushed while the program's names are there (a FastIO wrapper flushes
+    # through them), then its module goes (the caller dropped its own reference), its finalizers
+    # running with their globals (a file it opened on fd 1 flushes as it closes), then stdout again.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:   # noqa: BLE001 - said below, as CPython says it
+            pass
+    try:
+        sys.modules.pop("__main__", None)
         import gc
         gc.collect()
     except BaseException:   # noqa: BLE001 - a finalizer of the program's own

@@ -102,22 +102,28 @@ def _test_overran(i, total, seconds, started):
         _emit({"done": True})
     return report
 
-def _program_gone(namespace):
-    # What the end of a real program does, which another test's run must not inherit: its objects
-    # go (a file it opened on fd 1 flushes as it closes), sys.__stdout__ is flushed, and an input
-    # fileinput still reads is closed.
-    namespace.clear()
-    gc.collect()
-    for stream in (sys.__stdout__, sys.stdout):
+def _flush_std():
+    for stream in (sys.stdout, sys.__stdout__, sys.stderr):
         try:
             stream.flush()
-        except BaseException:
+        except BaseException:   # (a timeout in a flush of the program's own is seen by its flag)
             pass
+
+def _program_gone():
+    # What the end of a real program does after its exit calls and the flush of stdout, in
+    # CPython's order, which the next test's run must not inherit: its namespace dropped by the
+    # caller, its objects go, their finalizers running with their globals (a file it opened on fd 1
+    # flushes as it closes); stdout is flushed again; an input fileinput still reads is closed. All
+    # within the test's time limit.
+    gc.collect()
+    _flush_std()
     if "fileinput" in sys.modules:
         try:
             sys.modules["fileinput"].close()
         except BaseException:
             pass
+    if _alarm_fired[0]:
+        raise _Timeout()
 
 def _redirect(fd, path, mode):
     flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -247,6 +253,7 @@ def _stdio_style(cfg):
         atexit._clear()
         os._exit, _test_pid[0] = _hard_exit, os.getpid()
         start = time.perf_counter()
+        namespace = None
         try:
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
             try:
@@ -256,7 +263,9 @@ def _stdio_style(cfg):
             except SystemExit as exc:
                 error, message = _exit_error(exc.code)
             _program_end(threads_before)
-            _program_gone(namespace)
+            _flush_std()   # while the program's names are there (a FastIO wrapper flushes through them)
+            namespace = None
+            _program_gone()
             _disarm()
         except _Timeout:
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
@@ -268,6 +277,10 @@ def _stdio_style(cfg):
             _quiet()
             error, message = _describe(exc)
         _disarm()
+        if namespace is not None:   # a program that failed: its objects go now, not into the next test's output
+            namespace = None
+            gc.collect()
+            _flush_std()
         os._exit = _exit
         atexit._clear()
         seconds = time.perf_counter() - start

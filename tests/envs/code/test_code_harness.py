@@ -386,6 +386,21 @@ def test_forged_or_malformed_records_fail_the_test_and_never_raise(forged):
     ("a writer of its own on fd 1", "out = open(1, 'w', closefd=False)\nn = int(input())\nout.write(str(n * 2) + '\\n')\n"),
     ("sys.__stdout__", "import sys\nn = int(input())\nsys.__stdout__.write(str(n * 2) + '\\n')\n"),
     ("fileinput left reading", "import fileinput\nfor line in fileinput.input():\n    print(int(line) * 2)\n    break\n"),
+    # PyRival's FastIO: sys.stdout replaced by a buffer whose flush writes through os, a global
+    ("a FastIO stdout", "import os, sys\nfrom io import BytesIO, IOBase\n"
+                        "class FastIO(IOBase):\n"
+                        "    def __init__(self, file):\n        self._fd = file.fileno(); self.buffer = BytesIO()\n"
+                        "    def write(self, s):\n        return self.buffer.write(s.encode())\n"
+                        "    def flush(self):\n        os.write(self._fd, self.buffer.getvalue())\n"
+                        "        self.buffer.truncate(0); self.buffer.seek(0)\n"
+                        "sys.stdout = FastIO(sys.stdout)\nn = int(input())\nprint(n * 2)\n"),
+    # print() and a writer of its own: at its end stdout is flushed first, then the writer
+    ("print, then a writer of its own", "out = open(1, 'w', closefd=False)\nn = int(input())\n"
+                                        "out.write(str(n * 2)[1:] + '\\n')\nprint(str(n * 2)[:1], end='')\n"),
+    # a finalizer that uses a global: it runs with its globals there
+    ("a finalizer using a global", "import sys\nclass Last:\n    def __del__(self):\n"
+                                   "        sys.stdout.write(str(ANSWER) + '\\n')\n"
+                                   "ANSWER = int(input()) * 2\nkeep = Last()\n"),
 ])
 def test_a_stdio_test_ends_as_a_program_does(sandbox, name, code):
     """Each stdio test runs in one interpreter after another: what a real program's end does (its
@@ -394,3 +409,9 @@ def test_a_stdio_test_ends_as_a_program_does(sandbox, name, code):
     graded = grade(ECHO, code, sandbox)
     assert graded.passed == graded.total == 2, [(r.got, r.error) for r in graded.results]
     assert sandbox.run(Program({"main.py": code}, stdin="3\n")).stdout == "6\n"  # as a program on its own
+
+
+def test_a_finalizer_past_the_time_limit_is_a_timeout(sandbox):
+    looping = "class Stuck:\n    def __del__(self):\n        while True:\n            pass\nkeep = Stuck()\nprint(int(input()) * 2)\n"
+    graded = grade(ECHO, looping, sandbox, per_test_seconds=0.3)
+    assert graded.passed == 0 and graded.results[0].error.startswith("Timeout"), [r.error for r in graded.results]
