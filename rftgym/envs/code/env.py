@@ -506,7 +506,22 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
         left = self.config.max_attempts - self._attempts
-        return 0.0, False, describe_failures(result, self.config.feedback_tests, left, format_error)
+        return 0.0, False, describe_failures(result, self.config.feedback_tests, left, format_error,
+                                             examples=self._examples_apart(code, result))
+
+    def _examples_apart(self, code: str, result) -> tuple | None:
+        """The task's examples graded in a run of their own, for the feedback to show what the code
+        gave on them (None where it shows none, or where the graded run held no hidden test): in
+        the graded run the code could read the hidden tests' inputs and print them as an example's
+        output, and the feedback shows none of theirs."""
+        from .harness import BEFORE_TESTS, grade
+
+        examples = [t for t in self.task.tests if t.origin == "example"]
+        if not self.config.feedback_tests or result.status in BEFORE_TESTS or len(examples) == len(self.task.tests) \
+                or all(r.passed for r in result.results if r.origin == "example"):
+            return None
+        return grade(self.task, code, self.sandbox, tests=examples, per_test_seconds=self.config.per_test_seconds,
+                     max_timeouts=self.config.max_timeouts).results
 
     def _untestable(self):
         """A task the TCG could make no tests for (arguments that are not literals, e.g. MBPP's

@@ -5,10 +5,12 @@ Everything here turns agent text into data or data into text; nothing raises on 
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections import Counter
 
 from ...core.tags import UNCLOSED_FENCE
+from .harness import BEFORE_TESTS
 
 PYTHON_LANGUAGES = ("python", "py", "python3")
 _STEP = re.compile(r"^\s*(?:step\s*)?(\d+)\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
@@ -100,12 +102,13 @@ def parse_pseudocode(parsed, action: str) -> tuple[list[str], str | None]:
     return steps, "; ".join(problems) or None
 
 
-def describe_failures(result, shown: int, attempts_left: int, format_error: str | None = None) -> str:
+def describe_failures(result, shown: int, attempts_left: int, format_error: str | None = None,
+                      examples=None) -> str:
     """Feedback after a failing submission: the status, what was wrong with the reply's form
     (``format_error``, e.g. which of several code blocks was graded), up to ``shown`` of the task's
-    own failing examples (input, expected, what the code gave), and how many hidden tests failed
-    and how, without their inputs or outputs (no test at all for a submission that failed before
-    any test ran)."""
+    own failing examples (input, expected, what the code gave: from ``examples``, their results in
+    a run of their own, where given), and how many hidden tests failed and how, without their
+    inputs or outputs (no test at all for a submission that failed before any test ran)."""
     plural = "s" if attempts_left != 1 else ""
     head = {
         "syntax_error": "Your code has a syntax error",
@@ -117,19 +120,22 @@ def describe_failures(result, shown: int, attempts_left: int, format_error: str 
     lines = [f"{head}. Fix it and submit the whole solution again ({attempts_left} attempt{plural} left)."]
     if format_error:
         lines.append(f"Note: {format_error}.")
-    before_tests = result.status in ("syntax_error", "import_error", "missing_entry_point")
+    before_tests = result.status in BEFORE_TESTS
     # The task's own examples are shown: their expected outputs are in the prompt already. Of a
     # hidden test neither input nor output is: a later attempt could pass it from a table of what
     # feedback showed (an input that failed with "got False" answers True).
     failed = [] if before_tests else [r for r in result.results if not r.passed]
-    failing = [r for r in failed if r.origin == "example"][:shown]
+    shown_examples = failed if examples is None or before_tests else [r for r in examples if not r.passed]
+    failing = [r for r in shown_examples if r.origin == "example"][:shown]
     for r in failing:
         outcome = f"error: {r.error}" if r.error else f"got: {r.got}"
         lines.append(f"- input: {_clip(r.input)}\n  expected: {_clip(r.expected)}\n  {_clip(outcome)}")
     hidden = [r for r in failed if r.origin != "example"] if shown else []
     if hidden:
-        kinds = Counter(_failure_kind(r.error) for r in hidden)
-        said = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common(MAX_KINDS_SHOWN))
+        kinds = Counter(_failure_kind(r.error) for r in hidden).most_common()
+        if len(kinds) > MAX_KINDS_SHOWN:  # the rest as one count, so that the counts add up
+            kinds = kinds[:MAX_KINDS_SHOWN - 1] + [("other", sum(count for _, count in kinds[MAX_KINDS_SHOWN - 1:]))]
+        said = ", ".join(f"{count} {kind}" for kind, count in kinds)
         lines.append(f"- {len(hidden)} hidden test{'s' if len(hidden) != 1 else ''} failed ({said}); their inputs and "
                      "outputs are not shown")
     detail = getattr(result, "message", None)
@@ -140,13 +146,20 @@ def describe_failures(result, shown: int, attempts_left: int, format_error: str 
     return "\n".join(lines)
 
 
+# What the runner itself reports a test ended with, besides Python's own exceptions.
+RUNNER_OUTCOMES = ("Timeout", "Skipped", "OutputTooLarge", "SystemExit")
+
+
 def _failure_kind(error: str | None) -> str:
     """How a hidden test failed, in a word that tells nothing of its input or output: a wrong
-    answer, or the error's name ("ValueError", "Timeout")."""
+    answer, a Python exception's name ("ValueError") or the runner's ("Timeout"); anything else,
+    such as an exception class the code named itself (its name could spell the input), is "error"."""
     if not error:
         return "wrong answer"
     name = error.split(":", 1)[0].strip()
-    return name if ":" in error and re.fullmatch(r"[A-Za-z_][\w.]{0,40}", name) else "error"
+    builtin = getattr(builtins, name, None)
+    known = name in RUNNER_OUTCOMES or (isinstance(builtin, type) and issubclass(builtin, BaseException))
+    return name if known else "error"
 
 
 def _clip(text) -> str:

@@ -29,6 +29,7 @@ from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLim
 from .tasks import CodeTask, TestCase
 
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
+BEFORE_TESTS = ("syntax_error", "import_error", "missing_entry_point")  # the code failed before any test ran
 PER_TEST_SECONDS = 2.0
 MAX_TOTAL_SECONDS = 120.0
 # A run gives up its remaining tests after this many of them hit the per-test time limit, so that

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .harness import grade_many
+from .harness import BEFORE_TESTS, grade_many
 from .sandbox import Sandbox
 from .tasks import CodeTask
 
@@ -153,7 +153,7 @@ DATASET_ORIGINS = ("example", "dataset")
 
 
 def _killed_by(result, subset: Sequence[int]) -> bool:
-    if result.status in ("syntax_error", "import_error", "missing_entry_point"):
+    if result.status in BEFORE_TESTS:
         return True
     return any(not result.results[i].passed for i in subset)
 

@@ -230,6 +230,42 @@ def test_feedback_shows_the_tasks_examples_and_only_counts_of_hidden_tests(tmp_p
     env.close()
 
 
+def test_the_examples_the_feedback_shows_ran_apart_from_the_hidden_tests(tmp_path):
+    """In the graded run the code can read every test's input (the runner holds them) and print
+    them as an example's output: the examples the feedback shows ran without the hidden ones."""
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=5,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "stdio"))
+    spy = "import sys\nprint(repr(sys._getframe(1).f_locals['cfg']['inputs']))\n"
+    context, _, _, _, info = env.step(fenced(spy))
+    feedback = context[-1].content
+    hidden = [t["input"] for t in info["tests"] if t["origin"] != "example"]
+    assert hidden and "- input: " in feedback  # (the spy's output is an example's got)
+    for text in hidden:
+        assert repr(text) not in feedback, text
+    env.close()
+
+
+def test_hidden_failures_are_counted_by_kinds_that_say_nothing_of_their_inputs():
+    from types import SimpleNamespace
+
+    from rftgym.envs.code.feedback import describe_failures
+
+    def failure(error):
+        return SimpleNamespace(passed=False, origin="random", error=error, input="x", expected="y", got="z")
+
+    errors = ["in_3_5_7_got_True: spelled by the code", "ValueError", "ValueError: bad", "Timeout: too slow", None,
+              "KeyError: 'k'", "ZeroDivisionError: division by zero"]
+    result = SimpleNamespace(status="ok", passed=0, total=len(errors), results=[failure(e) for e in errors],
+                             message=None)
+    said = describe_failures(result, shown=3, attempts_left=1)
+    assert "- 7 hidden tests failed (2 ValueError, 1 error, 1 Timeout, 3 other); their inputs and outputs are not " \
+           "shown" in said
+    assert "in_3_5_7" not in said
+
+
 def test_feedback_on_code_that_fails_before_any_test_names_the_cause_once(tmp_path):
     from rftgym.envs.code.tcg import TCGConfig
 
