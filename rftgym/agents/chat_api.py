@@ -311,7 +311,7 @@ class ChatAPIAgent(Agent):
         assert last is not None
         raise ChatAPIError(
             f"POST {url} failed after {made} attempt(s): {last.what}. "
-            f"{self._hint(last.status, broke_off=last.broke_off, timed_out='timed out' in last.what)}",
+            f"{self._hint(last.status, broke_off=last.broke_off, timed_out=last.timed_out)}",
             status=last.status,
         )
 
@@ -363,7 +363,8 @@ class ChatAPIAgent(Agent):
         except urllib.error.URLError as exc:
             reason = exc.reason
             if isinstance(reason, TimeoutError):
-                what = f"timed out after {self.config.timeout_s:g} s (timeout_s)"
+                raise RetryableError(f"timed out after {self.config.timeout_s:g} s (timeout_s)", timed_out=True) \
+                    from None
             elif url.startswith("https:") and plain_http_answer(reason):
                 # TLS spoken to a plain-HTTP server: no retry mends that
                 raise ChatAPIError(f"POST {url}: the server does not speak TLS ({reason}); if it serves plain "
@@ -378,9 +379,7 @@ class ChatAPIAgent(Agent):
         except NameLookupTooSlow as exc:  # the resolver, not the server: the message says what to check
             raise RetryableError(str(exc)) from None
         except TimeoutError:
-            raise RetryableError(
-                f"timed out after {self.config.timeout_s:g} s (timeout_s)"
-            ) from None
+            raise RetryableError(f"timed out after {self.config.timeout_s:g} s (timeout_s)", timed_out=True) from None
         except http.client.IncompleteRead:  # a chunked reply whose connection closed mid-way
             raise RetryableError("the connection closed before the end of the reply", broke_off=True) from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
@@ -430,7 +429,8 @@ class ChatAPIAgent(Agent):
             raise ChatAPIError(f"POST {url} sent a reply of over {MAX_REPLY_BYTES >> 20} MiB; a chat completion "
                                "is far smaller. Check that --api-base points at a chat completions server") from None
         except BodyTooSlow:
-            raise RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive") from None
+            raise RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive",
+                                 timed_out=True) from None
 
     def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
         def fail(problem: str) -> ChatAPIError:
@@ -471,6 +471,8 @@ class ChatAPIAgent(Agent):
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             if "error" in payload:  # a failure the server reports with HTTP 200 (e.g. out of GPU memory)
+                if (reason := context_full_reason(raw)) is not None:
+                    raise ContextFull(reason)
                 said = "; ".join(error_texts(raw)) or snippet(raw)
                 raise RetryableError(f"HTTP {status} with an error instead of a completion: {said[:300]}",
                                      status=status)
@@ -501,8 +503,10 @@ class ChatAPIAgent(Agent):
             finish_reason = f"server:{finish_reason}"
         # A stop string is left out of the reply; put back the one the server says it matched
         # (vLLM's stop_reason, SGLang's matched_stop), so that a tag it closes stays closed.
-        matched = choice.get("stop_reason", choice.get("matched_stop"))
-        if finish_reason == "stop" and isinstance(matched, str) and matched in self._stop_strings():
+        # (Not where the server kept it, as vLLM's include_stop_str_in_output does, nor on no text.)
+        matched = choice.get("stop_reason") or choice.get("matched_stop")
+        if finish_reason == "stop" and isinstance(matched, str) and matched in self._stop_strings() \
+                and text and not text.endswith(matched):
             text += matched
         if not text:
             self._explain_empty(message, finish_reason)
@@ -511,7 +515,11 @@ class ChatAPIAgent(Agent):
     def _stop_strings(self) -> tuple[str, ...]:
         """The stop strings the requests name (``stop``, or ``extra_body``'s)."""
         extra = (self.config.extra_body or {}).get("stop")
-        return (*self.config.stop, *([extra] if isinstance(extra, str) else extra if isinstance(extra, list) else []))
+        if isinstance(extra, str):
+            return (*self.config.stop, extra)
+        if isinstance(extra, list):
+            return (*self.config.stop, *extra)
+        return self.config.stop
 
     def _explain_empty(self, message: dict, finish_reason: str | None) -> None:
         """An empty reply the server sent for a reason the user can act on is recorded as it is

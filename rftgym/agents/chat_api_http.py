@@ -21,12 +21,13 @@ class RetryableError(Exception):
     """A failure worth retrying (connection error, timeout, a reply cut short, 408, 409, 429, 5xx)."""
 
     def __init__(self, what: str, status: int | None = None, retry_after: float | None = None,
-                 broke_off: bool = False):
+                 broke_off: bool = False, timed_out: bool = False):
         super().__init__(what)
         self.what = what
         self.status = status
         self.retry_after = retry_after
         self.broke_off = broke_off  # the server answered, and its reply broke off: it is reachable
+        self.timed_out = timed_out  # no answer within timeout_s (a busy server's queue counts)
 
 
 class ContextFull(Exception):

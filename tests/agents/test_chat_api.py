@@ -234,6 +234,16 @@ def test_the_stop_string_the_server_matched_is_put_back(server):
     with server.agent(extra_body={"stop": ["</search>"]}) as agent:  # (--api-extra '{"stop": [...]}')
         server.behaviour = lambda req, n: reply("</search>")
         assert agent.act_one(ctx(("user", "q"))).text == "<search>Scott Derrickson</search>"
+        # A server asked to keep it (vLLM's include_stop_str_in_output) gets it once; a null
+        # stop_reason does not hide matched_stop; no text (the stop hit in reasoning) stays empty.
+        kept = completion("<search>Scott Derrickson</search>", "stop")
+        kept["choices"][0].update(stop_reason=None, matched_stop="</search>")
+        server.behaviour = lambda req, n: Response(body=kept)
+        assert agent.act_one(ctx(("user", "q"))).text == "<search>Scott Derrickson</search>"
+        empty = completion("", "stop")
+        empty["choices"][0]["stop_reason"] = "</search>"
+        server.behaviour = lambda req, n: Response(body=empty)
+        assert agent.act_one(ctx(("user", "q"))).text == ""
 
 
 def test_defaults_omit_stop_and_act_one(server):
@@ -633,6 +643,11 @@ def test_a_streamed_reply_and_an_error_sent_as_http_200_are_said_as_such(server)
                                            "logs"):
         server.agent(max_retries=2).act_one(ctx(("user", "q")))
     assert len(server.requests) == 3
+    # One that says the context does not fit ends the episode, as the same error with a 4xx does.
+    server.behaviour = lambda req, n: Response(200, {"error": {"message": "maximum context length is 2048 tokens"}})
+    later = ctx(("user", "q"), ("assistant", "a"), ("user", "more"))
+    with pytest.warns(UserWarning, match="outgrown the model's window"):
+        assert server.agent().act_one(later).finish_reason == CONTEXT_FULL
 
 
 def test_connection_refused_mentions_url():
