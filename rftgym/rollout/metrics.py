@@ -17,12 +17,6 @@ from ..core.records import Episode, Turn
 _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampled_tokens", "prompt_tokens")
 
 
-def played_turns(episode: Episode) -> list:
-    """:attr:`Episode.played_turns` (the empty turn that records an end for want of context is no
-    reply)."""
-    return episode.played_turns
-
-
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     """The means over ``episodes`` of their reward, success, turns, truncation and tokens, the share
     of the turns they played with a format error (NaN when they played none), and two counts:
@@ -32,7 +26,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     number, and 0 would read as a measured reward or success rate of 0."""
     if not episodes:
         return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0}
-    played = [played_turns(e) for e in episodes]
+    played = [e.played_turns for e in episodes]
     format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
     # Means are floats even when every value is the same int (statistics.mean([3, 3]) is the int 3),
     # so that a table prints "3.000", not "3", where other rows print "2.500".

@@ -27,7 +27,6 @@ from ..core.devices import device_problem
 from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
-from ..rollout.metrics import played_turns
 from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
@@ -606,8 +605,8 @@ def check_finite_update(update: dict, step: int, out: Path, episodes, config: Tr
 
 def turn_counts(episodes) -> list[int]:
     """``[replies the env played, those with info["format_error"], those cut at max_new_tokens]``
-    over ``episodes`` (as ``rftgym eval`` counts them: :func:`~rftgym.rollout.metrics.played_turns`)."""
-    played = [t for e in episodes for t in played_turns(e)]
+    over ``episodes`` (as ``rftgym eval`` counts them: :attr:`~rftgym.core.records.Episode.played_turns`)."""
+    played = [t for e in episodes for t in e.played_turns]
     return [len(played), sum(bool(t.info.get("format_error")) for t in played),
             sum(t.finish_reason == "length" for t in played)]
 

@@ -134,6 +134,8 @@ def test_the_command_that_serves_an_envs_documents():
     remote = SimpleNamespace(dataset_path=None, corpus_path=None, world_seed=3, world_size=40,
                              retriever_url="http://127.0.0.1:35105")
     assert serve_command(remote) == "rftgym serve-retriever --world-seed 3 --world-size 40 --port 35105"
+    remote.retriever_url = "http://10.0.0.7/retrieve"  # no port: http's; another machine's address
+    assert serve_command(remote) == "rftgym serve-retriever --world-seed 3 --world-size 40 --host 10.0.0.7 --port 80"
 
 
 @pytest.mark.parametrize("url, problem", [

@@ -26,7 +26,7 @@ from ...core.values import valid_text
 from .codec import display, encoded_equal, stdout_equal
 from .runner import GRACE_SECONDS, runner_source
 from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLimits
-from .tasks import CodeTask, TestCase
+from .tasks import UNPARSABLE, CodeTask, TestCase
 
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
 BEFORE_TESTS = ("syntax_error", "import_error", "missing_entry_point")  # the code failed before any test ran
@@ -98,11 +98,11 @@ def check_syntax(code: str) -> str | None:
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.11's invalid escapes
             compile(code, "solution.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
-        line = getattr(exc, "lineno", None)
+    except UNPARSABLE as exc:
+        if isinstance(exc, (RecursionError, MemoryError)):  # "1+1+...+1" thousands long
+            return f"{type(exc).__name__}: the code nests too deeply for Python to compile it"
+        line = getattr(exc, "lineno", None)  # (a ValueError: a NUL byte)
         return f"{type(exc).__name__}: {getattr(exc, 'msg', str(exc))}" + (f" (line {line})" if line else "")
-    except (RecursionError, MemoryError) as exc:  # "1+1+...+1" thousands long: Python cannot compile it
-        return f"{type(exc).__name__}: the code nests too deeply for Python to compile it"
     return None
 
 

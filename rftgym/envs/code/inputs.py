@@ -15,8 +15,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from .parsing import UNPARSABLE
-from .tasks import args_source, parse_args_source
+from .tasks import UNPARSABLE, args_source, parse_args_source
 
 
 @dataclass

@@ -12,11 +12,7 @@ import ast
 import re
 from typing import Any, Iterable
 
-from .tasks import args_source
-
-# What parsing a text Python never ran may raise: a syntax error, a NUL byte (ValueError), or
-# nesting past the parser's depth, "1+1+...+1" thousands long (RecursionError, MemoryError).
-UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+from .tasks import UNPARSABLE, args_source
 
 
 def literal_args(call: ast.Call) -> tuple | None:

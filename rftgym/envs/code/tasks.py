@@ -85,6 +85,11 @@ def args_source(args: tuple) -> str:
     return "(" + ", ".join(repr(a) for a in args) + ")"
 
 
+# What parsing a text Python never ran may raise: a syntax error, a NUL byte (ValueError), or
+# nesting past the parser's depth, "1+1+...+1" thousands long (RecursionError, MemoryError).
+UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
 def parse_args_source(source: str) -> tuple:
     """Host-side parse of a function-style input; raises ValueError if it is not a literal tuple."""
     value = ast.literal_eval(source)
@@ -97,7 +102,7 @@ def call_source(entry_point: str, input_source: str) -> str:
     """``f(a, b)`` for the input ``"(a, b)"`` (or ``f(*<input>)`` if it is not a tuple display)."""
     try:
         node = ast.parse(input_source, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except UNPARSABLE:
         node = None
     if isinstance(node, ast.Tuple):
         return f"{entry_point}({', '.join(ast.unparse(e) for e in node.elts)})"

@@ -85,7 +85,10 @@ class TCGConfig:
         if isinstance(self.max_tests, bool) or not isinstance(self.max_tests, int) or self.max_tests < 1:
             raise ConfigError(f"TCGConfig.max_tests must be an int >= 1, got {self.max_tests!r}")
         counts = {"random": self.n_random, "edge": self.n_edge}
-        if self.sources and all(counts.get(source) == 0 for source in self.sources):
+        if not self.sources:
+            raise ConfigError(f"TCGConfig.sources is empty, so no input is generated and every task would be "
+                              f"untestable; draw sources from {built_in}")
+        if all(counts.get(source) == 0 for source in self.sources):
             raise ConfigError(f"TCGConfig.sources={self.sources} with " + " and ".join(
                 f"n_{source}=0" for source in self.sources) + " generate no input, so every task would be "
                 "untestable; raise them, or add 'example' or 'dataset' to sources")

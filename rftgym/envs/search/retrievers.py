@@ -329,12 +329,16 @@ def open_retriever(config, documents: Sequence[Document], source: str,
 
 def serve_command(config) -> str:
     """The command that serves an env's documents (its generated world, or its corpus file) where
-    its ``retriever_url`` looks for them (the URL's port; serve-retriever's own default otherwise)."""
+    its ``retriever_url`` looks for them: the URL's port (its scheme's when it names none) and a
+    host other than this machine's loopback."""
     url = urllib.parse.urlsplit(getattr(config, "retriever_url", None) or "")
     try:
-        port = f" --port {url.port}" if url.port is not None else ""
+        number = url.port or {"http": 80, "https": 443}.get(url.scheme)
     except ValueError:  # a port out of range: the URL is refused elsewhere
-        port = ""
+        number = None
+    port = f" --port {number}" if number is not None else ""
+    if url.hostname and url.hostname not in ("127.0.0.1", "localhost", "::1"):
+        port = f" --host {url.hostname}{port}"
     if config.dataset_path is None:
         return f"rftgym serve-retriever --world-seed {config.world_seed} --world-size {config.world_size}{port}"
     corpus = shlex.quote(str(config.corpus_path or config.dataset_path))

@@ -288,6 +288,8 @@ def test_sources_that_cannot_give_an_input_are_refused():
     with pytest.raises(ConfigError, match=r"cannot hold 'llm': a model's proposed inputs come from "
                                           r"rftgym.envs.code.tcg_llm"):
         TCGConfig(sources=("llm",))
+    with pytest.raises(ConfigError, match=r"TCGConfig.sources is empty, so no input is generated"):
+        TCGConfig(sources=())
     with pytest.raises(ConfigError, match=r"sources=\('random',\) with n_random=0 generate no input"):
         TCGConfig(sources=("random",), n_random=0)
     assert TCGConfig(sources=("example", "random"), n_random=0).n_random == 0  # the examples give some
