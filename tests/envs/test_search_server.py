@@ -285,7 +285,8 @@ def test_headers_trickling_in_are_given_up_at_the_timeout():
         remote = RemoteRetriever(f"http://127.0.0.1:{port}/retrieve", timeout=1.0, retries=0)
         error = finishes_within(4.0, lambda: remote.search(["q"], 1))
     assert isinstance(error, RetrievalServiceError), error
-    assert "failed 1 attempt (last: the reply took over 1 s to arrive)" in str(error)
+    assert "failed 1 attempt (last: the reply took over 1 s to arrive; for a service that is slow rather than down, " \
+           "raise retriever_timeout_s (--env-arg retriever_timeout_s=60))" in str(error)
 
 
 def test_a_failing_service_is_not_called_down(fake_service):
@@ -329,6 +330,13 @@ def test_the_env_with_a_remote_backend(service):
     _, _, _, _, info = env.step(f"<search>{title}</search>")
     assert info["doc_ids"][0] == next(d.id for d in world.documents if d.title == title)
     env.close()
+    # A slow service's time per attempt and retries are the env's options (--env-arg from the CLI).
+    env = SearchEvalQAEnv(retriever="remote", retriever_url=server.url, retriever_timeout_s=45, retriever_retries=5)
+    assert (env.retriever.timeout, env.retriever.retries) == (45.0, 5)
+    env.close()
+    with pytest.raises(ConfigError, match="retriever_timeout_s=45 is for a remote retrieval service, and retriever is "
+                                          "'bm25'; drop retriever_timeout_s, or use retriever=remote"):
+        SearchEvalQAEnv(retriever_timeout_s=45)
 
 
 def test_memoryqa_with_a_remote_backend_and_one_serving_another_world(service):

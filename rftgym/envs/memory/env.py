@@ -123,7 +123,8 @@ Version history
     status messages, and the score is paid as it is earned rather than at the episode's end;
     2026-12-07: a turn's tags past its 64th are ignored (said in ``format_error``), the
     heuristic-prune baseline runs with pruning allowed, and ``f1_threshold`` with
-    ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused).
+    ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused;
+    ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's).
 """
 
 from __future__ import annotations
@@ -181,6 +182,10 @@ class MemoryQAConfig:
     max_distractors: int | None = None
     retriever: Any = "bm25"  # a name in retrievers.ENV_RETRIEVERS or a Retriever object
     retriever_url: str | None = None
+    # A remote service's seconds per attempt (from connecting to the reply's last byte) and retries
+    # after the first: a dense index on a busy CPU may need more than 10 s.
+    retriever_timeout_s: float = 10.0
+    retriever_retries: int = 2
     top_k: int = 5
     max_doc_chars: int = 300
     max_context_tokens: int | None = 1024

@@ -211,7 +211,8 @@ class RemoteRetriever(Retriever):
                 last_error = str(exc)
                 continue
             except (BodyTooSlow, TimeoutError):  # the body, or what came before it (RequestTooSlow), or one read
-                last_error = f"the reply took over {self.timeout:g} s to arrive"
+                last_error = (f"the reply took over {self.timeout:g} s to arrive; for a service that is slow rather "
+                              "than down, raise retriever_timeout_s (--env-arg retriever_timeout_s=60)")
                 continue
             except BodyCutShort as exc:
                 last_error = str(exc)

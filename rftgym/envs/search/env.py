@@ -104,8 +104,8 @@ Version history
     evaluation, drafted evaluations give way to the visible one, an answer in never-closed
     template thinking is not graded, and markup between digits is no score; 2026-12-07: the
     results of the last search allowed say to answer after the evaluation, a turn's tags past
-    its 64th are ignored (said in ``format_error``), and ``task_selection`` without a dataset is
-    refused).
+    its 64th are ignored (said in ``format_error``), ``task_selection`` without a dataset is
+    refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's).
 """
 
 from __future__ import annotations
@@ -162,6 +162,10 @@ class SearchEvalQAConfig:
     task_selection: str = "seed"
     retriever: Any = "bm25"  # a name in retrievers.ENV_RETRIEVERS or a Retriever object
     retriever_url: str | None = None
+    # A remote service's seconds per attempt (from connecting to the reply's last byte) and retries
+    # after the first: a dense index on a busy CPU may need more than 10 s.
+    retriever_timeout_s: float = 10.0
+    retriever_retries: int = 2
     top_k: int = 3
     max_doc_chars: int = 300
     max_searches: int = 4

@@ -34,7 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...core.errors import ConfigError, ModelLoadError, require, warn_caller
-from ...core.values import is_int, valid_text
+from ...core.values import is_finite_real, is_int, valid_text
+from ..common import refuse_unread_option
 from .corpora import Document
 
 DEFAULT_DENSE_MODEL = "all-MiniLM-L6-v2"
@@ -305,6 +306,16 @@ def check_retriever_options(config) -> None:
     if config.retriever_url and config.retriever != "remote":
         raise ConfigError(f"retriever_url is only used with retriever='remote' (got retriever={config.retriever!r}); "
                           "add retriever=remote, or drop retriever_url")
+    if not is_finite_real(config.retriever_timeout_s) or not 0 < config.retriever_timeout_s <= 3600:
+        raise ConfigError(f"retriever_timeout_s must be a number of seconds in (0, 3600], got "
+                          f"{config.retriever_timeout_s!r}", field="retriever_timeout_s")
+    if not is_int(config.retriever_retries) or not 0 <= config.retriever_retries <= 100:
+        raise ConfigError(f"retriever_retries must be an int in [0, 100] (attempts after the first), got "
+                          f"{config.retriever_retries!r}", field="retriever_retries")
+    if config.retriever != "remote":
+        for name in ("retriever_timeout_s", "retriever_retries"):
+            refuse_unread_option(config, name, because=f"is for a remote retrieval service, and retriever is "
+                                 f"{config.retriever!r}", fix=f"drop {name}, or use retriever=remote")
 
 
 def open_retriever(config, documents: Sequence[Document], source: str,
@@ -319,7 +330,8 @@ def open_retriever(config, documents: Sequence[Document], source: str,
     if config.retriever == "remote":
         from .client import RemoteRetriever
 
-        remote = RemoteRetriever(config.retriever_url, serve_command=serve or serve_command(config))
+        remote = RemoteRetriever(config.retriever_url, timeout=float(config.retriever_timeout_s),
+                                 retries=config.retriever_retries, serve_command=serve or serve_command(config))
         remote.probe(config.top_k)
         # a generated world is served whole or not at all: one of another size shares a few names
         remote.check_corpus(documents, source, config.top_k, whole=config.dataset_path is None)
