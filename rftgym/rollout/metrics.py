@@ -112,8 +112,8 @@ def metric_spec_problem(spec, reserved: Sequence[str] = (), reserved_as: str = "
     columns = [entry[0] for entry in spec]
     taken = sorted({c for c in columns if columns.count(c) > 1 or c in reserved})
     if taken:
-        return (f"it names the column(s) {', '.join(taken)} twice or as one of {reserved_as} ({', '.join(reserved)}); "
-                "give each column a name of its own")
+        own = f" or as one of {reserved_as} ({', '.join(reserved)})" if reserved else ""
+        return f"it names the column(s) {', '.join(taken)} twice{own}; give each column a name of its own"
     return None
 
 

@@ -48,8 +48,8 @@ def kept_checkpoints(output_dir: Path) -> dict[int, Path]:
     """The earlier checkpoints in ``output_dir`` (``checkpoint-<step>/`` holding a state.json, not
     another tool's folder of that name) by step, oldest first."""
     try:
-        found = {step: entry for entry in output_dir.iterdir()
-                 if (step := kept_step(entry)) is not None and not entry.is_symlink() and is_kept_checkpoint(entry)}
+        found = {kept_step(entry): entry for entry in output_dir.iterdir()
+                 if not entry.is_symlink() and is_kept_checkpoint(entry)}
     except OSError:
         return {}
     return dict(sorted(found.items()))
