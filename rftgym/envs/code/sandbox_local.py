@@ -34,6 +34,10 @@ anything unusual. ``warm_jails=False`` starts one jail (and interpreter) per run
 module builds the bwrap command lines for both and runs the cold path; :mod:`.sandbox_warm` runs
 the warm one.
 
+Where memory cgroups can be made here (:mod:`.memory_cgroup`), each cold run and each warm jail
+is in its own, capped for the run as a whole (RLIMIT_AS caps each process only); the run's first
+process enters it before it starts anything. Groups are made for the fallback below too.
+
 Without bwrap (missing or not usable here), the fallback gives rlimits, a process group, a
 temporary work dir and (as root) uid 65534 only: no network or filesystem isolation, and a
 daemon that calls setsid() can escape. It says so once, loudly.
@@ -56,6 +60,7 @@ from ...core.errors import warn_caller
 from .docker_image import base_python, readable_by_others, runtime_tree
 from .jail_init import RUN_PROGRAM
 from .jail_server import inode_cap
+from .memory_cgroup import MemoryGroup, MemoryGroups, find_memory_groups, run_cap_mb
 from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
                       SandboxLimits, make_result, next_time_limit, python_command, python_environment)
@@ -203,6 +208,10 @@ class LocalSandbox(Sandbox):
         # Dropping to 65534 through setpriv keeps Popen on its vfork path (Popen(user=...) forks,
         # which is slow from a big process such as one holding a model).
         self.setpriv = shutil.which("setpriv") if self.as_root else None
+        # A memory cgroup per run (cold) or per jail (warm), where one can be made here; set up
+        # first, so that the probes below run in one as every run does.
+        self.memory_groups, self.memory_cap_note = self._try_memory_groups()
+        self._memory_group_warned = False
         runtime = base_python()
         # As root we run as 65534, which must be able to read the interpreter.
         self.tree = "" if not self.as_root or readable_by_others(runtime.executable) else runtime_tree()
@@ -230,15 +239,64 @@ class LocalSandbox(Sandbox):
             self.isolation = ("bubblewrap jail per worker (no network, read-only system, private tmpfs /work and "
                               f"/tmp, own pid namespace, uid {NOBODY}, {self._filter_text}), fresh forked process per "
                               "run with rlimits in its own mount, IPC and network namespaces (fresh tmpfs's), jail "
-                              "cleaned between runs")
+                              f"cleaned between runs, {self.memory_cap_note}")
         elif self.bwrap_base:
             self.isolation = self._cold_isolation()
         else:
             self.isolated = False
             uid = f"uid {NOBODY}" if self.as_root else "the current user"
             self.isolation = (f"rlimits + process group + temp dir only, as {uid} (NO network or filesystem "
-                              "isolation: bubblewrap " + ("disabled" if use_bwrap is False else "unavailable") + ")")
+                              "isolation: bubblewrap " + ("disabled" if use_bwrap is False else "unavailable")
+                              + f"), {self.memory_cap_note}")
             _warn_fallback(problem or "use_bwrap=False")
+
+    # -- the memory cgroup ------------------------------------------------------------------
+    def _try_memory_groups(self) -> tuple[MemoryGroups | None, str]:
+        """Memory cgroups for runs if one can be made, capped and entered by a run's first process
+        (run as the programs are) here; else None, and runs are capped per process only."""
+        groups, found = find_memory_groups(NOBODY if self.as_root else None)
+        if groups is None:
+            log.info("rftgym local sandbox: no memory cap per run, only per process (%s)", found)
+            return None, f"memory capped per process only ({found})"
+        group = groups.new()
+        try:
+            proc = self._popen_as_nobody(["/bin/true"], "the memory cgroup's probe", group=group,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            _, err = proc.communicate(timeout=10)
+        except (SandboxError, subprocess.TimeoutExpired, OSError) as exc:
+            proc_problem = str(exc)
+        else:
+            proc_problem = None if proc.returncode == 0 else err.decode("utf-8", "replace").strip()[-200:]
+        finally:
+            group.remove()
+        if proc_problem is not None:
+            log.info("rftgym local sandbox: no memory cap per run: a run cannot enter its cgroup (%s)", proc_problem)
+            return None, f"memory capped per process only (a run cannot enter its cgroup: {proc_problem})"
+        return groups, "memory capped per run (a cgroup each)"
+
+    def _memory_group(self, limits: SandboxLimits) -> MemoryGroup | None:
+        """A fresh group capped for ``limits``; None without groups, or (with a warning, once) where
+        one cannot be made now: the run goes on capped per process."""
+        if self.memory_groups is None:
+            return None
+        try:
+            group = self.memory_groups.new()
+        except OSError as exc:
+            self._warn_memory_group(exc)
+            return None
+        try:
+            group.cap(run_cap_mb(limits.memory_mb, limits.disk_mb) * MB)
+        except OSError as exc:
+            group.remove()
+            self._warn_memory_group(exc)
+            return None
+        return group
+
+    def _warn_memory_group(self, exc: OSError) -> None:
+        if not self._memory_group_warned:
+            self._memory_group_warned = True
+            log.warning("rftgym local sandbox: could not make a run's memory cgroup (%s); such runs are capped per "
+                        "process only", exc)
 
     # -- bubblewrap -------------------------------------------------------------------------
     @property
@@ -248,7 +306,7 @@ class LocalSandbox(Sandbox):
     def _cold_isolation(self) -> str:
         uncapped = "" if self.cold_inode_cap else " (NO inode cap)"
         return (f"bubblewrap: no network, read-only system, private tmpfs /work and /tmp{uncapped}, own "
-                f"pid namespace, uid {NOBODY}, {self._filter_text}, rlimits")
+                f"pid namespace, uid {NOBODY}, {self._filter_text}, rlimits, {self.memory_cap_note}")
 
     def _try_bwrap(self, bwrap: str) -> str | None:
         """Set up the bwrap command line and check that a trivial program runs in it."""
@@ -412,6 +470,8 @@ class LocalSandbox(Sandbox):
     def _run_cold(self, program: Program, limits: SandboxLimits, capped: bool) -> ExecResult:
         keep: list[int] = []   # fds closed here whatever happens
         workdir = None
+        group = self._memory_group(limits)
+        oom_killed = False
         try:
             stdin = memfd(program.stdin.encode(), keep)
             if self.bwrap_base:
@@ -431,7 +491,8 @@ class LocalSandbox(Sandbox):
             started = time.monotonic()
             proc = self._popen_as_nobody(
                 cmd, "the sandboxed process", stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=cwd, env=env, pass_fds=[fd for fd in keep if fd not in (stdin, info_r)], preexec_fn=preexec)
+                cwd=cwd, env=env, pass_fds=[fd for fd in keep if fd not in (stdin, info_r)], preexec_fn=preexec,
+                group=group)
             if info_w is not None:
                 keep.remove(info_w)
                 os.close(info_w)
@@ -442,23 +503,30 @@ class LocalSandbox(Sandbox):
                 keep += init_pidfds
                 returncode = _end_cold(proc, init_pidfds[0] if init_pidfds else None)
             wall = time.monotonic() - started
+            oom_killed = group is not None and group.oom_kills() > 0
         finally:
             for fd in keep:
                 close_fd(fd)
             if workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
+            if group is not None:
+                group.remove()
         term = -returncode if returncode < 0 else None
         if self.bwrap_base and returncode > 128 and returncode - 128 in _SIGNALS:
             term = returncode - 128   # bwrap reports a signal death of the program as 128 + signal
         return make_result(returncode=returncode, term_signal=term, stdout=out, stderr=err,
-                           timed_out=timed_out, truncated=truncated, wall=wall)
+                           timed_out=timed_out, truncated=truncated, wall=wall, oom_killed=oom_killed)
 
-    def _popen_as_nobody(self, cmd: list[str], what: str, **popen) -> subprocess.Popen:
-        """Popen in a new session; as root, as 65534 (so that RLIMIT_NPROC applies: root ignores it)."""
+    def _popen_as_nobody(self, cmd: list[str], what: str, group: MemoryGroup | None = None,
+                         **popen) -> subprocess.Popen:
+        """Popen in a new session, in ``group`` if given; as root, as 65534 (so that RLIMIT_NPROC
+        applies: root ignores it)."""
         if self.as_root and self.setpriv:
             cmd = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *cmd]
         elif self.as_root:
             popen.update(user=NOBODY, group=NOBODY, extra_groups=[])
+        if group is not None:
+            cmd = group.enter(cmd)
         try:
             return subprocess.Popen(cmd, start_new_session=True, **popen)
         except OSError as exc:
@@ -467,7 +535,8 @@ class LocalSandbox(Sandbox):
 
     # -- warm jails (run by .sandbox_warm) ----------------------------------------------------
     def _try_warm(self) -> None:
-        self.jails = WarmJails(self._spawn_jail, capacity=self.workers, python=self.python)
+        self.jails = WarmJails(self._spawn_jail, capacity=self.workers, python=self.python,
+                               memory_group=self._memory_group)
         try:
             # The sandbox's own disk size, so that the probe's jail is the first one used.
             probe = self.jails.run(Program({"main.py": "import sys; print(sys.version_info[0])"}),
@@ -482,8 +551,10 @@ class LocalSandbox(Sandbox):
         self.jails = None
         log.warning("rftgym local sandbox: warm jails do not work here (%s); using one jail per run", problem)
 
-    def _spawn_jail(self, disk_mb: int, keep: list[int], zygote_fd: int, info_fd: int) -> subprocess.Popen:
-        """Start bwrap for a warm jail whose zygote talks on ``zygote_fd`` (see WarmJails)."""
+    def _spawn_jail(self, disk_mb: int, keep: list[int], zygote_fd: int, info_fd: int,
+                    group: MemoryGroup | None) -> subprocess.Popen:
+        """Start bwrap, in ``group`` if given, for a warm jail whose zygote talks on ``zygote_fd``
+        (see WarmJails)."""
         # No --die-with-parent: its signal fires when the *thread* that started bwrap exits, and
         # jails outlive threads. The zygote exits (ending the namespace) when the host's end closes.
         base = [a for a in self.bwrap_base if a != "--die-with-parent"]
@@ -494,8 +565,9 @@ class LocalSandbox(Sandbox):
                "--cap-add", "CAP_NET_ADMIN", "--cap-add", "CAP_SETPCAP",
                *self._jail_settings(str(info_fd), DEFAULT_HASH_SEED), "--",
                *python_command(self.python, ["-c", ZYGOTE_SOURCE, str(zygote_fd)])]
-        return self._popen_as_nobody(cmd, "a warm jail", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env={"PATH": JAIL_PATH}, pass_fds=keep)
+        return self._popen_as_nobody(cmd, "a warm jail", group=group, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": JAIL_PATH},
+                                     pass_fds=keep)
 
     def close(self) -> None:
         super().close()

@@ -33,11 +33,13 @@ import subprocess
 import threading
 import time
 import weakref
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .jail_server import CLEAN_SECONDS, CLEANED, CONTROL, DIRTY, EXITED, NOT_SET_UP, READY, REPORT, SUPERVISORS
+from .memory_cgroup import MemoryGroup, run_cap_mb
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, ExecResult, Program, SandboxError, SandboxLimits, make_result,
                       next_time_limit, python_command, python_environment)
 
@@ -51,9 +53,12 @@ DRAIN_SECONDS = 0.5   # for the output pipes to close once the zygote has report
 CLEANUP_WAIT_SECONDS = CLEAN_SECONDS + 3.0
 ZYGOTE_SOURCE = (Path(__file__).parent / "jail_server.py").read_text(encoding="utf-8")
 
-# spawn(disk_mb, keep, zygote_fd, info_fd) -> the started bwrap process. ``keep`` holds fds the
-# command passes to bwrap (memfds); the pool closes them, and the two fds, once bwrap has started.
-Spawn = Callable[[int, list, int, int], subprocess.Popen]
+# spawn(disk_mb, keep, zygote_fd, info_fd, memory_group) -> the started bwrap process, in the
+# memory group if one is given. ``keep`` holds fds the command passes to bwrap (memfds); the pool
+# closes them, and the two fds, once bwrap has started.
+Spawn = Callable[[int, list, int, int, "MemoryGroup | None"], subprocess.Popen]
+# memory_group(limits) -> a fresh memory cgroup capped for a run with these limits, or None.
+NewMemoryGroup = Callable[[SandboxLimits], "MemoryGroup | None"]
 
 
 class JailBroken(Exception):
@@ -69,14 +74,17 @@ class WarmOutcome:
     truncated: bool
     dirty: str | None      # why the jail must be replaced, if it must
     wall: float
+    oom_killed: bool = False   # the kernel killed a process of the jail for going over its memory cap
 
 
 class WarmJails:
     """The warm jails of one sandbox: takes an idle one (or starts one) per run, and keeps at
-    most ``capacity`` idle, each for the disk size it was made with. Thread-safe."""
+    most ``capacity`` idle, each for the disk size it was made with. Each jail is in its own
+    memory cgroup where ``memory_group`` makes one, capped anew for each run. Thread-safe."""
 
-    def __init__(self, spawn: Spawn, capacity: int, python: str):
+    def __init__(self, spawn: Spawn, capacity: int, python: str, memory_group: NewMemoryGroup | None = None):
         self.spawn, self.capacity, self.python = spawn, capacity, python
+        self.memory_group = memory_group
         self.idle: list[WarmJail] = []   # the most recently used last
         self._lock = threading.Lock()
         self._closed = False
@@ -96,7 +104,7 @@ class WarmJails:
                    # no POSIX message queues: RLIMIT_AS does not count their memory
                    "rlimits": {**rlimits(limits, nproc_extra=SUPERVISORS), "msgqueue": (0, 0)}}
         for attempt in range(2):
-            jail = self._take(limits.disk_mb)
+            jail = self._take(limits)
             try:
                 outcome = jail.run(request, program.stdin.encode(), limits)
                 break
@@ -112,7 +120,7 @@ class WarmJails:
         returncode = -signal.SIGKILL if killed else os.waitstatus_to_exitcode(outcome.status)
         result = make_result(returncode=returncode, term_signal=-returncode if returncode < 0 else None,
                              stdout=outcome.stdout, stderr=outcome.stderr, timed_out=outcome.timed_out,
-                             truncated=outcome.truncated, wall=outcome.wall)
+                             truncated=outcome.truncated, wall=outcome.wall, oom_killed=outcome.oom_killed)
         # A limit that may leave the jail strained (memory, disk) or anything unusual: a fresh jail.
         recycle = (killed or outcome.dirty is not None or result.limit_hit in ("memory", "file_size")
                    or jail.runs >= RECYCLE_AFTER)
@@ -121,14 +129,14 @@ class WarmJails:
         self._release(jail, recycle)
         return result
 
-    def _take(self, disk_mb: int) -> WarmJail:
+    def _take(self, limits: SandboxLimits) -> WarmJail:
         while True:
             with self._lock:
-                jail = next((j for j in self.idle if j.disk_mb == disk_mb), None)
+                jail = next((j for j in self.idle if j.disk_mb == limits.disk_mb), None)
                 if jail is not None:
                     self.idle.remove(jail)
             if jail is None:
-                return self._start(disk_mb)
+                return self._start(limits)
             if jail.alive():
                 return jail
             jail.kill()
@@ -142,24 +150,27 @@ class WarmJails:
         if evicted is not None:
             evicted.kill()
 
-    def _start(self, disk_mb: int) -> WarmJail:
+    def _start(self, limits: SandboxLimits) -> WarmJail:
         keep: list[int] = []   # fds to close here whatever happens (bwrap has its own copies)
-        host_end = info_r = None
+        host_end = info_r = group = None
         try:
+            group = self.memory_group(limits) if self.memory_group else None
             host_end, jail_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             keep.append(jail_end.detach())
             info_r, info_w = os.pipe()
             keep.append(info_w)
-            proc = self.spawn(disk_mb, keep, keep[0], info_w)
+            proc = self.spawn(limits.disk_mb, keep, keep[0], info_w, group)
         except BaseException:
             if host_end is not None:
                 host_end.close()
+            if group is not None:
+                group.remove()
             close_fd(info_r)
             raise
         finally:
             for fd in keep:
                 close_fd(fd)
-        jail = WarmJail(proc, host_end, disk_mb)
+        jail = WarmJail(proc, host_end, limits.disk_mb, group)
         try:
             jail.wait_ready(info_r)
         except BaseException as exc:
@@ -193,8 +204,9 @@ class WarmJail:
     Used by one thread at a time. The program's stdout and stderr are pipes read here; the jail
     is killed when a limit is hit or the zygote does not report in time."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket, disk_mb: int):
-        self.proc, self.sock, self.disk_mb = proc, sock, disk_mb
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, disk_mb: int,
+                 memory_group: MemoryGroup | None = None):
+        self.proc, self.sock, self.disk_mb, self.memory_group = proc, sock, disk_mb, memory_group
         sock.settimeout(START_SECONDS)   # for sends; the fd stays non-blocking, reads are polled
         self.pidfd: int | None = None   # of the jail's init (the zygote's parent): killing it ends the jail
         self.runs = 0
@@ -232,6 +244,7 @@ class WarmJail:
 
     def run(self, request: dict, stdin: bytes, limits: SandboxLimits) -> WarmOutcome:
         keep: list[int] = []
+        oom_kills = self._capped_for(limits)
         try:
             request_fd = memfd(json.dumps(request).encode(), keep, seal=True)
             stdin_fd = memfd(stdin, keep)
@@ -249,6 +262,8 @@ class WarmJail:
                 keep.remove(fd)
                 close_fd(fd)
             outcome = self._collect(out_r, err_r, limits, started)
+            if oom_kills is not None and self.memory_group.oom_kills() > oom_kills:
+                outcome = dataclasses.replace(outcome, oom_killed=True)
         finally:
             for fd in keep:
                 close_fd(fd)
@@ -256,6 +271,17 @@ class WarmJail:
             detail = outcome.stderr.decode("utf-8", "replace").strip()[-300:]
             raise JailBroken(f"{NOT_SET_UP}: {detail}" if detail else NOT_SET_UP)
         return outcome
+
+    def _capped_for(self, limits: SandboxLimits) -> int | None:
+        """Cap the jail's memory group for a run with ``limits``; the group's OOM kills so far (None
+        without a group)."""
+        if self.memory_group is None:
+            return None
+        try:
+            self.memory_group.cap(run_cap_mb(limits.memory_mb, limits.disk_mb) * MB)
+            return self.memory_group.oom_kills()
+        except (OSError, ValueError) as exc:   # e.g. the jail holds more than the new cap allows
+            raise JailBroken(f"could not cap the jail's memory cgroup: {exc}") from exc
 
     def _collect(self, out_r: int, err_r: int, limits: SandboxLimits, started: float) -> WarmOutcome:
         """Read both outputs (capped) and the zygote's two reports, until both pipes close after the
@@ -334,6 +360,8 @@ class WarmJail:
         if self.pidfd is not None:
             close_fd(self.pidfd)
             self.pidfd = None
+        if self.memory_group is not None:
+            self.memory_group.remove()
 
 
 def _parse_report(report: bytes, expected: bytes) -> tuple[int | None, str | None]:

@@ -1157,3 +1157,60 @@ def test_the_kernel_keyring_carries_nothing_from_one_run_to_another(sandbox):
     stored = sandbox.run(Program({"main.py": KEYRING}, argv=("python", "main.py", "store")))
     found = sandbox.run(Program({"main.py": KEYRING}, argv=("python", "main.py", "find")))
     assert stored.stdout.strip() in ("stored", "refused") and found.stdout.strip() == "absent", (stored, found)
+
+
+# Four processes of 80 MiB each: every one is under the per-process limit (128 MiB of address
+# space), but together they hold more than a run may (run_cap_mb(128, 8) = 216 MiB locally;
+# docker's cgroup caps the container at 128 MiB).
+SPREAD_MEMORY = """
+import os, time
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(80 << 20)
+        block[::4096] = b"x" * len(block[::4096])   # touch every page
+        time.sleep(1.5)
+        os._exit(0)
+    children.append(pid)
+print([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
+"""
+
+
+def _memory_capped_per_run(sandbox) -> None:
+    if sandbox.name == "local" and sandbox.memory_groups is None:
+        pytest.skip(f"no memory cgroup can be made here: {sandbox.memory_cap_note}")
+
+
+def test_memory_spread_over_processes_is_capped_for_the_run_as_a_whole(sandbox):
+    _memory_capped_per_run(sandbox)
+    result = run(sandbox, SPREAD_MEMORY, wall=20)
+    assert result.limit_hit == "memory", result
+    if result.stdout:   # the parent lived to see some of its children killed
+        assert -signal.SIGKILL in eval(result.stdout), result
+
+
+def test_without_the_cgroup_the_same_processes_all_fit_their_own_limit(cold_local_sandbox, monkeypatch):
+    # The control for the test above: what stops that program is the cap per run, not RLIMIT_AS.
+    _memory_capped_per_run(cold_local_sandbox)
+    monkeypatch.setattr(cold_local_sandbox, "memory_groups", None)
+    result = run(cold_local_sandbox, SPREAD_MEMORY, wall=20)
+    assert result.ok and eval(result.stdout) == [0, 0, 0, 0] and result.limit_hit is None, result
+
+
+def test_a_runs_memory_cgroup_is_gone_after_the_run_and_a_jails_with_the_jail(local_sandbox, cold_local_sandbox):
+    _memory_capped_per_run(local_sandbox)
+    parent = local_sandbox.memory_groups.parent.path
+    ours = f"rftgym-{os.getpid()}-"
+
+    def our_groups():
+        return {name for name in os.listdir(parent) if name.startswith(ours)}
+
+    before = our_groups()
+    assert run(cold_local_sandbox, "print(1)").ok
+    assert our_groups() == before   # each cold run's group is removed with it
+    with make_sandbox("local", limits=local_sandbox.limits, workers=1) as warm:
+        assert warm.run(Program({"main.py": "print(1)"})).ok
+        (jail,) = warm.jails.idle
+        assert os.path.basename(jail.memory_group.path) in our_groups() - before
+    assert our_groups() == before
