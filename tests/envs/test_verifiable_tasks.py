@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from fractions import Fraction
 
 import numpy as np
@@ -111,6 +112,18 @@ def test_sequence_answers_continue_the_sequence():
             assert len(ratios) == 1, t
             expected = shown[-1] * ratios.pop()
         assert int(t.answer) == expected, t
+
+
+def test_the_answer_of_a_sequence_question_is_at_no_fixed_rank_among_its_choices():
+    # The distractors were nxt-1, nxt+1, nxt+2: the answer was always the second smallest.
+    rng = np.random.default_rng(0)
+    ranks = Counter()
+    for difficulty in DIFFICULTIES:
+        for _ in range(200):
+            task = generate_task(rng, "sequence", difficulty)
+            assert len(set(task.choices)) == 4 and task.answer in task.choices, task
+            ranks[sorted(task.choices, key=int).index(task.answer)] += 1
+    assert set(ranks) == {0, 1, 2, 3} and min(ranks.values()) > 0.2 * 1000, ranks
 
 
 def test_weekday_answers_count_the_days():
@@ -246,6 +259,18 @@ def free(answer: str) -> Task:
     ("5", "Not sure, but 5", True), ("5", "No. 5", True), ("12", "12 (no remainder)", True),  # no denial of it
     ("5", "x = 5, none left over", True), ("5", "nothing but 5", True),
     ("not 5", "not 5", True),  # an answer that denies is said by denying
+    # a quantity's number compares by value: dropping punctuation made these the same text
+    ("$3.50", "350", False), ("$3.50", "$350", False), ("$3.50", "3.50", True), ("3.5 kg", "35 kg", False),
+    ("-5 degrees", "5 degrees", False), ("x = -3", "x = 3", False), ("-3 m/s", "3 m/s", False),
+    ("12.5%", "125%", False), ("1/2 cup", "12 cup", False), ("2.5 hours", "25 hours", False),
+    # words that give the number a sign, a scale or a bound
+    ("3", "minus 3", False), ("3", "negative 3", False), ("3", "3 below zero", False),
+    ("-3", "minus 3", True), ("-3", "Negative 3", True), ("-42", "--42", False), ("-42", "-(-42)", False),
+    ("100", "100 thousand", False), ("5", "less than 5", False), ("5", "at least 5", False),
+    ("5", "5 or more", False), ("5", "over 5", False), ("at least 5", "at least 5", True),
+    # a number denied after it, and hedges that deny nothing
+    ("42", "42 is wrong", False), ("42", "42 is not right", False), ("42", "42 isn't it", False),
+    ("42", "I'm not sure but 42", True), ("42", "I don't know, but 42", True), ("12", "12 is correct", True),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok
@@ -286,6 +311,13 @@ def test_choice_text_starting_with_a_one_letter_word():
     t = mc("a dog", "cat", "bird", "a dog")
     assert is_correct(t, "a dog") and is_correct(t, "A dog") and is_correct(t, "C")
     assert not is_correct(t, "A") and not is_correct(t, "a cat")
+
+
+def test_choices_holding_a_quantity_compare_by_its_value():
+    t = mc("3.5 kg", "3.5 kg", "7 kg", "1 kg")
+    assert is_correct(t, "3.5 kg") and is_correct(t, "A") and not is_correct(t, "35 kg")
+    t2 = mc("-5 \u00b0C", "-5 \u00b0C", "10 \u00b0C")
+    assert is_correct(t2, "-5 \u00b0C") and not is_correct(t2, "5 \u00b0C")
 
 
 def test_numeric_choices_compare_by_value_not_by_stripped_text():

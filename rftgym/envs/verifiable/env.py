@@ -55,7 +55,12 @@ Version history
     glued to letters or in exponent notation is no number, where "120cm" read as 12 and "1.5e3"
     as 1.5, and an en or em dash before a number is a minus sign; a denied number, "not 5" or
     "isn't 5", answers nothing, where it was graded as 5; 2026-12-07: ``max_turns=1`` is taken,
-    and ``task_selection`` without ``dataset_path`` is refused).
+    and ``task_selection`` without ``dataset_path`` is refused; a sequence question's answer is at
+    a random rank among its choices, where it was always the second smallest; a quantity's number
+    ("$3.50", "-5 degrees") is compared by value, where "$350" and "5 degrees" read as the same
+    text; "minus 3" is -3, and a bound or scale ("at least 5", "5 or more", "100 thousand"), a
+    second sign ("--42") or a denial after the number ("42 is wrong") answers nothing, while "not
+    sure but 42" answers 42).
 """
 
 from __future__ import annotations

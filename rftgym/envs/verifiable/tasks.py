@@ -58,6 +58,8 @@ _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\
 # match cannot back off a digit ("120cm" is not 12, "m123" not 23); no ".digit" after it nor
 # "digit." before it ("1.2.3", "v3.14" are no numbers); no exponent ("1.5e3", "5e-1").
 _NUMBER_TOKEN = re.compile(rf"(?<![^\W_])(?<!\d\.)(?<!\d[eE][-+])(?:{_NUMBER.pattern})(?![^\W_]|\.\d)")
+# "minus 3", "negative 3": a sign written as a word.
+_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(?=[\d.])", re.IGNORECASE)
 # Dashes a model or a document writes for a minus sign.
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\ufe63": "-",
                               "\uff0d": "-"})
@@ -104,10 +106,12 @@ def normalize_text(text: str) -> str:
 
 def parse_number(text: str) -> Fraction | None:
     """The single number in ``text`` ("1,234", "-3.5", "3/4", "x = 12."; a minus sign U+2212 and
-    the dashes written for one, en dash among them, are a minus), or None if there is not exactly
-    one (an answer listing several numbers is not an answer). Digits inside a word ("CO2", "m2",
-    "120cm") are not a number of their own, nor is a number in exponent notation ("1.5e3")."""
-    found = _NUMBER_TOKEN.findall(_SPACED_SIGN.sub(r"\1", text.translate(_MINUS_SIGNS)))
+    the dashes written for one, en dash among them, are a minus, as are the words "minus" and
+    "negative"), or None if there is not exactly one (an answer listing several numbers is not an
+    answer). Digits inside a word ("CO2", "m2", "120cm") are not a number of their own, nor is a
+    number in exponent notation ("1.5e3")."""
+    text = _SIGN_WORD.sub("-", _SPACED_SIGN.sub(r"\1", text.translate(_MINUS_SIGNS)))
+    found = _NUMBER_TOKEN.findall(text)
     if len(found) != 1:
         return None
     try:
@@ -117,11 +121,15 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def _same_choice(given: str, choice: str) -> bool:
-    """Whether ``given`` names ``choice``. Numeric choices compare by value, because dropping
-    punctuation would make "4.5" and "4/5" (or "1/12" and "11/2") the same text."""
+    """Whether ``given`` names ``choice``. A choice that holds a number compares by its value,
+    because dropping punctuation would make "4.5" and "4/5", "$3.50" and "$350", "-5 degrees" and
+    "5 degrees" the same text: a bare number with any words around it ("12 apples" says 12), a
+    quantity with the same words or none (:func:`_same_quantity`)."""
     if _NUMBER.fullmatch(choice.strip()):
         value = parse_number(choice)
         return value is not None and parse_number(given) == value
+    if parse_number(choice) is not None:
+        return _same_quantity(given, choice)
     return _same_text(given, choice)
 
 
@@ -186,14 +194,28 @@ def is_correct(task: Task, given: str) -> bool:
     return any(_answers(task, text) for text in dict.fromkeys(readings))
 
 
-# A number denied ("not 5", "isn't 5", "never equal to 5"): the reply holds 5 and does not answer
-# it. Only "not", "never" and "n't" up to two words before a number deny it: "No. 5" and "12 (no
-# remainder)" answer their numbers.
-_DENIED_NUMBER = re.compile(r"(?:\b(?:not|never)\b|n['\u2019]t\b)(?:\s+[a-z]+){0,2}?\s*[-+$\u2212]?\d", re.IGNORECASE)
+# A number denied ("not 5", "isn't 5", "never equal to 5", "5 is wrong"): the reply holds 5 and
+# does not answer it. Only "not", "never" and "n't" up to two words before a number deny it ("No. 5"
+# and "12 (no remainder)" answer their numbers; "not sure but 5" and "I don't know, 5" hedge), or
+# "is not", "is wrong" and the like right after it.
+_HEDGE = r"(?!\s+(?:sure|certain|know)\b)"
+_DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})(?:\s+[a-z]+){{0,2}}?\s*[-+$\u2212]?\d"
+                            r"|\d%?\s+(?:is|was|would\s+be)\s*(?:not\b|n['\u2019]t\b|wrong\b|incorrect\b|false\b)"
+                            r"|\d%?\s+(?:isn|wasn)['\u2019]t\b", re.IGNORECASE)
+# Words that make a stated number another value or a bound: "less than 5", "at least 5", "5 or
+# more", "100 thousand", "3 below zero", and a second sign ("--42", "-(-42)").
+_VALUE_CHANGED = re.compile(r"\b(?:less|more|fewer|greater|higher|lower|bigger|smaller)\s+than\b|\bat\s+(?:least|most)\b"
+                            r"|\bup\s+to\b|\bor\s+(?:more|less|fewer|greater|higher|lower|above|below|over|under)\b"
+                            r"|\b(?:over|under|above|below|nearly|almost)\s*[-+$]?\d|\bbelow\s+zero\b"
+                            r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*\(?\s*[-+]\s*\d",
+                            re.IGNORECASE)
 
 
 def _answers(task: Task, given: str) -> bool:
     if _DENIED_NUMBER.search(given) and not _DENIED_NUMBER.search(task.answer):
+        return False
+    dashed = given.translate(_MINUS_SIGNS)
+    if _VALUE_CHANGED.search(dashed) and not _VALUE_CHANGED.search(task.answer.translate(_MINUS_SIGNS)):
         return False
     if task.choices:
         index = _choice_index(given, task.choices)
@@ -267,7 +289,12 @@ def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tupl
     shown = seq[: 3 + min(difficulty, 2)] if difficulty < 3 else seq[:4]
     if len(shown) < 5:
         nxt = seq[len(shown)]
-    distractors = [str(nxt + d) for d in (1, -1, 2, -2, seq[1] - seq[0])]
+    # As many distractors below the answer as its rank among the choices, drawn uniformly, so
+    # that no rank (the second smallest, say) gives the answer away.
+    below = rng.permutation(sorted({1, 2, 3, seq[1] - seq[0]}))
+    above = rng.permutation(sorted({1, 2, 3, seq[1] - seq[0]}))
+    rank = int(rng.integers(4))
+    distractors = [str(nxt - int(d)) for d in below[:rank]] + [str(nxt + int(d)) for d in above[:3 - rank]]
     choices = _mc_choices(rng, str(nxt), distractors, 4)
     return f"What number comes next: {', '.join(map(str, shown))}, ...?", str(nxt), choices
 
