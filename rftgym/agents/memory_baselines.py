@@ -7,8 +7,9 @@
   (how many turns the agent has already acted with it in view). If at least ``min_stale`` result
   messages have age ``>= keep_turns`` (defaults 2 and 1), the wrapper answers this turn itself
   with one ``<prune ids="…">note</prune>`` naming the first result id of each of them, instead of asking
-  the wrapped agent; otherwise (and always right after its own prune, so a refused prune cannot
-  loop) it delegates. The note is ``Title: first sentence`` of the top hit of each pruned batch,
+  the wrapped agent; otherwise it delegates, and always right after its own prune and for good
+  once one of its prunes was refused (an id it named is still in view: the env's tool calls ran
+  out, say), so that a refused prune is never sent again. The note is ``Title: first sentence`` of the top hit of each pruned batch,
   joined by ``"; "`` and cut to ``note_chars``.
 * :class:`WorldOracleAgent`: a scripted searcher that knows the generated world: it resolves each
   objective's chain from the question text, searches every entity of the chain by name in order,
@@ -23,6 +24,7 @@ from typing import Mapping, Sequence
 
 from ..core.messages import Context
 from ..core.tags import parse_tags
+from ..core.values import is_int
 from ..envs.memory import context_ops
 from ..envs.search.world import ATTRIBUTES, RELATIONS, World
 from .base import Agent, AgentReply
@@ -36,21 +38,26 @@ class HeuristicPruner(Agent):
     """Prune every search result older than ``keep_turns`` turns, else let ``agent`` act."""
 
     def __init__(self, agent: Agent, keep_turns: int = 1, note_chars: int = 160, min_stale: int = 2):
-        if keep_turns < 0:
-            raise ValueError(f"keep_turns must be at least 0, got {keep_turns}")
-        if note_chars < 0:
-            raise ValueError(f"note_chars must be at least 0, got {note_chars}")
+        for name, value, low in (("keep_turns", keep_turns, 0), ("note_chars", note_chars, 0),
+                                 ("min_stale", min_stale, 1)):
+            if not is_int(value) or value < low:
+                raise ValueError(f"{name} must be an int of at least {low}, got {value!r}")
         self.agent = agent
         self.keep_turns = keep_turns
         self.note_chars = note_chars
-        self.min_stale = max(1, int(min_stale))
+        self.min_stale = min_stale
         self.name = f"prune{keep_turns}+{getattr(agent, 'name', 'agent')}"
 
     def prune_action(self, context: Context) -> str | None:
         """The prune this wrapper would send for ``context``, or None to delegate."""
         assistants = [i for i, m in enumerate(context.messages) if m.role == "assistant"]
-        if assistants and _is_own_prune(context.messages[assistants[-1]].content):
+        own = [i for i in assistants if _is_own_prune(context.messages[i].content)]
+        if own and own[-1] == assistants[-1]:
             return None
+        in_view = {result_id.lower() for message in context.messages if message.role == "user"
+                   for result_id, _ in context_ops.result_lines(message.content)}
+        if own and in_view & set(_named_ids(context.messages[own[-1]].content)):
+            return None   # that prune was refused: the next would be too
         ids, notes = [], []
         for index, message in enumerate(context.messages):
             lines = context_ops.result_lines(message.content) if message.role == "user" else []
@@ -119,6 +126,11 @@ class HeuristicPruner(Agent):
 
 def _is_own_prune(text: str) -> bool:
     return text.startswith("<prune ids=") and text.endswith("</prune>") and text.count("<prune") == 1
+
+
+def _named_ids(own_prune: str) -> list[str]:
+    (tag,) = parse_tags(own_prune, ("prune",)).find("prune")
+    return context_ops.parse_prune_ids(tag.attr("ids"))
 
 
 def _first_sentence(line: str) -> str:

@@ -59,6 +59,15 @@ class Tag:
     def text(self) -> str:
         return self.body.strip()
 
+    @property
+    def stray_attribute_text(self) -> str:
+        """Text in the opening tag that no attribute took: "r6" in ``<prune ids=r1 r6>``, where a
+        bare value stops at the space (quote it: ``ids="r1 r6"``)."""
+        opening = _TAG_TOKEN.match(self.source, self.start)
+        if opening is None or opening.group("close") or opening.group("name").lower() != self.name:
+            return ""   # the tag was opened before the text (a template's <think>)
+        return " ".join(_ATTRIBUTE.sub(" ", opening.group("attrs")).replace("/", " ").split())
+
     def attr(self, key: str, default: str | None = None) -> str | None:
         key = key.lower()
         for name, value in self.attrs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping, Set as AbstractSet
 
 import numpy as np
 
@@ -26,7 +27,10 @@ def is_int(value) -> bool:
 
 def int_tuple(value) -> tuple[int, ...]:
     """An int, a decimal string (``--env-arg hops=2``) or a sequence of them, as a tuple of ints;
-    TypeError for anything else: ``int()`` alone would turn 1.5 or True quietly into 1."""
+    TypeError for anything else: ``int()`` alone would turn 1.5 or True quietly into 1, and
+    iterating would read a dict's keys, a bytes' byte values or a set in no set order."""
+    if isinstance(value, (bytes, bytearray, memoryview, Mapping, AbstractSet)):
+        raise TypeError(f"not integers: {value!r} (give an int or a list of ints)")
     items = (value,) if isinstance(value, (str, numbers.Integral)) else value
     items = tuple(items)  # TypeError for what is not iterable
     if not all(is_int(v) or (isinstance(v, str) and v.strip().isdecimal()) for v in items):

@@ -9,6 +9,7 @@ import importlib
 import os
 import re
 import sys
+from contextlib import contextmanager
 from typing import Any, Mapping, TypeVar
 
 from ..core.errors import ConfigError
@@ -222,6 +223,19 @@ def check_step_call(started: bool, done: bool, action) -> None:
         raise RuntimeError("the episode has ended; call reset() to start a new one")
     if not isinstance(action, str):
         raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+
+
+@contextmanager
+def episode_ends_on_error(env):
+    """Around the body of an env's ``step``: a step that raises part way (a retriever timing out,
+    a sandbox failing) may have changed some of the episode's state and not the rest, and a step
+    from there would play a turn no agent led to. So the episode ends (``env._done``), and step()
+    refuses until a reset."""
+    try:
+        yield
+    except BaseException:
+        env._done = True
+        raise
 
 
 # The info key of an env that pays on the turn that ends the episode (CodeTCG, VerifiableQA): what

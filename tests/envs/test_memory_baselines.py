@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from statistics import mean
 
+import pytest
+
 import rftgym  # noqa: F401
 from rftgym.agents.base import AgentReply
 from rftgym.agents.memory_baselines import HeuristicPruner, WorldOracleAgent, solve_world_question
@@ -126,3 +128,21 @@ def test_the_pruning_wrapper_passes_its_episodes_keys_to_a_keyed_agent():
     assert inner.keys == [[(1, 0, 0, 0), (1, 2, 0, 0)]]
     wrapper.act([fresh])
     assert inner.keys[-1] is None  # no keys given, none passed
+
+
+def test_a_refused_prune_is_not_sent_again_every_other_turn():
+    # With its tool calls spent the env refuses every prune; the wrapper sent the same one on every
+    # other turn, so the oracle ran out of turns (score 2/3) where it needs no prune at all.
+    env = lambda: MemoryQAEnv(max_tool_calls=3, max_context_tokens=4000, max_turns=12)   # noqa: E731
+    (episode,) = run_episodes(env, HeuristicPruner(WorldOracleAgent(World(0, 60))), seeds=[0])
+    prunes = [t.action for t in episode.turns if t.action.startswith("<prune")]
+    assert len(prunes) == 1 and episode.turns[3].info["prunes"] == 0   # refused: no tool call left
+    assert episode.success and episode.total_reward == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"keep_turns": -1}, {"note_chars": -1}, {"min_stale": 0}, {"min_stale": -2},
+                                    {"keep_turns": 1.5}, {"min_stale": True}])
+def test_pruner_settings_out_of_range_or_not_ints_are_refused(kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"{name} must be an int of at least"):
+        HeuristicPruner(ScriptedAgent(["<answer id=\"1\">x</answer>"]), **kwargs)

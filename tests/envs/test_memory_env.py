@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.memory_baselines import WorldOracleAgent
-from rftgym.core.errors import ConfigError
+from rftgym.core.errors import ConfigError, EnvError
 from rftgym.envs.memory import env as env_module
 from rftgym.envs.memory.budget import estimate_tokens
 from rftgym.envs.memory.env import MemoryQAEnv
+from rftgym.envs.search.retrievers import BM25Retriever, Retriever
+from rftgym.envs.search.world import World
 
 ENV_ID = "rftgym/MemoryQA-v0"
 QA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "qa"
@@ -155,6 +157,8 @@ def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():
     (lambda ids, task_id: '<prune ids="">x</prune>', "needs ids="),
     (lambda ids, task_id: '<prune>x</prune>', "needs ids="),
     (lambda ids, task_id: '<prune ids=" , ">x</prune>', "needs ids="),
+    # a bare value stops at a space: r6 was dropped without a word, and only the first id pruned
+    (lambda ids, task_id: f'<prune ids={ids[0]} r7>x</prune>', 'holds "r7" outside its ids attribute'),
 ])
 def test_bad_prunes_change_nothing_and_say_why(make_action, message):
     env = small_env()
@@ -567,3 +571,56 @@ def test_a_prune_also_deletes_the_envs_earlier_status_messages():
     assert [m.id for m in pruned][:len(expected)] == expected
     assert info["budget_tokens"] == estimate_tokens(pruned.without(
         [m.id for m in pruned if m.content.startswith("[env] ")]))
+
+
+class FlakyRetriever(Retriever):
+    """The world's BM25 index, raising while ``failing`` (a remote service that is down)."""
+
+    def __init__(self, world: World):
+        self.inner, self.failing = BM25Retriever(world.documents), False
+
+    def search(self, queries, k):
+        if self.failing:
+            raise EnvError("the retrieval service is down")
+        return self.inner.search(queries, k)
+
+
+def test_a_step_that_raises_part_way_ends_the_episode_rather_than_leave_half_a_turn():
+    retriever = FlakyRetriever(World(0, 30))
+    env = small_env(retriever=retriever)
+    env.reset(seed=0)
+    *_, info = env.step("<search>currency</search>")
+    retriever.failing = True
+    with pytest.raises(EnvError, match="down"):   # the prune had run; the search raised
+        env.step(f'<prune ids="{info["result_ids"][0]}">note</prune><search>river</search>')
+    retriever.failing = False
+    with pytest.raises(RuntimeError, match="episode has ended; call reset"):
+        env.step('<prune ids="r1">note</prune>')
+    _, info = env.reset(seed=0)
+    assert info["turn"] == 0 and info["tool_calls"] == 0
+
+
+def test_a_reset_that_raises_after_drawing_its_task_leaves_nothing_to_step():
+    counts = iter([10, 10.5])   # the second reset's first count is no token count
+
+    env = small_env(count_tokens=lambda context: next(counts, 10))
+    env.reset(seed=0)
+    with pytest.raises(ValueError):
+        env.reset(seed=1)
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("<search>x</search>")
+
+
+def test_an_f1_threshold_of_zero_is_refused_it_would_count_any_answer_correct():
+    with pytest.raises(ConfigError, match="f1_threshold must be above 0"):
+        small_env(f1_threshold=0.0)
+    assert small_env(f1_threshold=1e-9).config.f1_threshold == 1e-9
+
+
+@pytest.mark.parametrize("hops", [{2: 1}, b"\x02", {2}, bytearray(b"\x02")])
+def test_hops_that_only_iterate_like_ints_are_refused(hops):
+    with pytest.raises(ConfigError, match="hops"):
+        small_env(hops=hops)
+    env = small_env()
+    with pytest.raises(ValueError, match="hops"):
+        env.reset(seed=0, options={"hops": hops})

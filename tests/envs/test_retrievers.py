@@ -150,7 +150,7 @@ def test_musique_questions_and_corpus(tmp_path):
     ("bad.json", '[{"question": "q", "answer": "x", "context": [], "supporting_facts": 5}]', load_hotpotqa_questions,
      r"record 0: 'supporting_facts' must be a list of \[title, sentence index\] pairs, got 5"),
     ("bad.json", '[{"question": "q", "answer": "", "context": []}]', load_hotpotqa_questions,
-     r"record 0: the gold answer '' is empty once normalized .* any reply would match it"),
+     r"record 0: the gold answer '' is empty once normalized .* a reply saying nothing, such as 'the' or '!!', would match it"),
     ("bad.jsonl", '{"question": "q", "golden_answers": ["The.", "a"]}\n', load_nq_questions,
      r"bad.jsonl:1: the gold answer 'The.', 'a' is empty once normalized"),
     ("bad.jsonl", '{"question": "q", "answer": "a", "paragraphs": []}\n', load_musique_questions,

@@ -3,6 +3,7 @@ datasets and fuzzing with arbitrary assistant text."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -677,3 +678,32 @@ def test_a_call_inside_another_calls_body_is_its_text_not_a_call():
     assert not terminated and info["evaluation_score"] == 3 and info["searches"] == 2
     assert info["query"] == f"more {title}" and info["protocol_violation"] is None
     assert "a <answer> inside another tag's body was not run" in info["format_error"]
+
+
+@pytest.mark.parametrize("returned, shown", [
+    (None, "None"), ([{"doc_id": "1", "title": "t", "text": "x"}], "{'doc_id'"), ([Hit(1, "t", "x", 1.0)], "Hit(doc_id=1"),
+])
+def test_a_search_function_returning_no_hits_is_named_and_the_episode_ends(returned, shown):
+    def write_results(query, k):
+        return returned
+
+    env = SearchEvalQAEnv(retriever=CallableRetriever(write_results))
+    env.reset(seed=0)
+    with pytest.raises(ConfigError, match=f"write_results returned {re.escape(shown)}.*must return a list of Hit"):
+        env.step("<search>q</search>")
+    with pytest.raises(RuntimeError, match="episode has ended"):   # a step that raised part way ends it
+        env.step("<search>q</search>")
+
+
+@pytest.mark.parametrize("evaluation, score, note", [
+    ("<evaluate><think>hmm, is it?</think>score: 7 names it</evaluate>", 7, "names it"),
+    ("<evaluate>score: 7 <think>or 3?</think>names it</evaluate>", 7, "names it"),
+    ("<evaluate><think>only thinking</think></evaluate>", None, None),
+])
+def test_thinking_inside_an_evaluation_is_not_its_score_or_note(evaluation, score, note):
+    env = SearchEvalQAEnv()
+    env.reset(seed=3, options={"hops": 2})
+    env.step("<search>anything</search>")
+    *_, info = env.step(evaluation)
+    assert (info["evaluation_score"], info["evaluation_note"]) == (score, note)
+    assert (info["protocol_violations"] == 0) is (score is not None)

@@ -92,7 +92,8 @@ Version history
     lower limit keeps other tests; ``task_selection`` with ``dataset="generated"`` is refused; the
     feedback after a failed attempt counts the hidden tests that failed instead of showing their
     inputs and outputs; code nested past what Python compiles is a syntax error; each stdio test
-    ends as a program does, its files flushed and fileinput closed).
+    ends as a program does, its files flushed and fileinput closed; a step that raises part way,
+    a sandbox failing, ends the episode).
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, check_task_selection, config_from_dict,
-                      covering_episodes, dataset_index, read_action, refuse_unread_option, render_context,
-                      reset_options, resolve_config, summarize_problems, INFO_IF_CUT, REWARD_IF_CUT, PathsAsText)
+                      covering_episodes, dataset_index, episode_ends_on_error, read_action, refuse_unread_option,
+                      render_context, reset_options, resolve_config, summarize_problems, INFO_IF_CUT, REWARD_IF_CUT,
+                      PathsAsText)
 from ..copying import CopyableEnv
 from .feedback import describe_failures, extract_code, parse_pseudocode, stray_fence
 from .harness import DEFAULT_MAX_TIMEOUTS, PER_TEST_SECONDS, check_max_timeouts, check_per_test_seconds
@@ -356,6 +358,10 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     def step(self, action: str):
         self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
+        with episode_ends_on_error(self):
+            return self._step(action)
+
+    def _step(self, action: str):
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))

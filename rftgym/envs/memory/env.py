@@ -124,7 +124,10 @@ Version history
     2026-12-07: a turn's tags past its 64th are ignored (said in ``format_error``), the
     heuristic-prune baseline runs with pruning allowed, and ``f1_threshold`` with
     ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused;
-    ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's).
+    ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's; a prune with text
+    outside its ids attribute (``ids=r1 r6``, which pruned r1 alone) is refused, ``f1_threshold=0``
+    is refused, a step or reset that raises part way leaves no episode to step, and the
+    heuristic-prune baseline never sends a refused prune again).
 """
 
 from __future__ import annotations
@@ -137,9 +140,9 @@ import gymnasium as gym
 
 from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
-                      check_render_mode, check_reset_options, check_step_call, read_action, refuse_unread_option,
-                      render_context, reset_options, resolve_config, summarize_problems, without_tool_markup,
-                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS, PathsAsText)
+                      check_render_mode, check_reset_options, check_step_call, episode_ends_on_error, read_action,
+                      refuse_unread_option, render_context, reset_options, resolve_config, summarize_problems,
+                      without_tool_markup, MAX_TAGS_PER_TURN, TOO_MANY_TAGS, PathsAsText)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -242,6 +245,9 @@ class MemoryQAConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not 0 <= value <= high:
                 raise ConfigError(f"{name} must be a number in [0, {high:g}], got {value!r}")
+        if self.f1_threshold == 0:
+            raise ConfigError("f1_threshold must be above 0: every answer has a token F1 of at least 0, so 0 would "
+                              "count any answer correct; 1.0 asks for every token, the default 0.8 for most")
         check_bool_options(self, ("allow_prune",))
         if not self.allow_prune:
             refuse_unread_option(
@@ -361,8 +367,9 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.check_open("reset")
         super().reset(seed=seed)
-        # A reset that raises (a bad option, a data error) leaves no episode to step, not the last one.
-        self.task, self._context = None, Context()
+        # A reset that raises (a bad option, a data error, a token count) leaves no episode to step:
+        # not the last one, nor the part of the new one made before it raised.
+        self.task, self._context, self._done = None, Context(), True
         self.task = self._draw_task(reset_options(options))
         self._ids = MessageIds.from_rng(self.np_random)
         messages = []
@@ -381,7 +388,6 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._answers: dict[int, str] = {}
         self._correct: dict[int, bool] = {}
         self._paid = 0.0  # the score paid out so far
-        self._done = False
         self._observation_tokens = self._budget_tokens = self._tokens(self._context)
         budget = self.config.max_context_tokens
         over_budget = budget is not None and self._budget_tokens > budget
@@ -390,6 +396,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             warn_caller(f"MemoryQA task {self.task.id}: its first observation is {self._budget_tokens} tokens, over "
                         f"max_context_tokens={budget}, so its episodes overflow on the first turn whatever the "
                         "agent does; raise max_context_tokens, or give fewer objectives")
+        self._done = False
         if self.render_mode == "human":
             self.render()
         return self._context, self._info(_Turn(), context_tokens=0, over_budget=over_budget)
@@ -397,6 +404,10 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     def step(self, action: str):
         self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
+        with episode_ends_on_error(self):
+            return self._step(action)
+
+    def _step(self, action: str):
         self._turn += 1
         # Measured again now rather than reusing the last step's count, so that a counter whose
         # result changes once the agent has seen its reply (a cache, a binding) is honoured.
@@ -523,6 +534,10 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             return
         if sum(name == "ids" for name, _ in tag.attrs) > 1:
             self._prune_error('the <prune> has more than one ids attribute; list every id in one, ids="r1,r2"', turn)
+            return
+        if stray := tag.stray_attribute_text:
+            self._prune_error(f'the <prune> tag holds "{stray[:60]}" outside its ids attribute; list every id in '
+                              'it, quoted: ids="r1,r2"', turn)
             return
         named = context_ops.parse_prune_ids(tag.attr("ids"))
         # Ids already pruned earlier in this turn are no longer there to prune.

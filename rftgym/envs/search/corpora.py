@@ -257,15 +257,17 @@ def _record_id(record: dict, position: int | None, where: str) -> str:
 
 
 def _gold_answers(where: str, answers: tuple[str, ...]) -> tuple[str, ...]:
-    """``answers`` without those that are empty once normalized (every reply would match them, e.g.
-    an alias "A"); a record left with none is refused."""
+    """``answers`` without those that are empty once normalized (an alias "A": a reply that says
+    nothing once normalized, "the" or "!!", would match it as well as the answer does); a record
+    left with none is refused."""
     from .scoring import normalize_answer
 
     kept = tuple(a for a in answers if normalize_answer(a))
     if not kept:
         shown = ", ".join(repr(a) for a in answers)
         raise DataFormatError(f"{where}: the gold answer {shown} is empty once normalized (case, punctuation and "
-                              "articles removed), so any reply would match it; fix or drop this record")
+                              "articles removed), so a reply saying nothing, such as 'the' or '!!', would match it as well as the "
+                              "answer; fix or drop this record")
     return kept
 
 

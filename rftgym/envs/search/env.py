@@ -105,7 +105,9 @@ Version history
     template thinking is not graded, and markup between digits is no score; 2026-12-07: the
     results of the last search allowed say to answer after the evaluation, a turn's tags past
     its 64th are ignored (said in ``format_error``), ``task_selection`` without a dataset is
-    refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's).
+    refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's;
+    thinking inside an ``<evaluate>`` is not its score or note, a step that raises part way ends
+    the episode, and the generated world writes "an engineer", where it wrote "a engineer").
 """
 
 from __future__ import annotations
@@ -119,9 +121,9 @@ import numpy as np
 from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
-                      covering_episodes, dataset_index, read_action, render_context, reset_options, resolve_config,
-                      summarize_problems, without_tool_markup, PathsAsText,
-                      MAX_TAGS_PER_TURN, TOO_MANY_TAGS)
+                      covering_episodes, dataset_index, episode_ends_on_error, read_action, render_context,
+                      reset_options, resolve_config, summarize_problems, without_elements, without_tool_markup,
+                      PathsAsText, MAX_TAGS_PER_TURN, TOO_MANY_TAGS)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -307,6 +309,10 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
     def step(self, action: str):
         self.check_open("step")
         check_step_call(self.question is not None, self._done, action)
+        with episode_ends_on_error(self):
+            return self._step(action)
+
+    def _step(self, action: str):
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))
@@ -428,7 +434,8 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
         return out
 
     def _evaluate(self, body: str, out: "_TurnOutcome") -> None:
-        parsed = protocol.parse_evaluation(body)
+        # Thinking inside the evaluation is not part of its score or note.
+        parsed = protocol.parse_evaluation(without_elements(body, ("think",), unclosed=True))
         if parsed is None:
             out.flag("malformed_evaluation")
             return

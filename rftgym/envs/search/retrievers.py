@@ -276,7 +276,20 @@ class CallableRetriever(Retriever):
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         queries = _check_search_args(queries, k)
-        return [list(self.write_results(query, int(k)))[:k] for query in queries]
+        return [self._checked(self.write_results(query, int(k)), query)[:k] for query in queries]
+
+    def _checked(self, results, query: str) -> list[Hit]:
+        """The function's results as a list of hits, or a ConfigError that names it and says what
+        it returned (not an AttributeError deep in the env's step)."""
+        name = getattr(self.write_results, "__qualname__", repr(self.write_results))
+        hits = list(results) if isinstance(results, (list, tuple)) else None
+        bad = next((h for h in hits if not isinstance(h, Hit) or not all(
+            isinstance(v, str) for v in (h.doc_id, h.title, h.text))), None) if hits is not None else results
+        if hits is None or bad is not None:
+            raise ConfigError(f"CallableRetriever's function {name} returned {bad!r:.120} for the query {query!r:.80}; "
+                              "it must return a list of Hit(doc_id, title, text, score), with str doc_id, title and "
+                              "text")
+        return hits
 
 
 RETRIEVERS = {"bm25": BM25Retriever, "dense": DenseRetriever}

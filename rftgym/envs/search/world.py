@@ -130,10 +130,12 @@ class World:
             return (f"{e.name} is a city in {self._name(r['country'])}. "
                     f"The {a['river']} river flows through {e.name}.")
         if e.kind == "company":
-            return (f"{e.name} is a {a['industry']} company headquartered in {self._name(r['headquarters'])}. "
-                    f"It was founded by {self._name(r['founder'])}.")
-        return (f"{e.name} is a {a['occupation']} born in {a['birth_year']} in {self._name(r['birthplace'])}. "
-                f"{e.name} works for {self._name(r['employer'])}.")
+            industry = a["industry"]
+            return (f"{e.name} is {_article(industry)} {industry} company headquartered in "
+                    f"{self._name(r['headquarters'])}. It was founded by {self._name(r['founder'])}.")
+        occupation = a["occupation"]
+        return (f"{e.name} is {_article(occupation)} {occupation} born in {a['birth_year']} in "
+                f"{self._name(r['birthplace'])}. {e.name} works for {self._name(r['employer'])}.")
 
     def question(self, rng: np.random.Generator, hops: int, answerable: bool = True) -> Question:
         """A question needing ``hops`` documents (or an unanswerable one of the same shape)."""
@@ -181,3 +183,9 @@ class World:
         names = _Names(rng)
         names.used = set(self._names.used)
         return f"{names.word(2)} {names.word(2)}"
+
+
+def _article(word: str) -> str:
+    """The indefinite article for ``word``: "an engineer", "a surgeon" (the world's words are
+    plain English ones, so the first letter tells)."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

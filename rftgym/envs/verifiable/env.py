@@ -60,7 +60,7 @@ Version history
     ("$3.50", "-5 degrees") is compared by value, where "$350" and "5 degrees" read as the same
     text; "minus 3" is -3, and a bound or scale ("at least 5", "5 or more", "100 thousand"), a
     second sign ("--42") or a denial after the number ("42 is wrong") answers nothing, while "not
-    sure but 42" answers 42).
+    sure but 42" answers 42; a step that raises part way ends the episode).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ from ...core.errors import ConfigError
 from ..copying import CopyableEnv
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_generator_only, check_path_options,
                       check_render_mode, check_reset_options, check_step_call, check_task_selection, covering_episodes,
-                      dataset_index, read_action, render_context, reset_options, resolve_config, summarize_problems,
-                      REWARD_IF_CUT, PathsAsText)
+                      dataset_index, episode_ends_on_error, read_action, render_context, reset_options, resolve_config,
+                      summarize_problems, REWARD_IF_CUT, PathsAsText)
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
@@ -196,6 +196,10 @@ class VerifiableQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
     def step(self, action: str):
         self.check_open("step")
         check_step_call(self.task is not None, self._done, action)
+        with episode_ends_on_error(self):
+            return self._step(action)
+
+    def _step(self, action: str):
         self._turn += 1
         action, cut = read_action(action, self.config.max_action_chars)
         context = self._context.appended(self._ids.message("assistant", action))
