@@ -140,7 +140,7 @@ def main() -> None:
           f"{max(len(s.token_ids) for s in samples)}")
     name_width = max(len(name) for name in results) + 2
     print(f"{'layout':<{name_width}}{'update s':>9}{'passes':>8}{'rows':>6}{'largest pass':>14}{'positions':>11}"
-          f"{'padding':>9}{'peak GB':>9}  first loss")
+          f"{'padding':>9}{'peak GiB':>9}  first loss")
     for name, r in results.items():
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}"
         print(f"{name:<{name_width}}{r['update_s']:>9.3f}{r['passes']:>8}{r['rows']:>6}{r['largest_pass']:>14}"

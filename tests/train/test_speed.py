@@ -13,6 +13,7 @@ from rftgym.train.speed import (
     SpeedConfig,
     _ones_then_zeros,
     apply_training_speedups,
+    flop_parameters,
     is_right_padded,
     make_optimizer,
     parameter_count,
@@ -254,6 +255,24 @@ def test_optimizer_and_flops():
         6 * (n - 1000) * 6 + 6 * 1000 * 3 + 12 * 2 * 32 * (16 + 4)
     with pytest.raises(ConfigError, match="memory_budget"):
         SpeedConfig(memory_budget=1.5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_flops_count_the_multiplications_an_untied_input_embedding_is_a_lookup(tied):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config)
+    counts = flop_parameters(model)
+    # Weights that multiply: each layer's 7 projections (q 32x32, k and v 32x16 under 2 kv heads,
+    # o 32x32, gate/up/down 32x64), and the 40x32 output layer; norms add a few, counted as N does.
+    projections = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64)
+    norms = 2 * 2 * 32 + 32
+    assert counts == {"parameters": projections + norms + 40 * 32 * (1 if tied else 2), "head_parameters": 40 * 32,
+                      "lookup_parameters": 0 if tied else 40 * 32}
+    flops = update_flops(counts.pop("parameters"), [4, 2], layers=2, attention_width=32, **counts)
+    assert flops == 6 * (projections + norms) * 6 + 6 * 40 * 32 * 6 + 12 * 2 * 32 * (16 + 4)
 
 
 def test_logprobs_only_at_trained_positions_equal_the_full_computation():
