@@ -568,6 +568,6 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
         except (ConfigError, ValueError, KeyError, TypeError):
             return notes
         notes.append(f"the {config.lr_schedule} learning-rate schedule now spans {config.steps} steps, not "
-                     f"{settings['steps']}: the run resumes at step {step} with a rate of {now:.3g}, where the "
+                     f"{settings['steps']}: the run resumes at step {step + 1} with a rate of {now:.3g}, where the "
                      f"checkpoint's run would have had {planned:.3g}")
     return notes

@@ -3,9 +3,10 @@ interrupts too): never with a half-written checkpoint, and keeping the steps it 
 
 A step has two parts. Until its update starts, the weights and the optimizer are still those of
 the step before, so a stop there can save them as they are (with the random states the step
-began with: a resumed run then draws what the uninterrupted one would have). From the update
-on they change, so a stop is held until the step is done and saved; a second stop ends the run
-at once, without that step. The ranks of a launch stop together at the end of either part
+began with: a resumed run then draws what the uninterrupted one would have), and so can an error
+there (a rollout whose env or server failed): ``--resume`` then goes on from that step. From
+the update on they change, so a stop is held until the step is done and saved; a second stop
+ends the run at once, without the steps since the last checkpoint. The ranks of a launch stop together at the end of either part
 instead (:class:`LaunchStops`).
 """
 
@@ -67,9 +68,9 @@ def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
 
 @contextlib.contextmanager
 def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[None]:
-    """Before a step's update: a stop inside the block first calls ``keep()`` (which saves the
-    steps done so far), then goes on. ``enabled`` False (a launch of several ranks, which would
-    each stop at another point of the step): the stop just goes on."""
+    """Before a step's update: a stop or an error inside the block first calls ``keep()`` (which
+    saves the steps done so far: the weights are still theirs), then goes on. ``enabled`` False (a
+    launch of several ranks, which would each stop at another point of the step): it just goes on."""
     try:
         yield
     except KeyboardInterrupt:
@@ -77,17 +78,26 @@ def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[
             with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
                 keep()
         raise
+    except Exception:
+        if enabled:
+            say("rftgym train: this step failed before its update; saving the steps before it, so that --resume "
+                "goes on from this step")
+            with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
+                keep()
+        raise
 
 
 @contextlib.contextmanager
-def finishing_the_step(keep: Callable[[], None], enabled: bool) -> Iterator[None]:
+def finishing_the_step(keep: Callable[[], None], enabled: bool, lost: str = "this step") -> Iterator[None]:
     """From a step's update to its end: a stop is held until the block is done, then ``keep()``
-    saves the step and the stop goes on. A second stop ends the run at once, without the step."""
+    saves the step and the stop goes on. A second stop ends the run at once, without the steps
+    since the last checkpoint, which ``lost`` names ("steps 3 to 5") for the notice."""
     if not enabled:
         yield
         return
     with held_stops("rftgym train: stopping once this step is done and saved (its update, metrics and "
-                    "checkpoint); interrupt again to stop now without it", second_stops_now=True) as held:
+                    f"checkpoint); interrupt again to stop now without saving, losing {lost}",
+                    second_stops_now=True) as held:
         yield
         if held:
             keep()

@@ -70,6 +70,24 @@ def test_a_failed_rollout_keeps_its_finished_episodes(tmp_path, make_char_policy
     assert (tmp_path / "run" / "metrics.jsonl").is_file()  # step 1's result, kept as before
 
 
+def test_a_failed_rollout_saves_the_steps_before_it_and_the_run_resumes_as_the_uninterrupted_one(
+        tmp_path, make_char_policy, capsys):
+    # The weights were still step 1's: the run no longer loses that step (its directory had its
+    # metrics and no checkpoint, so it could neither resume nor start again).
+    broken = env_breaking_at(EPISODES_PER_STEP + 6, RuntimeError("the sandbox is gone"))
+    with pytest.raises(EnvError):
+        train(train_config(tmp_path, "run", steps=3), policy=make_char_policy(), make_env=broken)
+    assert "this step failed before its update; saving the steps before it, so that --resume goes on from this " \
+           "step" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
+    resumed = train(train_config(tmp_path, "run", steps=3), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    straight = train(train_config(tmp_path, "straight", steps=3), policy=make_char_policy(), make_env=SayAEnv)
+    assert [h["step"] for h in resumed] == [2, 3]
+    for a, b in zip(straight[1:], resumed, strict=True):
+        assert b["reward_mean"] == a["reward_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+
+
 def test_a_run_failing_in_its_first_step_leaves_only_that_file(tmp_path, make_char_policy, capsys):
     run = tmp_path / "new" / "run"  # folders the run makes, and would remove with nothing in them
     broken = env_breaking_at(4, RuntimeError("the sandbox is gone"))

@@ -162,7 +162,7 @@ def test_resume_says_what_changed_and_where_a_longer_decay_moves_the_rate(tmp_pa
     err = capsys.readouterr().err
     assert "differ from the checkpoint's: clip_high 0.28 -> 0.3" in err
     # Linear decay over 4 steps: step 4 is past the end (rate 0); over 8 steps it is 1e-2 * 4/8.
-    assert "now spans 8 steps, not 4: the run resumes at step 4 with a rate of 0.005, where the checkpoint's " \
+    assert "now spans 8 steps, not 4: the run resumes at step 5 with a rate of 0.005, where the checkpoint's " \
            "run would have had 0" in err
 
 

@@ -82,7 +82,9 @@ def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_
     shown = []
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, on_step=shown.append)
-    assert "stopping once this step is done and saved" in capsys.readouterr().err
+    # The notice says what a second stop would lose: every step since the last checkpoint (none yet).
+    assert "stopping once this step is done and saved (its update, metrics and checkpoint); interrupt again to " \
+           "stop now without saving, losing steps 1 to 2 (the last checkpoint is none)" in capsys.readouterr().err
     assert [h["step"] for h in shown] == [1, 2] and len(calls) == 2  # step 2 finished; step 3 never began
     assert saved_step(run) == 2
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
@@ -94,7 +96,8 @@ def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_
     assert_same_rows(read_metrics(tmp_path / "straight" / "metrics.jsonl"), read_metrics(run / "metrics.jsonl"))
 
 
-def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path, make_char_policy, monkeypatch):
+def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path, make_char_policy, monkeypatch,
+                                                                        capsys):
     real_optimise, calls = loop.optimise, []
 
     def stopped_twice_in_update_2(*args, **kwargs):
@@ -109,6 +112,7 @@ def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path,
     run = tmp_path / "stopped"
     with pytest.raises(KeyboardInterrupt):
         train(config(tmp_path, "stopped", save_every=1), policy=make_char_policy(), make_env=SayAEnv)
+    assert "losing step 2 (the last checkpoint is at step 1)" in capsys.readouterr().err
     assert saved_step(run) == 1  # the last checkpoint it wrote, not a half-updated step
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
