@@ -179,10 +179,12 @@ def _retire(previous: Path, keep: int, saved_step: int) -> None:
     kept = previous.parent / f"{KEPT_PREFIX}{step}"
     try:
         if os.path.lexists(kept):
-            if not (kept / KEPT_MARKER).is_file():
+            if not kept_by_the_run(kept):
                 raise FileExistsError(errno.EEXIST, "a file or folder of that name, not one the run kept, is there")
             _discard(kept)  # this run's at that step, kept before a resume from an earlier checkpoint
-        (previous / KEPT_MARKER).touch()
+        # The marker names the folder by its inode, which a rename keeps and a copy (cp -r, which
+        # copies the marker too) does not: a copy is never the run's to remove.
+        (previous / KEPT_MARKER).write_text(str(previous.stat().st_ino))
         os.replace(previous, kept)
     except OSError as exc:
         warn_caller(f"the checkpoint of step {step} cannot be kept as {kept} ({exc.strerror or exc}); it is removed")
@@ -196,9 +198,18 @@ def _drop_surplus(output_dir: Path, keep: int, step: int) -> None:
     if keep == 0:
         return
     earlier = [folder for number, folder in kept_checkpoints(output_dir).items()
-               if number < step and (folder / KEPT_MARKER).is_file()]
+               if number < step and kept_by_the_run(folder)]
     for folder in earlier[:max(len(earlier) - (keep - 1), 0)]:
         _discard(folder)
+
+
+def kept_by_the_run(folder: Path) -> bool:
+    """Whether the run kept ``folder`` itself (its marker names this very folder), so that it may
+    remove it: not a copy of one, nor another tool's folder of that name."""
+    try:
+        return (folder / KEPT_MARKER).read_text().strip() == str(folder.stat().st_ino)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _discard(folder: Path) -> None:

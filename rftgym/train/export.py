@@ -27,7 +27,7 @@ from .run_dir import (
     CHECKPOINT_DIR,
     STAGING_PREFIX,
     checkpoint_path,
-    is_kept_checkpoint,
+    is_checkpoint_folder,
     is_run_dir,
     kept_step,
     saved_state,
@@ -210,7 +210,7 @@ def _check_out_dir(run_dir: Path, out_dir: Path) -> Path:
     if not existing.is_dir():
         raise ConfigError(f"{out_dir} cannot be made: {existing} is a file")
     run = run_dir.expanduser().resolve()
-    if is_kept_checkpoint(run):  # (RUN/checkpoint-40: the run's own directory is its parent)
+    if is_checkpoint_folder(run):  # (RUN/checkpoint-40, RUN/checkpoint: the run's own directory is its parent)
         run = run.parent
     if out.is_relative_to(run) and out != run:
         first = out.relative_to(run).parts[0]

@@ -44,6 +44,12 @@ def is_kept_checkpoint(folder: Path) -> bool:
     return kept_step(folder) is not None and (folder / "state.json").is_file()
 
 
+def is_checkpoint_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint of a run: its last (``RUN/checkpoint``) or an earlier one
+    it keeps (``RUN/checkpoint-40``). Either reads as the run at its step."""
+    return (folder.name == CHECKPOINT_DIR or kept_step(folder) is not None) and (folder / "state.json").is_file()
+
+
 def kept_checkpoints(output_dir: Path) -> dict[int, Path]:
     """The earlier checkpoints in ``output_dir`` (``checkpoint-<step>/`` holding a state.json, not
     another tool's folder of that name) by step, oldest first."""
@@ -56,7 +62,7 @@ def kept_checkpoints(output_dir: Path) -> dict[int, Path]:
 
 
 def checkpoint_path(output_dir: Path) -> Path | None:
-    if is_kept_checkpoint(output_dir):  # RUN/checkpoint-40 read as the run at step 40
+    if is_checkpoint_folder(output_dir):  # RUN/checkpoint-40 read as the run at step 40
         return output_dir
     # A crash between the two renames of a save leaves only the previous checkpoint, under its
     # temporary name: it is still a complete checkpoint.
@@ -110,6 +116,10 @@ def check_output_dir(output_dir: Path, resume: bool) -> None:
 
 
 def _check_output_dir(output_dir: Path, resume: bool) -> None:
+    if is_checkpoint_folder(output_dir) and not is_kept_checkpoint(output_dir):
+        raise ConfigError(f"{output_dir} is the last checkpoint of the run in {output_dir.parent}, not a run's output "
+                          f"directory (a run there would be replaced by that run's next save); to go on with that "
+                          f"run: --output-dir {output_dir.parent} --resume")
     if is_kept_checkpoint(output_dir):
         raise ConfigError(f"{output_dir} is an earlier checkpoint the run in {output_dir.parent} keeps, not a run's "
                           f"output directory; a run resumes from its last checkpoint (--output-dir "

@@ -13,6 +13,7 @@ from support import SayAEnv, train_config
 from rftgym.core.errors import ConfigError
 from rftgym.train import TrainConfig
 from rftgym.train.loop import train
+from rftgym.train.run_dir import checkpoint_path, is_run_dir
 
 
 config = train_config
@@ -671,6 +672,32 @@ def test_a_run_keeps_its_earlier_checkpoints_and_goes_on_from_a_copy_of_one(tmp_
     for a, b in zip(straight[3:], again, strict=True):
         assert b["reward_mean"] == a["reward_mean"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_a_hand_copy_of_a_kept_checkpoint_is_never_removed_though_it_carries_the_marker(tmp_path, make_char_policy):
+    import shutil
+
+    train(config(tmp_path, "run", steps=2, save_every=1, keep_checkpoints=2), policy=make_char_policy(),
+          make_env=SayAEnv)
+    out = tmp_path / "run"
+    shutil.copytree(out / "checkpoint-1", out / "checkpoint-0")   # cp -r: the .kept marker comes along
+    train(config(tmp_path, "run", steps=4, save_every=1, keep_checkpoints=2), policy=make_char_policy(),
+          make_env=SayAEnv, resume=True)
+    # The run's own kept folders beyond the one it keeps went; the copy stayed.
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == [
+        "checkpoint", "checkpoint-0", "checkpoint-3"]
+
+
+def test_a_runs_last_checkpoint_folder_reads_as_the_run_and_is_no_output_directory(tmp_path, make_char_policy):
+    train(config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv)
+    last = tmp_path / "run" / "checkpoint"
+    # A run there was accepted, and the parent's next save replaced it without a word.
+    for resume in (False, True):
+        with pytest.raises(ConfigError, match=r"is the last checkpoint of the run in .*run, not a run's output "
+                                              r"directory .*--output-dir .*run --resume"):
+            train(config(tmp_path / "run", "checkpoint", steps=3), policy=make_char_policy(), make_env=SayAEnv,
+                  resume=resume)
+    assert is_run_dir(last) and checkpoint_path(last) == last
 
 
 def test_the_callers_env_reports_its_own_evaluation_columns(tmp_path, make_char_policy):
