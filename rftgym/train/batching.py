@@ -73,6 +73,7 @@ class TrainSample:
 class BatchStats:
     groups: int = 0
     groups_kept: int = 0
+    groups_uniform: int = 0   # groups whose rewards are all equal (they train nothing under a group baseline)
     episodes_masked_overlong: int = 0
     samples: int = 0
     trained_tokens: int = 0
@@ -81,6 +82,10 @@ class BatchStats:
     pcar_spans: int = 0
     pcar_factor_sum: float = 0.0
     pcar_factor_sq_sum: float = 0.0
+    # The advantages of the trained tokens: their sum, least and greatest (0 without any).
+    advantage_sum: float = 0.0
+    advantage_min: float = 0.0
+    advantage_max: float = 0.0
 
 
 def group_episodes(episodes: list[Episode], group_size: int) -> list[list[Episode]]:
@@ -207,6 +212,7 @@ def build_samples(groups: list[list[Episode]], config: TrainConfig, generator: t
     # float64, as the estimators compute: in float32 distinct rewards can round to one value (above
     # 2^24 apart by 1, or small steps on a large offset) and their group would read as zero-variance.
     rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float64)
+    stats.groups_uniform = int(zero_variance_groups(rewards).sum())
 
     if config.algo == "rft":
         samples = [
@@ -292,6 +298,9 @@ def _pcar_group(group, gi, group_adv, keep, config, split_tokens=None, stats: Ba
 def _finish(samples: list[TrainSample], stats: BatchStats) -> tuple[list[TrainSample], BatchStats]:
     stats.samples = len(samples)
     stats.trained_tokens = sum(sum(s.loss_mask) for s in samples)
+    trained = [a for s in samples for a, m in zip(s.advantages, s.loss_mask) if m]
+    if trained:
+        stats.advantage_sum, stats.advantage_min, stats.advantage_max = float(sum(trained)), min(trained), max(trained)
     return samples, stats
 
 

@@ -460,6 +460,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                                     lost=f"{lost} (the last checkpoint is "
                                          f"{'at step ' + str(checkpointed) if checkpointed else 'none'})"):
                 # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
+                update_started = time.perf_counter()
                 model.train()
                 recomputed = {}
                 if config.old_logprobs == "recompute":
@@ -471,6 +472,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     group["lr"] = learning_rate
                 update = optimise(model, reference, optimizer, samples, config, policy.pad_id, segment_rng, ranks,
                                   autocast)
+                update_seconds = time.perf_counter() - update_started
                 # Trained in place: its weights are no longer its directory's, but this run's.
                 policy.source_dir, policy.trained_in = None, str(out.resolve())
                 ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
@@ -482,25 +484,36 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     sum(e.context_full for e in episodes), sum(e.num_sampled_tokens for e in episodes),
                     *turn_counts(episodes), *prefill,
                     batch_stats.groups_kept, batch_stats.episodes_masked_overlong, batch_stats.samples,
-                    batch_stats.trained_tokens,
+                    batch_stats.trained_tokens, batch_stats.groups, batch_stats.groups_uniform,
+                    batch_stats.advantage_sum,
                     batch_stats.pcar_spans, batch_stats.pcar_factor_sum, batch_stats.pcar_factor_sq_sum])
                 (n, r_sum, r_sq, wins, full, tokens, turns, format_errors, cut, asked, prefilled, evicted, held, kept,
-                 masked, n_samples, n_tokens, *pcar_sums) = sums
+                 masked, n_samples, n_tokens, n_groups, uniform, advantage_sum, *pcar_sums) = sums
+                lengths, advantages = extremes(ranks, [e.num_sampled_tokens for e in episodes], batch_stats)
                 metrics = {
                     "reward_mean": r_sum / n,
                     "reward_std": float(np.sqrt(max(0.0, r_sq / n - (r_sum / n) ** 2))),
                     "success_rate": wins / n,
                     "context_full_rate": full / n,  # episodes ended because the context had no room for a reply
                     "sampled_tokens_mean": tokens / n,
+                    "sampled_tokens_min": lengths[0],
+                    "sampled_tokens_max": lengths[1],
                     "turns_mean": turns / n,
                     # over the replies the env played (None when none was: every episode out of context at
                     # once; 0 would read as a measured rate)
                     "format_error_rate": format_errors / turns if turns else None,
                     "cut_reply_rate": cut / turns if turns else None,  # replies that reached max_new_tokens
                     "groups_kept": int(kept),
+                    # groups whose rewards were all equal: no signal under a group baseline
+                    "uniform_group_rate": uniform / n_groups if n_groups else None,
+                    "advantage_mean": advantage_sum / n_tokens if n_tokens else None,  # over trained tokens
+                    "advantage_min": advantages[0],
+                    "advantage_max": advantages[1],
                     "samples": int(n_samples),
                     "trained_tokens": int(n_tokens),
                     "rollout_seconds": rollout_seconds,
+                    "rollout_tokens_per_second": tokens / rollout_seconds if rollout_seconds > 0 else None,
+                    "update_seconds": update_seconds,
                     "step_seconds": time.perf_counter() - started,
                     "learning_rate": learning_rate,
                     **recomputed,
@@ -550,6 +563,19 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if idle and ranks.is_main:
         warn_caller(idle)
     return history
+
+
+def extremes(ranks, lengths: list[int], stats) -> tuple[tuple, tuple]:
+    """(least, greatest) sampled tokens of an episode, and of a trained token's advantage, over
+    every rank's share of the step (None where no rank had any)."""
+    mine = (min(lengths, default=None), max(lengths, default=None),
+            (stats.advantage_min, stats.advantage_max) if stats.trained_tokens else (None, None))
+    shares = ranks.gather_objects(mine) if ranks.world_size > 1 else [mine]
+    low = [s[0] for s in shares if s[0] is not None]
+    high = [s[1] for s in shares if s[1] is not None]
+    advantage = [s[2] for s in shares if s[2][0] is not None]
+    return ((min(low, default=None), max(high, default=None)),
+            (min((a[0] for a in advantage), default=None), max((a[1] for a in advantage), default=None)))
 
 
 def step_number(index: int) -> int:

@@ -52,6 +52,18 @@ def test_grpo_gives_every_sampled_token_the_episode_advantage():
     assert samples[0].old_logprobs == [0.0, 0.0, -0.5, -0.5]
 
 
+def test_batch_stats_count_uniform_groups_and_the_trained_tokens_advantages():
+    # Group 1: rewards 1, 0 (advantages +-1/sqrt(2) on 2 and 3 sampled tokens); group 2: 1, 1 (uniform).
+    groups = [[episode([(2, 1.0, {})]), episode([(3, 0.0, {})])], [episode([(1, 1.0, {})]), episode([(1, 1.0, {})])]]
+    _, stats = build_samples(groups, TrainConfig(algo="grpo"))
+    assert (stats.groups, stats.groups_uniform, stats.groups_kept, stats.trained_tokens) == (2, 1, 1, 5)
+    assert stats.advantage_sum == pytest.approx(2 * SQRT_HALF - 3 * SQRT_HALF, abs=1e-5)
+    assert (stats.advantage_min, stats.advantage_max) == pytest.approx((-SQRT_HALF, SQRT_HALF), abs=1e-5)
+    # Kept, the uniform group's two tokens train with advantage 0: in the sum's count, not its value.
+    _, kept = build_samples(groups, TrainConfig(algo="grpo", filter_zero_variance=False))
+    assert (kept.groups_uniform, kept.trained_tokens, kept.advantage_sum) == (1, 7, pytest.approx(-SQRT_HALF, abs=1e-5))
+
+
 def test_zero_variance_groups_are_dropped_or_kept_with_zero_advantage():
     group = [episode([(2, 1.0, {})]), episode([(2, 1.0, {})])]
     samples, stats = build_samples([group], TrainConfig(algo="grpo"))

@@ -720,3 +720,20 @@ def test_the_callers_env_reports_its_own_evaluation_columns(tmp_path, make_char_
                          make_env=made)
         assert {key for key in rows[-1] if key.startswith("eval_")} == {
             "eval_reward_mean", "eval_success_rate", "eval_sampled_tokens_mean", "eval_seconds"}
+
+
+def test_each_row_reports_reply_lengths_advantages_uniform_groups_and_timings(tmp_path, make_char_policy):
+    rows = train(config(tmp_path, "run", steps=3), policy=make_char_policy(), make_env=SayAEnv)
+    episodes = 2 * 8   # config: 2 tasks x groups of 8
+    for row in rows:
+        assert row["sampled_tokens_min"] <= row["sampled_tokens_mean"] <= row["sampled_tokens_max"]
+        assert row["uniform_group_rate"] in (0.0, 0.5, 1.0)   # of 2 groups
+        if row["trained_tokens"]:
+            assert row["advantage_min"] <= row["advantage_mean"] <= row["advantage_max"]
+        else:
+            assert row["advantage_mean"] is row["advantage_min"] is row["advantage_max"] is None
+        assert row["rollout_seconds"] + row["update_seconds"] <= row["step_seconds"]
+        assert row["rollout_tokens_per_second"] == pytest.approx(
+            row["sampled_tokens_mean"] * episodes / row["rollout_seconds"])
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"uniform_group_rate", "advantage_mean", "update_seconds", "sampled_tokens_max"} <= set(logged[-1])
