@@ -69,6 +69,7 @@ from .speed import (
     make_optimizer,
 )
 from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, say
+from .task_order import epoch_task_seeds, served_dataset_size
 from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
 
@@ -396,6 +397,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             print(f"before training: eval reward {baseline['eval_reward_mean']:.3f}  success "
                   f"{baseline['eval_success_rate']:.3f}", file=sys.stderr)
 
+    # A dataset served by seed is gone through in epochs, each item once per epoch (task_order).
+    dataset_size = ranks.together(lambda: served_dataset_size(make_env))
+    if dataset_size and ranks.is_main:
+        epochs = config.steps * config.tasks_per_step / dataset_size
+        print(f"tasks: the env's {dataset_size} dataset items, each once per epoch in a shuffled order "
+              f"({epochs:.3g} epochs in {config.steps} steps of {config.tasks_per_step})", file=sys.stderr)
+
     # One process stops where it is (stopping.keeping_finished_steps, finishing_the_step); the
     # ranks of a launch, which would each stop elsewhere in a step, stop together (LaunchStops).
     stops_save = ranks.world_size == 1 and log is not None
@@ -417,7 +425,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             with keeping_finished_steps(lambda: keep_finished_steps(step, at_step_start), stops_save):
                 started = time.perf_counter()
                 # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-                task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
+                if dataset_size:
+                    task_seeds = epoch_task_seeds(config.seed, dataset_size, step * config.tasks_per_step,
+                                                  config.tasks_per_step)
+                else:
+                    task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
                 tasks = ranks.shard(list(enumerate(task_seeds)))
                 seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
                 # Each episode's sampling stream: (step, task index over all ranks, member of the group).
@@ -516,6 +528,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     "update_seconds": update_seconds,
                     "step_seconds": time.perf_counter() - started,
                     "learning_rate": learning_rate,
+                    **({"epoch": number * config.tasks_per_step / dataset_size} if dataset_size else {}),
                     **recomputed,
                     **update,
                 }
