@@ -117,6 +117,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                        "random state (LoRA adapters); the same seed and settings give the same run (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output-dir; the "
                                                          "flags not given are the checkpoint's settings")
+    p.add_argument("--config", metavar="FILE", default=None if defaults else argparse.SUPPRESS,
+                   help="TrainConfig settings from a JSON or YAML file, keyed by field as checkpoint/state.json's "
+                        "'config' is (learning_rate, tasks_per_step, env_kwargs: {...}); flags given here win")
     groups = {}
     for flag, field_name, options in TRAIN_FLAGS:
         options = dict(options)

@@ -12,6 +12,7 @@ from .common import UsageError, _check_model_dir, _flagged
 from .environments import _env_class, _make_env, _parse_env_args
 from .launcher import _launch
 from .sigterm import _restore_handlers, _stop_on_sigterm, say, stop_reason
+from .train_file import apply_train_file, read_train_file
 from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
 
 
@@ -20,10 +21,17 @@ def train_config_from_args(args: argparse.Namespace):
     from ..core.errors import ConfigError
     from ..train import TrainConfig
 
+    from_file: set[str] = set()
+    if getattr(args, "config", None):   # under the flags given, over the defaults (train_file)
+        from_file = apply_train_file(args, read_train_file(args.config), getattr(args, "given", None))
+        if getattr(args, "given", None) is not None:
+            args.given = args.given | from_file
     output_dir = args.output_dir or _default_output_dir(args)
     settings = {field_name: getattr(args, field_name) for _, field_name, _ in TRAIN_FLAGS}
-    settings.update(env_id=args.env, env_kwargs=_parse_env_args(args.env_arg), output_dir=output_dir, seed=args.seed,
-                    eval_env_kwargs=_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg"),
+    settings.update(env_id=args.env, output_dir=output_dir, seed=args.seed,
+                    env_kwargs={**getattr(args, "config_env_kwargs", {}), **_parse_env_args(args.env_arg)},
+                    eval_env_kwargs={**getattr(args, "config_eval_env_kwargs", {}),
+                                     **_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg")},
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
                     dtype=None if args.dtype == "auto" else args.dtype)
     if getattr(args, "resume", False):
@@ -31,6 +39,8 @@ def train_config_from_args(args: argparse.Namespace):
     try:
         return TrainConfig(**settings)
     except ConfigError as exc:
+        if from_file & set(exc.fields):
+            raise UsageError(f"--config {args.config}: {exc}") from exc
         raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
 
 

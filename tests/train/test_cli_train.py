@@ -286,3 +286,43 @@ def test_the_evaluation_takes_env_options_of_its_own(tmp_path, capsys):
     assert "bad --eval-env-arg for rftgym/VerifiableQA-v0: unknown option 'difficultys' (did you mean " \
            "'difficulties'?)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_sets_what_no_flag_gives_json_or_yaml(tmp_path):
+    settings = {"algo": "dr_grpo", "learning_rate": 3e-6, "tasks_per_step": 2, "compile": False, "dtype": "float32",
+                "env_kwargs": {"difficulties": [1, 2], "max_turns": 2}, "seed": 4, "steps": 7}
+    json_file = tmp_path / "run.json"
+    json_file.write_text(json.dumps(settings))
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("algo: dr_grpo\nlearning_rate: 3.0e-6\ntasks_per_step: 2\ncompile: false\ndtype: float32\n"
+                         "env_kwargs:\n  difficulties: [1, 2]\n  max_turns: 2\nseed: 4\nsteps: 7\n")
+    for file in (json_file, yaml_file):
+        config = _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(file), "--steps", "9",
+                             "--env-arg", "max_turns=3"])
+        assert (config.algo, config.learning_rate, config.tasks_per_step, config.compile, config.dtype,
+                config.seed) == ("dr_grpo", 3e-6, 2, False, "float32", 4)
+        assert config.steps == 9   # the flag given wins
+        assert config.env_kwargs == {"difficulties": [1, 2], "max_turns": 3}   # the flag's pair over the file's
+        assert config.output_dir == "runs/train/VerifiableQA-v0-dr_grpo"   # the file's algorithm names it
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"lr": 1e-6}', r"has keys that are no TrainConfig field: 'lr'.*\(learning_rate, not --lr\)"),
+    ('{"learnig_rate": 1e-6}', r"'learnig_rate' \(did you mean 'learning_rate'\?\)"),
+    ("[1, 2]", "must hold a mapping of TrainConfig settings"),
+    ("{not json", "is not valid JSON"),
+    ('{"steps": 0}', r"--config .*run.json: .*steps"),
+    ('{"compile": "yes"}', "compile must be true, false or null"),
+    ('{"env_kwargs": [1]}', "env_kwargs must be a mapping of env options"),
+    ('{"env_id": "rftgym/MemoryQA-v0"}', "is not the ENV given"),
+])
+def test_a_bad_config_file_is_a_usage_error_that_says_what_is_wrong(tmp_path, content, message):
+    file = tmp_path / "run.json"
+    file.write_text(content)
+    with pytest.raises(UsageError, match=message):
+        _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(file)])
+
+
+def test_a_missing_config_file_is_named(tmp_path):
+    with pytest.raises(UsageError, match=r"--config: cannot read .*nope.json"):
+        _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(tmp_path / "nope.json")])
