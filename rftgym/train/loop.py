@@ -58,6 +58,7 @@ from .run_dir import (
     OutputLock,
     RunFootprint,
     check_output_dir,
+    is_run_dir,
     resumed_model,
     saved_state,
 )
@@ -279,6 +280,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         if source not in (None, "default") and Path(source).expanduser().is_dir() else None
     if saved is not None:  # before anything is built on the weights
         check_base_model(saved, base_model, config)
+    elif base_model_path is not None and is_run_dir(base_model_path) and ranks.is_main:
+        warn_caller(f"the base model is the training run in {base_model_path}, at the step its checkpoint holds now; "
+                    "this run's export, evaluation and resume read it from there, so once that run trains on (or "
+                    f"drops that checkpoint) they are refused. To keep it, export it first (rftgym export "
+                    f"{base_model_path} DIR) and train from DIR")
     # Its checkpoints say whether the files told the fingerprint: their resumes are then checked at once.
     base_model_from_files = from_files == base_model
     weights_dtype = next(policy.model.parameters()).dtype

@@ -317,7 +317,10 @@ def test_a_lora_runs_adapters_export_alone_and_load_onto_their_base_with_peft(tm
     merged, _ = load_trained(run, device="cpu")
     torch.testing.assert_close(logits(adapted), logits(merged), atol=1e-5, rtol=1e-5)
     # Adapters on another run's model would name a base no loader reads: refused, saying what to do.
-    train(train_config(tmp_path, "on-run", steps=1, model=str(run), lora_rank=4), make_env=SayAEnv)
+    # (Training from a run's directory is warned of: that run may train on under it.)
+    with pytest.warns(UserWarning, match=r"the base model is the training run in .*run, at the step its checkpoint "
+                                         r"holds now; .*export it first \(rftgym export .*run DIR\)"):
+        train(train_config(tmp_path, "on-run", steps=1, model=str(run), lora_rank=4), make_env=SayAEnv)
     with pytest.raises(ConfigError, match=r"is another run .*export that run first \(rftgym export .*run DIR\)"):
         export(tmp_path / "on-run", tmp_path / "refused", adapter_only=True)
     assert not (tmp_path / "refused").exists()
