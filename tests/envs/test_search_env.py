@@ -131,6 +131,7 @@ def test_evaluation_score_lands_on_the_evaluate_turn_with_a_hint():
     ("11 wow", None), ("-1", None), ("note first, score: 7", None), ("", None), ("1e400", None), ("10abc", None),
     ("score: 7/10.", (7, "")), ("8, relevant", (8, "relevant")), ("7 / 10 good", (7, "good")),
     ("score: 4/5", None), ("8/100", None), ("1 /2 useless", None),  # fractions of another whole
+    ("3 of 5", None), ("3 of 10 good", (3, "good")), ("7 of the hits help", (7, "of the hits help")),
     ("\uff17 good", None), ("\u0667", None),  # a fullwidth or Arabic-Indic 7 is not an ASCII score
     ("5-6", None), ("score: 5 - 6 relevant", None), ("5\u20136", None), ("5 to 6", None),  # ranges
     ("50%", None), ("5 % sure", None), ("7 - 2 of 3 hits relevant", None),  # a percentage; a range-like note

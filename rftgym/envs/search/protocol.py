@@ -5,7 +5,7 @@ to 10 (how useful the last search results are for answering), optionally labelle
 (or ``score=`` / ``score``) and optionally written ``N/10``, then a short free-text note.
 Accepted: ``score: 7 names the birthplace``, ``Score=3/10, off topic``, ``10 - exactly it``,
 ``**Score:** 7`` (markdown emphasis before the note is read past), ``7 out of 10: close``.
-Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``11``, ``-1``, ``1e400``, ``10abc``,
+Rejected: ``seven``, ``7.5``, ``7,5``, ``3 (out of 5)``, ``3 of 5``, ``11``, ``-1``, ``1e400``, ``10abc``,
 ``4/5``, ``5-6``, ``5 to 6``, ``5 or 6``, ``5/10 to 6/10``, ``50%``, ``note first, score: 7``.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 
 # Lookaheads, not \b: "7.5" (or a decimal comma's "7,5") must fail rather than read as 7, and so
-# must "1e400" and "10abc". The last two refuse a fraction of another whole ("4/5", "3 out of 5"
-# are not 4 or 3 out of 10).
+# must "1e400" and "10abc". The last two refuse a fraction of another whole ("4/5", "3 out of 5",
+# "3 of 5" are not 4 or 3 out of 10).
 # ASCII digits only: \d would also read a fullwidth or Arabic-Indic 7 as a score.
 # A range ("5-6", "5 to 6", "5 or 6", "5/10 to 6/10") or a percentage ("5%") is not a score out of
 # 10 either; "10 - exactly it" and "7/10 - 3 hits" are. After "/10" only a dash before another
@@ -24,7 +24,7 @@ _DASH = r"[-~\u2010-\u2015\u2212\uff0d]+"
 _EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})"
                          r"(?:\s*/\s*10(?!\s*(?:(?:to\b|or\b)\s*[0-9]|" + _DASH + r"\s*[0-9]{1,2}\s*/\s*10))"
                          r"|(?!\s*(?:%|(?:" + _DASH + r"|to\b|or\b)\s*[0-9])))"
-                         r"(?![.,]?[0-9])(?!\w)(?!\s*/)(?!\s*\(?\s*out\s+of\s+(?!10\b)[0-9])", re.IGNORECASE)
+                         r"(?![.,]?[0-9])(?!\w)(?!\s*/)(?!\s*\(?\s*(?:out\s+)?of\s+(?!10\b)[0-9])", re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 
@@ -51,7 +51,7 @@ PROTOCOL_RULE = ("The protocol: after every <search>, your very next reply must 
 # Markdown emphasis around the label or the score ("**Score:** 7", "score: **7/10**"), which small
 # models write often, is read past: the head up to the score loses its * and _.
 _MARKED_HEAD = re.compile(r"^[^0-9]{0,40}?[0-9]{1,2}(?:[*_\s]*/[*_\s]*10)?[*_]*")
-_OUT_OF_TEN = re.compile(r"^\s*out\s+of\s+10(?![0-9])", re.IGNORECASE)
+_OUT_OF_TEN = re.compile(r"^\s*(?:out\s+)?of\s+10(?![0-9])", re.IGNORECASE)
 
 
 def parse_evaluation(body: str) -> tuple[int, str] | None:
