@@ -64,6 +64,7 @@ import builtins
 import ctypes
 import errno
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -132,6 +133,10 @@ def main(control_fd: int) -> None:
     reset_pids(last_pid)   # here, where a failure stops the jail before it is used
     jail_caps = bounding_set(libc)
     baseline = (key_ids(), inherited_attributes())
+    # What a run inherits is moved out of the collector's sight: finish()'s collection then scans
+    # only the program's own objects (a millisecond or more saved per run), and touches none of the
+    # inherited pages, which would each be copied from the zygote.
+    gc.freeze()
     send(sock, READY, 0, 0)
     while True:
         fds = receive(sock)
