@@ -708,3 +708,9 @@ def test_thinking_inside_an_evaluation_is_not_its_score_or_note(evaluation, scor
     *_, info = env.step(evaluation)
     assert (info["evaluation_score"], info["evaluation_note"]) == (score, note)
     assert (info["protocol_violations"] == 0) is (score is not None)
+
+
+def test_a_score_before_a_long_run_of_spaces_is_read_in_linear_time():
+    # "7" and 32,000 spaces took 18 s: two runs of white space side by side backtracked.
+    assert parse_evaluation("7" + " " * 100_000 + "x") == (7, "x")
+    assert parse_evaluation("3 (" + " " * 100_000 + "of 5") is None

@@ -482,3 +482,9 @@ def test_unwrapping_runs_of_delimiters_takes_linear_time():
 
     for text in ("$" * 100_000 + "x", "`" * 100_000 + "x", "*" * 100_000 + "x"):
         assert unwrapped_answer(text)  # returns at all; the suite's timeout would catch a stall
+
+
+def test_a_sign_before_a_long_run_of_spaces_is_read_in_linear_time():
+    # "-" and 32,000 spaces took 6 s in the double-sign check: a reply could stall the env.
+    assert not is_correct(free("5"), "-" + " " * 100_000 + "x")   # returns at all, and is wrong
+    assert is_correct(free("-5 degrees"), "minus 5 degrees") and not is_correct(free("5 degrees"), "minus 5 degrees")

@@ -21,10 +21,13 @@ import re
 # 10 either; "10 - exactly it" and "7/10 - 3 hits" are. After "/10" only a dash before another
 # "N/10", or "to"/"or" before a number, makes a range.
 _DASH = r"[-~\u2010-\u2015\u2212\uff0d]+"
-_EVALUATION = re.compile(r"^\s*(?:score\s*[:=]?\s*)?([0-9]{1,2})"
-                         r"(?:\s*/\s*10(?!\s*(?:(?:to\b|or\b)\s*[0-9]|" + _DASH + r"\s*[0-9]{1,2}\s*/\s*10))"
-                         r"|(?!\s*(?:%|(?:" + _DASH + r"|to\b|or\b)\s*[0-9])))"
-                         r"(?![.,]?[0-9])(?!\w)(?!\s*/)(?!\s*\(?\s*(?:out\s+)?of\s+(?!10\b)[0-9])", re.IGNORECASE)
+# Possessive runs of white space (\s*+): two plain ones side by side backtrack with the square of
+# the run's length, and a reply of "7" and 30,000 spaces took seconds.
+_EVALUATION = re.compile(r"^\s*+(?:score\s*+[:=]?\s*+)?([0-9]{1,2})"
+                         r"(?:\s*+/\s*+10(?!\s*+(?:(?:to\b|or\b)\s*+[0-9]|" + _DASH + r"\s*+[0-9]{1,2}\s*+/\s*+10))"
+                         r"|(?!\s*+(?:%|(?:" + _DASH + r"|to\b|or\b)\s*+[0-9])))"
+                         r"(?![.,]?[0-9])(?!\w)(?!\s*+/)(?!\s*+(?:\(\s*+)?(?:out\s++)?of\s++(?!10\b)[0-9])",
+                         re.IGNORECASE)
 
 VIOLATIONS = ("skipped_evaluation", "malformed_evaluation", "double_search", "answer_before_evaluation")
 

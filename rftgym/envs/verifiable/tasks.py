@@ -140,6 +140,7 @@ def _same_quantity(given: str, expected: str) -> bool:
     value = parse_number(expected)
     if value is None or parse_number(given) != value:
         return False
+    given = _SIGN_WORD.sub("-", given)   # "minus 5 degrees" states -5 degrees: the sign is no word of it
     words = normalize_text(_NUMBER_TOKEN.sub(" ", given))
     return not words or words == normalize_text(_NUMBER_TOKEN.sub(" ", expected))
 
@@ -207,7 +208,7 @@ _DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never)\b{_HEDGE}|n['\u2019]t\b{_HEDGE
 _VALUE_CHANGED = re.compile(r"\b(?:less|more|fewer|greater|higher|lower|bigger|smaller)\s+than\b|\bat\s+(?:least|most)\b"
                             r"|\bup\s+to\b|\bor\s+(?:more|less|fewer|greater|higher|lower|above|below|over|under)\b"
                             r"|\b(?:over|under|above|below|nearly|almost)\s*[-+$]?\d|\bbelow\s+zero\b"
-                            r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*\(?\s*[-+]\s*\d",
+                            r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*+(?:\(\s*+)?[-+]\s*+\d",
                             re.IGNORECASE)
 
 
