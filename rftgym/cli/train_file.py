@@ -11,6 +11,7 @@ import difflib
 import json
 from pathlib import Path
 
+from ..envs.common import same_env_id
 from .common import UsageError
 from .train_flags import AUTO_SWITCH, TRAIN_FLAGS
 
@@ -54,6 +55,13 @@ def read_train_file(path: str) -> dict:
     for name in OPTION_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], dict):
             raise UsageError(f"--config: {path}: {name} must be a mapping of env options, got {data[name]!r}")
+    # YAML 1.1 (PyYAML) reads 1e-6 as a string (it wants 1.0e-6); a number field takes it as the number.
+    for name, field in TrainConfig.__dataclass_fields__.items():
+        if isinstance(data.get(name), str) and field.type in ("float", "float | None"):
+            try:
+                data[name] = float(data[name])
+            except ValueError:
+                pass   # refused by TrainConfig, naming the field
     return data
 
 
@@ -61,9 +69,10 @@ def apply_train_file(args: argparse.Namespace, settings: dict, given: set[str] |
     """Put the file's settings into ``args`` where no flag was given (``given``: the fields whose
     flags were; None: all the file's are taken), and return the fields the file set, which a
     resume then takes over the checkpoint's, as it takes given flags."""
-    given = given or set()
     flag_fields = {field for _, field, _ in TRAIN_FLAGS}
-    if settings.get("env_id") is not None and settings["env_id"] != args.env:
+    if given is None:   # (a namespace made without main(): a flag off its default counts as given)
+        given = {field for _, field, options in TRAIN_FLAGS if getattr(args, field, None) != options.get("default")}
+    if settings.get("env_id") is not None and not same_env_id(settings["env_id"], args.env):
         raise UsageError(f"--config: the file's env_id {settings['env_id']!r} is not the ENV given, {args.env!r}; "
                          "give the same env, or leave env_id out of the file")
     taken = set()

@@ -207,7 +207,9 @@ def kept_by_the_run(folder: Path) -> bool:
     """Whether the run kept ``folder`` itself (its marker names this very folder), so that it may
     remove it: not a copy of one, nor another tool's folder of that name."""
     try:
-        return (folder / KEPT_MARKER).read_text().strip() == str(folder.stat().st_ino)
+        marker = (folder / KEPT_MARKER).read_text().strip()
+        # An empty marker is an earlier version's (before copies were told apart): the run's.
+        return marker in ("", str(folder.stat().st_ino))
     except (OSError, UnicodeDecodeError):
         return False
 

@@ -80,10 +80,12 @@ def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[
         raise
     except Exception:
         if enabled:
-            say("rftgym train: this step failed before its update; saving the steps before it, so that --resume "
-                "goes on from this step")
-            with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
-                keep()
+            try:
+                with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
+                    keep()   # (it says what it saves, if anything)
+            except Exception as save_error:   # the step's own error is the one to report
+                say(f"rftgym train: the finished steps could not be saved after this step's error "
+                    f"({type(save_error).__name__}: {save_error})")
         raise
 
 

@@ -683,6 +683,7 @@ def test_a_call_inside_another_calls_body_is_its_text_not_a_call():
 
 @pytest.mark.parametrize("returned, shown", [
     (None, "None"), ([{"doc_id": "1", "title": "t", "text": "x"}], "{'doc_id'"), ([Hit(1, "t", "x", 1.0)], "Hit(doc_id=1"),
+    ([None], "None"), ("r1", "'r1'"),
 ])
 def test_a_search_function_returning_no_hits_is_named_and_the_episode_ends(returned, shown):
     def write_results(query, k):
@@ -714,3 +715,13 @@ def test_a_score_before_a_long_run_of_spaces_is_read_in_linear_time():
     # "7" and 32,000 spaces took 18 s: two runs of white space side by side backtracked.
     assert parse_evaluation("7" + " " * 100_000 + "x") == (7, "x")
     assert parse_evaluation("3 (" + " " * 100_000 + "of 5") is None
+
+
+def test_a_search_function_may_yield_its_hits():
+    def write_results(query, k):
+        yield Hit("d1", "Title", "text about q", 1.0)
+
+    env = SearchEvalQAEnv(retriever=CallableRetriever(write_results))
+    env.reset(seed=0)
+    obs, *_ = env.step("<search>q</search>")
+    assert any("text about q" in m.content for m in obs)

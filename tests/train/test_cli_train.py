@@ -326,3 +326,12 @@ def test_a_bad_config_file_is_a_usage_error_that_says_what_is_wrong(tmp_path, co
 def test_a_missing_config_file_is_named(tmp_path):
     with pytest.raises(UsageError, match=r"--config: cannot read .*nope.json"):
         _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(tmp_path / "nope.json")])
+
+
+def test_a_yaml_exponent_is_a_number_and_a_namespace_without_main_keeps_its_flags(tmp_path):
+    file = tmp_path / "run.yaml"
+    file.write_text("learning_rate: 1e-6\nsteps: 7\nenv_id: rftgym/VerifiableQA-v0\n")   # YAML 1.1: '1e-6' is text
+    assert _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(file)]).learning_rate == 1e-6
+    # train_config_from_args on a namespace main() did not make: a flag off its default still wins.
+    args = build_parser().parse_args(["train", "rftgym/VerifiableQA-v0", "--config", str(file), "--steps", "9"])
+    assert train_config_from_args(args).steps == 9

@@ -77,8 +77,7 @@ def test_a_failed_rollout_saves_the_steps_before_it_and_the_run_resumes_as_the_u
     broken = env_breaking_at(EPISODES_PER_STEP + 6, RuntimeError("the sandbox is gone"))
     with pytest.raises(EnvError):
         train(train_config(tmp_path, "run", steps=3), policy=make_char_policy(), make_env=broken)
-    assert "this step failed before its update; saving the steps before it, so that --resume goes on from this " \
-           "step" in capsys.readouterr().err
+    assert "rftgym train: stopping; saving the checkpoint after step 1 first" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
     resumed = train(train_config(tmp_path, "run", steps=3), policy=make_char_policy(), make_env=SayAEnv, resume=True)
     straight = train(train_config(tmp_path, "straight", steps=3), policy=make_char_policy(), make_env=SayAEnv)
@@ -203,3 +202,15 @@ def test_a_failure_after_the_samples_keeps_no_episodes(tmp_path, make_char_polic
         train(train_config(tmp_path, "run", steps=2), policy=make_char_policy(), make_env=SayAEnv)
     assert (tmp_path / "run" / "metrics.jsonl").is_file()  # step 1's result: the folder is kept
     assert not list((tmp_path / "run").glob("failed-*"))
+
+
+def test_a_save_that_fails_after_a_failed_rollout_leaves_the_rollouts_error_to_report(tmp_path, make_char_policy,
+                                                                                      monkeypatch, capsys):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    broken = env_breaking_at(EPISODES_PER_STEP + 6, RuntimeError("the sandbox is gone"))
+    monkeypatch.setattr(loop, "save_checkpoint", full_disk)
+    with pytest.raises(EnvError, match="the sandbox is gone"):
+        train(train_config(tmp_path, "run", steps=3, save_every=100), policy=make_char_policy(), make_env=broken)
+    assert "the finished steps could not be saved after this step's error" in capsys.readouterr().err

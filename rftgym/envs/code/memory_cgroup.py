@@ -2,9 +2,11 @@
 
 RLIMIT_AS caps each process of a run, not the run: a program allowed ``processes`` processes
 could hold ``processes`` x ``memory_mb`` at once, and a few workers doing that exhaust the host.
-Where this process may make child groups in its own memory cgroup (cgroup v1's memory hierarchy,
-or a cgroup v2 subtree with the memory controller delegated, as in most containers run as root),
-each cold run and each warm jail gets its own group, and everything in it (the jail's supervisor,
+Where this process may make child groups in its own memory cgroup with the memory controller
+(cgroup v1's memory hierarchy, as root; on cgroup v2 only where this process's group may enable
+memory for its children, which v2 refuses to a group that holds processes itself, as a
+container's usually does: there the cap stays per process, and the sandbox's ``isolation`` says
+so), each cold run and each warm jail gets its own group, and everything in it (the jail's supervisor,
 the program and its children, and the files it writes on the jail's tmpfs's, which are memory too)
 is capped at :func:`run_cap_mb`. Going over makes the kernel kill a process in the group (the
 biggest: the program), and the run reports ``limit_hit == "memory"``.
@@ -22,6 +24,7 @@ import itertools
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -171,8 +174,10 @@ class MemoryGroup:
         return 0
 
     def remove(self) -> None:
-        """Remove the group once its processes are gone (a killed process leaves it a moment
-        later); one still busy after a second is left for :meth:`MemoryGroups.remove_stale`."""
+        """Kill what is left in the group (a daemon a run started where no pid namespace ends it:
+        the fallback without bwrap), then remove it once its processes are gone (a killed process
+        leaves it a moment later); one still busy after a second is left for
+        :meth:`MemoryGroups.remove_stale`."""
         deadline = time.monotonic() + 1.0
         while True:
             try:
@@ -184,7 +189,30 @@ class MemoryGroup:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                     log.debug("could not remove memory cgroup %s: %s", self.path, exc)
                     return
-                time.sleep(0.01)
+            self._kill_members()
+            time.sleep(0.01)
+
+    def _kill_members(self) -> None:
+        """SIGKILL every process still in the group, each through a pidfd taken while it is
+        checked to be in the group, so that a pid reused in between is never signalled."""
+        try:
+            pids = [int(line) for line in self._read("cgroup.procs").split()]
+        except (OSError, ValueError):
+            return
+        name = "/" + os.path.basename(self.path)   # rftgym-<host pid>-<n>: no other group's
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue   # gone already
+            try:
+                with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+                    if any(line.rstrip().endswith(name) for line in f):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(pidfd)
 
     def _read(self, name: str) -> str:
         with open(os.path.join(self.path, name), encoding="ascii") as f:

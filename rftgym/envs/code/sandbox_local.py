@@ -40,7 +40,8 @@ process enters it before it starts anything. Groups are made for the fallback be
 
 Without bwrap (missing or not usable here), the fallback gives rlimits, a process group, a
 temporary work dir and (as root) uid 65534 only: no network or filesystem isolation, and a
-daemon that calls setsid() can escape. It says so once, loudly.
+daemon that calls setsid() escapes the process group (killed with the run's memory cgroup where
+there is one, else it outlives the run). It says so once, loudly.
 """
 
 from __future__ import annotations

@@ -264,6 +264,9 @@ class DenseRetriever(Retriever):
             self.index = None
 
 
+_NONE_BAD = object()   # no bad hit found (a hit that is None is a bad one)
+
+
 class CallableRetriever(Retriever):
     """Results written by a function ``(query, k) -> list[Hit]`` (a simulated search engine)."""
 
@@ -282,10 +285,13 @@ class CallableRetriever(Retriever):
         """The function's results as a list of hits, or a ConfigError that names it and says what
         it returned (not an AttributeError deep in the env's step)."""
         name = getattr(self.write_results, "__qualname__", repr(self.write_results))
-        hits = list(results) if isinstance(results, (list, tuple)) else None
-        bad = next((h for h in hits if not isinstance(h, Hit) or not all(
-            isinstance(v, str) for v in (h.doc_id, h.title, h.text))), None) if hits is not None else results
-        if hits is None or bad is not None:
+        try:   # a list, a tuple, a generator: any iterable of hits but text
+            hits = None if isinstance(results, (str, bytes)) else list(results)
+        except TypeError:
+            hits = None
+        bad = results if hits is None else next((h for h in hits if not isinstance(h, Hit) or not all(
+            isinstance(v, str) for v in (h.doc_id, h.title, h.text))), _NONE_BAD)
+        if bad is not _NONE_BAD:
             raise ConfigError(f"CallableRetriever's function {name} returned {bad!r:.120} for the query {query!r:.80}; "
                               "it must return a list of Hit(doc_id, title, text, score), with str doc_id, title and "
                               "text")

@@ -72,3 +72,32 @@ def test_a_v2_group_without_the_memory_controller_is_refused_and_removed(tmp_pat
     with pytest.raises(OSError, match="memory controller is not enabled for child groups of " + str(tmp_path)):
         MemoryGroups(CgroupParent(str(tmp_path), 2)).new()
     assert removed == [str(next(tmp_path.iterdir()))]
+
+
+def test_without_bwrap_a_daemon_a_run_leaves_is_killed_with_its_group():
+    import uuid
+
+    from rftgym.envs.code.sandbox import Program
+    from rftgym.envs.code.sandbox_local import LocalSandbox
+
+    sandbox = LocalSandbox(use_bwrap=False, warm_jails=False)
+    try:
+        if sandbox.memory_groups is None:
+            pytest.skip(f"no memory cgroup can be made here: {sandbox.memory_cap_note}")
+        marker = f"rftgym-daemon-{uuid.uuid4().hex}"
+        daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\nprint('left')\n"
+        result = sandbox.run(Program({"main.py": daemon}, argv=("python", "main.py", marker)))
+        assert result.ok and result.stdout == "left\n", result
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        alive.append(pid)
+            except OSError:
+                pass
+        assert alive == []   # it escaped the run's process group, not its cgroup
+        ours = f"rftgym-{os.getpid()}-"
+        assert not [n for n in os.listdir(sandbox.memory_groups.parent.path) if n.startswith(ours)]
+    finally:
+        sandbox.close()
