@@ -473,10 +473,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             launch_stops.stop_if_asked(lambda: keep_finished_steps(step, at_step_start))
 
             # From the update on the weights change: a stop waits until the step is done and saved.
-            lost = f"step {number}" if checkpointed == step else f"steps {checkpointed + 1} to {number}"
-            with finishing_the_step(lambda: keep_finished_steps(number, at_step_end), stops_save,
-                                    lost=f"{lost} (the last checkpoint is "
-                                         f"{'at step ' + str(checkpointed) if checkpointed else 'none'})"):
+            lost = (f"step {number}" if checkpointed == step else f"steps {checkpointed + 1} to {number}") \
+                + (f" (the last checkpoint is at step {checkpointed})" if checkpointed else " (no checkpoint yet)")
+            with finishing_the_step(lambda: keep_finished_steps(number, at_step_end), stops_save, lost=lost):
                 # 4. Update: epochs of minibatches over the samples, at this step's learning rate.
                 update_started = time.perf_counter()
                 model.train()

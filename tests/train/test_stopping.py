@@ -84,7 +84,7 @@ def test_a_stop_during_an_update_is_held_until_the_step_is_saved(tmp_path, make_
         train(config(tmp_path, "stopped"), policy=make_char_policy(), make_env=SayAEnv, on_step=shown.append)
     # The notice says what a second stop would lose: every step since the last checkpoint (none yet).
     assert "stopping once this step is done and saved (its update, metrics and checkpoint); interrupt again to " \
-           "stop now without saving, losing steps 1 to 2 (the last checkpoint is none)" in capsys.readouterr().err
+           "stop now without saving, losing steps 1 to 2 (no checkpoint yet)" in capsys.readouterr().err
     assert [h["step"] for h in shown] == [1, 2] and len(calls) == 2  # step 2 finished; step 3 never began
     assert saved_step(run) == 2
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]

@@ -261,7 +261,7 @@ class LocalSandbox(Sandbox):
             return None, f"memory capped per process only ({found})"
         group = groups.new()
         try:
-            proc = self._popen_as_nobody(["/bin/true"], "the memory cgroup's probe", group=group,
+            proc = self._popen_as_nobody(["/bin/true"], "the memory cgroup's probe", memory_group=group,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             _, err = proc.communicate(timeout=10)
         except (SandboxError, subprocess.TimeoutExpired, OSError) as exc:
@@ -493,7 +493,7 @@ class LocalSandbox(Sandbox):
             proc = self._popen_as_nobody(
                 cmd, "the sandboxed process", stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=cwd, env=env, pass_fds=[fd for fd in keep if fd not in (stdin, info_r)], preexec_fn=preexec,
-                group=group)
+                memory_group=group)
             if info_w is not None:
                 keep.remove(info_w)
                 os.close(info_w)
@@ -518,16 +518,16 @@ class LocalSandbox(Sandbox):
         return make_result(returncode=returncode, term_signal=term, stdout=out, stderr=err,
                            timed_out=timed_out, truncated=truncated, wall=wall, oom_killed=oom_killed)
 
-    def _popen_as_nobody(self, cmd: list[str], what: str, group: MemoryGroup | None = None,
+    def _popen_as_nobody(self, cmd: list[str], what: str, memory_group: MemoryGroup | None = None,
                          **popen) -> subprocess.Popen:
-        """Popen in a new session, in ``group`` if given; as root, as 65534 (so that RLIMIT_NPROC
-        applies: root ignores it)."""
+        """Popen in a new session, in ``memory_group`` if given; as root, as 65534 (so that
+        RLIMIT_NPROC applies: root ignores it)."""
         if self.as_root and self.setpriv:
             cmd = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *cmd]
         elif self.as_root:
             popen.update(user=NOBODY, group=NOBODY, extra_groups=[])
-        if group is not None:
-            cmd = group.enter(cmd)
+        if memory_group is not None:
+            cmd = memory_group.enter(cmd)
         try:
             return subprocess.Popen(cmd, start_new_session=True, **popen)
         except OSError as exc:
@@ -566,7 +566,7 @@ class LocalSandbox(Sandbox):
                "--cap-add", "CAP_NET_ADMIN", "--cap-add", "CAP_SETPCAP",
                *self._jail_settings(str(info_fd), DEFAULT_HASH_SEED), "--",
                *python_command(self.python, ["-c", ZYGOTE_SOURCE, str(zygote_fd)])]
-        return self._popen_as_nobody(cmd, "a warm jail", group=group, stdin=subprocess.DEVNULL,
+        return self._popen_as_nobody(cmd, "a warm jail", memory_group=group, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": JAIL_PATH},
                                      pass_fds=keep)
 
