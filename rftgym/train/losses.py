@@ -263,7 +263,10 @@ def policy_loss(
     Stats (detached 0-dim tensors on the loss's device, so that computing them never waits for
     the device: the training loop reads all of an update's stats back at once; means are token
     means over ``mask`` whatever the aggregation):
-    ``pg_loss`` (the aggregated clipped loss), ``clip_fraction`` (share of clipped tokens),
+    ``pg_loss`` (the aggregated clipped loss), ``clip_fraction`` (share of clipped tokens), split
+    into ``clip_fraction_high`` (ratio above ``1 + clip_high`` with a positive advantage: the
+    policy moved too far towards a good token) and ``clip_fraction_low`` (below ``1 - clip_low``,
+    negative advantage: too far from a bad one),
     ``approx_kl`` (k3 estimate of KL(old || current) from ``r = exp(logp - old_logp)``:
     ``r - 1 - log r``), ``ratio_mean``, ``kl_ref`` (if ``ref_logp``), ``entropy`` (if given;
     ``entropy`` is only reported, it is not a bonus in the loss).
@@ -292,9 +295,13 @@ def policy_loss(
             return token_mean(values.detach().to(torch.float32), mask)
 
         log_ratio = _log_ratio(logp.detach(), old_logp)
+        # A token is clipped above only with a positive advantage and below only with a negative one.
+        positive = (advantages if advantages.dim() == logp.dim() else advantages.reshape(-1, 1)) > 0
         stats = {
             "pg_loss": pg_loss.detach(),
             "clip_fraction": masked_mean(clipped),
+            "clip_fraction_high": masked_mean(clipped & positive),
+            "clip_fraction_low": masked_mean(clipped & ~positive),
             "approx_kl": masked_mean(kl_k3(old_logp, logp.detach())),
             "ratio_mean": masked_mean(torch.exp(log_ratio)),
         }

@@ -235,6 +235,7 @@ def test_policy_loss_by_hand():
     close(loss, -1.15 + 0.1 * math.exp(-1) / 2)
     assert stats["pg_loss"] == pytest.approx(-1.15)
     assert stats["clip_fraction"] == pytest.approx(0.5)
+    assert (stats["clip_fraction_high"], stats["clip_fraction_low"]) == pytest.approx((0.5, 0.0))   # A > 0: above
     assert stats["ratio_mean"] == pytest.approx(1.3)
     assert stats["approx_kl"] == pytest.approx((0.1 - LN(1.1) + 0.5 - LN(1.5)) / 2, rel=1e-5)
     assert stats["approx_kl"] == pytest.approx(0.0496124, abs=1e-6)
@@ -249,7 +250,8 @@ def test_policy_loss_without_ref_and_with_other_aggregations():
     adv = torch.tensor([[1.0], [-2.0]])
     loss, stats = policy_loss(logp, logp, adv, MASK, clip_low=0.2, clip_high=0.2)
     close(loss, 0.0)
-    assert set(stats) == {"pg_loss", "clip_fraction", "approx_kl", "ratio_mean"}
+    assert set(stats) == {"pg_loss", "clip_fraction", "clip_fraction_high", "clip_fraction_low", "approx_kl",
+                          "ratio_mean"}
     assert float(stats["approx_kl"]) == 0.0 and float(stats["ratio_mean"]) == 1.0
     loss, _ = policy_loss(logp, logp, adv, MASK, clip_low=0.2, clip_high=0.2, aggregation="sequence_mean")
     close(loss, 0.5)
@@ -356,3 +358,13 @@ def test_policy_loss_refuses_tensors_that_would_only_broadcast_and_a_kl_coef_tha
     for good in (adv, adv.view(4, 1), torch.ones(4, 5)):  # one per sequence, or per token
         loss, _ = policy_loss(logp, logp, good, mask, **settings)
         assert loss.item() == pytest.approx(-1.0)
+
+
+def test_clip_fractions_split_by_the_side_the_ratio_left_the_range_on():
+    # Ratios [1.5, 0.5, 0.5, 1.5] with A [+1, -1, +1, -1], clip 0.2: token 1 clipped above (A > 0),
+    # token 2 below (A < 0); tokens 3 and 4 left the range on the side that keeps the gradient.
+    logp, old = logps_for_ratios([1.5, 0.5, 0.5, 1.5])
+    advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
+    _, stats = policy_loss(logp, old, advantages, torch.ones(1, 4, dtype=torch.float64), clip_low=0.2, clip_high=0.2)
+    assert [float(stats[k]) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low")] == \
+        pytest.approx([0.5, 0.25, 0.25])
