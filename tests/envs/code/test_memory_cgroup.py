@@ -85,6 +85,12 @@ def test_without_bwrap_a_daemon_a_run_leaves_is_killed_with_its_group():
         if sandbox.memory_groups is None:
             pytest.skip(f"no memory cgroup can be made here: {sandbox.memory_cap_note}")
         marker = f"rftgym-daemon-{uuid.uuid4().hex}"
+        parent, ours = sandbox.memory_groups.parent.path, f"rftgym-{os.getpid()}-"
+
+        def our_groups():   # (other sandboxes of this process, e.g. warm jails, have theirs)
+            return {name for name in os.listdir(parent) if name.startswith(ours)}
+
+        before = our_groups()
         daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\nprint('left')\n"
         result = sandbox.run(Program({"main.py": daemon}, argv=("python", "main.py", marker)))
         assert result.ok and result.stdout == "left\n", result
@@ -97,7 +103,6 @@ def test_without_bwrap_a_daemon_a_run_leaves_is_killed_with_its_group():
             except OSError:
                 pass
         assert alive == []   # it escaped the run's process group, not its cgroup
-        ours = f"rftgym-{os.getpid()}-"
-        assert not [n for n in os.listdir(sandbox.memory_groups.parent.path) if n.startswith(ours)]
+        assert our_groups() == before   # the run's group is gone
     finally:
         sandbox.close()
