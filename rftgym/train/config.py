@@ -30,8 +30,8 @@ BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": 
 # What a resume may not change (another env, algorithm or adapter shape would be another run), and
 # what it may change without a note; any other change is noted as the run resumes.
 RESUME_FIXED = ("env_id", "algo", "lora_rank")
-RESUME_FREE = ("steps", "save_every", "keep_checkpoints", "log_every", "output_dir", "eval_every", "eval_episodes",
-               "eval_seed", "eval_before_training", "dist_timeout_s")
+RESUME_FREE = ("steps", "save_every", "keep_checkpoints", "log_every", "log_episodes", "output_dir", "eval_every",
+               "eval_episodes", "eval_seed", "eval_before_training", "dist_timeout_s")
 
 
 def _default(name: str) -> Any:
@@ -179,6 +179,10 @@ class TrainConfig:
     # baseline the curve starts from (verl's val_before_train).
     eval_before_training: bool = False
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
+    # On each logged step, its first log_episodes episodes (rank 0's share) go to
+    # episodes/step-<N>.jsonl in rftgym eval's format: what the policy wrote, turn by turn, with its
+    # rewards (TRL's log_completions); 0 = none.
+    log_episodes: int = 0
 
     def __post_init__(self) -> None:
         self._check_kinds()
@@ -275,7 +279,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}", field=name)
         for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
                                  ("microbatch_tokens", "off"), ("dcpo_segment_budget", "all segments"),
-                                 ("keep_checkpoints", "every one"),
+                                 ("keep_checkpoints", "every one"), ("log_episodes", "none"),
                                  ("max_prompt_tokens", "room for a reply in the model's context"),
                                  ("lora_rank", "full fine-tuning")):
             if getattr(self, name) < 0:

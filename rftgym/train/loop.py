@@ -50,7 +50,7 @@ from .distributed import (
 from .evaluation import columns_of_made_env, declared_columns, evaluate_policy
 from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finished_episodes
 from .master_weights import needs_master_weights
-from .metrics_log import MetricsLog, plot_learning_curve
+from .metrics_log import MetricsLog, plot_learning_curve, write_step_episodes
 from .model_setup import make_reference, prepare_model
 from .run_dir import (
     LEARNING_CURVE,
@@ -554,6 +554,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                     # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
                     ranks.together(lambda: log is not None and log.write(number, metrics))
+                    if config.log_episodes:   # (rank 0's share of the step)
+                        ranks.together(lambda: log is not None and write_step_episodes(
+                            out, number, episodes[:config.log_episodes]))
                     logged = number
                     if footprint is not None:
                         footprint.results_written = True

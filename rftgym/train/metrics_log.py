@@ -34,6 +34,27 @@ def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | N
                          f"{how_to_continue(output_dir)}")
 
 
+EPISODES_DIR = "episodes"   # episodes/step-<N>.jsonl: a logged step's first --log-episodes episodes
+
+
+def write_step_episodes(output_dir: Path, step: int, episodes: list) -> None:
+    """``episodes`` of step ``step`` (its number) to ``episodes/step-<step>.jsonl``, whole or not at
+    all (written beside it, then renamed; a resumed run that runs the step again replaces it)."""
+    from ..core.records import write_episodes_jsonl
+
+    folder = output_dir / EPISODES_DIR
+    path = folder / f"step-{step}.jsonl"
+    staging = folder / f".step-{step}.jsonl.partial"
+    try:
+        folder.mkdir(exist_ok=True)
+        write_episodes_jsonl(staging, episodes, compressed=False)
+        staging.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staging.unlink()
+        raise cannot_write(path, exc, output_dir, step) from exc
+
+
 class MetricsLog:
     """The run's metrics, a JSON row per logged step in ``metrics.jsonl`` and TensorBoard scalars,
     each under the step's number (1 for the first step, TensorBoard's global step too). A run

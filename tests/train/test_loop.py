@@ -737,3 +737,17 @@ def test_each_row_reports_reply_lengths_advantages_uniform_groups_and_timings(tm
             row["sampled_tokens_mean"] * episodes / row["rollout_seconds"])
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"uniform_group_rate", "advantage_mean", "update_seconds", "sampled_tokens_max"} <= set(logged[-1])
+
+
+def test_logged_steps_keep_their_first_episodes_for_reading(tmp_path, make_char_policy):
+    from rftgym.core.records import read_episodes_jsonl
+
+    rows = train(config(tmp_path, "run", steps=4, log_every=2, log_episodes=3), policy=make_char_policy(),
+                 make_env=SayAEnv)
+    folder = tmp_path / "run" / "episodes"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-2.jsonl", "step-4.jsonl"]   # the logged steps only
+    episodes = list(read_episodes_jsonl(folder / "step-4.jsonl"))
+    assert len(episodes) == 3
+    # What the policy wrote and what the env paid for it (SayAEnv: the share of 8 tokens that are 'a').
+    assert [e.total_reward for e in episodes] == [e.turns[0].action.count("a") / 8 for e in episodes]
+    assert all(e.turns[0].sampled_ids for e in episodes) and rows[-1]["step"] == 4
