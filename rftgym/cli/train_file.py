@@ -67,8 +67,9 @@ def read_train_file(path: str) -> dict:
 
 def apply_train_file(args: argparse.Namespace, settings: dict, given: set[str] | None) -> set[str]:
     """Put the file's settings into ``args`` where no flag was given (``given``: the fields whose
-    flags were; None: all the file's are taken), and return the fields the file set, which a
-    resume then takes over the checkpoint's, as it takes given flags."""
+    flags were; None, for a namespace main() did not make: those whose flag's value is not its
+    default), and return the fields the file set, which a resume then takes over the checkpoint's,
+    as it takes given flags."""
     flag_fields = {field for _, field, _ in TRAIN_FLAGS}
     if given is None:   # (a namespace made without main(): a flag off its default counts as given)
         given = {field for _, field, options in TRAIN_FLAGS if getattr(args, field, None) != options.get("default")}
