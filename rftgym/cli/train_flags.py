@@ -37,7 +37,7 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
         ("--log-episodes", "log_episodes", opt(run, d.log_episodes, "on each logged step, write its first N episodes "
                                                                    "(what the policy wrote, turn by turn, and the "
-                                                                   "rewards) to episodes/step-<N>.jsonl")),
+                                                                   "rewards) to episodes/step-<step>.jsonl")),
         ("--eval-every", "eval_every", opt(run, d.eval_every, "every N steps (and after the last) play --eval-episodes "
                                                              "greedy episodes and log eval_reward_mean (0 = never)")),
         ("--eval-episodes", "eval_episodes", opt(run, d.eval_episodes, "episodes per evaluation")),

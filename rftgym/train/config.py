@@ -180,7 +180,7 @@ class TrainConfig:
     eval_before_training: bool = False
     log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
     # On each logged step, its first log_episodes episodes (rank 0's share) go to
-    # episodes/step-<N>.jsonl in rftgym eval's format: what the policy wrote, turn by turn, with its
+    # episodes/step-<step>.jsonl in rftgym eval's format: what the policy wrote, turn by turn, with its
     # rewards (TRL's log_completions); 0 = none.
     log_episodes: int = 0
 

@@ -34,7 +34,7 @@ def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | N
                          f"{how_to_continue(output_dir)}")
 
 
-EPISODES_DIR = "episodes"   # episodes/step-<N>.jsonl: a logged step's first --log-episodes episodes
+EPISODES_DIR = "episodes"   # episodes/step-<step>.jsonl: a logged step's first --log-episodes episodes
 
 
 def write_step_episodes(output_dir: Path, step: int, episodes: list) -> None:
