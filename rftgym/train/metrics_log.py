@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.errors import TrainingError, warn_caller
 from ..core.files import replace_text
+from ..core.records import write_episodes_jsonl
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR, how_to_continue
 
 # What the learning curve plots, where a run's rows hold it: the rewards, then what explains them
@@ -40,8 +41,6 @@ EPISODES_DIR = "episodes"   # episodes/step-<step>.jsonl: a logged step's first 
 def write_step_episodes(output_dir: Path, step: int, episodes: list) -> None:
     """``episodes`` of step ``step`` (its number) to ``episodes/step-<step>.jsonl``, whole or not at
     all (written beside it, then renamed; a resumed run that runs the step again replaces it)."""
-    from ..core.records import write_episodes_jsonl
-
     folder = output_dir / EPISODES_DIR
     path = folder / f"step-{step}.jsonl"
     staging = folder / f".step-{step}.jsonl.partial"

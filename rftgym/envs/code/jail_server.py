@@ -426,7 +426,6 @@ def finish(status: int = 0) -> int:
             pass
     try:
         sys.modules.pop("__main__", None)
-        import gc
         gc.collect()
     except BaseException:   # noqa: BLE001 - a finalizer of the program's own
         pass

@@ -61,7 +61,7 @@ from ...core.errors import warn_caller
 from .docker_image import base_python, readable_by_others, runtime_tree
 from .jail_init import RUN_PROGRAM
 from .jail_server import inode_cap
-from .memory_cgroup import MemoryGroup, MemoryGroups, find_memory_groups, run_cap_mb
+from .memory_cgroup import SHELL, MemoryGroup, MemoryGroups, find_memory_groups, run_cap_mb
 from .seccomp import jail_filter
 from .sandbox import (DEFAULT_HASH_SEED, PYTHON_NAMES, WORK_DIR, ExecResult, Program, Sandbox, SandboxError,
                       SandboxLimits, make_result, next_time_limit, python_command, python_environment)
@@ -259,9 +259,10 @@ class LocalSandbox(Sandbox):
         if groups is None:
             log.info("rftgym local sandbox: no memory cap per run, only per process (%s)", found)
             return None, f"memory capped per process only ({found})"
-        group = groups.new()
+        group = None
         try:
-            proc = self._popen_as_nobody(["/bin/true"], "the memory cgroup's probe", memory_group=group,
+            group = groups.new()
+            proc = self._popen_as_nobody([SHELL, "-c", "exit 0"], "the memory cgroup's probe", memory_group=group,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             _, err = proc.communicate(timeout=10)
         except (SandboxError, subprocess.TimeoutExpired, OSError) as exc:
@@ -269,7 +270,8 @@ class LocalSandbox(Sandbox):
         else:
             proc_problem = None if proc.returncode == 0 else err.decode("utf-8", "replace").strip()[-200:]
         finally:
-            group.remove()
+            if group is not None:
+                group.remove()
         if proc_problem is not None:
             log.info("rftgym local sandbox: no memory cap per run: a run cannot enter its cgroup (%s)", proc_problem)
             return None, f"memory capped per process only (a run cannot enter its cgroup: {proc_problem})"

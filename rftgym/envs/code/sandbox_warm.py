@@ -33,8 +33,7 @@ import subprocess
 import threading
 import time
 import weakref
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -244,7 +243,7 @@ class WarmJail:
 
     def run(self, request: dict, stdin: bytes, limits: SandboxLimits) -> WarmOutcome:
         keep: list[int] = []
-        oom_kills = self._capped_for(limits)
+        self._cap_for(limits)
         try:
             request_fd = memfd(json.dumps(request).encode(), keep, seal=True)
             stdin_fd = memfd(stdin, keep)
@@ -262,8 +261,9 @@ class WarmJail:
                 keep.remove(fd)
                 close_fd(fd)
             outcome = self._collect(out_r, err_r, limits, started)
-            if oom_kills is not None and self.memory_group.oom_kills() > oom_kills:
-                outcome = dataclasses.replace(outcome, oom_killed=True)
+            # Any OOM kill recycles the jail (a memory limit hit), so a jail run again has none before.
+            if self.memory_group is not None and self.memory_group.oom_kills() > 0:
+                outcome = replace(outcome, oom_killed=True)
         finally:
             for fd in keep:
                 close_fd(fd)
@@ -272,15 +272,14 @@ class WarmJail:
             raise JailBroken(f"{NOT_SET_UP}: {detail}" if detail else NOT_SET_UP)
         return outcome
 
-    def _capped_for(self, limits: SandboxLimits) -> int | None:
-        """Cap the jail's memory group for a run with ``limits``; the group's OOM kills so far (None
-        without a group)."""
+    def _cap_for(self, limits: SandboxLimits) -> None:
+        """Cap the jail's memory group, if it has one, for a run with ``limits`` (nothing to write
+        when the last run's limits were the same)."""
         if self.memory_group is None:
-            return None
+            return
         try:
             self.memory_group.cap(run_cap_mb(limits.memory_mb, limits.disk_mb) * MB)
-            return self.memory_group.oom_kills()
-        except (OSError, ValueError) as exc:   # e.g. the jail holds more than the new cap allows
+        except OSError as exc:   # e.g. the jail holds more than the new cap allows
             raise JailBroken(f"could not cap the jail's memory cgroup: {exc}") from exc
 
     def _collect(self, out_r: int, err_r: int, limits: SandboxLimits, started: float) -> WarmOutcome:
