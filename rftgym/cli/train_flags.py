@@ -34,7 +34,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--keep-checkpoints", "keep_checkpoints", opt(run, d.keep_checkpoints, "checkpoints kept, the latest "
                                                                                 "included (0 = every one); earlier "
                                                                                 "ones stay as checkpoint-<step>/")),
-        ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last)")),
+        ("--log-every", "log_every", opt(run, d.log_every, "write metrics every N steps (and the last): "
+                                                             "each row the mean of the steps since the last "
+                                                             "(*_min, *_max their least and greatest)")),
         ("--log-episodes", "log_episodes", opt(run, d.log_episodes, "on each logged step, write its first N episodes "
                                                                    "(what the policy wrote, turn by turn, and the "
                                                                    "rewards) to episodes/step-<step>.jsonl")),

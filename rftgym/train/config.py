@@ -178,7 +178,10 @@ class TrainConfig:
     # Also evaluate before the first step (a new run's, not a resume's), logged as step 0: the
     # baseline the curve starts from (verl's val_before_train).
     eval_before_training: bool = False
-    log_every: int = 1  # metrics.jsonl / TensorBoard get every log_every-th step (and the last)
+    # metrics.jsonl / TensorBoard get a row every log_every-th step (and the last), the mean of the
+    # steps since the last row (their least *_min and greatest *_max; the learning rate and epoch as
+    # they are at the row's step), as TRL's logging_steps averages.
+    log_every: int = 1
     # On each logged step, its first log_episodes episodes (rank 0's share) go to
     # episodes/step-<step>.jsonl in rftgym eval's format: what the policy wrote, turn by turn, with its
     # rewards (TRL's log_completions); 0 = none.

@@ -50,7 +50,7 @@ from .distributed import (
 from .evaluation import columns_of_made_env, declared_columns, evaluate_policy
 from .failed_rollouts import keeping_episodes_of_failed_samples, keeping_finished_episodes
 from .master_weights import needs_master_weights
-from .metrics_log import MetricsLog, plot_learning_curve, write_step_episodes
+from .metrics_log import MetricsLog, plot_learning_curve, window_row, write_step_episodes
 from .model_setup import make_reference, prepare_model
 from .run_dir import (
     LEARNING_CURVE,
@@ -377,7 +377,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         if not history:  # stopped in its first step: nothing to keep (and nothing is left behind)
             return
         if log is not None and history[-1]["step"] > logged:
-            log.write(history[-1]["step"], {k: v for k, v in history[-1].items() if k != "step"})
+            log.write(history[-1]["step"], window_row([h for h in history if h["step"] > logged]))
         if done > checkpointed:
             if ranks.is_main:
                 say(f"rftgym train: stopping; saving the checkpoint after step {done} first")
@@ -553,7 +553,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 history.append({"step": number, **metrics})
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                     # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
-                    ranks.together(lambda: log is not None and log.write(number, metrics))
+                    # (with --log-every above 1, the row stands for the steps since the last one)
+                    row = window_row([h for h in history if h["step"] > logged])
+                    ranks.together(lambda: log is not None and log.write(number, row))
                     if config.log_episodes:   # (rank 0's share of the step)
                         ranks.together(lambda: log is not None and write_step_episodes(
                             out, number, episodes[:config.log_episodes]))

@@ -35,6 +35,35 @@ def cannot_write(what: Path, exc: BaseException, output_dir: Path, step: int | N
                          f"{how_to_continue(output_dir)}")
 
 
+# A row that stands for several steps (--log-every above 1) keeps these at the logged step's
+# value (the state the run is in, as TRL logs its learning rate), not their mean.
+STATE_KEYS = ("learning_rate", "epoch")
+
+
+def window_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The metrics row that stands for ``rows`` (the steps since the last logged row, oldest
+    first; their ``step`` keys are not read): each number the mean over the steps that report it
+    (TRL averages its logging window), except ``*_min`` (the least), ``*_max`` (the greatest) and
+    :data:`STATE_KEYS` (the last step's); a metric no step reports a number for is None; other
+    values are the last step's. One row is itself."""
+    if len(rows) == 1:
+        return {k: v for k, v in rows[0].items() if k != "step"}
+    keys = list(dict.fromkeys(k for row in rows for k in row if k != "step"))
+    merged = {}
+    for key in keys:
+        values = [row[key] for row in rows if key in row]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if key in STATE_KEYS or not numbers or len(numbers) < len([v for v in values if v is not None]):
+            merged[key] = values[-1]   # (a state, no number, or text among them: the last step's)
+        elif key.endswith("_min"):
+            merged[key] = min(numbers)
+        elif key.endswith("_max"):
+            merged[key] = max(numbers)
+        else:
+            merged[key] = sum(numbers) / len(numbers)
+    return merged
+
+
 EPISODES_DIR = "episodes"   # episodes/step-<step>.jsonl: a logged step's first --log-episodes episodes
 
 
