@@ -49,7 +49,7 @@ def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
     def hold(signum, frame):
         if held and second_stops_now:
             previous[signum](signum, frame)  # raises: the run stops here
-        if not held:
+        if not held and frame is not None:  # (None: handed on by an inner block, which said what it does)
             say(notice)
         held.append(signum)
 
@@ -63,7 +63,10 @@ def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if held:
-        previous[held[0]](held[0], None)  # stops now, as it would have then
+        # Stops now, as it would have then. The frame None tells an enclosing block's hold (a
+        # checkpoint written at a step's end) that this stop was announced already: the step it
+        # would announce ("stopping once this step is done") is done.
+        previous[held[0]](held[0], None)
 
 
 @contextlib.contextmanager

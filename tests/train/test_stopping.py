@@ -118,6 +118,30 @@ def test_a_second_stop_during_an_update_stops_at_once_without_the_step(tmp_path,
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_stop_during_a_step_end_checkpoint_says_only_that_it_finishes_the_checkpoint(tmp_path, make_char_policy,
+                                                                                         monkeypatch, capsys):
+    from rftgym.train import checkpoint
+
+    real_save, saves = checkpoint._save_checkpoint, []
+
+    def stopped_while_writing(*args, **kwargs):
+        saves.append(kwargs["step"])
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as step 2's checkpoint is written
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "_save_checkpoint", stopped_while_writing)
+    run = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, "stopped", save_every=1), policy=make_char_policy(), make_env=SayAEnv)
+    err = capsys.readouterr().err
+    assert "finishing the checkpoint being written, then stopping" in err
+    # Step 2 is done and saved: no notice that it is still to finish, or that a second stop loses it.
+    assert "stopping once this step is done" not in err and "losing" not in err
+    assert saves == [1, 2] and saved_step(run) == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_stop_before_any_step_finished_leaves_nothing(tmp_path, make_char_policy, monkeypatch):
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt
