@@ -734,31 +734,31 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
                  marks=pytest.mark.skipif(hasattr(torch, "xpu") and torch.xpu.is_available(),
                                           reason="this machine has an XPU")),
     # A refused training setting is named by its flag, also where the field is spelled otherwise.
-    (["train", ENV_ID, "--lr", "nan"], "--lr: learning_rate must be a finite number"),
-    (["train", ENV_ID, "--lr", "inf"], "--lr: learning_rate must be a finite number"),
-    (["train", ENV_ID, "--epochs", "0"], "--epochs: epochs_per_step must be a positive integer"),
-    (["train", ENV_ID, "--weight-decay", "-1"], "--weight-decay: weight_decay must be >= 0"),
-    (["train", ENV_ID, "--lora-alpha", "0"], "--lora-alpha: lora_alpha must be positive"),
-    (["train", ENV_ID, "--clip-high", "nan"], "--clip-high: clip_high must be a finite number"),
-    (["train", ENV_ID, "--clip-low", "1"], "--clip-low: clip_low must be in [0, 1)"),
+    (["train", ENV_ID, "--lr", "nan"], "--lr must be a finite number"),
+    (["train", ENV_ID, "--lr", "inf"], "--lr must be a finite number"),
+    (["train", ENV_ID, "--epochs", "0"], "--epochs must be a positive integer"),
+    (["train", ENV_ID, "--weight-decay", "-1"], "--weight-decay must be >= 0"),
+    (["train", ENV_ID, "--lora-alpha", "0"], "--lora-alpha must be positive"),
+    (["train", ENV_ID, "--clip-high", "nan"], "--clip-high must be a finite number"),
+    (["train", ENV_ID, "--clip-low", "1"], "--clip-low must be in [0, 1)"),
     (["train", ENV_ID, "--microbatch-size", "2", "--microbatch-tokens", "64"],
-     "--microbatch-size / --microbatch-tokens: microbatch_size=2 and microbatch_tokens=64 are two ways"),
+     "--microbatch-size=2 and --microbatch-tokens=64 are two ways"),
     # Settings of another mode would be ignored: refused, naming what they belong to.
-    (["train", ENV_ID, "--pcar-lambda", "0.3"], "--pcar-lambda: pcar_lambda=0.3 is only read with algo='pcar', "
+    (["train", ENV_ID, "--pcar-lambda", "0.3"], "--pcar-lambda=0.3 is only read with algo='pcar', "
                                                 "and this run has algo='grpo'"),
     (["train", ENV_ID, "--algo", "pcar", "--dcpo-segment-budget", "2"],
-     "--dcpo-segment-budget: dcpo_segment_budget=2 is only read with algo='dcpo'"),
-    (["train", ENV_ID, "--lora-alpha", "32"], "--lora-alpha: lora_alpha=32.0 is only read with LoRA (lora_rank > 0), "
-                                              "and this run has lora_rank=0"),
+     "--dcpo-segment-budget=2 is only read with algo='dcpo'"),
+    (["train", ENV_ID, "--lora-alpha", "32"], "--lora-alpha=32.0 is only read with LoRA (--lora-rank > 0), "
+                                              "and this run has --lora-rank=0"),
     (["train", ENV_ID, "--compile", "off", "--compile-scope", "decoder"],
-     "--compile-scope: compile_scope='decoder' is only read with compile on (or auto), and this run has compile=False"),
-    (["train", ENV_ID, "--eval-episodes", "5"], "--eval-episodes: eval_episodes=5 is only read with eval_every > 0, "
-                                                "and this run has eval_every=0 (no evaluation)"),
-    (["train", ENV_ID, "--eval-seed", "7"], "--eval-seed: eval_seed=7 is only read with eval_every > 0"),
-    (["train", ENV_ID, "--min-lr-ratio", "0.5"], "--min-lr-ratio: min_lr_ratio=0.5 is only read with a linear or "
-                                                 "cosine lr_schedule, and this run has lr_schedule='constant'"),
+     "--compile-scope='decoder' is only read with compile on (or auto), and this run has compile=False"),
+    (["train", ENV_ID, "--eval-episodes", "5"], "--eval-episodes=5 is only read with --eval-every > 0, "
+                                                "and this run has --eval-every=0 (no evaluation)"),
+    (["train", ENV_ID, "--eval-seed", "7"], "--eval-seed=7 is only read with --eval-every > 0"),
+    (["train", ENV_ID, "--min-lr-ratio", "0.5"], "--min-lr-ratio=0.5 is only read with a linear or "
+                                                 "cosine --lr-schedule, and this run has --lr-schedule='constant'"),
     (["train", ENV_ID, "--microbatch-size", "100", "--minibatch-size", "4"],
-     "--microbatch-size: microbatch_size=100 is larger than minibatch_size=4"),
+     "--microbatch-size=100 is larger than --minibatch-size=4"),
     # An algorithm whose signal the env declares it never gives would train as GRPO.
     (["train", ENV_ID, "--algo", "pcar"], f"--algo: pcar scales each search's advantage by the env's score of the "
                                           f"agent's evaluation of it; {ENV_ID} gives no evaluation scores "
@@ -1371,7 +1371,7 @@ def test_eval_names_the_flag_when_new_tokens_do_not_fit_the_models_context(monke
     context = make_char_policy().context_length
     assert exit_code(["eval", ENV_ID, "--episodes", "1", "--max-new-tokens", str(context + 5),
                       "--out", str(tmp_path / "x.jsonl")]) == 2
-    assert f"--max-new-tokens: max_new_tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
+    assert f"--max-new-tokens={context + 5} does not fit the model's context" in capsys.readouterr().err
 
 
 def test_eval_hands_the_prefix_cache_budget_to_the_local_model(monkeypatch, tmp_path, capsys):

@@ -307,7 +307,7 @@ def test_train_names_the_flag_of_a_setting_the_model_refuses_and_leaves_no_run_b
     run = tmp_path / "runs" / "run"
     assert exit_code(["train", ENV_ID, "--model", str(model_dir), "--output-dir", str(run), "--steps", "1",
                       "--device", "cpu", "--max-new-tokens", "100000"]) == 2
-    assert "rftgym train: error: --max-new-tokens: max_new_tokens=100000 does not fit the model's context of 512 " \
+    assert "rftgym train: error: --max-new-tokens=100000 does not fit the model's context of 512 " \
            "tokens" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # no empty tensorboard/, no .lock: the folders it made are gone too
 
@@ -475,7 +475,7 @@ def test_an_abbreviated_flag_is_refused_naming_the_flags_it_begins(argv, said, c
         assert f"rftgym {argv[0]}: error: unrecognized arguments: {said}" in err
 
 
-@pytest.mark.parametrize("flag, value, said", [("--algo", "rft", "algo='grpo'"), ("--lora-rank", "4", "lora_rank=0")])
+@pytest.mark.parametrize("flag, value, said", [("--algo", "rft", "algo='grpo'"), ("--lora-rank", "4", "--lora-rank=0")])
 def test_a_resume_that_changes_what_the_checkpoint_is_names_the_flag(tmp_path, flag, value, said, capsys):
     run = tmp_path / "run"
     fake_checkpoint(run, TrainConfig(env_id=ENV_ID, output_dir=str(run)).to_dict())
@@ -517,3 +517,19 @@ def test_export_into_a_place_that_cannot_be_written_is_refused_before_the_model_
     err = capsys.readouterr().err
     assert f"rftgym export: error: {out} cannot be made: {place} cannot be written (" in err
     assert "Traceback" not in err and not out.parent.exists()
+
+
+def test_a_refusal_names_the_fields_it_speaks_of_by_their_flags():
+    from rftgym.cli.common import _flagged
+    from rftgym.core.errors import ConfigError
+
+    flags = {"lora_alpha": "--lora-alpha", "lora_rank": "--lora-rank", "steps": "--steps", "env_id": "ENV"}
+    said = _flagged(ConfigError("lora_alpha=8.0 is only read with lora_rank > 0 (TrainConfig.lora_rank, "
+                                "not my_lora_rank or --lora-rank-x); steps stay words; env_id too",
+                                field="lora_alpha"), flags)
+    assert str(said) == ("--lora-alpha=8.0 is only read with --lora-rank > 0 (TrainConfig.lora_rank, not my_lora_rank "
+                         "or --lora-rank-x); steps stay words; env_id too")
+    # A message that does not begin with its flag gets it in front.
+    assert str(_flagged(ConfigError("the rate lora_alpha is too big", field="lora_alpha"), flags)) == \
+        "--lora-alpha: the rate --lora-alpha is too big"
+    assert _flagged(ConfigError("no field of a flag", field="other"), flags) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from ..core.errors import ConfigError, ModelLoadError
 from ..core.values import checked_megabytes
@@ -32,9 +33,19 @@ def _json_object(text: str | None, flag: str) -> dict | None:
 
 def _flagged(exc: ConfigError, flags: dict[str, str]) -> UsageError | None:
     """``exc`` as a usage error that starts with the flag(s) behind its config field(s), or None
-    when it names no field that a flag sets."""
+    when it names no field that a flag sets. Inside the message, a field with a flag is named by
+    its flag ("drop --lora-alpha", not "drop lora_alpha"): what the user typed. Only names with
+    an underscore are rewritten, as those are no English word ("steps" stays as it is)."""
     named = [flags[field] for field in exc.fields if field in flags]
-    return UsageError(f"{' / '.join(dict.fromkeys(named))}: {exc}") if named else None
+    if not named:
+        return None
+    said = str(exc)
+    for field, flag in flags.items():
+        if "_" in field and flag.startswith("--"):
+            said = re.sub(rf"(?<![\w.\-]){re.escape(field)}(?![\w\-])", flag, said)
+    if said.startswith(tuple(named)):   # it begins with the flag already ("--lr must be positive")
+        return UsageError(said)
+    return UsageError(f"{' / '.join(dict.fromkeys(named))}: {said}")
 
 
 def _check_model_dir(model: str | None, flag: str = "--model") -> None:

@@ -82,12 +82,12 @@ def test_train_refuses_to_overwrite_and_explains(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "ppo"], "invalid choice"),
-    (["--group-size", "1"], "group_size must be at least 2"),
-    (["--lr", "0"], "learning_rate must be positive"),
-    (["--steps", "4", "--warmup-steps", "5"], "warmup_steps must be an int in [0, steps]"),
+    (["--group-size", "1"], "--group-size must be at least 2"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--steps", "4", "--warmup-steps", "5"], "--warmup-steps must be an int in [0, steps]"),
     (["--lr-schedule", "step"], "invalid choice"),
     (["--aggregation", "mean"], "invalid choice"),
-    (["--min-lr-ratio", "2"], "min_lr_ratio must be in [0, 1]"),
+    (["--min-lr-ratio", "2"], "--min-lr-ratio must be in [0, 1]"),
 ])
 def test_train_bad_arguments_say_what_is_valid(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -265,7 +265,7 @@ def test_the_evaluation_takes_env_options_of_its_own(tmp_path, capsys):
     assert config.eval_env_kwargs == {"difficulties": [5], "kinds": ["weekday"]}
     with pytest.raises(UsageError, match="--eval-env-arg takes KEY=VALUE"):
         _config_of(argv + ["--eval-env-arg", "oops"])
-    with pytest.raises(UsageError, match=r"^--eval-env-arg: eval_env_kwargs=.* is only read with eval_every > 0"):
+    with pytest.raises(UsageError, match=r"^--eval-env-arg=.* is only read with --eval-every > 0"):
         _config_of(["train", "rftgym/VerifiableQA-v0", "--eval-env-arg", "difficulties=[5]"])
     # A resume's --eval-env-arg pairs update the checkpoint's evaluation options, as --env-arg's do its env's.
     out = tmp_path / "resumed"

@@ -103,4 +103,4 @@ def test_the_number_of_checkpoints_kept_is_checked_and_named_by_its_flag(capsys)
     with pytest.raises(SystemExit) as exited:
         main(["train", "rftgym/VerifiableQA-v0", "--keep-checkpoints", "-2"])
     assert exited.value.code == 2
-    assert "--keep-checkpoints: keep_checkpoints must be an int >= 0" in capsys.readouterr().err
+    assert "--keep-checkpoints must be an int >= 0" in capsys.readouterr().err

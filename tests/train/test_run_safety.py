@@ -92,7 +92,7 @@ def test_tasks_that_do_not_split_across_processes_are_refused_by_their_flag(tmp_
     with pytest.raises(ConfigError, match=r"tasks_per_step \(3\) must be a multiple of the number of processes "
                                           r"\(2\)") as refused:
         train(config(tmp_path, tasks_per_step=3), policy=make_char_policy(), make_env=SayAEnv)
-    assert str(_flagged(refused.value, _train_field_flags())).startswith("--tasks-per-step: tasks_per_step (3)")
+    assert str(_flagged(refused.value, _train_field_flags())).startswith("--tasks-per-step (3) must be a multiple")
 
 
 def test_a_live_runs_directory_is_named_as_such_before_its_files_are_judged(tmp_path, make_char_policy):
