@@ -167,12 +167,49 @@ def values_equal(expected: Any, got: Any, tol: float = FLOAT_TOLERANCE) -> bool:
     return type(expected) in (int, bool, str, type(None)) and expected == got
 
 
-def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE) -> bool:
-    """Compare two encodings; a missing or undecodable ``got`` never matches."""
+# How a task's outputs compare (CodeTask.compare_as): "exact" is values_equal; the others relax
+# only a returned list or tuple (and, for the unordered two, a set), as the dataset's own asserts
+# do ("sequence": tuple(f(x)) == tuple(y); "multiset": sorted(f(x)) == sorted(y); "set":
+# set(f(x)) == set(y)) or as a reference whose order comes from a set's iteration needs.
+COMPARISONS = ("exact", "sequence", "multiset", "set")
+_MATCHED_BY_SEARCH = 300  # unordered outputs longer than this must match exactly (repr for repr), in O(n)
+
+
+def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) -> bool:
+    """:func:`values_equal`, with a returned collection compared as ``how`` (see :data:`COMPARISONS`)."""
+    if how == "exact":
+        return values_equal(expected, got, tol)
+    collections = (list, tuple) if how == "sequence" else (list, tuple, set, frozenset)
+    if not (isinstance(expected, collections) and isinstance(got, collections)):
+        return values_equal(expected, got, tol)
+    if how == "sequence":
+        return len(expected) == len(got) and all(values_equal(a, b, tol) for a, b in zip(expected, got))
+    expected, got = list(expected), list(got)
+    if how == "set":
+        return (all(any(values_equal(e, g, tol) for g in got) for e in expected)
+                and all(any(values_equal(e, g, tol) for e in expected) for g in got))
+    if len(expected) != len(got):
+        return False
+    if sorted(map(repr, expected)) == sorted(map(repr, got)):
+        return True
+    if len(expected) > _MATCHED_BY_SEARCH:
+        return False
+    unmatched = list(got)   # each expected item takes one item of got that it matches
+    for item in expected:
+        match = next((i for i, candidate in enumerate(unmatched) if values_equal(item, candidate, tol)), None)
+        if match is None:
+            return False
+        del unmatched[match]
+    return True
+
+
+def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE, how: str = "exact") -> bool:
+    """Compare two encodings (as ``how``: see :data:`COMPARISONS`); a missing or undecodable
+    ``got`` never matches."""
     if got is None:
         return False
     try:
-        return values_equal(decode(expected), decode(got), tol)
+        return equal_as(decode(expected), decode(got), how, tol)
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
         return False
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...core.errors import DataFormatError, MissingDependencyError
 from ...core.jsonl import read_jsonl
+from .comparison import comparison_of
 from .parsing import called_names, calls_with_literal_args, example_calls, signature_of, top_level_functions
 from .tasks import CodeTask, TestCase
 
@@ -86,7 +87,8 @@ def _humaneval_task(record: dict, where: str) -> CodeTask:
     return CodeTask(task_id=task_id, source="humaneval", style="function",
                     prompt=f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt.rstrip()}\n```",
                     entry_point=entry, reference=prompt + solution, setup_code=setup, examples=examples,
-                    tests=tests, dataset_tests=test)
+                    tests=tests, dataset_tests=test,
+                    compare_as=comparison_of(prompt + solution, entry, test, "candidate"))
 
 
 # ---------------------------------------------------------------- MBPP
@@ -154,4 +156,5 @@ def _mbpp_task(record: dict, where: str) -> CodeTask:
     # test_setup_code may use classes the solution defines, so it runs after the code, in the check.
     dataset_tests = "\n".join(([setup] if setup.strip() else []) + asserts)
     return CodeTask(task_id=f"mbpp/{task_id}", source="mbpp", style="function", prompt=prompt, entry_point=entry,
-                    reference=code, setup_code="", examples=examples, tests=tests, dataset_tests=dataset_tests)
+                    reference=code, setup_code="", examples=examples, tests=tests, dataset_tests=dataset_tests,
+                    compare_as=comparison_of(code, entry, "\n".join(asserts + challenge)))

@@ -93,7 +93,8 @@ Version history
     feedback after a failed attempt counts the hidden tests that failed instead of showing their
     inputs and outputs; code nested past what Python compiles is a syntax error; each stdio test
     ends as a program does, its files flushed and fileinput closed; a step that raises part way,
-    a sandbox failing, ends the episode).
+    a sandbox failing, ends the episode; a dataset task whose check wraps the result, or whose
+    reference returns a set's order, compares outputs so: ``task.compare_as``).
 """
 
 from __future__ import annotations

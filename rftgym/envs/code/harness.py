@@ -238,7 +238,7 @@ def _compare(task: CodeTask, test: TestCase, record: RunRecord) -> TestResult:
                           "task = rftgym.envs.code.tcg.build_tests(task, TCGConfig(), sandbox) (it returns the task "
                           "with its tests), then grade(task, code, sandbox)")
     if task.style == "function":
-        passed = record.error is None and encoded_equal(test.expected, record.got)
+        passed = record.error is None and encoded_equal(test.expected, record.got, how=task.compare_as)
         expected, got = display(test.expected, _SHOWN), None if record.got is None else display(record.got, _SHOWN)
     else:
         passed = record.error is None and stdout_equal(test.expected, record.got)

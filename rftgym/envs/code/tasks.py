@@ -49,6 +49,9 @@ class CodeTask:
     solution program (for function style it defines ``entry_point``). ``setup_code`` runs before
     the candidate's code in the same namespace (helpers the prompt defines, dataset setup).
     ``dataset_tests`` keeps the dataset's own assert/check code for an agreement check.
+    ``compare_as`` says how a function's returned value is compared with the reference's
+    (:data:`~rftgym.envs.code.codec.COMPARISONS`; :mod:`~rftgym.envs.code.comparison` reads it
+    off a dataset task's asserts and reference).
     """
 
     task_id: str
@@ -63,10 +66,15 @@ class CodeTask:
     dataset_tests: str | None = None
     difficulty: int = 0
     input_sampler: InputSampler | None = field(default=None, compare=False, repr=False)
+    compare_as: str = "exact"
 
     def __post_init__(self) -> None:
+        from .codec import COMPARISONS
+
         if self.style not in STYLES:
             raise ValueError(f"CodeTask style must be one of {STYLES}, got {self.style!r}")
+        if self.compare_as not in COMPARISONS:
+            raise ValueError(f"CodeTask compare_as must be one of {COMPARISONS}, got {self.compare_as!r}")
         if self.style == "function" and not self.entry_point:
             raise ValueError(f"function-style task {self.task_id!r} needs an entry_point")
         for name in ("examples", "tests"):

@@ -301,7 +301,7 @@ def stated_and_contradicted(task: CodeTask, tests: Sequence[TestCase]) -> tuple[
     stated = stated_outputs(task.dataset_tests, task.entry_point)
     compared = [test for test in tests if test.input in stated and test.expected is not None]
     return len(compared), [(test, stated[test.input]) for test in compared
-                           if not encoded_equal(encode(stated[test.input]), test.expected)]
+                           if not encoded_equal(encode(stated[test.input]), test.expected, how=task.compare_as)]
 
 
 def _warn_if_the_dataset_disagrees(task: CodeTask, tests: Sequence[TestCase]) -> None:

@@ -1,0 +1,126 @@
+"""How a dataset task's outputs are compared: what its own asserts and its reference say.
+
+The tests' expected outputs are the reference's (O1-CODER's test case generator), so an output
+whose form the task leaves open would fail correct code if it were compared as Python's ``==``
+compares: the order of a tuple the reference built from a set (MBPP 2, ``tuple(set(a) &
+set(b))``: the order CPython's set happens to iterate in), or a list where the check reads
+``tuple(candidate(x))`` (HumanEval 33). :func:`comparison_of` reads both sources:
+
+- the dataset's asserts, when every one that compares the function's result wraps it alike:
+  ``tuple(f(x))`` or ``list(f(x))`` compare as "sequence" (a list is a tuple's equal),
+  ``sorted(f(x))`` as "multiset", ``set(f(x))`` as "set" (EvalPlus' MBPP+ writes its unordered
+  tasks so);
+- the reference: a function that returns a list or tuple made from a set's iteration (``tuple(S)``,
+  ``list(S)``, a comprehension or ``map`` over ``S``, or a concatenation of such), where ``S`` is a
+  set expression (``set(...)``, a set literal, ``&``, ``|``, ``-``, ``^`` or ``.intersection(...)``
+  and its kin on a set, or a name bound to one), compares as "multiset".
+
+The asserts win where they say something. Anything else stays "exact". What this cannot see: a
+task with several valid answers that no wrapper states (ties broken one way, any root of a
+polynomial) still accepts only the reference's.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .tasks import UNPARSABLE
+
+_WRAPPER_COMPARISON = {"tuple": "sequence", "list": "sequence", "sorted": "multiset", "set": "set",
+                       "frozenset": "set"}
+_SET_METHODS = {"intersection", "union", "difference", "symmetric_difference"}
+_SET_OPERATORS = (ast.BitAnd, ast.BitOr, ast.Sub, ast.BitXor)
+
+
+def comparison_of(reference: str, entry_point: str, dataset_tests: str | None, *callees: str) -> str:
+    """The comparison (:data:`~rftgym.envs.code.codec.COMPARISONS`) of a task whose function
+    ``entry_point`` the ``reference`` defines and the ``dataset_tests`` call (by that name or as one
+    of ``callees``, HumanEval's ``candidate``)."""
+    stated = _stated_by_asserts(dataset_tests, {entry_point, *callees}) if dataset_tests else None
+    if stated is not None:
+        return stated
+    return "multiset" if _returns_set_order(reference, entry_point) else "exact"
+
+
+def _stated_by_asserts(code: str, names: set[str]) -> str | None:
+    """The comparison every assert of ``code`` that compares a call of ``names`` states by wrapping
+    it; None when there is none, or when they differ (one bare, one wrapped)."""
+    try:
+        tree = ast.parse(code)
+    except UNPARSABLE:
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+                and isinstance(node.test.ops[0], ast.Eq)):
+            continue
+        for side in (node.test.left, node.test.comparators[0]):
+            if _calls(side, names):
+                found.add("exact")
+            elif (isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and len(side.args) == 1
+                  and not side.keywords and side.func.id in _WRAPPER_COMPARISON and _calls(side.args[0], names)):
+                found.add(_WRAPPER_COMPARISON[side.func.id])
+    return found.pop() if len(found) == 1 and found != {"exact"} else None
+
+
+def _calls(node: ast.AST, names: set[str]) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+
+
+def _returns_set_order(reference: str, entry_point: str) -> bool:
+    """Whether the reference's ``entry_point`` returns, anywhere, a list or tuple whose order is a
+    set's iteration order."""
+    try:
+        tree = ast.parse(reference)
+    except UNPARSABLE:
+        return False
+    function = next((node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.name == entry_point), None)
+    if function is None:
+        return False
+    # Names bound (anywhere in the function, by plain assignment) to what they hold.
+    bound: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound.setdefault(target.id, []).append(node.value)
+
+    def is_set(node: ast.AST, seen: frozenset = frozenset()) -> bool:
+        if isinstance(node, (ast.Set, ast.SetComp)):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return node.func.id in ("set", "frozenset")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _SET_OPERATORS):
+            return is_set(node.left, seen) or is_set(node.right, seen)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SET_METHODS:
+            base = node.func.value
+            return (isinstance(base, ast.Name) and base.id in ("set", "frozenset")) or is_set(base, seen)
+        return named(node, seen, is_set)
+
+    def in_set_order(node: ast.AST, seen: frozenset = frozenset()) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tuple", "list") \
+                and len(node.args) == 1:
+            arg = node.args[0]
+            return is_set(arg, seen) or iterates_a_set(arg, seen) or in_set_order(arg, seen)
+        if isinstance(node, ast.ListComp):
+            return is_set(node.generators[0].iter, seen)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return in_set_order(node.left, seen) or in_set_order(node.right, seen)
+        return named(node, seen, in_set_order)
+
+    def iterates_a_set(node: ast.AST, seen: frozenset) -> bool:
+        if isinstance(node, ast.GeneratorExp):
+            return is_set(node.generators[0].iter, seen)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("map", "filter") \
+                and len(node.args) == 2:
+            return is_set(node.args[1], seen)
+        return False
+
+    def named(node: ast.AST, seen: frozenset, test) -> bool:
+        if isinstance(node, ast.Name) and node.id in bound and node.id not in seen:
+            return any(test(value, seen | {node.id}) for value in bound[node.id])
+        return False
+
+    return any(isinstance(node, ast.Return) and node.value is not None and in_set_order(node.value)
+               for node in ast.walk(function))

@@ -1,0 +1,131 @@
+"""How a task's outputs compare: relaxed only where its asserts or its reference's set order say so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rftgym.envs.code.codec import encode, encoded_equal, equal_as
+from rftgym.envs.code.comparison import comparison_of
+from rftgym.envs.code.harness import grade
+from rftgym.envs.code.tasks import CodeTask, TestCase
+
+MBPP = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "code" / "mbpp.jsonl"
+
+
+def test_exact_keeps_pythons_order_and_types():
+    assert not equal_as((4, 5), (5, 4), "exact")
+    assert not equal_as([1, 2], (1, 2), "exact")
+    assert equal_as((0.1 + 0.2, 1), (0.3, 1), "exact")  # the float tolerance, as before
+
+
+def test_sequence_makes_a_list_a_tuples_equal_and_keeps_order():
+    assert equal_as([1, 2, 3], (1, 2, 3), "sequence")
+    assert not equal_as([1, 2, 3], (3, 2, 1), "sequence")
+    assert not equal_as([1, 2], (1, 2, 3), "sequence")
+    assert not equal_as([1, 2], {1, 2}, "sequence")  # a set has no order to compare
+    assert equal_as(5, 5, "sequence") and not equal_as(5, 5.5, "sequence")
+
+
+def test_multiset_ignores_order_and_the_container_but_counts_each_item():
+    assert equal_as((4, 5), (5, 4), "multiset")
+    assert equal_as((4, 5), [5, 4], "multiset") and equal_as((4, 5), {5, 4}, "multiset")
+    assert not equal_as((1, 1, 2), (1, 2, 2), "multiset")   # same members, other counts
+    assert not equal_as((1, 2), (1, 2, 2), "multiset")
+    assert not equal_as((4, 5), (4, 6), "multiset")
+    # floats within the tolerance, out of order (0.1 + 0.2 is not 0.3 to the bit)
+    assert equal_as([0.3, 1.0], [1.0, 0.1 + 0.2], "multiset")
+    assert not equal_as([0.3, 1.0], [1.0, 0.31], "multiset")
+    # nested values compare as values_equal does: a tuple inside is not a list
+    assert not equal_as([(1, 2)], [[1, 2]], "multiset")
+
+
+def test_a_long_unordered_output_must_match_item_for_item():
+    long = list(range(1000))
+    assert equal_as(long, long[::-1], "multiset")
+    assert not equal_as([float(i) for i in long], [i + 1e-9 for i in long][::-1], "multiset")  # no search past 300
+    assert equal_as([float(i) for i in range(50)], [i + 1e-9 for i in range(50)][::-1], "multiset")
+
+
+def test_set_ignores_duplicates_too():
+    assert equal_as((1, 1, 2), [2, 1], "set")
+    assert not equal_as((1, 2), [1, 2, 3], "set")
+    assert not equal_as((1, 2), [1], "set")
+
+
+def test_encoded_values_compare_the_same_way():
+    assert encoded_equal(encode((4, 5)), encode((5, 4)), how="multiset")
+    assert not encoded_equal(encode((4, 5)), encode((5, 4)))
+    assert not encoded_equal(encode((4, 5)), None, how="multiset")
+
+
+@pytest.mark.parametrize("asserts, comparison", [
+    ("assert tuple(candidate([1, 2])) == tuple([1, 2])", "sequence"),
+    ("assert list(f(3)) == [1, 2, 3]", "sequence"),
+    ("assert sorted(f(3)) == [1, 2, 3]\nassert sorted(f(4)) == [1]", "multiset"),
+    ("assert set(f(3)) == set((1, 2))", "set"),
+    ("assert frozenset([1]) == frozenset(f(3))", "set"),
+    # one bare comparison among wrapped ones: the asserts state nothing, so exact
+    ("assert sorted(f(3)) == [1, 2, 3]\nassert f(4) == [1]", "exact"),
+    ("assert f(3) == (1, 2)", "exact"),
+    # another function's result wrapped says nothing of f's
+    ("assert sorted(g(3)) == [1]", "exact"),
+])
+def test_the_asserts_wrapper_says_how_outputs_compare(asserts, comparison):
+    assert comparison_of("def f(x):\n    return [x]\n", "f", asserts, "candidate") == comparison
+
+
+@pytest.mark.parametrize("body, comparison", [
+    ("res = tuple(set(a) & set(b))\n    return (res)", "multiset"),                 # MBPP 2
+    ("return list(set.intersection(*map(set, a)))", "multiset"),                  # MBPP 111
+    ("return (list(list(set(a)-set(b)) + list(set(b)-set(a))))", "multiset"),     # MBPP 769
+    ("return tuple(set(a + b))", "multiset"),
+    ("s = {x for x in a}\n    return [x * 2 for x in s]", "multiset"),
+    ("return list(map(str, set(a).union(b)))", "multiset"),
+    ("common = set(a).intersection(b)\n    out = list(common)\n    return out", "multiset"),
+    ("return tuple(sorted(set(a) & set(b)))", "exact"),   # sorted: the order is stated
+    ("return set(a) & set(b)", "exact"),                   # a set compares without order already
+    ("return [x for x in a if x in set(b)]", "exact"),     # a's order, not the set's
+    ("return list(a) + list(b)", "exact"),
+])
+def test_a_reference_that_returns_a_sets_order_compares_as_a_multiset(body, comparison):
+    assert comparison_of(f"def f(a, b):\n    {body}\n", "f", "assert f((1, 2), (2, 3)) == (2,)") == comparison
+
+
+def test_the_asserts_win_over_the_reference():
+    reference = "def f(a, b):\n    return tuple(set(a) & set(b))\n"
+    assert comparison_of(reference, "f", "assert set(f((1,), (1,))) == {1}") == "set"
+
+
+def test_unreadable_code_compares_exactly():
+    assert comparison_of("def f(:\n", "f", "assert (") == "exact"
+    assert comparison_of("def g(a):\n    return tuple(set(a))\n", "f", None) == "exact"  # no such function
+
+
+def test_a_task_refuses_an_unknown_comparison():
+    with pytest.raises(ValueError, match="compare_as must be one of"):
+        CodeTask(task_id="t", source="s", style="function", prompt="p", entry_point="f", reference="",
+                 compare_as="sorted")
+
+
+def test_mbpp_tasks_built_from_a_set_grade_another_order_as_correct_and_a_wrong_answer_as_wrong(sandbox):
+    if not MBPP.exists():
+        pytest.skip(f"MBPP file not found at {MBPP}")
+    from rftgym.envs.code.datasets import load_mbpp
+
+    tasks = {task.task_id: task for task in load_mbpp(MBPP)}
+    assert tasks["mbpp/2"].compare_as == "multiset" and tasks["mbpp/3"].compare_as == "exact"
+    task = tasks["mbpp/2"].with_tests([TestCase("((3, 16, 15, 4), (23, 16, 18, 4))", encode((16, 4)), "random")])
+    sorted_order = "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b)))\n"
+    assert grade(task, sorted_order, sandbox).passed == 1
+    one_missing = "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b)))[:1]\n"
+    assert grade(task, one_missing, sandbox).passed == 0
+
+
+def test_humaneval_checks_that_wrap_the_result_in_tuple_accept_a_tuple():
+    from rftgym.envs.code.datasets import load_humaneval
+
+    comparisons = {task.task_id: task.compare_as for task in load_humaneval()}
+    assert comparisons["HumanEval/33"] == comparisons["HumanEval/37"] == "sequence"
+    assert comparisons["HumanEval/0"] == "exact"
