@@ -533,3 +533,45 @@ def test_a_refusal_names_the_fields_it_speaks_of_by_their_flags():
     assert str(_flagged(ConfigError("the rate lora_alpha is too big", field="lora_alpha"), flags)) == \
         "--lora-alpha: the rate --lora-alpha is too big"
     assert _flagged(ConfigError("no field of a flag", field="other"), flags) is None
+
+
+def test_an_eval_resumed_on_other_weights_at_the_same_path_is_refused(tmp_path, model_dir, monkeypatch, capsys):
+    """A run's directory (or a model written over) changes its weights; resuming an evaluation
+    there mixed two models' episodes into one score without a word."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:1], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "eval.jsonl"
+    command = ["eval", ENV_ID, "--agent", "hf", "--device", "cpu", "--episodes", "4", "--max-new-tokens", "4",
+               "--out", str(out)]
+    assert main(command + ["--model", str(model_dir)]) == 130
+    # The same folder named another way is the same model.
+    assert main(command + ["--model", "model", "--resume"]) == 130
+    assert "--resume: 1 of 4 episodes were finished" in capsys.readouterr().err
+    # The folder written over (a run trained on): refused, saying so.
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.001)
+    model.save_pretrained(model_dir)
+    assert exit_code(command + ["--model", str(model_dir), "--resume"]) == 2
+    assert "ran with other weights than" in capsys.readouterr().err
+    assert len(list(read_episodes_jsonl(tmp_path / "eval.jsonl.partial"))) == 2  # kept as they were
+    # Settings noted by an earlier version (no weights, the path as typed) still resume: they hold
+    # nothing to check the weights against.
+    noted = tmp_path / "eval.jsonl.partial.json"
+    older = json.loads(noted.read_text())
+    del older["weights"]
+    noted.write_text(json.dumps({**older, "model": "model"}))
+    assert main(command + ["--model", str(model_dir), "--resume"]) == 130
+    assert "--resume: 2 of 4 episodes were finished" in capsys.readouterr().err

@@ -149,7 +149,15 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
         raise UsageError(f"--resume: cannot read {noted}, the settings {partial} was written with "
                          f"({getattr(exc, 'strerror', None) or exc}), so there is no telling that its episodes are this "
                          "evaluation's; move both away to run it afresh") from None
+    if "weights" not in saved:  # noted by an earlier version, which took the model's path as it was typed
+        settings = {**settings, "weights": None}
+        if saved.get("model") and Path(saved["model"]).expanduser().exists():
+            saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
     changed = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in settings.items() if saved.get(key) != value]
+    if changed and [key for key, value in settings.items() if saved.get(key) != value] == ["weights"]:
+        raise UsageError(f"--resume: the episodes in {partial} ran with other weights than {settings['model']} holds "
+                         "now (a run trained on, or a model written over); give the model they ran with, or move the "
+                         "partial file away to evaluate these weights afresh")
     if changed:
         raise UsageError(f"--resume: the episodes in {partial} ran with other settings ({'; '.join(changed)}); give "
                          "the command that started them, or move the partial file away to run afresh")

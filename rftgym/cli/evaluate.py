@@ -245,7 +245,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
-        settings = _run_settings(args, env_id, label, given_kwargs, seeds)
+        settings = _run_settings(args, env_id, label, given_kwargs, seeds, _weights_of(run_agent))
         run_episodes_, elapsed, ran = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path, settings)
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
@@ -274,12 +274,30 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
     return {"": out, **{label: out.with_name(f"{stem}-{label}{suffix}") for label in labels}}
 
 
-def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int]) -> dict:
+def _weights_of(agent) -> str | None:
+    """A fingerprint of the weights a local agent acts with (None for an agent without a torch
+    model: a server's, or one of your own): ``--model RUN`` names a directory whose weights change
+    as the run goes on, and a model directory may be written over."""
+    model = getattr(agent, "model", None)
+    if not hasattr(model, "named_parameters"):
+        return None
+    from ..train.base_model import weights_fingerprint
+
+    return weights_fingerprint(model)
+
+
+def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int],
+                  weights: str | None = None) -> dict:
     """What the episodes of one run of an evaluation depend on, as noted beside its partial file
     (JSON's form of them, so that a resume compares like with like); how they are batched, and
     the transport to an API server (its address: a server restarted on another port serves the
-    same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced."""
-    settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": args.model,
+    same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced.
+    ``model`` is the directory's full path (the same folder named another way is the same
+    model); ``weights`` (:func:`_weights_of`) what it held when the evaluation ran."""
+    model = args.model
+    if model is not None and Path(model).expanduser().exists():
+        model = str(Path(model).expanduser().resolve())
+    settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model, "weights": weights,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
                 "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,

@@ -23,14 +23,27 @@ def _stride(numel: int) -> int:
     return max(1, numel // FINGERPRINT_SAMPLES)
 
 
-def _fingerprint(samples) -> str:
+def _fingerprint(samples, rounded: torch.dtype = torch.bfloat16) -> str:
     """The fingerprint of ``samples``: (name, shape, sampled weights in the dtype they load in),
-    sorted by name."""
+    sorted by name; the weights are read as ``rounded`` (float32: as they are)."""
     digest = hashlib.sha256()
     for name, shape, sample in samples:
         digest.update(f"{name}{shape}".encode())
-        digest.update(sample.to("cpu", torch.bfloat16).float().numpy().tobytes())
+        digest.update(sample.to("cpu", rounded).float().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _samples(model):
+    return ((name, tuple(parameter.shape),
+             parameter.detach().reshape(-1)[:: _stride(parameter.numel())][:FINGERPRINT_SAMPLES])
+            for name, parameter in sorted(inner_model(model).named_parameters()))
+
+
+def weights_fingerprint(model) -> str:
+    """A fingerprint of ``model``'s weights as they are now, unrounded: a step of training
+    changes it (an evaluation resumed on other weights than it began with is refused by it)."""
+    with torch.no_grad():
+        return _fingerprint(_samples(model), rounded=torch.float32)
 
 
 def base_fingerprint(model) -> str:
@@ -40,9 +53,7 @@ def base_fingerprint(model) -> str:
     bfloat16 so that loading the same weights in float32 or bfloat16 gives the same print
     (:func:`files_fingerprint` reads the same one from the model's files, before it loads)."""
     with torch.no_grad():
-        return _fingerprint((name, tuple(parameter.shape),
-                             parameter.detach().reshape(-1)[:: _stride(parameter.numel())][:FINGERPRINT_SAMPLES])
-                            for name, parameter in sorted(inner_model(model).named_parameters()))
+        return _fingerprint(_samples(model))
 
 
 def files_fingerprint(model: str | None, dtype: str) -> str | None:
