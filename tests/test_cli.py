@@ -1576,7 +1576,7 @@ def test_an_eval_refused_after_its_out_was_checked_leaves_no_folder_behind(out, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()  # an earlier run's: kept
     assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", "nowhere", *(["--out", out] if out else [])]) == 2
-    assert "--model: 'nowhere' is not a local Hugging Face model directory" in capsys.readouterr().err
+    assert "--model: 'nowhere': no such directory (rftgym never downloads from a hub" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"] and not any((tmp_path / "runs").iterdir())
 
 

@@ -127,7 +127,7 @@ def resolve_model_dir(model: str | None) -> Path:
     if names_default_model(model):
         return default_model_dir()
     path = Path(model).expanduser()
-    from ..train.run_dir import has_checkpoint_files, is_run_dir
+    from ..train.run_dir import LOCK_FILE, METRICS_FILE, has_checkpoint_files, is_run_dir
 
     if is_run_dir(path):  # a training run's output: its trained model (load_trained)
         return path
@@ -140,6 +140,16 @@ def resolve_model_dir(model: str | None) -> Path:
             f"{model!r} holds a PEFT adapter (adapter_config.json), not a whole model; merge it into its base model "
             "and save that (PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(dir), with "
             "the tokenizer), then pass that directory")
+    if not path.exists():
+        unexpanded = "$" in str(model)
+        raise ModelLoadError(f"{model!r}: no such directory (rftgym never downloads from a hub at run time)" + (" ('$VAR' is not expanded here; give the path the "
+                                                                 "shell would)" if unexpanded else "")
+                             + "; pass a local model directory, a training run's output directory, or 'default'")
+    if path.is_dir() and not (path / "config.json").is_file() and any(
+            (path / name).exists() for name in (METRICS_FILE, LOCK_FILE)):
+        raise ModelLoadError(f"{model!r} is a training run's output directory with no checkpoint yet (a run saves one "
+                             "every --save-every steps and after its last step); wait for its first checkpoint, or "
+                             "give the model it started from")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelLoadError(
             f"{model!r} is not a local Hugging Face model directory (it needs config.json and weights) nor the output "

@@ -384,6 +384,29 @@ def test_a_new_run_is_refused_where_earlier_checkpoints_of_a_run_lie(tmp_path):
         check_output_dir(tmp_path, resume=True)
 
 
+def test_a_run_directory_without_a_checkpoint_yet_is_named_as_such(tmp_path, make_char_policy):
+    from support import SayAEnv, train_config
+
+    from rftgym.agents.model_loading import resolve_model_dir
+    from rftgym.core.errors import ModelLoadError
+    from rftgym.train.loop import train
+
+    seen = {}
+
+    def look(row):   # after the first of two steps, before the run's first checkpoint (after its last)
+        if row["step"] == 1:
+            with pytest.raises(ModelLoadError) as refused:
+                resolve_model_dir(str(tmp_path / "run"))
+            seen["said"] = str(refused.value)
+
+    train(train_config(tmp_path, "run", steps=2, save_every=100), policy=make_char_policy(), make_env=SayAEnv,
+          on_step=look)
+    assert "is a training run's output directory with no checkpoint yet" in seen["said"]
+    assert resolve_model_dir(str(tmp_path / "run")) == tmp_path / "run"   # its checkpoint after the last step
+    with pytest.raises(ModelLoadError, match="'.*elsewhere': no such directory"):
+        resolve_model_dir(str(tmp_path / "elsewhere"))
+
+
 def test_another_tools_checkpoint_folders_do_not_make_a_run_directory(tmp_path):
     from rftgym.agents.model_loading import resolve_model_dir
     from rftgym.core.errors import ModelLoadError
