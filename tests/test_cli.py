@@ -720,12 +720,15 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
      "--temperature and --top-p are not read by --agent adversarial, which draws its text without a model"),
     (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5", "--env-arg", "dataset_path=/nowhere/x.jsonl"],
      "--max-new-tokens is not read by --agent random"),  # before any env is made
-    (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local Hugging Face "
-                                                         "model directory"),
-    (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model' is not a local"),
+    (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model': no such directory"),
+    (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model': no such"),
+    # Without --agent, --model names the hf agent (and is checked as its model).
+    (["eval", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model': no such directory"),
     # Another agent's flag would be ignored, and another model evaluated than the one named.
-    (["eval", ENV_ID, "--model", "/some/model"], "--model is for --agent hf, and this run's agent is default; add "
-                                                 "--agent hf"),
+    (["eval", ENV_ID, "--agent", "default", "--model", "/some/model"], "--model is for --agent hf, and this run's "
+                                                                       "agent is default; add --agent hf"),
+    (["eval", ENV_ID, "--model", "/some/model", "--api-base", "http://127.0.0.1:9/v1"],
+     "--model is for --agent hf, and this run's agent is default"),
     (["eval", ENV_ID, "--agent", "random", "--api-base", "http://127.0.0.1:9/v1", "--api-timeout", "5"],
      "--api-base and --api-timeout are for --agent api, and this run's agent is random"),
     pytest.param(["train", ENV_ID, "--device", "mps"], "--device mps: this torch build or machine has no MPS device",

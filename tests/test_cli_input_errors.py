@@ -575,3 +575,14 @@ def test_an_eval_resumed_on_other_weights_at_the_same_path_is_refused(tmp_path, 
     noted.write_text(json.dumps({**older, "model": "model"}))
     assert main(command + ["--model", str(model_dir), "--resume"]) == 130
     assert "--resume: 2 of 4 episodes were finished" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:a prompt is longer than the policy answers")
+def test_model_without_agent_evaluates_that_model(tmp_path, model_dir, monkeypatch, capsys):
+    """``--model DIR`` alone was refused ("this run's agent is default"): it names the hf agent."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", ENV_ID, "--model", str(model_dir), "--device", "cpu", "--episodes", "1",
+                 "--max-new-tokens", "2"]) == 0
+    written = list((tmp_path / "runs" / "eval").iterdir())
+    assert len(written) == 1 and "-hf-" in written[0].name
+    assert str(model_dir) in capsys.readouterr().out  # the table's agent column names the model

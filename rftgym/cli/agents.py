@@ -151,8 +151,14 @@ AGENT_OWN_FLAGS = {"hf": (("model", "--model"),),
 
 
 def _check_agent_flags(args: argparse.Namespace) -> None:
-    """A flag of another agent is refused: it would be ignored, and the run would evaluate another
-    model than the one named (``--model DIR`` with the default agent evaluated SmolLM2)."""
+    """Without ``--agent``, one agent's own flags name it (``--model DIR``: hf; ``--api-base``:
+    api). A flag of another agent than the one given is refused: it would be ignored, and the run
+    would evaluate another model than the one named."""
+    if "agent" not in getattr(args, "flags_given", ()):
+        named = [agent for agent, flags in AGENT_OWN_FLAGS.items()
+                 if any(getattr(args, name, None) is not None for name, _ in flags)]
+        if len(named) == 1:
+            args.agent = named[0]
     for agent, flags in AGENT_OWN_FLAGS.items():
         given = [flag for name, flag in flags if getattr(args, name, None) is not None]
         if given and args.agent != agent:

@@ -67,7 +67,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                         "other --seed/--episodes; the api agent sends a seed so derived with each request. none: "
                         "fresh randomness, and no seed sent (default 0)")
     p.add_argument("--agent", type=_agent_choice, default="default", metavar="{" + ",".join(AGENTS) + ",module:name}",
-                   help="default: SmolLM2-135M-Instruct (local); hf: --model DIR; api: an OpenAI-compatible server; "
+                   action=_NoteGiven,
+                   help="default: SmolLM2-135M-Instruct (local); hf: --model DIR (implied by --model); api: an "
+                        "OpenAI-compatible server (implied by --api-base); "
                         "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "
                         "or function that makes one; the sampling flags given are passed to it as temperature=, top_p=, "
                         "max_new_tokens=, seed=)")
