@@ -638,7 +638,9 @@ def test_an_evaluation_stopped_midway_leaves_no_empty_partial_files(tmp_path, mo
         main(["eval", ENV_ID, "rftgym/MemoryQA-v0", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "1",
               "--out", str(tmp_path / "runs") + "/"])
     files = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert len(files) == 1 and files[0].startswith("VerifiableQA-v0-random-"), files  # the finished env's only
+    # the finished env's only: its episodes and its settings
+    assert len(files) == 2 and files[0].startswith("VerifiableQA-v0-random-"), files
+    assert files[1] == files[0] + ".settings.json"
 
 
 def test_baselines_flag_on_an_env_without_baselines(capsys):
@@ -795,7 +797,7 @@ def test_eval_default_names_never_overwrite(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("time.strftime", lambda *_: "20261130-000000")  # two runs in the same second
     for _ in range(2):
         assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1"]) == 0
-    names = sorted(p.name for p in (tmp_path / "runs" / "eval").iterdir())
+    names = sorted(p.name for p in (tmp_path / "runs" / "eval").glob("*.jsonl"))
     assert names == ["VerifiableQA-v0-random-20261130-000000-2.jsonl", "VerifiableQA-v0-random-20261130-000000.jsonl"]
 
 
@@ -1112,7 +1114,8 @@ def test_eval_writes_through_a_symlinked_out(tmp_path):
     link.symlink_to(real)
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(link)]) == 0
     assert link.is_symlink() and len(list(read_episodes_jsonl(real))) == 2
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["eval.jsonl", "latest.jsonl", "results"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["eval.jsonl", "latest.jsonl", "latest.jsonl.settings.json",
+                                                           "results"]
 
 
 
@@ -1553,7 +1556,8 @@ def test_evaluations_started_in_the_same_second_never_share_a_default_file(tmp_p
     mine = folder / "VerifiableQA-v0-random-20261130-000000-2.jsonl"
     assert f"episodes written to {Path('runs') / 'eval' / mine.name}" in capsys.readouterr().out
     assert [e.seed for e in read_episodes_jsonl(mine)] == [100, 101]
-    assert held.read_text() == "" and sorted(p.name for p in folder.iterdir()) == sorted([held.name, mine.name])
+    assert held.read_text() == "" and sorted(p.name for p in folder.iterdir()) == sorted(
+        [held.name, mine.name, mine.name + ".settings.json"])
     # A refusal after the names were claimed (the model is checked when the agent is made) leaves no claim behind.
     assert exit_code(["eval", ENV_ID, "--agent", "hf", "--model", "nowhere", "--out", "evals/"]) == 2
     assert not (tmp_path / "evals").exists()

@@ -583,6 +583,6 @@ def test_model_without_agent_evaluates_that_model(tmp_path, model_dir, monkeypat
     monkeypatch.chdir(tmp_path)
     assert main(["eval", ENV_ID, "--model", str(model_dir), "--device", "cpu", "--episodes", "1",
                  "--max-new-tokens", "2"]) == 0
-    written = list((tmp_path / "runs" / "eval").iterdir())
+    written = list((tmp_path / "runs" / "eval").glob("*.jsonl"))
     assert len(written) == 1 and "-hf-" in written[0].name
     assert str(model_dir) in capsys.readouterr().out  # the table's agent column names the model

@@ -180,12 +180,51 @@ def _check_agent_flags(args: argparse.Namespace) -> None:
                              f"--temperature above 0, or drop {' and '.join(unread)}")
 
 
+def trained_run_step(model: str | None) -> int | None:
+    """The step of the checkpoint that ``--model`` loads when it names a training run's directory
+    (or one of its ``checkpoint-<step>`` folders); None for a model directory."""
+    from pathlib import Path
+
+    from ..train.run_dir import is_run_dir, saved_state
+
+    if model is None or not is_run_dir(model):
+        return None
+    try:
+        return int(saved_state(Path(model).expanduser(), "evaluate")["step"])
+    except (ConfigError, KeyError, TypeError, ValueError):  # (the model's load says what is wrong)
+        return None
+
+
+def _say_which_run(args: argparse.Namespace) -> None:
+    """Name the step a training run's directory is evaluated at (it changes as the run goes on),
+    and the run's settings this evaluation differs from unasked: another env, or another reply
+    length (eval's default is not train's), so that base and trained numbers compare like for like."""
+    from pathlib import Path
+
+    from ..train.run_dir import saved_state
+
+    step = trained_run_step(args.model)
+    if step is None:
+        return
+    config = saved_state(Path(args.model).expanduser(), "evaluate").get("config") or {}
+    trained_on = config.get("env_id")
+    print(f"--model: the run in {args.model} at step {step} (trained on {trained_on})", file=sys.stderr)
+    if trained_on and trained_on not in args.env:
+        print(f"note: the run trained on {trained_on}; this evaluation is of {', '.join(args.env)}", file=sys.stderr)
+    trained_tokens = config.get("max_new_tokens")
+    if "max_new_tokens" not in getattr(args, "flags_given", ()) and trained_tokens not in (None, args.max_new_tokens):
+        print(f"note: the run trained with --max-new-tokens {trained_tokens}, and this evaluation gives each reply "
+              f"{args.max_new_tokens} (eval's default); add --max-new-tokens {trained_tokens} to evaluate it as it "
+              "trained", file=sys.stderr)
+
+
 def _make_agent(args: argparse.Namespace):
     if args.agent in ("default", "hf"):
         if args.agent == "hf" and not args.model:
             raise UsageError("--agent hf needs --model PATH (a local Hugging Face model directory)")
         if args.agent == "hf":
             _check_model_dir(args.model)
+            _say_which_run(args)
         from ..agents.hf_policy import HFPolicy, SamplingConfig
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

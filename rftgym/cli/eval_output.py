@@ -150,14 +150,17 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
                          f"({getattr(exc, 'strerror', None) or exc}), so there is no telling that its episodes are this "
                          "evaluation's; move both away to run it afresh") from None
     if "weights" not in saved:  # noted by an earlier version, which took the model's path as it was typed
-        settings = {**settings, "weights": None}
+        settings = {**settings, "weights": None, "model_step": None}
         if saved.get("model") and Path(saved["model"]).expanduser().exists():
             saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
-    changed = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in settings.items() if saved.get(key) != value]
-    if changed and [key for key, value in settings.items() if saved.get(key) != value] == ["weights"]:
+    differ = [key for key, value in settings.items() if saved.get(key) != value]
+    if differ and set(differ) <= {"weights", "model_step"}:
+        steps = (f" (the run's step {saved.get('model_step')} then, {settings['model_step']} now)"
+                 if "model_step" in differ else "")
         raise UsageError(f"--resume: the episodes in {partial} ran with other weights than {settings['model']} holds "
-                         "now (a run trained on, or a model written over); give the model they ran with, or move the "
-                         "partial file away to evaluate these weights afresh")
+                         f"now{steps}: a run trained on, or a model written over; give the model they ran with (a run's "
+                         "checkpoint-<step> folder), or move the partial file away to evaluate these weights afresh")
+    changed = [f"{key} {saved.get(key)!r} -> {settings[key]!r}" for key in differ]
     if changed:
         raise UsageError(f"--resume: the episodes in {partial} ran with other settings ({'; '.join(changed)}); give "
                          "the command that started them, or move the partial file away to run afresh")

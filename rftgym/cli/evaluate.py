@@ -17,7 +17,7 @@ import gymnasium as gym
 from ..core.errors import ConfigError
 from ..core.jsonl import is_jsonl
 from ..envs.common import short_env_name, with_policy_options, with_policy_stand_in
-from .agents import _agent_label, _build_agent, _check_agent_flags
+from .agents import _agent_label, _build_agent, _check_agent_flags, trained_run_step
 from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
@@ -259,10 +259,27 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         finally:
             complete.unlink(missing_ok=True)
         _partial(path).unlink(missing_ok=True)
-        _partial_settings(path).unlink(missing_ok=True)
+        _keep_settings(path)
         headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                           run_episodes_, elapsed, ran)
         yield (headers, row), path, summary["context_full"]
+
+
+def settings_file(path: Path) -> Path:
+    """Where a completed evaluation's settings stay beside its episodes: ``OUT.settings.json``."""
+    return path.with_name(path.name + ".settings.json")
+
+
+def _keep_settings(path: Path) -> None:
+    """Keep the settings noted beside the partial file (what was evaluated: the model's path, the
+    run's step and its weights' fingerprint, the sampling) as ``OUT.settings.json``: the episodes
+    alone do not say which model wrote them. A note that cannot be kept is said, not an error:
+    the episodes are written."""
+    try:
+        os.replace(_partial_settings(path), settings_file(path))
+    except OSError as exc:
+        say(f"note: could not keep this evaluation's settings as {settings_file(path)} ({exc.strerror or exc})")
+        _partial_settings(path).unlink(missing_ok=True)
 
 
 def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
@@ -297,7 +314,8 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     model = args.model
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
-    settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model, "weights": weights,
+    settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model,
+                "model_step": trained_run_step(args.model) if args.agent == "hf" else None, "weights": weights,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
                 "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,

@@ -117,6 +117,31 @@ def test_an_exported_run_loads_anywhere_and_evaluates(tmp_path):
     assert episodes.is_file()
 
 
+@pytest.mark.filterwarnings("ignore:a prompt is longer than the policy answers")
+def test_an_evaluation_of_a_run_says_which_step_and_keeps_its_settings(tmp_path, capsys):
+    """The episodes of a run's directory, of its checkpoint and of its export were byte for byte
+    alike, and nothing said which model, at which step, wrote them."""
+    run, _ = trained_run(tmp_path)
+    trained_on = json.loads((run / "checkpoint" / "state.json").read_text())["config"]["env_id"]
+    capsys.readouterr()
+    episodes = tmp_path / "episodes.jsonl"
+    assert main(["eval", "rftgym/CodeTCG-v0", "--model", str(run), "--episodes", "1", "--out", str(episodes),
+                 "--env-arg", "dataset=generated"]) == 0
+    err = capsys.readouterr().err
+    assert f"--model: the run in {run} at step 2 (trained on {trained_on})" in err
+    assert f"note: the run trained on {trained_on}; this evaluation is of rftgym/CodeTCG-v0" in err
+    assert ("note: the run trained with --max-new-tokens 8, and this evaluation gives each reply 256 (eval's "
+            "default); add --max-new-tokens 8") in err
+    settings = json.loads((tmp_path / "episodes.jsonl.settings.json").read_text())
+    assert settings["model"] == str(run.resolve()) and settings["model_step"] == 2
+    assert settings["agent"] == "hf" and len(settings["weights"]) == 16 and settings["max_new_tokens"] == 256
+    assert not (tmp_path / "episodes.jsonl.partial.json").exists()
+    # On its env, as it trained: no note.
+    assert main(["eval", trained_on, "--model", str(run), "--episodes", "1", "--max-new-tokens", "8",
+                 "--out", str(episodes)]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
     run, _ = trained_run(tmp_path)
     other = make_char_policy(seed=1)  # the same shapes, other weights, where the base model was
