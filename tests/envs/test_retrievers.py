@@ -129,6 +129,11 @@ def test_musique_questions_and_corpus(tmp_path):
     assert load_musique_questions(write(tmp_path / "n.jsonl", json.dumps(noisy)))[0].answers == ("Ann", "Bo")
     unanswerable = dict(record, answerable=False)
     assert load_musique_questions(write(tmp_path / "u.jsonl", json.dumps(unanswerable)))[0].answers == ()
+    # MuSiQue-Full's pairs (one id, answerable and not): refused by what they are, not as a repeated id.
+    full = write(tmp_path / "full.jsonl", json.dumps(record) + "\n" + json.dumps(unanswerable) + "\n")
+    with pytest.raises(DataFormatError, match=r"1 question ids \(e.g. 'm1'\) are each given once answerable and once "
+                                              r"unanswerable, as MuSiQue-Full pairs them.*MuSiQue-Ans"):
+        load_questions(full)
 
 
 @pytest.mark.parametrize("name, text, loader, message", [

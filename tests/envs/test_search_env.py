@@ -29,7 +29,7 @@ needs_qa_data = pytest.mark.skipif(not (QA_DIR / "hotpotqa_100.json").is_file(),
                                    reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"question_id", "hops", "answerable", "turn", "searches", "query", "doc_ids", "evaluation_score",
              "confidence", "evaluation_note", "evaluation_end", "protocol_violation", "protocol_violations", "segments",
-             "answer", "em", "f1", "gated", "format_error", "success", "search_limit_reached"}
+             "answer", "em", "f1", "refused", "gated", "format_error", "success", "search_limit_reached"}
 
 
 def run_episode(env, actions):
@@ -368,12 +368,17 @@ def test_unanswerable_questions_reward_a_refusal():
     _, info = env.reset(seed=4)
     assert not info["answerable"] and env.question.answers == ()
     _, reward, _, _, info = env.step("<answer>Unknown.</answer>")
-    assert reward == 1.0 and info["success"]
+    assert reward == 1.0 and info["success"] and info["refused"] is True
+    # Answer metrics leave unanswerable questions out (MuSiQue's evaluation): a refusal is no exact match.
+    assert info["em"] is None and info["f1"] is None
     env.reset(seed=4)
-    assert env.step("<answer>Paris</answer>")[1] == 0.0
+    _, reward, _, _, info = env.step("<answer>Paris</answer>")
+    assert reward == 0.0 and info["refused"] is False and not info["success"] and info["em"] is None
     env = SearchEvalQAEnv()
     env.reset(seed=4, options={"answerable": True})
-    assert env.step("<answer>I don't know</answer>")[1] == 0.0  # refusing an answerable question earns nothing
+    _, reward, _, _, info = env.step("<answer>I don't know</answer>")
+    assert reward == 0.0  # refusing an answerable question earns nothing
+    assert info["em"] == 0.0 and info["refused"] is None
     assert sum(SearchEvalQAEnv(unanswerable_rate=0.5).reset(seed=s)[1]["answerable"] for s in range(40)) in range(10, 31)
 
 

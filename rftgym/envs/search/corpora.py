@@ -329,6 +329,15 @@ def load_musique_questions(path: str | os.PathLike) -> list[Question]:
         questions.append(Question(_record_id(record, number, f"{path}:{number}"), record["question"], answers, gold,
                                   hops=len(gold),
                                   answerable=answerable))
+    twins = {q.id for q in questions if not q.answerable} & {q.id for q in questions if q.answerable}
+    if twins:
+        # MuSiQue-Full pairs each question with an unanswerable twin of the same id whose paragraphs
+        # lack the evidence. Here every record's paragraphs join one corpus, in which the twin's
+        # evidence is found through its pair: it would not be unanswerable.
+        raise DataFormatError(f"{path}: {len(twins)} question ids (e.g. {sorted(twins)[0]!r}) are each given once "
+                              "answerable and once unanswerable, as MuSiQue-Full pairs them. Every record's paragraphs "
+                              "join one corpus here, where an unanswerable twin's evidence is found through its pair; "
+                              "load the answerable file (MuSiQue-Ans: musique_ans_*.jsonl)")
     return questions
 
 

@@ -75,7 +75,9 @@ Info keys
     medium / high, or None), ``evaluation_note``, ``protocol_violation`` (this turn's first
     violation kind, or None), ``protocol_violations`` (episode count of violating turns),
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
-    ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1``, ``gated``, ``format_error``,
+    ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1`` (answer metrics, of an answerable
+    question only: None for an unanswerable one, whose answer ``refused`` says whether it refused,
+    as MuSiQue's evaluation leaves those out of answer EM and F1), ``gated``, ``format_error``,
     ``success`` (exact match, or a refusal of an unanswerable question, in an episode without a
     protocol violation; ``em`` is the match alone), ``search_limit_reached`` (this turn asked for a
     search past ``max_searches``), and ``expected`` (the gold answers) once the episode has ended.
@@ -107,7 +109,8 @@ Version history
     its 64th are ignored (said in ``format_error``), ``task_selection`` without a dataset is
     refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's;
     thinking inside an ``<evaluate>`` is not its score or note, "3 of 5" is no score (as "3 out of 5"), a step that raises part way ends
-    the episode, and the generated world writes "an engineer", where it wrote "a engineer").
+    the episode, and the generated world writes "an engineer", where it wrote "a engineer";
+    ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports).
 """
 
 from __future__ import annotations
@@ -484,10 +487,13 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
             out.em = best_score("em", answer, self.question.answers)
             out.f1 = best_score("f1", answer, self.question.answers)
             out.success = out.em == 1.0
+            out.score = out.em if self.config.reward_metric == "em" else out.f1
         else:
-            out.em = out.f1 = float(is_refusal(answer))
-            out.success = out.em == 1.0
-        out.score = out.em if self.config.reward_metric == "em" else out.f1
+            # Answer metrics are over answerable questions only (MuSiQue's own evaluation): a refusal
+            # is paid, and reported as refused, not as an exact match.
+            out.refused = is_refusal(answer)
+            out.success = out.refused
+            out.score = float(out.refused)
 
     # ------------------------------------------------------------------ helpers
 
@@ -529,8 +535,9 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
             "protocol_violations": self._violations,
             "segments": [dict(s) for s in self._segments],
             "answer": out.answer,
-            "em": out.em,
-            "f1": out.f1,
+            "em": out.em if self.question.answerable else None,
+            "f1": out.f1 if self.question.answerable else None,
+            "refused": out.refused,
             "gated": out.gated,
             # A malformed evaluation is also a format error (the observation says it once, as a violation).
             "format_error": summarize_problems(out.problems + [protocol.VIOLATION_MESSAGES[kind] for kind in
@@ -607,6 +614,7 @@ class _TurnOutcome:
     answer: str | None = None
     em: float = 0.0
     f1: float = 0.0
+    refused: bool | None = None  # whether the answer to an unanswerable question refused (None: no such answer)
     score: float = 0.0
     success: bool = False
     gated: bool = False
