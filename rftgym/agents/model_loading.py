@@ -141,10 +141,9 @@ def resolve_model_dir(model: str | None) -> Path:
             "and save that (PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(dir), with "
             "the tokenizer), then pass that directory")
     if not path.exists():
-        unexpanded = "$" in str(model)
-        raise ModelLoadError(f"{model!r}: no such directory (rftgym never downloads from a hub at run time)" + (" ('$VAR' is not expanded here; give the path the "
-                                                                 "shell would)" if unexpanded else "")
-                             + "; pass a local model directory, a training run's output directory, or 'default'")
+        unexpanded = " ('$VAR' is not expanded here; give the path the shell would)" if "$" in str(model) else ""
+        raise ModelLoadError(f"{model!r}: no such directory{unexpanded} (rftgym never downloads from a hub at run "
+                             "time); pass a local model directory, a training run's output directory, or 'default'")
     if path.is_dir() and not (path / "config.json").is_file() and any(
             (path / name).exists() for name in (METRICS_FILE, LOCK_FILE)):
         raise ModelLoadError(f"{model!r} is a training run's output directory with no checkpoint yet (a run saves one "

@@ -186,6 +186,10 @@ def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) ->
         return len(expected) == len(got) and all(values_equal(a, b, tol) for a, b in zip(expected, got))
     expected, got = list(expected), list(got)
     if how == "set":
+        if set(map(repr, expected)) == set(map(repr, got)):
+            return True
+        if max(len(expected), len(got)) > _MATCHED_BY_SEARCH:
+            return False
         return (all(any(values_equal(e, g, tol) for g in got) for e in expected)
                 and all(any(values_equal(e, g, tol) for e in expected) for g in got))
     if len(expected) != len(got):

@@ -52,6 +52,11 @@ def test_set_ignores_duplicates_too():
     assert equal_as((1, 1, 2), [2, 1], "set")
     assert not equal_as((1, 2), [1, 2, 3], "set")
     assert not equal_as((1, 2), [1], "set")
+    assert equal_as([0.3, 0.3], [0.1 + 0.2], "set")
+    # past 300 items, members must match exactly (no quadratic search on the host)
+    long = list(range(1000))
+    assert equal_as(long, long[::-1] + [5], "set")
+    assert not equal_as([float(i) for i in long], [i + 1e-9 for i in long], "set")
 
 
 def test_encoded_values_compare_the_same_way():
