@@ -180,9 +180,9 @@ def _check_agent_flags(args: argparse.Namespace) -> None:
                              f"--temperature above 0, or drop {' and '.join(unread)}")
 
 
-def trained_run_step(model: str | None) -> int | None:
-    """The step of the checkpoint that ``--model`` loads when it names a training run's directory
-    (or one of its ``checkpoint-<step>`` folders); None for a model directory."""
+def _trained_run_state(model: str | None) -> dict | None:
+    """The checkpoint state (step, config) that ``--model`` loads when it names a training run's
+    directory (or one of its ``checkpoint-<step>`` folders); None for a model directory."""
     from pathlib import Path
 
     from ..train.run_dir import is_run_dir, saved_state
@@ -190,23 +190,25 @@ def trained_run_step(model: str | None) -> int | None:
     if model is None or not is_run_dir(model):
         return None
     try:
-        return int(saved_state(Path(model).expanduser(), "evaluate")["step"])
+        state = saved_state(Path(model).expanduser(), "evaluate")
+        return {"step": int(state["step"]), "config": state.get("config") or {}}
     except (ConfigError, KeyError, TypeError, ValueError):  # (the model's load says what is wrong)
         return None
+
+
+def trained_run_step(model: str | None) -> int | None:
+    state = _trained_run_state(model)
+    return None if state is None else state["step"]
 
 
 def _say_which_run(args: argparse.Namespace) -> None:
     """Name the step a training run's directory is evaluated at (it changes as the run goes on),
     and the run's settings this evaluation differs from unasked: another env, or another reply
     length (eval's default is not train's), so that base and trained numbers compare like for like."""
-    from pathlib import Path
-
-    from ..train.run_dir import saved_state
-
-    step = trained_run_step(args.model)
-    if step is None:
+    state = _trained_run_state(args.model)
+    if state is None:
         return
-    config = saved_state(Path(args.model).expanduser(), "evaluate").get("config") or {}
+    step, config = state["step"], state["config"]
     trained_on = config.get("env_id")
     print(f"--model: the run in {args.model} at step {step} (trained on {trained_on})", file=sys.stderr)
     if trained_on and trained_on not in args.env:
