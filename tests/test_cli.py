@@ -594,6 +594,29 @@ def test_env_metric_reducers():
     assert got == pytest.approx({"fm": 2.0, "fr": 1 / 3, "tm": 1.25, "tx": 2.0})
 
 
+def test_an_episode_out_of_context_reports_what_its_env_last_said():
+    from rftgym.core.messages import Message
+    from rftgym.core.records import CONTEXT_FULL, Episode, Turn
+    from rftgym.rollout.metrics import env_metrics
+
+    def cut(infos):  # the env's turns with these infos, then the empty turn of a context that is full
+        turns = [Turn(i, (), "a", 0.0, False, False, info) for i, info in enumerate(infos)]
+        turns.append(Turn(len(infos), (), "", 0.0, False, True, {}, finish_reason=CONTEXT_FULL))
+        return Episode("e", 0, {"m": Message("user", "q", "m")}, turns, ("m",))
+
+    def answered(value):
+        return Episode("e", 0, {"m": Message("user", "q", "m")}, [Turn(0, (), "a", 1.0, True, False, {"x": value})],
+                       ("m",))
+
+    columns = [("fm", "x", "final_mean")]
+    # reported: its last value; never reported: 0 (nothing given scores nothing)
+    assert env_metrics([answered(1.0), cut([{"x": 0.5}])], columns) == {"fm": 0.75}
+    assert env_metrics([answered(1.0), cut([{}])], columns) == {"fm": 0.5}
+    assert env_metrics([answered(1.0), cut([])], columns) == {"fm": 0.5}
+    # reported as None (a metric that does not apply, as em to an unanswerable question): left out
+    assert env_metrics([answered(1.0), cut([{"x": None}])], columns) == {"fm": 1.0}
+
+
 def test_eval_baselines_run_side_by_side_on_the_same_seeds(tmp_path, capsys):
     out = tmp_path / "mem.jsonl"
     assert main(["eval", "rftgym/MemoryQA-v0", "--agent", "adversarial", "--episodes", "3", "--baselines",

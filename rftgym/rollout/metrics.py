@@ -48,7 +48,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
 def _final(episode: Episode, key: str):
     """The episode's final value of ``key``. An episode that ran out of context ended unfinished:
     its env's last report counts (e.g. searches so far), a value never reported counts as 0 (an
-    answer never given scores nothing), and it is no success."""
+    answer never given scores nothing), one the env last reported as None stays None (a metric
+    that does not apply to the episode: SearchEvalQA's ``em`` of an unanswerable question), and it
+    is no success."""
     if not episode.turns:
         return None
     if episode.context_full:
@@ -57,9 +59,10 @@ def _final(episode: Episode, key: str):
         # The empty last turn holds what the env's own budget would have reported (see the engine's
         # info_if_cut), else the env's last report counts.
         value = episode.turns[-1].info.get(key)
-        if value is None and len(episode.turns) > 1:
-            value = episode.turns[-2].info.get(key)
-        return 0 if value is None else value
+        before = episode.turns[-2].info if len(episode.turns) > 1 else {}
+        if value is None:
+            value = before.get(key)
+        return value if value is not None or key in before else 0
     return episode.turns[-1].info.get(key)
 
 
