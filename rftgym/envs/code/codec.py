@@ -185,8 +185,10 @@ def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) ->
     if how == "sequence":
         return len(expected) == len(got) and all(values_equal(a, b, tol) for a, b in zip(expected, got))
     expected, got = list(expected), list(got)
+    # Items alike in their type-tagged encoding are equal (no repr: an object's may read as "5").
+    same = _encodings(expected), _encodings(got)
     if how == "set":
-        if set(map(repr, expected)) == set(map(repr, got)):
+        if None not in same and set(same[0]) == set(same[1]):
             return True
         if max(len(expected), len(got)) > _MATCHED_BY_SEARCH:
             return False
@@ -194,7 +196,7 @@ def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) ->
                 and all(any(values_equal(e, g, tol) for e in expected) for g in got))
     if len(expected) != len(got):
         return False
-    if sorted(map(repr, expected)) == sorted(map(repr, got)):
+    if None not in same and sorted(same[0]) == sorted(same[1]):
         return True
     if len(expected) > _MATCHED_BY_SEARCH:
         return False
@@ -205,6 +207,13 @@ def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) ->
             return False
         del unmatched[match]
     return True
+
+
+def _encodings(items: list) -> list[str] | None:
+    try:
+        return [encode(item) for item in items]
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        return None
 
 
 def encoded_equal(expected: str, got: str | None, tol: float = FLOAT_TOLERANCE, how: str = "exact") -> bool:

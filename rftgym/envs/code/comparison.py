@@ -67,6 +67,20 @@ def _calls(node: ast.AST, names: set[str]) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
 
 
+def _own_nodes(function: ast.AST):
+    """The nodes of ``function``'s body, not those of the functions, lambdas and classes in it
+    (another scope: what their code returns is not this function's result)."""
+    def inner(node: ast.AST) -> list[ast.AST]:
+        return [child for child in ast.iter_child_nodes(node)
+                if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))]
+
+    stack = inner(function)
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(inner(node))
+
+
 def _returns_set_order(reference: str, entry_point: str) -> bool:
     """Whether the reference's ``entry_point`` returns, anywhere, a list or tuple whose order is a
     set's iteration order."""
@@ -78,13 +92,24 @@ def _returns_set_order(reference: str, entry_point: str) -> bool:
                      and node.name == entry_point), None)
     if function is None:
         return False
-    # Names bound (anywhere in the function, by plain assignment) to what they hold.
+    own = list(_own_nodes(function))
+    # Names bound by plain assignment (``name = value``) to what they hold. A name bound another way
+    # too (a loop, ``+=``, unpacking, an item assigned) or put in order in place (``.sort()``,
+    # ``.reverse()``) holds something else in the end: no set's order is read through it.
     bound: dict[str, list[ast.AST]] = {}
-    for node in ast.walk(function):
+    plain = set()
+    for node in own:
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     bound.setdefault(target.id, []).append(node.value)
+                    plain.add(id(target))
+    unsure = {node.id for node in own
+              if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in plain}
+    unsure |= {node.value.id for node in own if isinstance(node, (ast.Subscript, ast.Attribute))
+               and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)}
+    unsure |= {node.func.value.id for node in own if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr in ("sort", "reverse") and isinstance(node.func.value, ast.Name)}
 
     def is_set(node: ast.AST, seen: frozenset = frozenset()) -> bool:
         if isinstance(node, (ast.Set, ast.SetComp)):
@@ -118,9 +143,9 @@ def _returns_set_order(reference: str, entry_point: str) -> bool:
         return False
 
     def named(node: ast.AST, seen: frozenset, test) -> bool:
-        if isinstance(node, ast.Name) and node.id in bound and node.id not in seen:
-            return any(test(value, seen | {node.id}) for value in bound[node.id])
-        return False
+        """A name every plain binding of which passes ``test`` (and bound no other way)."""
+        if not isinstance(node, ast.Name) or node.id not in bound or node.id in unsure or node.id in seen:
+            return False
+        return all(test(value, seen | {node.id}) for value in bound[node.id])
 
-    return any(isinstance(node, ast.Return) and node.value is not None and in_set_order(node.value)
-               for node in ast.walk(function))
+    return any(isinstance(node, ast.Return) and node.value is not None and in_set_order(node.value) for node in own)
