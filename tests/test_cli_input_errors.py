@@ -533,6 +533,13 @@ def test_a_refusal_names_the_fields_it_speaks_of_by_their_flags():
     assert str(_flagged(ConfigError("the rate lora_alpha is too big", field="lora_alpha"), flags)) == \
         "--lora-alpha: the rate --lora-alpha is too big"
     assert _flagged(ConfigError("no field of a flag", field="other"), flags) is None
+    # Not inside a path or a quoted value; a message that begins with a longer flag is prefixed.
+    said = _flagged(ConfigError("the checkpoint in runs/lora_rank=16 has lora_rank=8, got 'lora_rank' and "
+                                "{'lora_alpha': 3}", field="lora_rank"), flags)
+    assert str(said) == ("--lora-rank: the checkpoint in runs/lora_rank=16 has --lora-rank=8, got 'lora_rank' and "
+                         "{'lora_alpha': 3}")
+    flags["lr"] = "--lr"
+    assert str(_flagged(ConfigError("--lr-schedule is not read", field="lr"), flags)) == "--lr: --lr-schedule is not read"
 
 
 def test_an_eval_resumed_on_other_weights_at_the_same_path_is_refused(tmp_path, model_dir, monkeypatch, capsys):

@@ -42,8 +42,9 @@ def _flagged(exc: ConfigError, flags: dict[str, str]) -> UsageError | None:
     said = str(exc)
     for field, flag in flags.items():
         if "_" in field and flag.startswith("--"):
-            said = re.sub(rf"(?<![\w.\-]){re.escape(field)}(?![\w\-])", flag, said)
-    if said.startswith(tuple(named)):   # it begins with the flag already ("--lr must be positive")
+            # A word of its own: not part of a path, a quoted value or a dotted name.
+            said = re.sub(rf"(?<![\w.\-/'\"{{]){re.escape(field)}(?![\w\-/'\"])", flag, said)
+    if re.match(rf"(?:{'|'.join(map(re.escape, named))})(?![\w\-])", said):  # "--lr must be positive"
         return UsageError(said)
     return UsageError(f"{' / '.join(dict.fromkeys(named))}: {said}")
 
