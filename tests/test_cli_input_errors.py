@@ -565,6 +565,13 @@ def test_an_eval_resumed_on_other_weights_at_the_same_path_is_refused(tmp_path, 
     # The same folder named another way is the same model.
     assert main(command + ["--model", "model", "--resume"]) == 130
     assert "--resume: 1 of 4 episodes were finished" in capsys.readouterr().err
+    # Another dtype (the same weights loaded in bfloat16 on CUDA): refused, naming it, not as other weights.
+    noted = tmp_path / "eval.jsonl.partial.json"
+    as_noted = noted.read_text()
+    noted.write_text(json.dumps({**json.loads(as_noted), "dtype": "bfloat16", "weights": "0" * 16}))
+    assert exit_code(command + ["--model", str(model_dir), "--resume"]) == 2
+    assert "ran with other settings (" in (err := capsys.readouterr().err) and "dtype 'bfloat16' -> 'float32'" in err
+    noted.write_text(as_noted)
     # The folder written over (a run trained on): refused, saying so.
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():
@@ -576,9 +583,9 @@ def test_an_eval_resumed_on_other_weights_at_the_same_path_is_refused(tmp_path, 
     assert len(list(read_episodes_jsonl(tmp_path / "eval.jsonl.partial"))) == 2  # kept as they were
     # Settings noted by an earlier version (no weights, the path as typed) still resume: they hold
     # nothing to check the weights against.
-    noted = tmp_path / "eval.jsonl.partial.json"
     older = json.loads(noted.read_text())
-    del older["weights"]
+    for key in ("weights", "model_step", "dtype"):
+        del older[key]
     noted.write_text(json.dumps({**older, "model": "model"}))
     assert main(command + ["--model", str(model_dir), "--resume"]) == 130
     assert "--resume: 2 of 4 episodes were finished" in capsys.readouterr().err

@@ -134,6 +134,9 @@ def _partial_settings(path: Path) -> Path:
     return path.with_name(path.name + ".partial.json")
 
 
+NOTED_LATER = ("weights", "model_step", "dtype")  # settings an earlier version's partial files lack
+
+
 def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: dict) -> list:
     """The episodes an interrupted evaluation of these ``settings`` finished, from ``path``'s
     partial file: refused when the partial file was written with other settings, or holds an
@@ -149,10 +152,10 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
         raise UsageError(f"--resume: cannot read {noted}, the settings {partial} was written with "
                          f"({getattr(exc, 'strerror', None) or exc}), so there is no telling that its episodes are this "
                          "evaluation's; move both away to run it afresh") from None
-    if "weights" not in saved:  # noted by an earlier version, which took the model's path as it was typed
-        settings = {**settings, "weights": None, "model_step": None}
-        if saved.get("model") and Path(saved["model"]).expanduser().exists():
-            saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
+    # What an earlier version did not note is not compared; it took the model's path as it was typed.
+    settings = {**settings, **{key: None for key in NOTED_LATER if key not in saved}}
+    if "weights" not in saved and saved.get("model") and Path(saved["model"]).expanduser().exists():
+        saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
     differ = [key for key, value in settings.items() if saved.get(key) != value]
     if differ and set(differ) <= {"weights", "model_step"}:
         steps = (f" (the run's step {saved.get('model_step')} then, {settings['model_step']} now)"

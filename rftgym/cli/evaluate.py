@@ -245,7 +245,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
-        settings = _run_settings(args, env_id, label, given_kwargs, seeds, _weights_of(run_agent))
+        settings = _run_settings(args, env_id, label, given_kwargs, seeds, **_weights_of(run_agent))
         run_episodes_, elapsed, ran = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path, settings)
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
@@ -279,7 +279,11 @@ def _keep_settings(path: Path) -> None:
         os.replace(_partial_settings(path), settings_file(path))
     except OSError as exc:
         say(f"note: could not keep this evaluation's settings as {settings_file(path)} ({exc.strerror or exc})")
-        _partial_settings(path).unlink(missing_ok=True)
+        for stale in (_partial_settings(path), settings_file(path)):  # (an earlier evaluation's: not these episodes')
+            try:
+                stale.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
@@ -291,31 +295,34 @@ def _baseline_paths(env_id: str, out: Path, baselines: bool) -> dict[str, Path]:
     return {"": out, **{label: out.with_name(f"{stem}-{label}{suffix}") for label in labels}}
 
 
-def _weights_of(agent) -> str | None:
-    """A fingerprint of the weights a local agent acts with (None for an agent without a torch
-    model: a server's, or one of your own): ``--model RUN`` names a directory whose weights change
-    as the run goes on, and a model directory may be written over."""
+def _weights_of(agent) -> dict:
+    """A fingerprint of the weights a local agent acts with, and the dtype it holds them in (None
+    for an agent without a torch model: a server's, or one of your own): ``--model RUN`` names a
+    directory whose weights change as the run goes on, a model directory may be written over, and
+    the same weights load in bfloat16 on CUDA, in float32 on a CPU."""
     model = getattr(agent, "model", None)
     if not hasattr(model, "named_parameters"):
-        return None
+        return {"weights": None, "dtype": None}
     from ..train.base_model import weights_fingerprint
 
-    return weights_fingerprint(model)
+    dtype = next((str(p.dtype).removeprefix("torch.") for p in model.parameters()), None)
+    return {"weights": weights_fingerprint(model), "dtype": dtype}
 
 
 def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int],
-                  weights: str | None = None) -> dict:
+                  weights: str | None = None, dtype: str | None = None) -> dict:
     """What the episodes of one run of an evaluation depend on, as noted beside its partial file
     (JSON's form of them, so that a resume compares like with like); how they are batched, and
     the transport to an API server (its address: a server restarted on another port serves the
     same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced.
     ``model`` is the directory's full path (the same folder named another way is the same
-    model); ``weights`` (:func:`_weights_of`) what it held when the evaluation ran."""
+    model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran."""
     model = args.model
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model,
                 "model_step": trained_run_step(args.model) if args.agent == "hf" else None, "weights": weights,
+                "dtype": dtype,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
                 "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,

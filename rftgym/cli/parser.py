@@ -69,7 +69,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--agent", type=_agent_choice, default="default", metavar="{" + ",".join(AGENTS) + ",module:name}",
                    action=_NoteGiven,
                    help="default: SmolLM2-135M-Instruct (local); hf: --model DIR (implied by --model); api: an "
-                        "OpenAI-compatible server (implied by --api-base); "
+                        "OpenAI-compatible server (implied by its --api-* flags); "
                         "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "
                         "or function that makes one; the sampling flags given are passed to it as temperature=, top_p=, "
                         "max_new_tokens=, seed=)")
