@@ -161,7 +161,9 @@ def cache_key(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None = 
                "reference": task.reference, "setup": task.setup_code, "prompt": task.prompt,
                "examples": [t.input for t in task.examples], "tests": [(t.input, t.origin) for t in task.tests],
                "config": fields, "limits": dataclasses.asdict(limits or SandboxLimits()),
-               "python": platform.python_version()}
+               "python": platform.python_version(),
+               # (how outputs compare decides which trivial answers pass, so which tests are kept)
+               **({"compare_as": task.compare_as} if task.compare_as != "exact" else {})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -271,7 +273,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             dominant, sources = near[i]
             found = select_tests(tasks[i], [(s, "random") for s in sources], task_runs,
                                  dataclasses.replace(config, max_tests=len(sources)))
-            rare = [t for t in found if dominant not in trivial_answers(t)]
+            rare = [t for t in found if dominant not in trivial_answers(t, tasks[i].compare_as)]
             kept = [t for t in built[i] if t.origin != "random"] + rare + [t for t in built[i] if t.origin == "random"]
             built[i] = tuple(kept[: config.max_tests])
             complete[i] = complete[i] and all(run.status == "ok" for run in task_runs)
@@ -340,7 +342,7 @@ def _dominant_trivial(task: CodeTask, tests: Sequence[TestCase],
     met wins."""
     if task.style != "function" or len(tests) < 4:
         return None
-    answers = [trivial_answers(test) for test in tests]
+    answers = [trivial_answers(test, task.compare_as) for test in tests]
     counts = collections.Counter(answer for passing in answers for answer in passing if answer not in skip)
     for dominant, count in counts.most_common():  # ties: first inserted, as answers list them in a fixed order
         if count <= MAJORITY_SHARE * len(tests):
@@ -369,7 +371,7 @@ def _rebalanced(task: CodeTask, tests: tuple[TestCase, ...]) -> tuple[TestCase, 
         if skewed is None:
             return tests
         dominant = skewed[0]
-        passes = [dominant in trivial_answers(test) for test in tests]
+        passes = [dominant in trivial_answers(test, task.compare_as) for test in tests]
         total, count = len(tests), sum(passes)
         dropped = set()
         for index in reversed(range(len(tests))):

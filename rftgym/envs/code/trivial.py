@@ -48,11 +48,12 @@ TrivialAnswer = tuple[str, Any]
 
 
 @functools.lru_cache(maxsize=4096)
-def trivial_answers(test: TestCase) -> tuple[TrivialAnswer, ...]:
-    """The trivial answers that pass the function-style ``test``: its expected output as a
-    constant, then each one-step answer, in :data:`ONE_STEP` order (a fixed order, so that ties
-    between them are broken the same way in every process). Cached: a suite's build asks for a
-    test's answers in each rare-output round and in each rebalancing pass."""
+def trivial_answers(test: TestCase, how: str = "exact") -> tuple[TrivialAnswer, ...]:
+    """The trivial answers that pass the function-style ``test``, its output compared as ``how``
+    (the task's ``compare_as``, as grading compares it): its expected output as a constant, then
+    each one-step answer, in :data:`ONE_STEP` order (a fixed order, so that ties between them are
+    broken the same way in every process). Cached: a suite's build asks for a test's answers in
+    each rare-output round and in each rebalancing pass."""
     answers: list[TrivialAnswer] = [("constant", test.expected)]
     try:
         args = parse_args_source(test.input)
@@ -67,7 +68,7 @@ def trivial_answers(test: TestCase) -> tuple[TrivialAnswer, ...]:
                 continue
             try:
                 value = step.apply(arg)
-                passes = encoded_equal(test.expected, encode(value))
+                passes = encoded_equal(test.expected, encode(value), how=how)
             except Exception:  # noqa: BLE001 - len(3), max([]), sorted of mixed types; an int too long to
                 continue  # write out (sum of 4,300-digit numbers): not an answer here
             if passes:

@@ -140,3 +140,12 @@ def test_no_trivial_answer_passes_most_of_a_generated_task(sandbox, tmp_path):
                 if label[1] != "reference" and r.pass_rate > MAJORITY_SHARE}
     assert not too_much
     assert all(r.pass_rate == 1.0 for label, r in zip(labels, results) if label[1] == "reference")
+
+
+def test_trivial_answers_compare_as_the_task_grades():
+    """Under a multiset comparison (a result in a set's order), echoing the argument passes where
+    its items are the answer's in another order: the suite's check must see that as grading does."""
+    test = TestCase("((3, 1, 2),)", encode((1, 2, 3)), "random")
+    assert ("echo", 0) not in trivial_answers(test)
+    assert ("sorted", 0) not in trivial_answers(test)   # a list, and the answer a tuple
+    assert {("echo", 0), ("sorted", 0), ("reversed", 0)} <= set(trivial_answers(test, "multiset"))
