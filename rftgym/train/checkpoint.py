@@ -100,7 +100,8 @@ def _stops_deferred():
 
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None,
-                    base_model_from_files: bool = False, env_from_caller: bool = False, keep: int = 1) -> Path:
+                    base_model_from_files: bool = False, env_from_caller: bool = False, keep: int = 1,
+                    unlogged_metrics: list[dict] | None = None) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
@@ -109,17 +110,20 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     the caller made the env (``train(make_env=...)``: a resume must be given it again). ``keep``:
     how many checkpoints the run keeps, this one included (0: every one); the one this replaces
     is kept as ``checkpoint-<its step>/`` while there is room. Ctrl-C or SIGTERM meanwhile stops
-    the run once the checkpoint is whole."""
+    the run once the checkpoint is whole. ``unlogged_metrics``: the metrics rows of the steps done
+    since the last row metrics.jsonl has (``--log-every`` above 1), which a resumed run's first row
+    stands for too."""
     with _stops_deferred():
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
                                 base_model=base_model, base_model_path=base_model_path,
                                 base_model_from_files=base_model_from_files, env_from_caller=env_from_caller,
-                                keep=keep)
+                                keep=keep, unlogged_metrics=unlogged_metrics or [])
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                      config: dict, base_model: str | None, base_model_path: str | None,
-                     base_model_from_files: bool, env_from_caller: bool, keep: int) -> Path:
+                     base_model_from_files: bool, env_from_caller: bool, keep: int,
+                     unlogged_metrics: list[dict]) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -136,6 +140,7 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
                 json.dump({"step": step, "config": config, "base_model": base_model,
                            "base_model_from_files": base_model_from_files, "base_model_path": base_model_path,
                            "env_from_caller": env_from_caller,
+                           **({"unlogged_metrics": unlogged_metrics} if unlogged_metrics else {}),
                            "files": files}, handle, indent=2, default=str)
                 handle.flush()
                 _fsync(handle.fileno())

@@ -25,6 +25,7 @@ from ..agents.hf_policy import HFPolicy, SamplingConfig
 from ..agents.sampling_keys import training_keys
 from ..core.devices import device_problem
 from ..core.errors import ConfigError, TrainingError, warn_caller
+from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from .batching import build_samples, evaluation_split, group_episodes
@@ -343,7 +344,16 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if footprint is not None and log is not None:
         footprint.close_before_removing(log)
     history = []
-    logged = start  # the number of the last step metrics.jsonl has (it keeps the checkpoint's rows)
+    # The rows of the checkpoint's steps that no row of metrics.jsonl stands for yet (--log-every):
+    # this run's first row stands for them too, as the uninterrupted run's would.
+    carried = [row for row in (saved or {}).get("unlogged_metrics", [])
+               if isinstance(row, dict) and is_int(row.get("step")) and 0 < row["step"] <= start]
+    # The number of the last step a row of metrics.jsonl stands for (it keeps the checkpoint's rows).
+    logged = carried[0]["step"] - 1 if carried else start
+
+    def unlogged() -> list[dict]:
+        """The rows of the steps done since the last row written (its window, :func:`window_row`)."""
+        return [row for row in (*carried, *history) if row["step"] > logged]
     checkpointed = start  # the steps the checkpoint in out holds (0: none)
 
     def random_states(per_rank: list[dict]) -> dict:
@@ -361,7 +371,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
             save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
                             base_model_path=base_model_path, base_model_from_files=base_model_from_files,
-                            env_from_caller=env_from_caller, rng_states=rng_states, keep=config.keep_checkpoints)
+                            env_from_caller=env_from_caller, rng_states=rng_states, keep=config.keep_checkpoints,
+                            unlogged_metrics=[row for row in unlogged() if row["step"] <= done])
 
         # The others wait for the writing rank, and stop with it if it cannot write.
         ranks.together(lambda: ranks.is_main and write())
@@ -374,10 +385,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
         random states ``rng_states()`` gives: on every rank of a launch, which all save it), the
         last finished step's metrics row (logged as a run's last step always is), and the
         learning curve."""
+        nonlocal logged
         if not history:  # stopped in its first step: nothing to keep (and nothing is left behind)
             return
-        if log is not None and history[-1]["step"] > logged:
-            log.write(history[-1]["step"], window_row([h for h in history if h["step"] > logged]))
+        if history[-1]["step"] > logged:
+            if log is not None:
+                log.write(history[-1]["step"], window_row(unlogged()))
+            logged = history[-1]["step"]
         if done > checkpointed:
             if ranks.is_main:
                 say(f"rftgym train: stopping; saving the checkpoint after step {done} first")
@@ -554,7 +568,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 if number % config.log_every == 0 or number == config.steps or "eval_reward_mean" in metrics:
                     # An evaluation is always logged. Only rank 0 writes; the others stop with it if it cannot.
                     # (with --log-every above 1, the row stands for the steps since the last one)
-                    row = window_row([h for h in history if h["step"] > logged])
+                    row = window_row(unlogged())
                     ranks.together(lambda: log is not None and log.write(number, row))
                     if config.log_episodes:   # (rank 0's share of the step)
                         ranks.together(lambda: log is not None and write_step_episodes(

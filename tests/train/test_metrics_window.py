@@ -56,3 +56,46 @@ def test_a_run_logging_every_second_step_writes_the_mean_of_each_pair(tmp_path, 
     assert rows[0]["learning_rate"] == second["learning_rate"]
     assert rows[0]["sampled_tokens_max"] == max(first["sampled_tokens_max"], second["sampled_tokens_max"])
     assert rows[1]["reward_mean"] == pytest.approx(third["reward_mean"])  # a window of one step
+
+
+KILLED_AT_STEP_3 = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from support import SayAEnv, make_char_policy, train_config
+from rftgym.train.loop import train
+
+def killed(row):  # a hard stop (an OOM kill, a preemption): nothing of the run's own runs after it
+    if row["step"] == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+train(train_config(Path(sys.argv[1]), "run", steps=6, save_every=2, log_every=3), policy=make_char_policy(),
+      make_env=SayAEnv, on_step=killed)
+"""
+
+
+def test_a_run_killed_between_rows_resumes_with_rows_for_every_step(tmp_path, make_char_policy):
+    """The row of step 3 (steps 1 to 3) was written, the checkpoint was of step 2, and the run was
+    killed: the resume dropped the row, and its own row of step 3 stood for step 3 alone, so steps 1
+    and 2 were in no row."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    straight = train(train_config(tmp_path, "straight", steps=6, save_every=2, log_every=3),
+                     policy=make_char_policy(), make_env=SayAEnv)
+    tests = Path(__file__).resolve().parents[1]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_STEP_3, str(tmp_path), str(tests)], capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2 and [row["step"] for row in state["unlogged_metrics"]] == [1, 2]
+    train(train_config(tmp_path, "run", steps=6, save_every=2, log_every=3), policy=make_char_policy(),
+          make_env=SayAEnv, resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [r["step"] for r in expected] == [3, 6]
+    for row, want in zip(rows, expected):
+        assert row["reward_mean"] == pytest.approx(want["reward_mean"])
+        assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
+    assert rows[0]["reward_mean"] == pytest.approx(sum(h["reward_mean"] for h in straight[:3]) / 3)
