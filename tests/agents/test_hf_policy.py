@@ -56,8 +56,10 @@ def test_an_unwritable_model_cache_is_named(tmp_path, monkeypatch):
 
 
 def test_unknown_model_path_says_what_to_pass(tmp_path):
-    with pytest.raises(ModelLoadError, match="local Hugging Face model directory"):
+    with pytest.raises(ModelLoadError, match="missing': no such directory .*pass a local model directory"):
         HFPolicy.from_pretrained(str(tmp_path / "missing"))
+    with pytest.raises(ModelLoadError, match="local Hugging Face model directory"):
+        HFPolicy.from_pretrained(str(tmp_path))   # a folder that holds no model
     # config.json alone: say that weights and a tokenizer are missing (transformers' own message
     # speaks of sentencepiece), before anything is loaded.
     (tmp_path / "config.json").write_text("{}")

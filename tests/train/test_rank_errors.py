@@ -87,9 +87,9 @@ def launched(tmp_path_factory):
 
 @pytest.mark.parametrize("case, status, message", [
     ("arguments", 2, "rftgym train: error: argument --steps: invalid int value: 'two'"),
-    ("settings", 2, "rftgym train: error: --lr: learning_rate must be a finite number, got nan"),
+    ("settings", 2, "rftgym train: error: --lr must be a finite number, got nan"),
     ("output_dir", 2, "rftgym train: error: the output directory {tmp}/a-file is a file; choose a directory"),
-    ("in_the_run", 2, "rftgym train: error: --max-new-tokens: max_new_tokens=100000 does not fit the model's "
+    ("in_the_run", 2, "rftgym train: error: --max-new-tokens=100000 does not fit the model's "
                       "context of 512 tokens (max_position_embeddings); ask for fewer new tokens"),
 ])
 def test_an_error_every_rank_hits_is_printed_once_by_rank_0(launched, case, status, message):
