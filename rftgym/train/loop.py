@@ -677,12 +677,15 @@ def turn_counts(episodes) -> list[int]:
             sum(t.finish_reason == "length" for t in played)]
 
 
-def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float]:
+def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float | None]:
     """PCAR's step metrics from ``[scored spans, factor sum, factor sum of squares]`` over the kept
     groups' ``episodes``: scored spans per episode, and the rescaling factors' mean and spread
-    (1 and 0 when no group's scores varied, i.e. PCAR trained as GRPO)."""
+    (1 and 0 when no group's scores varied, i.e. PCAR trained as GRPO; None when no group was
+    kept: the step trained nothing, and a window of rows averages the steps that did)."""
+    if not episodes:
+        return dict.fromkeys(("pcar_scores_per_episode", "pcar_factor_mean", "pcar_factor_std"))
     spans, total, squares = sums
     mean = total / spans if spans else 1.0
-    return {"pcar_scores_per_episode": spans / episodes if episodes else 0.0,
+    return {"pcar_scores_per_episode": spans / episodes,
             "pcar_factor_mean": mean,
             "pcar_factor_std": float(np.sqrt(max(0.0, squares / spans - mean * mean))) if spans else 0.0}

@@ -171,6 +171,9 @@ def test_pcar_reports_its_spans_and_factors():
                                      "pcar_factor_std": (1 / 6) ** 0.5})  # population std of [1.5, 0.5, 1]
     assert pcar_metrics([0, 0.0, 0.0], 4) == {"pcar_scores_per_episode": 0.0, "pcar_factor_mean": 1.0,
                                               "pcar_factor_std": 0.0}
+    # no group kept: nothing trained, so nothing to report (not the numbers of a step trained as GRPO)
+    assert pcar_metrics([0, 0.0, 0.0], 0) == {"pcar_scores_per_episode": None, "pcar_factor_mean": None,
+                                              "pcar_factor_std": None}
     _, grpo = build_samples([[ep0, ep1]], TrainConfig(algo="grpo"))
     assert grpo.pcar_spans == 0
 
