@@ -50,10 +50,10 @@ def unused_signal(algo: str, episodes) -> str | None:
         why = ("the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"
                if env_ids == {example} else f"PCAR needs an env that scores each search ({example}) and a policy "
                "that evaluates its searches")
-        return f"--algo pcar: no turn had info[{PROCESS_SCORE_KEY!r}], so PCAR trained as GRPO; {why}"
+        return f"algo pcar: no turn had info[{PROCESS_SCORE_KEY!r}], so PCAR trained as GRPO; {why}"
     if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):
         example = ALGORITHM_SIGNALS["dcpo"][3]
         why = ("the policy made no <prune> edit" if env_ids == {example} else f"DCPO needs an env whose context "
                f"the agent edits ({example}) and a policy that edits it")
-        return f"--algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; {why}"
+        return f"algo dcpo: no episode edited its context (one segment each), so DCPO trained as GRPO; {why}"
     return None

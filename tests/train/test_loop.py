@@ -193,7 +193,7 @@ def test_every_algorithm_runs_a_step(tmp_path, make_char_policy, algo):
     assert len(history) == 2
     # SayAEnv scores no search and its contexts are never edited: PCAR and DCPO say they trained as GRPO, once.
     said = [str(w.message).split(":")[0] for w in caught if "trained as GRPO" in str(w.message)]
-    assert said == ([f"--algo {algo}"] if algo in ("pcar", "dcpo") else [])
+    assert said == ([f"algo {algo}"] if algo in ("pcar", "dcpo") else [])
     assert all(h["loss"] is None or h["loss"] == h["loss"] for h in history)  # no NaN
 
 
