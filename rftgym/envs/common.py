@@ -38,9 +38,38 @@ def resolve_config(config_class: type[ConfigT], options: dict[str, Any]) -> Conf
         raise ConfigError(f"pass either config={name}(...) or its fields as keywords, not both "
                           f"(got config= and {', '.join(sorted(options))})")
     if isinstance(given, dict):
+        check_text_for_values(config_class, given)
         return config_from_dict(config_class, given)
     check_option_names(config_class, options)
+    check_text_for_values(config_class, options)
     return given if given is not None else config_class(**options)
+
+
+def check_text_for_values(config_class: type, options: dict[str, Any]) -> None:
+    """Refuse text given for a number or a boolean field (a YAML value in quotes, a string built
+    in Python): the field's own check would say the value is out of range, or take "false" as
+    true, where what is wrong is its type."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for name, value in options.items():
+        field = fields.get(name)
+        if field is None or not isinstance(value, str):
+            continue
+        kinds = set(re.findall(r"\w+", field.type if isinstance(field.type, str) else str(field.type))) - {"None"}
+        if not kinds or not kinds <= {"int", "float", "bool"}:   # (a number or a flag alone, or None)
+            continue
+        wanted = "true or false (a boolean)" if kinds == {"bool"} else "a number"
+        plain = value.strip().lower() in ("true", "false") if kinds == {"bool"} else _reads_as_number(value)
+        hint = f" (e.g. {name}={value.strip().lower() if kinds == {'bool'} else value.strip()})" if plain else ""
+        raise ConfigError(f"{name} must be {wanted}, got the text {value!r}; give the value itself, not "
+                          f"text{hint}", field=name)
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class UnknownOptionError(ConfigError, TypeError):

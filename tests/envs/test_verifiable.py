@@ -418,7 +418,7 @@ def test_a_bad_dataset_fails_at_construction(tmp_path):
     ({"format_weight": 1.0}, r"format_weight must be in \[0, 1\)"),
     ({"format_weight": -0.1}, r"format_weight must be in \[0, 1\)"),
     ({"format_weight": float("nan")}, r"format_weight must be in \[0, 1\)"),
-    ({"format_weight": "0.1"}, r"format_weight must be in \[0, 1\)"),
+    ({"format_weight": "0.1"}, r"format_weight must be"),
     ({"max_action_chars": 0}, "max_action_chars must be at least 1"),
     ({"system_prompt": 3}, "system_prompt must be a string or None"),
     ({"dataset_path": 3}, "dataset_path must be a path"),
@@ -651,3 +651,17 @@ def test_one_turn_is_a_single_reply_episode():
     env.reset(seed=0)
     _, reward, terminated, truncated, _ = env.step(f"<answer>{env.unwrapped.task.answer}</answer>")
     assert terminated and not truncated and reward > 0.9
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"format_weight": "0.1"}, r"format_weight must be a number, got the text '0.1'; give the value itself, not text "
+                               r"\(e.g. format_weight=0.1\)"),
+    ({"max_turns": "two"}, r"max_turns must be a number, got the text 'two'; give the value itself, not text$"),
+])
+def test_text_for_a_number_is_refused_as_text(kwargs, message):
+    """A quoted YAML value or a string built in Python read as out of range ("must be in [0, 1),
+    got '0.1'"), where what is wrong is its type."""
+    with pytest.raises(ConfigError, match=message):
+        make(**kwargs)
+    with pytest.raises(ConfigError, match=message):
+        make(config=kwargs)  # a spec's config dict, as gymnasium writes it
