@@ -346,8 +346,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     history = []
     # The rows of the checkpoint's steps that no row of metrics.jsonl stands for yet (--log-every):
     # this run's first row stands for them too, as the uninterrupted run's would.
-    carried = [row for row in (saved or {}).get("unlogged_metrics", [])
-               if isinstance(row, dict) and is_int(row.get("step")) and 0 < row["step"] <= start]
+    # A stop after a checkpoint writes its step's row without saving again: rows metrics.jsonl kept
+    # stand for the steps up to theirs already.
+    kept_rows = log.last_kept_step if log is not None else 0
+    carried = [row for row in ((saved or {}).get("unlogged_metrics") or [])
+               if isinstance(row, dict) and is_int(row.get("step")) and kept_rows < row["step"] <= start]
     # The number of the last step a row of metrics.jsonl stands for (it keeps the checkpoint's rows).
     logged = carried[0]["step"] - 1 if carried else start
 

@@ -101,8 +101,11 @@ class MetricsLog:
             # On resume, rows of steps that will be run again are dropped (each step appears once),
             # and so is a line cut short (which a row appended after it would join).
             self._kept: str | None = None
+            self.last_kept_step = 0  # the last step a kept row stands for (0: none)
             if self.path.exists():
-                kept = "".join(json.dumps(r) + "\n" for r in read_metrics(self.path) if r["step"] <= resume_step)
+                rows = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
+                self.last_kept_step = max((r["step"] for r in rows), default=0)
+                kept = "".join(json.dumps(r) + "\n" for r in rows)
                 if kept != self.path.read_text(encoding="utf-8", errors="replace"):
                     self._kept = kept
         except OSError as exc:

@@ -99,3 +99,25 @@ def test_a_run_killed_between_rows_resumes_with_rows_for_every_step(tmp_path, ma
         assert row["reward_mean"] == pytest.approx(want["reward_mean"])
         assert row["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
     assert rows[0]["reward_mean"] == pytest.approx(sum(h["reward_mean"] for h in straight[:3]) / 3)
+
+
+def test_a_stop_right_after_a_checkpoint_counts_each_step_in_one_row(tmp_path, make_char_policy):
+    """The stop at step 2 (a checkpoint step, not a row's) wrote its row of steps 1 and 2, and the
+    checkpoint still listed them as unlogged: the resumed run's row of step 3 counted them again."""
+    straight = train(train_config(tmp_path, "straight", steps=6, save_every=2, log_every=3),
+                     policy=make_char_policy(), make_env=SayAEnv)
+
+    def stopped(row):
+        if row["step"] == 2:
+            raise RuntimeError("enough")  # early stopping, after the checkpoint of step 2
+
+    with pytest.raises(RuntimeError, match="enough"):
+        train(train_config(tmp_path, "run", steps=6, save_every=2, log_every=3), policy=make_char_policy(),
+              make_env=SayAEnv, on_step=stopped)
+    train(train_config(tmp_path, "run", steps=6, save_every=2, log_every=3), policy=make_char_policy(),
+          make_env=SayAEnv, resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 3, 6]
+    rewards = [h["reward_mean"] for h in straight]
+    assert [r["reward_mean"] for r in rows] == pytest.approx(
+        [sum(rewards[:2]) / 2, rewards[2], sum(rewards[3:]) / 3])
