@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import json
+import math
 import os
 import re
 import sys
@@ -58,18 +60,24 @@ def check_text_for_values(config_class: type, options: dict[str, Any]) -> None:
         if not kinds or not kinds <= {"int", "float", "bool"}:   # (a number or a flag alone, or None)
             continue
         wanted = "true or false (a boolean)" if kinds == {"bool"} else "a number"
-        plain = value.strip().lower() in ("true", "false") if kinds == {"bool"} else _reads_as_number(value)
-        hint = f" (e.g. {name}={value.strip().lower() if kinds == {'bool'} else value.strip()})" if plain else ""
+        meant = _value_of_text(value, kinds)
+        hint = f" (e.g. {name}={json.dumps(meant)})" if meant is not None else ""
         raise ConfigError(f"{name} must be {wanted}, got the text {value!r}; give the value itself, not "
                           f"text{hint}", field=name)
 
 
-def _reads_as_number(text: str) -> bool:
+def _value_of_text(text: str, kinds: set[str]):
+    """The value ``text`` reads as for a field of ``kinds`` (an int where it takes ints only), or None."""
+    word = text.strip().lower()
+    if kinds == {"bool"}:
+        return {"true": True, "false": False}.get(word)
     try:
-        float(text)
+        number = float(word)
     except ValueError:
-        return False
-    return True
+        return None
+    if not math.isfinite(number):
+        return None
+    return int(number) if "float" not in kinds and number.is_integer() else number
 
 
 class UnknownOptionError(ConfigError, TypeError):

@@ -185,6 +185,8 @@ def equal_as(expected: Any, got: Any, how: str, tol: float = FLOAT_TOLERANCE) ->
     if how == "sequence":
         return len(expected) == len(got) and all(values_equal(a, b, tol) for a, b in zip(expected, got))
     expected, got = list(expected), list(got)
+    if len(expected) == len(got) and all(values_equal(a, b, tol) for a, b in zip(expected, got)):
+        return True  # in the same order (what exact comparison accepts is accepted here, at any length)
     # Items alike in their type-tagged encoding are equal (no repr: an object's may read as "5").
     same = _encodings(expected), _encodings(got)
     if how == "set":

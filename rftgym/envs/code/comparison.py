@@ -13,7 +13,8 @@ set(b))``: the order CPython's set happens to iterate in), or a list where the c
 - the reference: a function that returns a list or tuple made from a set's iteration (``tuple(S)``,
   ``list(S)``, a comprehension or ``map`` over ``S``, or a concatenation of such), where ``S`` is a
   set expression (``set(...)``, a set literal, ``&``, ``|``, ``-``, ``^`` or ``.intersection(...)``
-  and its kin on a set, or a name bound to one), compares as "multiset".
+  and its kin on a set, or a name bound to one), compares as "multiset"; a name put in order
+  (``.sort()``, ``.reverse()``, ``sorted(...)``) and what functions nested in it return do not.
 
 The asserts win where they say something. Anything else stays "exact". What this cannot see: a
 task with several valid answers that no wrapper states (ties broken one way, any root of a
@@ -93,23 +94,24 @@ def _returns_set_order(reference: str, entry_point: str) -> bool:
     if function is None:
         return False
     own = list(_own_nodes(function))
-    # Names bound by plain assignment (``name = value``) to what they hold. A name bound another way
-    # too (a loop, ``+=``, unpacking, an item assigned) or put in order in place (``.sort()``,
-    # ``.reverse()``) holds something else in the end: no set's order is read through it.
+    # What each name is bound to (``name = value``; ``name += value`` as ``name + value``), and the
+    # names put in order in place (``.sort()``, ``.reverse()``) or bound to a sorted copy: their
+    # order is no set's, whatever they held before.
     bound: dict[str, list[ast.AST]] = {}
-    plain = set()
+    ordered = set()
     for node in own:
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     bound.setdefault(target.id, []).append(node.value)
-                    plain.add(id(target))
-    unsure = {node.id for node in own
-              if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in plain}
-    unsure |= {node.value.id for node in own if isinstance(node, (ast.Subscript, ast.Attribute))
-               and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)}
-    unsure |= {node.func.value.id for node in own if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and node.func.attr in ("sort", "reverse") and isinstance(node.func.value, ast.Name)}
+                    if _calls(node.value, {"sorted", "reversed"}):
+                        ordered.add(target.id)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add):
+            name = node.target.id
+            bound.setdefault(name, []).append(ast.BinOp(ast.Name(name, ast.Load()), ast.Add(), node.value))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("sort", "reverse") and isinstance(node.func.value, ast.Name)):
+            ordered.add(node.func.value.id)
 
     def is_set(node: ast.AST, seen: frozenset = frozenset()) -> bool:
         if isinstance(node, (ast.Set, ast.SetComp)):
@@ -143,9 +145,9 @@ def _returns_set_order(reference: str, entry_point: str) -> bool:
         return False
 
     def named(node: ast.AST, seen: frozenset, test) -> bool:
-        """A name every plain binding of which passes ``test`` (and bound no other way)."""
-        if not isinstance(node, ast.Name) or node.id not in bound or node.id in unsure or node.id in seen:
+        """A name one of whose bindings passes ``test`` (a first ``res = []`` aside), never put in order."""
+        if not isinstance(node, ast.Name) or node.id not in bound or node.id in ordered or node.id in seen:
             return False
-        return all(test(value, seen | {node.id}) for value in bound[node.id])
+        return any(test(value, seen | {node.id}) for value in bound[node.id])
 
     return any(isinstance(node, ast.Return) and node.value is not None and in_set_order(node.value) for node in own)
