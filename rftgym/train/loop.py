@@ -344,10 +344,9 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if footprint is not None and log is not None:
         footprint.close_before_removing(log)
     history = []
-    # The rows of the checkpoint's steps that no row of metrics.jsonl stands for yet (--log-every):
-    # this run's first row stands for them too, as the uninterrupted run's would.
-    # A stop after a checkpoint writes its step's row without saving again: rows metrics.jsonl kept
-    # stand for the steps up to theirs already.
+    # The rows of the checkpoint's steps that no row of metrics.jsonl stands for yet (--log-every),
+    # which this run's first row stands for too, as the uninterrupted run's would; not those a kept
+    # row stands for (a stop right after a checkpoint writes its step's row and saves nothing new).
     kept_rows = log.last_kept_step if log is not None else 0
     carried = [row for row in ((saved or {}).get("unlogged_metrics") or [])
                if isinstance(row, dict) and is_int(row.get("step")) and kept_rows < row["step"] <= start]
