@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...core.errors import DataFormatError, MissingDependencyError
 from ...core.jsonl import read_jsonl
-from .comparison import comparison_of
+from .comparison import TASK_PROPERTIES, comparison_of
 from .parsing import called_names, calls_with_literal_args, example_calls, signature_of, top_level_functions
 from .tasks import CodeTask, TestCase
 
@@ -88,7 +88,8 @@ def _humaneval_task(record: dict, where: str) -> CodeTask:
                     prompt=f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt.rstrip()}\n```",
                     entry_point=entry, reference=prompt + solution, setup_code=setup, examples=examples,
                     tests=tests, dataset_tests=test,
-                    compare_as=comparison_of(prompt + solution, entry, test, "candidate"))
+                    compare_as=comparison_of(prompt + solution, entry, test, "candidate"),
+                    output_property=TASK_PROPERTIES.get(("humaneval", task_id)))
 
 
 # ---------------------------------------------------------------- MBPP

@@ -94,7 +94,8 @@ Version history
     inputs and outputs; code nested past what Python compiles is a syntax error; each stdio test
     ends as a program does, its files flushed and fileinput closed; a step that raises part way,
     a sandbox failing, ends the episode; a dataset task whose check wraps the result, or whose
-    reference returns a set's order, compares outputs so: ``task.compare_as``).
+    reference returns a set's order, compares outputs so: ``task.compare_as``; HumanEval 32
+    takes any zero of its polynomial: ``task.output_property``).
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ from typing import Sequence
 
 from ...core.errors import ConfigError
 from ...core.values import valid_text
-from .codec import display, encoded_equal, stdout_equal
+from .codec import decode, display, encoded_equal, stdout_equal
 from .runner import GRACE_SECONDS, runner_source
 from .sandbox import DEFAULT_HASH_SEED, ExecResult, Program, Sandbox, SandboxLimits
-from .tasks import UNPARSABLE, CodeTask, TestCase
+from .tasks import UNPARSABLE, CodeTask, TestCase, parse_args_source
 
 STATUSES = ("ok", "syntax_error", "import_error", "missing_entry_point", "timeout", "crashed")
 BEFORE_TESTS = ("syntax_error", "import_error", "missing_entry_point")  # the code failed before any test ran
@@ -232,13 +232,28 @@ def execute_many(jobs: Sequence[tuple[CodeTask, str, Sequence[str]]], sandbox: S
 
 # ---------------------------------------------------------------- grading
 
+def has_property(task: CodeTask, test: TestCase, got: str | None, domain: bool = False) -> bool:
+    """Whether the encoded result ``got`` of ``test`` has the task's ``output_property`` (with
+    ``domain``: and ``test``'s input is one the property is promised for)."""
+    from .comparison import DOMAINS, PROPERTIES
+
+    if got is None:
+        return False
+    try:
+        args = parse_args_source(test.input)
+        return (not domain or DOMAINS[task.output_property](args)) and PROPERTIES[task.output_property](args, decode(got))
+    except (ValueError, TypeError, KeyError, IndexError, SyntaxError, RecursionError, OverflowError, MemoryError):
+        return False
+
+
 def _compare(task: CodeTask, test: TestCase, record: RunRecord) -> TestResult:
     if test.expected is None:
         raise ConfigError(f"task {task.task_id}: a test has no expected output; build the tests first: "
                           "task = rftgym.envs.code.tcg.build_tests(task, TCGConfig(), sandbox) (it returns the task "
                           "with its tests), then grade(task, code, sandbox)")
     if task.style == "function":
-        passed = record.error is None and encoded_equal(test.expected, record.got, how=task.compare_as)
+        passed = record.error is None and (encoded_equal(test.expected, record.got, how=task.compare_as)
+                                           if task.output_property is None else has_property(task, test, record.got))
         expected, got = display(test.expected, _SHOWN), None if record.got is None else display(record.got, _SHOWN)
     else:
         passed = record.error is None and stdout_equal(test.expected, record.got)

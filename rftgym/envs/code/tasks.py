@@ -67,14 +67,21 @@ class CodeTask:
     difficulty: int = 0
     input_sampler: InputSampler | None = field(default=None, compare=False, repr=False)
     compare_as: str = "exact"
+    # A property the result is graded by instead (comparison.PROPERTIES), for a task whose check
+    # accepts any result that has it; the reference's output stays the expected one shown.
+    output_property: str | None = None
 
     def __post_init__(self) -> None:
         from .codec import COMPARISONS
+        from .comparison import PROPERTIES
 
         if self.style not in STYLES:
             raise ValueError(f"CodeTask style must be one of {STYLES}, got {self.style!r}")
         if self.compare_as not in COMPARISONS:
             raise ValueError(f"CodeTask compare_as must be one of {COMPARISONS}, got {self.compare_as!r}")
+        if self.output_property is not None and (self.output_property not in PROPERTIES or self.style != "function"):
+            raise ValueError(f"CodeTask output_property must be None or, for a function-style task, one of "
+                             f"{sorted(PROPERTIES)}, got {self.output_property!r}")
         if self.style == "function" and not self.entry_point:
             raise ValueError(f"function-style task {self.task_id!r} needs an entry_point")
         for name in ("examples", "tests"):

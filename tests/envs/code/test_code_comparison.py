@@ -156,3 +156,32 @@ def test_humaneval_checks_that_wrap_the_result_in_tuple_accept_a_tuple():
     comparisons = {task.task_id: task.compare_as for task in load_humaneval()}
     assert comparisons["HumanEval/33"] == comparisons["HumanEval/37"] == "sequence"
     assert comparisons["HumanEval/0"] == "exact"
+
+
+def test_a_zero_of_the_polynomial_is_any_zero():
+    from rftgym.envs.code.comparison import DOMAINS, PROPERTIES
+
+    is_zero, promised = PROPERTIES["zero_of_polynomial"], DOMAINS["zero_of_polynomial"]
+    cubic = ([-6, 11, -6, 1],)  # (x - 1)(x - 2)(x - 3)
+    assert is_zero(cubic, 1.0) and is_zero(cubic, 3) and is_zero(cubic, 2.00000001)
+    assert not is_zero(cubic, 2.5) and not is_zero(cubic, 2.001)   # |p(2.001)| = 0.001
+    assert not any(is_zero(cubic, bad) for bad in (True, float("inf"), float("nan"), "1", None, [1.0], 1e200))
+    assert promised(([1, 2],)) and promised(([-6, 11, -6, 1],))
+    assert not promised(([1, 2, 3],)) and not promised(([1, 0],)) and not promised(([],))
+
+
+def test_humaneval_32_passes_any_zero_and_builds_tests_in_its_domain(sandbox, tmp_path):
+    from rftgym.envs.code.datasets import load_humaneval
+    from rftgym.envs.code.tasks import parse_args_source
+    from rftgym.envs.code.tcg import TCGConfig, build_tests
+
+    task = next(t for t in load_humaneval() if t.task_id == "HumanEval/32")
+    assert task.output_property == "zero_of_polynomial"
+    one = task.with_tests([TestCase("([-6, 11, -6, 1],)", encode(1.0), "random")])
+    returns = "def find_zero(xs):\n    return {}\n"
+    assert grade(one, returns.format(3.0), sandbox).passed == 1       # another zero than the reference's
+    assert grade(one, returns.format(2.5), sandbox).passed == 0
+    built = build_tests(task, TCGConfig(cache_dir=str(tmp_path)), sandbox)
+    assert len(built.tests) >= 5
+    assert all(len(parse_args_source(t.input)[0]) % 2 == 0 for t in built.tests)  # no odd coefficient counts
+    assert grade(built, task.reference, sandbox).pass_rate == 1.0
