@@ -161,8 +161,9 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
         steps = (f" (the run's step {saved.get('model_step')} then, {settings['model_step']} now)"
                  if "model_step" in differ else "")
         raise UsageError(f"--resume: the episodes in {partial} ran with other weights than {settings['model']} holds "
-                         f"now{steps}: a run trained on, or a model written over; give the model they ran with (a run's "
-                         "checkpoint-<step> folder), or move the partial file away to evaluate these weights afresh")
+                         f"now{steps}: a run trained on, or a model written over; give the model they ran with (a "
+                         "run's checkpoint-<step> folder), or move the partial file away to evaluate these weights "
+                         "afresh")
     changed = [f"{key} {saved.get(key)!r} -> {settings[key]!r}" for key in differ]
     if changed:
         raise UsageError(f"--resume: the episodes in {partial} ran with other settings ({'; '.join(changed)}); give "

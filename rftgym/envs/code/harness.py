@@ -240,8 +240,8 @@ def has_property(task: CodeTask, test: TestCase, got: str | None, domain: bool =
     if got is None:
         return False
     try:
-        args = parse_args_source(test.input)
-        return (not domain or DOMAINS[task.output_property](args)) and PROPERTIES[task.output_property](args, decode(got))
+        args, name = parse_args_source(test.input), task.output_property
+        return (not domain or DOMAINS[name](args)) and PROPERTIES[name](args, decode(got))
     except (ValueError, TypeError, KeyError, IndexError, SyntaxError, RecursionError, OverflowError, MemoryError):
         return False
 
