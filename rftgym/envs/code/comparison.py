@@ -41,13 +41,16 @@ def _is_a_zero_of_the_polynomial(args: tuple, got: Any) -> bool:
     """HumanEval 32 (``find_zero(xs)``): ``got`` is a real zero of the polynomial with coefficients
     ``xs`` (lowest first), as its check asserts: ``abs(poly(xs, x)) < 1e-4``."""
     if len(args) != 1 or not isinstance(args[0], (list, tuple)) or isinstance(got, bool) \
-            or not isinstance(got, (int, float)) or not math.isfinite(got):
+            or not isinstance(got, (int, float)):
         return False
     try:
-        value = math.fsum(coefficient * got ** power for power, coefficient in enumerate(args[0]))
-    except (OverflowError, TypeError):
+        # As a float, as the check's math.pow takes it: a huge int overflows here at once, where
+        # its exact powers would keep the host busy for minutes.
+        x = float(got)
+        value = math.fsum(coefficient * math.pow(x, power) for power, coefficient in enumerate(args[0]))
+    except (OverflowError, TypeError, ValueError):
         return False
-    return abs(value) < 1e-4
+    return math.isfinite(value) and abs(value) < 1e-4
 
 
 def _has_a_zero_as_promised(args: tuple) -> bool:
