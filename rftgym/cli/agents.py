@@ -196,16 +196,13 @@ def _trained_run_state(model: str | None) -> dict | None:
         return None
 
 
-def trained_run_step(model: str | None) -> int | None:
-    state = _trained_run_state(model)
-    return None if state is None else state["step"]
-
-
 def _say_which_run(args: argparse.Namespace) -> None:
-    """Name the step a training run's directory is evaluated at (it changes as the run goes on),
+    """Name the step a training run's directory is evaluated at (it changes as the run goes on;
+    noted as ``args.model_step``, read once, before the model loads, for the evaluation's settings),
     and the run's settings this evaluation differs from unasked: another env, or another reply
     length (eval's default is not train's), so that base and trained numbers compare like for like."""
     state = _trained_run_state(args.model)
+    args.model_step = None if state is None else state["step"]
     if state is None:
         return
     step, config = state["step"], state["config"]

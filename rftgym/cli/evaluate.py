@@ -17,7 +17,7 @@ import gymnasium as gym
 from ..core.errors import ConfigError
 from ..core.jsonl import is_jsonl
 from ..envs.common import short_env_name, with_policy_options, with_policy_stand_in
-from .agents import _agent_label, _build_agent, _check_agent_flags, trained_run_step
+from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
@@ -244,8 +244,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
     for label, overrides, wrapper in env_class.metadata.get("eval_baselines", ()) if args.baselines else ():
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
+    weights = _weights_of(agent)  # (a baseline's wrapper acts with the same model)
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
-        settings = _run_settings(args, env_id, label, given_kwargs, seeds, **_weights_of(run_agent))
+        settings = _run_settings(args, env_id, label, given_kwargs, seeds, **weights)
         run_episodes_, elapsed, ran = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path, settings)
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
@@ -321,7 +322,7 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
     settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model,
-                "model_step": trained_run_step(args.model) if args.agent == "hf" else None, "weights": weights,
+                "model_step": getattr(args, "model_step", None), "weights": weights,
                 "dtype": dtype,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
                 "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
