@@ -158,7 +158,7 @@ def test_pcar_rescales_each_search_evaluate_span_by_its_standardized_score():
 
 
 def test_pcar_reports_its_spans_and_factors():
-    from rftgym.train.loop import pcar_metrics
+    from rftgym.train.step_metrics import pcar_metrics
 
     # the example above: factors [1.5, 0.5, 1.0] over 3 spans of 2 episodes
     ep0 = episode([(2, 0, {}), (1, 0, {"evaluation_score": 8}), (2, 0, {}), (1, 0, {"evaluation_score": 2}), (1, 1.0, {})])
