@@ -14,7 +14,10 @@
 * :class:`WorldOracleAgent`: a scripted searcher that knows the generated world: it resolves each
   objective's chain from the question text, searches every entity of the chain by name in order,
   and answers an objective as soon as its chain has been searched (in the same turn as the next
-  search). It reads only the context and its own world, so it works under any memory policy.
+  search). It reads only the context and its own world, so it works under any memory policy:
+  a name counts as searched while its search, its results or a memory note naming it are in
+  view (a prune deletes a search's turn with its results, so an agent that keeps no note of a
+  name searches it again). Answers it has given are read from its turns, which the env keeps.
 """
 
 from __future__ import annotations
@@ -186,17 +189,21 @@ class WorldOracleAgent(Agent):
 
     def reply(self, context: Context) -> str:
         task = next((m.content for m in context if m.role == "user" and m.content.startswith("Task:")), "")
-        searched, answered = set(), set()
+        searched, answered, notes = set(), set(), []
         for message in context:
             if message.role == "assistant":
                 parsed = parse_tags(message.content, ("search", "answer"))
                 searched.update(t.text for t in parsed.find("search") if t.closed)
                 answered.update(t.attr("id") for t in parsed.find("answer") if t.closed)
+            elif message.content.startswith(context_ops.RESULT_HEADER):
+                searched.add(message.content[len(context_ops.RESULT_HEADER):].partition("]\n")[0])
+            elif message.content.startswith(context_ops.MEMORY_PREFIX):
+                notes.append(message.content.lower())
         parts, next_search = [], None
         for number, question in _TASK_LINE.findall(task):
             solution = solve_world_question(self.world, question.strip())
             names, answer = solution if solution is not None else ([], "unknown")
-            missing = [n for n in names if n not in searched]
+            missing = [n for n in names if n not in searched and not any(n.lower() in note for note in notes)]
             if missing:
                 next_search = next_search or missing[0]
             elif number not in answered:

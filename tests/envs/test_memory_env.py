@@ -29,7 +29,7 @@ needs_qa_data = pytest.mark.skipif(
     reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"task_id", "objectives", "hops", "turn", "context_tokens", "observation_tokens", "peak_context_tokens",
              "total_tokens", "context_budget", "budget_tokens", "over_budget", "overflows", "searches", "tool_calls", "queries",
-             "result_ids", "prunes", "pruned", "pruned_ids", "memory_notes", "prune_error", "format_error", "answers",
+             "result_ids", "prunes", "pruned", "pruned_ids", "turns_deleted", "memory_notes", "prune_error", "format_error", "answers",
              "answered", "correct", "score", "success"}
 
 
@@ -81,10 +81,13 @@ def test_context_after_a_prune_is_exactly_the_documented_edit():
     env = small_env()
     obs, batch_ids, _ = two_searches(env)
     batch = next(m for m in obs if f"[{batch_ids[0]}]" in m.content)
-    # Naming ONE id of a batch deletes the whole batch message; the note is appended after the turn.
+    searcher = obs.messages[obs.messages.index(batch) - 1]  # the turn that brought the batch in
+    assert searcher.role == "assistant" and searcher.content.startswith("<search>")
+    # Naming ONE id of a batch deletes the whole batch message, and the turn that searched for it
+    # (none of its results is left); the note is appended after the turn.
     action = f'<think>old</think><prune ids="{batch_ids[-1]}">Alda was born in Veloria</prune>'
     new, reward, terminated, truncated, info = env.step(action)
-    expected_prefix = [m for m in obs if m.id != batch.id]
+    expected_prefix = [m for m in obs if m.id not in (batch.id, searcher.id)]
     assert list(new.messages[: len(expected_prefix)]) == expected_prefix
     tail = new.messages[len(expected_prefix):]
     assert [m.role for m in tail[:2]] == ["assistant", "user"]
@@ -95,12 +98,16 @@ def test_context_after_a_prune_is_exactly_the_documented_edit():
     assert info["prunes"] == 1 and info["memory_notes"] == 1 and info["prune_error"] is None
     assert info["pruned"] == [{"named": [batch_ids[-1]], "removed_ids": batch_ids, "message_ids": [batch.id],
                                "note_id": "m1", "note": "Alda was born in Veloria"}]
-    assert info["pruned_ids"] == batch_ids
-    # The note is prunable too; a prune without a note keeps no memory message and says so.
+    assert info["pruned_ids"] == batch_ids and info["turns_deleted"] == 1
+    # The note is prunable too, and the turn that wrote it (it searched nothing) goes with it: no copy
+    # of the note is left. A prune without a note keeps no memory message and says so.
     new2, *_, info2 = env.step('<prune ids="M1"></prune>')
-    assert all(not m.content.startswith("[memory") for m in new2)
+    assert not any("Alda was born in Veloria" in m.content for m in new2)
     assert "no note was kept" in new2[-1].content and info2["memory_notes"] == 0 and info2["prunes"] == 2
-    assert info2["format_error"] is None
+    assert info2["format_error"] is None and info2["turns_deleted"] == 1
+    # The second search's turn and batch are still there: its results were not pruned.
+    assert [m.content for m in new2 if m.role == "assistant"] == [f"<search>{env.task.objectives[0].gold_titles[1]}"
+                                                                  "</search>", '<prune ids="M1"></prune>']
 
 
 def test_a_self_closing_prune_is_a_prune_without_a_note():
@@ -567,8 +574,12 @@ def test_a_prune_also_deletes_the_envs_earlier_status_messages():
     assert len(statuses) == 2 and [m.id for m in after_answer][:len(obs)] == [m.id for m in obs]
     pruned, _, _, _, info = env.step(f'<prune ids="{second_ids[0]}">kept</prune>')
     assert not {m.id for m in pruned} & set(statuses)  # both stale statuses went with the prune
-    expected = [m.id for m in after_answer if m.id not in statuses and m.id != second.id]
-    assert [m.id for m in pruned][:len(expected)] == expected
+    # With the second batch, two earlier turns are spent: its search, and the first prune (it searched
+    # nothing); the turn that recorded an answer stays.
+    answer_turn = [m.id for m in after_answer if m.content == '<answer id="1">nothing</answer>']
+    expected = [m.id for m in after_answer if m.id not in statuses and m.id != second.id
+                and (m.role != "assistant" or m.id in answer_turn)]
+    assert [m.id for m in pruned][:len(expected)] == expected and info["turns_deleted"] == 2 and answer_turn
     assert info["budget_tokens"] == estimate_tokens(pruned.without(
         [m.id for m in pruned if m.content.startswith("[env] ")]))
 
@@ -624,3 +635,23 @@ def test_hops_that_only_iterate_like_ints_are_refused(hops):
     env = small_env()
     with pytest.raises(ValueError, match="hops"):
         env.reset(seed=0, options={"hops": hops})
+
+
+def test_an_agent_that_reasons_and_prunes_each_turn_keeps_its_context_bounded():
+    """Each turn thinks at length, searches, and prunes the last turn's results: the turns that
+    searched go with their results, so the context stays the size of one turn and one batch,
+    not growing by a turn's reasoning each step (the budget counts the agent's turns)."""
+    env = small_env(max_context_tokens=None)
+    env.reset(seed=0, options={"objectives": 3, "hops": 2})
+    names = [title for q in env.task.objectives for title in q.gold_titles]
+    thinking = "<think>" + "I should look this up and keep what matters. " * 15 + "</think>"
+    obs, *_ = env.step(f"{thinking}<search>{names[0]}</search>")
+    sizes = []
+    for name in names[1:]:
+        shown = re.findall(r"^\[(r\d+)\]", next(m.content for m in obs if m.content.startswith("[search")), re.M)
+        obs, _, _, _, info = env.step(f'{thinking}<search>{name}</search><prune ids="{shown[0]}"></prune>')
+        assert info["prune_error"] is None and info["turns_deleted"] == 1
+        assert sum(m.role == "assistant" for m in obs) == 1  # the turn just played only
+        sizes.append(info["budget_tokens"])
+    # One turn's reasoning alone is some 170 tokens; result batches differ by up to about 120.
+    assert len(sizes) >= 4 and max(sizes) - min(sizes) < 150

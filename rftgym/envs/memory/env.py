@@ -9,7 +9,8 @@ Observation
         1. What is the currency of the country of the birthplace of Alda Mertz?
         2. …
 
-    After each turn the env (a) deletes the messages that this turn's valid prunes named, then
+    After each turn the env (a) deletes the messages that this turn's valid prunes named (and
+    with them the earlier assistant turns they leave without results, below), then
     (b) appends, in this order: the assistant's turn; one message per tool call, in the order of
     the tags (a search batch for each ``<search>``, a memory note for each ``<prune>`` that has a
     note); and, only when the turn had problems or notes (an answer recorded, a prune without a
@@ -19,10 +20,14 @@ Observation
     prunes delete messages also deletes the env's earlier status messages: each reports the state
     at its own turn, so in a long episode they would pile up (unbudgeted) in what the model reads,
     and the context is edited at that turn anyway (a turn without a prune never edits the
-    context, so no segment break is added for them). So the observation after a prune is exactly
-    the previous observation minus the pruned messages and the earlier status messages, plus the
-    new messages above.
-    Assistant turns, the task and the system message are never deleted.
+    context, so no segment break is added for them). It also deletes every earlier assistant turn
+    none of whose search batches is left in the context, as MemAct's prune deletes a tool call
+    with its result: the agent's own turns (its reasoning) count against the budget, and would
+    otherwise fill it for good. A turn that recorded an answer stays (it shows the agent what it
+    answered); of the others, one that searched nothing goes at the first prune after it, and its
+    notes stay as ``[memory m…]`` messages. So the observation after a prune is exactly the previous observation minus the pruned
+    messages, the earlier status messages and the spent assistant turns, plus the new messages
+    above. The task and the system message are never deleted.
     Message formats and the prune rule are in :mod:`.context_ops`.
 
 Action
@@ -95,7 +100,8 @@ Info keys
     ``overflows`` (turns over budget so far), ``searches``, ``tool_calls``, ``queries`` and
     ``result_ids`` (this turn's), ``prunes`` (valid prunes so far), ``pruned`` (this turn's valid
     prunes: ``named`` ids, ``removed_ids`` (every id that left the context), ``message_ids``,
-    ``note_id``, ``note``), ``pruned_ids`` (every id pruned this episode), ``memory_notes``
+    ``note_id``, ``note``), ``pruned_ids`` (every id pruned this episode), ``turns_deleted``
+    (earlier assistant turns this turn's prunes deleted with their results), ``memory_notes``
     (notes in the context now), ``prune_error`` (None, or this turn's refused prunes, each distinct
     reason once), ``format_error``
     (None or this turn's problems: tag problems, refused prunes and
@@ -127,7 +133,9 @@ Version history
     ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's; a prune with text
     outside its ids attribute (``ids=r1 r6``, which pruned r1 alone) is refused, ``f1_threshold=0``
     is refused, a step or reset that raises part way leaves no episode to step, and the
-    heuristic-prune baseline never sends a refused prune again).
+    heuristic-prune baseline never sends a refused prune again; a prune deletes the earlier
+    assistant turns it leaves without search results, which stayed before, and a note's text
+    counted twice for good, in the turn and in its ``[memory m…]`` message).
 """
 
 from __future__ import annotations
@@ -159,7 +167,7 @@ PROMPT_WITH_MEMORY = (
     "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
     "has an id such as [r3]. {budget}, so delete results you no longer "
     "need with <prune ids=\"r3,r4\">a short note of the facts to keep</prune>: the messages holding those ids "
-    "are removed and the note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
+    "are removed, with your earlier turns whose results are all gone, and the note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
     "</answer>; you may answer the questions one at a time. The task ends when all are answered."
 )
 PROMPT_WITHOUT_MEMORY = (
@@ -293,6 +301,7 @@ class _Turn:
     result_ids: list[str] = field(default_factory=list)
     pruned: list[dict[str, Any]] = field(default_factory=list)
     prune_errors: list[str] = field(default_factory=list)
+    deleted_turns: list[str] = field(default_factory=list)  # earlier assistant turns' message ids
 
 
 class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
@@ -385,6 +394,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._total_tokens = self._peak_tokens = 0
         self._pruned_ids: list[str] = []
         self._status_ids: set[str] = set()  # the env's status messages: not the agent's to budget
+        # Each assistant turn in the context -> the search batches it brought in (see _spent_turns).
+        self._turn_batches: dict[str, tuple[str, ...]] = {}
         self._answers: dict[int, str] = {}
         self._correct: dict[int, bool] = {}
         self._paid = 0.0  # the score paid out so far
@@ -416,6 +427,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         self._peak_tokens = max(self._peak_tokens, context_tokens)
         action, cut = read_action(action, self.config.max_action_chars)
         assistant = self._ids.message("assistant", action)
+        answered_before = len(self._answers)
         turn = self._play(action)
         turn.problems[:0] = cut
 
@@ -423,6 +435,11 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         if turn.deleted:  # the context is edited anyway: the stale statuses go with the pruned messages
             turn.deleted.extend(sorted(self._status_ids))
             self._status_ids.clear()
+            turn.deleted_turns = self._spent_turns()
+            turn.deleted.extend(turn.deleted_turns)
+        if len(self._answers) == answered_before:  # a turn that recorded an answer stays: it shows what it answered
+            self._turn_batches[assistant.id] = tuple(m.id for m in turn.new_messages
+                                                     if context_ops.is_results(m.content))
         context = self._context.without(turn.deleted).appended(assistant, *turn.new_messages)
         # The budget is the agent's: it counts what the agent can prune, not the env's statuses.
         budget_tokens = self._tokens(context.without(self._status_ids) if self._status_ids else context)
@@ -568,6 +585,19 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         if note_id is None:  # a note is its own confirmation
             turn.notes.append(f"Pruned {', '.join(removed)}; no note was kept.")
 
+    def _spent_turns(self) -> list[str]:
+        """The earlier assistant turns a pruning turn deletes besides the messages it names: each
+        whose search batches are all gone now (pruned, this turn or before), as MemAct's prune
+        deletes a tool call with its result; a turn that searched nothing goes at the first prune
+        after it (its notes stay as ``[memory m…]`` messages). Turns that recorded an answer are
+        not in ``_turn_batches``: they stay. Without this the agent's own turns (its reasoning above all) would fill a budget it
+        could never free."""
+        held = set(self._prunable.values())  # the messages whose ids can still be pruned
+        spent = [turn_id for turn_id, batches in self._turn_batches.items() if held.isdisjoint(batches)]
+        for turn_id in spent:
+            del self._turn_batches[turn_id]
+        return spent
+
     def _prune_error(self, error: str, turn: _Turn) -> None:
         turn.prune_errors.append(error)
         turn.problems.append(f"prune refused: {error}")
@@ -699,6 +729,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             "prunes": self._prunes,
             "pruned": [dict(p) for p in turn.pruned],
             "pruned_ids": list(self._pruned_ids),
+            "turns_deleted": len(turn.deleted_turns),
             "memory_notes": sum(1 for key in self._prunable if key.startswith("m")),
             "prune_error": summarize_problems(turn.prune_errors),  # distinct, as format_error
             "format_error": summarize_problems(turn.problems),
