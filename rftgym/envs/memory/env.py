@@ -135,7 +135,9 @@ Version history
     is refused, a step or reset that raises part way leaves no episode to step, and the
     heuristic-prune baseline never sends a refused prune again; a prune deletes the earlier
     assistant turns it leaves without search results, which stayed before, and a note's text
-    counted twice for good, in the turn and in its ``[memory m…]`` message).
+    counted twice for good, in the turn and in its ``[memory m…]`` message; the generated
+    world's river and industry questions also take "X river" and "X industry", as its documents
+    say them).
 """
 
 from __future__ import annotations

@@ -110,7 +110,9 @@ Version history
     refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's;
     thinking inside an ``<evaluate>`` is not its score or note, "3 of 5" is no score (as "3 out of 5"), a step that raises part way ends
     the episode, and the generated world writes "an engineer", where it wrote "a engineer";
-    ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports).
+    ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports;
+    the generated world's river and industry questions also take "X river" and "X industry", as
+    its documents say them).
 """
 
 from __future__ import annotations
