@@ -332,7 +332,7 @@ def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys
         "tests": "<3 items>", "note": "x" * 197 + "...", "ok": True}  # no expected outputs mid-episode
     # At the episode's end a short collection (SearchEvalQA's expected answers) is shown as it is.
     assert _brief({"expected": ["Paris"], "tests": [{"expected": "x" * 100}], "none": []}, final=True) == {
-        "expected": ["Paris"], "tests": "<1 item>", "none": "<0 items>"}
+        "expected": ["Paris"], "tests": "<1 item>"}  # (an empty collection is left out, as None is)
     assert _brief({"expected": ["Paris"]}) == {"expected": "<1 item>"}
 
 
@@ -385,6 +385,72 @@ def test_play_says_which_messages_an_edit_removed(tmp_path, monkeypatch, capsys)
     assert "[context edited: 1 earlier message(s) removed]" in out
     assert "(user): remember 42" in out.split("[context edited")[1]
     assert "[user]\nwhat was it?" in out
+
+
+SCRIPTED_MODULE = """
+import gymnasium as gym
+from rftgym.core.messages import Context, MessageIds
+from rftgym.core.spaces import AssistantText, ContextSpace
+
+
+class Scripted(gym.Env):
+    \"\"\"Every episode's ids are the same (unique within an episode is all the protocol asks); the
+    env puts an example assistant message of its own first, and its last message says why it ended.\"\"\"
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space, self.action_space = ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids = MessageIds("ep")
+        self.context = Context((self.ids.message("user", "example question"),
+                                self.ids.message("assistant", "example reply"),
+                                self.ids.message("user", f"question of seed {seed}")))
+        return self.context, {}
+
+    def step(self, action):
+        self.context = self.context.appended(self.ids.message("assistant", action),
+                                             self.ids.message("user", "that was the last turn"))
+        return self.context, 0.0, False, True, {}
+
+
+gym.register("mine/Scripted-v0", entry_point=Scripted)
+"""
+
+
+def test_play_shows_every_episode_its_envs_own_messages_and_the_last_observation(tmp_path, monkeypatch, capsys):
+    (tmp_path / "scripted_env_mod.py").write_text(SCRIPTED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    feed(monkeypatch, ["first", "second"])
+    assert main(["play", "scripted_env_mod:mine/Scripted-v0", "--seed", "0", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    first, second = out.split("question of seed 0")[1].split("question of seed 1")
+    # The second episode, whose ids repeat the first's, is shown whole; the env's own assistant
+    # message is shown, the user's turns are not repeated, and each episode's last message is shown.
+    assert "[assistant]\nexample reply" in out.split("question of seed 0")[0]
+    assert "[assistant]\nexample reply" in first and "question of seed 1" in out
+    for episode in (first, second):
+        assert episode.count("that was the last turn") == 1
+        assert episode.index("reward=0.000") < episode.index("[user]\nthat was the last turn")
+    assert "[assistant]\nfirst" not in out and "[assistant]\nsecond" not in out
+
+
+def test_play_with_stdin_closed_says_so(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", None)
+    assert exit_code(["play", ENV_ID]) == 2
+    assert "error: the assistant's turns are read from stdin, which is closed" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["envs"], ["play", ENV_ID, "--seed", "0"]])
+def test_output_to_a_full_device_is_said_in_one_line(command):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "rftgym", *command], input="no idea\n", stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith("No space left on device; free some space, or write elsewhere, and run it "
+                                        "again")
 
 
 MISBEHAVING_MODULE = """

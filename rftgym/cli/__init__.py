@@ -7,6 +7,7 @@ and what they share (:mod:`.common`, :mod:`.agents`, :mod:`.user_code`, :mod:`.e
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -30,6 +31,21 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from tqdm import tqdm
 
     tqdm.write(f"{category.__name__}: {message}", file=sys.stderr)
+
+
+FULL_DEVICE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _report_full_device(prog: str, exc: OSError) -> int:
+    """A write that found no room (``rftgym envs > /dev/full``, a full disk): said in one line."""
+    try:
+        sys.stdout.flush()
+    except OSError:  # stdout itself is full: Python flushes it again at exit, so point it at nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    where = f" to {exc.filename}" if exc.filename else " (its output, or a file it writes)"
+    _report_error(prog, exc, f"could not write{where}: {exc.strerror}; free some space, or write elsewhere, and "
+                  "run it again", same_on_every_rank=False)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
     except Exception as exc:  # a crash: under a launcher reported once, like the errors above
+        if isinstance(exc, OSError) and exc.errno in FULL_DEVICE:  # the machine's state, not a bug
+            reported = True
+            return _report_full_device(prog, exc)
         if _launch()[1] <= 1:
             raise
         reported = True

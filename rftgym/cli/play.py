@@ -13,12 +13,14 @@ def cmd_play(args: argparse.Namespace) -> int:
     from ..envs.common import settle_cut
     from ..rollout.engine import checked_reset, checked_step
 
+    if sys.stdin is None or getattr(sys.stdin, "closed", False):
+        raise UsageError("the assistant's turns are read from stdin, which is closed; type them, or pipe in a "
+                         "file of them")
     env_kwargs = _parse_env_args(args.env_arg)
     _refuse_policy_options(args.env, env_kwargs)
     env = _make_env(args.env, env_kwargs)
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
-    seen: set[str] = set()
     # A terminal shows what the user types; piped turns (a file of them) would leave the transcript
     # with prompts and no answers, so those are printed after their prompts.
     echo = not _is_terminal(sys.stdin)
@@ -35,11 +37,9 @@ def cmd_play(args: argparse.Namespace) -> int:
             seed = None if args.seed is None else args.seed + episode
             context, info = checked_reset(env, seed)
             done, turns = False, 0
+            seen: set[str] = set()  # (message ids are unique within an episode only)
             while not done:
-                for message in context:
-                    if message.id not in seen and message.role != "assistant":
-                        print(f"[{message.role}]\n{message.content}\n")
-                    seen.add(message.id)
+                _show_new_messages(context, seen)
                 try:
                     text = _read_turn(echo)
                 except _InputEnded as end:
@@ -53,9 +53,10 @@ def cmd_play(args: argparse.Namespace) -> int:
                 turns += 1
                 if truncated and not terminated:  # paid and reported as rftgym eval records it
                     reward, info = settle_cut(reward, info)
-                for message in context:
-                    if message.role == "assistant":
-                        seen.add(message.id)
+                # The user's own turn is the first assistant message the step added; any other is the env's.
+                own = next((m for m in context if m.role == "assistant" and m.id not in before.ids), None)
+                if own is not None:
+                    seen.add(own.id)
                 # An env may edit the context (e.g. a memory prune): say what the model no longer sees.
                 kept = set(context.ids)
                 removed = [m for m in before if m.id not in kept]
@@ -67,9 +68,18 @@ def cmd_play(args: argparse.Namespace) -> int:
                 done = terminated or truncated
                 print(f"reward={reward:.3f} terminated={terminated} truncated={truncated} "
                       f"info={_brief(info, final=done)}\n")
+            _show_new_messages(context, seen)  # the last observation: why the episode ended, say
     finally:
         env.close()
     return 0
+
+
+def _show_new_messages(context, seen: set[str]) -> None:
+    """Print the messages of ``context`` not shown yet (the user's own turns are marked seen)."""
+    for message in context:
+        if message.id not in seen:
+            print(f"[{message.role}]\n{message.content}\n")
+            seen.add(message.id)
 
 
 # The longest collection (its repr, in characters) that an episode's last turn shows as it is.
@@ -87,8 +97,8 @@ def _brief(info: dict, final: bool = False) -> dict:
     answers, say, which would have given the task away before."""
     shown = {}
     for key, value in info.items():
-        if value is None or (isinstance(value, str) and not value):  # (`in` would compare arrays)
-            continue
+        if value is None or (isinstance(value, (str, list, tuple, dict, set)) and len(value) == 0):
+            continue  # (`in` would compare arrays)
         if isinstance(value, (list, tuple, dict, set)) and not (final and _short(value)):
             value = f"<{len(value)} item{'s' if len(value) != 1 else ''}>"
         elif isinstance(value, str) and len(value) > 200:

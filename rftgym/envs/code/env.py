@@ -63,7 +63,8 @@ Episode end
     of what feedback showed), and the agent tries again.
 
 Info keys
-    ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code"),
+    ``task_id``, ``source``, ``turn``, ``attempts``, ``phase`` ("pseudocode" or "code": what the
+    next turn is for, so a turn was a plan when the info before it said "pseudocode"),
     ``status`` (``"ok"``, ``"syntax_error"``, ``"missing_entry_point"``, ``"timeout"``,
     ``"crashed"``, ``"import_error"``, ``"no_code"``, ``"untestable"``; one test over its time
     limit is an error of that test), ``passed``, ``total``, ``pass_rate``, ``tests`` (per test:
