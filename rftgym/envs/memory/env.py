@@ -122,7 +122,10 @@ Data
     ``corpus_path`` (first ``max_distractors`` documents). ``retriever`` is ``bm25``, ``dense``,
     ``remote`` (a service at ``retriever_url``, e.g. ``rftgym serve-retriever --world-seed 0
     --world-size 60``; it is warned of when it does not serve the env's documents) or any
-    :class:`~rftgym.envs.search.retrievers.Retriever` object.
+    :class:`~rftgym.envs.search.retrievers.Retriever` object. HotpotQA's paragraphs are longer
+    than ``max_doc_chars``' default of 300 allows (at 300, 45 of ``hotpotqa_100.json``'s 100
+    questions have a supporting sentence past the cut; none at 1000): raise it, and the budget,
+    for a dataset.
 
 Version history
     v0: first version (2026-12-01, before any release: the budget stopped counting the env's own
