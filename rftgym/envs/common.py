@@ -364,6 +364,17 @@ def without_tool_markup(text: str, tags) -> str:
     return " ".join(re.sub(rf"<\s*/\s*(?:{names})\s*>", " ", text, flags=re.I).split())
 
 
+def nothing_done(parsed, calls: tuple[str, ...], what: str) -> str:
+    """The problem of a turn that made no call: ``what`` (e.g. "the turn had no <search> or
+    <answer>, so nothing was done"), and, when a call's tag is inside a fenced code block (where
+    tags are text: :mod:`rftgym.core.tags`), that this is why."""
+    pattern = re.compile(rf"<\s*(?:{'|'.join(re.escape(c) for c in calls)})\b", re.I)
+    fenced = next((m.group(0).lstrip("< ").lower() for b in parsed.code_blocks if (m := pattern.search(b.code))), None)
+    if fenced is None:
+        return what
+    return f"{what} (the <{fenced}> inside a ``` code block is text, not a call; write it outside the block)"
+
+
 def summarize_problems(problems) -> str | None:
     """The distinct problems, at most a few, or None if there are none: a reply with thousands of
     stray tags must not become a feedback message thousands of lines long."""

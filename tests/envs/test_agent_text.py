@@ -87,3 +87,21 @@ def test_a_reply_of_more_tags_than_a_turn_handles_says_the_rest_were_ignored(env
         assert "the turn has more than 64 tags; those after the 64th were ignored" in info["format_error"]
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("env_id, call", [("rftgym/SearchEvalQA-v0", "<answer>Paris</answer>"),
+                                          ("rftgym/MemoryQA-v0", "<search>Paris</search>")])
+def test_a_call_inside_a_code_block_is_said_to_be_text(env_id, call):
+    """Tags in a fenced code block are code, not calls (rftgym.core.tags): a turn whose only call
+    is there is told why nothing was done, not only that nothing was."""
+    env = gym.make(env_id)
+    try:
+        env.reset(seed=0)
+        *_, info = env.step(f"```xml\n{call}\n```")
+        tag = call[1:call.index(">")]
+        assert "so nothing was done" in info["format_error"]
+        assert f"the <{tag}> inside a ``` code block is text, not a call" in info["format_error"]
+        *_, info = env.step("plain text")  # nothing fenced: the reason alone
+        assert info["format_error"].endswith("so nothing was done")
+    finally:
+        env.close()

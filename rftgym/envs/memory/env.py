@@ -153,9 +153,9 @@ import gymnasium as gym
 
 from ...core.errors import ConfigError, warn_caller
 from ..common import (ClosableEnv, chat_spaces, check_bool_options, check_generator_only, check_path_options,
-                      check_render_mode, check_reset_options, check_step_call, episode_ends_on_error, read_action,
-                      refuse_unread_option, render_context, reset_options, resolve_config, summarize_problems,
-                      without_tool_markup, MAX_TAGS_PER_TURN, TOO_MANY_TAGS, PathsAsText)
+                      check_render_mode, check_reset_options, check_step_call, episode_ends_on_error, nothing_done,
+                      read_action, refuse_unread_option, render_context, reset_options, resolve_config,
+                      summarize_problems, without_tool_markup, MAX_TAGS_PER_TURN, TOO_MANY_TAGS, PathsAsText)
 from ...core.messages import Context, Message, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -518,7 +518,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
                 self._answer(tag, turn)
         if not turn.problems and not any(tag.name != "think" for tag in parsed.tags):
             # Plain text or only <think>: nothing happened, and the agent is told so (a status message).
-            turn.problems.append("the turn had no <search>, <prune> or <answer>, so nothing was done")
+            turn.problems.append(nothing_done(parsed, ("search", "prune", "answer"),
+                                              "the turn had no <search>, <prune> or <answer>, so nothing was done"))
         return turn
 
     def _take_tool_call(self, kind: str, turn: _Turn) -> bool:

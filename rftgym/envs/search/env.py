@@ -126,9 +126,9 @@ import numpy as np
 from ...core.errors import ConfigError, warn_caller
 from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_bool_options, check_generator_only,
                       check_path_options, check_render_mode, check_reset_options, check_step_call, check_task_selection,
-                      covering_episodes, dataset_index, episode_ends_on_error, read_action, render_context,
-                      reset_options, resolve_config, summarize_problems, without_elements, without_tool_markup,
-                      PathsAsText, MAX_TAGS_PER_TURN, TOO_MANY_TAGS)
+                      covering_episodes, dataset_index, episode_ends_on_error, nothing_done, read_action,
+                      render_context, reset_options, resolve_config, summarize_problems, without_elements,
+                      without_tool_markup, PathsAsText, MAX_TAGS_PER_TURN, TOO_MANY_TAGS)
 from ...core.messages import Context, MessageIds
 from ...core.tags import never_closed, parse_tags
 from ...core.values import int_tuple, is_int
@@ -386,7 +386,8 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
         if sum(t.name == "answer" for t in calls) > 1:  # the first one ends the episode
             out.problems.append("more than one <answer> (or one inside another); the first with text was graded")
         if not calls and not out.problems:  # e.g. plain text, or only <think>: say so, as for a format error
-            out.problems.append("the reply had no <search> and no <answer>, so nothing was done")
+            out.problems.append(nothing_done(parsed, CALL_TAGS, "the reply had no <search> and no <answer>, so "
+                                             "nothing was done"))
         if self._awaiting_evaluation:
             self._awaiting_evaluation = False  # owed once: a skipped evaluation is not owed forever
             drafts = _draft_evaluations(parsed, calls)
