@@ -166,6 +166,9 @@ def test_a_prune_with_two_ids_attributes_is_refused_not_half_run():
     (lambda ids, task_id: '<prune ids=" , ">x</prune>', "needs ids="),
     # a bare value stops at a space: r6 was dropped without a word, and only the first id pruned
     (lambda ids, task_id: f'<prune ids={ids[0]} r7>x</prune>', 'holds "r7" outside its ids attribute'),
+    # an attribute it does not read: the note in note= was dropped without a word
+    (lambda ids, task_id: f'<prune ids="{ids[0]}" note="keep this">x</prune>', "has an attribute note=, which it "
+                                                                              "does not read"),
 ])
 def test_bad_prunes_change_nothing_and_say_why(make_action, message):
     env = small_env()

@@ -135,7 +135,8 @@ Version history
     ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused;
     ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's; a prune with text
     outside its ids attribute (``ids=r1 r6``, which pruned r1 alone) is refused, ``f1_threshold=0``
-    is refused, a step or reset that raises part way leaves no episode to step, and the
+    is refused, and so is a prune with an attribute besides ``ids``, a step or reset that
+    raises part way leaves no episode to step, and the
     heuristic-prune baseline never sends a refused prune again; a prune deletes the earlier
     assistant turns it leaves without search results, which stayed before, and a note's text
     counted twice for good, in the turn and in its ``[memory m…]`` message; the generated
@@ -557,6 +558,10 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             return
         if sum(name == "ids" for name, _ in tag.attrs) > 1:
             self._prune_error('the <prune> has more than one ids attribute; list every id in one, ids="r1,r2"', turn)
+            return
+        if other := next((name for name, _ in tag.attrs if name != "ids"), None):
+            self._prune_error(f'the <prune> has an attribute {other[:40]}=, which it does not read; give only '
+                              'ids="r1,r2", and the note between <prune …> and </prune>', turn)
             return
         if stray := tag.stray_attribute_text:
             self._prune_error(f'the <prune> tag holds "{stray[:60]}" outside its ids attribute; list every id in '
