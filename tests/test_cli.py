@@ -436,6 +436,11 @@ def test_play_shows_every_episode_its_envs_own_messages_and_the_last_observation
     assert "[assistant]\nfirst" not in out and "[assistant]\nsecond" not in out
 
 
+def test_play_refuses_human_rendering_which_would_show_everything_twice(capsys):
+    assert exit_code(["play", ENV_ID, "--env-arg", "render_mode=human"]) == 2
+    assert "render_mode=human prints the whole context on every step" in capsys.readouterr().err
+
+
 def test_play_with_stdin_closed_says_so(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", None)
     assert exit_code(["play", ENV_ID]) == 2

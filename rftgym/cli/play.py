@@ -18,6 +18,9 @@ def cmd_play(args: argparse.Namespace) -> int:
                          "file of them")
     env_kwargs = _parse_env_args(args.env_arg)
     _refuse_policy_options(args.env, env_kwargs)
+    if env_kwargs.get("render_mode") == "human":
+        raise UsageError("--env-arg render_mode=human prints the whole context on every step, and play shows each "
+                         "message already (once, as it comes); drop it here")
     env = _make_env(args.env, env_kwargs)
     print(f"{args.env}: you are the assistant. End a line with '\\' to continue on the next line; "
           "Ctrl-D quits.\n")
