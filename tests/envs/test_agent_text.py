@@ -105,3 +105,21 @@ def test_a_call_inside_a_code_block_is_said_to_be_text(env_id, call):
         assert info["format_error"].endswith("so nothing was done")
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("env_id", ["rftgym/VerifiableQA-v0", "rftgym/SearchEvalQA-v0", "rftgym/MemoryQA-v0"])
+def test_a_draft_answer_in_think_followed_by_the_answer_is_no_format_error(env_id):
+    """Drafting in the reasoning is what reasoning models do: the answer after </think> is graded,
+    and the draft is no complaint (nor, in VerifiableQA, a lost format reward)."""
+    env = gym.make(env_id)
+    try:
+        env.reset(seed=0, options={"objectives": 1} if env_id.endswith("MemoryQA-v0") else None)
+        answer = env.unwrapped.task.answer if env_id.endswith("VerifiableQA-v0") else "x"
+        answer_tag = f'<answer{" id=1" if env_id.endswith("MemoryQA-v0") else ""}>{answer}</answer>'
+        _, reward, terminated, _, info = env.step(f"<think>maybe {answer_tag.replace(answer, 'y')}? no.</think>"
+                                                  + answer_tag)
+        assert terminated and info["format_error"] is None
+        if env_id.endswith("VerifiableQA-v0"):
+            assert reward == 1.0
+    finally:
+        env.close()

@@ -141,7 +141,7 @@ Version history
     assistant turns it leaves without search results, which stayed before, and a note's text
     counted twice for good, in the turn and in its ``[memory m…]`` message; the generated
     world's river and industry questions also take "X river" and "X industry", as its documents
-    say them).
+    say them; a draft tag inside ``<think>`` that the turn then gives outside it is no format error).
 """
 
 from __future__ import annotations
@@ -510,7 +510,9 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
                 turn.problems.append(TOO_MANY_TAGS)
                 break
             if parsed.inside_closed(tag, "think"):
-                turn.problems.append(f"a <{tag.name}> inside <think> was not run")
+                if not any(t.name == tag.name and t.closed and not parsed.inside_closed(t, "think")
+                           for t in parsed.tags):  # a draft the turn then gives outside: no problem
+                    turn.problems.append(f"a <{tag.name}> inside <think> was not run")
             elif tag.name == "search":
                 self._search(tag.text, turn)
             elif tag.name == "prune":

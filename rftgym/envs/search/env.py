@@ -112,7 +112,8 @@ Version history
     the episode, and the generated world writes "an engineer", where it wrote "a engineer";
     ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports;
     the generated world's river and industry questions also take "X river" and "X industry", as
-    its documents say them).
+    its documents say them; a draft ``<answer>`` inside ``<think>`` followed by the answer is no
+    format error).
 """
 
 from __future__ import annotations
@@ -378,7 +379,7 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
                   and any(parsed.inside_closed(t, outer) for outer in CALL_TAGS if not outer == t.name == "answer")]
         calls = [t for t in parsed.tags if t.closed and t.name in CALL_TAGS and t not in nested
                  and not (t.name == "answer" and t.start in thought)]
-        if thought:
+        if thought and not any(t.name == "answer" for t in calls):  # a draft, then the answer: no problem
             out.problems.append(ANSWER_IN_THINK)
         if nested:
             out.problems.append(f"a <{nested[0].name}> inside another tag's body was not run; write each "

@@ -60,7 +60,8 @@ Version history
     ("$3.50", "-5 degrees") is compared by value, where "$350" and "5 degrees" read as the same
     text; "minus 3" is -3, and a bound or scale ("at least 5", "5 or more", "100 thousand"), a
     second sign ("--42") or a denial after the number ("42 is wrong") answers nothing, while "not
-    sure but 42" answers 42; a step that raises part way ends the episode).
+    sure but 42" answers 42; a step that raises part way ends the episode; a draft ``<answer>``
+    inside ``<think>`` followed by the answer is no format error, where it cost the format reward).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class VerifiableQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
         # An <answer> inside <think> is part of the reasoning, not the reply's answer.
         in_think = {t.start for t in parsed.find("answer") if parsed.inside_closed(t, "think")}
         answers = [t for t in parsed.find("answer") if t.closed and t.start not in in_think]
-        thought = [ANSWER_IN_THINK] if in_think else []
+        # A draft answer in the reasoning is a problem only when no answer follows it.
+        thought = [ANSWER_IN_THINK] if in_think and not answers else []
         format_error = None
         problems = summarize_problems([*cut, *parsed.problems, *thought])
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
