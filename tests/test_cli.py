@@ -183,6 +183,23 @@ def test_a_resume_follows_an_api_server_to_another_address_and_reads_its_options
     assert settings("http://127.0.0.1:8000/v1", '{"top_k": 21}') != first
 
 
+def test_a_resume_follows_a_remote_retriever_to_another_address_and_timeout():
+    """How a remote retriever is reached (its address, timeout, retries) is not what the episodes
+    depend on: a resume after raising the timeout, as the timeout's error advises, is allowed."""
+    import argparse
+
+    from rftgym.cli.evaluate import _run_settings
+
+    def settings(**env_kwargs):
+        args = argparse.Namespace(agent="random", model=None, api_base=None, api_model=None, api_extra=None,
+                                  max_new_tokens=64, temperature=0.0, top_p=None, sample_seed=0)
+        return _run_settings(args, "rftgym/SearchEvalQA-v0", "", {"retriever": "remote", **env_kwargs}, [0, 1])
+
+    first = settings(retriever_url="http://127.0.0.1:8000/retrieve", retriever_timeout_s=1)
+    assert settings(retriever_url="http://127.0.0.1:8001/retrieve", retriever_timeout_s=60, retriever_retries=5) == first
+    assert settings(retriever_url="http://127.0.0.1:8000/retrieve", top_k=5) != first  # what it serves: compared
+
+
 def test_play_refuses_an_option_that_stands_for_a_policy(capsys):
     assert exit_code(["play", "rftgym/CodeTCG-v0", "--env-arg", "dataset=generated", "--env-arg", "pseudocode=true",
                       "--env-arg", "step_scorer=rollout"]) == 2

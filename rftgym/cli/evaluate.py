@@ -317,10 +317,14 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     the transport to an API server (its address: a server restarted on another port serves the
     same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced.
     ``model`` is the directory's full path (the same folder named another way is the same
-    model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran."""
+    model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran.
+    Env options that say how a service is reached (the env's ``metadata["transport_options"]``:
+    a remote retriever's address, timeout and retries) are left out, as the API server's are."""
     model = args.model
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
+    transport = set(_env_class(env_id).metadata.get("transport_options", ()))
+    env_kwargs = {key: value for key, value in env_kwargs.items() if key not in transport}
     settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model,
                 "model_step": getattr(args, "model_step", None), "weights": weights,
                 "dtype": dtype,

@@ -341,6 +341,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
                             "rftgym.agents.memory_baselines:HeuristicPruner")),
         # what its episodes give beyond the reward: the agent's context edits, whose segments DCPO trains
         "train_signals": frozenset({"context_edits"}),
+        # how a remote retriever is reached, not what it serves: `rftgym eval --resume` does not compare them
+        "transport_options": ("retriever_url", "retriever_timeout_s", "retriever_retries"),
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):

@@ -245,6 +245,8 @@ class SearchEvalQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
                          ("violation_rate", "protocol_violations", "final_rate")),
         # what its episodes give beyond the reward: each evaluated search's score, which PCAR uses
         "train_signals": frozenset({"evaluation_score"}),
+        # how a remote retriever is reached, not what it serves: `rftgym eval --resume` does not compare them
+        "transport_options": ("retriever_url", "retriever_timeout_s", "retriever_retries"),
     }
 
     def __init__(self, render_mode: str | None = None, **config: Any):
