@@ -302,8 +302,8 @@ class ChatAPIAgent(Agent):
                     break
             made = attempt
             try:
-                status, raw = self._post(url, data, attempt)
-                return self._parse(raw, status, url)
+                status, raw, delimited = self._post(url, data, attempt)
+                return self._parse(raw, status, url, delimited)
             except RetryableError as exc:
                 last = exc
             except ContextFull as refusal:
@@ -323,14 +323,17 @@ class ChatAPIAgent(Agent):
         ceiling = min(backoff_s * 2.0 ** min(retry - 1, 32), max(MAX_BACKOFF_S, backoff_s))
         return max(_JITTER.uniform(0.0, ceiling), retry_after or 0.0)
 
-    def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes]:
-        """One HTTP attempt: returns (status, body), raises RetryableError or ChatAPIError."""
+    def _post(self, url: str, data: bytes, attempt: int) -> tuple[int, bytes, bool]:
+        """One HTTP attempt: returns (status, body, whether the reply said where its body ends: a
+        Content-Length or chunks, which http.client holds it to), raises RetryableError or
+        ChatAPIError."""
         request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
         deadline = Deadline(self.config.timeout_s)  # for the whole attempt: a trickle cannot hold it
         try:
             with open_within(self._opener, request, deadline) as response:
                 raw = self._read_body(response, deadline, url)
-                return response.status, decoded(raw, response.headers.get("Content-Encoding"), url)
+                delimited = bool(getattr(response, "chunked", False)) or "Content-Length" in response.headers
+                return response.status, decoded(raw, response.headers.get("Content-Encoding"), url), delimited
         except urllib.error.HTTPError as exc:
             body = b""
             try:  # read for its reason and the message, inflated as a reply's would be
@@ -432,7 +435,10 @@ class ChatAPIAgent(Agent):
             raise RetryableError(f"the reply took over {self.config.timeout_s:g} s (timeout_s) to arrive",
                                  timed_out=True) from None
 
-    def _parse(self, raw: bytes, status: int, url: str) -> AgentReply:
+    def _parse(self, raw: bytes, status: int, url: str, delimited: bool = False) -> AgentReply:
+        """The reply in ``raw``. ``delimited``: its whole body arrived as the reply announced it
+        (a Content-Length, or chunks), so a body that breaks off is the server's, not a connection
+        that closed early, and is not retried."""
         def fail(problem: str) -> ChatAPIError:
             return ChatAPIError(
                 f"POST {url} returned HTTP {status} but {problem}; expected {_EXPECTED_SHAPE}. "
@@ -446,7 +452,7 @@ class ChatAPIAgent(Agent):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            if cut_short(raw, exc):
+            if not delimited and cut_short(raw, exc):
                 raise RetryableError("the reply breaks off inside a character, as when a connection closes "
                                       "early", broke_off=True) from None
             # The model's text is agent text, never an error: a stray byte is read as U+FFFD.
@@ -456,7 +462,7 @@ class ChatAPIAgent(Agent):
         try:
             payload = json.loads(text)
         except ValueError as exc:
-            if cut_short(raw, exc):
+            if not delimited and cut_short(raw, exc):
                 raise RetryableError("the reply's JSON breaks off at its end, as when a connection closes early",
                                      broke_off=True) from None
             if text.lstrip().startswith(("data:", "event:")):

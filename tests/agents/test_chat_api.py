@@ -925,6 +925,15 @@ def test_a_reply_cut_short_without_a_length_to_tell_is_retried(server, cut):
     assert "Is the server running" not in str(info.value)
 
 
+def test_a_whole_reply_whose_json_breaks_off_is_malformed_not_retried(server):
+    # Its Content-Length says the body is all there: the server sent broken JSON, and a retry
+    # would only get the same (as a reply without a length, above, could be a closed connection).
+    server.behaviour = lambda req, n: Response(body='{"choices": [ {"message": ')
+    with pytest.raises(ChatAPIError, match="the body is not valid JSON"):
+        server.agent(max_retries=3).act_one(ctx(("user", "q")))
+    assert len(server.requests) == 1
+
+
 def test_the_first_retry_warns_once_naming_its_cause(server):
     server.behaviour = lambda req, n: Response(503, "loading") if n <= 4 else Response()
     agent = server.agent(max_retries=3, max_concurrency=2)
