@@ -551,7 +551,7 @@ class ChatAPIAgent(Agent):
         if status is None and timed_out:
             return (
                 f"The time a request waits in the server's queue counts too: a server that answers few requests "
-                f"at once (llama.cpp with one slot, a CPU server) is sent {cfg.max_concurrency} at a time; lower "
+                f"at once (llama.cpp with one slot, a CPU server) is sent up to {cfg.max_concurrency} at a time; lower "
                 f"--num-envs (max_concurrency), or raise --api-timeout (timeout_s). If nothing answers at all, "
                 f"check that the server runs at {cfg.base_url} (--api-base)."
             )

@@ -533,7 +533,7 @@ def serve(corpus, index: str = "bm25", host: str = "127.0.0.1", port: int = 8000
     try:
         server.attach(make_retriever(index, corpus() if callable(corpus) else load_corpus(corpus)))
         print(f"serving {server.document_count} documents ({index}) at {server.url}, at most {max_connections} "
-              "connections at once", flush=True)
+              f"connection{'s' if max_connections != 1 else ''} at once", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
