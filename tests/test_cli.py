@@ -468,8 +468,10 @@ def test_play_with_stdin_closed_says_so(monkeypatch, capsys):
 @pytest.mark.parametrize("command", [["envs"], ["play", ENV_ID, "--seed", "0"]])
 def test_output_to_a_full_device_is_said_in_one_line(command):
     with open("/dev/full", "w") as full:
+        # Buffered, as output to a file is unless PYTHONUNBUFFERED says otherwise.
+        environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         done = subprocess.run([sys.executable, "-m", "rftgym", *command], input="no idea\n", stdout=full,
-                              stderr=subprocess.PIPE, text=True, timeout=120)
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=environment)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().endswith("No space left on device; free some space, or write elsewhere, and run it "
                                         "again")

@@ -70,7 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if argv is None:  # run as a program (a caller of main() may be recording warnings: tests)
                 warnings.showwarning = _show_warning
             _check_common(args)
-            return args.func(args)
+            code = args.func(args)
+            # Output to a file is buffered: a write that fails (a full disk) fails here, where it is
+            # reported, rather than as Python exits.
+            sys.stdout.flush()
+            return code
     except (UsageError, ConfigError, DataFormatError) as exc:  # bad input: arguments, options, data files
         reported = True
         _report_error(prog, exc, str(exc), same_on_every_rank=True)
