@@ -4,7 +4,7 @@
   prompt and refused), as MemAct trained half its rollouts. That is an env option, not an agent.
 * :class:`HeuristicPruner`: wraps ANY agent and prunes by age. Before each turn it looks at the
   context; the *age* of a search-result message is the number of assistant messages after it
-  (how many turns the agent has already acted with it in view). If at least ``min_stale`` result
+  in the context (turns the agent has acted with it in view, of those the env has not deleted). If at least ``min_stale`` result
   messages have age ``>= keep_turns`` (defaults 2 and 1), the wrapper answers this turn itself
   with one ``<prune ids="…">note</prune>`` naming the first result id of each of them, instead of asking
   the wrapped agent; otherwise it delegates, and always right after its own prune and for good
@@ -14,10 +14,11 @@
 * :class:`WorldOracleAgent`: a scripted searcher that knows the generated world: it resolves each
   objective's chain from the question text, searches every entity of the chain by name in order,
   and answers an objective as soon as its chain has been searched (in the same turn as the next
-  search). It reads only the context and its own world, so it works under any memory policy:
-  a name counts as searched while its search, its results or a memory note naming it are in
-  view (a prune deletes a search's turn with its results, so an agent that keeps no note of a
-  name searches it again). Answers it has given are read from its turns, which the env keeps.
+  search). It works under any memory policy: it remembers the names it has searched in each
+  episode itself (keyed by the episode's task message, whose id is unique to the episode), as
+  a prune deletes a search's turn with its results and a note need not name them; answers it
+  has given are read from its turns, which the env keeps. (Two episodes run at once with the
+  same seed share those ids: give such a run one oracle per episode.)
 """
 
 from __future__ import annotations
@@ -183,31 +184,33 @@ class WorldOracleAgent(Agent):
 
     def __init__(self, world: World):
         self.world = world
+        self._searched: dict[str, set[str]] = {}  # task message id -> the names searched in its episode
 
     def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
         return [AgentReply(text=self.reply(context), finish_reason="stop") for context in contexts]
 
     def reply(self, context: Context) -> str:
-        task = next((m.content for m in context if m.role == "user" and m.content.startswith("Task:")), "")
-        searched, answered, notes = set(), set(), []
+        task_message = next((m for m in context if m.role == "user" and m.content.startswith("Task:")), None)
+        task = task_message.content if task_message is not None else ""
+        key = task_message.id if task_message is not None else ""
+        if not any(m.role == "assistant" for m in context):  # an episode's first turn: nothing searched yet
+            self._searched.pop(key, None)
+        searched, answered = self._searched.setdefault(key, set()), set()
         for message in context:
             if message.role == "assistant":
                 parsed = parse_tags(message.content, ("search", "answer"))
                 searched.update(t.text for t in parsed.find("search") if t.closed)
                 answered.update(t.attr("id") for t in parsed.find("answer") if t.closed)
-            elif message.content.startswith(context_ops.RESULT_HEADER):
-                searched.add(message.content[len(context_ops.RESULT_HEADER):].partition("]\n")[0])
-            elif message.content.startswith(context_ops.MEMORY_PREFIX):
-                notes.append(message.content.lower())
         parts, next_search = [], None
         for number, question in _TASK_LINE.findall(task):
             solution = solve_world_question(self.world, question.strip())
             names, answer = solution if solution is not None else ([], "unknown")
-            missing = [n for n in names if n not in searched and not any(n.lower() in note for note in notes)]
+            missing = [n for n in names if n not in searched]
             if missing:
                 next_search = next_search or missing[0]
             elif number not in answered:
                 parts.append(f'<answer id="{number}">{answer}</answer>')
         if next_search is not None:
             parts.append(f"<search>{next_search}</search>")
+            searched.add(next_search)
         return "".join(parts) or "<answer>unknown</answer>"

@@ -97,6 +97,24 @@ def test_heuristic_pruning_beats_no_memory_under_the_budget():
     assert all(f.info["budget_tokens"] <= 1024 for e in pruning for f in e.turns)
 
 
+@pytest.mark.parametrize("pruner", [{}, {"note_chars": 0}, {"keep_turns": 0, "min_stale": 1}])
+def test_the_oracle_searches_each_name_of_its_chains_once_however_its_turns_are_pruned(pruner):
+    """A prune deletes the turns that searched with their results, and a note need not name them
+    (note_chars=0 keeps none): the oracle remembers its own searches, so it neither searches a
+    name again (it looped until max_turns) nor skips one a note merely mentions."""
+    world = World(0, 30)
+    seeds = list(range(6))
+    episodes = run_episodes(lambda: MemoryQAEnv(world_size=30), HeuristicPruner(WorldOracleAgent(world), **pruner),
+                            seeds, options=[{"objectives": 3, "hops": 3}] * len(seeds))
+    for episode in episodes:
+        queries = [q for turn in episode.turns for q in turn.info["queries"]]
+        chains = {name for line in episode.messages.values() if line.content.startswith("Task:")
+                  for question in line.content.splitlines()[1:]
+                  for name in solve_world_question(world, question.partition(". ")[2])[0]}
+        assert episode.success and sorted(queries) == sorted(chains), (queries, chains)
+        assert sum(turn.info["turns_deleted"] for turn in episode.turns) > 0
+
+
 def test_wrapper_replies_have_no_tokens_so_they_are_not_trained():
     reply = HeuristicPruner(ScriptedAgent("x"), keep_turns=0, min_stale=1).act(
         [ctx(("user", "T"), ("assistant", "a"), ("user", BATCH_A))])[0]

@@ -660,19 +660,33 @@ def test_an_agent_that_reasons_and_prunes_each_turn_keeps_its_context_bounded():
     assert len(sizes) >= 4 and max(sizes) - min(sizes) < 150
 
 
-def test_a_river_or_an_industry_named_as_the_documents_name_it_is_correct():
-    """The world's documents say "The Brican river flows through ..." and "a mining company": an
-    answer in those words is right (token F1 of the bare name alone would be 0.67, under 0.8)."""
+@pytest.mark.parametrize("noun", ["river", "industry", "company"])
+def test_a_river_or_an_industry_named_as_the_documents_name_it_is_correct(noun):
+    """The world's documents say "The Brican river flows through ..." and "X is a mining company",
+    and the question asks "Which industry ...?": an answer in those words is right (token F1 of the
+    bare name's gold alone would be 0.67, under 0.8)."""
     env = small_env()
-    found = set()
+    asked = "Which river" if noun == "river" else "Which industry"
     for seed in range(40):
         env.reset(seed=seed, options={"objectives": 1, "hops": 2})
         objective = env.task.objectives[0]
-        text = objective.question
-        noun = "river" if text.startswith("Which river") else "industry" if text.startswith("Which industry") else None
-        if noun is None or noun in found:
-            continue
-        _, reward, terminated, _, info = env.step(f'<answer id="1">the {objective.answers[0]} {noun}</answer>')
-        assert terminated and info["correct"] == 1 and reward == 1.0
-        found.add(noun)
-    assert found == {"river", "industry"}
+        if objective.question.startswith(asked):
+            break
+    else:
+        pytest.fail(f"no question starts with {asked!r}")
+    _, reward, terminated, _, info = env.step(f'<answer id="1">the {objective.answers[0]} {noun}</answer>')
+    assert terminated and info["correct"] == 1 and reward == 1.0
+
+
+def test_a_draft_in_think_is_no_problem_only_when_the_same_call_follows_it():
+    env = small_env()
+    env.reset(seed=0, options={"objectives": 2, "hops": 1})
+    # A draft of objective 1's answer, then objective 2's: objective 1 was never answered, so it is said.
+    *_, info = env.step('<think>1 is <answer id="1">Foo</answer></think><answer id="2">Bar</answer>')
+    assert "inside <think> was not run" in info["format_error"] and info["answers"] == {"2": "Bar"}
+    env.reset(seed=0, options={"objectives": 2, "hops": 1})
+    *_, info = env.step('<answer id="1">Foo</answer><think>or <answer id="1">Baz</answer></think>')  # after: said
+    assert "inside <think> was not run" in info["format_error"]
+    env.reset(seed=0, options={"objectives": 2, "hops": 1})
+    *_, info = env.step('<think>maybe <search>Foo</search></think><search>Bar</search>')
+    assert info["format_error"] is None and info["queries"] == ["Bar"]

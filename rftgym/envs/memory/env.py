@@ -140,8 +140,8 @@ Version history
     heuristic-prune baseline never sends a refused prune again; a prune deletes the earlier
     assistant turns it leaves without search results, which stayed before, and a note's text
     counted twice for good, in the turn and in its ``[memory m…]`` message; the generated
-    world's river and industry questions also take "X river" and "X industry", as its documents
-    say them; a draft tag inside ``<think>`` that the turn then gives outside it is no format error).
+    world's river and industry questions also take "X river", "X industry" and "X company", as
+    its documents say them ("the X river", "an X company"); a draft tag inside ``<think>`` that the turn then gives outside it is no format error).
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ PROMPT_WITH_MEMORY = (
     "Answer every question of the task using a search engine. Search with <search>query</search>; each result "
     "has an id such as [r3]. {budget}, so delete results you no longer "
     "need with <prune ids=\"r3,r4\">a short note of the facts to keep</prune>: the messages holding those ids "
-    "are removed, with your earlier turns whose results are all gone, and the note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
+    "are removed, as are your earlier turns with no results left in view (those that answered stay), and the "
+    "note stays as [memory m1]. Answer question N with <answer id=\"N\">short answer"
     "</answer>; you may answer the questions one at a time. The task ends when all are answered."
 )
 PROMPT_WITHOUT_MEMORY = (
@@ -308,6 +309,13 @@ class _Turn:
     pruned: list[dict[str, Any]] = field(default_factory=list)
     prune_errors: list[str] = field(default_factory=list)
     deleted_turns: list[str] = field(default_factory=list)  # earlier assistant turns' message ids
+
+
+def _given_after(parsed, draft) -> bool:
+    """Whether a tag inside ``<think>`` is given for real after it: a closed tag of its name
+    outside any ``<think>``, for the same objective when it is an ``<answer>``."""
+    return any(t.name == draft.name and t.closed and t.start >= draft.end and not parsed.inside_closed(t, "think")
+               and (draft.name != "answer" or t.attr("id") == draft.attr("id")) for t in parsed.tags)
 
 
 class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
@@ -512,8 +520,7 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
                 turn.problems.append(TOO_MANY_TAGS)
                 break
             if parsed.inside_closed(tag, "think"):
-                if not any(t.name == tag.name and t.closed and not parsed.inside_closed(t, "think")
-                           for t in parsed.tags):  # a draft the turn then gives outside: no problem
+                if not _given_after(parsed, tag):  # a draft the turn then gives for real is no problem
                     turn.problems.append(f"a <{tag.name}> inside <think> was not run")
             elif tag.name == "search":
                 self._search(tag.text, turn)

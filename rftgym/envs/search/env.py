@@ -111,8 +111,8 @@ Version history
     thinking inside an ``<evaluate>`` is not its score or note, "3 of 5" is no score (as "3 out of 5"), a step that raises part way ends
     the episode, and the generated world writes "an engineer", where it wrote "a engineer";
     ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports;
-    the generated world's river and industry questions also take "X river" and "X industry", as
-    its documents say them; a draft ``<answer>`` inside ``<think>`` followed by the answer is no
+    the generated world's river and industry questions also take "X river", "X industry" and "X
+    company", as its documents say them ("the X river", "an X company"); a draft ``<answer>`` inside ``<think>`` followed by the answer is no
     format error).
 """
 

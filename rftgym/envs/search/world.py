@@ -51,8 +51,9 @@ ATTRIBUTES = {
     "currency": ("country", "What is the currency of {}?"),
 }
 
-# attribute name -> the noun the documents name its value with, which a gold alias adds
-ANSWER_NOUNS = {"river": "river", "industry": "industry"}
+# attribute name -> the nouns an answer may name its value with (gold aliases): the documents' own
+# ("the X river", "an X company") and the question's ("Which industry ...?")
+ANSWER_NOUNS = {"river": ("river",), "industry": ("industry", "company")}
 
 
 @dataclass
@@ -166,10 +167,10 @@ class World:
                             text, (), (), hops=hops, answerable=False)
         question_id = f"world{self.seed}-" + "-".join(e.id for e in entities) + f"-{attribute}"
         value = end.attributes[attribute]
-        # The documents name a river and an industry with their noun ("the Brican river", "a mining
+        # The documents name a river and an industry with a noun ("the Brican river", "a mining
         # company"), so an answer in those words is right too: token F1 would give the bare name's gold
         # 0.67, under MemoryQA's threshold of 0.8, and an exact match 0.
-        answers = (value, f"{value} {ANSWER_NOUNS[attribute]}") if attribute in ANSWER_NOUNS else (value,)
+        answers = (value, *(f"{value} {noun}" for noun in ANSWER_NOUNS.get(attribute, ())))
         return Question(question_id, text, answers, tuple(e.name for e in entities), hops=hops)
 
     def _walk(self, rng, start: Entity, steps: int) -> tuple[list[str], list[Entity]] | None:
