@@ -183,21 +183,36 @@ def test_a_resume_follows_an_api_server_to_another_address_and_reads_its_options
     assert settings("http://127.0.0.1:8000/v1", '{"top_k": 21}') != first
 
 
-def test_a_resume_follows_a_remote_retriever_to_another_address_and_timeout():
-    """How a remote retriever is reached (its address, timeout, retries) is not what the episodes
-    depend on: a resume after raising the timeout, as the timeout's error advises, is allowed."""
+def test_a_resume_follows_a_remote_retriever_to_another_address_and_timeout(tmp_path):
+    """How a remote retriever is reached (its address, timeout, retries) is noted but is not what
+    the episodes depend on: a resume after raising the timeout, as the timeout's error advises, or
+    with the service restarted on another port, is allowed; another top_k is not."""
     import argparse
+    import json
 
+    from rftgym.cli.common import UsageError
+    from rftgym.cli.eval_output import _finished_episodes, _partial, _partial_settings
     from rftgym.cli.evaluate import _run_settings
+    from rftgym.envs.search.env import SearchEvalQAEnv
+
+    env_id = "rftgym/SearchEvalQA-v0"
 
     def settings(**env_kwargs):
         args = argparse.Namespace(agent="random", model=None, api_base=None, api_model=None, api_extra=None,
                                   max_new_tokens=64, temperature=0.0, top_p=None, sample_seed=0)
-        return _run_settings(args, "rftgym/SearchEvalQA-v0", "", {"retriever": "remote", **env_kwargs}, [0, 1])
+        return _run_settings(args, env_id, "", {"retriever": "remote", **env_kwargs}, [0, 1])
 
+    out = tmp_path / "out.jsonl"
     first = settings(retriever_url="http://127.0.0.1:8000/retrieve", retriever_timeout_s=1)
-    assert settings(retriever_url="http://127.0.0.1:8001/retrieve", retriever_timeout_s=60, retriever_retries=5) == first
-    assert settings(retriever_url="http://127.0.0.1:8000/retrieve", top_k=5) != first  # what it serves: compared
+    assert first["env_args"]["retriever_url"] == "http://127.0.0.1:8000/retrieve"  # noted, for the record
+    _partial_settings(out).write_text(json.dumps(first))
+    _partial(out).write_text("")
+    transport = SearchEvalQAEnv.metadata["transport_options"]
+    later = settings(retriever_url="http://127.0.0.1:8001/retrieve", retriever_timeout_s=60, retriever_retries=5)
+    assert _finished_episodes(out, env_id, [0, 1], later, transport) == []
+    with pytest.raises(UsageError, match="top_k"):  # what it serves: compared
+        _finished_episodes(out, env_id, [0, 1], settings(retriever_url="http://127.0.0.1:8000/retrieve",
+                                                         retriever_timeout_s=1, top_k=5), transport)
 
 
 def test_play_refuses_an_option_that_stands_for_a_policy(capsys):

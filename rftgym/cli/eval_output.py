@@ -137,11 +137,20 @@ def _partial_settings(path: Path) -> Path:
 NOTED_LATER = ("weights", "model_step", "dtype")  # settings an earlier version's partial files lack
 
 
-def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: dict) -> list:
+def _without_env_args(settings: dict, names: Sequence[str]) -> dict:
+    env_args = settings.get("env_args")
+    if not names or not isinstance(env_args, dict):
+        return settings
+    return {**settings, "env_args": {key: value for key, value in env_args.items() if key not in names}}
+
+
+def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: dict,
+                       transport: Sequence[str] = ()) -> list:
     """The episodes an interrupted evaluation of these ``settings`` finished, from ``path``'s
-    partial file: refused when the partial file was written with other settings, or holds an
-    episode of another env or seed. A last line cut short (the process killed while writing it) is
-    dropped from the file, with a note."""
+    partial file: refused when the partial file was written with other settings (but for the env
+    options in ``transport``, which say how a service is reached), or holds an episode of another
+    env or seed. A last line cut short (the process killed while writing it) is dropped from the
+    file, with a note."""
     from ..core.errors import DataFormatError
     from ..core.records import read_episodes_jsonl
 
@@ -156,6 +165,7 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
     settings = {**settings, **{key: None for key in NOTED_LATER if key not in saved}}
     if "weights" not in saved and saved.get("model") and Path(saved["model"]).expanduser().exists():
         saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
+    saved, settings = (_without_env_args(s, transport) for s in (saved, settings))
     differ = [key for key, value in settings.items() if saved.get(key) != value]
     if differ and set(differ) <= {"weights", "model_step"}:
         steps = (f" (the run's step {saved.get('model_step')} then, {settings['model_step']} now)"

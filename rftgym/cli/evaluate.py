@@ -319,12 +319,11 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     ``model`` is the directory's full path (the same folder named another way is the same
     model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran.
     Env options that say how a service is reached (the env's ``metadata["transport_options"]``:
-    a remote retriever's address, timeout and retries) are left out, as the API server's are."""
+    a remote retriever's address, timeout and retries) are noted, but a resume does not compare
+    them (:func:`~.eval_output._finished_episodes`), as it does not an API server's address."""
     model = args.model
     if model is not None and Path(model).expanduser().exists():
         model = str(Path(model).expanduser().resolve())
-    transport = set(_env_class(env_id).metadata.get("transport_options", ()))
-    env_kwargs = {key: value for key, value in env_kwargs.items() if key not in transport}
     settings = {"env": env_id, "run": label or "the agent", "agent": args.agent, "model": model,
                 "model_step": getattr(args, "model_step", None), "weights": weights,
                 "dtype": dtype,
@@ -350,7 +349,9 @@ def _evaluate(args, env_id, agent, env_kwargs, seeds, label, path: Path, setting
     desc = f"eval {env_id}" + (f" ({label})" if label else "")
     finished = 0
     partial = _partial(path)
-    kept = _finished_episodes(path, env_id, seeds, settings) if args.resume and _holds_finished_episodes(path) else []
+    transport = _env_class(env_id).metadata.get("transport_options", ())
+    kept = _finished_episodes(path, env_id, seeds, settings, transport) \
+        if args.resume and _holds_finished_episodes(path) else []
     done_seeds = {episode.seed for episode in kept}
     todo = [seed for seed in seeds if seed not in done_seeds]
     try:
