@@ -218,14 +218,20 @@ def _carry_finished(exc: BaseException, finished: dict[int, Episode]) -> None:
         pass
 
 
-def _check_arguments(make_env, agent, seeds, config, options, on_episode) -> None:
-    """Arguments of the wrong kind, named before any env is made (they would fail later, deep in
-    the rollout, with a message about something else)."""
+def check_env_factory(make_env) -> None:
+    """Refuse a ``make_env`` that is not a function making a new env each call (an env itself, an
+    env id), as :func:`run_episodes` and ``train`` take it."""
     if isinstance(make_env, (gym.Env, str)) or not callable(make_env):
         hint = f"lambda: gym.make({make_env!r})" if isinstance(make_env, str) else "lambda: gym.make(env_id)"
         what = "an env" if isinstance(make_env, gym.Env) else type(make_env).__name__
         raise TypeError(f"make_env is a function that makes a new env each call, e.g. {hint} (each episode run "
                         f"side by side needs its own env), got {what} {_short(make_env)}")
+
+
+def _check_arguments(make_env, agent, seeds, config, options, on_episode) -> None:
+    """Arguments of the wrong kind, named before any env is made (they would fail later, deep in
+    the rollout, with a message about something else)."""
+    check_env_factory(make_env)
     if not isinstance(agent, Agent):
         if isinstance(agent, type) and issubclass(agent, Agent):
             raise TypeError(f"agent is an Agent instance, got the class {agent.__qualname__}; make one first, "

@@ -28,6 +28,7 @@ from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
+from ..rollout.engine import check_env_factory
 from .batching import build_samples, evaluation_split, group_episodes
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
@@ -76,7 +77,7 @@ from .task_order import epoch_task_seeds, served_dataset_size
 from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
 
-def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
+def check_train_arguments(config: TrainConfig, policy, make_env, on_step=None) -> None:
     """What :func:`train` cannot use, refused before any work: another type than it takes, a model
     setting that names another directory than the policy passed in came from, a device torch
     cannot run on here, env options beside an env the caller makes, an FSDP run without a launch,
@@ -84,6 +85,11 @@ def check_train_arguments(config: TrainConfig, policy, make_env) -> None:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train takes a TrainConfig, got {type(config).__name__} (a dict of settings: "
                         "TrainConfig.from_dict(settings))")
+    if make_env is not None:
+        check_env_factory(make_env)
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step is a function called with each step's metrics row (a dict), e.g. print; got "
+                        f"{type(on_step).__name__} {on_step!r:.60}")
     if policy is not None and not isinstance(policy, HFPolicy):
         raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
                         f"recorded), got {type(policy).__name__}; or None to load config.model")
@@ -133,7 +139,7 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
     ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
     **config.env_kwargs)``."""
-    check_train_arguments(config, policy, make_env)
+    check_train_arguments(config, policy, make_env, on_step)
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=default_output_dir(config.env_id, config.algo))
     out = Path(config.output_dir)

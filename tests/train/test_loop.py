@@ -285,6 +285,11 @@ def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_po
         train(config(tmp_path).to_dict())
     with pytest.raises(TypeError, match="policy must be an HFPolicy .* got ScriptedAgent"):
         train(config(tmp_path), policy=ScriptedAgent(["a"]), make_env=SayAEnv)
+    with pytest.raises(TypeError, match=r"make_env is a function that makes a new env each call, e.g. lambda: "
+                                        r"gym.make\(env_id\) .* got an env"):
+        train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv())
+    with pytest.raises(TypeError, match=r"on_step is a function called with each step's metrics row .* got str"):
+        train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv, on_step="print")
     with pytest.raises(ConfigError, match=r"env_kwargs \['word'\] are read only when train makes the env"):
         train(config(tmp_path, env_kwargs={"word": "a"}), policy=make_char_policy(), make_env=SayAEnv)
     with pytest.raises(ConfigError, match="device='tpu': not a torch device"):
