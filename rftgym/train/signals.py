@@ -41,10 +41,14 @@ def refuse_idle_algorithm(algo: str, env_id: str) -> None:
 
 
 def unused_signal(algo: str, episodes) -> str | None:
-    """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or None: PCAR scales advantages by the
-    env's per-search evaluation scores, DCPO trains the segments between context edits; without
-    either there is nothing for them to do (most likely an env that has no such signal)."""
+    """Why PCAR or DCPO trained as plain GRPO on ``episodes``, or why RFT can never train, or None:
+    PCAR scales advantages by the env's per-search evaluation scores, DCPO trains the segments
+    between context edits, RFT the episodes whose last ``info["success"]`` is true; without them
+    there is nothing for them to do (most likely an env that has no such signal)."""
     env_ids = {e.env_id for e in episodes}
+    if algo == "rft" and not any("success" in t.info for e in episodes for t in e.turns):
+        return ("algo rft: no turn's info had 'success', so no episode can count as successful and rft trains on "
+                "nothing; the env must set info['success'] (True when the task is solved) on an episode's last turn")
     if algo == "pcar" and not any(t.info.get(PROCESS_SCORE_KEY) is not None for e in episodes for t in e.turns):
         example = ALGORITHM_SIGNALS["pcar"][3]
         why = ("the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"

@@ -215,6 +215,9 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     assert "DCPO trained as GRPO" in unused_signal("dcpo", [plain, scored])
     assert unused_signal("dcpo", [plain, edited]) is None
     assert unused_signal("grpo", [plain]) is None
+    # RFT trains on successes: an env that never says whether an episode succeeded gives none.
+    assert "no turn's info had 'success'" in unused_signal("rft", [plain, edited])
+    assert unused_signal("rft", [plain, episode({"success": False}, [[1]])]) is None
     # In the env made for it, what was missing is the policy's part.
     in_memory_env = episode({}, [[1], [1, 5, 2]], env_id="rftgym/MemoryQA-v0")
     assert unused_signal("dcpo", [in_memory_env]).endswith("the policy made no <prune> edit")
