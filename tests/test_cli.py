@@ -1461,6 +1461,13 @@ def test_an_env_module_that_breaks_is_a_usage_error_naming_what_broke(tmp_path, 
         _load_object("rft_probe_entry.nothere")
     assert load_failure("rft_probe_entry.nothere", refused.value, form="module:Class") == \
         "'rft_probe_entry.nothere' is not of the form 'module:name'; give module:Class"
+    # A file's path where the module's name goes: the name to give, and where to run.
+    for given, said in [("../my_agents", "give the module's name, 'my_agents', as Python imports it, and run from"),
+                        ("my_agents.py", "give it as Python imports it, 'my_agents', from the directory"),
+                        ("pkg/sub", "give it as Python imports it, 'pkg.sub', from the directory"),
+                        (".my_agents", "give it as Python imports it, 'my_agents', from the directory")]:
+        assert exit_code(["eval", ENV_ID, "--agent", f"{given}:SayA", "--episodes", "1"]) == 2
+        assert f"{given!r} is a file path, not a module name; {said}" in capsys.readouterr().err, given
     # An env whose constructor raises: an error naming it, and the constructor's traceback.
     assert main(["eval", "rft_probe_init:mine/BrokenInit-v0", "--agent", "random", "--episodes", "1"]) == 1
     err = capsys.readouterr().err

@@ -38,6 +38,22 @@ def _module_source(module: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+def _is_module_name(module: str) -> bool:
+    """Whether ``module`` is a dotted module name (``pkg.sub``), not a file's path (``pkg/sub``,
+    ``my_env.py``, ``../my_env``, ``.my_env``)."""
+    return not module.endswith(".py") and all(part.isidentifier() for part in module.split("."))
+
+
+def _module_name_for(path: str) -> str:
+    """What to give instead of the file path ``path``: its module name, and where to run."""
+    parts = [part for part in path.removesuffix(".py").replace("\\", "/").split("/") if part not in ("", ".")]
+    if path.startswith("/") or ".." in parts or not parts:
+        name, folder = (parts[-1] if parts else path).lstrip("."), os.path.dirname(os.path.abspath(path))
+        return (f"give the module's name, {name!r}, as Python imports it, and run from {folder} (or put that folder on "
+                "PYTHONPATH)")
+    return f"give it as Python imports it, {'.'.join(parts).lstrip('.')!r}, from the directory that holds it"
+
+
 class NotInModule(AttributeError):
     """The module of ``module:name`` was imported and has no ``name``."""
 
@@ -70,6 +86,8 @@ def load_failure(module: str, exc: BaseException, form: str = "module:name") -> 
         return str(exc)
     if isinstance(exc, NotModuleName):
         return f"{exc}; give {form}"
+    if not _is_module_name(module):
+        return f"{module!r} is a file path, not a module name; {_module_name_for(module)}"
     if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
         return (f"no module {exc.name!r} is on the Python path (the current directory is searched too); give "
                 f"{form} with a module on the Python path")
