@@ -374,10 +374,12 @@ def _check_replies(agent: Agent, replies, expected: int) -> None:
     if len(replies) != expected:
         raise AgentError(f"agent {name!r} returned {len(replies)} replies for {expected} contexts")
     for reply in replies:
-        if not isinstance(reply, AgentReply) or not isinstance(reply.text, str):
-            what = type(reply.text).__name__ + " text" if isinstance(reply, AgentReply) else type(reply).__name__
-            raise AgentError(f"agent {name!r} returned a reply with {what}; each reply is an AgentReply whose text "
-                             "is a str")
+        if not isinstance(reply, AgentReply):
+            raise AgentError(f"agent {name!r} returned {_short(reply)} (a {type(reply).__name__}) as a reply; each "
+                             "reply is an AgentReply: wrap the text, AgentReply(text=...) (rftgym.agents.base)")
+        if not isinstance(reply.text, str):
+            raise AgentError(f"agent {name!r} returned a reply with {type(reply.text).__name__} text "
+                             f"({_short(reply.text)}); an AgentReply's text is a str (\"\" for none)")
         if reply.finish_reason is not None and not isinstance(reply.finish_reason, str):
             raise AgentError(f"agent {name!r} returned the finish_reason {reply.finish_reason!r}; it is a str or None")
         if reply.finish_reason == CONTEXT_FULL and reply.text:

@@ -217,7 +217,8 @@ class Returns(Agent):
 
 @pytest.mark.parametrize("make_replies, message", [
     (lambda cs: (AgentReply("x") for _ in cs), "returned a generator from act"),
-    (lambda cs: ["x" for _ in cs], "returned a reply with str;"),
+    (lambda cs: ["x" for _ in cs], r"returned 'x' \(a str\) as a reply; each reply is an AgentReply: wrap the "
+                                   r"text, AgentReply\(text=...\)"),
     (lambda cs: [AgentReply(None) for _ in cs], "returned a reply with NoneType text"),
     (lambda cs: [AgentReply("x"), AgentReply("y")], "returned 2 replies for 1 contexts"),
     (lambda cs: [AgentReply("x", sampled_ids=[1, 2]) for _ in cs], "sampled_ids without prompt_ids"),
