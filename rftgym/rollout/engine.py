@@ -83,6 +83,7 @@ class _Slot:
     reset_info: dict[str, Any] = field(default_factory=dict)
     active: bool = False
     warned_changed_reply: bool = False  # the env changed a reply's text (warned once per slot)
+    warned_missing_reply: bool = False  # the env kept no assistant message of a reply (once per slot)
     warned_unbound_tokens: bool = False  # sampled tokens the agent did not bind to their message
 
     @property
@@ -533,6 +534,11 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     if truncated and not terminated:  # cut by whoever: pay, and report, what the env's own budget would have
         reward, info = settle_cut(reward, info)
     message = _new_assistant_message(before, context, reply.text)
+    if message is None and not (terminated or truncated) and not slot.warned_missing_reply:
+        slot.warned_missing_reply = True  # (on an episode's last turn no later prompt shows the reply)
+        warn_caller(f"{_env_id(slot.env)} went on without the agent's reply as a new assistant message in its "
+                    "observation; the protocol keeps each reply as the context's next assistant message, so the next "
+                    "prompt lacks it, and for a token-level policy each such turn starts a segment of its own")
     if message is not None:
         # The sampled tokens stand for the message only when the env kept the reply's text as it
         # was; an env that changed it (e.g. cut it to a length limit) put other text before the

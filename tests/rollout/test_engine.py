@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -529,6 +531,36 @@ class ForgetfulEnv(gym.Env):
             context = context.appended(self.ids.message("user", "next"))
         self.context = context
         return context, 0.0, self.turn >= 3, False, {}
+
+
+class ReplyDropping(gym.Env):
+    """Test env that forgets to keep the agent's reply in its observation (a common bug)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        self.observation_space, self.action_space = ContextSpace(), AssistantText()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ids, self.turn = MessageIds.from_rng(self.np_random), 0
+        self.context = Context((self.ids.message("user", "go"),))
+        return self.context, {}
+
+    def step(self, action):
+        self.turn += 1
+        self.context = self.context.appended(self.ids.message("user", "next"))
+        return self.context, 0.0, self.turn >= 3, False, {}
+
+
+def test_an_env_that_drops_the_agents_reply_is_warned_of_once():
+    with pytest.warns(UserWarning, match="went on without the agent's reply as a new assistant message") as caught:
+        episodes = run_episodes(ReplyDropping, ScriptedAgent("x"), seeds=[0, 1], config=RolloutConfig(num_envs=1))
+    assert sum("went on without the agent's reply" in str(w.message) for w in caught) == 1
+    assert all(t.message_id is None for e in episodes for t in e.turns)
+    with warnings.catch_warnings():  # an env that keeps them: nothing to say
+        warnings.simplefilter("error")
+        run_episodes(ForgetfulEnv, ScriptedAgent("x"), seeds=[0])
 
 
 def test_context_edit_starts_a_new_segment_with_the_edited_prompt(tiny_policy):
