@@ -515,6 +515,10 @@ class Misbehaves(gym.Env):
         if self.how == "raise":
             raise KeyError("lost track")
         context = Context((self.ids.message("user", "done"),))
+        if self.how == "info_none":
+            return context, 0.0, True, False, None
+        if self.how == "four":  # the old gym API
+            return context, 0.0, True, {}
         return context, {"nan": float("nan"), "text": "1.0"}[self.how], True, False, {}
 
 
@@ -527,13 +531,21 @@ gym.register("mine/Misbehaves-v0", entry_point=Misbehaves)
     ("text", "mine/Misbehaves-v0 (seed 3, turn 0) returned the reward '1.0'; a reward is a finite number"),
     ("raise", "mine/Misbehaves-v0 raised KeyError in step (seed 3, turn 0): 'lost track'"),
     ("list", "mine/Misbehaves-v0 (seed 3) reset to a list; an rftgym env's observation is the chat context"),
+    # Met first by Gymnasium's own checker and wrappers (gym.make), on the first step: no traceback either.
+    ("info_none", "mine/Misbehaves-v0 (seed 3, turn 0) broke Gymnasium's step API (Gymnasium, reading what it "
+                  "returned: The `info` returned by `step()` must be a python dictionary"),
+    ("four", "mine/Misbehaves-v0 (seed 3, turn 0) broke Gymnasium's step API (Gymnasium, reading what it returned: "
+             "not enough values to unpack (expected 5, got 4)); step returns (observation, reward, terminated, "
+             "truncated, info)"),
 ])
 def test_play_holds_an_env_to_the_protocol_as_eval_does(how, said, tmp_path, monkeypatch, capsys):
     (tmp_path / "misbehaving_env_mod.py").write_text(MISBEHAVING_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     feed(monkeypatch, ["hello"])
     assert main(["play", "misbehaving_env_mod:mine/Misbehaves-v0", "--seed", "3", "--env-arg", f"how={how}"]) == 1
-    assert f"rftgym play: error: {said}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"rftgym play: error: {said}" in err
+    assert ("Traceback" in err) == (how == "raise")  # the env's own crash shows where; a broken return need not
 
 
 def test_play_handles_eof_at_once(monkeypatch, capsys):

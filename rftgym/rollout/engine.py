@@ -27,6 +27,8 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import os
+import traceback
 from dataclasses import dataclass, field
 from functools import partial
 from collections.abc import Sized
@@ -450,7 +452,23 @@ def _call_env(env: gym.Env, episode_seed, call: str, turn: int, *args, **kwargs)
         options = kwargs.get("options")
         where = f"seed {episode_seed}" + (f", turn {turn}" if call == "step" else "") + \
             (f", options {options!r}" if options else "")  # a bad option is the caller's to fix
+        if _found_by_gymnasiums_checker(exc):  # what it returned broke the API: no crash of the env's own
+            returns = "(observation, info)" if call == "reset" else "(observation, reward, terminated, truncated, info)"
+            raise EnvContractError(f"{_env_id(env)} ({where}) broke Gymnasium's {call} API (Gymnasium, reading "
+                                   f"what it returned: {exc or type(exc).__name__}); {call} returns {returns}, info "
+                                   "a dict") from None
         raise EnvError(f"{_env_id(env)} raised {type(exc).__name__} in {call} ({where}): {exc}") from exc
+
+
+def _found_by_gymnasiums_checker(exc: BaseException) -> bool:
+    """Whether ``exc`` says that what the env returned broke Gymnasium's API, as Gymnasium's own
+    code found on reading it: its passive env checker (``gym.make`` wraps an env in it for its first
+    reset and step) asserts what they return, and its wrappers unpack a step's 5-tuple."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or os.sep + "gymnasium" + os.sep not in frames[-1].filename:
+        return False
+    return os.path.basename(frames[-1].filename) == "passive_env_checker.py" or \
+        (isinstance(exc, ValueError) and "values to unpack" in str(exc))
 
 
 def _unpack(result, size: int, env: gym.Env, seed, call: str) -> tuple:
