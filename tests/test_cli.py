@@ -1038,6 +1038,32 @@ def test_an_interrupted_eval_of_an_env_of_your_own_resumes(tmp_path, monkeypatch
     assert [e.seed for e in read_episodes_jsonl(out)] == [0, 1, 2, 3]
 
 
+def test_a_resume_that_cannot_import_its_env_module_says_where_the_run_found_it(tmp_path, monkeypatch, capsys,
+                                                                                 make_char_policy):
+    from support import ECHO_MODULE, train_config
+
+    from rftgym.train import train
+    from rftgym.train.run_dir import saved_state
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "echo_moved_module.py").write_text(ECHO_MODULE.replace("mine/Echo-v0", "mine/EchoMoved-v0"))
+    monkeypatch.syspath_prepend(str(mods))
+    env_id = "echo_moved_module:mine/EchoMoved-v0"
+    config = train_config(tmp_path, env_id=env_id, steps=1, tasks_per_step=1, group_size=2, minibatch_size=2)
+    train(config, policy=make_char_policy())
+    assert saved_state(tmp_path / "run")["env_module_file"] == str(mods / "echo_moved_module.py")
+    # Resumed where that module is not on the path (run from another directory).
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(mods)])
+    sys.modules.pop("echo_moved_module", None)
+    monkeypatch.chdir(tmp_path)
+    assert exit_code(["train", env_id, "--output-dir", str(tmp_path / "run"), "--steps", "2", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import 'echo_moved_module'" in err
+    assert (f"(the run in {tmp_path / 'run'} imported it from {mods / 'echo_moved_module.py'}: run this from {mods}, "
+            f"or add {mods} to PYTHONPATH)") in err
+
+
 def test_a_terminated_eval_says_where_its_finished_episodes_are(tmp_path, monkeypatch, capsys):
     import os
     import signal

@@ -128,6 +128,26 @@ def _progress(steps: int):
     return show
 
 
+def _where_the_run_found(config) -> str:
+    """For a resume that cannot import its ``module:EnvId`` env: where the run found the module."""
+    from ..train.run_dir import has_checkpoint, saved_state
+
+    output_dir = Path(config.output_dir)
+    if ":" not in config.env_id or not has_checkpoint(output_dir):
+        return ""
+    try:
+        found = saved_state(output_dir).get("env_module_file")
+    except Exception:  # noqa: BLE001 (a checkpoint that cannot be read is refused later, saying why)
+        return ""
+    if not isinstance(found, str):
+        return ""
+    # The folder the import found it in: above its packages (pkg/sub.py for pkg.sub, pkg/__init__.py for pkg).
+    depth = config.env_id.rpartition(":")[0].count(".") + (Path(found).name == "__init__.py")
+    folder = str(Path(found).parents[min(depth, len(Path(found).parents) - 1)])
+    return (f" (the run in {output_dir} imported it from {found}: run this from {folder}, or add {folder} to "
+            "PYTHONPATH)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train.signals import refuse_idle_algorithm
 
@@ -135,7 +155,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = train_config_from_args(args)
     _check_model_dir(config.model)
-    env_class = _env_class(config.env_id)  # an unknown env id is refused here
+    try:
+        env_class = _env_class(config.env_id)  # an unknown env id is refused here
+    except UsageError as exc:
+        raise UsageError(f"{exc}{_where_the_run_found(config) if args.resume else ''}") from None
     try:  # before the env is made: that may read its data files
         refuse_idle_algorithm(config.algo, config.env_id)
     except ConfigError as exc:

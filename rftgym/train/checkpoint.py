@@ -101,7 +101,7 @@ def _stops_deferred():
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None,
                     base_model_from_files: bool = False, env_from_caller: bool = False, keep: int = 1,
-                    unlogged_metrics: list[dict] | None = None) -> Path:
+                    unlogged_metrics: list[dict] | None = None, env_module_file: str | None = None) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
@@ -112,18 +112,20 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
     is kept as ``checkpoint-<its step>/`` while there is room. Ctrl-C or SIGTERM meanwhile stops
     the run once the checkpoint is whole. ``unlogged_metrics``: the metrics rows of the steps done
     since the last row metrics.jsonl has (``--log-every`` above 1), which a resumed run's first row
-    stands for too."""
+    stands for too. ``env_module_file``: the file of the module a ``module:EnvId`` env came from,
+    so that a resume that cannot import it can say where it was."""
     with _stops_deferred():
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
                                 base_model=base_model, base_model_path=base_model_path,
                                 base_model_from_files=base_model_from_files, env_from_caller=env_from_caller,
+                                env_module_file=env_module_file,
                                 keep=keep, unlogged_metrics=unlogged_metrics or [])
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                      config: dict, base_model: str | None, base_model_path: str | None,
                      base_model_from_files: bool, env_from_caller: bool, keep: int,
-                     unlogged_metrics: list[dict]) -> Path:
+                     unlogged_metrics: list[dict], env_module_file: str | None = None) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -140,6 +142,7 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
                 json.dump({"step": step, "config": config, "base_model": base_model,
                            "base_model_from_files": base_model_from_files, "base_model_path": base_model_path,
                            "env_from_caller": env_from_caller,
+                           **({"env_module_file": env_module_file} if env_module_file else {}),
                            **({"unlogged_metrics": unlogged_metrics} if unlogged_metrics else {}),
                            "files": files}, handle, indent=2, default=str)
                 handle.flush()

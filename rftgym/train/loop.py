@@ -263,6 +263,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     f"(as --model / --base-model). Save them first (rftgym export {policy.trained_in} DIR) and train "
                     "HFPolicy.from_pretrained(DIR)")
     env_from_caller = make_env is not None  # (a resume must be given it again: the checkpoint says so)
+    env_module = config.env_id.rpartition(":")[0] if not env_from_caller else ""  # a module:EnvId env's module
     eval_columns = None  # the env's own evaluation columns (the caller's env's: read at the first evaluation)
     make_eval_env = make_env  # (the caller's; else made below)
     if make_env is None:
@@ -380,7 +381,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
             save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
                             base_model_path=base_model_path, base_model_from_files=base_model_from_files,
-                            env_from_caller=env_from_caller, rng_states=rng_states, keep=config.keep_checkpoints,
+                            env_from_caller=env_from_caller,
+                            # (imported by now: its file, for a resume that cannot find it)
+                            env_module_file=getattr(sys.modules.get(env_module), "__file__", None),
+                            rng_states=rng_states, keep=config.keep_checkpoints,
                             unlogged_metrics=[row for row in unlogged() if row["step"] <= done])
 
         # The others wait for the writing rank, and stop with it if it cannot write.
