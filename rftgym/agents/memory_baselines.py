@@ -3,14 +3,14 @@
 * No memory: the same env with ``allow_prune=False`` (the prune tool is hidden from the system
   prompt and refused), as MemAct trained half its rollouts. That is an env option, not an agent.
 * :class:`HeuristicPruner`: wraps ANY agent and prunes by age. Before each turn it looks at the
-  context; the *age* of a search-result message is the number of assistant messages after it
-  in the context (turns the agent has acted with it in view, of those the env has not deleted). If at least ``min_stale`` result
-  messages have age ``>= keep_turns`` (defaults 2 and 1), the wrapper answers this turn itself
-  with one ``<prune ids="…">note</prune>`` naming the first result id of each of them, instead of asking
-  the wrapped agent; otherwise it delegates, and always right after its own prune and for good
-  once one of its prunes was refused (an id it named is still in view: the env's tool calls ran
-  out, say), so that a refused prune is never sent again. The note is ``Title: first sentence`` of the top hit of each pruned batch,
-  joined by ``"; "`` and cut to ``note_chars``.
+  context; the *age* of a search-result message is the number of assistant messages after it in the
+  context (turns the agent has acted with it in view, of those the env has not deleted). If at least
+  ``min_stale`` result messages have age ``>= keep_turns`` (defaults 2 and 1), the wrapper answers
+  this turn itself with one ``<prune ids="…">note</prune>`` naming the first result id of each of
+  them, instead of asking the wrapped agent; otherwise it delegates, and always right after its own
+  prune and for good once one of its prunes was refused (an id it named is still in view: the env's
+  tool calls ran out, say), so that a refused prune is never sent again. The note is ``Title: first
+  sentence`` of the top hit of each pruned batch, joined by ``"; "`` and cut to ``note_chars``.
 * :class:`WorldOracleAgent`: a scripted searcher that knows the generated world: it resolves each
   objective's chain from the question text, searches every entity of the chain by name in order,
   and answers an objective as soon as its chain has been searched (in the same turn as the next

@@ -28,9 +28,9 @@ needs_qa_data = pytest.mark.skipif(
     not (QA_DIR / "hotpotqa_100.json").is_file() or not (QA_DIR / "2wiki_corpus_6119.json").is_file(),
     reason=f"the shared QA data is not at {QA_DIR}")
 INFO_KEYS = {"task_id", "objectives", "hops", "turn", "context_tokens", "observation_tokens", "peak_context_tokens",
-             "total_tokens", "context_budget", "budget_tokens", "over_budget", "overflows", "searches", "tool_calls", "queries",
-             "result_ids", "prunes", "pruned", "pruned_ids", "turns_deleted", "memory_notes", "prune_error", "format_error", "answers",
-             "answered", "correct", "score", "success"}
+             "total_tokens", "context_budget", "budget_tokens", "over_budget", "overflows", "searches",
+             "tool_calls", "queries", "result_ids", "prunes", "pruned", "pruned_ids", "turns_deleted",
+             "memory_notes", "prune_error", "format_error", "answers", "answered", "correct", "score", "success"}
 
 
 def small_env(**kwargs):

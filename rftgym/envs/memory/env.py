@@ -20,14 +20,14 @@ Observation
     prunes delete messages also deletes the env's earlier status messages: each reports the state
     at its own turn, so in a long episode they would pile up (unbudgeted) in what the model reads,
     and the context is edited at that turn anyway (a turn without a prune never edits the
-    context, so no segment break is added for them). It also deletes every earlier assistant turn
-    none of whose search batches is left in the context, as MemAct's prune deletes a tool call
-    with its result: the agent's own turns (its reasoning) count against the budget, and would
-    otherwise fill it for good. A turn that recorded an answer stays (it shows the agent what it
-    answered); of the others, one that searched nothing goes at the first prune after it, and its
-    notes stay as ``[memory m…]`` messages. So the observation after a prune is exactly the previous observation minus the pruned
-    messages, the earlier status messages and the spent assistant turns, plus the new messages
-    above. The task and the system message are never deleted.
+    context, so no segment break is added for them). It also deletes every earlier assistant turn none
+    of whose search batches is left in the context, as MemAct's prune deletes a tool call with its
+    result: the agent's own turns (its reasoning) count against the budget, and would otherwise fill
+    it for good. A turn that recorded an answer stays (it shows the agent what it answered); of the
+    others, one that searched nothing goes at the first prune after it, and its notes stay as
+    ``[memory m…]`` messages. So the observation after a prune is exactly the previous observation
+    minus the pruned messages, the earlier status messages and the spent assistant turns, plus the
+    new messages above. The task and the system message are never deleted.
     Message formats and the prune rule are in :mod:`.context_ops`.
 
 Action
@@ -135,13 +135,13 @@ Version history
     ``answer_metric="em"`` or the overflow options without ``max_context_tokens`` are refused;
     ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's; a prune with text
     outside its ids attribute (``ids=r1 r6``, which pruned r1 alone) is refused, ``f1_threshold=0``
-    is refused, and so is a prune with an attribute besides ``ids``, a step or reset that
-    raises part way leaves no episode to step, and the
-    heuristic-prune baseline never sends a refused prune again; a prune deletes the earlier
-    assistant turns it leaves without search results, which stayed before, and a note's text
-    counted twice for good, in the turn and in its ``[memory m…]`` message; the generated
-    world's river and industry questions also take "X river", "X industry" and "X company", as
-    its documents say them ("the X river", "an X company"); a draft tag inside ``<think>`` that the turn then gives outside it is no format error).
+    is refused, and so is a prune with an attribute besides ``ids``, a step or reset that raises part
+    way leaves no episode to step, and the heuristic-prune baseline never sends a refused prune
+    again; a prune deletes the earlier assistant turns it leaves without search results, which
+    stayed before, and a note's text counted twice for good, in the turn and in its ``[memory m…]``
+    message; the generated world's river and industry questions also take "X river", "X industry"
+    and "X company", as its documents say them ("the X river", "an X company"); a draft tag inside
+    ``<think>`` that the turn then gives outside it is no format error).
 """
 
 from __future__ import annotations
@@ -612,8 +612,8 @@ class MemoryQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         whose search batches are all gone now (pruned, this turn or before), as MemAct's prune
         deletes a tool call with its result; a turn that searched nothing goes at the first prune
         after it (its notes stay as ``[memory m…]`` messages). Turns that recorded an answer are
-        not in ``_turn_batches``: they stay. Without this the agent's own turns (its reasoning above all) would fill a budget it
-        could never free."""
+        not in ``_turn_batches``: they stay. Without this the agent's own turns (its reasoning
+        above all) would fill a budget it could never free."""
         held = set(self._prunable.values())  # the messages whose ids can still be pruned
         spent = [turn_id for turn_id, batches in self._turn_batches.items() if held.isdisjoint(batches)]
         for turn_id in spent:

@@ -108,12 +108,12 @@ Version history
     results of the last search allowed say to answer after the evaluation, a turn's tags past
     its 64th are ignored (said in ``format_error``), ``task_selection`` without a dataset is
     refused, and ``retriever_timeout_s`` and ``retriever_retries`` set a remote service's;
-    thinking inside an ``<evaluate>`` is not its score or note, "3 of 5" is no score (as "3 out of 5"), a step that raises part way ends
-    the episode, and the generated world writes "an engineer", where it wrote "a engineer";
-    ``em`` and ``f1`` are None for an unanswerable question, whose refusal ``refused`` reports;
-    the generated world's river and industry questions also take "X river", "X industry" and "X
-    company", as its documents say them ("the X river", "an X company"); a draft ``<answer>`` inside ``<think>`` followed by the answer is no
-    format error).
+    thinking inside an ``<evaluate>`` is not its score or note, "3 of 5" is no score (as "3 out of 5"),
+    a step that raises part way ends the episode, and the generated world writes "an engineer",
+    where it wrote "a engineer"; ``em`` and ``f1`` are None for an unanswerable question, whose
+    refusal ``refused`` reports; the generated world's river and industry questions also take "X
+    river", "X industry" and "X company", as its documents say them ("the X river", "an X company");
+    a draft ``<answer>`` inside ``<think>`` followed by the answer is no format error).
 """
 
 from __future__ import annotations
