@@ -317,6 +317,10 @@ def test_dense_ranks_and_caches_embeddings(dense_tiny, monkeypatch):
     results = retriever.search(["Which city is Germany's capital?", "a dairy product from Normandy"], k=2)
     assert results[0][0].doc_id == "d1" and results[1][0].doc_id == "d3"
     assert -1.0 <= results[0][1].score <= results[0][0].score <= 1.0 + 1e-5
+    # A blank query matches nothing, as under BM25, and leaves the others' results in their places.
+    blank, capital = retriever.search(["  ", "Which city is Germany's capital?"], k=2)
+    assert blank == [] and capital[0].doc_id == "d1"
+    assert retriever.search([""], k=2) == [[]] == BM25Retriever(TINY).search([""], k=2)
     again = DenseRetriever(TINY)  # reads the cache (same corpus, same model)
     assert again.cache_path == retriever.cache_path
     changed = TINY[:3] + [Document("d3", "Cheese", "Brie is a soft cheese.")]

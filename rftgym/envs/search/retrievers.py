@@ -251,12 +251,17 @@ class DenseRetriever(Retriever):
         if not queries:
             return []
         k = min(int(k), len(self.documents))
-        scores, indices = self.index.search(self._encode(queries), k)
-        return [
-            [Hit(self.documents[i].id, self.documents[i].title, self.documents[i].text, float(s))
-             for i, s in zip(row_indices, row_scores) if i >= 0]
-            for row_indices, row_scores in zip(indices, scores)
-        ]
+        # A blank query means nothing: it matches no document, as under BM25 (its embedding would
+        # still be near some documents, which would come back as if they matched).
+        asked = [i for i, query in enumerate(queries) if query.strip()]
+        results: list[list[Hit]] = [[] for _ in queries]
+        if not asked:
+            return results
+        scores, indices = self.index.search(self._encode([queries[i] for i in asked]), k)
+        for slot, row_indices, row_scores in zip(asked, indices, scores):
+            results[slot] = [Hit(self.documents[i].id, self.documents[i].title, self.documents[i].text, float(s))
+                             for i, s in zip(row_indices, row_scores) if i >= 0]
+        return results
 
     def close(self) -> None:
         if getattr(self, "index", None) is not None:
