@@ -1252,6 +1252,30 @@ def test_eval_names_episodes_that_ran_out_of_context(tmp_path, monkeypatch, caps
     assert all(e.context_full for e in read_episodes_jsonl(tmp_path / "e.jsonl"))
 
 
+def test_eval_says_how_many_replies_stopped_at_the_token_limit(tmp_path, monkeypatch, capsys):
+    """An API model whose answers run past --max-new-tokens (256 by default; a HumanEval function
+    with its docstring can take twice that) loses them silently otherwise: finish_reason "length"
+    lives only in the episode files. An agent without token records shows no token columns."""
+    import rftgym.cli.evaluate as cli_evaluate
+    from rftgym.agents.base import Agent, AgentReply
+
+    class Rambles(Agent):
+        name = "rambles"
+
+        def act(self, contexts):
+            return [AgentReply(text="Let me think about this for a long", finish_reason="length") for _ in contexts]
+
+    monkeypatch.setattr(cli_evaluate, "_build_agent", lambda args: Rambles())
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--env-arg", "max_turns=2",
+                 "--out", str(tmp_path / "e.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert ("note: 4 of 4 rftgym/VerifiableQA-v0 replies stopped at the token limit (--max-new-tokens 256, "
+            "finish_reason 'length')") in out
+    header, _, row = out.splitlines()[:3]
+    cells = dict(zip(header.split(), row.split()))
+    assert cells["sampled_tok"] == "-" and cells["prompt_tok"] == "-"  # none recorded: not a count of 0
+
+
 def test_eval_never_starts_over_an_unfinished_evaluations_episodes(tmp_path, monkeypatch, capsys):
     import rftgym.rollout as rollout
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -74,7 +75,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(env_ids)} {'declares' if len(env_ids) == 1 else 'declare'} no evaluation "
                          "baselines; drop --baselines")
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
+    # per env: episodes ended for want of context, and replies cut at --max-new-tokens (of how many)
     context_full: dict[str, int] = {}
+    cut_replies: dict[str, tuple[int, float]] = {}
     agent = None
     outs: dict[str, Path] = {}
     paths: list[Path] = []
@@ -95,22 +98,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              "episodes; drop --resume to run the evaluation")
         agent = _build_agent(args)
         for env_id in env_ids:
-            for row, path, full in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
-                                                 outs[env_id]):
+            for row, path, summary in _evaluate_env(args, env_id, agent, env_kwargs, episodes_per_env[env_id],
+                                                    outs[env_id]):
                 rows.append(row)
                 written.append(path)
-                if full:
-                    context_full[env_id] = context_full.get(env_id, 0) + full
+                if summary["context_full"]:
+                    context_full[env_id] = context_full.get(env_id, 0) + summary["context_full"]
+                if summary["cut_replies"]:
+                    cut, replies = cut_replies.get(env_id, (0, 0))
+                    cut_replies[env_id] = (cut + summary["cut_replies"],
+                                           replies + summary["turns"] * summary["episodes"])
     except BaseException:
         if written:  # the runs that completed before a later one failed are shown, not hidden behind the error
-            _print_eval_results(len(env_ids), rows, written, context_full)
+            _print_eval_results(len(env_ids), rows, written, context_full, cut_replies, args.max_new_tokens)
         raise
     finally:  # the agent, also after a failure; the (empty) partial files of runs that never started
         if agent is not None:
             _close_agent(agent)
         _remove_empty_partials([*paths, *outs.values()])  # outs: default names claimed before a refusal
         _remove_empty_folders(made)  # a refusal leaves no folder it made for --out
-    _print_eval_results(len(env_ids), rows, written, context_full)
+    _print_eval_results(len(env_ids), rows, written, context_full, cut_replies, args.max_new_tokens)
     return 0
 
 
@@ -174,7 +181,8 @@ def _remove_empty_folders(folders: Sequence[Path]) -> None:
             pass
 
 
-def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int]) -> None:
+def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int],
+                        cut_replies: dict[str, tuple[int, float]], max_new_tokens: int | None) -> None:
     """The table of the runs in ``rows``, notes on their episodes, and where they were written."""
     from ..rollout import format_table
 
@@ -189,6 +197,11 @@ def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_f
     for env_id, full in context_full.items():
         print(f"note: {full} {env_id} episode(s) ended because the context left no room for another reply "
               "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
+    limit = f"--max-new-tokens {max_new_tokens}" if max_new_tokens else "the agent's own limit"
+    for env_id, (cut, replies) in cut_replies.items():
+        print(f"note: {cut} of {round(replies)} {env_id} replies stopped at the token limit ({limit}, finish_reason "
+              "'length'): a reply cut there may have lost its answer or the end of its code; raise --max-new-tokens "
+              "if the tasks need longer replies")
     # Flushed: after a failure the error follows on stderr, and should not come before this.
     print("episodes written to " + ", ".join(str(p) for p in written), flush=True)
 
@@ -230,7 +243,7 @@ def _check_eval_metadata(env_id: str, baselines: bool) -> None:
 
 def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out: Path):
     """One env: the agent as it is, then each baseline the env declares (the same agent under other
-    env options, or wrapped), all on the same seeds. Yields ``((headers, row), path, context_full)``
+    env options, or wrapped), all on the same seeds. Yields ``((headers, row), path, summary)``
     for each run as it completes, so that a later run's failure does not hide it."""
     from ..core.records import write_episodes_jsonl
 
@@ -263,7 +276,7 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         _keep_settings(path)
         headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                           run_episodes_, elapsed, ran)
-        yield (headers, row), path, summary["context_full"]
+        yield (headers, row), path, summary
 
 
 def settings_file(path: Path) -> Path:
@@ -402,7 +415,8 @@ def _eval_row(env_id, env_class, agent_name, episodes, elapsed, ran):
 
     s = summarize(episodes)
     headers = list(EVAL_COLUMNS)
+    tokens = ["-" if math.isnan(s[key]) else s[key] for key in ("sampled_tokens", "prompt_tokens")]  # none recorded
     row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
-           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], ran / elapsed if ran else "-"]
+           s["format_error_rate"], *tokens, ran / elapsed if ran else "-"]
     extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
     return headers + list(extra), row + ["-" if v is None else v for v in extra.values()], s

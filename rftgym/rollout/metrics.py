@@ -18,16 +18,19 @@ _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampl
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
-    """The means over ``episodes`` of their reward, success, turns, truncation and tokens, the share
-    of the turns they played with a format error (NaN when they played none), and two counts:
-    ``episodes`` and ``context_full`` (episodes ended for want of context).
+    """The means over ``episodes`` of their reward, success, turns, truncation and tokens (NaN when no
+    turn recorded tokens: an API agent's), the share of the turns they played with a format error
+    (NaN when they played none), and three counts: ``episodes``, ``context_full`` (episodes ended
+    for want of context) and ``cut_replies`` (replies played that stopped at the token limit,
+    finish_reason "length").
 
     No episodes have the same keys, the counts 0 and every mean NaN: a mean of nothing is no
     number, and 0 would read as a measured reward or success rate of 0."""
     if not episodes:
-        return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0}
+        return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0, "cut_replies": 0}
     played = [e.played_turns for e in episodes]
     format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
+    recorded = any(t.sampled_ids is not None for e in episodes for t in e.turns)
     # Means are floats even when every value is the same int (statistics.mean([3, 3]) is the int 3),
     # so that a table prints "3.000", not "3", where other rows print "2.500".
     return {
@@ -37,9 +40,10 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         "turns": float(mean(len(turns) for turns in played)),
         "truncated": float(mean(float(e.truncated) for e in episodes)),
         "format_error_rate": float(mean(format_errors)) if format_errors else math.nan,
-        "sampled_tokens": float(mean(e.num_sampled_tokens for e in episodes)),
-        "prompt_tokens": float(mean(e.num_prompt_tokens for e in episodes)),
+        "sampled_tokens": float(mean(e.num_sampled_tokens for e in episodes)) if recorded else math.nan,
+        "prompt_tokens": float(mean(e.num_prompt_tokens for e in episodes)) if recorded else math.nan,
         "context_full": sum(e.context_full for e in episodes),  # episodes ended for want of context
+        "cut_replies": sum(t.finish_reason == "length" for turns in played for t in turns),
     }
 
 

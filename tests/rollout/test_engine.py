@@ -690,8 +690,8 @@ def test_a_summary_of_no_episodes_has_every_key_with_nan_means():
     full = summarize(run_episodes(make_qa, ScriptedAgent(["<answer>1</answer>"]), seeds=[0]))
     empty = summarize([])
     assert list(empty) == list(full)
-    assert empty["episodes"] == 0 and empty["context_full"] == 0
-    assert all(math.isnan(v) for k, v in empty.items() if k not in ("episodes", "context_full"))
+    assert empty["episodes"] == 0 and empty["context_full"] == 0 and empty["cut_replies"] == 0
+    assert all(math.isnan(v) for k, v in empty.items() if k not in ("episodes", "context_full", "cut_replies"))
 
 
 def test_episodes_that_played_no_turn_have_no_format_error_rate():

@@ -8,8 +8,10 @@ Observation
 
 Action
     The text of one assistant turn. Code is submitted in a fenced block (```python … ```; the last
-    closed ``python``/``py`` block counts, else the last closed block without a language; blocks
-    inside a closed ``<think>…</think>`` are reasoning and never graded). With
+    closed ``python``/``py`` block counts, else the last closed block without a language, and for
+    a function task the last of those that defines the entry point, so that example calls in a
+    block after the solution do not replace it; blocks inside a closed ``<think>…</think>`` are
+    reasoning and never graded). With
     ``pseudocode=True`` the first turn must instead hold numbered steps inside
     ``<pseudocode>…</pseudocode>`` and no code (O1-CODER's pseudocode-then-code protocol); the
     code follows in the next turn.
@@ -96,7 +98,8 @@ Version history
     ends as a program does, its files flushed and fileinput closed; a step that raises part way,
     a sandbox failing, ends the episode; a dataset task whose check wraps the result, or whose
     reference returns a set's order, compares outputs so: ``task.compare_as``; HumanEval 32
-    takes any zero of its polynomial: ``task.output_property``).
+    takes any zero of its polynomial: ``task.output_property``; the block graded among several
+    is the last that defines the entry point, where it was the last).
 """
 
 from __future__ import annotations
@@ -489,7 +492,7 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         from .harness import grade
 
         parsed = parse_tags(action, ("think", "pseudocode"))
-        code, format_error = extract_code(parsed)
+        code, format_error = extract_code(parsed, self.task.entry_point if self.task.style == "function" else None)
         stray = stray_fence(parsed, action)
         # one list, so that the parser and the extraction saying the same thing say it once
         format_error = summarize_problems([*([format_error] if format_error else []), *([stray] if stray else []),

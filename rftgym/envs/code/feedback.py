@@ -21,12 +21,14 @@ MAX_KINDS_SHOWN = 4  # kinds of failure counted for a submission's hidden tests
 CODE_IN_THINK = "the code is inside <think>, which is reasoning, not the submission; give it after </think>"
 
 
-def extract_code(parsed) -> tuple[str | None, str | None]:
+def extract_code(parsed, entry_point: str | None = None) -> tuple[str | None, str | None]:
     """The submitted code and what was wrong with the format (None when clean).
 
     The last closed python block counts; without one, the last closed block with no language.
-    Blocks inside a closed ``<think>`` are drafts, never graded (a parse that looked for ``think``
-    tags knows them).
+    For a function task (``entry_point``), the last such block that defines the function: a
+    solution followed by a block of example calls or tests is graded by the solution, as EvalPlus'
+    sanitizer takes the code that defines the entry point. Blocks inside a closed ``<think>`` are
+    drafts, never graded (a parse that looked for ``think`` tags knows them).
     """
     closed, drafts = [], []
     for block in parsed.code_blocks:
@@ -42,13 +44,27 @@ def extract_code(parsed) -> tuple[str | None, str | None]:
         if closed:
             return None, f"no python code block (found a ```{closed[-1].language} block)"
         return None, CODE_IN_THINK if drafts else "no fenced code block"
+    graded = chosen[-1]
     if len(chosen) > 1:
-        problems.append(f"{len(chosen)} code blocks; the last one was graded")
+        defining = [b for b in chosen if entry_point and _defines(b.code, entry_point)]
+        if defining and defining[-1] is not graded:
+            graded = defining[-1]
+            problems.append(f"{len(chosen)} code blocks; the last one that defines {entry_point} was graded (the "
+                            "blocks after it only use it)")
+        else:
+            problems.append(f"{len(chosen)} code blocks; the last one was graded")
     # A byte-order mark that an editor put first is no code (Python reads a file's as encoding).
-    code = chosen[-1].code.lstrip("\ufeff")
+    code = graded.code.lstrip("\ufeff")
     if not code.strip():
         return None, "the code block is empty"
     return code, "; ".join(problems) or None
+
+
+def _defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines ``name`` at its top level (a def, an async def, a class or an
+    assignment), read from its lines: code that does not parse may still be the submission."""
+    pattern = rf"^(?:(?:async\s+)?def\s+{re.escape(name)}\s*\(|class\s+{re.escape(name)}\b|{re.escape(name)}\s*=[^=])"
+    return re.search(pattern, code.lstrip("\ufeff"), re.MULTILINE) is not None
 
 
 def stray_fence(parsed, text: str) -> str | None:

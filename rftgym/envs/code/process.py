@@ -96,7 +96,8 @@ class RolloutStepScorer:
             prompt = COMPLETION_PROMPT.format(task=task.prompt, steps=plan)
             contexts.extend([Context((ids.message("user", prompt),))] * self.samples)
         replies = replies_with_room(self.agent.act(contexts), "scoring pseudocode steps") if contexts else []
-        codes = [extract_code(parse_tags(r.text, ("think",)))[0] for r in replies]
+        entry_point = task.entry_point if task.style == "function" else None
+        codes = [extract_code(parse_tags(r.text, ("think",)), entry_point)[0] for r in replies]
         # One batch: the sandbox runs the completions side by side instead of one after another.
         graded = iter(grade_many([(task, code) for code in codes if code is not None], self.sandbox,
                                  self.per_test_seconds, max_timeouts=self.max_timeouts))

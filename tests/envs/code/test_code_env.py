@@ -273,13 +273,31 @@ def test_feedback_on_code_that_fails_before_any_test_names_the_cause_once(tmp_pa
                    tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
     env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
     task = env.unwrapped.task
-    # the solution, then a usage block: the last block is graded, and the feedback says so
-    reply = fenced(task.reference) + f"\nUsage:\n```python\nprint({task.entry_point}())\n```"
+    # a usage block, then a block that uses the function without defining it: the last is graded,
+    # and the feedback says so
+    reply = fenced(f"x = {task.entry_point}") + f"\nUsage:\n```python\nprint({task.entry_point}())\n```"
     context, _, terminated, _, info = env.step(reply)
     feedback = context[-1].content
     assert not terminated and info["status"] in ("import_error", "missing_entry_point"), info["status"]
     assert "passed 0 of" not in feedback and "Note: 2 code blocks; the last one was graded." in feedback
     assert "- input:" not in feedback and "expected:" not in feedback  # no test ran: no outputs given away
+    env.close()
+
+
+def test_a_solution_followed_by_a_block_of_example_calls_is_graded_by_the_solution(tmp_path):
+    """Chat models often write the solution, then "Example usage" in a block of its own: the last
+    block that defines the entry point is the submission (as EvalPlus' sanitizer takes it); the
+    extra block is still a format problem, said in format_error."""
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", tcg=TCGConfig(cache_dir=str(tmp_path), n_random=4))
+    env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
+    task = env.unwrapped.task
+    usage = f"\nExample usage:\n```python\nprint({task.entry_point}(1))\nassert {task.entry_point}\n```"
+    _, reward, terminated, _, info = env.step("Here is the solution.\n" + fenced(task.reference) + usage)
+    assert terminated and info["success"] and info["status"] == "ok" and reward == pytest.approx(0.9)
+    assert info["format_error"] == (f"2 code blocks; the last one that defines {task.entry_point} was graded (the "
+                                    "blocks after it only use it)")
     env.close()
 
 
@@ -595,3 +613,14 @@ def test_code_nested_past_the_compilers_depth_is_a_syntax_error_not_a_crash(gene
         assert info["status"] == "syntax_error" and info["syntax_error"] and info["passed"] == 0
         assert "nests too deeply for Python to compile it" in info["tests"][0]["error"]
     assert example_calls("f(" + "1+" * 14000 + "1)", "f") == []  # a proposal of the same shape: no input
+
+
+def test_which_block_defines_the_entry_point_is_read_from_its_top_level_lines():
+    from rftgym.envs.code.feedback import _defines
+
+    assert _defines("import math\n\ndef solve(x):\n    return x", "solve")
+    assert _defines("async def solve(x): ...", "solve") and _defines("class solve:\n    pass", "solve")
+    assert _defines("solve = lambda x: x", "solve") and _defines("def solve(:\n  broken", "solve")
+    assert not _defines("print(solve(1))\nassert solve(2) == 2", "solve")
+    assert not _defines("solve == 3", "solve") and not _defines("def solver(x): ...", "solve")
+    assert not _defines("class A:\n    def solve(self): ...", "solve")  # a method is not the function
