@@ -350,7 +350,9 @@ def test_play_pays_a_time_limit_cut_as_eval_does(monkeypatch, capsys):
     wrong = next(c for c in task.choices if c != task.answer) if task.choices else str(int(task.answer) + 1)
     feed(monkeypatch, [f"<answer>{wrong}</answer>"])
     assert main(["play", ENV_ID, "--seed", "5", "--env-arg", "max_attempts=2", "--env-arg", "max_episode_steps=1"]) == 0
-    assert "reward=0.100 terminated=False truncated=True" in capsys.readouterr().out  # the clean wrong answer's
+    out = capsys.readouterr().out
+    assert "reward=0.100 terminated=False truncated=True" in out  # the clean wrong answer's
+    assert "reward_if_cut" not in out.split("truncated=True")[1]  # paid in the reward shown: not beside it
 
 
 def test_play_takes_windows_line_ends_and_shows_info_briefly(monkeypatch, capsys):

@@ -10,7 +10,7 @@ from .environments import _make_env, _parse_env_args
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from ..envs.common import settle_cut
+    from ..envs.common import INFO_IF_CUT, REWARD_IF_CUT, settle_cut
     from ..rollout.engine import checked_reset, checked_step
 
     if sys.stdin is None or getattr(sys.stdin, "closed", False):
@@ -56,6 +56,8 @@ def cmd_play(args: argparse.Namespace) -> int:
                 turns += 1
                 if truncated and not terminated:  # paid and reported as rftgym eval records it
                     reward, info = settle_cut(reward, info)
+                    # (what the cut pays is in the reward shown now: not shown again beside it)
+                    info = {k: v for k, v in info.items() if k not in (REWARD_IF_CUT, INFO_IF_CUT)}
                 # The user's own turn is the first assistant message the step added; any other is the env's.
                 own = next((m for m in context if m.role == "assistant" and m.id not in before.ids), None)
                 if own is not None:
