@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -77,7 +76,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rows, written = [], []  # rows: (headers, row); each env has its own columns after the shared ones
     # per env: episodes ended for want of context, and replies cut at --max-new-tokens (of how many)
     context_full: dict[str, int] = {}
-    cut_replies: dict[str, tuple[int, float]] = {}
+    cut_replies: dict[str, tuple[int, int]] = {}
     agent = None
     outs: dict[str, Path] = {}
     paths: list[Path] = []
@@ -106,8 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     context_full[env_id] = context_full.get(env_id, 0) + summary["context_full"]
                 if summary["cut_replies"]:
                     cut, replies = cut_replies.get(env_id, (0, 0))
-                    cut_replies[env_id] = (cut + summary["cut_replies"],
-                                           replies + summary["turns"] * summary["episodes"])
+                    cut_replies[env_id] = (cut + summary["cut_replies"], replies + summary["replies"])
     except BaseException:
         if written:  # the runs that completed before a later one failed are shown, not hidden behind the error
             _print_eval_results(len(env_ids), rows, written, context_full, cut_replies, args.max_new_tokens)
@@ -182,7 +180,7 @@ def _remove_empty_folders(folders: Sequence[Path]) -> None:
 
 
 def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_full: dict[str, int],
-                        cut_replies: dict[str, tuple[int, float]], max_new_tokens: int | None) -> None:
+                        cut_replies: dict[str, tuple[int, int]], max_new_tokens: int | None) -> None:
     """The table of the runs in ``rows``, notes on their episodes, and where they were written."""
     from ..rollout import format_table
 
@@ -199,7 +197,7 @@ def _print_eval_results(env_count: int, rows, written: Sequence[Path], context_f
               "(info context_full, scored as unfinished); lower --max-new-tokens or use a longer-context model")
     limit = f"--max-new-tokens {max_new_tokens}" if max_new_tokens else "the agent's own limit"
     for env_id, (cut, replies) in cut_replies.items():
-        print(f"note: {cut} of {round(replies)} {env_id} replies stopped at the token limit ({limit}, finish_reason "
+        print(f"note: {cut} of {replies} {env_id} replies stopped at the token limit ({limit}, finish_reason "
               "'length'): a reply cut there may have lost its answer or the end of its code; raise --max-new-tokens "
               "if the tasks need longer replies")
     # Flushed: after a failure the error follows on stderr, and should not come before this.
@@ -415,8 +413,7 @@ def _eval_row(env_id, env_class, agent_name, episodes, elapsed, ran):
 
     s = summarize(episodes)
     headers = list(EVAL_COLUMNS)
-    tokens = ["-" if math.isnan(s[key]) else s[key] for key in ("sampled_tokens", "prompt_tokens")]  # none recorded
-    row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],
-           s["format_error_rate"], *tokens, ran / elapsed if ran else "-"]
+    row = [env_id, agent_name, s["episodes"], s["reward"], s["success"], s["turns"],  # (NaN shows as "-")
+           s["format_error_rate"], s["sampled_tokens"], s["prompt_tokens"], ran / elapsed if ran else "-"]
     extra = env_metrics(episodes, env_class.metadata.get("eval_metrics", ()))
     return headers + list(extra), row + ["-" if v is None else v for v in extra.values()], s

@@ -20,16 +20,17 @@ _MEANS = ("reward", "success", "turns", "truncated", "format_error_rate", "sampl
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     """The means over ``episodes`` of their reward, success, turns, truncation and tokens (NaN when no
     turn recorded tokens: an API agent's), the share of the turns they played with a format error
-    (NaN when they played none), and three counts: ``episodes``, ``context_full`` (episodes ended
-    for want of context) and ``cut_replies`` (replies played that stopped at the token limit,
-    finish_reason "length").
+    (NaN when they played none), and four counts: ``episodes``, ``context_full`` (episodes ended
+    for want of context), ``replies`` (turns played) and ``cut_replies`` (of those, the replies
+    that stopped at the token limit, finish_reason "length").
 
     No episodes have the same keys, the counts 0 and every mean NaN: a mean of nothing is no
     number, and 0 would read as a measured reward or success rate of 0."""
     if not episodes:
-        return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0, "cut_replies": 0}
+        return {"episodes": 0, **{key: math.nan for key in _MEANS}, "context_full": 0, "replies": 0,
+                "cut_replies": 0}
     played = [e.played_turns for e in episodes]
-    format_errors = [bool(t.info.get("format_error")) for turns in played for t in turns]
+    replies, format_errors, cut = turn_counts(episodes)
     recorded = any(t.sampled_ids is not None for e in episodes for t in e.turns)
     # Means are floats even when every value is the same int (statistics.mean([3, 3]) is the int 3),
     # so that a table prints "3.000", not "3", where other rows print "2.500".
@@ -39,12 +40,22 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         "success": float(mean(float(e.success) for e in episodes)),
         "turns": float(mean(len(turns) for turns in played)),
         "truncated": float(mean(float(e.truncated) for e in episodes)),
-        "format_error_rate": float(mean(format_errors)) if format_errors else math.nan,
+        "format_error_rate": format_errors / replies if replies else math.nan,
         "sampled_tokens": float(mean(e.num_sampled_tokens for e in episodes)) if recorded else math.nan,
         "prompt_tokens": float(mean(e.num_prompt_tokens for e in episodes)) if recorded else math.nan,
         "context_full": sum(e.context_full for e in episodes),  # episodes ended for want of context
-        "cut_replies": sum(t.finish_reason == "length" for turns in played for t in turns),
+        "replies": replies,
+        "cut_replies": cut,
     }
+
+
+def turn_counts(episodes: Sequence[Episode]) -> list[int]:
+    """``[replies the env played, those with info["format_error"], those cut at the token limit]``
+    over ``episodes`` (:attr:`~rftgym.core.records.Episode.played_turns`; a cut reply's
+    finish_reason is "length"), as `rftgym eval` and the trainer's metrics count them."""
+    played = [t for e in episodes for t in e.played_turns]
+    return [len(played), sum(bool(t.info.get("format_error")) for t in played),
+            sum(t.finish_reason == "length" for t in played)]
 
 
 # How an env's own evaluation columns are computed from its info dicts. An env lists them in
@@ -146,12 +157,13 @@ def reducers_view(episode: Episode, spec: Iterable[tuple[str, str, str]]) -> Epi
 
 
 def format_table(rows: Iterable[Sequence], headers: Sequence[str]) -> str:
-    """A left-aligned text table; floats get 3 decimal places. Every row has one cell per
-    header: a row of another length is a ValueError naming it (the table would shift or drop its
-    cells), and a caller with nothing to show puts "-" in the cell, as the CLI does."""
+    """A left-aligned text table; floats get 3 decimal places, and NaN (a mean of nothing, a count
+    nothing recorded) shows as "-". Every row has one cell per header: a row of another length is a
+    ValueError naming it (the table would shift or drop its cells), and a caller with nothing to
+    show puts "-" in the cell, as the CLI does."""
     def cell(value) -> str:
         if isinstance(value, float):
-            return f"{value:.3f}"
+            return "-" if math.isnan(value) else f"{value:.3f}"
         return str(value)
 
     body = [[cell(v) for v in row] for row in rows]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..rollout.metrics import turn_counts
 from .batching import BatchStats
 from .config import TrainConfig
 
@@ -76,14 +77,6 @@ def extremes(ranks, lengths: list[int], stats: BatchStats) -> tuple[tuple, tuple
     advantage = [s[2] for s in shares if s[2][0] is not None]
     return ((min(low, default=None), max(high, default=None)),
             (min((a[0] for a in advantage), default=None), max((a[1] for a in advantage), default=None)))
-
-
-def turn_counts(episodes) -> list[int]:
-    """``[replies the env played, those with info["format_error"], those cut at max_new_tokens]``
-    over ``episodes`` (as ``rftgym eval`` counts them: :attr:`~rftgym.core.records.Episode.played_turns`)."""
-    played = [t for e in episodes for t in e.played_turns]
-    return [len(played), sum(bool(t.info.get("format_error")) for t in played),
-            sum(t.finish_reason == "length" for t in played)]
 
 
 def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float | None]:

@@ -690,8 +690,9 @@ def test_a_summary_of_no_episodes_has_every_key_with_nan_means():
     full = summarize(run_episodes(make_qa, ScriptedAgent(["<answer>1</answer>"]), seeds=[0]))
     empty = summarize([])
     assert list(empty) == list(full)
-    assert empty["episodes"] == 0 and empty["context_full"] == 0 and empty["cut_replies"] == 0
-    assert all(math.isnan(v) for k, v in empty.items() if k not in ("episodes", "context_full", "cut_replies"))
+    counts = ("episodes", "context_full", "replies", "cut_replies")
+    assert all(empty[k] == 0 for k in counts) and full["replies"] == 1 and full["cut_replies"] == 0
+    assert all(math.isnan(v) for k, v in empty.items() if k not in counts)
 
 
 def test_episodes_that_played_no_turn_have_no_format_error_rate():
@@ -716,3 +717,4 @@ def test_a_table_row_without_one_cell_per_header_is_named(row, cells):
                                          r"\['a'.*\]; give each row one cell per header"):
         format_table([["x", 0.5], row], ["id", "score"])
     assert format_table([["x", 0.5]], ["id", "score"]).splitlines() == ["id  score", "--  -----", "x   0.500"]
+    assert format_table([["x", float("nan")]], ["id", "score"]).splitlines()[2].rstrip() == "x   -"  # a mean of nothing

@@ -227,7 +227,7 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
 
 def test_turn_counts_count_the_replies_played_their_format_errors_and_cut_replies():
     from rftgym.core.records import CONTEXT_FULL, Episode, Turn
-    from rftgym.train.step_metrics import turn_counts
+    from rftgym.rollout.metrics import turn_counts
 
     def turn(i, finish, info=None):
         return Turn(index=i, context_ids=(), action="a", reward=0.0, terminated=False, truncated=False,
