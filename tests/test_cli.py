@@ -260,7 +260,7 @@ def test_an_agents_own_crash_shows_where_it_happened(monkeypatch, capsys):
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "1"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "in crash" in err  # the agent's own frame, for its author
-    assert f"raised ZeroDivisionError: inside the agent (replying to {ENV_ID} seed 0 turn 0)" in err
+    assert f"raised ZeroDivisionError: inside the agent (replying to {ENV_ID} seed 0 turn 1)" in err
 
 
 def test_an_empty_output_path_is_refused(capsys):
@@ -529,14 +529,14 @@ gym.register("mine/Misbehaves-v0", entry_point=Misbehaves)
 
 
 @pytest.mark.parametrize("how, said", [
-    ("nan", "mine/Misbehaves-v0 (seed 3, turn 0) returned the reward nan; a reward is a finite number"),
-    ("text", "mine/Misbehaves-v0 (seed 3, turn 0) returned the reward '1.0'; a reward is a finite number"),
-    ("raise", "mine/Misbehaves-v0 raised KeyError in step (seed 3, turn 0): 'lost track'"),
+    ("nan", "mine/Misbehaves-v0 (seed 3, turn 1) returned the reward nan; a reward is a finite number"),
+    ("text", "mine/Misbehaves-v0 (seed 3, turn 1) returned the reward '1.0'; a reward is a finite number"),
+    ("raise", "mine/Misbehaves-v0 raised KeyError in step (seed 3, turn 1): 'lost track'"),
     ("list", "mine/Misbehaves-v0 (seed 3) reset to a list; an rftgym env's observation is the chat context"),
     # Met first by Gymnasium's own checker and wrappers (gym.make), on the first step: no traceback either.
-    ("info_none", "mine/Misbehaves-v0 (seed 3, turn 0) broke Gymnasium's step API (Gymnasium, reading what it "
+    ("info_none", "mine/Misbehaves-v0 (seed 3, turn 1) broke Gymnasium's step API (Gymnasium, reading what it "
                   "returned: The `info` returned by `step()` must be a python dictionary"),
-    ("four", "mine/Misbehaves-v0 (seed 3, turn 0) broke Gymnasium's step API (Gymnasium, reading what it returned: "
+    ("four", "mine/Misbehaves-v0 (seed 3, turn 1) broke Gymnasium's step API (Gymnasium, reading what it returned: "
              "not enough values to unpack (expected 5, got 4)); step returns (observation, reward, terminated, "
              "truncated, info)"),
 ])

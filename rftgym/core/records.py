@@ -86,7 +86,7 @@ def build_segments(turns: Iterable[Turn]) -> list[Segment]:
         logprobs = list(turn.logprobs) if turn.logprobs is not None else [0.0] * len(sampled)
         if len(logprobs) != len(sampled):
             raise ValueError(
-                f"turn {turn.index}: {len(logprobs)} log-probs for {len(sampled)} sampled tokens"
+                f"turn {turn.index + 1}: {len(logprobs)} log-probs for {len(sampled)} sampled tokens"
             )
         n = len(current.token_ids) if current is not None else 0
         if current is not None and len(prompt) >= n and prompt[:n] == current.token_ids:

@@ -314,8 +314,8 @@ def _agent_name(agent: Agent) -> str:
     return getattr(agent, "name", type(agent).__name__)
 
 
-def _where(slot: _Slot) -> str:
-    return f"{_env_id(slot.env)} seed {slot.seed} turn {len(slot.turns)}"
+def _where(slot: _Slot) -> str:  # turns named from 1, as info["turn"] counts them
+    return f"{_env_id(slot.env)} seed {slot.seed} turn {len(slot.turns) + 1}"
 
 
 def _batch_where(slots: list[_Slot], active: list[int]) -> str:
@@ -450,7 +450,7 @@ def _call_env(env: gym.Env, episode_seed, call: str, turn: int, *args, **kwargs)
         raise
     except Exception as exc:
         options = kwargs.get("options")
-        where = f"seed {episode_seed}" + (f", turn {turn}" if call == "step" else "") + \
+        where = f"seed {episode_seed}" + (f", turn {turn + 1}" if call == "step" else "") + \
             (f", options {options!r}" if options else "")  # a bad option is the caller's to fix
         if _found_by_gymnasiums_checker(exc):  # what it returned broke the API: no crash of the env's own
             returns = "(observation, info)" if call == "reset" else "(observation, reward, terminated, truncated, info)"
@@ -499,11 +499,13 @@ def checked_reset(env: gym.Env, seed: int | None, options: dict[str, Any] | None
 
 
 def checked_step(env: gym.Env, seed: int | None, turn: int, action: str) -> tuple[Context, float, bool, bool, dict]:
-    """``env.step(action)`` on the episode of ``seed``, at ``turn`` (0 for the first), held to the
-    protocol as the engine holds it: the reward a finite float, the flags bools."""
+    """``env.step(action)`` on the episode of ``seed``, at ``turn`` (0 for the first; messages name
+    it from 1, as ``info["turn"]`` does), held to the protocol as the engine holds it: the reward a
+    finite float, the flags bools."""
     context, reward, terminated, truncated, info = _unpack(_call_env(env, seed, "step", turn, action), 5, env, seed,
                                                            "step")
-    reward = _checked_step(f"{_env_id(env)} (seed {seed}, turn {turn})", context, reward, terminated, truncated, info)
+    reward = _checked_step(f"{_env_id(env)} (seed {seed}, turn {turn + 1})", context, reward, terminated, truncated,
+                           info)
     return context, reward, bool(terminated), bool(truncated), info
 
 
@@ -601,7 +603,7 @@ def _step(slot: _Slot, agent: Agent, reply: AgentReply, max_turns: int) -> None:
     for m in context:
         known = slot.messages.setdefault(m.id, m)
         if known != m:  # the records (and the model's exact spans) are keyed by id
-            raise EnvContractError(f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns) - 1}) sent message "
+            raise EnvContractError(f"{_env_id(slot.env)} (seed {slot.seed}, turn {len(slot.turns)}) sent message "
                                    f"{m.id!r} again with other content; messages are immutable: give an edited "
                                    "message a new id (the records and the model's exact tokens are kept by id)")
     slot.context = context

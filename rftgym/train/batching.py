@@ -179,7 +179,7 @@ def _evaluation_split(episode: Episode, turn, split_tokens) -> int | None:
 
 
 def _where(episode: Episode, turn) -> str:
-    return f"{episode.env_id} (seed {episode.seed}, turn {turn.index})"
+    return f"{episode.env_id} (seed {episode.seed}, turn {turn.index + 1})"  # from 1, as info["turn"]
 
 
 def _check_old_logprobs(groups: list[list[Episode]], config: TrainConfig) -> None:

@@ -97,7 +97,7 @@ def test_empty_sampled_tokens_are_allowed():
 
 @pytest.mark.parametrize("logprobs", [[-0.1], [-0.1, -0.2, -0.3], []])
 def test_mismatched_logprobs_raise(logprobs):
-    with pytest.raises(ValueError, match="turn 4: .* log-probs for 2 sampled tokens"):
+    with pytest.raises(ValueError, match="turn 5: .* log-probs for 2 sampled tokens"):
         build_segments([turn(4, [1], [2, 3], logprobs)])
 
 

@@ -163,7 +163,7 @@ def test_an_env_breaking_the_step_contract_is_named(reward, message):
             context, _, terminated, truncated, info = self.env.step(action)
             return context, reward, terminated, truncated, info
 
-    with pytest.raises(EnvContractError, match=r"rftgym/VerifiableQA-v0 \(seed 3, turn 0\) " + message):
+    with pytest.raises(EnvContractError, match=r"rftgym/VerifiableQA-v0 \(seed 3, turn 1\) " + message):
         run_episodes(lambda: BadReward(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
 
     class TextObservation(gym.Wrapper):
@@ -205,7 +205,7 @@ def test_an_env_that_reuses_a_message_id_for_other_content_is_named():
             context, info = self.env.reset(**kwargs)
             return Context(context.messages + (Message("user", "status: start", "status"),)), info
 
-    with pytest.raises(EnvContractError, match=r"turn 0\) sent message 'status' again with other content"):
+    with pytest.raises(EnvContractError, match=r"turn 1\) sent message 'status' again with other content"):
         run_episodes(lambda: Restating(make_qa()), ScriptedAgent(["no tag"]), seeds=[0])
 
 
@@ -263,12 +263,12 @@ def test_an_agent_that_raises_is_named_with_where_it_was():
         return [AgentReply("no tag") for _ in contexts]
 
     with pytest.raises(AgentError, match=r"agent 'agent' raised RuntimeError: boom \(replying to "
-                                         r"rftgym/VerifiableQA-v0 seed 5 turn 1\)") as info:
+                                         r"rftgym/VerifiableQA-v0 seed 5 turn 2\)") as info:
         run_episodes(make_qa, Returns(breaks_on_the_second_call), seeds=[5])
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
-@pytest.mark.parametrize("call, where", [("reset", r"in reset \(seed 5\)"), ("step", r"in step \(seed 5, turn 1\)")])
+@pytest.mark.parametrize("call, where", [("reset", r"in reset \(seed 5\)"), ("step", r"in step \(seed 5, turn 2\)")])
 def test_an_env_that_raises_is_named_with_where_it_was(call, where):
     from rftgym.core.errors import EnvError
 
@@ -653,7 +653,7 @@ def test_an_env_owing_a_reward_that_is_not_a_number_is_named(owed):
             context, reward, terminated, truncated, info = self.env.step(action)
             return context, reward, terminated, truncated, {**info, "reward_if_cut": owed}
 
-    with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['reward_if_cut'\]=.*a finite number"):
+    with pytest.raises(EnvContractError, match=r"turn 1\) returned info\['reward_if_cut'\]=.*a finite number"):
         run_episodes(lambda: BadOwed(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
 
 
@@ -677,7 +677,7 @@ def test_an_env_whose_report_if_cut_is_not_a_dict_of_info_values_is_named(report
             context, reward, terminated, truncated, info = self.env.step(action)
             return context, reward, terminated, truncated, {**info, "info_if_cut": report}
 
-    with pytest.raises(EnvContractError, match=r"turn 0\) returned info\['info_if_cut'\] as .*; it is a dict of the "
+    with pytest.raises(EnvContractError, match=r"turn 1\) returned info\['info_if_cut'\] as .*; it is a dict of the "
                                                r"info values a cut"):
         run_episodes(lambda: BadReport(make_qa()), ScriptedAgent(["<answer>1</answer>"]), seeds=[3])
 

@@ -199,7 +199,7 @@ def test_an_agent_whose_bookkeeping_raises_is_named_with_where_it_was(method):
                 raise ValueError("no room")
 
     with pytest.raises(AgentError, match=rf"agent 'agent' raised \w+ in {method}\(\): .* \(after its reply to "
-                                         r"rftgym/VerifiableQA-v0 seed 4 turn 0\)") as info:
+                                         r"rftgym/VerifiableQA-v0 seed 4 turn 1\)") as info:
         run_episodes(make_qa, Breaks(), seeds=[4])
     assert isinstance(info.value.__cause__, (KeyError, ValueError))
 

@@ -107,7 +107,7 @@ def test_a_process_score_that_is_not_a_finite_number_is_an_env_error(score):
 
     good = episode([(2, 0, {"evaluation_score": 8}), (1, 1.0, {})])
     bad = episode([(2, 0, {"evaluation_score": score}), (1, 0.0, {})])
-    with pytest.raises(EnvContractError, match=r"test \(seed 0, turn 0\): info\['evaluation_score'\] is"):
+    with pytest.raises(EnvContractError, match=r"test \(seed 0, turn 1\): info\['evaluation_score'\] is"):
         build_samples([[good, bad]], TrainConfig(algo="pcar"))
 
 
@@ -119,7 +119,7 @@ def test_a_bad_evaluation_end_names_the_episode_and_turn_it_came_from(make_char_
     bad = episode([(2, 0, {}), (2, 0.0, {"evaluation_score": 3, "evaluation_end": 9})])
     for turn in good.turns + bad.turns:
         turn.action = "ab"
-    with pytest.raises(EnvContractError, match=r"^test \(seed 0, turn 1\): info\['evaluation_end'\] is 9; it is a "
+    with pytest.raises(EnvContractError, match=r"^test \(seed 0, turn 2\): info\['evaluation_end'\] is 9; it is a "
                                                r"character offset into the turn's action, an int in \[0, 2\]$"):
         build_samples([[good, bad]], TrainConfig(algo="pcar"), split_tokens=evaluation_split(make_char_policy()))
 
