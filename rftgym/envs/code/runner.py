@@ -19,7 +19,10 @@ catches it, ignores SIGALRM, switches the runner's alarm off (it shares the chil
 loops in C where no signal handler runs would run on until the sandbox's limit for the whole run.
 So the supervisor, which runs no candidate code, gives each test its limit plus ``_GRACE`` from
 the record before it; past that it kills the child, reports the test as a timeout and starts a
-new child at the next test (after ``max_timeouts`` timeouts the rest are skipped). Where no
+new child at the next test (after ``max_timeouts`` timeouts the rest are skipped). A result that
+comes past the limit is a timeout too, however the code got there (it caught the alarm's exception
+or ignored SIGALRM, then returned): the child checks its clock when the code returns, and the
+supervisor checks when the record arrives (``_LATE`` past the limit, from the record before). Where no
 second process can be started (a limit of one process), the tests run in the runner itself, with
 the alarms and a watchdog thread that ends the run ``_GRACE`` seconds after a limit that did not
 stop its test.
@@ -81,6 +84,15 @@ def _quiet():
     # The alarm only: the watchdog still guards what runs the candidate's code after the test (the
     # repr of its result, the str of its exception) until _disarm.
     signal.setitimer(signal.ITIMER_REAL, 0)
+
+def _overran(ran, seconds):
+    # Code that catches the alarm's exception, or ignores SIGALRM, may still return: late, it is a
+    # timeout all the same (the supervisor, whose clock the code cannot reach, checks it again).
+    return _alarm_fired[0] or (None not in ran and ran[1] - ran[0] > seconds)
+
+def _check_in_time(ran, seconds):
+    if _overran(ran, seconds):
+        raise _Timeout()
 
 def _disarm():
     _quiet()
@@ -173,11 +185,17 @@ def _function_style(cfg):
             continue
         got = error = message = None
         start = time.perf_counter()
+        ran = [None, None]   # when the call began and ended, on the runner's clock
         try:
             args = _eval_input(source)
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
-            value = fn(*args)
+            ran[0] = _now()
+            try:
+                value = fn(*args)
+            finally:
+                ran[1] = _now()
             _quiet()
+            _check_in_time(ran, cfg["per_test"])
             got = _rft_dumps(value)
             if len(got) > _MAX_GOT:
                 got, error, message = None, "OutputTooLarge", "the returned value is too large"
@@ -186,7 +204,11 @@ def _function_style(cfg):
             timeouts += 1
         except BaseException as exc:
             _quiet()
-            error, message = _describe(exc)
+            if _overran(ran, cfg["per_test"]):   # it caught the alarm, then failed otherwise
+                error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
+                timeouts += 1
+            else:
+                error, message = _describe(exc)
         _disarm()
         _emit({"i": i, "got": got, "error": error, "message": message, "s": time.perf_counter() - start})
 
@@ -254,8 +276,10 @@ def _stdio_style(cfg):
         os._exit, _test_pid[0] = _hard_exit, os.getpid()
         start = time.perf_counter()
         namespace = None
+        ran = [None, None]
         try:
             _arm(cfg["per_test"], _test_overran(i, len(cfg["inputs"]), cfg["per_test"], _now()))
+            ran[0] = _now()
             try:
                 namespace = {"__name__": "__main__", "__builtins__": builtins}
                 exec(compile(cfg["setup"], "setup.py", "exec"), namespace)
@@ -266,6 +290,8 @@ def _stdio_style(cfg):
             _flush_std()   # while the program's names are there (a FastIO wrapper flushes through them)
             namespace = None
             _program_gone()
+            ran[1] = _now()
+            _check_in_time(ran, cfg["per_test"])
             _disarm()
         except _Timeout:
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]
@@ -276,6 +302,9 @@ def _stdio_style(cfg):
         except BaseException as exc:
             _quiet()
             error, message = _describe(exc)
+        if error != "Timeout" and _overran([ran[0], _now()] if ran[1] is None else ran, cfg["per_test"]):
+            error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]   # then exited or failed
+            timeouts += 1
         _disarm()
         if namespace is not None:   # a program that failed: its objects go now, not into the next test's output
             namespace = None
@@ -399,6 +428,15 @@ def _records(read_end, buffer, wait):
                 found.append(record)
     return found
 
+_LATE = min(0.2, _GRACE)   # a result that came later than this past the limit (from the record before) is a timeout
+
+def _late_record(record, per_test, seconds):
+    # The child's own check of its clock missed it (the code reached the runner's state): the
+    # supervisor's clock, which the code cannot reach, says the test ran past its limit.
+    return {"i": record["i"], "got": None, "error": "Timeout", "s": seconds,
+            "message": "the test took longer than %g s (its result came %.2f s after the test began)"
+                       % (per_test, seconds)}
+
 def _skip_rest(first, total, why):
     for j in range(first, total):
         _emit({"i": j, "got": None, "error": "Skipped", "message": why, "s": 0.0})
@@ -451,16 +489,23 @@ def _supervise(cfg):
                 if expected is None and record.get("ready") is True:
                     expected = first
                 elif expected is not None and record.get("i") == expected and type(record["i"]) is int:
+                    late = _now() - began > per_test + _LATE and record.get("error") != "Timeout"
+                    if late:
+                        record = _late_record(record, per_test, _now() - began)
                     _emit(record)
                     timeouts += record.get("error") == "Timeout"
                     expected += 1
+                    if late and max_timeouts and timeouts >= max_timeouts:   # the child did not count it
+                        _stop_child(pid, read_end)
+                        return _skip_rest(expected, total, "not run after a timeout")
                 elif expected == total and record.get("done") is True:
                     _emit({"done": True})
                     _stop_child(pid, read_end)
                     return True
                 else:
                     continue
-                deadline = _now() + per_test + _GRACE
+                began = _now()   # the next test's time runs from the record before it
+                deadline = began + per_test + _GRACE
             if _now() <= deadline:
                 continue
             _stop_child(pid, read_end)

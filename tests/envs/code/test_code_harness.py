@@ -165,6 +165,37 @@ def test_a_test_that_will_not_stop_at_its_limit_ends_the_run_not_the_sandbox(san
     assert "did not stop at its time limit" in graded.results[1].error
 
 
+# Code that lets the limit pass, then gives the right answer within the grace the supervisor allows.
+LATE_BUT_RIGHT = {
+    "catches it": "import time\ndef add(a, b):\n    if a == [1]:\n        try:\n            while True:\n"
+                  "                time.sleep(0.05)\n        except BaseException:\n            pass\n"
+                  "    return a + b\n",
+    "catches it, then fails": "import time\ndef add(a, b):\n    if a == [1]:\n        try:\n            while True:\n"
+                              "                time.sleep(0.05)\n        except BaseException:\n"
+                              "            raise ValueError('late')\n    return a + b\n",
+    "ignores it": "import signal, time\ndef add(a, b):\n    if a == [1]:\n"
+                  "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n        time.sleep(0.5)\n    return a + b\n",
+    # the child's alarm and clock switched off from inside: the supervisor's clock still counts
+    "stops the child's clock": "import __main__, time\n__main__._arm = lambda seconds, report: None\n"
+                               "__main__._now = lambda: 0.0\n"
+                               "def add(a, b):\n    if a == [1]:\n        time.sleep(0.65)\n    return a + b\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(LATE_BUT_RIGHT))
+def test_a_result_that_comes_past_the_limit_is_a_timeout(sandbox, how):
+    graded = grade(ADD, LATE_BUT_RIGHT[how], sandbox, per_test_seconds=0.3)
+    assert graded.status == "ok" and [r.passed for r in graded.results] == [True, False, True], graded
+    assert graded.results[1].error.startswith("Timeout"), graded
+
+
+def test_a_stdio_program_that_ignores_its_limit_and_then_answers_is_a_timeout(sandbox):
+    late = "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nn = int(input())\n" \
+           "time.sleep(0.5 if n == 5 else 0)\nprint(n * 2)\n"
+    graded = grade(ECHO, late, sandbox, per_test_seconds=0.3)
+    assert [r.passed for r in graded.results] == [True, False] and graded.results[1].error.startswith("Timeout"), graded
+
+
 def test_a_result_whose_repr_never_ends_is_stopped(sandbox):
     looping = ("class Forever:\n    def __repr__(self):\n        while True:\n            pass\n"
                "def add(a, b):\n    return Forever() if a == [1] else a + b\n")
