@@ -518,8 +518,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         if solved or result.status == "untestable" or self._attempts >= self.config.max_attempts:
             return self._outcome_reward(), True, None
         left = self.config.max_attempts - self._attempts
-        return 0.0, False, describe_failures(result, self.config.feedback_tests, left, format_error,
-                                             examples=self._examples_apart(code, result))
+        return 0.0, False, describe_failures(self._import_error_apart(code, result), self.config.feedback_tests, left,
+                                             format_error, examples=self._examples_apart(code, result))
 
     def _examples_apart(self, code: str, result) -> tuple | None:
         """The task's examples graded in a run of their own, for the feedback to show what the code
@@ -534,6 +534,24 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
             return None
         return grade(self.task, code, self.sandbox, tests=examples, per_test_seconds=self.config.per_test_seconds,
                      max_timeouts=self.config.max_timeouts).results
+
+    def _import_error_apart(self, code: str, result):
+        """``result`` with its import error's message as a run without the hidden tests gives it:
+        the graded run's code could read their inputs (the runner's tests.json) and raise them in
+        the message the feedback shows. Where that run does not fail the same way, the error's name
+        alone."""
+        from .harness import grade
+
+        hidden = [t for t in self.task.tests if t.origin != "example"]
+        if result.status != "import_error" or not hidden:
+            return result
+        examples = [t for t in self.task.tests if t.origin == "example"]
+        apart = grade(self.task, code, self.sandbox, tests=examples, per_test_seconds=self.config.per_test_seconds,
+                      max_timeouts=self.config.max_timeouts)
+        if apart.status == "import_error":
+            return replace(result, message=apart.message)
+        name = str(result.message or "an error").split(":", 1)[0]
+        return replace(result, message=f"{name} (raised only with the hidden tests present: its message is not shown)")
 
     def _untestable(self):
         """A task the TCG could make no tests for (arguments that are not literals, e.g. MBPP's

@@ -248,6 +248,29 @@ def test_the_examples_the_feedback_shows_ran_apart_from_the_hidden_tests(tmp_pat
     env.close()
 
 
+@pytest.mark.parametrize("spy, shown", [
+    # raised at import, with every input in its message: the message of a run without the hidden tests
+    ("import json\nraise ValueError('|'.join(json.load(open('tests.json'))['inputs']))\n", "ValueError: "),
+    # raised only when a hidden test's input is there: the error's name alone
+    ("import json\nn = len(json.load(open('tests.json'))['inputs'])\nif n > {examples}:\n"
+     "    raise KeyError(repr(json.load(open('tests.json'))['inputs']))\n", "KeyError (raised only with the hidden"),
+])
+def test_an_import_error_shows_no_hidden_input(tmp_path, spy, shown):
+    from rftgym.envs.code.tcg import TCGConfig
+
+    env = gym.make("rftgym/CodeTCG-v0", dataset="generated", max_attempts=2, feedback_tests=5,
+                   tcg=TCGConfig(cache_dir=str(tmp_path), n_random=6))
+    env.reset(seed=next(s for s in range(50) if env.reset(seed=s) and env.unwrapped.task.style == "function"))
+    examples = sum(t.origin == "example" for t in env.unwrapped.task.tests)
+    context, _, _, _, info = env.step(fenced(spy.replace("{examples}", str(examples))))
+    feedback = context[-1].content
+    hidden = [t["input"] for t in info["tests"] if t["origin"] != "example"]
+    assert info["status"] == "import_error" and hidden and shown in feedback, feedback
+    for text in hidden:
+        assert text not in feedback and repr(text) not in feedback, text
+    env.close()
+
+
 def test_hidden_failures_are_counted_by_kinds_that_say_nothing_of_their_inputs():
     from types import SimpleNamespace
 
