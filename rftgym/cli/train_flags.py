@@ -86,6 +86,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--clip-low", "clip_low", opt(optim, d.clip_low, "PPO ratio clipped below at 1 - clip_low")),
         ("--clip-high", "clip_high", opt(optim, d.clip_high, "PPO ratio clipped above at 1 + clip_high "
                                                              "(set above --clip-low, it is DAPO's clip-higher)")),
+        ("--clip-ratio-c", "clip_ratio_c", opt(optim, d.clip_ratio_c, "dual clip: with a negative advantage the "
+                                               "loss stops growing past this ratio (0: off; verl uses 3)")),
         ("--ratio-level", "ratio_level", opt(optim, d.ratio_level, "PPO ratio per token, or one per sequence (GSPO: "
                                              "the geometric mean of its token ratios; use a narrow clip, e.g. "
                                              "--clip-low 3e-4 --clip-high 4e-4)", choices=RATIO_LEVELS)),
@@ -93,7 +95,8 @@ def _train_flags() -> list[tuple[str, str, dict]]:
                                              choices=AGGREGATION_NAMES)),
         ("--kl-coef", "kl_coef", opt(optim, d.kl_coef, "k3 KL to the initial model (0: no reference)")),
         ("--filter-zero-variance", "filter_zero_variance", opt(
-            optim, d.filter_zero_variance, "skip groups whose rewards are all equal (DAPO dynamic sampling)",
+            optim, d.filter_zero_variance, "skip groups whose rewards are all equal (DAPO dynamic sampling's "
+            "filter; no more are sampled in their place)",
             action=argparse.BooleanOptionalAction)),
         ("--filter-overlong", "filter_overlong", opt(
             optim, d.filter_overlong, "mask episodes whose last reply was cut by --max-new-tokens or "

@@ -14,8 +14,9 @@ schemes turn those into one advantage per segment (DESIGN.md section 2):
   to every segment, :func:`dcpo_segment_advantages`, and trains on a per-group sample of segments,
   :func:`sample_segments`.
 
-DAPO's filters are helpers here too: :func:`zero_variance_groups` (dynamic sampling drops groups
-whose rewards are all equal: every advantage is 0, so they carry no gradient) and
+DAPO's filters are helpers here too: :func:`zero_variance_groups` (DAPO's dynamic sampling drops
+groups whose rewards are all equal, as every advantage is 0 and they carry no gradient, and samples
+more until the batch is full; the trainer drops them only) and
 :func:`overlong_mask` (overlong filtering: samples cut by the length budget are not trained on).
 """
 

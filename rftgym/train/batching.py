@@ -26,7 +26,8 @@ the same task), and their total rewards:
 * RFT: the segments of successful episodes, for a supervised step.
 
 Groups whose rewards are all equal carry no signal and are dropped when
-``filter_zero_variance`` is on (DAPO dynamic sampling); with ``filter_overlong``, episodes whose
+``filter_zero_variance`` is on (DAPO's dynamic sampling, without its sampling of more groups to
+fill the batch: the step trains on fewer); with ``filter_overlong``, episodes whose
 last reply was cut by the token budget are masked out (DAPO overlong filtering). Only the last
 reply counts: an earlier cut reply was answered by the env and the episode went on, so its reward
 judges the whole episode; a cut last reply ended the episode unfinished, which is DAPO's case of a

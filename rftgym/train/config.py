@@ -108,6 +108,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28  # > clip_low is DAPO's clip-higher
+    # Dual-clip PPO (verl's clip_ratio_c, e.g. 3): with a negative advantage the loss stops growing
+    # past this ratio (0 = off; else above 1).
+    clip_ratio_c: float = 0.0
     # "sequence": GSPO, every token of a sequence takes the sequence's ratio (the geometric mean of
     # its token ratios); its clip range is narrow (the paper's clip_low=3e-4, clip_high=4e-4).
     ratio_level: str = "token"
@@ -123,7 +126,7 @@ class TrainConfig:
     # min(pi_train(token) / pi_rollout(token), rollout_is_cap), the sampler's tokens reweighted
     # toward the policy the update computes (0 = off; 2.0 is verl's and TRL's usual cap).
     rollout_is_cap: float = 0.0
-    filter_zero_variance: bool = True  # DAPO dynamic sampling: groups with equal rewards are skipped
+    filter_zero_variance: bool = True  # DAPO dynamic sampling's filter: groups with equal rewards are skipped
     # DAPO overlong filtering: episodes whose last reply was cut by max_new_tokens, or that ran out
     # of context, are masked
     filter_overlong: bool = False
@@ -239,7 +242,8 @@ class TrainConfig:
                     raise ConfigError(f"{name} must be an integer, got {value!r}", field=name)
                 object.__setattr__(self, name, int(value))
         for name in ("learning_rate", "min_lr_ratio", "weight_decay", "temperature", "top_p", "max_grad_norm",
-                     "clip_low", "clip_high", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha", "rollout_is_cap"):
+                     "clip_low", "clip_high", "clip_ratio_c", "kl_coef", "pcar_lambda", "pcar_delta", "lora_alpha",
+                     "rollout_is_cap"):
             value = getattr(self, name)
             if not is_finite_real(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}", field=name)
@@ -321,6 +325,10 @@ class TrainConfig:
         if not 0 <= self.clip_high <= 1e6:
             raise ConfigError(f"clip_high must be in [0, 1e6] (1e6: no upper clip), got {self.clip_high}",
                               field="clip_high")
+        if not (self.clip_ratio_c == 0 or 1 < self.clip_ratio_c <= 1e6):
+            raise ConfigError(f"clip_ratio_c must be 0 (off) or in (1, 1e6] (dual clip: the ratio past which a "
+                              f"negative advantage's loss stops growing; verl uses 3), got {self.clip_ratio_c}",
+                              field="clip_ratio_c")
         if not 0 <= self.kl_coef <= 1e3:
             raise ConfigError(f"kl_coef must be in [0, 1e3] (KL weights are ~1e-3..1e-1; a huge one overflows the "
                               f"loss), got {self.kl_coef}", field="kl_coef")
@@ -353,6 +361,7 @@ class TrainConfig:
                 (f"rollout_is_cap={self.rollout_is_cap}", "rollout_is_cap", self.rollout_is_cap != 0),
                 (f"clip_low={self.clip_low}", "clip_low", self.clip_low != defaults["clip_low"]),
                 (f"clip_high={self.clip_high}", "clip_high", self.clip_high != defaults["clip_high"]),
+                (f"clip_ratio_c={self.clip_ratio_c}", "clip_ratio_c", self.clip_ratio_c != 0),
                 ("filter_zero_variance=False", "filter_zero_variance", not self.filter_zero_variance)) if on]
             if ignored:
                 raise ConfigError(f"algo='rft' maximises the successful episodes' log-likelihood, with no reference, "

@@ -74,6 +74,7 @@ def ppo_clip_token_losses(
     ratio_level: str = "token",
     mask: torch.Tensor | None = None,
     sequence_ids: torch.Tensor | None = None,
+    clip_ratio_c: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level PPO-clip loss.
 
@@ -96,17 +97,43 @@ def ppo_clip_token_losses(
     row, or with ``sequence_ids`` (packed rows) the positions sharing an id. GSPO's clip range is
     narrow (its paper: ``clip_low=3e-4``, ``clip_high=4e-4``), since the ratio is a mean.
 
+    ``clip_ratio_c > 1`` is dual-clip PPO (Ye et al. 2020; verl's ``clip_ratio_c``): with ``A < 0``
+    the loss ``-ratio * A`` grows without bound as the ratio does (a token the sampler gave far less
+    probability than the policy now does), so past ``ratio > clip_ratio_c`` it is held at
+    ``-clip_ratio_c * A``, with no gradient. 0: off.
+
     Returns ``(per_token_loss, clipped_mask)``, both of the broadcast shape; ``clipped_mask`` is
-    True where the clipped term is the minimum, i.e. where the token gets no gradient:
-    ``ratio > 1 + clip_high`` with ``A > 0``, or ``ratio < 1 - clip_low`` with ``A < 0``.
+    True where a clipped term is taken, i.e. where the token gets no gradient:
+    ``ratio > 1 + clip_high`` with ``A > 0``, or with ``A < 0`` ``ratio < 1 - clip_low`` (or
+    ``ratio > clip_ratio_c``).
     """
     if not 0 <= clip_low <= 1:
         raise ConfigError(f"clip_low must be in [0, 1] (the ratio is clipped at 1 - clip_low), got {clip_low}")
     if not clip_high >= 0:
         raise ConfigError(f"clip_high must be >= 0 (the ratio is clipped at 1 + clip_high), got {clip_high}")
+    if not (clip_ratio_c == 0 or clip_ratio_c > 1):
+        raise ConfigError(f"clip_ratio_c must be 0 (off) or above 1 (the ratio past which a negative advantage's "
+                          f"loss stops growing), got {clip_ratio_c}")
+    advantages = _per_sequence(advantages, logp)
+    ratio = torch.exp(ppo_log_ratio(logp, old_logp, ratio_level=ratio_level, mask=mask, sequence_ids=sequence_ids))
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    clipped_mask = ((ratio > 1.0 + clip_high) & (advantages > 0)) | ((ratio < 1.0 - clip_low) & (advantages < 0))
+    if clip_ratio_c:
+        capped = (ratio.detach() > clip_ratio_c) & (advantages < 0)
+        loss = torch.where(capped, -clip_ratio_c * advantages, loss)
+        clipped_mask = clipped_mask | capped
+    return loss, clipped_mask.expand_as(loss)
+
+
+def ppo_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, *, ratio_level: str = "token",
+                  mask: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The PPO ratio's log per position: ``logp - old_logp`` (clamped), or with
+    ``ratio_level="sequence"`` its mean over each sequence's trained tokens, in GSPO's token form
+    (see :func:`ppo_clip_token_losses`)."""
     if ratio_level not in RATIO_LEVELS:
         raise ConfigError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    advantages = _per_sequence(advantages, logp)
     log_ratio = _log_ratio(logp, old_logp)
     if ratio_level == "sequence":
         if mask is None:
@@ -115,12 +142,7 @@ def ppo_clip_token_losses(
         # (logp - sg[logp]) first: exactly 0, so every token of a sequence holds exactly its ratio
         # (the other order rounds to an ulp of |logp|, enough to split a sequence at the clip edge).
         log_ratio = sequence_mean_per_position(log_ratio.detach(), mask, sequence_ids) + (logp - logp.detach())
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    clipped_mask = ((ratio > 1.0 + clip_high) & (advantages > 0)) | ((ratio < 1.0 - clip_low) & (advantages < 0))
-    return loss, clipped_mask.expand_as(loss)
+    return log_ratio
 
 
 def _masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -248,6 +270,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     sequence_ids: torch.Tensor | None = None,
     ratio_level: str = "token",
+    clip_ratio_c: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar policy-gradient loss and its diagnostics.
 
@@ -256,8 +279,8 @@ def policy_loss(
         loss = aggregate(ppo_clip_token_losses(logp, old_logp, A)) + kl_coef * aggregate(kl_k3(logp, ref_logp))
 
     both aggregated with the same ``aggregation`` over ``mask`` (``sequence_ids``: packed rows,
-    see :func:`sequence_mean`); ``ratio_level="sequence"``: GSPO's ratio (see
-    :func:`ppo_clip_token_losses`). The KL term needs ``ref_logp``
+    see :func:`sequence_mean`); ``ratio_level="sequence"``: GSPO's ratio, ``clip_ratio_c``: dual
+    clip (see :func:`ppo_clip_token_losses`). The KL term needs ``ref_logp``
     when ``kl_coef > 0``; with ``kl_coef == 0`` a given ``ref_logp`` is only reported.
 
     Stats (detached 0-dim tensors on the loss's device, so that computing them never waits for
@@ -266,7 +289,8 @@ def policy_loss(
     ``pg_loss`` (the aggregated clipped loss), ``clip_fraction`` (share of clipped tokens), split
     into ``clip_fraction_high`` (ratio above ``1 + clip_high`` with a positive advantage: the
     policy moved too far towards a good token) and ``clip_fraction_low`` (below ``1 - clip_low``,
-    negative advantage: too far from a bad one),
+    negative advantage: too far from a bad one) and, with ``clip_ratio_c``, ``clip_fraction_dual``
+    (above ``clip_ratio_c`` with a negative advantage),
     ``approx_kl`` (k3 estimate of KL(old || current) from ``r = exp(logp - old_logp)``:
     ``r - 1 - log r``), ``ratio_mean``, ``kl_ref`` (if ``ref_logp``), ``entropy`` (if given;
     ``entropy`` is only reported, it is not a bonus in the loss).
@@ -281,7 +305,7 @@ def policy_loss(
     if kl_coef > 0 and ref_logp is None:
         raise ConfigError(f"kl_coef={kl_coef} needs reference log-probs (ref_logp); pass them or set kl_coef=0")
     per_token, clipped = ppo_clip_token_losses(logp, old_logp, advantages, clip_low, clip_high, ratio_level=ratio_level,
-                                               mask=mask, sequence_ids=sequence_ids)
+                                               mask=mask, sequence_ids=sequence_ids, clip_ratio_c=clip_ratio_c)
     pg_loss = aggregate(aggregation, per_token, mask, normalizer, sequence_ids)
     loss = pg_loss
     kl = None
@@ -297,14 +321,21 @@ def policy_loss(
         log_ratio = _log_ratio(logp.detach(), old_logp)
         # A token is clipped above only with a positive advantage and below only with a negative one.
         positive = (advantages if advantages.dim() == logp.dim() else advantages.reshape(-1, 1)) > 0
+        capped = torch.zeros_like(clipped)
+        if clip_ratio_c:  # (the ratio the loss took, per sequence under GSPO)
+            ratio = torch.exp(ppo_log_ratio(logp.detach(), old_logp, ratio_level=ratio_level, mask=mask,
+                                            sequence_ids=sequence_ids))
+            capped = clipped & ~positive & (ratio > 1)
         stats = {
             "pg_loss": pg_loss.detach(),
             "clip_fraction": masked_mean(clipped),
             "clip_fraction_high": masked_mean(clipped & positive),
-            "clip_fraction_low": masked_mean(clipped & ~positive),
+            "clip_fraction_low": masked_mean(clipped & ~positive & ~capped),
             "approx_kl": masked_mean(kl_k3(old_logp, logp.detach())),
             "ratio_mean": masked_mean(torch.exp(log_ratio)),
         }
+        if clip_ratio_c:
+            stats["clip_fraction_dual"] = masked_mean(capped)
         if kl is not None:
             stats["kl_ref"] = masked_mean(kl)
         if entropy is not None:

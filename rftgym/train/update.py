@@ -268,7 +268,7 @@ def _batch_loss(model, reference, batch, config: TrainConfig, autocast):
         logp, batch["old_logprobs"], batch["advantages"], mask,
         clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.aggregation,
         normalizer=normalizer, ref_logp=ref_logp, kl_coef=config.kl_coef, entropy=entropy.detach(),
-        sequence_ids=batch.get("sequence_ids"), ratio_level=config.ratio_level,
+        sequence_ids=batch.get("sequence_ids"), ratio_level=config.ratio_level, clip_ratio_c=config.clip_ratio_c,
     )
     return loss, stats, logp
 

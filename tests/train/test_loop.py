@@ -525,6 +525,16 @@ def replace_config(config, **changes):
     return replace(config, **changes)
 
 
+def test_training_with_dual_clip_logs_its_fraction(tmp_path, make_char_policy):
+    """Dual clip goes from the config to the loss: a ratio cap of 1.0001 on the second epoch's
+    ratios holds some negative-advantage tokens, which the metrics count apart from the low clip."""
+    history = train(config(tmp_path / "dual", steps=2, clip_ratio_c=1.0001, epochs_per_step=2),
+                    policy=make_char_policy(), make_env=SayAEnv)
+    assert all(math.isfinite(h["loss"]) for h in history)
+    assert any(h["clip_fraction_dual"] > 0 for h in history), history
+    assert all(h["clip_fraction"] >= h["clip_fraction_dual"] + h["clip_fraction_low"] - 1e-9 for h in history)
+
+
 @pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
 def test_training_with_sequence_level_ratios(tmp_path, make_char_policy, pack):
     """GSPO's ratio trains end to end; with several epochs over a step's batch the policy moves

@@ -110,6 +110,42 @@ def test_ppo_clip_validation():
         ppo_clip_token_losses(z, z, z, clip_low=1.5)
     with pytest.raises(ConfigError, match="clip_high"):
         ppo_clip_token_losses(z, z, z, clip_high=-0.1)
+    with pytest.raises(ConfigError, match="clip_ratio_c must be 0 .off. or above 1"):
+        ppo_clip_token_losses(z, z, z, clip_ratio_c=0.5)
+
+
+def test_dual_clip_caps_a_negative_advantages_loss():
+    # clip range [0.8, 1.2], clip_ratio_c = 3:
+    # A = -2, r = 5:   PPO -min(-10, -2.4) = 10; dual min(10, 3 * 2) = 6, capped (no gradient)
+    # A = -2, r = 2:   PPO -min(-4, -2.4) = 4 < 6, kept, with its gradient
+    # A = -2, r = 0.5: PPO -min(-1, -1.6) = 1.6, clipped below as usual
+    # A = +1, r = 5:   -min(5, 1.2) = -1.2, clipped above (dual clip leaves positive advantages alone)
+    logp, old = logps_for_ratios([5.0, 2.0, 0.5, 5.0])
+    logp.requires_grad_(True)
+    adv = torch.tensor([[-2.0, -2.0, -2.0, 1.0]], dtype=torch.float64)
+    loss, clipped = ppo_clip_token_losses(logp, old, adv, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    close(loss.detach(), [[6.0, 4.0, 1.6, -1.2]])
+    assert clipped.tolist() == [[True, False, True, True]]
+    loss.sum().backward()
+    # d/dlogp of -r * A = -A * r: only the second token's (2 * 2 = 4)
+    close(logp.grad, [[0.0, 4.0, 0.0, 0.0]])
+    plain, _ = ppo_clip_token_losses(logp.detach(), old, adv, clip_low=0.2, clip_high=0.2)
+    close(plain, [[10.0, 4.0, 1.6, -1.2]])
+
+
+def test_policy_loss_reports_the_dual_clip_fraction():
+    # The four tokens above: clipped [dual, -, low, high] -> 3/4 clipped, 1/4 each way
+    logp, old = logps_for_ratios([5.0, 2.0, 0.5, 5.0])
+    adv = torch.tensor([[-2.0, -2.0, -2.0, 1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.float64)
+    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    close(loss, (6.0 + 4.0 + 1.6 - 1.2) / 4)
+    stats = {key: float(value) for key, value in stats.items()}
+    assert stats["clip_fraction"] == pytest.approx(0.75)
+    assert (stats["clip_fraction_high"], stats["clip_fraction_low"], stats["clip_fraction_dual"]) == \
+        pytest.approx((0.25, 0.25, 0.25))
+    _, plain = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    assert "clip_fraction_dual" not in plain and float(plain["clip_fraction_low"]) == pytest.approx(0.25)
 
 
 # --- aggregation -----------------------------------------------------------------------------

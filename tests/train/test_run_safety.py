@@ -223,6 +223,9 @@ def test_prompts_the_policy_cannot_answer_end_their_episodes_and_the_run_goes_on
     ({"learning_rate": 1e300}, "learning_rate must be positive and at most 1"),
     ({"weight_decay": 1e30}, "learning_rate x weight_decay at most 1"),
     ({"clip_high": 1e300}, r"clip_high must be in \[0, 1e6\]"),
+    ({"clip_ratio_c": 1.0}, r"clip_ratio_c must be 0 \(off\) or in \(1, 1e6\]"),
+    ({"clip_ratio_c": -3}, r"clip_ratio_c must be 0 \(off\) or in \(1, 1e6\]"),
+    ({"algo": "rft", "clip_ratio_c": 3}, "no use for clip_ratio_c=3.0"),
     ({"top_p": 1e-300}, r"top_p must be in \(0, 1\] and at least 1e-30"),
     ({"temperature": 1e-300}, r"temperature must be in \[1e-06, 1e6\]"),
     # Past these the loss or the advantage scale overflows (the run stepped NaN into the weights).
