@@ -292,7 +292,11 @@ def grade(task: CodeTask, code: str, sandbox: Sandbox, tests: Sequence[TestCase]
 
 @dataclass(frozen=True)
 class DatasetCheck:
-    """Whether ``code`` passes the dataset's original assert/check code."""
+    """Whether ``code`` passes the dataset's original assert/check code.
+
+    The check runs in the code's own process, as HumanEval's and MBPP's harnesses run it, so code
+    written to cheat can fake a pass (print the marker it can read, then exit): a yardstick for
+    the TCG's tests (``benchmarks/tcg_quality.py``), never a reward."""
 
     passed: bool | None  # None: the task has no dataset tests
     error: str | None
