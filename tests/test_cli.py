@@ -270,6 +270,19 @@ def test_an_empty_output_path_is_refused(capsys):
     assert "--output-dir is empty" in capsys.readouterr().err
 
 
+def test_an_output_path_the_shell_left_unexpanded_is_refused(capsys, tmp_path, monkeypatch):
+    # --out=~/x: bash expands no '~' after '=', and the run would write into a folder named '~' here
+    monkeypatch.chdir(tmp_path)
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--out=~/episodes.jsonl"]) == 2
+    assert "--out '~/episodes.jsonl' starts with '~', which nothing expanded" in capsys.readouterr().err
+    assert exit_code(["train", ENV_ID, "--output-dir", "$HOME/run"]) == 2
+    assert "--output-dir '$HOME/run' holds a '$' variable that nothing expanded" in capsys.readouterr().err
+    assert exit_code(["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg",
+                      'tcg={"cache_dir": "~/tcg"}']) == 2
+    assert "TCGConfig.cache_dir '~/tcg' starts with '~'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_env_arg_given_twice_is_refused(capsys):
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", "max_turns=3", "--env-arg", "max_turns=5"]) == 2
     assert "--env-arg max_turns is given twice; give each option once" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import json
 import re
 
 from ..core.errors import ConfigError, ModelLoadError
+from ..core.files import unexpanded_path
 from ..core.values import checked_megabytes
 
 
@@ -103,6 +104,9 @@ def _check_common(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value.strip():  # would quietly mean the default path
             raise UsageError(f"{flag} is empty; give a path, or leave {flag} out for the default under runs/")
+        if value is not None and unexpanded_path(value):
+            apart = f", or write the flag and the path apart ({flag} ~/x)" if value.startswith("~") else ""
+            raise UsageError(f"{flag} {unexpanded_path(value)}{apart}")
     episodes = getattr(args, "episodes", None)
     if episodes is not None and episodes < 1:
         raise UsageError(f"--episodes must be at least 1, got {episodes}")

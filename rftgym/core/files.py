@@ -6,6 +6,19 @@ import os
 from pathlib import Path
 
 
+def unexpanded_path(path: str | os.PathLike) -> str | None:
+    """Why ``path``, a place to write, reads as the shell left it: a leading ``~`` (which the shell
+    does not expand after ``=``, as in ``--out=~/x``, nor inside quotes) or a ``$VAR``, which would
+    make a directory of that very name; None when it reads as given."""
+    text = os.fspath(path)
+    if text.startswith("~"):
+        return (f"{text!r} starts with '~', which nothing expanded (a shell does not after '=' or inside "
+                "quotes): give the full path")
+    if "$" in text and any(part.startswith("$") for part in Path(text).parts):
+        return f"{text!r} holds a '$' variable that nothing expanded: give the path the shell would"
+    return None
+
+
 def replace_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a sibling file renamed over it: a failure or a kill while
     writing leaves the old file whole (and no sibling behind, short of a kill). OSError as raised."""

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...core.errors import ConfigError, warn_caller
-from ...core.files import replace_text
+from ...core.files import replace_text, unexpanded_path
 from .harness import RunOutcome, check_per_test_seconds, execute_many, has_property
 from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
 from .sandbox import DEFAULT_HASH_SEED, Sandbox, SandboxLimits
@@ -96,6 +96,12 @@ class TCGConfig:
         for name in ("check_determinism", "use_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"TCGConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, os.PathLike))
+                                           or not os.fspath(self.cache_dir).strip()):
+            raise ConfigError(f"TCGConfig.cache_dir must be a directory's path (or None: $RFTGYM_CACHE or "
+                              f"~/.cache/rftgym), got {self.cache_dir!r}")
+        if self.cache_dir is not None and unexpanded_path(self.cache_dir):
+            raise ConfigError(f"TCGConfig.cache_dir {unexpanded_path(self.cache_dir)}")
 
 
 # ---------------------------------------------------------------- candidate inputs
