@@ -447,6 +447,16 @@ def test_a_remote_service_that_is_down_is_told_what_corpus_to_serve():
 
 
 @needs_qa_data
+def test_a_distractor_corpus_made_from_the_dataset_adds_no_document_twice():
+    # HotpotQA's corpus file is the union of its questions' own contexts: every paragraph is both
+    dataset = str(QA_DIR / "hotpotqa_100.json")
+    alone = MemoryQAEnv(dataset_path=dataset, max_context_tokens=None).retriever.documents
+    both = MemoryQAEnv(dataset_path=dataset, corpus_path=str(QA_DIR / "hotpotqa_100_corpus.json"),
+                       max_context_tokens=None).retriever.documents
+    assert len({(d.title, d.text) for d in both}) == len(both) == len(alone)
+
+
+@needs_qa_data
 def test_hotpotqa_tasks_over_a_distractor_corpus():
     env = MemoryQAEnv(dataset_path=str(QA_DIR / "hotpotqa_100.json"), corpus_path=str(QA_DIR / "2wiki_corpus_6119.json"),
                       max_distractors=1000, objectives=3, max_context_tokens=None)

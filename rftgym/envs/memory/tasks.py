@@ -87,7 +87,9 @@ def load_question_pool(dataset_path: str | os.PathLike) -> list[Question]:
 
 def build_corpus(dataset_path: str | os.PathLike, corpus_path: str | os.PathLike | None = None,
                  max_distractors: int | None = None) -> list[Document]:
-    """The dataset's own paragraphs followed by (the first ``max_distractors``) distractor documents.
+    """The dataset's own paragraphs followed by (the first ``max_distractors``) distractor documents,
+    less those the dataset already holds (a corpus made from the dataset's contexts, such as
+    HotpotQA's, would show each of them twice in a search's results).
 
     Ids are re-made as ``q<i>`` / ``d<i>`` because the two corpora's ids may collide (2Wiki ids
     are record positions); titles and texts are kept.
@@ -95,6 +97,8 @@ def build_corpus(dataset_path: str | os.PathLike, corpus_path: str | os.PathLike
     own = load_corpus(dataset_path)
     documents = [Document(f"q{i}", d.title, d.text) for i, d in enumerate(own)]
     if corpus_path is not None:
+        held = {(d.title, d.text) for d in own}
         distractors = load_corpus(corpus_path, limit=max_distractors)
-        documents += [Document(f"d{i}", d.title, d.text) for i, d in enumerate(distractors)]
+        documents += [Document(f"d{i}", d.title, d.text) for i, d in enumerate(distractors)
+                      if (d.title, d.text) not in held]
     return documents
