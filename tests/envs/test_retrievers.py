@@ -228,6 +228,11 @@ def test_shape_errors_name_the_field_that_is_wrong(tmp_path):
     hotpot = write(tmp_path / "h.json", json.dumps([{"_id": "1", "question": "q", "answer": "a"}]))
     with pytest.raises(DataFormatError, match=r"record 0: needs string 'question' and 'answer' and a list 'context'"):
         load_corpus(hotpot)
+    # NQ questions saved as one JSON list: read from JSON lines, which the message says
+    nq = write(tmp_path / "nq.json", json.dumps([{"question": "capital of France?", "golden_answers": ["Paris"]}]))
+    with pytest.raises(DataFormatError, match=r"record 0: an NQ-style question .* read from a JSON-lines file, one "
+                                              r"record per line, named .jsonl"):
+        load_questions(nq)
     line = {"id": "m", "question": "q", "answer": "Bob", "answer_aliases": "Bobby", "paragraphs": []}
     musique = write(tmp_path / "m.jsonl", json.dumps(line) + "\n")
     with pytest.raises(DataFormatError, match=r"m.jsonl:1: .*'answer_aliases', if given, a list of strings"):

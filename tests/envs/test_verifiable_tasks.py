@@ -407,7 +407,11 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
      re.escape("a task is {question, answer, choices?, id?}, e.g. {\"question\": \"2+2?\", \"answer\": \"4\"}); "
                "the record has 'task_id', 'text', 'code'")),
     ([{"question": "   ", "answer": "a"}], 1, "'question' must be a non-empty string"),
-    ([{"question": "q"}], 1, "'answer' must be a non-empty string or number"),
+    ([{"question": "q"}], 1, "'answer' must be a non-empty string or number; the record has 'question'"),
+    ([{"question": "q", "answers": ["4"]}], 1, "non-empty string or number; the record has 'question', 'answers'"),
+    # "A" is the text of choice B and the letter of choice A: either reading could be meant
+    ([{"question": "q", "answer": "A", "choices": ["B", "A"]}], 1,
+     "'answer' 'A' is both a choice's text and the letter of another choice \\(A: 'B'\\)"),
     ([{"question": "q", "answer": True}], 1, "'answer' must be a non-empty string or number"),
     ([{"question": "q", "answer": " "}], 1, "'answer' must be a non-empty string or number"),
     (['{"question": "q", "answer": NaN}'], 1, "'answer' is nan, which no reply can equal"),

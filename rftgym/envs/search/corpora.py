@@ -102,8 +102,12 @@ def _hotpotqa_records(path: Path, data: Any = None) -> list[dict]:
         where = f"{path}: record {index}"
         if not isinstance(record, dict) or not isinstance(record.get("question"), str) \
                 or not isinstance(record.get("answer"), str) or not isinstance(record.get("context"), list):
-            raise DataFormatError(f"{where}: needs string 'question' and 'answer' and a list 'context'; "
-                                  f"expected {HOTPOTQA_SHAPE}")
+            nq = isinstance(record, dict) and "context" not in record and (
+                "golden_answers" in record or isinstance(record.get("answer"), list))
+            raise DataFormatError(f"{where}: " + (
+                f"an NQ-style question (answers, no context): such questions are read from a JSON-lines "
+                f"file, one record per line, named .jsonl; expected {NQ_SHAPE}" if nq else
+                f"needs string 'question' and 'answer' and a list 'context'; expected {HOTPOTQA_SHAPE}"))
         for item in record["context"]:
             if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _is_str_list(item[1])):
                 raise DataFormatError(f"{where}: each context item must be [title, [sentences]]; "

@@ -424,8 +424,13 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
                 raise DataFormatError(f"{where}: 'choices' has duplicates ({seen[_collapse(choice)]!r} and "
                                       f"{choice!r}, up to case and spacing); each choice must be different")
             seen[_collapse(choice)] = choice
+        letter = answer.strip().strip("()").upper()
+        if answer in choices and len(letter) == 1 and letter in LETTERS[: len(choices)] \
+                and choices[LETTERS.index(letter)] != answer:
+            raise DataFormatError(f"{where}: 'answer' {answer!r} is both a choice's text and the letter of another "
+                                  f"choice ({letter}: {choices[LETTERS.index(letter)]!r}); give the answer as the "
+                                  "text of a choice that is no letter, or reorder the choices")
         if answer not in choices:
-            letter = answer.strip().strip("()").upper()
             # The answer may write a choice another way ("1.0" for a choice 1, "paris" for "Paris").
             same = [c for c in choices if _same_choice(answer, c)]
             if len(letter) == 1 and letter in LETTERS[: len(choices)]:
@@ -451,13 +456,13 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
 def _other_dataset(record: dict) -> str:
     """The note for a record of an open-domain QA file (a list of accepted answers: NQ's
     ``golden_answers``, or NQ-open's ``answer``) given as tasks: SearchEvalQA reads such files.
-    Empty for any other record."""
+    For any other record, the keys it has (an ``answers`` where ``answer`` was meant)."""
     if "golden_answers" in record:
         shape = "a record with 'golden_answers' is an NQ-style question file"
     elif isinstance(record.get("answer"), list):
         shape = "a record whose 'answer' is a list is an NQ-open-style question file"
     else:
-        return ""
+        return f"; the record has {', '.join(repr(k) for k in list(record)[:8])}" if record else "; the record is empty"
     return (f" ({shape}, for rftgym/SearchEvalQA-v0: --env-arg dataset_path=FILE with --env-arg "
             "corpus_path=CORPUS, the documents its questions are searched in)")
 
