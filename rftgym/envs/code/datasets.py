@@ -129,6 +129,8 @@ def _mbpp_task(record: dict, where: str) -> CodeTask:
     if not isinstance(task_id, (int, str)) or isinstance(task_id, bool):
         raise DataFormatError(f"{where}: field 'task_id' must be an int or string")
     text = _field(record, "text", str, where).strip()
+    if not text:
+        raise DataFormatError(f"{where}: field 'text' is blank; it is the task's statement, which the prompt shows")
     code = _field(record, "code", str, where).replace("\r\n", "\n")
     asserts = _strings(record, "test_list", where)
     challenge = _strings(record, "challenge_test_list", where, required=False)

@@ -88,6 +88,8 @@ def test_mbpp_loader():
     ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": "assert f(1)"}', "field 'test_list'"),
     ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert g(1) == 1"]}', "calls none"),
     ('{"task_id": 1, "code": "def f(x): return x", "test_list": ["assert f(1) == 1"]}', "field 'text'"),
+    ('{"task_id": 1, "text": " ", "code": "def f(x): return x", "test_list": ["assert f(1) == 1"]}',
+     "field 'text' is blank; it is the task's statement"),
     ('{"task_id": 1, "text": "t", "code": "def f(x): return x", "test_list": ["assert f(1) == 1"], '
      '"challenge_test_list": ["assert f(("]}', "field 'challenge_test_list' holds invalid Python"),
     # Tests are built and cached per id: a second task under an id would be graded with the first's.
