@@ -174,25 +174,31 @@ def cache_key(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None = 
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _cache_read(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None) -> tuple[TestCase, ...] | None:
+def _cache_read(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None
+                ) -> tuple[tuple[TestCase, ...], str | None] | None:
+    """The cached tests, and why there are none where there are none (None: not cached)."""
     if not config.use_cache:
         return None
     path = cache_dir(config) / f"{cache_key(task, config, limits)}.json"
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows, reason = (data, None) if isinstance(data, list) else (data["tests"], data.get("untestable"))
+        return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows), reason
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: rebuild
 
 
-def _cache_write(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None, tests: Sequence[TestCase]) -> None:
+def _cache_write(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None, tests: Sequence[TestCase],
+                 untestable: str | None = None) -> None:
+    """Tests as a list; no tests with the reason why, which later builds repeat in their warning."""
     if not config.use_cache:
         return
     directory = cache_dir(config)
+    rows = [dataclasses.asdict(t) for t in tests]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         replace_text(directory / f"{cache_key(task, config, limits)}.json",
-                     json.dumps([dataclasses.asdict(t) for t in tests]))
+                     json.dumps(rows if rows else {"tests": rows, "untestable": untestable}))
     except OSError:
         pass  # a read-only cache only costs speed
 
@@ -250,10 +256,12 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     for i, task in enumerate(tasks):
         cached = _cache_read(task, config, getattr(sandbox, "limits", None))
         if cached is not None:
-            out[i] = task.with_tests(cached)
-            _warn_if_the_dataset_disagrees(task, cached)
-            if not cached:
-                _warn_untestable(task, f"as found when its tests were built and cached in {cache_dir(config)}")
+            tests, reason = cached
+            out[i] = task.with_tests(tests)
+            _warn_if_the_dataset_disagrees(task, tests)
+            if not tests:
+                _warn_untestable(task, f"{reason + '; ' if reason else ''}as found when its tests were built and "
+                                       f"cached in {cache_dir(config)}")
         else:
             todo.append(i)
     candidates = {i: candidate_inputs(tasks[i], config) for i in todo}
@@ -291,12 +299,13 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             complete[i] = complete[i] and all(run.status == "ok" for run in task_runs)
     built = {i: _rebalanced(tasks[i], tests) for i, tests in built.items()}
     for i in todo:
+        reason = None if built[i] else untestable_reason(candidates[i], runs_of[i])
         if complete[i]:  # a run cut short by the sandbox is not cached, so a later build retries
-            _cache_write(tasks[i], config, getattr(sandbox, "limits", None), built[i])
+            _cache_write(tasks[i], config, getattr(sandbox, "limits", None), built[i], reason)
         out[i] = tasks[i].with_tests(built[i])
         _warn_if_the_dataset_disagrees(tasks[i], built[i])
-        if not built[i]:
-            _warn_untestable(tasks[i], untestable_reason(candidates[i], runs_of[i]))
+        if reason is not None:
+            _warn_untestable(tasks[i], reason)
     return out  # type: ignore[return-value]
 
 
