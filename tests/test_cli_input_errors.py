@@ -252,6 +252,14 @@ def test_a_json_file_given_for_json_lines_is_named_as_one(tmp_path, capsys):
     cut.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "ans\n\n')
     assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={cut}"]) == 2
     assert f"{cut}:2: not valid JSON" in capsys.readouterr().err
+    # A record in the middle missing its closing brace: that line, and no talk of a JSON file.
+    unclosed = tmp_path / "unclosed.jsonl"
+    unclosed.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "3+3?", "answer": "6"\n'
+                        '{"question": "4+4?", "answer": "8"}\n')
+    assert exit_code(["eval", ENV_ID, "--agent", "random", "--env-arg", f"dataset_path={unclosed}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{unclosed}:2: not valid JSON (Expecting ',' delimiter); the line ends before its object does (a " \
+           "missing closing '}'" in err and "JSON file" not in err
 
 
 def test_a_corpus_and_a_question_file_given_in_each_others_place_say_so(tmp_path, capsys):

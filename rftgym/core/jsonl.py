@@ -122,7 +122,14 @@ def read_jsonl(path: str | Path, shape: str) -> Iterator[tuple[int, dict]]:
             try:
                 record = json.loads(line)
             except (RecursionError, ValueError) as exc:
-                if _runs_past_the_line(exc) and any(more.strip() for more in lines):
+                following = next((more for more in lines if more.strip()), None) if _runs_past_the_line(exc) else None
+                # A record's line cut short, the next record starting at its own line's start (a pretty-
+                # printed file's next line is "{" after "[", or indented):
+                if following is not None and following.startswith(b"{") and line.strip().startswith("{") \
+                        and line.strip() != "{":
+                    raise DataFormatError(f"{where}: not valid JSON ({exc.msg}); the line ends before its object "
+                                          f"does (a missing closing '}}', ']' or '\"'?); expected {shape}") from None
+                if following is not None:
                     raise DataFormatError(f"{where}: the JSON value goes on past the end of the line, and JSON "
                                           "lines holds each object whole on one line (is this a JSON file, e.g. a "
                                           f"pretty-printed list, or an object split over lines?); expected {shape}"
