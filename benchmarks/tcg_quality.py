@@ -17,8 +17,9 @@ What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit
   ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
   dataset ships) against the whole TCG suite (ours);
 * agreement with the dataset's own tests (HumanEval ``check``, MBPP asserts) for the reference;
-  and the dataset's literal asserts (``assert f(...) == value``) whose stated value the tests'
-  expected output (the reference's) contradicts, which ``CodeTCGEnv`` warns of.
+  and the dataset's literal asserts (``assert f(...) == value``; MBPP's ``challenge_test_list``
+  among them since 2026-12-07, 11 tasks of the full MBPP) whose stated value the tests' expected
+  output (the reference's) contradicts, which ``CodeTCGEnv`` warns of.
 
 The last line is one JSON object with the headline figures.
 """

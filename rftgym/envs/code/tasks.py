@@ -48,7 +48,10 @@ class CodeTask:
     ``prompt`` is what the agent sees (spec, signature, examples). ``reference`` is a complete
     solution program (for function style it defines ``entry_point``). ``setup_code`` runs before
     the candidate's code in the same namespace (helpers the prompt defines, dataset setup).
-    ``dataset_tests`` keeps the dataset's own assert/check code for an agreement check.
+    ``dataset_tests`` keeps the dataset's own assert/check code for an agreement check;
+    ``challenge_tests`` the asserts a dataset gives besides those of its official check (MBPP's
+    ``challenge_test_list``), whose inputs are among the tests and whose stated outputs are
+    checked against the reference's.
     ``compare_as`` says how a function's returned value is compared with the reference's
     (:data:`~rftgym.envs.code.codec.COMPARISONS`; :mod:`~rftgym.envs.code.comparison` reads it
     off a dataset task's asserts and reference).
@@ -64,6 +67,7 @@ class CodeTask:
     examples: tuple[TestCase, ...] = ()
     tests: tuple[TestCase, ...] = ()
     dataset_tests: str | None = None
+    challenge_tests: str = ""
     difficulty: int = 0
     input_sampler: InputSampler | None = field(default=None, compare=False, repr=False)
     compare_as: str = "exact"

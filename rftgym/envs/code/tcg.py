@@ -319,9 +319,9 @@ def stated_and_contradicted(task: CodeTask, tests: Sequence[TestCase]) -> tuple[
     """How many of ``tests`` a literal assert of the task's dataset states an output for
     (``assert f(...) == literal``), and those whose reference output contradicts it, each with the
     stated value."""
-    if not task.dataset_tests or task.style != "function":
+    if not (task.dataset_tests or task.challenge_tests) or task.style != "function":
         return 0, []
-    stated = stated_outputs(task.dataset_tests, task.entry_point)
+    stated = stated_outputs("\n".join(filter(None, (task.dataset_tests, task.challenge_tests))), task.entry_point)
     compared = [test for test in tests if test.input in stated and test.expected is not None]
     return len(compared), [(test, stated[test.input]) for test in compared
                            if not encoded_equal(encode(stated[test.input]), test.expected, how=task.compare_as)]
@@ -339,7 +339,8 @@ def _warn_if_the_dataset_disagrees(task: CodeTask, tests: Sequence[TestCase]) ->
     more = f" (and {len(wrong) - 1} more of its asserts)" if len(wrong) > 1 else ""
     warn_caller(f"task {task.task_id}: its dataset asserts {call} == {display(encode(value))}, but its reference "
                 f"solution returns {display(test.expected)}{more}; the tests take the reference's outputs while the "
-                "prompt shows the dataset's assert. Fix the task's code or its asserts (MBPP: 'code', 'test_list')")
+                "prompt shows the dataset's assert. Fix the task's code or its asserts (MBPP: 'code', 'test_list', "
+                "'challenge_test_list')")
 
 
 def untestable_reason(candidates: Sequence[tuple[str, str]], runs: Sequence[RunOutcome]) -> str:

@@ -612,7 +612,10 @@ def test_a_reference_at_odds_with_its_own_asserts_is_named(tmp_path):
             {"task_id": 2, "text": "Add one.", "code": "def g(x):\n    return x + 1",
              "test_list": ["assert g(1) == 2", "assert 3 == g(2)", "assert g(3) == 4.0", "assert g(5) != 9"]},
             {"task_id": 3, "text": "Pairs.", "code": "def h(x):\n    return (x, x)",
-             "test_list": ["assert h(1) == [1, 1]", "assert h('a') == ('a', 'a')", "assert h(2) == [2, 2]"]}]
+             "test_list": ["assert h(1) == [1, 1]", "assert h('a') == ('a', 'a')", "assert h(2) == [2, 2]"]},
+            # a challenge assert at odds with the reference: its input is a test, so it is said too
+            {"task_id": 4, "text": "Add.", "code": "def add(a, b):\n    return a + b",
+             "test_list": ["assert add(1, 2) == 3"], "challenge_test_list": ["assert add(100, 200) == 999"]}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for attempt in ("built", "cached"):  # said again when the tests come from the cache
         env = CodeTCGEnv(dataset="mbpp", dataset_path=str(path), tcg=TCGConfig(cache_dir=str(tmp_path)))
@@ -623,12 +626,15 @@ def test_a_reference_at_odds_with_its_own_asserts_is_named(tmp_path):
         assert said == [
             "task mbpp/1: its dataset asserts f() == 2, but its reference solution returns 1; the tests take the "
             "reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its asserts "
-            "(MBPP: 'code', 'test_list')",
+            "(MBPP: 'code', 'test_list', 'challenge_test_list')",
             # a list is not a tuple, as for Python's ==; g(2) == 3, g(3) == 4.0 and g(5) != 9 agree
             "task mbpp/3: its dataset asserts h(1) == [1, 1], but its reference solution returns (1, 1) (and 1 more of "
             "its asserts); the tests "
             "take the reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its "
-            "asserts (MBPP: 'code', 'test_list')"], (attempt, said)
+            "asserts (MBPP: 'code', 'test_list', 'challenge_test_list')",
+            "task mbpp/4: its dataset asserts add(100, 200) == 999, but its reference solution returns 300; the tests "
+            "take the reference's outputs while the prompt shows the dataset's assert. Fix the task's code or its "
+            "asserts (MBPP: 'code', 'test_list', 'challenge_test_list')"], (attempt, said)
         env.close()
 
 
