@@ -1027,6 +1027,40 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert "without --baselines" in capsys.readouterr().err
 
 
+def test_a_resume_on_a_data_file_rewritten_since_is_refused(tmp_path, monkeypatch, capsys):
+    """The partial file's episodes ran on what the data file held then: the same path rewritten is
+    other data, the same file named from another directory is not."""
+    import json
+
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:2], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    data = tmp_path / "data"
+    data.mkdir()
+    tasks = data / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"{i}+4?", "answer": str(i + 4)}) + "\n" for i in range(6)))
+    out = tmp_path / "eval.jsonl"
+    monkeypatch.chdir(data)
+    command = ["eval", ENV_ID, "--agent", "random", "--episodes", "6", "--out", str(out)]
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    assert main(command + ["--env-arg", "dataset_path=tasks.jsonl"]) == 130
+    monkeypatch.setattr(rollout, "run_episodes", real)
+    capsys.readouterr()
+    tasks.write_text("".join(json.dumps({"question": f"{i}*100?", "answer": "0"}) + "\n" for i in range(6)))
+    assert exit_code(command + ["--env-arg", "dataset_path=tasks.jsonl", "--resume"]) == 2
+    assert f"--resume: the episodes in {out}.partial ran on other data: dataset_path ({tasks}) held something else " \
+           "then (its sha256 differs)" in capsys.readouterr().err
+    tasks.write_text("".join(json.dumps({"question": f"{i}+4?", "answer": str(i + 4)}) + "\n" for i in range(6)))
+    monkeypatch.chdir(tmp_path)  # the same file, named from elsewhere
+    assert main(command + ["--env-arg", "dataset_path=data/tasks.jsonl", "--resume"]) == 0
+    assert "2 of 6 episodes were finished" in capsys.readouterr().err
+
+
 def test_an_interrupted_eval_of_an_env_of_your_own_resumes(tmp_path, monkeypatch, capsys):
     from support import ECHO_MODULE
 

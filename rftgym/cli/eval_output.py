@@ -6,6 +6,7 @@ other run has (claimed, so that runs started together do not share one)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -134,7 +135,35 @@ def _partial_settings(path: Path) -> Path:
     return path.with_name(path.name + ".partial.json")
 
 
-NOTED_LATER = ("weights", "model_step", "dtype")  # settings an earlier version's partial files lack
+NOTED_LATER = ("weights", "model_step", "dtype", "data_files")  # settings an earlier version's partial files lack
+
+
+def _file_options(env_args: dict) -> dict[str, str]:
+    """An env's options that name a file there is (``dataset_path``, ``corpus_path``: any ``*_path``)."""
+    return {key: value for key, value in env_args.items()
+            if key.endswith("_path") and isinstance(value, str) and value and os.path.isfile(value)}
+
+
+def absolute_file_options(env_args: dict) -> dict:
+    """``env_args`` with its file options as full paths: the same file named from another directory
+    is the same file, and another file under the same relative name is not."""
+    files = _file_options(env_args)
+    return {key: os.path.abspath(files[key]) if key in files else value for key, value in env_args.items()}
+
+
+def data_file_fingerprints(env_args: dict) -> dict[str, str]:
+    """The sha256 of each file an env option names, by option."""
+    fingerprints = {}
+    for key, value in _file_options(env_args).items():
+        digest = hashlib.sha256()
+        try:
+            with open(value, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError:
+            continue  # unreadable: the env refuses it, naming it
+        fingerprints[key] = digest.hexdigest()
+    return fingerprints
 
 
 def _without_env_args(settings: dict, names: Sequence[str]) -> dict:
@@ -165,8 +194,17 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
     settings = {**settings, **{key: None for key in NOTED_LATER if key not in saved}}
     if "weights" not in saved and saved.get("model") and Path(saved["model"]).expanduser().exists():
         saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
+    if "data_files" not in saved and isinstance(saved.get("env_args"), dict):  # noted as typed, then
+        saved = {**saved, "env_args": absolute_file_options(saved["env_args"])}
     saved, settings = (_without_env_args(s, transport) for s in (saved, settings))
     differ = [key for key, value in settings.items() if saved.get(key) != value]
+    if "data_files" in differ:
+        before = saved.get("data_files") if isinstance(saved.get("data_files"), dict) else {}
+        files = [f"{key} ({settings['env_args'].get(key)})" for key in sorted(set(before) | set(settings["data_files"]))
+                 if before.get(key) != settings["data_files"].get(key)]
+        raise UsageError(f"--resume: the episodes in {partial} ran on other data: {', '.join(files)} held something "
+                         "else then (its sha256 differs); put back the file they ran on, or move the partial file away "
+                         "to evaluate this one afresh")
     if differ and set(differ) <= {"weights", "model_step"}:
         steps = (f" (the run's step {saved.get('model_step')} then, {settings['model_step']} now)"
                  if "model_step" in differ else "")

@@ -20,7 +20,7 @@ from ..envs.common import short_env_name, with_policy_options, with_policy_stand
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
-from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
+from .eval_output import (absolute_file_options, data_file_fingerprints, _claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
                           _users_sources, _writable_file)
 from .sigterm import say, stop_reason
 from .user_code import _load_object, load_failure
@@ -328,7 +328,9 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     the transport to an API server (its address: a server restarted on another port serves the
     same model), are not. ``--api-extra`` counts as the object it gives, however it is spaced.
     ``model`` is the directory's full path (the same folder named another way is the same
-    model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran.
+    model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran;
+    an env's file options (``dataset_path``, ``corpus_path``) their full paths, and ``data_files``
+    the sha256 of what those files held (a file rewritten in place is another dataset).
     Env options that say how a service is reached (the env's ``metadata["transport_options"]``:
     a remote retriever's address, timeout and retries) are noted, but a resume does not compare
     them (:func:`~.eval_output._finished_episodes`), as it does not an API server's address."""
@@ -339,7 +341,8 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
                 "model_step": getattr(args, "model_step", None), "weights": weights,
                 "dtype": dtype,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
-                "env_args": env_kwargs, "seed": seeds[0], "episodes": len(seeds),
+                "env_args": absolute_file_options(env_kwargs), "data_files": data_file_fingerprints(env_kwargs),
+                "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "sample_seed": args.sample_seed}
     return json.loads(json.dumps(settings, default=repr))
