@@ -93,6 +93,8 @@ def read_json(path: str | Path, shape: str):
     except UnicodeDecodeError as exc:
         raise DataFormatError(f"{path}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from exc
     del data  # a large corpus: not twice in memory while it is parsed
+    if not text.strip():  # (not a value cut short: there is none)
+        raise DataFormatError(f"{path}: the file is empty; expected {shape}")
     try:
         return json.loads(text)
     except (RecursionError, ValueError) as exc:  # JSONDecodeError is a ValueError

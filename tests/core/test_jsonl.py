@@ -72,6 +72,13 @@ def test_unreadable_paths_are_data_errors(tmp_path, read):
             read("/proc/self/mem", "x")
 
 
+def test_an_empty_json_file_is_named_as_empty_not_cut_short(tmp_path):
+    for text in ("", "  \n"):
+        (tmp_path / "empty.json").write_text(text)
+        with pytest.raises(DataFormatError, match=r"empty.json: the file is empty; expected x$"):
+            read_json(tmp_path / "empty.json", "x")
+
+
 def test_an_integer_too_long_to_read_is_a_data_error(tmp_path):
     (tmp_path / "big.jsonl").write_text('{"a": ' + "9" * 5000 + "}\n")
     with pytest.raises(DataFormatError, match="big.jsonl:1: a value cannot be read .*4300 digits"):

@@ -240,7 +240,7 @@ def _refuse_repeated_ids(path: Path, kind: str, ids: list[str], why: str, by_pos
     if repeated:
         shown = ", ".join(f"{i!r} ({n} times)" for i, n in repeated[:3])
         more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
-        implicit = " (a record without an 'id' is named by its position)" if by_position else ""
+        implicit = " (a record without an 'id', HotpotQA's '_id', is named by its position)" if by_position else ""
         raise DataFormatError(f"{path}: {kind} ids must be unique ({why}), but {shown}{more} repeat{implicit}; remove "
                               "the repeats or give each its own id")
 
