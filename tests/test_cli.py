@@ -652,6 +652,22 @@ def test_subprocess_play_takes_bytes_that_are_not_utf8(environment):
     assert "reward=1.000 terminated=True" in out  # and the next line still reached the second
 
 
+def test_subprocess_eval_says_a_warning_once_however_many_envs_meet_it(tmp_path):
+    # The env made to check the options and the rollout's each warn that the corpus holds none of
+    # the questions' evidence: the user reads it once.
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Who?", "golden_answers": ["Ada"]}) + "\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "1", "contents": '"Bob"\nBob was born.'}) + "\n")
+    hotpot = tmp_path / "h.json"
+    hotpot.write_text(json.dumps([{"_id": "1", "question": "Who?", "answer": "Ada", "type": "bridge",
+                                   "supporting_facts": [["Ada", 0]], "context": [["Ada", ["Ada was born."]]]}]))
+    proc = run_cli("eval", "rftgym/SearchEvalQA-v0", "--agent", "random", "--episodes", "2", "--env-arg",
+                   f"dataset_path={hotpot}", "--env-arg", f"corpus_path={corpus}", "--out", str(tmp_path / "e.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("holds none of the") == 1, proc.stderr
+
+
 def test_console_script_lists_envs_and_reports_usage_errors():
     script = Path(sys.executable).with_name("rftgym")
     if not script.exists():

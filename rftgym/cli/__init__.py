@@ -25,12 +25,20 @@ from .train_flags import TRAIN_FLAGS
 __all__ = ["TRAIN_FLAGS", "UsageError", "build_parser", "given_train_flags", "main", "train_config_from_args"]
 
 
+_SHOWN_WARNINGS: set[str] = set()
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, without the source line it came from (library code, of no use to a
-    command's user), written between progress-bar updates rather than into the bar."""
+    command's user), written between progress-bar updates rather than into the bar; once, however
+    many envs of a command meet the same problem (the one made to check the options, those of the
+    rollout)."""
     from tqdm import tqdm
 
-    tqdm.write(f"{category.__name__}: {message}", file=sys.stderr)
+    text = f"{category.__name__}: {message}"
+    if text not in _SHOWN_WARNINGS:
+        _SHOWN_WARNINGS.add(text)
+        tqdm.write(text, file=sys.stderr)
 
 
 FULL_DEVICE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
