@@ -242,6 +242,17 @@ def test_a_corpus_without_the_questions_evidence_is_warned_of(tmp_path):
         SearchEvalQAEnv(dataset_path=str(tmp_path / "qa.json"), corpus_path=str(tmp_path / "cased.json"))
 
 
+def test_a_corpus_bm25_cannot_index_is_named(tmp_path):
+    import json
+
+    from rftgym.core.errors import ConfigError
+
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "Who?", "golden_answers": ["Ada"]}) + "\n")
+    (tmp_path / "stop.jsonl").write_text(json.dumps({"id": "1", "contents": '"a"\nthe'}) + "\n")
+    with pytest.raises(ConfigError, match=r"stop.jsonl: the corpus has no word BM25 can index"):
+        SearchEvalQAEnv(dataset_path=str(tmp_path / "q.jsonl"), corpus_path=str(tmp_path / "stop.jsonl"))
+
+
 def test_two_searches_in_one_turn_run_one_and_flag_it():
     env = SearchEvalQAEnv()
     env.reset(seed=1)

@@ -360,7 +360,13 @@ def open_retriever(config, documents: Sequence[Document], source: str,
         # a generated world is served whole or not at all: one of another size shares a few names
         remote.check_corpus(documents, source, config.top_k, whole=config.dataset_path is None)
         return remote, True
-    return make_retriever(config.retriever, documents), True
+    try:
+        return make_retriever(config.retriever, documents), True
+    except ConfigError as exc:  # a corpus that cannot be indexed: say which file it came from
+        where = getattr(config, "corpus_path", None) or getattr(config, "dataset_path", None)
+        if where is None:
+            raise
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def serve_command(config) -> str:
