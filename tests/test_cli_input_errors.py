@@ -179,6 +179,12 @@ def test_a_resume_refuses_saved_settings_it_would_replace_by_defaults(tmp_path, 
     assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), "--steps", "3", "--group-size", "2"]) == 2
     err = capsys.readouterr().err
     assert f"the checkpoint in {run} is incomplete: {run / 'checkpoint'} has no optimizer.pt" in err
+    # A bad value given now is the flag's, not the checkpoint's, and said as a new run says it.
+    for flags, said in ((["--group-size", "2", "--lr", "5"], "error: --lr must be positive and at most 1"),
+                        (["--group-size", "1"], "error: --group-size must be at least 2 for grpo")):
+        assert exit_code(["train", ENV_ID, "--resume", "--output-dir", str(run), *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "saved with the checkpoint" not in err, err
     assert (run / "checkpoint" / "state.json").read_text() == before
 
 

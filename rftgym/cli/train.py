@@ -34,9 +34,9 @@ def train_config_from_args(args: argparse.Namespace):
                                      **_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg")},
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
                     dtype=None if args.dtype == "auto" else args.dtype)
-    if getattr(args, "resume", False):
-        settings = _with_checkpoint_settings(settings, getattr(args, "given", None), Path(output_dir))
     try:
+        if getattr(args, "resume", False):
+            settings = _with_checkpoint_settings(settings, getattr(args, "given", None), Path(output_dir))
         return TrainConfig(**settings)
     except ConfigError as exc:
         if from_file & set(exc.fields):
@@ -97,6 +97,8 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
     try:
         saved = TrainConfig.from_saved({**state["config"], **overrides}).to_dict()
     except (ConfigError, TypeError, ValueError) as exc:
+        if set(getattr(exc, "fields", ())) & set(overrides):  # the value given now, not the checkpoint's
+            raise
         flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
         named = [flags[field] for field in getattr(exc, "fields", ()) if field in flags]
         fix = f"give {' and '.join(dict.fromkeys(named))} to set it for this run, or " if named else ""
