@@ -25,11 +25,12 @@ from typing import Any
 
 import torch
 
+from ..agents.model_loading import names_default_model
 from ..core.errors import ConfigError, TrainingError, warn_caller
 from ..core.values import is_int
 from ..envs.common import same_env_id
 from .base_model import kept_fingerprint_differs
-from .config import RESUME_FIXED, RESUME_FREE, TrainConfig
+from .config import RESUME_FIXED, RESUME_FREE, TrainConfig, _default
 from .distributed import Distributed, full_tensor, inner_model, shard_like
 from .master_weights import MasterWeights
 from .run_dir import (
@@ -451,6 +452,8 @@ def _same_setting(key: str, saved, value, loaded_from: str | None = None) -> boo
         return True
     if key == "env_id" and isinstance(saved, str) and isinstance(value, str):  # `module:` or not, one env
         return same_env_id(saved, value)
+    if key == "model" and names_default_model(saved) and names_default_model(value):  # None, 'default': one model
+        return True
     if key != "model" or not isinstance(value, str):
         return False
     if isinstance(loaded_from, str) and os.path.isabs(value) \
@@ -571,7 +574,9 @@ def resume_notes(saved: dict, config: TrainConfig) -> list[str]:
 
         notes.append("the checkpoint's settings (checkpoint/state.json) hold fields this version does not know, "
                      "which the resume ignores: " + ", ".join(key + guess(key) for key in unknown))
-    missing = sorted(key for key in set(now) - set(settings) if key not in RESUME_FREE)
+    # (one at its default is what the earlier version did: no note)
+    missing = sorted(key for key in set(now) - set(settings)
+                     if key not in RESUME_FREE and _as_saved(now[key]) != _as_saved(_default(key)))
     if missing:
         notes.append("the checkpoint's settings (checkpoint/state.json) lack " + ", ".join(missing) + "; this run "
                      "has " + ", ".join(f"{key}={value(now[key])}" for key in missing))

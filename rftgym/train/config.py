@@ -27,9 +27,10 @@ OLD_LOGPROBS = ("rollout", "recompute")
 RATIO_LEVELS = ("token", "sequence")  # per-token PPO ratios, or GSPO's one per sequence
 # PCAR and DCPO rescale or spread a group advantage; this is the estimator they start from.
 BASE_ESTIMATOR = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "pcar": "grpo", "dcpo": "grpo", "rft": None}
-# What a resume may not change (another env, algorithm or adapter shape would be another run), and
-# what it may change without a note; any other change is noted as the run resumes.
-RESUME_FIXED = ("env_id", "algo", "lora_rank")
+# What a resume may not change (another env, algorithm or adapter shape or scale would be another
+# run: alpha / rank scales what the adapters add), and what it may change without a note; any other
+# change is noted as the run resumes.
+RESUME_FIXED = ("env_id", "algo", "lora_rank", "lora_alpha")
 RESUME_FREE = ("steps", "save_every", "keep_checkpoints", "log_every", "log_episodes", "output_dir", "eval_every",
                "eval_episodes", "eval_seed", "eval_before_training", "dist_timeout_s")
 

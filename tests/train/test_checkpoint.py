@@ -74,7 +74,8 @@ def settled(monkeypatch):
     monkeypatch.setattr(checkpoint, "_verified", {}, raising=False)
 
 
-@pytest.mark.parametrize("key, value", [("env_id", "rftgym/CodeTCG-v0"), ("algo", "rft"), ("lora_rank", 4)])
+@pytest.mark.parametrize("key, value", [("env_id", "rftgym/CodeTCG-v0"), ("algo", "rft"), ("lora_rank", 4),
+                                        ("lora_alpha", 64.0)])  # alpha / rank scales what the adapters add
 def test_a_setting_a_resume_may_not_change_is_refused_by_its_field(key, value):
     saved = TrainConfig(env_id=ENV_ID).to_dict()
     with pytest.raises(ConfigError, match=f"was written with {key}=") as refused:
