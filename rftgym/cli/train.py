@@ -34,14 +34,29 @@ def train_config_from_args(args: argparse.Namespace):
                                      **_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg")},
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
                     dtype=None if args.dtype == "auto" else args.dtype)
-    try:
-        if getattr(args, "resume", False):
+
+    def refused(exc: ConfigError) -> UsageError:
+        if from_file & set(exc.fields):
+            return UsageError(f"--config {args.config}: {exc}")
+        return _flagged(exc, _train_field_flags()) or UsageError(str(exc))
+
+    if getattr(args, "resume", False):
+        try:
             settings = _with_checkpoint_settings(settings, getattr(args, "given", None), Path(output_dir))
+        except _RefusedAsGiven as given:
+            raise refused(given.error) from given.error
+    try:
         return TrainConfig(**settings)
     except ConfigError as exc:
-        if from_file & set(exc.fields):
-            raise UsageError(f"--config {args.config}: {exc}") from exc
-        raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
+        raise refused(exc) from exc
+
+
+class _RefusedAsGiven(Exception):
+    """A resume's setting refused for the value its command line (or --config) gives, not the checkpoint's."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _train_field_flags() -> dict[str, str]:
@@ -98,7 +113,7 @@ def _with_checkpoint_settings(settings: dict, given: set[str] | None, output_dir
         saved = TrainConfig.from_saved({**state["config"], **overrides}).to_dict()
     except (ConfigError, TypeError, ValueError) as exc:
         if set(getattr(exc, "fields", ())) & set(overrides):  # the value given now, not the checkpoint's
-            raise
+            raise _RefusedAsGiven(exc) from None
         flags = {field_name: flag for flag, field_name, _ in TRAIN_FLAGS}
         named = [flags[field] for field in getattr(exc, "fields", ()) if field in flags]
         fix = f"give {' and '.join(dict.fromkeys(named))} to set it for this run, or " if named else ""
@@ -150,6 +165,17 @@ def _where_the_run_found(config) -> str:
             "PYTHONPATH)")
 
 
+def _options_source(args: argparse.Namespace, flag_dest: str, field: str, flag: str) -> str:
+    """Where a run's env options came from, for an error about one of them: the flag, the
+    --config file's field, the checkpoint's."""
+    sources = [flag] if getattr(args, flag_dest, None) else []
+    if getattr(args, f"config_{field}", None):
+        sources.append(f"--config {args.config}'s {field}")
+    if getattr(args, "resume", False):
+        sources.append("the checkpoint's options")
+    return " or ".join(sources) or flag
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train.signals import refuse_idle_algorithm
 
@@ -167,11 +193,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
     # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
-    _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs)).close()
+    _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs),
+              _options_source(args, "env_arg", "env_kwargs", "--env-arg")).close()
     if config.eval_env_kwargs:  # and the evaluation's, with its own options
         _make_env(config.env_id, with_policy_stand_in(env_class.metadata,
                                                       {**config.env_kwargs, **config.eval_env_kwargs}),
-                  "--eval-env-arg").close()
+                  _options_source(args, "eval_env_kwargs", "eval_env_kwargs", "--eval-env-arg")).close()
     output_dir = config.output_dir
 
     from ..train.loop import train  # (torch loads here, once the flags and the env are known good)

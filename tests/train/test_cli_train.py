@@ -323,6 +323,19 @@ def test_a_bad_config_file_is_a_usage_error_that_says_what_is_wrong(tmp_path, co
         _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(file)])
 
 
+def test_an_unknown_env_option_is_named_by_where_it_came_from(tmp_path, capsys):
+    file = tmp_path / "run.yaml"
+    file.write_text("env_kwargs: {datset: generated}\n")
+    base = ["train", "rftgym/CodeTCG-v0", "--output-dir", str(tmp_path / "out")]
+    for flags, said in ((["--config", str(file)], f"bad --config {file}'s env_kwargs for rftgym/CodeTCG-v0: unknown "
+                                                  "option 'datset' (did you mean 'dataset'?)"),
+                        (["--env-arg", "datset=generated"], "bad --env-arg for rftgym/CodeTCG-v0: unknown option")):
+        with pytest.raises(SystemExit) as refused:
+            main([*base, *flags])
+        assert refused.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_missing_config_file_is_named(tmp_path):
     with pytest.raises(UsageError, match=r"--config: cannot read .*nope.json"):
         _config_of(["train", "rftgym/VerifiableQA-v0", "--config", str(tmp_path / "nope.json")])
