@@ -127,6 +127,17 @@ def test_train_refuses_to_write_its_run_into_the_model_directory(model_dir, caps
     assert listing(model_dir) == before  # no checkpoint, lock or logs: it is still only a model
 
 
+def test_train_refuses_to_write_its_run_into_a_folder_of_lora_adapters(tmp_path, capsys):
+    adapters = tmp_path / "adapters"  # as rftgym export --adapter-only (peft) writes them
+    adapters.mkdir()
+    (adapters / "adapter_config.json").write_text("{}")
+    (adapters / "adapter_model.safetensors").write_bytes(b"")
+    before = listing(adapters)
+    assert exit_code(["train", ENV_ID, "--output-dir", str(adapters), "--steps", "1"]) == 2
+    assert f"the output directory {adapters} holds LoRA adapters (adapter_config.json)" in capsys.readouterr().err
+    assert listing(adapters) == before
+
+
 def test_a_run_that_is_its_own_base_model_is_named_not_recursed_into(model_dir, capsys):
     # What a run with --output-dir in its --model directory left (before train refused that).
     fake_checkpoint(model_dir, TrainConfig(env_id=ENV_ID, model=str(model_dir)).to_dict(),

@@ -127,12 +127,15 @@ def _check_output_dir(output_dir: Path, resume: bool) -> None:
                           f"the folder to NEW/checkpoint and resume there (--output-dir NEW --resume)")
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"the output directory {output_dir} is a file; choose a directory")
-    if (output_dir / "config.json").is_file():
+    held = next((f"{what} ({name})" for name, what in (("config.json", "a model"),
+                                                       ("adapter_config.json", "LoRA adapters"))
+                 if (output_dir / name).is_file()), None)
+    if held is not None:
         # A checkpoint there would make the folder read as a run's (--model DIR loads a run's model
         # first), and a run trained from that model would then name itself as its base.
-        raise ConfigError(f"the output directory {output_dir} holds a model (config.json); a run's checkpoint there "
-                          "would make it read as the run's directory instead of the model's. Choose another output "
-                          f"directory (e.g. {output_dir.parent / (output_dir.name + '-run')})")
+        raise ConfigError(f"the output directory {output_dir} holds {held}; a run's checkpoint there would make it "
+                          "read as the run's directory instead. Choose another output directory (e.g. "
+                          f"{output_dir.parent / (output_dir.name + '-run')})")
     holder = lock_holder(output_dir)
     if holder is not None:  # before what its files say: a live run's are not an earlier run's
         raise ConfigError(_locked_message(output_dir, holder))
