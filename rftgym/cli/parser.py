@@ -196,6 +196,16 @@ class _Parser(argparse.ArgumentParser):
             raise _LaunchedArgumentError(self, message)
         super().error(message)
 
+    def format_usage(self) -> str:
+        """argparse's usage, or where it runs past a few lines (train's lists some 80 options, and
+        hid the error under them) its positional arguments, pointing at ``--help`` for the rest."""
+        usage = super().format_usage()
+        if usage.count("\n") <= 4:
+            return usage
+        positional = [action.metavar or action.dest for action in self._actions
+                      if not action.option_strings and not isinstance(action, argparse._SubParsersAction)]
+        return f"usage: {self.prog} {' '.join(positional)} [options] ({self.prog} --help lists them)\n"
+
     def parse_args(self, args=None, namespace=None):
         """argparse's parse, but an argument that no parser took is reported by the subcommand it
         came after (its usage, and the option it is probably a slip of), not by the top level."""
