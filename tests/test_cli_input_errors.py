@@ -484,6 +484,17 @@ def test_an_unknown_flag_is_reported_by_its_subcommand(argv, usage, message, cap
 
 
 @pytest.mark.parametrize("argv, said", [
+    (["train", ENV_ID, "--steps", "0"], "rftgym train: error: --steps must be a positive integer, got 0\n"),
+    (["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg", "dataset=generatd"],
+     "rftgym eval: error: --env-arg dataset: dataset must be one of ('humaneval', 'mbpp', 'generated'), got "
+     "'generatd'\n"),
+])
+def test_a_refused_value_is_named_by_the_flag_that_gave_it_once(argv, said, capsys):
+    assert exit_code(argv) == 2
+    assert capsys.readouterr().err.endswith(said)
+
+
+@pytest.mark.parametrize("argv, said", [
     (["train", ENV_ID, "--ste", "3"], "--ste 3 (did you mean --steps?)"),
     (["train", ENV_ID, "--max", "3"], "--max 3 (did you mean --max-new-tokens or --max-prompt-tokens or "
                                       "--max-grad-norm?)"),

@@ -47,6 +47,9 @@ def _flagged(exc: ConfigError, flags: dict[str, str]) -> UsageError | None:
             said = re.sub(rf"(?<![\w.\-/'\"{{]){re.escape(field)}(?![\w\-/'\"])", flag, said)
     if re.match(rf"(?:{'|'.join(map(re.escape, named))})(?![\w\-])", said):  # "--lr must be positive"
         return UsageError(said)
+    first = next((field for field in exc.fields if field in flags and said.startswith(f"{field} ")), None)
+    if first is not None:  # "steps must be ...": "--steps must be ...", not "--steps: steps must be ..."
+        return UsageError(flags[first] + said[len(first):])
     return UsageError(f"{' / '.join(dict.fromkeys(named))}: {said}")
 
 

@@ -143,9 +143,12 @@ def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg") -> g
     except ConfigError as exc:  # (after TypeError: an unknown option is both)
         named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
         hint = _json_reading_hint(named or kwargs, str(exc), flag)
-        if hint is None:
+        # which flag gave the option the message starts with ("dataset must be one of ...")
+        given = next((key for key in kwargs if str(exc).startswith(f"{key} ")), None)
+        if hint is None and given is None:
             raise
-        raise ConfigError(f"{exc} ({hint})", field=exc.fields) from exc
+        said = f"{flag} {given}: {exc}" if given is not None else str(exc)
+        raise ConfigError(said + (f" ({hint})" if hint else ""), field=exc.fields) from exc
     except RftgymError:
         raise
     except Exception as exc:  # noqa: BLE001 (an env's constructor, the user's code, may raise anything)
