@@ -49,6 +49,26 @@ def fake_checkpoint(run, config: dict, files=("trainable.pt", "optimizer.pt", "r
     return folder
 
 
+def test_an_evaluation_of_a_run_notes_the_env_options_it_trained_with_and_leaves_out(tmp_path, capsys):
+    import argparse
+
+    from rftgym.cli.agents import _say_which_run
+
+    run = tmp_path / "run"
+    fake_checkpoint(run, TrainConfig(env_id="rftgym/CodeTCG-v0", env_kwargs={"dataset": "generated",
+                                                                             "difficulties": [1]}).to_dict())
+
+    def noted(*env_args):
+        args = argparse.Namespace(model=str(run), env=["rftgym/CodeTCG-v0"], env_arg=list(env_args),
+                                  max_new_tokens=128, flags_given=("max_new_tokens",))
+        _say_which_run(args)
+        return capsys.readouterr().err
+
+    assert "note: the run trained with env options this evaluation does not give (dataset, difficulties); add " \
+           "--env-arg dataset=generated --env-arg difficulties=[1] to evaluate it on what it trained on" in noted()
+    assert "note:" not in noted("dataset=generated", "difficulties=[1]")
+
+
 # ---------------------------------------------------------------- names
 
 @pytest.mark.parametrize("typed", ["rftgym/VerifiableQA-v1", "VerifiableQA-v0", "rftgym/verifiableqa-v0"])

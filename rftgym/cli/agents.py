@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import re
 import sys
 import urllib.parse
@@ -210,6 +211,16 @@ def _say_which_run(args: argparse.Namespace) -> None:
     print(f"--model: the run in {args.model} at step {step} (trained on {trained_on})", file=sys.stderr)
     if trained_on and trained_on not in args.env:
         print(f"note: the run trained on {trained_on}; this evaluation is of {', '.join(args.env)}", file=sys.stderr)
+    elif isinstance(config.get("env_kwargs"), dict) and config["env_kwargs"]:
+        from .environments import _parse_env_args
+
+        given = _parse_env_args(getattr(args, "env_arg", None) or [])
+        other = {key: value for key, value in config["env_kwargs"].items() if given.get(key) != value}
+        if other:  # e.g. trained on generated tasks, evaluated on the env's default dataset
+            pairs = " ".join(f"--env-arg {key}={json.dumps(value) if not isinstance(value, str) else value}"
+                             for key, value in other.items())
+            print(f"note: the run trained with env options this evaluation does not give ({', '.join(other)}); add "
+                  f"{pairs} to evaluate it on what it trained on", file=sys.stderr)
     trained_tokens = config.get("max_new_tokens")
     if "max_new_tokens" not in getattr(args, "flags_given", ()) and trained_tokens not in (None, args.max_new_tokens):
         print(f"note: the run trained with --max-new-tokens {trained_tokens}, and this evaluation gives each reply "
