@@ -13,6 +13,7 @@ instead (:class:`LaunchStops`).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -121,7 +122,7 @@ class LaunchStops:
     reaches (:meth:`stop_if_asked`: after the rollout, and at the step's end) the ranks ask each
     other whether any was stopped; if one was, all keep the finished steps there (a collective
     checkpoint) and stop together. A second stop more than :data:`SAME_STOP_S` after the first
-    stops that rank at once, without saving. The launcher's own grace period (torchrun's
+    ends that rank's process at once, without saving (exit status 128 + the signal's number). The launcher's own grace period (torchrun's
     ``--shutdown-timeout``, 30 s by default) ends ranks that take longer to reach such a point;
     the last checkpoint then stays. For one process (``enabled`` False) nothing is done here:
     :func:`keeping_finished_steps` and :func:`finishing_the_step` stop it where it is."""
@@ -140,7 +141,12 @@ class LaunchStops:
         def note(signum, frame):
             now = time.monotonic()
             if self.noted and now - self.noted[0][1] > SAME_STOP_S:
-                self._previous[signum](signum, frame)  # raises: this rank stops here
+                # At once: an exception would go through the process group's goodbyes, which wait
+                # on peers still inside a collective with this rank (for the group's timeout, half an
+                # hour on CPU). The launcher sees the rank gone and ends the others.
+                say(f"rftgym train: rank {getattr(self.ranks, 'rank', 0)}: stopped at once (a second stop); the "
+                    "steps since the last checkpoint are lost")
+                os._exit(128 + signum)
             if not self.noted and self.ranks.is_main:
                 say("rftgym train: stopping every rank once they reach the end of this step's rollout or of the "
                     f"step, with the finished steps saved; interrupt again, {SAME_STOP_S:g} s or more from now, to "

@@ -259,18 +259,29 @@ def test_a_stop_on_another_rank_stops_this_one_as_its_own_handler_would():
         signal.signal(signal.SIGTERM, before)
 
 
-def test_a_second_stop_later_than_the_first_stops_a_rank_at_once(monkeypatch):
+def test_a_second_stop_later_than_the_first_ends_a_rank_at_once(monkeypatch, capsys):
+    """Its process ends there: an exception would go through the process group's goodbyes, which
+    waited on a peer inside a collective with this rank for the group's timeout (30 min on CPU)."""
     from rftgym.train import stopping
+
+    class Exited(BaseException):
+        pass
+
+    def exit_now(status):
+        raise Exited(status)
 
     before, now = stopping_on_sigterm(), [100.0]
     monkeypatch.setattr(stopping.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(stopping.os, "_exit", exit_now)
     try:
         stops = stopping.LaunchStops(TwoRanks(), enabled=True)
         with stops.noting():
             os.kill(os.getpid(), signal.SIGTERM)
             now[0] += stopping.SAME_STOP_S + 1  # the user asks again, past the launcher's forwarding
-            with pytest.raises(Stopped):
+            with pytest.raises(Exited) as exited:
                 os.kill(os.getpid(), signal.SIGTERM)
+        assert exited.value.args == (128 + signal.SIGTERM,)
+        assert "rftgym train: rank 0: stopped at once (a second stop)" in capsys.readouterr().err
     finally:
         signal.signal(signal.SIGTERM, before)
 
