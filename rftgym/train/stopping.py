@@ -84,13 +84,19 @@ def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[
         raise
     except Exception:
         if enabled:
-            try:
-                with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
-                    keep()   # (it says what it saves, if anything)
-            except Exception as save_error:   # the step's own error is the one to report
-                say(f"rftgym train: the finished steps could not be saved after this step's error "
-                    f"({type(save_error).__name__}: {save_error})")
+            keep_after_an_error(keep)
         raise
+
+
+def keep_after_an_error(keep: Callable[[], None]) -> None:
+    """``keep()`` (it saves the finished steps, and says what it saves) after a step's error, which
+    stays the one reported: a failure to save is only said."""
+    try:
+        with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
+            keep()
+    except Exception as save_error:
+        say(f"rftgym train: the finished steps could not be saved after this step's error "
+            f"({type(save_error).__name__}: {save_error})")
 
 
 @contextlib.contextmanager

@@ -464,8 +464,10 @@ RANK_FAILS_SCRIPT = textwrap.dedent('''
         broken = state["evaluating"] if phase == "eval" else phase == "train" and state["steps"] >= 1
         return BrokenOnRankOne() if broken else SayAEnv()
 
+    # (training: no regular save, so a checkpoint after the failure is the one the failure kept)
     config = TrainConfig(steps=3, tasks_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4,
-                         output_dir=out, save_every=1, **(dict(eval_every=1, eval_episodes=2) if phase == "eval" else {}))
+                         output_dir=out, save_every=100 if phase == "train" else 1,
+                         **(dict(eval_every=1, eval_episodes=2) if phase == "eval" else {}))
     try:
         train(config, policy=make_char_policy(seed=0), make_env=make_env)
         outcome = None
@@ -493,6 +495,8 @@ def test_an_error_on_one_rank_stops_every_rank(tmp_path, phase):
     # Training: rank 1 failed in the second step's rollout, after rank 0 had built its samples
     # (the first step trained on both). Evaluation, metrics and checkpoint: after the first step.
     assert (rank0["steps"], rank1["steps"]) == ((2, 1) if phase == "train" else (1, 1))
+    if phase == "train":  # the ranks met where the rollout failed, and kept step 1 together, as one process does
+        assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
 
 
 # A stop reaching one rank of a launch, in its rollout or its update (SIGTERM, as `rftgym train`
