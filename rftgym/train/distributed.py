@@ -253,7 +253,7 @@ class Distributed:
             if failure is not None:
                 raise failure from gather_error
             if "timed out" in str(gather_error).lower() or "timeout" in str(gather_error).lower():
-                raise PeerRankError(f"rank {self.rank} waited for the other ranks past the process group's timeout "
+                raise PeerRankError(f"this rank waited for the other ranks past the process group's timeout "
                                     f"({gather_error}); one of them is stuck (its env, a server, the model) or slower "
                                     "than that. Raise --dist-timeout (dist_timeout_s) if its steps take that "
                                     "long") from gather_error

@@ -668,7 +668,7 @@ def test_dist_timeout_stops_the_ranks_a_hung_rank_holds(tmp_path):
     outcome = json.loads((tmp_path / "hung0.json").read_text())["outcome"]
     # rank 0 gave up waiting while rank 1 was still stuck (not at the default 30 minutes)
     assert outcome is not None and outcome[2] is False, outcome
-    assert outcome[0] == "PeerRankError" and "rank 0 waited for the other ranks past the process group's " \
+    assert outcome[0] == "PeerRankError" and "this rank waited for the other ranks past the process group's " \
         "timeout" in outcome[1] and "Raise --dist-timeout" in outcome[1], outcome
 
 
