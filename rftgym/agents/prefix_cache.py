@@ -315,13 +315,18 @@ def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def weights_fingerprint(model) -> tuple:
-    """What changes when the model's weights do: each parameter's storage, version counter (every
-    in-place update bumps it: optimizer steps, ``load_state_dict``), dtype and device, and the
-    adapter switches peft keeps on its layers."""
+    """What changes when the states the model computes do: each parameter's storage, version
+    counter (every in-place update bumps it: optimizer steps, ``load_state_dict``), dtype and
+    device, the adapter switches peft keeps on its layers, and autocast on the model's device (on
+    or off, and its dtype: states cached under bfloat16 autocast, reused in a float32 pass, moved
+    its log-probs by some 2e-2)."""
     params = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
     switches = tuple((getattr(m, "disable_adapters", None), getattr(m, "merged", None))
                      for m in model.modules() if hasattr(m, "disable_adapters"))
-    return params, switches
+    device = params[0][3].type if params else "cpu"
+    autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) \
+        if device in ("cpu", "cuda") else None
+    return params, switches, autocast
 
 
 def unsupported_reason(model) -> str | None:

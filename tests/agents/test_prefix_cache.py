@@ -272,6 +272,20 @@ def test_changed_weights_are_not_served_states_of_the_old_ones(make_char_policy)
     assert saved(reusing) == before
 
 
+def test_states_computed_under_autocast_are_not_served_to_a_pass_without_it(make_char_policy):
+    # bfloat16 states reused in a float32 pass moved its log-probs by ~2e-2 (and the other way round)
+    reusing, plain = twins(make_char_policy)
+    prompts = [list(range(3, 25))]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reusing.generate(prompts)
+    before = saved(reusing)
+    same_replies(reusing.generate(prompts), plain.generate(prompts))
+    assert saved(reusing) == before
+    outside = weights_fingerprint(reusing.model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert weights_fingerprint(reusing.model) != outside
+
+
 def test_a_sliding_window_model_is_not_served_and_says_why(make_char_policy):
     from transformers import MistralConfig, MistralForCausalLM
 
