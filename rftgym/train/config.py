@@ -125,7 +125,9 @@ class TrainConfig:
     # Truncated importance sampling (TIS) over the rollout/training mismatch, with
     # old_logprobs="recompute": each trained token's loss is weighted by
     # min(pi_train(token) / pi_rollout(token), rollout_is_cap), the sampler's tokens reweighted
-    # toward the policy the update computes (0 = off; 2.0 is verl's and TRL's usual cap).
+    # toward the policy the update computes (0 = off; 2.0 is verl's and TRL's usual cap). Both are
+    # untruncated log-probs (as in verl): with top_p < 1 the sampler drew from the nucleus,
+    # renormalised, so the weight is off from pi_train / q by the nucleus's mass (at most 1/top_p).
     rollout_is_cap: float = 0.0
     filter_zero_variance: bool = True  # DAPO dynamic sampling's filter: groups with equal rewards are skipped
     # DAPO overlong filtering: episodes whose last reply was cut by max_new_tokens, or that ran out
