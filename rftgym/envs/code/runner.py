@@ -20,9 +20,10 @@ loops in C where no signal handler runs would run on until the sandbox's limit f
 So the supervisor, which runs no candidate code, gives each test its limit plus ``_GRACE`` from
 the record before it; past that it kills the child, reports the test as a timeout and starts a
 new child at the next test (after ``max_timeouts`` timeouts the rest are skipped). A result that
-comes past the limit is a timeout too, however the code got there (it caught the alarm's exception
-or ignored SIGALRM, then returned): the child checks its clock when the code returns, and the
-supervisor checks when the record arrives (``_LATE`` past the limit, from the record before). Where no
+comes past the limit is a timeout too (code that caught the alarm's exception or ignored SIGALRM,
+then returned): the child times the call and checks when it returns. Code that also stops that
+clock from inside may answer within ``_GRACE``; the supervisor cannot time the call itself (its
+records' arrival also holds the input's parse, the result's encoding and the pipe). Where no
 second process can be started (a limit of one process), the tests run in the runner itself, with
 the alarms and a watchdog thread that ends the run ``_GRACE`` seconds after a limit that did not
 stop its test.
@@ -87,8 +88,8 @@ def _quiet():
 
 def _overran(ran, seconds):
     # Code that catches the alarm's exception, or ignores SIGALRM, may still return: late, it is a
-    # timeout all the same (the supervisor, whose clock the code cannot reach, checks it again).
-    return _alarm_fired[0] or (None not in ran and ran[1] - ran[0] > seconds)
+    # timeout all the same. (Before the call began, the flag is the last test's.)
+    return ran[0] is not None and (_alarm_fired[0] or (ran[1] is not None and ran[1] - ran[0] > seconds))
 
 def _check_in_time(ran, seconds):
     if _overran(ran, seconds):
@@ -302,7 +303,7 @@ def _stdio_style(cfg):
         except BaseException as exc:
             _quiet()
             error, message = _describe(exc)
-        if error != "Timeout" and _overran([ran[0], _now()] if ran[1] is None else ran, cfg["per_test"]):
+        if error != "Timeout" and _overran([ran[0], _now() if ran[1] is None else ran[1]], cfg["per_test"]):
             error, message = "Timeout", "the test took longer than %g s" % cfg["per_test"]   # then exited or failed
             timeouts += 1
         _disarm()
@@ -428,15 +429,6 @@ def _records(read_end, buffer, wait):
                 found.append(record)
     return found
 
-_LATE = min(0.2, _GRACE)   # a result that came later than this past the limit (from the record before) is a timeout
-
-def _late_record(record, per_test, seconds):
-    # The child's own check of its clock missed it (the code reached the runner's state): the
-    # supervisor's clock, which the code cannot reach, says the test ran past its limit.
-    return {"i": record["i"], "got": None, "error": "Timeout", "s": seconds,
-            "message": "the test took longer than %g s (its result came %.2f s after the test began)"
-                       % (per_test, seconds)}
-
 def _skip_rest(first, total, why):
     for j in range(first, total):
         _emit({"i": j, "got": None, "error": "Skipped", "message": why, "s": 0.0})
@@ -489,23 +481,16 @@ def _supervise(cfg):
                 if expected is None and record.get("ready") is True:
                     expected = first
                 elif expected is not None and record.get("i") == expected and type(record["i"]) is int:
-                    late = _now() - began > per_test + _LATE and record.get("error") != "Timeout"
-                    if late:
-                        record = _late_record(record, per_test, _now() - began)
                     _emit(record)
                     timeouts += record.get("error") == "Timeout"
                     expected += 1
-                    if late and max_timeouts and timeouts >= max_timeouts:   # the child did not count it
-                        _stop_child(pid, read_end)
-                        return _skip_rest(expected, total, "not run after a timeout")
                 elif expected == total and record.get("done") is True:
                     _emit({"done": True})
                     _stop_child(pid, read_end)
                     return True
                 else:
                     continue
-                began = _now()   # the next test's time runs from the record before it
-                deadline = began + per_test + _GRACE
+                deadline = _now() + per_test + _GRACE
             if _now() <= deadline:
                 continue
             _stop_child(pid, read_end)
