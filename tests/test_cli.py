@@ -280,6 +280,12 @@ def test_an_output_path_the_shell_left_unexpanded_is_refused(capsys, tmp_path, m
     assert exit_code(["eval", "rftgym/CodeTCG-v0", "--agent", "random", "--env-arg",
                       'tcg={"cache_dir": "~/tcg"}']) == 2
     assert "TCGConfig.cache_dir '~/tcg' starts with '~'" in capsys.readouterr().err
+    # export expands OUT's '~' itself (OUT is its positional argument, not a --out)
+    assert exit_code(["export", str(tmp_path / "no-run"), "~/exported"]) == 2
+    err = capsys.readouterr().err
+    assert "starts with '~'" not in err and "--out '" not in err, err
+    assert exit_code(["export", str(tmp_path / "no-run"), "$HOME/exported"]) == 2
+    assert "OUT '$HOME/exported' holds a '$' variable that nothing expanded" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

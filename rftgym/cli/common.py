@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 
 from ..core.errors import ConfigError, ModelLoadError
@@ -103,11 +104,13 @@ def _check_common(args: argparse.Namespace) -> None:
         problem = device_problem(device)
         if problem is not None:
             raise UsageError(f"--device {device}: {problem}")
-    for name, flag in (("out", "--out"), ("output_dir", "--output-dir")):
+    exporting = getattr(args, "command", None) == "export"  # (its OUT is positional, and it expands '~')
+    for name, flag in (("out", "OUT" if exporting else "--out"), ("output_dir", "--output-dir")):
         value = getattr(args, name, None)
         if value is not None and not value.strip():  # would quietly mean the default path
-            raise UsageError(f"{flag} is empty; give a path, or leave {flag} out for the default under runs/")
-        if value is not None and unexpanded_path(value):
+            raise UsageError(f"{flag} is empty; give a path" + ("" if exporting else
+                                                                 f", or leave {flag} out for the default under runs/"))
+        if value is not None and unexpanded_path(os.path.expanduser(value) if exporting else value):
             apart = f", or write the flag and the path apart ({flag} ~/x)" if value.startswith("~") else ""
             raise UsageError(f"{flag} {unexpanded_path(value)}{apart}")
     episodes = getattr(args, "episodes", None)
