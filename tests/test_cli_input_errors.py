@@ -56,7 +56,7 @@ def test_an_evaluation_of_a_run_notes_the_env_options_it_trained_with_and_leaves
 
     run = tmp_path / "run"
     fake_checkpoint(run, TrainConfig(env_id="rftgym/CodeTCG-v0", env_kwargs={"dataset": "generated",
-                                                                             "difficulties": [1]}).to_dict())
+                                                                             "difficulties": [1, 2]}).to_dict())
 
     def noted(*env_args):
         args = argparse.Namespace(model=str(run), env=["rftgym/CodeTCG-v0"], env_arg=list(env_args),
@@ -64,9 +64,10 @@ def test_an_evaluation_of_a_run_notes_the_env_options_it_trained_with_and_leaves
         _say_which_run(args)
         return capsys.readouterr().err
 
+    # (pairs a shell passes whole, each read back as the value it was)
     assert "note: the run trained with env options this evaluation does not give (dataset, difficulties); add " \
-           "--env-arg dataset=generated --env-arg difficulties=[1] to evaluate it on what it trained on" in noted()
-    assert "note:" not in noted("dataset=generated", "difficulties=[1]")
+           "--env-arg dataset=generated --env-arg 'difficulties=[1,2]' to evaluate it on what it trained on" in noted()
+    assert "note:" not in noted("dataset=generated", "difficulties=[1,2]")
 
 
 # ---------------------------------------------------------------- names

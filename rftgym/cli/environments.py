@@ -115,8 +115,13 @@ def _close_env_ids(env_id: str) -> list[str]:
     return [known for _, _, known in sorted(scored)[:3]]
 
 
-def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg") -> gym.Env:
-    """The env ``kwargs`` make, its errors naming ``flag`` (the flag that gave the options)."""
+def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg",
+              sources: dict[str, str] | None = None) -> gym.Env:
+    """The env ``kwargs`` make, its errors naming ``flag`` (the flag that gave the options), or for
+    an option ``sources`` names, where that one came from (a --config file, a checkpoint)."""
+    def source(key: str | None) -> str:
+        return (sources or {}).get(key, flag)
+
     _env_spec(env_id)
     # gymnasium's own make() options, checked here: its errors are not about the env.
     steps = kwargs.get("max_episode_steps")
@@ -138,16 +143,18 @@ def _make_env(env_id: str, kwargs: dict[str, Any], flag: str = "--env-arg") -> g
         close = difflib.get_close_matches(unknown.group(1), candidates, n=1, cutoff=0.75)
         guess = f" (did you mean {close[0]!r}?)" if close else ""
         valid = f"Valid options: {', '.join(names)}" if names else "It takes no options of its own"
-        raise UsageError(f"bad {flag} for {env_id}: unknown option {unknown.group(1)!r}{guess}. "
-                         f"{valid} (and gymnasium's max_episode_steps)") from exc
+        where = source(unknown.group(1))
+        raise UsageError(f"bad {where if where.startswith('--') else f'option in {where}'} for {env_id}: unknown "
+                         f"option {unknown.group(1)!r}{guess}. {valid} (and gymnasium's max_episode_steps)") from exc
     except ConfigError as exc:  # (after TypeError: an unknown option is both)
         named = {key: kwargs[key] for key in exc.fields if key in kwargs}  # the option it names, if it says
-        hint = _json_reading_hint(named or kwargs, str(exc), flag)
-        # which flag gave the option the message starts with ("dataset must be one of ...")
+        # (a flag's values are read as JSON: a file's or a checkpoint's are JSON's own)
+        hint = _json_reading_hint({k: v for k, v in (named or kwargs).items() if source(k) == flag}, str(exc), flag)
+        # where the option the message starts with came from ("dataset must be one of ...")
         given = next((key for key in kwargs if str(exc).startswith(f"{key} ")), None)
         if hint is None and given is None:
             raise
-        said = f"{flag} {given}: {exc}" if given is not None else str(exc)
+        said = f"{source(given)} {given}: {exc}" if given is not None else str(exc)
         raise ConfigError(said + (f" ({hint})" if hint else ""), field=exc.fields) from exc
     except RftgymError:
         raise

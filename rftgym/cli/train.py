@@ -165,15 +165,13 @@ def _where_the_run_found(config) -> str:
             "PYTHONPATH)")
 
 
-def _options_source(args: argparse.Namespace, flag_dest: str, field: str, flag: str) -> str:
-    """Where a run's env options came from, for an error about one of them: the flag, the
-    --config file's field, the checkpoint's."""
-    sources = [flag] if getattr(args, flag_dest, None) else []
-    if getattr(args, f"config_{field}", None):
-        sources.append(f"--config {args.config}'s {field}")
-    if getattr(args, "resume", False):
-        sources.append("the checkpoint's options")
-    return " or ".join(sources) or flag
+def _option_sources(args: argparse.Namespace, flag_dest: str, field: str, options: dict) -> dict[str, str]:
+    """Where each of a run's env options came from, where that is not its flag (``flag_dest``'s
+    pairs, which win): the --config file's ``field``, or the checkpoint's settings."""
+    given = _parse_env_args(getattr(args, flag_dest, None) or [])
+    from_file = getattr(args, f"config_{field}", None) or {}
+    return {key: f"--config {args.config}'s {field}" if key in from_file else f"the checkpoint's {field}"
+            for key in options if key not in given}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -193,12 +191,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise (_flagged(exc, _train_field_flags()) or UsageError(str(exc))) from exc
     # Fail fast on a bad env id or option (one that training binds to the policy, such as CodeTCG's
     # step_scorer=rollout, bound to a stand-in for it: the policy is not loaded yet).
-    _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs),
-              _options_source(args, "env_arg", "env_kwargs", "--env-arg")).close()
+    sources = _option_sources(args, "env_arg", "env_kwargs", config.env_kwargs)
+    _make_env(config.env_id, with_policy_stand_in(env_class.metadata, config.env_kwargs), "--env-arg",
+              sources).close()
     if config.eval_env_kwargs:  # and the evaluation's, with its own options
+        eval_sources = _option_sources(args, "eval_env_kwargs", "eval_env_kwargs", config.eval_env_kwargs)
         _make_env(config.env_id, with_policy_stand_in(env_class.metadata,
                                                       {**config.env_kwargs, **config.eval_env_kwargs}),
-                  _options_source(args, "eval_env_kwargs", "eval_env_kwargs", "--eval-env-arg")).close()
+                  "--eval-env-arg", {**{key: where for key, where in sources.items()
+                                        if key not in config.eval_env_kwargs}, **eval_sources}).close()
     output_dir = config.output_dir
 
     from ..train.loop import train  # (torch loads here, once the flags and the env are known good)

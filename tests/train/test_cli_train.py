@@ -326,10 +326,15 @@ def test_a_bad_config_file_is_a_usage_error_that_says_what_is_wrong(tmp_path, co
 def test_an_unknown_env_option_is_named_by_where_it_came_from(tmp_path, capsys):
     file = tmp_path / "run.yaml"
     file.write_text("env_kwargs: {datset: generated}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env_kwargs: {dataset: mbpp, dataset_path: 5}\n")
     base = ["train", "rftgym/CodeTCG-v0", "--output-dir", str(tmp_path / "out")]
     for flags, said in ((["--config", str(file)], f"bad --config {file}'s env_kwargs for rftgym/CodeTCG-v0: unknown "
                                                   "option 'datset' (did you mean 'dataset'?)"),
-                        (["--env-arg", "datset=generated"], "bad --env-arg for rftgym/CodeTCG-v0: unknown option")):
+                        (["--env-arg", "datset=generated"], "bad --env-arg for rftgym/CodeTCG-v0: unknown option"),
+                        # a file's value is JSON's own: no advice on how a flag's value is read
+                        (["--config", str(bad)], f"--config {bad}'s env_kwargs dataset_path: dataset_path must be a "
+                                                 "path to a file (a string or a pathlib path), got 5\n")):
         with pytest.raises(SystemExit) as refused:
             main([*base, *flags])
         assert refused.value.code == 2 and said in capsys.readouterr().err
