@@ -183,7 +183,8 @@ def _cache_read(task: CodeTask, config: TCGConfig, limits: SandboxLimits | None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         rows, reason = (data, None) if isinstance(data, list) else (data["tests"], data.get("untestable"))
-        return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows), reason
+        return tuple(TestCase(r["input"], r["expected"], r["origin"]) for r in rows), \
+            reason if isinstance(reason, str) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: rebuild
 
