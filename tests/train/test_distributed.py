@@ -622,7 +622,8 @@ def test_the_train_command_leaves_its_process_group(monkeypatch):
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(loop, "train", joins_then_fails)
-    monkeypatch.setattr(cli_train, "_make_env", lambda env_id, kwargs: type("E", (), {"close": lambda self: None})())
+    made = type("E", (), {"close": lambda self: None})
+    monkeypatch.setattr(cli_train, "_make_env", lambda env_id, kwargs, *where: made())
     with pytest.raises(RuntimeError, match="the run failed"):
         cli.main(["train", "rftgym/VerifiableQA-v0", "--steps", "1"])
     assert not dist.is_initialized()
