@@ -20,8 +20,8 @@ from ..envs.common import short_env_name, with_policy_options, with_policy_stand
 from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
-from .eval_output import (absolute_file_options, data_file_fingerprints, _claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
-                          _users_sources, _writable_file)
+from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
+                          _users_sources, _writable_file, absolute_file_options, data_file_fingerprints)
 from .sigterm import say, stop_reason
 from .user_code import _load_object, load_failure
 
@@ -256,8 +256,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
         runs.append((label, _load_object(wrapper)(agent) if wrapper else agent, {**env_kwargs, **overrides}))
     paths = list(_baseline_paths(env_id, out, args.baselines).values())
     weights = _weights_of(agent)  # (a baseline's wrapper acts with the same model)
+    data_files = data_file_fingerprints(given_kwargs)  # (and reads the same files: hashed once)
     for (label, run_agent, run_kwargs), path in zip(runs, paths):
-        settings = _run_settings(args, env_id, label, given_kwargs, seeds, **weights)
+        settings = _run_settings(args, env_id, label, given_kwargs, seeds, **weights, data_files=data_files)
         run_episodes_, elapsed, ran = _evaluate(args, env_id, run_agent, run_kwargs, seeds, label, path, settings)
         target = path.resolve()  # a symlinked --out is written through, not replaced
         complete = target.with_name(target.name + ".complete")
@@ -322,7 +323,7 @@ def _weights_of(agent) -> dict:
 
 
 def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequence[int],
-                  weights: str | None = None, dtype: str | None = None) -> dict:
+                  weights: str | None = None, dtype: str | None = None, data_files: dict | None = None) -> dict:
     """What the episodes of one run of an evaluation depend on, as noted beside its partial file
     (JSON's form of them, so that a resume compares like with like); how they are batched, and
     the transport to an API server (its address: a server restarted on another port serves the
@@ -330,7 +331,8 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
     ``model`` is the directory's full path (the same folder named another way is the same
     model); ``weights`` and ``dtype`` (:func:`_weights_of`) what it held when the evaluation ran;
     an env's file options (``dataset_path``, ``corpus_path``) their full paths, and ``data_files``
-    the sha256 of what those files held (a file rewritten in place is another dataset).
+    the sha256 of what those files held (a file rewritten in place is another dataset; given, as
+    :func:`~.eval_output.data_file_fingerprints` gives them, when several runs read the same files).
     Env options that say how a service is reached (the env's ``metadata["transport_options"]``:
     a remote retriever's address, timeout and retries) are noted, but a resume does not compare
     them (:func:`~.eval_output._finished_episodes`), as it does not an API server's address."""
@@ -341,7 +343,8 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
                 "model_step": getattr(args, "model_step", None), "weights": weights,
                 "dtype": dtype,
                 "api_model": args.api_model, "api_extra": _json_object(args.api_extra, "--api-extra"),
-                "env_args": absolute_file_options(env_kwargs), "data_files": data_file_fingerprints(env_kwargs),
+                "env_args": absolute_file_options(env_kwargs),
+                "data_files": data_file_fingerprints(env_kwargs) if data_files is None else data_files,
                 "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "sample_seed": args.sample_seed}

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..core.errors import ConfigError
 from ..envs.common import same_env_id, with_policy_stand_in
 from .common import UsageError, _check_model_dir, _flagged
 from .environments import _env_class, _make_env, _parse_env_args

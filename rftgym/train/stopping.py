@@ -128,7 +128,8 @@ class LaunchStops:
     reaches (:meth:`stop_if_asked`: after the rollout, and at the step's end) the ranks ask each
     other whether any was stopped; if one was, all keep the finished steps there (a collective
     checkpoint) and stop together. A second stop more than :data:`SAME_STOP_S` after the first
-    ends that rank's process at once, without saving (exit status 128 + the signal's number). The launcher's own grace period (torchrun's
+    ends that rank's process at once, without saving (exit status 128 + the signal's
+    number). The launcher's own grace period (torchrun's
     ``--shutdown-timeout``, 30 s by default) ends ranks that take longer to reach such a point;
     the last checkpoint then stays. For one process (``enabled`` False) nothing is done here:
     :func:`keeping_finished_steps` and :func:`finishing_the_step` stop it where it is."""

@@ -93,8 +93,8 @@ def test_an_id_that_is_not_a_string_or_int_is_refused(tmp_path, bad_id):
 
 def test_an_implicit_id_that_repeats_an_explicit_one_is_explained(tmp_path):
     listed = write(tmp_path / "c.json", json.dumps([{"title": "A", "text": "a"}, {"id": 0, "title": "B", "text": "b"}]))
-    with pytest.raises(DataFormatError, match=r"'0' \(2 times\) repeat \(a record without an 'id', HotpotQA's '_id', is named by its "
-                                              r"position\)"):
+    with pytest.raises(DataFormatError, match=r"'0' \(2 times\) repeat \(a record without an 'id', HotpotQA's "
+                                              r"'_id', is named by its position\)"):
         load_corpus(listed)
 
 

@@ -168,4 +168,5 @@ def _mbpp_task(record: dict, where: str) -> CodeTask:
     dataset_tests = "\n".join(([setup] if setup.strip() else []) + asserts)
     return CodeTask(task_id=f"mbpp/{task_id}", source="mbpp", style="function", prompt=prompt, entry_point=entry,
                     reference=code, setup_code="", examples=examples, tests=tests, dataset_tests=dataset_tests,
-                    challenge_tests="\n".join(challenge), compare_as=comparison_of(code, entry, "\n".join(asserts + challenge)))
+                    challenge_tests="\n".join(challenge),
+                    compare_as=comparison_of(code, entry, "\n".join(asserts + challenge)))
