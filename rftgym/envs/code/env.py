@@ -551,7 +551,8 @@ class CodeTCGEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, str]):
         if apart.status == "import_error":
             return replace(result, message=apart.message)
         name = str(result.message or "an error").split(":", 1)[0]
-        return replace(result, message=f"{name} (raised only with the hidden tests present: its message is not shown)")
+        return replace(result, message=f"{name} (not raised again in a run without the hidden tests: its message is "
+                                       "not shown)")
 
     def _untestable(self):
         """A task the TCG could make no tests for (arguments that are not literals, e.g. MBPP's

@@ -253,7 +253,8 @@ def test_the_examples_the_feedback_shows_ran_apart_from_the_hidden_tests(tmp_pat
     ("import json\nraise ValueError('|'.join(json.load(open('tests.json'))['inputs']))\n", "ValueError: "),
     # raised only when a hidden test's input is there: the error's name alone
     ("import json\nn = len(json.load(open('tests.json'))['inputs'])\nif n > {examples}:\n"
-     "    raise KeyError(repr(json.load(open('tests.json'))['inputs']))\n", "KeyError (raised only with the hidden"),
+     "    raise KeyError(repr(json.load(open('tests.json'))['inputs']))\n",
+     "KeyError (not raised again in a run without the hidden"),
 ])
 def test_an_import_error_shows_no_hidden_input(tmp_path, spy, shown):
     from rftgym.envs.code.tcg import TCGConfig
