@@ -1499,6 +1499,16 @@ class ClosesBadly(Answers4):
 """
 
 
+def test_a_module_of_your_own_named_like_the_standard_librarys_is_said_to_be_shadowed(tmp_path, monkeypatch, capsys):
+    # ./code.py: the import finds the standard library's code module first (the current directory
+    # is searched last, so that a file here never shadows an installed module)
+    (tmp_path / "code.py").write_text(AGENT_MODULE)
+    monkeypatch.chdir(tmp_path)
+    assert exit_code(["eval", ENV_ID, "--episodes", "1", "--agent", "code:Answers4"]) == 2
+    assert f"has no 'Answers4'; it is not {tmp_path / 'code.py'}, which an import finds only after that module: " \
+           "rename the file" in capsys.readouterr().err
+
+
 def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_agents_mod.py").write_text(AGENT_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

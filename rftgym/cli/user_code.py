@@ -74,8 +74,14 @@ def _load_object(path: str):
         names = [n for n in vars(module) if not n.startswith("_")]
         close = difflib.get_close_matches(name, names, n=1)
         where = getattr(module, "__file__", None)
+        # A file of that name here, shadowed by the module the import found first (code.py: the
+        # standard library's code module), since the current directory comes last on the path.
+        here = os.path.join(os.getcwd(), *module_name.split(".")) + ".py"
+        shadowed = (f"; it is not {here}, which an import finds only after that module: rename the file"
+                    if os.path.isfile(here) and (where is None or os.path.realpath(where) != os.path.realpath(here))
+                    else "")
         raise NotInModule(f"{module_name!r}{f' ({where})' if where else ''} has no {name!r}"
-                          + (f" (did you mean {close[0]!r}?)" if close else "")) from None
+                          + (f" (did you mean {close[0]!r}?)" if close else "") + shadowed) from None
 
 
 def load_failure(module: str, exc: BaseException, form: str = "module:name") -> str:
