@@ -1505,8 +1505,11 @@ def test_a_module_of_your_own_named_like_the_standard_librarys_is_said_to_be_sha
     (tmp_path / "code.py").write_text(AGENT_MODULE)
     monkeypatch.chdir(tmp_path)
     assert exit_code(["eval", ENV_ID, "--episodes", "1", "--agent", "code:Answers4"]) == 2
-    assert f"has no 'Answers4'; it is not {tmp_path / 'code.py'}, which an import finds only after that module: " \
-           "rename the file" in capsys.readouterr().err
+    assert f"has no 'Answers4'; it is not {tmp_path / 'code.py'}, which an import finds only after " in \
+        (err := capsys.readouterr().err) and "code.py: rename the file" in err
+    assert exit_code(["eval", "code:mine/NoSuchEnv-v0", "--agent", "random", "--episodes", "1"]) == 2
+    assert f"no registered environment's entry point is in code; it is not {tmp_path / 'code.py'}" in \
+        capsys.readouterr().err
 
 
 def test_eval_runs_an_agent_of_your_own_as_module_colon_name(tmp_path, monkeypatch, capsys):

@@ -22,7 +22,7 @@ from ..core.spaces import ContextSpace
 from ..core.values import a_type
 from ..envs.common import env_entry_point
 from .common import UsageError
-from .user_code import _import_users_module, _load_object, load_failure
+from .user_code import _import_users_module, _load_object, load_failure, shadowing_note
 
 
 # gymnasium.make's own parameters that no env can be given as an option (make(id, **options)
@@ -75,7 +75,7 @@ def _env_spec(env_id: str):
         if module:
             registered = _ids_registered_by(module)
             own = f"; the environments of {module}: {', '.join(f'{module}:{i}' for i in registered)}" if registered \
-                else f"; no registered environment's entry point is in {module}"
+                else f"; no registered environment's entry point is in {module}{shadowing_note(module)}"
         raise UsageError(f"unknown environment {env_id!r}{guess}{own}; rftgym's environments: "
                          f"{', '.join(env_registry.env_ids())} (your own: module:EnvId, where importing module "
                          "registers EnvId with gymnasium.register)")

@@ -74,14 +74,19 @@ def _load_object(path: str):
         names = [n for n in vars(module) if not n.startswith("_")]
         close = difflib.get_close_matches(name, names, n=1)
         where = getattr(module, "__file__", None)
-        # A file of that name here, shadowed by the module the import found first (code.py: the
-        # standard library's code module), since the current directory comes last on the path.
-        here = os.path.join(os.getcwd(), *module_name.split(".")) + ".py"
-        shadowed = (f"; it is not {here}, which an import finds only after that module: rename the file"
-                    if os.path.isfile(here) and (where is None or os.path.realpath(where) != os.path.realpath(here))
-                    else "")
         raise NotInModule(f"{module_name!r}{f' ({where})' if where else ''} has no {name!r}"
-                          + (f" (did you mean {close[0]!r}?)" if close else "") + shadowed) from None
+                          + (f" (did you mean {close[0]!r}?)" if close else "") + shadowing_note(module_name)) from None
+
+
+def shadowing_note(module_name: str) -> str:
+    """Where a file of ``module_name``'s name is here but the import found another module first
+    (./code.py and the standard library's code: the current directory is searched last), a note
+    saying so; else ''."""
+    here = os.path.join(os.getcwd(), *module_name.split(".")) + ".py"
+    where = getattr(sys.modules.get(module_name), "__file__", None)
+    if not os.path.isfile(here) or (where is not None and os.path.realpath(where) == os.path.realpath(here)):
+        return ""
+    return f"; it is not {here}, which an import finds only after {where or 'that module'}: rename the file"
 
 
 def load_failure(module: str, exc: BaseException, form: str = "module:name") -> str:
