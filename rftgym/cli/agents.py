@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import re
-import shlex
 import sys
 import urllib.parse
 from typing import Any
@@ -213,13 +211,12 @@ def _say_which_run(args: argparse.Namespace) -> None:
     if trained_on and trained_on not in args.env:
         print(f"note: the run trained on {trained_on}; this evaluation is of {', '.join(args.env)}", file=sys.stderr)
     elif isinstance(config.get("env_kwargs"), dict) and config["env_kwargs"]:
-        from .environments import _parse_env_args
+        from .environments import _parse_env_args, env_arg_pair
 
         given = _parse_env_args(getattr(args, "env_arg", None) or [])
         other = {key: value for key, value in config["env_kwargs"].items() if given.get(key) != value}
         if other:  # e.g. trained on generated tasks, evaluated on the env's default dataset
-            pairs = " ".join(f"--env-arg {shlex.quote(f'{key}={_as_flag_value(value)}')}"
-                             for key, value in other.items())
+            pairs = " ".join(f"--env-arg {env_arg_pair(key, value)}" for key, value in other.items())
             print(f"note: the run trained with env options this evaluation does not give ({', '.join(other)}); add "
                   f"{pairs} to evaluate it on what it trained on", file=sys.stderr)
     trained_tokens = config.get("max_new_tokens")
@@ -227,17 +224,6 @@ def _say_which_run(args: argparse.Namespace) -> None:
         print(f"note: the run trained with --max-new-tokens {trained_tokens}, and this evaluation gives each reply "
               f"{args.max_new_tokens} (eval's default); add --max-new-tokens {trained_tokens} to evaluate it as it "
               "trained", file=sys.stderr)
-
-
-def _as_flag_value(value) -> str:
-    """``value`` as ``--env-arg KEY=...`` reads it back: JSON, but a string bare unless it would read
-    as JSON (``"3"``: the string 3)."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value, separators=(",", ":"))
 
 
 def _make_agent(args: argparse.Namespace):

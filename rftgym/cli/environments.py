@@ -10,6 +10,7 @@ import difflib
 import inspect
 import json
 import re
+import shlex
 import sys
 import types
 from typing import Any, Sequence
@@ -54,6 +55,18 @@ def _parse_env_args(pairs: Sequence[str], flag: str = "--env-arg") -> dict[str, 
         except RecursionError:
             raise UsageError(f"{flag} {key.strip()}=...: its JSON value nests too deeply to read") from None
     return kwargs
+
+
+def env_arg_pair(key: str, value: Any) -> str:
+    """``KEY=VALUE`` as :func:`_parse_env_args` reads ``value`` back, quoted for a shell: JSON, but a
+    string bare unless it would read as JSON (``"3"``: the string 3)."""
+    text = json.dumps(value, separators=(",", ":"))
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            text = value
+    return shlex.quote(f"{key}={text}")
 
 
 def _env_spec(env_id: str):

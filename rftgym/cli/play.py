@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .common import UsageError
-from .environments import _make_env, _parse_env_args
+from .environments import _make_env, _parse_env_args, env_arg_pair
 
 
 def cmd_play(args: argparse.Namespace) -> int:
@@ -190,7 +190,7 @@ def _refuse_policy_options(env_id: str, env_kwargs: dict) -> None:
         return
     given = [name for name in bound if isinstance(env_kwargs.get(name), str)]
     if given:
-        flags = " and ".join(f"--env-arg {name}={env_kwargs[name]}" for name in given)
+        flags = " and ".join(f"--env-arg {env_arg_pair(name, env_kwargs[name])}" for name in given)
         raise UsageError(f"{flags} stands for the policy acting in the env, and in rftgym play you are the "
                          "assistant: no policy is there to bind it to. Drop it here; rftgym eval (with --agent) and "
                          "rftgym train bind their policy to it")

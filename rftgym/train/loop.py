@@ -73,7 +73,7 @@ from .speed import (
     make_optimizer,
 )
 from .step_metrics import rollout_metrics
-from .stopping import LaunchStops, finishing_the_step, keep_after_an_error, keeping_finished_steps, say
+from .stopping import LaunchStops, finishing_the_step, keeping_finished_steps, say
 from .task_order import epoch_task_seeds, served_dataset_size
 from .update import batch_logprobs, decoder_logprobs, optimise, padding_batch, recompute_old_logprobs, to_device
 
@@ -456,7 +456,10 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             return random_states(ranks.gather_objects(this_ranks_random_states()))
 
         with launch_stops.noting():
-            with keeping_finished_steps(lambda: keep_finished_steps(step, at_step_start), stops_save):
+            # (an error from together() is every rank's, at one point: under a launch they keep the
+            # finished steps together there, as one process does)
+            with keeping_finished_steps(lambda: keep_finished_steps(step, at_step_start), stops_save,
+                                        raised_together=lambda exc: RankFailures.of(exc) is not None):
                 started = time.perf_counter()
                 # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
                 if dataset_size:
@@ -494,14 +497,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                                                              segment_rng, split_tokens=evaluation_split(policy))
                     return episodes, rollout_seconds, prefill, samples, batch_stats
 
-                try:
-                    episodes, rollout_seconds, prefill, samples, batch_stats = ranks.together(rollout_and_samples)
-                except Exception as exc:
-                    if not stops_save and RankFailures.of(exc) is not None:
-                        # Every rank of the launch met in together() and stops here: they keep the
-                        # finished steps together, as one process does (keeping_finished_steps).
-                        keep_after_an_error(lambda: keep_finished_steps(step, at_step_start))
-                    raise
+                episodes, rollout_seconds, prefill, samples, batch_stats = ranks.together(rollout_and_samples)
                 unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
                 if unused:
                     warn_caller(unused)

@@ -71,10 +71,13 @@ def held_stops(notice: str, *, second_stops_now: bool) -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[None]:
+def keeping_finished_steps(keep: Callable[[], None], enabled: bool,
+                           raised_together: Callable[[BaseException], bool] | None = None) -> Iterator[None]:
     """Before a step's update: a stop or an error inside the block first calls ``keep()`` (which
     saves the steps done so far: the weights are still theirs), then goes on. ``enabled`` False (a
-    launch of several ranks, which would each stop at another point of the step): it just goes on."""
+    launch of several ranks, which would each stop at another point of the step): it just goes on,
+    but for an error that ``raised_together`` says every rank raised at the same point (a failed
+    rollout, which the ranks agree on), where all of them keep the finished steps together."""
     try:
         yield
     except KeyboardInterrupt:
@@ -82,13 +85,13 @@ def keeping_finished_steps(keep: Callable[[], None], enabled: bool) -> Iterator[
             with held_stops("rftgym train: saving the finished steps, then stopping", second_stops_now=False):
                 keep()
         raise
-    except Exception:
-        if enabled:
-            keep_after_an_error(keep)
+    except Exception as exc:
+        if enabled or (raised_together is not None and raised_together(exc)):
+            _keep_after_an_error(keep)
         raise
 
 
-def keep_after_an_error(keep: Callable[[], None]) -> None:
+def _keep_after_an_error(keep: Callable[[], None]) -> None:
     """``keep()`` (it saves the finished steps, and says what it saves) after a step's error, which
     stays the one reported: a failure to save is only said."""
     try:
