@@ -96,8 +96,12 @@ def _train_flags() -> list[tuple[str, str, dict]]:
         ("--kl-coef", "kl_coef", opt(optim, d.kl_coef, "k3 KL to the initial model (0: no reference)")),
         ("--filter-zero-variance", "filter_zero_variance", opt(
             optim, d.filter_zero_variance, "skip groups whose rewards are all equal (DAPO dynamic sampling's "
-            "filter; no more are sampled in their place)",
+            "filter; see --max-rollout-batches for sampling more in their place)",
             action=argparse.BooleanOptionalAction)),
+        ("--max-rollout-batches", "max_rollout_batches", opt(
+            optim, d.max_rollout_batches, "DAPO dynamic sampling: while fewer than --tasks-per-step groups have "
+            "rewards that vary, roll out that many more tasks, up to this many rollouts a step, and train on the "
+            "first --tasks-per-step that vary (1: no refill)")),
         ("--filter-overlong", "filter_overlong", opt(
             optim, d.filter_overlong, "mask episodes whose last reply was cut by --max-new-tokens or "
                                                   "that ran out of context (DAPO overlong filtering)",

@@ -26,8 +26,9 @@ the same task), and their total rewards:
 * RFT: the segments of successful episodes, for a supervised step.
 
 Groups whose rewards are all equal carry no signal and are dropped when
-``filter_zero_variance`` is on (DAPO's dynamic sampling, without its sampling of more groups to
-fill the batch: the step trains on fewer); with ``filter_overlong``, episodes whose
+``filter_zero_variance`` is on (DAPO's dynamic sampling; with ``max_rollout_batches`` above 1 the
+loop rolls out more tasks until ``tasks_per_step`` groups vary, and :func:`refill_quota` picks
+those it trains; else the step trains on fewer); with ``filter_overlong``, episodes whose
 last reply was cut by the token budget are masked out (DAPO overlong filtering). Only the last
 reply counts: an earlier cut reply was answered by the env and the episode went on, so its reward
 judges the whole episode; a cut last reply ended the episode unfinished, which is DAPO's case of a
@@ -93,6 +94,26 @@ def group_episodes(episodes: list[Episode], group_size: int) -> list[list[Episod
     if len(episodes) % group_size:
         raise ValueError(f"{len(episodes)} episodes do not split into groups of {group_size}")
     return [episodes[i:i + group_size] for i in range(0, len(episodes), group_size)]
+
+
+def varied_groups(groups: list[list[Episode]]) -> list[bool]:
+    """Whether each group's rewards vary (what ``filter_zero_variance`` keeps), in float64 as
+    :func:`build_samples` tells them apart."""
+    rewards = torch.tensor([[e.total_reward for e in g] for g in groups], dtype=torch.float64)
+    return (~zero_variance_groups(rewards)).tolist() if groups else []
+
+
+def refill_quota(varied: list[list[int]], rank: int, target: int) -> list[int]:
+    """How many of rank ``rank``'s varied groups of each rollout batch a step trains under dynamic
+    sampling's refill (``max_rollout_batches``): the first ``target`` varied groups over all ranks,
+    batch by batch and, within a batch, rank by rank; the rest are left out, so that every step
+    trains on ``target`` groups (or all there were, short of it). ``varied[b][r]``: rank r's varied
+    groups in batch b."""
+    quota, left = [], target
+    for per_rank in varied:
+        quota.append(max(0, min(per_rank[rank], left - sum(per_rank[:rank]))))
+        left = max(0, left - sum(per_rank))
+    return quota
 
 
 def turn_spans(episode: Episode, segment: Segment) -> list[tuple[int, int, int]]:

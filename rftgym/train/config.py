@@ -130,6 +130,11 @@ class TrainConfig:
     # renormalised, so the weight is off from pi_train / q by the nucleus's mass (at most 1/top_p).
     rollout_is_cap: float = 0.0
     filter_zero_variance: bool = True  # DAPO dynamic sampling's filter: groups with equal rewards are skipped
+    # DAPO dynamic sampling's refill (verl's max_num_gen_batches): while fewer than tasks_per_step
+    # groups have rewards that vary, roll out tasks_per_step more tasks, up to this many rollouts
+    # per step, and train on the first tasks_per_step such groups (1 = no refill: the step trains
+    # on the groups the one rollout kept).
+    max_rollout_batches: int = 1
     # DAPO overlong filtering: episodes whose last reply was cut by max_new_tokens, or that ran out
     # of context, are masked
     filter_overlong: bool = False
@@ -284,7 +289,7 @@ class TrainConfig:
     def _check_ranges(self) -> None:
         for name in ("steps", "tasks_per_step", "group_size", "max_new_tokens", "rollout_batch_size",
                      "epochs_per_step", "minibatch_size", "logprob_chunk_size", "save_every", "log_every",
-                     "eval_episodes"):
+                     "eval_episodes", "max_rollout_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}", field=name)
         for name, zero_means in (("eval_every", "no evaluation"), ("microbatch_size", "the whole minibatch at once"),
@@ -378,6 +383,9 @@ class TrainConfig:
                 ("pcar_lambda", self.algo == "pcar", "algo='pcar'", algo),
                 ("pcar_delta", self.algo == "pcar", "algo='pcar'", algo),
                 ("dcpo_segment_budget", self.algo == "dcpo", "algo='dcpo'", algo),
+                ("max_rollout_batches", self.filter_zero_variance and self.algo != "rft",
+                 "filter_zero_variance=True and a policy-gradient algo (it refills the groups that filter drops)",
+                 "algo='rft'" if self.algo == "rft" else "filter_zero_variance=False"),
                 ("rollout_is_cap", self.old_logprobs == "recompute", "old_logprobs='recompute' (the training "
                  "forward's log-probs are what the sampler's are weighed against)", f"old_logprobs={self.old_logprobs!r}"),
                 ("lora_alpha", self.lora_rank > 0, "LoRA (lora_rank > 0)", "lora_rank=0 (full fine-tuning)"),

@@ -29,7 +29,7 @@ from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from ..rollout.engine import check_env_factory
-from .batching import build_samples, evaluation_split, group_episodes
+from .batching import build_samples, evaluation_split, group_episodes, refill_quota, varied_groups
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     check_base_model,
@@ -340,10 +340,13 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     policy._generator.manual_seed(config.seed + ranks.rank)
     segment_rng = torch.Generator().manual_seed(segment_seed(config.seed, ranks.rank))
     start = 0
+    tasks_drawn = 0  # the tasks drawn so far (of a dataset: its epochs' order, task_order)
     if saved is not None:  # check_output_dir made sure there is a complete checkpoint
         start, rng, _ = load_checkpoint(out, model=model, optimizer=optimizer, state=saved, rng_states=saved_rng,
                                         verified=True)  # train() checked every file (and holds the lock)
         task_rng.bit_generator.state = rng["tasks"]
+        # (a checkpoint from before the refill drew tasks_per_step a step)
+        tasks_drawn = rng.get("tasks_drawn", start * config.tasks_per_step)
         policy._generator.set_state(rng["ranks"][ranks.rank]["sampling"])
         segment_rng.set_state(rng["ranks"][ranks.rank]["segments"])
         torch.set_rng_state(rng["torch"])
@@ -368,7 +371,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     checkpointed = start  # the steps the checkpoint in out holds (0: none)
 
     def random_states(per_rank: list[dict]) -> dict:
-        return {"tasks": task_rng.bit_generator.state, "torch": torch.get_rng_state(), "ranks": per_rank}
+        return {"tasks": task_rng.bit_generator.state, "tasks_drawn": tasks_drawn, "torch": torch.get_rng_state(),
+                "ranks": per_rank}
 
     def this_ranks_random_states() -> dict:
         return {"sampling": policy._generator.get_state(), "segments": segment_rng.get_state()}
@@ -436,7 +440,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     if dataset_size and ranks.is_main:
         epochs = config.steps * config.tasks_per_step / dataset_size
         print(f"tasks: the env's {dataset_size} dataset items, each once per epoch in a shuffled order "
-              f"({epochs:.3g} epochs in {config.steps} steps of {config.tasks_per_step})", file=sys.stderr)
+              f"({epochs:.3g} epochs in {config.steps} steps of {config.tasks_per_step}"
+              + (", more with the refill's rollouts" if config.max_rollout_batches > 1 else "") + ")", file=sys.stderr)
 
     # One process stops where it is (stopping.keeping_finished_steps, finishing_the_step); the
     # ranks of a launch, which would each stop elsewhere in a step, stop together (LaunchStops).
@@ -461,43 +466,79 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             with keeping_finished_steps(lambda: keep_finished_steps(step, at_step_start), stops_save,
                                         raised_together=lambda exc: RankFailures.of(exc) is not None):
                 started = time.perf_counter()
-                # 1. Sample tasks: each task seed is repeated group_size times, so a group shares its task.
-                if dataset_size:
-                    task_seeds = epoch_task_seeds(config.seed, dataset_size, step * config.tasks_per_step,
-                                                  config.tasks_per_step)
-                else:
-                    task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
-                tasks = ranks.shard(list(enumerate(task_seeds)))
-                seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
-                # Each episode's sampling stream: (step, task index over all ranks, member of the group).
-                sample_keys = training_keys(step, [task for task, _ in tasks], config.group_size)
+
+                def draw_tasks(batch: int) -> tuple[list[int], list]:
+                    """1. Sample tasks: this rank's share of the batch's ``tasks_per_step`` tasks, each
+                    seed repeated group_size times so that a group shares its task, and each episode's
+                    sampling stream: (step, task index over all ranks and batches, member of the group)."""
+                    nonlocal tasks_drawn
+                    if dataset_size:
+                        task_seeds = epoch_task_seeds(config.seed, dataset_size, tasks_drawn, config.tasks_per_step)
+                    else:
+                        task_seeds = task_rng.integers(0, 2**31 - 1, size=config.tasks_per_step).tolist()
+                    tasks_drawn += config.tasks_per_step
+                    tasks = ranks.shard(list(enumerate(task_seeds, start=batch * config.tasks_per_step)))
+                    seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
+                    return seeds, training_keys(step, [task for task, _ in tasks], config.group_size)
 
                 # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
-                # 3. Advantages -> per-token training samples.
-                # Both run on each rank alone; an error in either (an env breaking its contract, a policy
-                # without log-probs) stops every rank, not just this one. A rollout that fails keeps the
-                # episodes it finished in the output directory (failed_rollouts), for a look at them; a
-                # failure to build samples keeps all of them.
-                def rollout_and_samples():
-                    model.eval()
-                    prefix = policy.prefix_cache.stats
-                    asked, prefilled, evicted = prefix.prompt_tokens, prefix.prefilled_tokens, prefix.evicted_bytes
-                    with autocast(), full_parameters(model), keeping_finished_episodes(out, number, len(seeds), ranks):
-                        episodes = run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
+                # Each rank runs its share alone; an error there (an env breaking its contract) stops
+                # every rank, not just this one. A rollout that fails keeps the episodes the step
+                # had finished in the output directory (failed_rollouts), for a look at them.
+                def roll_out(seeds: list[int], sample_keys: list, earlier: list) -> list:
+                    with autocast(), full_parameters(model), \
+                            keeping_finished_episodes(out, number, len(earlier) + len(seeds), ranks):
+                        try:
+                            return run_episodes(make_env, policy, seeds, sample_keys=sample_keys,
                                                 config=RolloutConfig(num_envs=config.rollout_batch_size))
-                    # The update makes the rollout's cached prefix states stale; FSDP refills the same
-                    # buffers with the new weights, which the cache's fingerprint cannot tell apart.
-                    held = policy.prefix_cache.nbytes
-                    policy.clear_prefix_cache()
-                    rollout_seconds = time.perf_counter() - started
-                    prefill = (prefix.prompt_tokens - asked, prefix.prefilled_tokens - prefilled,
-                               prefix.evicted_bytes - evicted, held)
-                    with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
-                        samples, batch_stats = build_samples(group_episodes(episodes, config.group_size), config,
-                                                             segment_rng, split_tokens=evaluation_split(policy))
-                    return episodes, rollout_seconds, prefill, samples, batch_stats
+                        except Exception as exc:  # (an earlier batch's episodes were finished too)
+                            if earlier:
+                                exc.finished_episodes = [*earlier, *getattr(exc, "finished_episodes", ())]
+                            raise
 
-                episodes, rollout_seconds, prefill, samples, batch_stats = ranks.together(rollout_and_samples)
+                model.eval()
+                prefix = policy.prefix_cache.stats
+                asked, prefilled, evicted = prefix.prompt_tokens, prefix.prefilled_tokens, prefix.evicted_bytes
+                # DAPO's refill (max_rollout_batches > 1): more tasks while fewer than tasks_per_step
+                # groups over all ranks have rewards that vary.
+                batches, varied = [], []  # this rank's episodes per batch; per batch, every rank's varied groups
+                while True:
+                    seeds, sample_keys = draw_tasks(len(batches))
+                    episodes = [e for batch in batches for e in batch]
+                    batches.append(ranks.together(lambda: roll_out(seeds, sample_keys, episodes)))
+                    if config.max_rollout_batches == 1:
+                        break
+                    varied_here = sum(varied_groups(group_episodes(batches[-1], config.group_size)))
+                    varied.append(ranks.gather_objects(varied_here))
+                    if sum(map(sum, varied)) >= config.tasks_per_step or len(batches) == config.max_rollout_batches:
+                        break
+                episodes = [e for batch in batches for e in batch]
+                # The update makes the rollout's cached prefix states stale; FSDP refills the same
+                # buffers with the new weights, which the cache's fingerprint cannot tell apart.
+                held = policy.prefix_cache.nbytes
+                policy.clear_prefix_cache()
+                rollout_seconds = time.perf_counter() - started
+                prefill = (prefix.prompt_tokens - asked, prefix.prefilled_tokens - prefilled,
+                           prefix.evicted_bytes - evicted, held)
+
+                # 3. Advantages -> per-token training samples (an error, e.g. a policy without
+                # log-probs, stops every rank and keeps all the step's episodes).
+                def samples_of_the_step():
+                    per_batch = [group_episodes(batch, config.group_size) for batch in batches]
+                    trained = [group for batch in per_batch for group in batch]
+                    if varied:  # the first tasks_per_step groups that vary, over all ranks
+                        quota = refill_quota(varied, ranks.rank, config.tasks_per_step)
+                        trained = [group for batch, count in zip(per_batch, quota)
+                                   for group in [g for g, vary in zip(batch, varied_groups(batch)) if vary][:count]]
+                    with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
+                        samples, stats = build_samples(trained, config, segment_rng,
+                                                       split_tokens=evaluation_split(policy))
+                    if varied:  # (the counts of the groups rolled out, not only of those trained)
+                        stats.groups = sum(len(batch) for batch in per_batch)
+                        stats.groups_uniform = stats.groups - sum(sum(varied_groups(batch)) for batch in per_batch)
+                    return samples, stats
+
+                samples, batch_stats = ranks.together(samples_of_the_step)
                 unused = unused_signal(config.algo, episodes) if step == start and ranks.is_main else None
                 if unused:
                     warn_caller(unused)
@@ -531,7 +572,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     "update_seconds": update_seconds,
                     "step_seconds": time.perf_counter() - started,
                     "learning_rate": learning_rate,
-                    **({"epoch": number * config.tasks_per_step / dataset_size} if dataset_size else {}),
+                    **({"epoch": tasks_drawn / dataset_size} if dataset_size else {}),
+                    **({"rollout_batches": len(batches)} if config.max_rollout_batches > 1 else {}),
                     **recomputed,
                     **update,
                 }

@@ -554,6 +554,38 @@ def test_training_with_sequence_level_ratios(tmp_path, make_char_policy, pack):
         TrainConfig(algo="rft", group_size=1, ratio_level="sequence")
 
 
+def test_dynamic_sampling_refills_the_groups_the_filter_drops_and_resumes_exactly(tmp_path, make_char_policy):
+    # Groups of 2 random 8-token replies often both lack an 'a' (reward 0 alike): the refill rolls
+    # out 2 more tasks until 2 groups vary, at most 4 times a step.
+    refill = dict(steps=5, group_size=2, tasks_per_step=2, max_rollout_batches=4)
+    straight = train(config(tmp_path, "straight", save_every=3, **refill), policy=make_char_policy(), make_env=SayAEnv)
+    assert any(row["rollout_batches"] > 1 for row in straight), straight
+    for row in straight:
+        assert row["groups_kept"] == 2 or row["rollout_batches"] == 4, row   # filled, or out of rollouts
+        assert row["samples"] == 2 * row["groups_kept"]   # only the first 2 varied groups train
+        # A refill follows a rollout with a uniform group, which the rate counts (over every group rolled out).
+        assert row["uniform_group_rate"] > 0 or row["rollout_batches"] == 1
+    plain = train(config(tmp_path, "plain", steps=1, group_size=2, tasks_per_step=2), policy=make_char_policy(),
+                  make_env=SayAEnv)
+    assert "rollout_batches" not in plain[0]
+    # A resume from the checkpoint at step 3 draws the tasks and samples the uninterrupted run did.
+    train(config(tmp_path, "resumed", **{**refill, "steps": 3}), policy=make_char_policy(), make_env=SayAEnv)
+    resumed = train(config(tmp_path, "resumed", **refill), policy=make_char_policy(), make_env=SayAEnv, resume=True)
+    for a, b in zip(straight[3:], resumed, strict=True):
+        assert (b["rollout_batches"], b["reward_mean"]) == (a["rollout_batches"], a["reward_mean"])
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_the_refill_is_read_only_where_groups_are_filtered():
+    with pytest.raises(ConfigError, match="max_rollout_batches=3 is only read with filter_zero_variance=True and a "
+                                          r"policy-gradient algo .* this run has filter_zero_variance=False"):
+        TrainConfig(max_rollout_batches=3, filter_zero_variance=False)
+    with pytest.raises(ConfigError, match="max_rollout_batches=3 is only read with .* this run has algo='rft'"):
+        TrainConfig(algo="rft", group_size=1, max_rollout_batches=3)
+    with pytest.raises(ConfigError, match="max_rollout_batches must be a positive integer, got 0"):
+        TrainConfig(max_rollout_batches=0)
+
+
 def test_rollout_is_cap_is_read_only_with_recomputed_old_logprobs():
     with pytest.raises(ConfigError, match="rollout_is_cap=2.0 is only read with old_logprobs='recompute'"):
         TrainConfig(rollout_is_cap=2.0)

@@ -52,6 +52,35 @@ def test_training_on_a_dataset_serves_each_item_once_per_epoch(tmp_path, make_ch
         in capsys.readouterr().err
 
 
+class SeedRecordingDatasetEnv(DatasetEnv):
+    seeds = []
+
+    def reset(self, *, seed=None, options=None):
+        SeedRecordingDatasetEnv.seeds.append(seed)
+        return super().reset(seed=seed, options=options)
+
+
+def test_the_refill_takes_the_next_items_of_the_epoch_order_and_a_resume_goes_on_from_there(tmp_path,
+                                                                                              make_char_policy):
+    refill = dict(group_size=2, tasks_per_step=2, max_rollout_batches=3)
+    SeedRecordingDatasetEnv.seeds = []
+    rows = train(train_config(tmp_path, "straight", steps=4, save_every=2, **refill), policy=make_char_policy(),
+                 make_env=SeedRecordingDatasetEnv)
+    drawn = 2 * sum(row["rollout_batches"] for row in rows)
+    assert drawn > 8, rows  # some step refilled
+    # The tasks in the order they were drawn: each rollout's tasks are the next items of the run's order.
+    assert list(dict.fromkeys(SeedRecordingDatasetEnv.seeds)) == epoch_task_seeds(0, 5, 0, drawn)
+    assert rows[-1]["epoch"] == pytest.approx(drawn / 5)
+    train(train_config(tmp_path, "resumed", steps=2, **refill), policy=make_char_policy(),
+          make_env=SeedRecordingDatasetEnv)
+    SeedRecordingDatasetEnv.seeds = []
+    resumed = train(train_config(tmp_path, "resumed", steps=4, **refill), policy=make_char_policy(),
+                    make_env=SeedRecordingDatasetEnv, resume=True)
+    assert [row["epoch"] for row in resumed] == [row["epoch"] for row in rows[2:]]
+    before, after = (2 * sum(row["rollout_batches"] for row in part) for part in (rows[:2], rows[2:]))
+    assert list(dict.fromkeys(SeedRecordingDatasetEnv.seeds)) == epoch_task_seeds(0, 5, before, after)
+
+
 def test_an_env_without_a_dataset_keeps_random_task_seeds(tmp_path, make_char_policy):
     assert served_dataset_size(SayAEnv) is None
     rows = train(train_config(tmp_path, "run", steps=1), policy=make_char_policy(), make_env=SayAEnv)
