@@ -126,6 +126,25 @@ def test_the_answer_of_a_sequence_question_is_at_no_fixed_rank_among_its_choices
     assert set(ranks) == {0, 1, 2, 3} and min(ranks.values()) > 0.2 * 1000, ranks
 
 
+def test_the_distances_between_a_sequence_questions_choices_do_not_give_its_answer_away():
+    # The distractors were the answer +-1, 2, 3 or the step: the answer was the choice all others lay
+    # near, found by either guess below up to 78% of the time where chance is 25%.
+    for difficulty in DIFFICULTIES:
+        near, hub = 0, 0
+        for seed in range(400):
+            task = generate_task(np.random.default_rng(seed), "sequence", difficulty)
+            shown = [int(x) for x in re.search(r"next: (.+), \.\.\.\?", task.question).group(1).split(", ")]
+            choices, answer = [int(c) for c in task.choices], int(task.answer)
+            guess = np.random.default_rng(seed + 1)
+            closeness = {c: sum(0 < abs(c - other) <= 3 for other in choices) for c in choices}
+            most = [c for c in choices if closeness[c] == max(closeness.values())]
+            near += most[guess.integers(len(most))] == answer
+            offsets = {1, 2, 3, shown[1] - shown[0]}
+            hubs = [c for c in choices if all(abs(c - other) in offsets for other in choices if other != c)] or choices
+            hub += hubs[guess.integers(len(hubs))] == answer
+        assert near / 400 < 0.33 and hub / 400 < 0.33, (difficulty, near / 400, hub / 400)
+
+
 def test_weekday_answers_count_the_days():
     for t in (t for t in TASKS if t.kind == "weekday"):
         m = re.fullmatch(r"Today is (\w+)\. What day of the week is it (\d+) days? (after|before) today\?", t.question)
@@ -271,6 +290,31 @@ def free(answer: str) -> Task:
     # a number denied after it, and hedges that deny nothing
     ("42", "42 is wrong", False), ("42", "42 is not right", False), ("42", "42 isn't it", False),
     ("42", "I'm not sure but 42", True), ("42", "I don't know, but 42", True), ("12", "12 is correct", True),
+    # a bare number states a quantity whose other words are a unit or a name, not one that a symbol
+    # or a bound makes another value
+    ("\\sqrt{3}", "3", False), ("\u03c0/2", "2", False), ("\\pi/2", "2", False), ("e^2", "2", False),
+    ("(-\\infty, 2)", "2", False), ("x > 2", "2", False), ("5 below zero", "5", False), ("5!", "5", False),
+    ("(-\\infty, 2)", "[2, \\infty)", False),
+    ("-3 m/s", "-3", True), ("12 light-years", "12", True), ("-5 \u00b0C", "-5", True), ("x = 5", "5", True),
+    # text compares with its operators, relations and the separators between digits
+    ("x+1", "x-1", False), ("a-b", "a+b", False), ("-\\infty", "\\infty", False), ("10^6", "106", False),
+    ("(1,2)", "12", False), ("3 - 2i", "3 + 2i", False), ("x > 2", "x < 2", False), ("12:30", "1230", False),
+    ("2^10", "210", False), ("(1, 2]", "(1, 2)", False), ("x > 2", "x > 2", True), ("x+1", "x + 1", True),
+    ("Paris", "(Paris)", True), ("x+1", "(x+1)", True), ("12:30", "12:30", True),
+    # a relation, a function or a scale of the number, written in symbols or words
+    ("42", "sqrt(42)", False), ("42", "\u221a42", False), ("42", "42 squared", False), ("42", "42 cubed", False),
+    ("42", "log 42", False), ("42", "42 hundredths", False), ("2", "x^2", False), ("42", "< 42", False),
+    ("42", "> 42", False), ("42", "\u2264 42", False), ("42", ">= 42", False), ("42", "42+", False),
+    ("42", "\u2260 42", False), ("42", "!= 42", False), ("42", "\\neq 42", False),
+    # a denial around markup, in "cannot", or by a word after or before the number
+    ("42", "It cannot be 42", False), ("42", "**not** 42", False), ("42", "not **42**", False),
+    ("42", "not (42)", False), ("42", "not \\boxed{42}", False), ("42", "42 (incorrect)", False),
+    ("42", "42 \u2014 wrong", False), ("42", "wrong: 42", False), ("42", "**42**", True), ("7", "3 + 4 = 7", False),
+    # LaTeX for a plain number
+    ("-11/6", "-\\frac{11}{6}", True), ("-11/6", "\\frac{-11}{6}", True), ("-11/6", "$\\boxed{-\\frac{11}{6}}$", True),
+    ("0.5", "\\dfrac{1}{2}", True), ("\\frac{1}{2}", "0.5", True), ("11/6", "-\\frac{11}{6}", False),
+    ("12345", "12{,}345", True), ("12345", "\\boxed{12{,}345}", True), ("12345", "12\\,345", True),
+    ("1234", "12{,}34", False),
 ])
 def test_is_correct_on_free_answers(answer, given, ok):
     assert is_correct(free(answer), given) is ok

@@ -61,7 +61,15 @@ Version history
     text; "minus 3" is -3, and a bound or scale ("at least 5", "5 or more", "100 thousand"), a
     second sign ("--42") or a denial after the number ("42 is wrong") answers nothing, while "not
     sure but 42" answers 42; a step that raises part way ends the episode; a draft ``<answer>``
-    inside ``<think>`` followed by the answer is no format error, where it cost the format reward).
+    inside ``<think>`` followed by the answer is no format error, where it cost the format reward; later
+    that day: a bare number answers a quantity only where words, a unit or currency stand around
+    its number, where "3" answered "\\sqrt{3}" and "2" answered "x > 2"; text answers compare their
+    operators, relations, brackets and the separators between digits, where "x-1" answered "x+1"
+    and "12" answered "(1,2)"; a relation or function of the number in symbols ("< 5", "!= 5",
+    "\\sqrt{5}", "x^5", "5+") or words ("5 squared") and a denial around markup ("not **5**"),
+    in "cannot" or by "wrong"/"incorrect" beside the number answer nothing; ``\\frac{a}{b}`` and
+    ``12{,}345`` read as a/b and 12,345; a sequence question's choices are evenly spaced around
+    the answer, where every distractor lay within 1, 2, 3 or the step of it and gave it away).
 """
 
 from __future__ import annotations

@@ -65,6 +65,18 @@ _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\u20
                               "\uff0d": "-"})
 
 
+# LaTeX a model writes for a plain number: \frac{11}{6} (\dfrac, \tfrac) for 11/6, with either
+# sign; 12{,}345 and 12\,345 for 12,345.
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*([-+\u2212]?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))")
+
+
+def plain_latex(text: str) -> str:
+    """``text`` with the LaTeX of plain numbers written plainly (``\\frac{-11}{6}`` -> ``-11/6``,
+    ``12{,}345`` -> ``12,345``); other LaTeX is left as it is."""
+    return _LATEX_THOUSANDS.sub(",", _LATEX_FRACTION.sub(r"\1/\2", text))
+
+
 _PUNCTUATION = frozenset(string.punctuation)
 # A sign parted from its number by spaces, where it cannot be an operator ("- 5", "x = - 5";
 # not "7 - 5").
@@ -141,8 +153,40 @@ def _same_quantity(given: str, expected: str) -> bool:
     if value is None or parse_number(given) != value:
         return False
     given = _SIGN_WORD.sub("-", given)   # "minus 5 degrees" states -5 degrees: the sign is no word of it
-    words = normalize_text(_NUMBER_TOKEN.sub(" ", given))
-    return not words or words == normalize_text(_NUMBER_TOKEN.sub(" ", expected))
+    rest = _NUMBER_TOKEN.sub(" ", given)
+    if not normalize_text(rest):
+        return _stated_by_its_number(expected)
+    expected_rest = _NUMBER_TOKEN.sub(" ", expected)
+    return normalize_text(rest) == normalize_text(expected_rest) and _math_marks(rest) == _math_marks(expected_rest)
+
+
+# A unit's slash or hyphen between letters ("m/s", "light-years"): part of its words.
+_UNIT_JOINER = re.compile(r"(?<=[^\W\d_])[/-](?=[^\W\d_])")
+
+
+def _stated_by_its_number(expected: str) -> bool:
+    """Whether the number of the quantity ``expected`` alone states it: only words (a unit or a
+    name: "12 apples", "x = 5", "-3 m/s") and currency or degree signs stand around it, no symbol
+    that makes it another value ("\\sqrt{3}", "x > 2", "5!", "e^2", "\u03c0/2") and no bound or scale
+    ("5 below zero")."""
+    if _VALUE_CHANGED.search(expected.translate(_MINUS_SIGNS)):
+        return False
+    rest = _UNIT_JOINER.sub(" ", _NUMBER_TOKEN.sub(" ", _SIGN_WORD.sub("-", expected.translate(_MINUS_SIGNS))))
+    return all((ch.isalnum() and ch not in "\u03c0\u03a0") or ch.isspace() or ch in "$\u20ac\u00a3\u00a5=:,.%\u00b0'"
+               for ch in rest)
+
+
+# Signs that make text another answer, which dropping punctuation would lose ("x+1" and "x-1",
+# "10^6" and "106", "x > 2" and "x < 2", "(1,2)" and "12", "12:30" and "1230"): operators and
+# relations; a minus or hyphen unless it joins two words ("Jean-Paul"); a comma, point or colon
+# between digits; brackets are compared apart (:func:`_same_text`).
+_MATH_MARK = re.compile(r"[+*/^<>=\\|!\u2260\u2264\u2265\u221a\u221e\u03c0%]|(?<![^\W\d_])-|-(?![^\W\d_])"
+                        r"|(?<=\d)[.:](?=\d)|(?<=\d),(?=\s*\d)")
+_BRACKET = re.compile(r"[()\[\]{}]")
+
+
+def _math_marks(text: str) -> str:
+    return "".join(_MATH_MARK.findall(text.translate(_MINUS_SIGNS)))
 
 
 def _same_text(given: str, expected: str) -> bool:
@@ -152,7 +196,10 @@ def _same_text(given: str, expected: str) -> bool:
     it ("(A)", "a." say "A"), and where that leaves nothing ("?"), as it is."""
     normal = normalize_text(expected)
     if normal:
-        return normalize_text(given) == normal
+        # Brackets count where the answer has some ("(1, 2]" is no "(1, 2)"); else "(Paris)" says Paris.
+        brackets = _BRACKET.findall(expected)
+        return normalize_text(given) == normal and _math_marks(given) == _math_marks(expected) and \
+            (not brackets or _BRACKET.findall(given) == brackets)
     core = _collapse(expected).strip(string.punctuation + " ")
     if core:
         return _collapse(given).strip(string.punctuation + " ") == core
@@ -190,6 +237,7 @@ def is_correct(task: Task, given: str) -> bool:
     the words that introduce it (:func:`unwrapped_answer`). Where the two readings hold different
     numbers, only the one without markup counts: "$- 5$" reads 5 as it is and -5 unwrapped, and
     one reply must not be right for both."""
+    given = plain_latex(given)
     unwrapped = unwrapped_answer(given)
     readings = (given, unwrapped) if parse_number(given) == parse_number(unwrapped) else (unwrapped,)
     return any(_answers(task, text) for text in dict.fromkeys(readings))
@@ -200,15 +248,24 @@ def is_correct(task: Task, given: str) -> bool:
 # and "12 (no remainder)" answer their numbers; "not sure but 5" and "I don't know, 5" hedge), or
 # "is not", "is wrong" and the like right after it.
 _HEDGE = r"(?!\s+(?:sure|certain|know)\b)"
-_DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})(?:\s+[a-z]+){{0,2}}?\s*[-+$\u2212]?\d"
+_MARKUP = r"[\s*_`(\[{$]*(?:\\(?:boxed|text)\s*\{[\s*_`(\[{$]*)?"  # "not **42**", "not \boxed{42}"
+_DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never|cannot)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})[*_`]*(?:\s+[a-z]+){{0,2}}?"
+                            rf"{_MARKUP}[-+$\u2212]?\d"
                             r"|\d%?\s+(?:is|was|would\s+be)\s*(?:not\b|n['\u2019]t\b|wrong\b|incorrect\b|false\b)"
-                            r"|\d%?\s+(?:isn|wasn)['\u2019]t\b", re.IGNORECASE)
+                            r"|\d%?\s+(?:isn|wasn)['\u2019]t\b"
+                            # "42 (incorrect)", "42 - wrong"; "wrong: 42"
+                            r"|\d%?[*_`)\]}$]*\s*[(\[,;:\u2013\u2014-]?\s*(?:wrong|incorrect|false)\b"
+                            r"|\b(?:wrong|incorrect)\s*[:\u2013\u2014-]\s*[-+$]?\d", re.IGNORECASE)
 # Words that make a stated number another value or a bound: "less than 5", "at least 5", "5 or
 # more", "100 thousand", "3 below zero", and a second sign ("--42", "-(-42)").
 _VALUE_CHANGED = re.compile(r"\b(?:less|more|fewer|greater|higher|lower|bigger|smaller)\s+than\b|\bat\s+(?:least|most)\b"
                             r"|\bup\s+to\b|\bor\s+(?:more|less|fewer|greater|higher|lower|above|below|over|under)\b"
                             r"|\b(?:over|under|above|below|nearly|almost)\s*[-+$]?\d|\bbelow\s+zero\b"
-                            r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*+(?:\(\s*+)?[-+]\s*+\d",
+                            r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*+(?:\(\s*+)?[-+]\s*+\d"
+                            # a relation or a function of the number: "< 5", "!= 5", "\\neq 5", "5+", "\\sqrt{5}",
+                            # "x^5", "5 squared", "log 5", "5 hundredths"
+                            r"|[<>\u2264\u2265\u2260\u221a^]|!=|\\(?:neq?|[lg]eq?|[lg]t|sqrt|log|ln)(?![a-z])"
+                            r"|\d\s*\+(?!\s*[\d(.])|\b(?:sqrt|log|ln|squared|cubed|(?:ten|hundred|thousand)ths?)\b",
                             re.IGNORECASE)
 
 
@@ -219,9 +276,10 @@ def _answers(task: Task, given: str) -> bool:
     if _VALUE_CHANGED.search(dashed) and not _VALUE_CHANGED.search(task.answer.translate(_MINUS_SIGNS)):
         return False
     if task.choices:
-        index = _choice_index(given, task.choices)
+        index = _choice_index(given, [plain_latex(choice) for choice in task.choices])
         return index is not None and task.choices[index] == task.answer
-    return _same_choice(given, task.answer) or _same_quantity(given, task.answer)
+    expected = plain_latex(task.answer)
+    return _same_choice(given, expected) or _same_quantity(given, expected)
 
 
 # ---------------------------------------------------------------- generators
@@ -290,12 +348,12 @@ def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tupl
     shown = seq[: 3 + min(difficulty, 2)] if difficulty < 3 else seq[:4]
     if len(shown) < 5:
         nxt = seq[len(shown)]
-    # As many distractors below the answer as its rank among the choices, drawn uniformly, so
-    # that no rank (the second smallest, say) gives the answer away.
-    below = rng.permutation(sorted({1, 2, 3, seq[1] - seq[0]}))
-    above = rng.permutation(sorted({1, 2, 3, seq[1] - seq[0]}))
+    # The choices are evenly spaced (by 1, 2, 3 or the sequence's first difference) with the answer
+    # at a rank drawn uniformly: neither its rank nor its distances to the others give it away
+    # (distractors at the answer +-1, 2, 3 or the step made it the one all others were near).
+    spacing = int(rng.choice(sorted({1, 2, 3, seq[1] - seq[0]})))
     rank = int(rng.integers(4))
-    distractors = [str(nxt - int(d)) for d in below[:rank]] + [str(nxt + int(d)) for d in above[:3 - rank]]
+    distractors = [str(nxt + (i - rank) * spacing) for i in range(4) if i != rank]
     choices = _mc_choices(rng, str(nxt), distractors, 4)
     return f"What number comes next: {', '.join(map(str, shown))}, ...?", str(nxt), choices
 
