@@ -76,6 +76,12 @@ def checkpoint_state(model, optimizer, keep: bool = True) -> dict[str, Any]:
 def check_base_model(saved: dict, fingerprint: str, config: TrainConfig) -> None:
     """Refuse to resume a checkpoint (``saved``: its state) on other base weights than it was
     trained from; a checkpoint written before fingerprints were kept is not checked."""
+    if kept_fingerprint_differs(saved, fingerprint) and saved.get("base_model_in_memory") is True:
+        raise ConfigError(f"the checkpoint in {config.output_dir} was trained from a policy passed in from memory "
+                          "(train(policy=...), loaded from no directory and with no model named), and these base "
+                          f"weights (fingerprint {fingerprint}; the run's {saved['base_model']}) are not that "
+                          "policy's. Resume with the same policy (train(config, policy=..., resume=True)), or with "
+                          "model= naming a directory its base weights were saved in")
     if kept_fingerprint_differs(saved, fingerprint):
         raise ConfigError(f"the checkpoint in {config.output_dir} was trained from other base weights than "
                           f"--model {config.model or 'default'} holds (fingerprint {saved['base_model']}, this model's "
@@ -102,12 +108,14 @@ def _stops_deferred():
 def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                     config: dict, base_model: str | None = None, base_model_path: str | None = None,
                     base_model_from_files: bool = False, env_from_caller: bool = False, keep: int = 1,
-                    unlogged_metrics: list[dict] | None = None, env_module_file: str | None = None) -> Path:
+                    unlogged_metrics: list[dict] | None = None, env_module_file: str | None = None,
+                    base_model_in_memory: bool = False) -> Path:
     """Write ``state`` (from :func:`checkpoint_state`), the step, the random states, the config,
     the base model's fingerprint (:func:`.base_model.base_fingerprint`), whether its files gave the same one
     before it loaded (:func:`.base_model.files_fingerprint`; a resume is then checked before its model loads)
     and the absolute path it was loaded from (None for the default model, or a policy passed in that
-    was not loaded from a directory), which --model may have given as a relative one; and whether
+    was not loaded from a directory: ``base_model_in_memory``, where no --model named it either),
+    which --model may have given as a relative one; and whether
     the caller made the env (``train(make_env=...)``: a resume must be given it again). ``keep``:
     how many checkpoints the run keeps, this one included (0: every one); the one this replaces
     is kept as ``checkpoint-<its step>/`` while there is room. Ctrl-C or SIGTERM meanwhile stops
@@ -119,14 +127,15 @@ def save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_s
         return _save_checkpoint(output_dir, state=state, step=step, rng_states=rng_states, config=config,
                                 base_model=base_model, base_model_path=base_model_path,
                                 base_model_from_files=base_model_from_files, env_from_caller=env_from_caller,
-                                env_module_file=env_module_file,
+                                env_module_file=env_module_file, base_model_in_memory=base_model_in_memory,
                                 keep=keep, unlogged_metrics=unlogged_metrics or [])
 
 
 def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_states: dict[str, Any],
                      config: dict, base_model: str | None, base_model_path: str | None,
                      base_model_from_files: bool, env_from_caller: bool, keep: int,
-                     unlogged_metrics: list[dict], env_module_file: str | None = None) -> Path:
+                     unlogged_metrics: list[dict], env_module_file: str | None = None,
+                     base_model_in_memory: bool = False) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     # The run holds the output directory's lock, so any other staging folder is what a killed run
     # left half-written: it is removed (OLD_CHECKPOINT_DIR is not one; it may be the last whole one).
@@ -143,6 +152,7 @@ def _save_checkpoint(output_dir: Path, *, state: dict[str, Any], step: int, rng_
                 json.dump({"step": step, "config": config, "base_model": base_model,
                            "base_model_from_files": base_model_from_files, "base_model_path": base_model_path,
                            "env_from_caller": env_from_caller,
+                           **({"base_model_in_memory": True} if base_model_in_memory else {}),
                            **({"env_module_file": env_module_file} if env_module_file else {}),
                            **({"unlogged_metrics": unlogged_metrics} if unlogged_metrics else {}),
                            "files": files}, handle, indent=2, default=str)

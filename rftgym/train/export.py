@@ -74,6 +74,11 @@ def _rebuild_once(run_dir: Path, base_model: str | Path | None, merge: bool = Tr
     config = saved_config(run_dir, saved)
     # Where the run loaded its base (absolute), even when gone: the message then names that place.
     source = base_model or saved.get("base_model_path") or config.model
+    if saved.get("base_model_in_memory") is True and not base_model:
+        raise BaseModelError(f"the run in {run_dir} trained a policy passed in from memory (train(policy=...), loaded "
+                             "from no directory and with no model named), so it cannot load its base weights itself: "
+                             "save them (the untrained model and its tokenizer, save_pretrained(DIR)) and name that "
+                             "directory: load_trained(RUN, base_model=DIR) (rftgym export RUN OUT --base-model DIR)")
     named = "as the default model" if names_default_model(source) else f"from {source}"
     _refuse_a_loop(run_dir, source)
     if not merge and not config.lora_rank:

@@ -94,6 +94,13 @@ def check_train_arguments(config: TrainConfig, policy, make_env, on_step=None) -
     if policy is not None and not isinstance(policy, HFPolicy):
         raise TypeError(f"policy must be an HFPolicy (a local Hugging Face model whose tokens and log-probs are "
                         f"recorded), got {type(policy).__name__}; or None to load config.model")
+    if policy is not None and getattr(policy.model, "peft_config", None):
+        trained = (f" (LoRA-trained in place by the run in {policy.trained_in}: resume that run with a fresh policy, or "
+                   "load_trained() its model)") if policy.trained_in else ""
+        raise ConfigError(f"policy.model carries peft adapters{trained}; train() adds its own with lora_rank > 0 and "
+                          "keeps the base weights' fingerprint without them, so the run could be neither exported nor "
+                          "resumed. Pass the base model (a PeftModel's get_base_model(), or merge_and_unload() to train "
+                          "the adapted weights whole) and set lora_rank / lora_alpha")
     if policy is not None and policy.source_dir and isinstance(config.model, str) and config.model != "default" \
             and os.path.realpath(os.path.expanduser(config.model)) != os.path.realpath(policy.source_dir):
         raise ConfigError(f"model={config.model!r} names another directory than the policy passed in was loaded from "
@@ -243,6 +250,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     # in bfloat16) with bfloat16 autocast for rollouts and updates alike, so old and new log-probs
     # are computed the same way.
     mixed = device.startswith("cuda") and config.dtype is None
+    # A policy passed in that no directory holds and no model names: no later load can find its base.
+    base_in_memory = policy is not None and policy.source_dir is None and config.model is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype=load_dtype(config))
     mixed = mixed and policy.device.type == "cuda"
     # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
@@ -386,6 +395,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
             log.drop_rerun_rows()  # a result of this run's own: the rows of the steps it reran go
             save_checkpoint(out, state=state, step=done, config=config.to_dict(), base_model=base_model,
                             base_model_path=base_model_path, base_model_from_files=base_model_from_files,
+                            base_model_in_memory=base_in_memory,
                             env_from_caller=env_from_caller,
                             # (imported by now: its file, for a resume that cannot find it)
                             env_module_file=getattr(sys.modules.get(env_module), "__file__", None),

@@ -61,10 +61,30 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, ca
     said = capsys.readouterr().err
     assert "differ from the checkpoint" not in said  # the same base, named two ways
     assert f"resuming the run in {tmp_path / 'run'} from its checkpoint at step 1: steps 2 to 2" in said
+    with pytest.raises(ConfigError, match="was trained from other base weights than --model default holds"):
+        train(train_config(tmp_path, "run", steps=3), policy=make_char_policy(seed=1), make_env=SayAEnv, resume=True)
     # Another run from the policy trained in place: warned that no directory holds its weights.
     with pytest.warns(UserWarning, match=r"trained in place by the run in .*run: no model directory holds its "
                                          r"weights.* \(rftgym export .*run DIR\)"):
         train(train_config(tmp_path, "second", steps=1), policy=policy, make_env=SayAEnv)
+
+
+def test_a_run_of_a_policy_from_memory_asks_for_its_base_by_name(tmp_path):
+    """train(config, policy=...) with a policy built in memory and no config.model: the checkpoint
+    names no base, and export, load and resume say so, where they blamed the default model."""
+    policy, other = make_char_policy(), make_char_policy(seed=1)
+    for model, folder in ((policy, "base"), (other, "other")):
+        model.model.save_pretrained(tmp_path / folder)
+        model.tokenizer.save_pretrained(tmp_path / folder)
+    train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
+    with pytest.raises(ModelLoadError, match=r"trained a policy passed in from memory .* name that directory: "
+                                             r"load_trained\(RUN, base_model=DIR\)"):
+        load_trained(tmp_path / "run", device="cpu")
+    model, _ = load_trained(tmp_path / "run", device="cpu", base_model=tmp_path / "base")
+    torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"trained from a policy passed in from memory .* these base weights "
+                                          r"\(fingerprint .*\) are not that policy's. Resume with the same policy"):
+        train(train_config(tmp_path, "run", steps=2, model=str(tmp_path / "other")), make_env=SayAEnv, resume=True)
 
 
 @pytest.mark.parametrize("settings", [{}, {"lora_rank": 4}], ids=["full", "lora"])

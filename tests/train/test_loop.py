@@ -300,6 +300,14 @@ def test_train_refuses_what_it_cannot_use_before_any_work(tmp_path, make_char_po
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device='cuda': this torch build or machine has no CUDA; use cpu"):
             train(config(tmp_path, device="cuda"), policy=make_char_policy(), make_env=SayAEnv)
+    # A model already wrapped in peft adapters: its run could be neither exported nor resumed.
+    from peft import LoraConfig, get_peft_model
+
+    adapted = make_char_policy()
+    adapted.model = get_peft_model(adapted.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    with pytest.raises(ConfigError, match=r"policy.model carries peft adapters; .* Pass the base model \(a "
+                                          r"PeftModel's get_base_model\(\), or merge_and_unload\(\)"):
+        train(config(tmp_path, lora_rank=4), policy=adapted, make_env=SayAEnv)
     assert not (tmp_path / "run").exists()
 
 
@@ -620,8 +628,8 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, make_char_policy):
 
     with pytest.raises(ConfigError, match="already at step 1 and this run has 1 step;"):
         train(replace(run, model=str(tmp_path / "no-such-model")), make_env=SayAEnv, resume=True)
-    # Other base weights (the same shapes, another seed) are not the model it was trained from.
-    with pytest.raises(ConfigError, match="was trained from other base weights than --model"):
+    # Other base weights (the same shapes, another seed) are not the policy it was trained from.
+    with pytest.raises(ConfigError, match="trained from a policy passed in from memory .* are not that policy's"):
         train(config(tmp_path, "run", steps=2), policy=make_char_policy(seed=1), make_env=SayAEnv, resume=True)
     # A damaged file is named (by its checksum, for the files that have one), and the checkpoint is
     # left as it was.
