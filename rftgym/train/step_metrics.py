@@ -83,7 +83,9 @@ def pcar_metrics(sums: list[float], episodes: int) -> dict[str, float | None]:
     """PCAR's step metrics from ``[scored spans, factor sum, factor sum of squares]`` over the kept
     groups' ``episodes``: scored spans per episode, and the rescaling factors' mean and spread
     (1 and 0 when no group's scores varied, i.e. PCAR trained as GRPO; None when no group was
-    kept: the step trained nothing, and a window of rows averages the steps that did)."""
+    kept: the step trained nothing, and a window of rows averages the steps that did). The mean is
+    1 wherever no factor is floored at pcar_delta (a group's standardized scores average 0): the
+    spread is what tells how much PCAR rescaled."""
     if not episodes:
         return dict.fromkeys(("pcar_scores_per_episode", "pcar_factor_mean", "pcar_factor_std"))
     spans, total, squares = sums

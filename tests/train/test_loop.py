@@ -221,8 +221,10 @@ def test_pcar_and_dcpo_are_quiet_when_their_signal_is_there():
     # In the env made for it, what was missing is the policy's part.
     in_memory_env = episode({}, [[1], [1, 5, 2]], env_id="rftgym/MemoryQA-v0")
     assert unused_signal("dcpo", [in_memory_env]).endswith("the policy made no <prune> edit")
-    in_search_env = episode({"evaluation_score": None}, [[1]], env_id="rftgym/SearchEvalQA-v0")
-    assert "the policy evaluated none of its searches" in unused_signal("pcar", [in_search_env])
+    searched = episode({"evaluation_score": None, "query": "q"}, [[1]], env_id="rftgym/SearchEvalQA-v0")
+    assert "the policy evaluated none of its searches" in unused_signal("pcar", [searched])
+    never_searched = episode({"evaluation_score": None, "query": None}, [[1]], env_id="rftgym/SearchEvalQA-v0")
+    assert "the policy made no search at all (<search>query</search>)" in unused_signal("pcar", [never_searched])
 
 
 def test_turn_counts_count_the_replies_played_their_format_errors_and_cut_replies():
