@@ -148,7 +148,9 @@ class HFPolicy(Agent):
     def from_pretrained(cls, model: str | None = None, *, sampling: SamplingConfig | None = None,
                         device: str | None = None, dtype: str | None = None,
                         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> "HFPolicy":
-        """Load ``model`` (a local HF directory, or None/"default" for SmolLM2-135M-Instruct)."""
+        """Load ``model`` (a local HF directory, or None/"default" for SmolLM2-135M-Instruct) on
+        ``device`` (None: cuda if available, else cpu) in ``dtype`` (a name, "bfloat16", or a
+        torch dtype; None: bfloat16 on CUDA, else float32)."""
         from .model_loading import DEFAULT_MODEL_NAME, load_model_and_tokenizer
 
         lm, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
@@ -177,7 +179,10 @@ class HFPolicy(Agent):
         # A model on a device, its caches and CUDA graphs: not a thing to pickle or deepcopy.
         raise TypeError("an HFPolicy cannot be pickled or copied (it holds a model on a device and its decode caches); "
                         "save the model with policy.model.save_pretrained(DIR) and policy.tokenizer.save_pretrained(DIR), "
-                        "and make another with HFPolicy.from_pretrained(DIR)")
+                        "and make another with HFPolicy.from_pretrained(DIR)" + (
+                            f" (it was LoRA-trained by the run in {self.trained_in}: rftgym export {self.trained_in} DIR "
+                            "saves its merged model)" if self.trained_in and getattr(self.model, "peft_config", None)
+                            else ""))
 
     def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]], *,
                    sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:

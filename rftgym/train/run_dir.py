@@ -314,7 +314,10 @@ def saved_state(output_dir: Path, doing: str = "resume from") -> dict:
     ``doing`` is what the caller does with it, for the messages."""
     path = checkpoint_path(output_dir)
     if path is None:
-        raise ConfigError(f"nothing to {doing.split()[0]}: {output_dir} holds no complete checkpoint")
+        model_files = " It is a model directory (config.json), not a training run: HFPolicy.from_pretrained(DIR) or " \
+            "transformers' AutoModelForCausalLM.from_pretrained(DIR) loads it" \
+            if (Path(output_dir) / "config.json").is_file() else ""
+        raise ConfigError(f"nothing to {doing.split()[0]}: {output_dir} holds no complete checkpoint.{model_files}")
     try:
         state = json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as exc:

@@ -80,6 +80,19 @@ def test_unknown_model_path_says_what_to_pass(tmp_path):
         HFPolicy.from_pretrained(str(adapter))
 
 
+def test_the_device_is_checked_before_the_model_loads_and_a_torch_dtype_is_taken(tmp_path, make_char_policy):
+    made = make_char_policy()
+    made.model.save_pretrained(tmp_path / "m")
+    made.tokenizer.save_pretrained(tmp_path / "m")
+    with pytest.raises(ConfigError, match="device='tpu': not a torch device; use cpu, cuda or cuda:N"):
+        HFPolicy.from_pretrained(str(tmp_path / "m"), device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device='cuda': this torch build or machine has no CUDA; use cpu"):
+            HFPolicy.from_pretrained(str(tmp_path / "m"), device="cuda")
+    policy = HFPolicy.from_pretrained(str(tmp_path / "m"), device="cpu", dtype=torch.bfloat16)
+    assert next(policy.model.parameters()).dtype == torch.bfloat16
+
+
 def test_a_tokenizer_with_ids_past_the_models_embeddings_is_refused():
     from support import char_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM

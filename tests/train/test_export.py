@@ -82,6 +82,12 @@ def test_a_run_of_a_policy_from_memory_asks_for_its_base_by_name(tmp_path):
         load_trained(tmp_path / "run", device="cpu")
     model, _ = load_trained(tmp_path / "run", device="cpu", base_model=tmp_path / "base")
     torch.testing.assert_close(logits(model), logits(policy.model), atol=1e-5, rtol=1e-5)
+    # A model directory is no run: what loads it is named; a device is checked before anything loads.
+    with pytest.raises(ModelLoadError, match=r"holds no complete checkpoint. It is a model directory \(config.json\), "
+                                          r"not a training run: HFPolicy.from_pretrained\(DIR\)"):
+        load_trained(tmp_path / "base", device="cpu")
+    with pytest.raises(ConfigError, match="device='tpu': not a torch device"):
+        load_trained(tmp_path / "run", device="tpu", base_model=tmp_path / "base")
     with pytest.raises(ConfigError, match=r"trained from a policy passed in from memory .* these base weights "
                                           r"\(fingerprint .*\) are not that policy's. Resume with the same policy"):
         train(train_config(tmp_path, "run", steps=2, model=str(tmp_path / "other")), make_env=SayAEnv, resume=True)
