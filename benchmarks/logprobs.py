@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rftgym.train.token_logprobs import chunked_token_logprobs
+from provenance import check_device, provenance_line
 
 METHODS = ("rftgym fused", "checkpointed chunks", "full logits")
 
@@ -118,11 +119,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--method", choices=METHODS, help="run one method in this process (used internally)")
     args = parser.parse_args()
+    check_device(parser, args.device)
     if args.tokens is None:
         args.tokens = 24576 if args.device.startswith("cuda") else 2048
     if args.method:
         print(json.dumps(run_one(args)))
         return
+    print(provenance_line(), flush=True)
 
     rows = []
     for method in METHODS:

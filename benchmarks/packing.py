@@ -43,6 +43,7 @@ from rftgym.train.config import TrainConfig  # noqa: E402
 from rftgym.train.update import microbatches, optimise  # noqa: E402
 from rftgym.train.packing import collate_packed  # noqa: E402
 from rftgym.train.speed import SpeedConfig, apply_training_speedups, make_optimizer  # noqa: E402
+from provenance import check_device, provenance_line  # noqa: E402
 
 
 def make_model(args):
@@ -122,6 +123,8 @@ def main() -> None:
                         help="also time gradient accumulation: N samples per pass against a token budget of N x "
                              "the longest sample")
     args = parser.parse_args()
+    check_device(parser, args.device)
+    print(provenance_line(), flush=True)
 
     model = make_model(args)
     samples = make_samples(args, model.config.vocab_size)

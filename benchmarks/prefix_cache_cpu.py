@@ -29,6 +29,7 @@ import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.envs.common import env_metadata, with_policy_options
 from rftgym.rollout import RolloutConfig, format_table, run_episodes
+from provenance import provenance_line
 
 
 def rollout(policy: HFPolicy, env_id: str, seeds: list[int]) -> tuple[list, float]:
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     args = parser.parse_args()
+    print(provenance_line(), flush=True)
 
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0, max_batch_size=args.episodes)
     reusing = HFPolicy.from_pretrained(sampling=sampling, device="cpu")

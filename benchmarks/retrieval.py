@@ -67,6 +67,7 @@ from rftgym.envs.search.retrievers import (
     load_embedding_model,
 )
 from rftgym.rollout import format_table
+from provenance import provenance_line
 
 K = 10
 SPEEDUP_TARGET = 40.0  # ours must answer >= 40x as many BM25 queries per second as rank-bm25
@@ -267,6 +268,7 @@ def qps(value: float) -> str:
 
 def main() -> None:
     args = parse_args()
+    print(provenance_line(), flush=True)
     qa_dir = args.data_dir / "qa"
     base = load_base_documents(qa_dir)
     documents, sources, kinds = build_corpus(base, args.docs, args.seed)

@@ -23,6 +23,7 @@ import torch
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.rollout import RolloutConfig, format_table, run_episodes
+from provenance import provenance_line
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
+    print(provenance_line(), flush=True)
 
     seeds = list(range(args.episodes))
     policy = HFPolicy.from_pretrained(device="cpu")

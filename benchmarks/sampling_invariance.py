@@ -25,6 +25,7 @@ import torch
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.rollout import RolloutConfig, format_table, run_episodes
+from provenance import provenance_line
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--other-batch", type=int, default=3)
     args = parser.parse_args()
+    print(provenance_line(), flush=True)
 
     def sampling(batch):
         return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=11, max_batch_size=batch)

@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rftgym.envs.code.datasets import load_humaneval  # noqa: E402
 from rftgym.envs.code.sandbox import Program, make_sandbox  # noqa: E402
 from rftgym.rollout.metrics import format_table  # noqa: E402
+from provenance import provenance_line  # noqa: E402
 
 
 def humaneval_problems(limit: int) -> list[dict]:
@@ -103,16 +104,6 @@ def run_ours_tcg(limit: int, workers: int, timeout: float) -> tuple[float, int, 
     return elapsed, len(tested) - len(failures), failures, tests_per_program
 
 
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown commit"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown commit"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -124,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers and --repeat must be >= 1 and --limit in [1, 164]")
     problems = humaneval_problems(args.limit)
 
-    print(f"{' '.join(['benchmarks/sandbox.py', *(argv if argv is not None else sys.argv[1:])])} at "
-          f"{_commit()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
+    print(provenance_line(), flush=True)
+    print(" ".join(["benchmarks/sandbox.py", *(argv if argv is not None else sys.argv[1:])]))
     rounds = [(run_peer(problems, args.workers, args.timeout), run_ours(problems, args.workers, args.timeout))
               for _ in range(args.repeat)]
     peer = min((peer for peer, _ in rounds), key=lambda r: r[0])

@@ -57,6 +57,7 @@ from rftgym.train.speed import (  # noqa: E402
     flop_parameters,
     update_flops,
 )
+from provenance import check_device, provenance_line  # noqa: E402
 
 PEAK_FLOPS = {"cuda": 989e12, "cpu": 1e12}  # H200 dense bf16; the CPU figure is only a placeholder
 QUESTIONS = [
@@ -569,6 +570,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer files and config.json")
     parser.add_argument("--time-budget", type=float, default=330.0, help="skip update variants after this many s")
     args = parser.parse_args()
+    check_device(parser, args.device)
     cpu = args.device == "cpu"
     args.update_batch = args.update_batch or (2 if cpu else 64)
     args.update_seq = args.update_seq or (24 if cpu else 384)
@@ -590,6 +592,7 @@ def main() -> None:
     if peers - {"trl", "hf"}:
         parser.error(f"unknown peers {sorted(peers - {'trl', 'hf'})}; use trl,hf or none")
     args.peer_set = peers
+    print(provenance_line(), flush=True)
     started = time.perf_counter()
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -620,7 +623,10 @@ def main() -> None:
         print("stopped from outside: the table holds the phases that finished", flush=True)
     print_table(args, results)
     print(f"total {time.perf_counter() - started:.0f} s")
-    print(json.dumps(headline(args, results), default=str))
+    summary = headline(args, results)
+    print(json.dumps(summary, default=str))
+    if summary["errors"]:  # the table holds what was measured; the exit status says something was not
+        sys.exit(f"trainer_gpu: {len(summary['errors'])} phase(s) failed: {', '.join(summary['errors'])}")
 
 
 class Stopped(BaseException):

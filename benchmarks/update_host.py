@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from provenance import check_device, provenance_line
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("eager", "layers", "decoder")
 
@@ -94,11 +96,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one variant
     args = parser.parse_args()
+    check_device(parser, args.device)
     if args.batch % 4 or args.batch < 4:
         parser.error(f"--batch must be a positive multiple of 4 (it is split into 4 passes), got {args.batch}")
     variants = [v for v in args.variants.split(",") if v]
     if set(variants) - set(VARIANTS):
         parser.error(f"unknown variants {sorted(set(variants) - set(VARIANTS))}; choose from {', '.join(VARIANTS)}")
+    if not args.one:
+        print(provenance_line(), flush=True)
     if args.one:
         import torch
 
@@ -125,6 +130,9 @@ def main() -> None:
               f"{row['warmup_s']:18.1f}")
     print(json.dumps({"device": args.device, **{row["variant"]: {k: row[k] for k in ("one_pass_s", "four_passes_s")}
                                                 for row in rows}}))
+    failed = [v for v in variants if v not in {row["variant"] for row in rows}]
+    if failed:  # (said on stderr above, each with its error)
+        sys.exit(f"update_host: {len(failed)} of {len(variants)} variants failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
