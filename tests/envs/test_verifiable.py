@@ -223,6 +223,11 @@ def test_the_format_reminder_names_the_parse_problems():
     _, _, terminated, _, info = env.step("<answer>42")
     assert not terminated
     assert info["format_error"] == "no <answer>…</answer> tag (<answer> is never closed; end it with </answer>)"
+    # An answer inside a code block is code: the reminder says where it sat.
+    _, _, terminated, _, info = env.step("```\n<answer>42</answer>\n```")
+    assert not terminated and info["format_error"] == (
+        "no <answer>…</answer> tag (an <answer> inside a ``` code block is code, not the answer; write it outside "
+        "the block)")
 
 
 def test_max_attempts_retry_flow():

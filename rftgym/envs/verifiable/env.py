@@ -74,6 +74,7 @@ Version history
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,8 @@ from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
 from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
+
+_ANSWER_OPENING = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful problem solver. Think step by step, briefly. "
@@ -224,7 +227,11 @@ class VerifiableQAEnv(CopyableEnv, ClosableEnv, PathsAsText, gym.Env[Context, st
         notes = (["more than one <answer> tag; the last one was graded"] if len(answers) > 1 else []) \
             + ([problems] if problems else [])
         if not answers:
-            format_error = "no <answer>…</answer> tag" + (f" ({problems})" if problems else "")
+            # Tags inside a code block are code (core.tags): say so where the answer sat in one.
+            fenced = ["an <answer> inside a ``` code block is code, not the answer; write it outside the block"] \
+                if any(_ANSWER_OPENING.search(block.code) for block in parsed.code_blocks) else []
+            format_error = "no <answer>…</answer> tag" + (f" ({'; '.join(fenced + ([problems] if problems else []))})"
+                                                         if fenced or problems else "")
         elif not answers[-1].text.strip():
             # An empty answer is no answer: it is not graded, and earns no format reward. The last
             # answer is the one that counts, so an empty one after another leaves none.
