@@ -290,6 +290,7 @@ def free(answer: str) -> Task:
     # a number denied after it, and hedges that deny nothing
     ("42", "42 is wrong", False), ("42", "42 is not right", False), ("42", "42 isn't it", False),
     ("42", "I'm not sure but 42", True), ("42", "I don't know, but 42", True), ("12", "12 is correct", True),
+    ("12", "12 is the right answer", True), ("12", "13 is the right answer", False),
     # a bare number states a quantity whose other words are a unit or a name, not one that a symbol
     # or a bound makes another value
     ("\\sqrt{3}", "3", False), ("\u03c0/2", "2", False), ("\\pi/2", "2", False), ("e^2", "2", False),
@@ -346,6 +347,10 @@ def mc(answer: str, *choices: str) -> Task:
     ("**B**", True), ("\\boxed{B}", True), ("Option B", True), ("option (B)", True), ("Choice: B", True),
     ("The answer is B", True), ("The answer is: (B) 42", True), ("**A**", False), ("Option C", False),
     ("Option", False), ("not 42", False),  # a choice's number denied names no choice
+    # the letter with the text after a separator or before it, in brackets; words saying it is the one
+    ("B, 42", True), ("B - 42", True), ("B \u2014 42", True), ("42 (B)", True), ("[B]", True), ("B is correct", True),
+    ("The correct option is B", True), ("B is the correct answer", True), ("42 (C)", False), ("C, 42", False),
+    ("[A]", False), ("A is correct", False), ("B, 17", False),
 ])
 def test_is_correct_on_multiple_choice(given, ok):
     assert is_correct(mc("42", "17", "42", "99", "7"), given) is ok

@@ -69,7 +69,9 @@ Version history
     "\\sqrt{5}", "x^5", "5+") or words ("5 squared") and a denial around markup ("not **5**"),
     in "cannot" or by "wrong"/"incorrect" beside the number answer nothing; ``\\frac{a}{b}`` and
     ``12{,}345`` read as a/b and 12,345; a sequence question's choices are evenly spaced around
-    the answer, where every distractor lay within 1, 2, 3 or the step of it and gave it away).
+    the answer, where every distractor lay within 1, 2, 3 or the step of it and gave it away; a
+    choice's letter after a comma or dash ("B, 42"), after its text ("42 (B)"), in square brackets,
+    or with "is correct" or "the correct option is" around it names that choice).
 """
 
 from __future__ import annotations

@@ -85,8 +85,13 @@ _SPACED_SIGN = re.compile(r"(?:^|(?<=[=:(\[]))\s*([-+])\s+(?=[\d.])")
 _WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL), re.compile(r"\\text(?:bf|rm)?\s*\{(.*)\}", re.DOTALL),
              re.compile(r"(\$\$?)(.*?)\1", re.DOTALL), re.compile(r"(\*\*|__|\*|_|`{1,3})(.*?)\1", re.DOTALL))
 # Words that introduce an answer rather than being part of it ("Option B", "The answer is: B").
-_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*(?:[:]|-(?!\s*[\d.]))?\s+|"
-                            r"(?:the\s+)?(?:final\s+)?(?:answer|option|choice)(?:\s+is)?\s*:\s*", re.IGNORECASE)
+_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)(?:\s+is)?\s*"
+                            r"(?:[:]|-(?!\s*[\d.]))?\s+|"
+                            r"(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:\s*",
+                            re.IGNORECASE)
+# ... and after it: "B is correct", "12 is the right answer".
+_ANSWER_SUFFIX = re.compile(r"\s+is\s+(?:the\s+)?(?:correct|right)(?:\s+(?:answer|option|choice))?\s*\.?",
+                            re.IGNORECASE)
 
 
 def unwrapped_answer(text: str) -> str:
@@ -103,6 +108,9 @@ def unwrapped_answer(text: str) -> str:
         prefix = _ANSWER_PREFIX.match(text)
         if prefix and prefix.end() < len(text):
             text = text[prefix.end():].strip()
+        suffix = _ANSWER_SUFFIX.search(text)
+        if suffix and suffix.end() == len(text) and suffix.start() > 0:
+            text = text[:suffix.start()].strip()
         if text == before:
             break
     return text
@@ -213,11 +221,16 @@ def _collapse(text: str) -> str:
 def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
     """The index of the choice ``answer`` names, or None when it names none or is ambiguous."""
     stripped = answer.strip()
-    match = re.fullmatch(r"\(?\s*([A-Za-z])\s*\)?[.:]?(?:\s+.*)?", stripped, flags=re.DOTALL)
+    # A letter first ("(B) 42", "B, 42", "[B]"), or after the choice's text ("42 (B)").
+    match = re.fullmatch(r"[(\[]?\s*([A-Za-z])\s*[)\]]?\s*[.:,\u2013\u2014-]?(?:\s+.*)?", stripped, flags=re.DOTALL) \
+        or re.fullmatch(r".+?\s*[(\[]\s*([A-Za-z])\s*[)\]]\s*\.?", stripped, flags=re.DOTALL)
     letter_index = None
     if match and match.group(1).upper() in LETTERS[: len(choices)]:
         letter_index = LETTERS.index(match.group(1).upper())
-        rest = stripped[match.end(1):].strip(" ).:")
+        if match.start(1) <= 1:  # after the letter: its bracket and a separator (a dash glued to a number is its sign)
+            rest = re.sub(r"^\s*[)\]]?\s*(?:[.:,]|[\u2013\u2014-](?=\s))?", "", stripped[match.end(1):]).strip()
+        else:  # before it: the bracket that opens it
+            rest = re.sub(r"\s*[(\[]\s*$", "", stripped[:match.start(1)]).strip()
         # "(B) 42" is fine; "(B) 17" when B is 42 names a different choice and is ambiguous.
         if not rest or _same_choice(rest, choices[letter_index]):
             return letter_index
