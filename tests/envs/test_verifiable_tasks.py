@@ -477,6 +477,8 @@ def test_loader_accepts_a_byte_order_mark_and_crlf(tmp_path):
     # Choices that differ only in case or spacing can never be named by their text.
     ([{"question": "q", "answer": "x", "choices": ["Paris", "x", "paris "]}], 1,
      "'choices' has duplicates \\('Paris' and 'paris ', up to case and spacing\\)"),
+    ([{"question": "q", "answer": "0.5", "choices": ["1/2", "0.50", "3"]}], 1,
+     "'choices' has duplicates \\('1/2' and '0.50' are the same number, and numbers are graded by value\\)"),
     ([{"question": "q", "answer": "1/0"}], 1, "'answer' '1/0' reads as a number but has no value"),
     ([{"question": "q", "answer": "a", "difficulty": "3"}], 1, "'difficulty' must be an integer .* got '3'"),
     ([{"question": "q", "answer": "a", "difficulty": True}], 1, "'difficulty' must be an integer"),

@@ -495,6 +495,15 @@ def _task_from_record(record, where: str, default_id: str) -> Task:
                 raise DataFormatError(f"{where}: 'choices' has duplicates ({seen[_collapse(choice)]!r} and "
                                       f"{choice!r}, up to case and spacing); each choice must be different")
             seen[_collapse(choice)] = choice
+        # Numbers are graded by value: "1/2" and "0.50" would be one answer naming two choices.
+        values: dict[Fraction, str] = {}
+        for choice in choices:
+            value = parse_number(choice) if _NUMBER.fullmatch(choice.strip()) else None
+            if value is not None and value in values:
+                raise DataFormatError(f"{where}: 'choices' has duplicates ({values[value]!r} and {choice!r} are the "
+                                      "same number, and numbers are graded by value); each choice must be different")
+            if value is not None:
+                values[value] = choice
         letter = answer.strip().strip("()").upper()
         if answer in choices and len(letter) == 1 and letter in LETTERS[: len(choices)] \
                 and choices[LETTERS.index(letter)] != answer:
