@@ -73,6 +73,10 @@ class SamplingConfig:
             if not (value is None and name == "max_prompt_tokens") and not (is_int(value) and value >= 1):
                 raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}", field=name)
         check_decoding_bounds(self, MIN_TEMPERATURE)
+        if self.greedy and (self.top_p != 1 or self.top_k != 0):  # as the CLI refuses --top-p with --temperature 0
+            raise ConfigError(f"top_p={self.top_p!r} and top_k={self.top_k!r} are not read with temperature=0 (greedy "
+                              "decoding takes the most likely token): leave them at 1.0 and 0, or sample with a "
+                              "temperature above 0", field=("top_p", "top_k"))
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < 2**63):
             raise ConfigError(f"seed must be None or an integer in [0, 2^63), got {self.seed!r}", field="seed")
 

@@ -66,7 +66,7 @@ def evaluate_policy(make_env: Callable[[], gym.Env], policy: HFPolicy, model, co
     devices = [policy.device] if policy.device.type == "cuda" else []
     model.eval()
     try:
-        policy.sampling = replace(sampling, temperature=0.0)
+        policy.sampling = replace(sampling, temperature=0.0, top_p=1.0, top_k=0)  # (greedy reads neither)
         # FSDP: every rank gathers the parameters, also one without seeds.
         def rollout():  # on this rank alone; an error stops every rank (Distributed.together)
             with torch.random.fork_rng(devices=devices), autocast(), full_parameters(model):

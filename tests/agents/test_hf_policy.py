@@ -187,6 +187,9 @@ def test_sampling_config_errors_say_what_is_allowed():
     with pytest.raises(ConfigError, match="top_k must be an integer >= 0"):
         SamplingConfig(top_k=2.5)
     assert SamplingConfig(temperature=0).greedy and SamplingConfig(max_prompt_tokens=None, temperature=1e-6)
+    for filters in ({"top_p": 0.5}, {"top_k": 5}):  # greedy reads neither: refused, as the CLI refuses the flags
+        with pytest.raises(ConfigError, match="are not read with temperature=0 .* leave them at 1.0 and 0"):
+            SamplingConfig(temperature=0, **filters)
 
 
 def test_no_seed_means_other_samples_each_run(make_char_policy):
