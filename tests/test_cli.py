@@ -820,6 +820,24 @@ def test_an_evaluation_stopped_midway_leaves_no_empty_partial_files(tmp_path, mo
     assert files[1] == files[0] + ".settings.json"
 
 
+def test_an_evaluation_writing_to_the_same_out_is_refused_and_its_partial_file_left_alone(tmp_path, capsys):
+    import fcntl
+
+    out = tmp_path / "eval.jsonl"
+    partial = tmp_path / "eval.jsonl.partial"
+    # Another evaluation with this --out is under way: it holds its (still empty) partial file.
+    with open(partial, "a") as running:
+        fcntl.flock(running.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 2
+        assert f"another evaluation running now writes its episodes to {partial} (it was given the same --out)" \
+            in capsys.readouterr().err
+        assert partial.is_file() and not out.exists()  # its file, empty, was not removed
+    # Once it has ended (its lock goes with it), the same command runs.
+    partial.unlink()
+    assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2 and not partial.exists()
+
+
 def test_baselines_flag_on_an_env_without_baselines(capsys):
     assert exit_code(["eval", "rftgym/VerifiableQA-v0", "--agent", "random", "--baselines"]) == 2
     assert "declares no evaluation baselines" in capsys.readouterr().err

@@ -5,12 +5,13 @@ other run has (claimed, so that runs started together do not share one)."""
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Collection, Sequence
+from typing import IO, Collection, Sequence
 
 from ..core.files import drop_unfinished_line
 from ..core.jsonl import GZIP_MAGIC
@@ -90,7 +91,7 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
         path.parent.mkdir(parents=True, exist_ok=True)
         if not resuming:
             _check_partial(path)
-        _partial(path).open("a", encoding="utf-8").close()
+        _hold_partial(path, what)
     except OSError as exc:
         raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
 
@@ -115,6 +116,44 @@ EPISODE_START = b'{"env_id": '  # how every line of rftgym's episode files start
 def _partial(path: Path) -> Path:
     """Where an evaluation streams its finished episodes until it completes and replaces ``path``."""
     return path.with_name(path.name + ".partial")
+
+
+# The partial files this process's evaluations write, each open under an exclusive lock while the
+# evaluation lasts: another evaluation given the same --out is refused rather than writing its
+# episodes into the same file (the lock goes with the process, so a run that died leaves none).
+_HELD_PARTIALS: dict[str, IO] = {}
+
+
+def _hold_partial(path: Path, what: str = "--out") -> None:
+    """Create ``path``'s partial file if need be and lock it for this process; a UsageError where
+    another evaluation holds it now."""
+    partial = _partial(path)
+    key = os.path.realpath(partial)
+    if key in _HELD_PARTIALS:
+        return
+    handle = partial.open("a", encoding="utf-8")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise UsageError(f"{what} {path}: another evaluation running now writes its episodes to {partial} (it was "
+                         f"given the same {what}); wait for it to end, or give another {what}") from None
+    except OSError:  # a file system without locks: unguarded, as files are there
+        pass
+    _HELD_PARTIALS[key] = handle
+
+
+def holds_partial(path: Path) -> bool:
+    """Whether this process holds ``path``'s partial file (:func:`_hold_partial`)."""
+    return os.path.realpath(_partial(path)) in _HELD_PARTIALS
+
+
+def release_partials(paths: Sequence[Path]) -> None:
+    """Let go of the partial files of ``paths`` this process holds (its evaluations are over)."""
+    for path in paths:
+        handle = _HELD_PARTIALS.pop(os.path.realpath(_partial(path)), None)
+        if handle is not None:
+            handle.close()
 
 
 def _check_partial(path: Path) -> None:
@@ -263,4 +302,10 @@ def _claim_partial(path: Path) -> bool:
         return False
     except OSError:
         return True
+    try:
+        _hold_partial(path)
+    except UsageError:  # another evaluation made it just now
+        return False
+    except OSError:
+        pass
     return True

@@ -21,7 +21,8 @@ from .agents import _agent_label, _build_agent, _check_agent_flags
 from .common import UsageError, _json_object, check_seed_range
 from .environments import _env_class, _make_env, _parse_env_args
 from .eval_output import (_claim_unique, _finished_episodes, _holds_finished_episodes, _partial, _partial_settings,
-                          _users_sources, _writable_file, absolute_file_options, data_file_fingerprints)
+                          _users_sources, _writable_file, absolute_file_options, data_file_fingerprints, holds_partial,
+                          release_partials)
 from .sigterm import say, stop_reason
 from .user_code import _load_object, load_failure
 
@@ -114,6 +115,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if agent is not None:
             _close_agent(agent)
         _remove_empty_partials([*paths, *outs.values()])  # outs: default names claimed before a refusal
+        release_partials([*paths, *outs.values()])
         _remove_empty_folders(made)  # a refusal leaves no folder it made for --out
     _print_eval_results(len(env_ids), rows, written, context_full, cut_replies, args.max_new_tokens)
     return 0
@@ -160,8 +162,12 @@ def _folders_to_make(out: str | None, env_count: int) -> list[Path]:
 
 
 def _remove_empty_partials(paths: Sequence[Path]) -> None:
+    """Remove the empty partial files this process made for ``paths`` (and let go of them); an
+    empty one another evaluation holds is its own, and is left alone."""
     for path in dict.fromkeys(paths):
         partial = _partial(path)
+        if not holds_partial(path):
+            continue
         try:
             if partial.is_file() and partial.stat().st_size == 0:
                 partial.unlink()
