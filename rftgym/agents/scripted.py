@@ -18,9 +18,13 @@ def assistant_turns(context: Context) -> int:
 
 class ScriptedAgent(Agent):
     """Replies from a script: a list (the n-th assistant turn of an episode gets ``replies[n]``,
-    the last one repeating) or a function of the context."""
+    the last one repeating) or a function of the context. In a rollout the turn is the one the
+    engine counts (the last part of each reply's sample key); called directly, the number of
+    assistant messages in the context, which an env that edits its context (MemoryQA's prune) can
+    lower."""
 
     name = "scripted"
+    keyed_sampling = True  # (nothing is drawn: the keys carry each reply's turn)
 
     def __init__(self, replies: Sequence[str] | Callable[[Context], str]):
         if isinstance(replies, str):
@@ -29,13 +33,16 @@ class ScriptedAgent(Agent):
             raise ValueError("ScriptedAgent needs at least one reply")
         self.replies = replies
 
-    def act(self, contexts: Sequence[Context]) -> list[AgentReply]:
+    def act(self, contexts: Sequence[Context], sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
+        if sample_keys is not None and len(sample_keys) != len(contexts):
+            raise ValueError(f"{len(sample_keys)} sample keys for {len(contexts)} contexts; give one per context")
         out = []
-        for context in contexts:
+        for i, context in enumerate(contexts):
             if callable(self.replies):
                 text = self.replies(context)
             else:
-                text = self.replies[min(assistant_turns(context), len(self.replies) - 1)]
+                turn = sample_keys[i][-1] if sample_keys is not None else assistant_turns(context)
+                text = self.replies[min(turn, len(self.replies) - 1)]
             out.append(AgentReply(text=text, finish_reason="stop"))
         return out
 

@@ -37,6 +37,22 @@ def test_scripted_replies_follow_the_turn_and_the_last_one_repeats():
     assert all(r.prompt_ids is None and r.sampled_ids is None and r.logprobs is None for r in replies)
 
 
+def test_in_a_rollout_the_script_follows_the_engines_turn_also_where_the_env_deletes_replies():
+    # MemoryQA's prune deletes spent assistant turns, so counting the context's replies went back a
+    # step and replayed the prune (refused: its ids were gone).
+    import gymnasium as gym
+
+    from rftgym.rollout import RolloutConfig, run_episodes
+
+    script = ["<search>currency</search>", '<prune ids="r1">noted</prune>', "<search>birthplace</search>",
+              '<answer id="1">x</answer>']
+    (episode,) = run_episodes(lambda: gym.make("rftgym/MemoryQA-v0"), ScriptedAgent(script), [0],
+                              config=RolloutConfig(max_turns=5))
+    assert [turn.action for turn in episode.turns][:4] == script
+    assert episode.turns[1].info["prune_error"] is None
+    assert ScriptedAgent(script).act([Context()], sample_keys=[(0, 2)])[0].text == script[2]
+
+
 def test_a_single_string_is_one_reply_not_one_per_character():
     agent = ScriptedAgent("<answer>4</answer>")
     assert [r.text for r in agent.act([context_with(0), context_with(2)])] == ["<answer>4</answer>"] * 2

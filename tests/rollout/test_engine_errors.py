@@ -97,10 +97,22 @@ def test_an_error_before_any_episode_finished_carries_none():
 
 # ---------------------------------------------------------------- sample keys
 
+class Unkeyed(Agent):
+    """An agent whose replies draw nothing (and so take no sample keys)."""
+
+    name = "unkeyed"
+
+    def __init__(self, text: str = ANSWER):
+        self.text = text
+
+    def act(self, contexts):
+        return [AgentReply(self.text, finish_reason="stop") for _ in contexts]
+
+
 def test_sample_keys_an_agent_cannot_take_are_said_to_be_ignored():
-    with pytest.warns(UserWarning, match=r"sample_keys are ignored: agent 'scripted' has no keyed sampling "
+    with pytest.warns(UserWarning, match=r"sample_keys are ignored: agent 'unkeyed' has no keyed sampling "
                                          r"\(keyed_sampling is False\)"):
-        (episode,) = run_episodes(make_qa, ScriptedAgent(ANSWER), seeds=[0], sample_keys=[(1, 2)])
+        (episode,) = run_episodes(make_qa, Unkeyed(), seeds=[0], sample_keys=[(1, 2)])
     assert episode.terminated
 
 
@@ -118,7 +130,7 @@ def test_an_unkeyed_agent_without_sample_keys_runs_without_a_warning():
     # What `rftgym eval` does for every agent: it passes no sample_keys.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run_episodes(make_qa, ScriptedAgent(ANSWER), seeds=[0, 1])
+        run_episodes(make_qa, Unkeyed(), seeds=[0, 1])
 
 
 def test_a_keyed_agent_takes_given_keys_without_a_warning():
@@ -216,7 +228,7 @@ def test_the_rollouts_warnings_point_at_the_call_of_run_episodes():
             return [AgentReply(f" {ANSWER}", prompt_ids=[1], sampled_ids=[2], logprobs=[-0.5]) for _ in contexts]
 
     with pytest.warns(UserWarning) as caught:
-        run_episodes(lambda: Tidies(make_qa()), ScriptedAgent(f" {ANSWER}"), seeds=[0], sample_keys=[(1,)])
+        run_episodes(lambda: Tidies(make_qa()), Unkeyed(f" {ANSWER}"), seeds=[0], sample_keys=[(1,)])
         run_episodes(make_qa, Tokens(), seeds=[0])
     messages = [str(w.message) for w in caught]
     for warning in ("sample_keys are ignored", "stored a reply other than the agent's text",
