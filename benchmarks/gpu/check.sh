@@ -5,7 +5,8 @@
 # TRL's GRPOTrainer, the update alone in several variants, and a profile of the default update:
 # device time by kind of kernel and how busy the device was). Where $OUT names a folder, the
 # whole log is written there too. At most about 11 minutes (the tests' and the benchmark's
-# timeouts); the last full run (2026-11-30) took 117 s of benchmark and 18 s of tests on one H200.
+# timeouts); the saved full run (2026-11-29) took 117 s of benchmark on one H200, the quick one
+# (2026-11-30) 70 s and 18 s of tests.
 #
 #   bash benchmarks/gpu/check.sh                # all of it
 #   bash benchmarks/gpu/check.sh --quick        # the tests and the update variants only (no TRL)

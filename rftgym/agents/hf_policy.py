@@ -129,6 +129,7 @@ class HFPolicy(Agent):
         # directory's (training in place clears it).
         self.source_dir: str | None = None
         self.trained_in: str | None = None  # the output directory of the run that last trained it in place
+        self.default_model = False  # loaded as the default model (from_pretrained(None)), untrained since
         self._warned_context_full = False
         self._warned_prompt_cap = False
         pad = tokenizer.pad_token_id
@@ -162,6 +163,7 @@ class HFPolicy(Agent):
         policy = cls(lm, tokenizer, sampling=sampling, name=name, prefix_cache_mb=prefix_cache_mb)
         if model not in (None, "default") and Path(model).expanduser().is_dir():
             policy.source_dir = str(Path(model).expanduser().resolve())
+        policy.default_model = model in (None, "default")  # (a run of it names its base: the default model)
         return policy
 
     @property

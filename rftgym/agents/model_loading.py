@@ -235,7 +235,7 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     """Load a causal LM and its tokenizer from local files."""
     torch = require("torch", "hf", "The Hugging Face policy")
     transformers = require("transformers", "hf", "The Hugging Face policy")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(device) if isinstance(device, torch.device) else device or ("cuda" if torch.cuda.is_available() else "cpu")
     problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
     if problem is not None:  # before minutes of loading, not at the first .to(device) after them
         raise ConfigError(f"device={device!r}: {problem}")

@@ -20,4 +20,7 @@ def device_problem(device: str) -> str | None:
     if available is not None and not available():
         what = "CUDA" if parsed.type == "cuda" else f"{parsed.type.upper()} device"
         return f"this torch build or machine has no {what}; use cpu"
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        return f"this machine has {count} CUDA device{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})"
     return None

@@ -42,7 +42,7 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: 
     transformers model in eval mode, every weight trainable. The base model is the one the run
     loaded (by the absolute path it kept, else its ``--model``), or ``base_model`` where it has
     moved since."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(device) if isinstance(device, torch.device) else device or ("cuda" if torch.cuda.is_available() else "cpu")
     problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
     if problem is not None:  # before the model loads
         raise ConfigError(f"device={device!r}: {problem}")

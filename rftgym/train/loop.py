@@ -251,7 +251,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     # are computed the same way.
     mixed = device.startswith("cuda") and config.dtype is None
     # A policy passed in that no directory holds and no model names: no later load can find its base.
-    base_in_memory = policy is not None and policy.source_dir is None and config.model is None
+    base_in_memory = policy is not None and policy.source_dir is None and not policy.default_model \
+        and config.model is None
     policy = policy or HFPolicy.from_pretrained(config.model, device=device, dtype=load_dtype(config))
     mixed = mixed and policy.device.type == "cuda"
     # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
@@ -573,7 +574,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                                   autocast)
                 update_seconds = time.perf_counter() - update_started
                 # Trained in place: its weights are no longer its directory's, but this run's.
-                policy.source_dir, policy.trained_in = None, str(out.resolve())
+                policy.source_dir, policy.trained_in, policy.default_model = None, str(out.resolve()), False
                 ranks.together(lambda: check_finite_update(update, number, out, episodes, config))
 
                 # Episode statistics over all ranks (optimise's loss statistics are already).

@@ -123,14 +123,15 @@ def test_the_answer_of_a_sequence_question_is_at_no_fixed_rank_among_its_choices
             task = generate_task(rng, "sequence", difficulty)
             assert len(set(task.choices)) == 4 and task.answer in task.choices, task
             ranks[sorted(task.choices, key=int).index(task.answer)] += 1
-    assert set(ranks) == {0, 1, 2, 3} and min(ranks.values()) > 0.2 * 1000, ranks
+    # (not uniform: the answer lies above the last term shown, and few numbers lie between them)
+    assert set(ranks) == {0, 1, 2, 3} and min(ranks.values()) > 0.12 * 1000 and max(ranks.values()) < 0.4 * 1000, ranks
 
 
 def test_the_distances_between_a_sequence_questions_choices_do_not_give_its_answer_away():
     # The distractors were the answer +-1, 2, 3 or the step: the answer was the choice all others lay
     # near, found by either guess below up to 78% of the time where chance is 25%.
     for difficulty in DIFFICULTIES:
-        near, hub = 0, 0
+        near, hub, smallest_above = 0, 0, 0
         for seed in range(400):
             task = generate_task(np.random.default_rng(seed), "sequence", difficulty)
             shown = [int(x) for x in re.search(r"next: (.+), \.\.\.\?", task.question).group(1).split(", ")]
@@ -142,7 +143,13 @@ def test_the_distances_between_a_sequence_questions_choices_do_not_give_its_answ
             offsets = {1, 2, 3, shown[1] - shown[0]}
             hubs = [c for c in choices if all(abs(c - other) in offsets for other in choices if other != c)] or choices
             hub += hubs[guess.integers(len(hubs))] == answer
+            # No distractor is a term the question shows (ruled out at a glance).
+            assert not set(choices) & set(shown), task
+            above = sorted(c for c in choices if c > shown[-1])
+            smallest_above += above[0] == answer
         assert near / 400 < 0.33 and hub / 400 < 0.33, (difficulty, near / 400, hub / 400)
+        # Some order is left: the smallest choice above the last term shown is right more often than chance.
+        assert smallest_above / 400 < 0.5, (difficulty, smallest_above / 400)
 
 
 def test_weekday_answers_count_the_days():
@@ -543,3 +550,40 @@ def test_a_sign_before_a_long_run_of_spaces_is_read_in_linear_time():
     # "-" and 32,000 spaces took 6 s in the double-sign check: a reply could stall the env.
     assert not is_correct(free("5"), "-" + " " * 100_000 + "x")   # returns at all, and is wrong
     assert is_correct(free("-5 degrees"), "minus 5 degrees") and not is_correct(free("5 degrees"), "minus 5 degrees")
+
+
+@pytest.mark.timeout(20)
+def test_denials_and_choice_letters_are_read_in_linear_time_in_long_replies():
+    # A digit, "not" or a letter before a long run of spaces or stars took seconds at 20,000
+    # characters (two runs of the pattern could share them): a reply could stall the env.
+    for text in ("1" + " " * 100_000, "not" + "*" * 100_000, "42" + " " * 100_000 + "\n",
+                 "x" + " " * 100_000 + "(B", "B" + " " * 100_000 + "is correct"):
+        is_correct(free("42"), text)
+        is_correct(mc("42", "17", "42"), text)
+
+
+@pytest.mark.parametrize("answer, given, ok", [
+    # markup and a sentence's end say nothing of a text answer's value
+    ("Tuesday", "**Tuesday**.", True), ("Tuesday", "*Tuesday*.", True), ("Tuesday", "The answer is **Tuesday**.", True),
+    ("Tuesday", "Tuesday!", True), ("Tuesday", "\\(Tuesday\\)", True), ("Paris", "\\[Paris\\]", True),
+    ("x+1", "\\(x+1\\)", True), ("x*y", "x*y", True), ("x*y", "xy", False),
+    # an arrow leads to the answer; degrees are a unit
+    ("42", "=> 42", True), ("42", "-> 42", True), ("Tuesday", "=> Tuesday", True),
+    ("42", "\\boxed{42^\\circ}", True), ("42", "$42^{\\circ}$", True), ("42", "42^2", False),
+    # a mixed number is its whole value
+    ("7/3", "2\\frac{1}{3}", True), ("7", "2\\frac{1}{3}", False), ("-3/2", "-1\\frac{1}{2}", True),
+])
+def test_markup_arrows_degrees_and_mixed_numbers(answer, given, ok):
+    assert is_correct(free(answer), given) is ok
+
+
+def test_a_choice_given_with_markup_and_an_arrow():
+    t = mc("Tuesday", "Monday", "Tuesday", "Friday")
+    right = ("**Tuesday**.", "=> B", "-> Tuesday", "Tuesday (B).", "**B**.", "\\boxed{B}.", "The answer is **B**.",
+             "B!", "`B`.", "\\mathbf{Tuesday}", "**Answer:** Tuesday", "So the answer is Tuesday.", "So, the answer is B.",
+             "**Tuesday** is the answer", "\\( \\boxed{Tuesday} \\)", "\\[B\\]")
+    assert [given for given in right if not is_correct(t, given)] == []
+    wrong = ("**Monday**.", "=> A", "Tuesday (C).", "**A**.", "\\boxed{C}.", "So the answer is A.", "**Monday** is the answer",
+             "\\( \\boxed{Friday} \\)", "A!")
+    assert [given for given in wrong if is_correct(t, given)] == []
+    assert is_correct(free("12"), "12.") and is_correct(free("1.5"), "1.5.") and not is_correct(free("15"), "1.5.")

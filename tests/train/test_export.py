@@ -69,6 +69,21 @@ def test_a_policy_loaded_from_a_directory_is_named_as_the_runs_base(tmp_path, ca
         train(train_config(tmp_path, "second", steps=1), policy=policy, make_env=SayAEnv)
 
 
+def test_a_run_of_the_default_model_passed_in_names_the_default_model_as_its_base(tmp_path, monkeypatch):
+    # HFPolicy.from_pretrained() keeps no directory for the default model; its run is not "from memory".
+    import rftgym.agents.model_loading as model_loading
+    from rftgym.agents.hf_policy import HFPolicy
+
+    made = make_char_policy()
+    monkeypatch.setattr(model_loading, "load_model_and_tokenizer", lambda *a, **k: (made.model, made.tokenizer))
+    policy = HFPolicy.from_pretrained(device="cpu")
+    assert policy.default_model and policy.source_dir is None
+    train(train_config(tmp_path, "run", steps=1), policy=policy, make_env=SayAEnv)
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    assert "base_model_in_memory" not in state and not policy.default_model  # trained in place since
+    assert not HFPolicy(made.model, made.tokenizer).default_model
+
+
 def test_a_run_of_a_policy_from_memory_asks_for_its_base_by_name(tmp_path):
     """train(config, policy=...) with a policy built in memory and no config.model: the checkpoint
     names no base, and export, load and resume say so, where they blamed the default model."""
@@ -88,6 +103,7 @@ def test_a_run_of_a_policy_from_memory_asks_for_its_base_by_name(tmp_path):
         load_trained(tmp_path / "base", device="cpu")
     with pytest.raises(ConfigError, match="device='tpu': not a torch device"):
         load_trained(tmp_path / "run", device="tpu", base_model=tmp_path / "base")
+    model, _ = load_trained(tmp_path / "run", device=torch.device("cpu"), base_model=tmp_path / "base")  # as torch takes it
     with pytest.raises(ConfigError, match=r"trained from a policy passed in from memory .* these base weights "
                                           r"\(fingerprint .*\) are not that policy's. Resume with the same policy"):
         train(train_config(tmp_path, "run", steps=2, model=str(tmp_path / "other")), make_env=SayAEnv, resume=True)

@@ -71,7 +71,11 @@ Version history
     ``12{,}345`` read as a/b and 12,345; a sequence question's choices are evenly spaced around
     the answer, where every distractor lay within 1, 2, 3 or the step of it and gave it away; a
     choice's letter after a comma or dash ("B, 42"), after its text ("42 (B)"), in square brackets,
-    or with "is correct" or "the correct option is" around it names that choice).
+    or with "is correct" or "the correct option is" around it names that choice; markup and a
+    sentence's end around an answer are read past wherever they stand ("The answer is **B**.",
+    "\\boxed{B}.", "\\(B\\)", "\\mathbf{B}", "**Answer:** B", "=> B", "B is the answer"), as are
+    degrees (42^\\circ); a mixed number 2\\frac{1}{3} is 7/3; a sequence question's distractor is
+    never a term the question shows).
 """
 
 from __future__ import annotations

@@ -67,31 +67,51 @@ _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\u20
 
 # LaTeX a model writes for a plain number: \frac{11}{6} (\dfrac, \tfrac) for 11/6, with either
 # sign; 12{,}345 and 12\,345 for 12,345.
-_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*([-+\u2212]?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_LATEX_FRACTION = re.compile(r"(?<![\d.])\\[dt]?frac\s*\{\s*([-+\u2212]?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+# A mixed number, 2\frac{1}{3}: 7/3 (read as 2 and then 1/3, it was 21/3).
+_LATEX_MIXED = re.compile(r"(?<![\d.])([-+\u2212]?)(\d+)\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+# Degrees: 42^\circ, 42^{\circ} as 42\u00b0.
+_LATEX_DEGREES = re.compile(r"\^\s*+(?:\{\s*+\\circ\s*+\}|\\circ(?![a-z]))")
 _LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))")
 
 
 def plain_latex(text: str) -> str:
     """``text`` with the LaTeX of plain numbers written plainly (``\\frac{-11}{6}`` -> ``-11/6``,
-    ``12{,}345`` -> ``12,345``); other LaTeX is left as it is."""
-    return _LATEX_THOUSANDS.sub(",", _LATEX_FRACTION.sub(r"\1/\2", text))
+    ``2\\frac{1}{3}`` -> ``7/3``, ``12{,}345`` -> ``12,345``, ``42^\\circ`` -> ``42\u00b0``); other LaTeX is
+    left as it is."""
+    text = _LATEX_MIXED.sub(_mixed_number, text)
+    return _LATEX_DEGREES.sub("\u00b0", _LATEX_THOUSANDS.sub(",", _LATEX_FRACTION.sub(r"\1/\2", text)))
+
+
+def _mixed_number(match: re.Match) -> str:
+    sign, whole, numerator, denominator = match.groups()
+    if int(denominator) == 0:
+        return match.group(0)
+    return f"{sign}{int(whole) * int(denominator) + int(numerator)}/{denominator}"
 
 
 _PUNCTUATION = frozenset(string.punctuation)
 # A sign parted from its number by spaces, where it cannot be an operator ("- 5", "x = - 5";
 # not "7 - 5").
 _SPACED_SIGN = re.compile(r"(?:^|(?<=[=:(\[]))\s*([-+])\s+(?=[\d.])")
-# Markup a model puts around its answer: \boxed{…}, \text{…}, $…$, **…**, *…*, `…`.
-_WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL), re.compile(r"\\text(?:bf|rm)?\s*\{(.*)\}", re.DOTALL),
+# Markup a model puts around its answer: \boxed{…}, \text{…}, \mathbf{…}, \(…\), \[…\], $…$, **…**, *…*, `…`.
+_WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL),
+             re.compile(r"\\(?:text|math)(?:bf|rm|it|sf)?\s*\{(.*)\}", re.DOTALL),
+             re.compile(r"\\\((.*)\\\)", re.DOTALL), re.compile(r"\\\[(.*)\\\]", re.DOTALL),
              re.compile(r"(\$\$?)(.*?)\1", re.DOTALL), re.compile(r"(\*\*|__|\*|_|`{1,3})(.*?)\1", re.DOTALL))
 # Words that introduce an answer rather than being part of it ("Option B", "The answer is: B").
-_ANSWER_PREFIX = re.compile(r"(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)(?:\s+is)?\s*"
-                            r"(?:[:]|-(?!\s*[\d.]))?\s+|"
-                            r"(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:\s*",
-                            re.IGNORECASE)
-# ... and after it: "B is correct", "12 is the right answer".
-_ANSWER_SUFFIX = re.compile(r"\s+is\s+(?:the\s+)?(?:correct|right)(?:\s+(?:answer|option|choice))?\s*\.?",
-                            re.IGNORECASE)
+# ("So the answer is", and in bold: "**Answer:**")
+_ANSWER_PREFIX = re.compile(r"(?:so,?\s++)?[*_]*+(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)"
+                            r"(?:\s+is)?\s*(?:[:]|-(?!\s*[\d.]))?[*_]*+\s+|"
+                            r"(?:so,?\s++)?[*_]*+(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)"
+                            r"(?:\s+is)?\s*:[*_]*+\s*", re.IGNORECASE)
+# A sentence's end after the answer ("**B**.", "\boxed{12}!"), read past like the markup.
+_SENTENCE_END = re.compile(r"(?<=\S)\s*+[.!]++\Z")
+# ... and after it: "B is correct", "12 is the right answer", "**B** is the answer".
+_ANSWER_SUFFIX = re.compile(r"(?<!\s)\s++is\s++(?:the\s++)?(?:(?:correct|right)(?:\s++(?:answer|option|choice))?"
+                            r"|(?:final\s++)?(?:answer|option|choice))\s*+\.?", re.IGNORECASE)
+# An arrow that leads to the answer: "=> 42", "-> B".
+_ARROW = re.compile(r"(?:=>|->|\u2192|\u21d2|\u27f9)\s*+")
 
 
 def unwrapped_answer(text: str) -> str:
@@ -108,6 +128,12 @@ def unwrapped_answer(text: str) -> str:
         prefix = _ANSWER_PREFIX.match(text)
         if prefix and prefix.end() < len(text):
             text = text[prefix.end():].strip()
+        end = _SENTENCE_END.search(text)
+        if end and not _NUMBER_TOKEN.search(text[max(0, end.start() - 1):]):  # ("12." stays a number's text)
+            text = text[:end.start()].strip()
+        arrow = _ARROW.match(text)
+        if arrow and arrow.end() < len(text):
+            text = text[arrow.end():].strip()
         suffix = _ANSWER_SUFFIX.search(text)
         if suffix and suffix.end() == len(text) and suffix.start() > 0:
             text = text[:suffix.start()].strip()
@@ -188,13 +214,21 @@ def _stated_by_its_number(expected: str) -> bool:
 # "10^6" and "106", "x > 2" and "x < 2", "(1,2)" and "12", "12:30" and "1230"): operators and
 # relations; a minus or hyphen unless it joins two words ("Jean-Paul"); a comma, point or colon
 # between digits; brackets are compared apart (:func:`_same_text`).
-_MATH_MARK = re.compile(r"[+*/^<>=\\|!\u2260\u2264\u2265\u221a\u221e\u03c0%]|(?<![^\W\d_])-|-(?![^\W\d_])"
-                        r"|(?<=\d)[.:](?=\d)|(?<=\d),(?=\s*\d)")
+_MATH_MARK = re.compile(r"[+*/^<>=|\u2260\u2264\u2265\u221a\u221e\u03c0%]|!=|(?<![^\W\d_])-|-(?![^\W\d_])"
+                        r"|(?<=\d)[.:](?=\d)|(?<=\d),(?=\s*+\d)")
+# What says nothing of an answer's value, left out before its marks are compared: emphasis
+# (**Tuesday**), LaTeX's math delimiters \( \) \[ \] and $, and a sentence's closing punctuation.
+_TEXT_MARKUP = re.compile(r"\\[()\[\]]|\$|(?<![^\W_])[*_`]++|[*_`]++(?![^\W_])|[.!?]++\s*+$")
 _BRACKET = re.compile(r"[()\[\]{}]")
 
 
 def _math_marks(text: str) -> str:
-    return "".join(_MATH_MARK.findall(text.translate(_MINUS_SIGNS)))
+    return "".join(_MATH_MARK.findall(_bare(text)))
+
+
+def _bare(text: str) -> str:
+    """``text`` without :data:`_TEXT_MARKUP` (its dashes as minus signs)."""
+    return _TEXT_MARKUP.sub(" ", text.translate(_MINUS_SIGNS))
 
 
 def _same_text(given: str, expected: str) -> bool:
@@ -205,9 +239,9 @@ def _same_text(given: str, expected: str) -> bool:
     normal = normalize_text(expected)
     if normal:
         # Brackets count where the answer has some ("(1, 2]" is no "(1, 2)"); else "(Paris)" says Paris.
-        brackets = _BRACKET.findall(expected)
+        brackets = _BRACKET.findall(_bare(expected))
         return normalize_text(given) == normal and _math_marks(given) == _math_marks(expected) and \
-            (not brackets or _BRACKET.findall(given) == brackets)
+            (not brackets or _BRACKET.findall(_bare(given)) == brackets)
     core = _collapse(expected).strip(string.punctuation + " ")
     if core:
         return _collapse(given).strip(string.punctuation + " ") == core
@@ -223,7 +257,7 @@ def _choice_index(answer: str, choices: Sequence[str]) -> int | None:
     stripped = answer.strip()
     # A letter first ("(B) 42", "B, 42", "[B]"), or after the choice's text ("42 (B)").
     match = re.fullmatch(r"[(\[]?\s*([A-Za-z])\s*[)\]]?\s*[.:,\u2013\u2014-]?(?:\s+.*)?", stripped, flags=re.DOTALL) \
-        or re.fullmatch(r".+?\s*[(\[]\s*([A-Za-z])\s*[)\]]\s*\.?", stripped, flags=re.DOTALL)
+        or re.search(r"(?<=.)[(\[]\s*+([A-Za-z])\s*+[)\]]\s*+\.?\Z", stripped, flags=re.DOTALL)
     letter_index = None
     if match and match.group(1).upper() in LETTERS[: len(choices)]:
         letter_index = LETTERS.index(match.group(1).upper())
@@ -261,14 +295,15 @@ def is_correct(task: Task, given: str) -> bool:
 # and "12 (no remainder)" answer their numbers; "not sure but 5" and "I don't know, 5" hedge), or
 # "is not", "is wrong" and the like right after it.
 _HEDGE = r"(?!\s+(?:sure|certain|know)\b)"
-_MARKUP = r"[\s*_`(\[{$]*(?:\\(?:boxed|text)\s*\{[\s*_`(\[{$]*)?"  # "not **42**", "not \boxed{42}"
-_DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never|cannot)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})[*_`]*(?:\s+[a-z]+){{0,2}}?"
+# (possessive where two runs could share characters: a long run of spaces or stars took seconds)
+_MARKUP = r"[\s*_`(\[{$]*+(?:\\(?:boxed|text)\s*+\{[\s*_`(\[{$]*+)?"  # "not **42**", "not \boxed{42}"
+_DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never|cannot)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})[*_`]*+(?:\s+[a-z]+){{0,2}}?"
                             rf"{_MARKUP}[-+$\u2212]?\d"
                             r"|\d%?\s+(?:is|was|would\s+be)\s*(?:not\b|n['\u2019]t\b|wrong\b|incorrect\b|false\b)"
                             r"|\d%?\s+(?:isn|wasn)['\u2019]t\b"
                             # "42 (incorrect)", "42 - wrong"; "wrong: 42"
-                            r"|\d%?[*_`)\]}$]*\s*[(\[,;:\u2013\u2014-]?\s*(?:wrong|incorrect|false)\b"
-                            r"|\b(?:wrong|incorrect)\s*[:\u2013\u2014-]\s*[-+$]?\d", re.IGNORECASE)
+                            r"|\d%?[*_`)\]}$]*+\s*+[(\[,;:\u2013\u2014-]?\s*+(?:wrong|incorrect|false)\b"
+                            r"|\b(?:wrong|incorrect)\s*+[:\u2013\u2014-]\s*+[-+$]?\d", re.IGNORECASE)
 # Words that make a stated number another value or a bound: "less than 5", "at least 5", "5 or
 # more", "100 thousand", "3 below zero", and a second sign ("--42", "-(-42)").
 _VALUE_CHANGED = re.compile(r"\b(?:less|more|fewer|greater|higher|lower|bigger|smaller)\s+than\b|\bat\s+(?:least|most)\b"
@@ -361,12 +396,19 @@ def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tupl
     shown = seq[: 3 + min(difficulty, 2)] if difficulty < 3 else seq[:4]
     if len(shown) < 5:
         nxt = seq[len(shown)]
-    # The choices are evenly spaced (by 1, 2, 3 or the sequence's first difference) with the answer
-    # at a rank drawn uniformly: neither its rank nor its distances to the others give it away
-    # (distractors at the answer +-1, 2, 3 or the step made it the one all others were near).
-    spacing = int(rng.choice(sorted({1, 2, 3, seq[1] - seq[0]})))
-    rank = int(rng.integers(4))
-    distractors = [str(nxt + (i - rank) * spacing) for i in range(4) if i != rank]
+    # The choices are evenly spaced (by 1, 2, 3 or the sequence's first difference) around the
+    # answer at a drawn rank, so its distances to the others do not give it away (distractors at the
+    # answer +-1, 2, 3 or the step made it the one all others were near); drawn again where a
+    # distractor would be a term the question shows (ruled out at a glance) or not positive. Some
+    # order remains: the answer lies above the last term shown, and with a small step few numbers
+    # lie between them, so it is more often among the smaller choices.
+    for _ in range(20):
+        spacing = int(rng.choice(sorted({1, 2, 3, seq[1] - seq[0]})))
+        rank = int(rng.integers(4))
+        values = [nxt + (i - rank) * spacing for i in range(4) if i != rank]
+        if min(values) > 0 and not set(values) & set(shown):
+            break
+    distractors = [str(v) for v in values]
     choices = _mc_choices(rng, str(nxt), distractors, 4)
     return f"What number comes next: {', '.join(map(str, shown))}, ...?", str(nxt), choices
 
