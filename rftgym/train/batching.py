@@ -27,7 +27,7 @@ the same task), and their total rewards:
 
 Groups whose rewards are all equal carry no signal and are dropped when
 ``filter_zero_variance`` is on (DAPO's dynamic sampling; with ``max_rollout_batches`` above 1 the
-loop rolls out more tasks until ``tasks_per_step`` groups vary, and :func:`refill_quota` picks
+loop rolls out more tasks until ``tasks_per_step`` groups vary, and :func:`first_varied_tasks` picks
 those it trains; else the step trains on fewer); with ``filter_overlong``, episodes whose
 last reply was cut by the token budget are masked out (DAPO overlong filtering). Only the last
 reply counts: an earlier cut reply was answered by the env and the episode went on, so its reward
@@ -39,7 +39,7 @@ masked too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -103,17 +103,12 @@ def varied_groups(groups: list[list[Episode]]) -> list[bool]:
     return (~zero_variance_groups(rewards)).tolist() if groups else []
 
 
-def refill_quota(varied: list[list[int]], rank: int, target: int) -> list[int]:
-    """How many of rank ``rank``'s varied groups of each rollout batch a step trains under dynamic
-    sampling's refill (``max_rollout_batches``): the first ``target`` varied groups over all ranks,
-    batch by batch and, within a batch, rank by rank; the rest are left out, so that every step
-    trains on ``target`` groups (or all there were, short of it). ``varied[b][r]``: rank r's varied
-    groups in batch b."""
-    quota, left = [], target
-    for per_rank in varied:
-        quota.append(max(0, min(per_rank[rank], left - sum(per_rank[:rank]))))
-        left = max(0, left - sum(per_rank))
-    return quota
+def first_varied_tasks(varied: Iterable[int], target: int) -> set[int]:
+    """The tasks whose groups a step trains under dynamic sampling's refill (``max_rollout_batches``),
+    of the tasks over all ranks whose groups' rewards vary (``varied``, by their index in the order
+    the step drew them): the first ``target``, so that every step trains ``target`` groups (or all
+    there were, short of it), and the ranks of a launch train those one process would."""
+    return set(sorted(varied)[:target])
 
 
 def turn_spans(episode: Episode, segment: Segment) -> list[tuple[int, int, int]]:

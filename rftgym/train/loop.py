@@ -29,7 +29,7 @@ from ..core.values import is_int
 from ..envs.common import env_metadata, with_policy_options, with_training_defaults
 from ..rollout import RolloutConfig, run_episodes
 from ..rollout.engine import check_env_factory
-from .batching import build_samples, evaluation_split, group_episodes, refill_quota, varied_groups
+from .batching import build_samples, evaluation_split, first_varied_tasks, group_episodes, varied_groups
 from .base_model import base_fingerprint, files_fingerprint, load_dtype
 from .checkpoint import (
     check_base_model,
@@ -478,10 +478,11 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                                         raised_together=lambda exc: RankFailures.of(exc) is not None):
                 started = time.perf_counter()
 
-                def draw_tasks(batch: int) -> tuple[list[int], list]:
-                    """1. Sample tasks: this rank's share of the batch's ``tasks_per_step`` tasks, each
-                    seed repeated group_size times so that a group shares its task, and each episode's
-                    sampling stream: (step, task index over all ranks and batches, member of the group)."""
+                def draw_tasks(batch: int) -> tuple[list[int], list[int], list]:
+                    """1. Sample tasks: this rank's share of the batch's ``tasks_per_step`` tasks (their
+                    indices over all ranks and batches), each seed repeated group_size times so that a
+                    group shares its task, and each episode's sampling stream: (step, task index,
+                    member of the group)."""
                     nonlocal tasks_drawn
                     if dataset_size:
                         task_seeds = epoch_task_seeds(config.seed, dataset_size, tasks_drawn, config.tasks_per_step)
@@ -490,7 +491,8 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     tasks_drawn += config.tasks_per_step
                     tasks = ranks.shard(list(enumerate(task_seeds, start=batch * config.tasks_per_step)))
                     seeds = [seed for _, seed in tasks for _ in range(config.group_size)]
-                    return seeds, training_keys(step, [task for task, _ in tasks], config.group_size)
+                    indices = [task for task, _ in tasks]
+                    return indices, seeds, training_keys(step, indices, config.group_size)
 
                 # 2. Roll out with the current policy (its sampled tokens and log-probs are recorded).
                 # Each rank runs its share alone; an error there (an env breaking its contract) stops
@@ -512,16 +514,19 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 asked, prefilled, evicted = prefix.prompt_tokens, prefix.prefilled_tokens, prefix.evicted_bytes
                 # DAPO's refill (max_rollout_batches > 1): more tasks while fewer than tasks_per_step
                 # groups over all ranks have rewards that vary.
-                batches, varied = [], []  # this rank's episodes per batch; per batch, every rank's varied groups
+                batches, task_indices = [], []  # this rank's episodes per batch, and its tasks' indices
+                varied: list[int] | None = None  # the tasks over all ranks whose groups vary (with the refill)
                 while True:
-                    seeds, sample_keys = draw_tasks(len(batches))
+                    indices, seeds, sample_keys = draw_tasks(len(batches))
                     episodes = [e for batch in batches for e in batch]
                     batches.append(ranks.together(lambda: roll_out(seeds, sample_keys, episodes)))
+                    task_indices += indices
                     if config.max_rollout_batches == 1:
                         break
-                    varied_here = sum(varied_groups(group_episodes(batches[-1], config.group_size)))
-                    varied.append(ranks.gather_objects(varied_here))
-                    if sum(map(sum, varied)) >= config.tasks_per_step or len(batches) == config.max_rollout_batches:
+                    varied_here = [task for task, vary in zip(indices, varied_groups(
+                        group_episodes(batches[-1], config.group_size))) if vary]
+                    varied = (varied or []) + [task for tasks in ranks.gather_objects(varied_here) for task in tasks]
+                    if len(varied) >= config.tasks_per_step or len(batches) == config.max_rollout_batches:
                         break
                 episodes = [e for batch in batches for e in batch]
                 # The update makes the rollout's cached prefix states stale; FSDP refills the same
@@ -535,18 +540,16 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 # 3. Advantages -> per-token training samples (an error, e.g. a policy without
                 # log-probs, stops every rank and keeps all the step's episodes).
                 def samples_of_the_step():
-                    per_batch = [group_episodes(batch, config.group_size) for batch in batches]
-                    trained = [group for batch in per_batch for group in batch]
-                    if varied:  # the first tasks_per_step groups that vary, over all ranks
-                        quota = refill_quota(varied, ranks.rank, config.tasks_per_step)
-                        trained = [group for batch, count in zip(per_batch, quota)
-                                   for group in [g for g, vary in zip(batch, varied_groups(batch)) if vary][:count]]
+                    groups = group_episodes(episodes, config.group_size)
+                    trained = groups
+                    if varied is not None:  # the first tasks_per_step tasks whose groups vary, over all ranks
+                        chosen = first_varied_tasks(varied, config.tasks_per_step)
+                        trained = [group for task, group in zip(task_indices, groups) if task in chosen]
                     with keeping_episodes_of_failed_samples(out, number, episodes, ranks):
                         samples, stats = build_samples(trained, config, segment_rng,
                                                        split_tokens=evaluation_split(policy))
-                    if varied:  # (the counts of the groups rolled out, not only of those trained)
-                        stats.groups = sum(len(batch) for batch in per_batch)
-                        stats.groups_uniform = stats.groups - sum(sum(varied_groups(batch)) for batch in per_batch)
+                    if varied is not None:  # (the counts of the groups rolled out, not only of those trained)
+                        stats.groups, stats.groups_uniform = len(groups), len(groups) - sum(varied_groups(groups))
                     return samples, stats
 
                 samples, batch_stats = ranks.together(samples_of_the_step)

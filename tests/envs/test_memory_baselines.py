@@ -140,7 +140,11 @@ def test_the_pruning_wrapper_passes_its_episodes_keys_to_a_keyed_agent():
     fresh = ctx(("user", "Task: answer all 1 questions below.\n1. q?"))
     inner = Keyed()
     wrapper = HeuristicPruner(inner, keep_turns=1, min_stale=1)
-    assert wrapper.keyed_sampling and not HeuristicPruner(ScriptedAgent("x")).keyed_sampling
+    class Unkeyed(Agent):
+        def act(self, contexts):
+            return [AgentReply(text="x") for _ in contexts]
+
+    assert wrapper.keyed_sampling and not HeuristicPruner(Unkeyed()).keyed_sampling
     replies = wrapper.act([fresh, stale, fresh], sample_keys=[(1, 0, 0, 0), (1, 1, 0, 3), (1, 2, 0, 0)])
     assert replies[1].text.startswith("<prune")  # the wrapper's own turn: no key spent
     assert inner.keys == [[(1, 0, 0, 0), (1, 2, 0, 0)]]

@@ -10,7 +10,8 @@ import torch
 from rftgym.core.messages import Message
 from rftgym.core.records import CONTEXT_FULL, Episode, Turn
 from rftgym.train import TrainConfig
-from rftgym.train.batching import build_samples, collate, refill_quota, tokens_covering, turn_spans, varied_groups
+from rftgym.train.batching import (build_samples, collate, first_varied_tasks, tokens_covering, turn_spans,
+                                   varied_groups)
 
 SQRT_HALF = 1 / math.sqrt(2)  # GRPO advantage of rewards [1, 0]: (1 - 0.5) / std_unbiased(=0.7071)
 
@@ -79,19 +80,13 @@ def test_varied_groups_are_those_the_zero_variance_filter_keeps():
     assert varied_groups([]) == []
 
 
-def test_the_refill_trains_the_first_varied_groups_batch_by_batch_then_rank_by_rank():
-    # Varied groups per batch and rank: batch 1 has 1 (rank 0) + 0, batch 2 has 2 + 1, batch 3 has 1 + 1.
-    # The first 3 over all ranks: batch 1's one on rank 0, then batch 2's two on rank 0; rank 1's is past them.
-    varied = [[1, 0], [2, 1], [1, 1]]
-    assert refill_quota(varied, rank=0, target=3) == [1, 2, 0]
-    assert refill_quota(varied, rank=1, target=3) == [0, 0, 0]
-    # A target of 4 takes rank 1's group of batch 2 as well; 7 takes all of them.
-    assert refill_quota(varied, 0, 4) == [1, 2, 0] and refill_quota(varied, 1, 4) == [0, 1, 0]
-    assert refill_quota(varied, 0, 7) == [1, 2, 1] and refill_quota(varied, 1, 7) == [0, 1, 1]
-    # Short of the target after the last batch: all there were.
-    assert refill_quota([[0, 1], [1, 0]], 0, 4) == [0, 1] and refill_quota([[0, 1], [1, 0]], 1, 4) == [1, 0]
-    # One process: the first batch alone may be enough.
-    assert refill_quota([[5]], 0, 4) == [4]
+def test_the_refill_trains_the_first_varied_tasks_in_the_order_they_were_drawn():
+    # Tasks 0-3 in the first rollout, 4-7 in the second, dealt to 2 ranks in turn (rank 0: 0, 2, 4, 6).
+    # Tasks 1, 4, 5 and 6 vary, gathered rank by rank ([4, 6] from rank 0, then [1, 5] from rank 1
+    # after the second rollout): the first 3 are 1, 4 and 5, as one process drawing them in order trains.
+    assert first_varied_tasks([4, 6, 1, 5], 3) == {1, 4, 5}
+    assert first_varied_tasks([4, 6, 1, 5], 9) == {1, 4, 5, 6}  # short of the target: all there were
+    assert first_varied_tasks([], 2) == set()
 
 
 def test_rewards_that_differ_only_beyond_float32_are_a_group_with_signal():

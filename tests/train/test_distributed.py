@@ -98,8 +98,8 @@ REFILL_SCRIPT = textwrap.dedent('''
     from rftgym.train.distributed import Distributed
 
     out, result_dir = sys.argv[1], sys.argv[2]
-    config = TrainConfig(steps=6, tasks_per_step=2, group_size=2, max_new_tokens=8, learning_rate=1e-2,
-                         minibatch_size=4, output_dir=out, seed=0, save_every=100, max_rollout_batches=4)
+    config = TrainConfig(steps=6, tasks_per_step=4, group_size=2, max_new_tokens=8, learning_rate=1e-2,
+                         minibatch_size=8, output_dir=out, seed=0, save_every=100, max_rollout_batches=4)
     policy = make_char_policy(seed=0)
     history = train(config, policy=policy, make_env=SayAEnv)
     weights = [float(p.detach().double().abs().sum()) for p in policy.model.parameters()]
@@ -109,8 +109,9 @@ REFILL_SCRIPT = textwrap.dedent('''
 
 
 def test_the_refill_under_a_launch_trains_the_groups_one_process_would(tmp_path, make_char_policy):
-    # Keyed sampling rolls out the same episodes on 2 ranks (a task each) as on one; the ranks must
-    # then agree on refilling and pick the same first varied groups as the one process does.
+    # Keyed sampling rolls out the same episodes on 2 ranks (2 tasks each, dealt in turn) as on one;
+    # the ranks must then agree on refilling and train the same first varied groups, in the order the
+    # tasks were drawn, as the one process does (rank by rank they were others).
     from support import SayAEnv
     from rftgym.train import TrainConfig
     from rftgym.train.loop import train
@@ -118,11 +119,10 @@ def test_the_refill_under_a_launch_trains_the_groups_one_process_would(tmp_path,
     torchrun(REFILL_SCRIPT, tmp_path, str(tmp_path / "run"), str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     policy = make_char_policy(seed=0)
-    one = train(TrainConfig(steps=6, tasks_per_step=2, group_size=2, max_new_tokens=8, learning_rate=1e-2,
-                            minibatch_size=8, output_dir=str(tmp_path / "one"), seed=0, save_every=100,
+    one = train(TrainConfig(steps=6, tasks_per_step=4, group_size=2, max_new_tokens=8, learning_rate=1e-2,
+                            minibatch_size=16, output_dir=str(tmp_path / "one"), seed=0, save_every=100,
                             max_rollout_batches=4), policy=policy, make_env=SayAEnv)
-    # (step 6: 2 rollouts with 3 varied groups between them, of which the first 2 train)
-    assert [row["rollout_batches"] for row in one] == [3, 1, 1, 2, 1, 2], one
+    assert any(row["rollout_batches"] > 1 for row in one), one
     for a, b, c in zip(one, *(r["history"] for r in ranks), strict=True):
         assert a["rollout_batches"] == b["rollout_batches"] == c["rollout_batches"]
         assert a["reward_mean"] == b["reward_mean"] == c["reward_mean"]
