@@ -557,7 +557,8 @@ def test_denials_and_choice_letters_are_read_in_linear_time_in_long_replies():
     # A digit, "not" or a letter before a long run of spaces or stars took seconds at 20,000
     # characters (two runs of the pattern could share them): a reply could stall the env.
     for text in ("1" + " " * 100_000, "not" + "*" * 100_000, "42" + " " * 100_000 + "\n",
-                 "x" + " " * 100_000 + "(B", "B" + " " * 100_000 + "is correct"):
+                 "x" + " " * 100_000 + "(B", "B" + " " * 100_000 + "is correct", "!" * 100_000 + "x",
+                 "The answer is " + "." * 100_000 + "x"):
         is_correct(free("42"), text)
         is_correct(mc("42", "17", "42"), text)
 
@@ -572,6 +573,13 @@ def test_denials_and_choice_letters_are_read_in_linear_time_in_long_replies():
     ("42", "\\boxed{42^\\circ}", True), ("42", "$42^{\\circ}$", True), ("42", "42^2", False),
     # a mixed number is its whole value
     ("7/3", "2\\frac{1}{3}", True), ("7", "2\\frac{1}{3}", False), ("-3/2", "-1\\frac{1}{2}", True),
+    # operators are no emphasis, and "!" after a number is a factorial
+    ("x * 2", "x ** 2", False), ("x ** 2", "x * 2", False), ("x*y", "x**y", False), ("2 * x", "2 x", False),
+    ("n! - 1", "n - 1", False), ("n!/2", "n/2", False), ("(n-1)!", "(n-1)", False), ("x!y", "xy", False),
+    ("the Eiffel Tower", "the **Eiffel** Tower", True), ("Paris", "Paris?", True),
+    ("5", "5!", False), ("5", "\\boxed{5!}", False), ("5!", "5!", True), ("x > 2", "x > 2", True),
+    # denials written with LaTeX text commands or before a choice's letter
+    ("5", "\\mathbf{not} 5", False), ("5", "\\text{not } 5", False), ("5", "5 \\text{ is wrong}", False),
 ])
 def test_markup_arrows_degrees_and_mixed_numbers(answer, given, ok):
     assert is_correct(free(answer), given) is ok
@@ -587,3 +595,6 @@ def test_a_choice_given_with_markup_and_an_arrow():
              "\\( \\boxed{Friday} \\)", "A!")
     assert [given for given in wrong if is_correct(t, given)] == []
     assert is_correct(free("12"), "12.") and is_correct(free("1.5"), "1.5.") and not is_correct(free("15"), "1.5.")
+    assert is_correct(t, "**Answer**: B") and is_correct(t, "**Answer**: Tuesday")
+    numbered = mc("92", "17", "92", "99")
+    assert not any(is_correct(numbered, given) for given in ("not (B) 92", "So the answer is not (B) 92", "=> not (B) 92"))

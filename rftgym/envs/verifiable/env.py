@@ -74,8 +74,9 @@ Version history
     or with "is correct" or "the correct option is" around it names that choice; markup and a
     sentence's end around an answer are read past wherever they stand ("The answer is **B**.",
     "\\boxed{B}.", "\\(B\\)", "\\mathbf{B}", "**Answer:** B", "=> B", "B is the answer"), as are
-    degrees (42^\\circ); a mixed number 2\\frac{1}{3} is 7/3; a sequence question's distractor is
-    never a term the question shows).
+    degrees (42^\\circ); a mixed number 2\\frac{1}{3} is 7/3; "5!" is a factorial, not 5; a denial
+    in LaTeX text ("\\text{not } 5") or before a choice's letter ("not (B) 92") answers nothing; a
+    sequence question's distractor is never a term the question shows).
 """
 
 from __future__ import annotations

@@ -102,11 +102,11 @@ _WRAPPERS = (re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL),
 # Words that introduce an answer rather than being part of it ("Option B", "The answer is: B").
 # ("So the answer is", and in bold: "**Answer:**")
 _ANSWER_PREFIX = re.compile(r"(?:so,?\s++)?[*_]*+(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)"
-                            r"(?:\s+is)?\s*(?:[:]|-(?!\s*[\d.]))?[*_]*+\s+|"
+                            r"(?:\s+is)?[*_]*+\s*(?:[:]|-(?!\s*[\d.]))?[*_]*+\s+|"
                             r"(?:so,?\s++)?[*_]*+(?:the\s+)?(?:(?:final|correct|right)\s+)?(?:answer|option|choice)"
-                            r"(?:\s+is)?\s*:[*_]*+\s*", re.IGNORECASE)
+                            r"(?:\s+is)?[*_]*+\s*:[*_]*+\s*", re.IGNORECASE)
 # A sentence's end after the answer ("**B**.", "\boxed{12}!"), read past like the markup.
-_SENTENCE_END = re.compile(r"(?<=\S)\s*+[.!]++\Z")
+_SENTENCE_END = re.compile(r"(?<=[^\s.!])\s*+[.!]++\Z")  # (from a run's start only: linear)
 # ... and after it: "B is correct", "12 is the right answer", "**B** is the answer".
 _ANSWER_SUFFIX = re.compile(r"(?<!\s)\s++is\s++(?:the\s++)?(?:(?:correct|right)(?:\s++(?:answer|option|choice))?"
                             r"|(?:final\s++)?(?:answer|option|choice))\s*+\.?", re.IGNORECASE)
@@ -214,11 +214,14 @@ def _stated_by_its_number(expected: str) -> bool:
 # "10^6" and "106", "x > 2" and "x < 2", "(1,2)" and "12", "12:30" and "1230"): operators and
 # relations; a minus or hyphen unless it joins two words ("Jean-Paul"); a comma, point or colon
 # between digits; brackets are compared apart (:func:`_same_text`).
-_MATH_MARK = re.compile(r"[+*/^<>=|\u2260\u2264\u2265\u221a\u221e\u03c0%]|!=|(?<![^\W\d_])-|-(?![^\W\d_])"
+_MATH_MARK = re.compile(r"[+*/^<>=|!\u2260\u2264\u2265\u221a\u221e\u03c0%]|(?<![^\W\d_])-|-(?![^\W\d_])"
                         r"|(?<=\d)[.:](?=\d)|(?<=\d),(?=\s*+\d)")
 # What says nothing of an answer's value, left out before its marks are compared: emphasis
 # (**Tuesday**), LaTeX's math delimiters \( \) \[ \] and $, and a sentence's closing punctuation.
-_TEXT_MARKUP = re.compile(r"\\[()\[\]]|\$|(?<![^\W_])[*_`]++|[*_`]++(?![^\W_])|[.!?]++\s*+$")
+# Emphasis is a whole run of markers with text on its inner side only ("x * 2", "x ** 2" stay marks);
+# a closing "!" or "?" only after a word ("5!" is a factorial).
+_TEXT_MARKUP = re.compile(r"\\[()\[\]]|\$|(?<![^\s(])[*_`]++(?=[^\s*_`])|(?<=[^\s*_`])[*_`]++(?![^\s.,;:!?)])"
+                          r"|(?<![.!?])(?:(?<=[^\W\d_]{2})[!?]++|\.++)\s*+$")
 _BRACKET = re.compile(r"[()\[\]{}]")
 
 
@@ -297,8 +300,9 @@ def is_correct(task: Task, given: str) -> bool:
 _HEDGE = r"(?!\s+(?:sure|certain|know)\b)"
 # (possessive where two runs could share characters: a long run of spaces or stars took seconds)
 _MARKUP = r"[\s*_`(\[{$]*+(?:\\(?:boxed|text)\s*+\{[\s*_`(\[{$]*+)?"  # "not **42**", "not \boxed{42}"
+# (and "not (B) 42": a choice's letter before its number)
 _DENIED_NUMBER = re.compile(rf"(?:\b(?:not|never|cannot)\b{_HEDGE}|n['\u2019]t\b{_HEDGE})[*_`]*+(?:\s+[a-z]+){{0,2}}?"
-                            rf"{_MARKUP}[-+$\u2212]?\d"
+                            rf"{_MARKUP}(?:[A-Za-z]\s*+\)\s*+)?[-+$\u2212]?\d"
                             r"|\d%?\s+(?:is|was|would\s+be)\s*(?:not\b|n['\u2019]t\b|wrong\b|incorrect\b|false\b)"
                             r"|\d%?\s+(?:isn|wasn)['\u2019]t\b"
                             # "42 (incorrect)", "42 - wrong"; "wrong: 42"
@@ -311,14 +315,19 @@ _VALUE_CHANGED = re.compile(r"\b(?:less|more|fewer|greater|higher|lower|bigger|s
                             r"|\b(?:over|under|above|below|nearly|almost)\s*[-+$]?\d|\bbelow\s+zero\b"
                             r"|\d\s+(?:hundred|thousand|million|billion|trillion|dozen)s?\b|[-+]\s*+(?:\(\s*+)?[-+]\s*+\d"
                             # a relation or a function of the number: "< 5", "!= 5", "\\neq 5", "5+", "\\sqrt{5}",
-                            # "x^5", "5 squared", "log 5", "5 hundredths"
+                            # "x^5", "5 squared", "log 5", "5 hundredths", "5!"
                             r"|[<>\u2264\u2265\u2260\u221a^]|!=|\\(?:neq?|[lg]eq?|[lg]t|sqrt|log|ln)(?![a-z])"
-                            r"|\d\s*\+(?!\s*[\d(.])|\b(?:sqrt|log|ln|squared|cubed|(?:ten|hundred|thousand)ths?)\b",
+                            r"|\d\s*\+(?!\s*[\d(.])|\b(?:sqrt|log|ln|squared|cubed|(?:ten|hundred|thousand)ths?)\b"
+                            r"|\d\s*+!(?!=)",  # a factorial: 5! is 120
                             re.IGNORECASE)
 
 
+# LaTeX's text and font commands, read as their text where a denial is looked for ("\\text{not } 5").
+_LATEX_TEXT = re.compile(r"\\(?:text|math)(?:bf|rm|it|sf)?\s*+\{([^{}]*+)\}")
+
+
 def _answers(task: Task, given: str) -> bool:
-    if _DENIED_NUMBER.search(given) and not _DENIED_NUMBER.search(task.answer):
+    if _DENIED_NUMBER.search(_LATEX_TEXT.sub(r"\1", given)) and not _DENIED_NUMBER.search(task.answer):
         return False
     dashed = given.translate(_MINUS_SIGNS)
     if _VALUE_CHANGED.search(dashed) and not _VALUE_CHANGED.search(task.answer.translate(_MINUS_SIGNS)):
@@ -327,6 +336,8 @@ def _answers(task: Task, given: str) -> bool:
         index = _choice_index(given, [plain_latex(choice) for choice in task.choices])
         return index is not None and task.choices[index] == task.answer
     expected = plain_latex(task.answer)
+    if _collapse(given) == _collapse(expected):  # the answer as it is written ("5!", "x > 2")
+        return True
     return _same_choice(given, expected) or _same_quantity(given, expected)
 
 
