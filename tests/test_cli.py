@@ -832,10 +832,34 @@ def test_an_evaluation_writing_to_the_same_out_is_refused_and_its_partial_file_l
         assert f"another evaluation running now writes its episodes to {partial} (it was given the same --out)" \
             in capsys.readouterr().err
         assert partial.is_file() and not out.exists()  # its file, empty, was not removed
+        # Once it has written episodes, the refusal still says it is running (not "an earlier
+        # evaluation that did not complete", whose advice, to move the file, would let both write).
+        running.write('{"env_id": "x"}\n')
+        running.flush()
+        assert exit_code(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 2
+        assert "another evaluation running now writes its episodes" in capsys.readouterr().err
     # Once it has ended (its lock goes with it), the same command runs.
     partial.unlink()
     assert main(["eval", ENV_ID, "--agent", "random", "--episodes", "2", "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 2 and not partial.exists()
+
+
+def test_an_evaluation_lets_go_of_each_runs_partial_file_as_that_run_completes(tmp_path, monkeypatch):
+    # Held until the whole command ended, a finished run's name could be taken by another evaluation,
+    # whose fresh partial file the first then removed as its own at the end.
+    from rftgym.cli import evaluate as cli_evaluate
+    from rftgym.cli.eval_output import holds_partial
+
+    evaluate, started = cli_evaluate._evaluate, []
+
+    def noting(args, env_id, agent, env_kwargs, seeds, label, path, settings):
+        started.append((path, [holds_partial(p) for p, _ in started]))
+        return evaluate(args, env_id, agent, env_kwargs, seeds, label, path, settings)
+
+    monkeypatch.setattr(cli_evaluate, "_evaluate", noting)
+    assert main(["eval", ENV_ID, "rftgym/MemoryQA-v0", "--agent", "random", "--episodes", "1",
+                 "--out", str(tmp_path) + "/"]) == 0
+    assert [held for _, held in started] == [[], [False]]
 
 
 def test_baselines_flag_on_an_env_without_baselines(capsys):

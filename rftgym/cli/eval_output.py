@@ -89,9 +89,15 @@ def _writable_file(path: Path, what: str, inputs: dict | None = None, folders: d
             raise UsageError(f"{what} {path} is {owner}; the evaluation would overwrite it with its episodes. Give "
                              "another --out, or move the file away")
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not resuming:
-            _check_partial(path)
+        # The lock first: a running evaluation's partial file is refused as that, not as one an
+        # earlier run left (whose advice, to move it away, would make room for a second writer).
         _hold_partial(path, what)
+        if not resuming:
+            try:
+                _check_partial(path)
+            except UsageError:
+                release_partials([path])
+                raise
     except OSError as exc:
         raise UsageError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
 
@@ -131,15 +137,24 @@ def _hold_partial(path: Path, what: str = "--out") -> None:
     key = os.path.realpath(partial)
     if key in _HELD_PARTIALS:
         return
-    handle = partial.open("a", encoding="utf-8")
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    for _ in range(3):
+        handle = partial.open("a", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise UsageError(f"{what} {path}: another evaluation running now writes its episodes to {partial} (it "
+                             f"was given the same {what}); wait for it to end, or give another {what}") from None
+        except OSError:  # a file system without locks: unguarded, as files are there
+            break
+        # The file locked must still be the one at that name: an evaluation that just finished
+        # removes its own after its last episode (then this opens the name again).
+        try:
+            if os.fstat(handle.fileno()).st_ino == os.stat(partial).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise UsageError(f"{what} {path}: another evaluation running now writes its episodes to {partial} (it was "
-                         f"given the same {what}); wait for it to end, or give another {what}") from None
-    except OSError:  # a file system without locks: unguarded, as files are there
-        pass
     _HELD_PARTIALS[key] = handle
 
 

@@ -277,8 +277,9 @@ def _evaluate_env(args, env_id: str, agent, env_kwargs: dict, episodes: int, out
                              f"{_partial(path)}") from None
         finally:
             complete.unlink(missing_ok=True)
+        _keep_settings(path)  # (while the partial file is held: no other evaluation has noted its settings)
         _partial(path).unlink(missing_ok=True)
-        _keep_settings(path)
+        release_partials([path])  # its lock too: another evaluation may take the name now
         headers, row, summary = _eval_row(env_id, env_class, label or getattr(run_agent, "name", args.agent),
                                           run_episodes_, elapsed, ran)
         yield (headers, row), path, summary
