@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 from ..core.errors import AgentError, ConfigError, require, warn_caller
 from ..core.messages import Context, Message
-from ..core.values import checked_megabytes, is_int
+from ..core.values import checked_megabytes, is_finite_real, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
@@ -619,11 +619,15 @@ class HFPolicy(Agent):
         Only the completion positions' logits are materialized (``logits_to_keep``).
         """
         torch = self.torch
+        prompt_ids, completion_ids = _token_list(prompt_ids, "prompt_ids"), _token_list(completion_ids, "completion_ids")
+        if not (is_finite_real(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 or 1: the plain log-probs), got {temperature!r}")
         if not completion_ids:
             return []
         if not prompt_ids:
             raise ValueError("score() needs at least one prompt token: the first completion token is scored given "
                              "what comes before it; give the prompt the reply was sampled after (its prompt_ids)")
+        self._refuse_unknown_ids([prompt_ids + completion_ids])
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         n = len(completion_ids)
         with torch.inference_mode(), self._evaluating():
@@ -631,6 +635,19 @@ class HFPolicy(Agent):
         logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
         target = torch.tensor(list(completion_ids), device=self.device)
         return logp.gather(-1, target[:, None]).squeeze(-1).tolist()
+
+
+def _token_list(ids, name: str) -> list[int]:
+    """``ids`` (a sequence, a 1-d tensor or array of ints) as a list of ints, or a TypeError naming
+    ``name``."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} is a sequence of token ids (ints), got {type(ids).__name__}")
+    ids = list(ids)
+    if not all(is_int(t) for t in ids):
+        bad = next(t for t in ids if not is_int(t))
+        raise TypeError(f"{name} is a sequence of token ids (ints), got {bad!r} among them")
+    return [int(t) for t in ids]
 
 
 def _cache_kwarg(model) -> str:

@@ -59,6 +59,16 @@ def test_scoring_after_an_empty_prompt_is_refused(make_char_policy):
     with pytest.raises(ValueError, match="score.. needs at least one prompt token"):
         policy.score([], [3, 4])
     assert policy.score([], []) == [] and len(policy.score([3], [4, 5])) == 2
+    # What generate() refuses, score() refuses too, and it takes tensors as ids.
+    import torch
+
+    with pytest.raises(ValueError, match=r"holds the token id 10000000, which the model has no embedding for"):
+        policy.score([3], [10**7])
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        policy.score([3], [4], temperature=-1)
+    with pytest.raises(TypeError, match="completion_ids is a sequence of token ids .* got 4.5 among them"):
+        policy.score([3], [4.5])
+    assert policy.score(torch.tensor([3]), torch.tensor([4, 5])) == policy.score([3], [4, 5])
 
 
 def test_no_prompts_give_no_replies(make_char_policy):
