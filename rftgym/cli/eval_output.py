@@ -137,7 +137,7 @@ def _hold_partial(path: Path, what: str = "--out") -> None:
     key = os.path.realpath(partial)
     if key in _HELD_PARTIALS:
         return
-    for _ in range(3):
+    for attempt in range(3):
         handle = partial.open("a", encoding="utf-8")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -154,6 +154,8 @@ def _hold_partial(path: Path, what: str = "--out") -> None:
                 break
         except FileNotFoundError:
             pass
+        if attempt == 2:  # (replaced again and again: keep the last, as a file system without locks would)
+            break
         handle.close()
     _HELD_PARTIALS[key] = handle
 

@@ -3,6 +3,22 @@
 from __future__ import annotations
 
 
+def checked_device(device) -> str:
+    """``device`` (a name, a torch.device, or None: cuda if available, else cpu) as a name torch
+    can run here, or a ConfigError saying what is wrong with it: checked before a model loads."""
+    import torch
+
+    from .errors import ConfigError
+
+    if isinstance(device, torch.device):
+        device = str(device)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
+    if problem is not None:
+        raise ConfigError(f"device={device!r}: {problem}")
+    return device
+
+
 def device_problem(device: str) -> str | None:
     """What is wrong with running on ``device`` on this machine, said to follow the setting's name
     ("--device X: ..."), or None when it can run there."""

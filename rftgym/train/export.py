@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.devices import device_problem
+from ..core.devices import checked_device
 from ..core.errors import ConfigError, ModelLoadError, TrainingError
 from .base_model import base_fingerprint, files_fingerprint, kept_fingerprint_differs, load_dtype
 from .checkpoint import apply_trainable, verify_checkpoint_file
@@ -42,10 +42,7 @@ def load_trained(run_dir: str | Path, *, device: str | None = None, base_model: 
     transformers model in eval mode, every weight trainable. The base model is the one the run
     loaded (by the absolute path it kept, else its ``--model``), or ``base_model`` where it has
     moved since."""
-    device = str(device) if isinstance(device, torch.device) else device or ("cuda" if torch.cuda.is_available() else "cpu")
-    problem = device_problem(device) if isinstance(device, str) else "not a device name (a string such as cpu)"
-    if problem is not None:  # before the model loads
-        raise ConfigError(f"device={device!r}: {problem}")
+    device = checked_device(device)  # before the model loads
     model, tokenizer, _, _ = _rebuild(Path(run_dir).expanduser(), base_model)
     model.to(device)
     return model, tokenizer

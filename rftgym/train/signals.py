@@ -51,13 +51,13 @@ def unused_signal(algo: str, episodes) -> str | None:
                 "nothing; the env must set info['success'] (True when the task is solved) on an episode's last turn")
     if algo == "pcar" and not any(t.info.get(PROCESS_SCORE_KEY) is not None for e in episodes for t in e.turns):
         example = ALGORITHM_SIGNALS["pcar"][3]
-        searched = any(t.info.get(PROCESS_SEARCH_KEY) is not None for e in episodes for t in e.turns)
-        why = ("the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"
-               if env_ids == {example} and searched else
-               "the policy made no search at all (<search>query</search>), so there was nothing to evaluate; it "
-               "needs to follow the env's tag protocol first (a model tuned to it, or a system prompt that shows it)"
-               if env_ids == {example} else f"PCAR needs an env that scores each search ({example}) and a policy "
-               "that evaluates its searches")
+        if env_ids != {example}:
+            why = f"PCAR needs an env that scores each search ({example}) and a policy that evaluates its searches"
+        elif any(t.info.get(PROCESS_SEARCH_KEY) is not None for e in episodes for t in e.turns):
+            why = "the policy evaluated none of its searches (<evaluate>score: N</evaluate> right after a search)"
+        else:
+            why = ("the policy made no search at all (<search>query</search>), so there was nothing to evaluate; it "
+                   "needs to follow the env's tag protocol first (a model tuned to it, or a system prompt that shows it)")
         return f"algo pcar: no turn had info[{PROCESS_SCORE_KEY!r}], so PCAR trained as GRPO; {why}"
     if algo == "dcpo" and all(len(e.segments) <= 1 for e in episodes):
         example = ALGORITHM_SIGNALS["dcpo"][3]

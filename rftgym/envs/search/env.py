@@ -77,8 +77,8 @@ Info keys
     ``segments`` (every Search->Evaluate span so far: ``search_turn``, ``query``, ``doc_ids``,
     ``evaluate_turn``, ``score``), ``answer``, ``em``, ``f1`` (answer metrics, of an answerable
     question only, 0 on a turn that gives no answer, so that an episode that ends without one scores
-    0 in ``rftgym eval``'s columns: None for an unanswerable one, whose answer ``refused`` says whether it refused,
-    as MuSiQue's evaluation leaves those out of answer EM and F1), ``gated``, ``format_error``,
+    0 in ``rftgym eval``'s columns: None for an unanswerable one, whose answer ``refused`` says
+    whether it refused, as MuSiQue's evaluation leaves those out of answer EM and F1), ``gated``, ``format_error``,
     ``success`` (exact match, or a refusal of an unanswerable question, in an episode without a
     protocol violation; ``em`` is the match alone), ``search_limit_reached`` (this turn asked for a
     search past ``max_searches``), and ``expected`` (the gold answers) once the episode has ended.
