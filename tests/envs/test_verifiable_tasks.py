@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 from rftgym.core.errors import DataFormatError
-from rftgym.envs.verifiable.tasks import (
-    COMPARISON_SIZES, DIFFICULTIES, GENERATORS, LETTERS, Task, generate_task, is_correct, load_tasks_jsonl, normalize_text,
-    parse_number,
-)
+from rftgym.envs.verifiable.grading import LETTERS, is_correct, normalize_text, parse_number
+from rftgym.envs.verifiable.tasks import COMPARISON_SIZES, DIFFICULTIES, GENERATORS, Task, generate_task, load_tasks_jsonl
 
 SEEDS = range(250)  # enough to hit choices like "4.5" and "4/5" that read alike without punctuation
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
@@ -540,7 +538,7 @@ def test_loader_rejects_a_missing_file_or_a_directory(tmp_path):
 
 def test_unwrapping_runs_of_delimiters_takes_linear_time():
     # "$" * N took cubic time (6.7 s at N=2000): a reply could stall the env.
-    from rftgym.envs.verifiable.tasks import unwrapped_answer
+    from rftgym.envs.verifiable.grading import unwrapped_answer
 
     for text in ("$" * 100_000 + "x", "`" * 100_000 + "x", "*" * 100_000 + "x"):
         assert unwrapped_answer(text)  # returns at all; the suite's timeout would catch a stall

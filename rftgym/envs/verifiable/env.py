@@ -96,7 +96,8 @@ from ..common import (ANSWER_IN_THINK, ClosableEnv, chat_spaces, check_generator
 from ...core.messages import Context, MessageIds
 from ...core.tags import parse_tags
 from ...core.values import int_tuple, is_int
-from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, is_correct, load_tasks_jsonl
+from .grading import is_correct
+from .tasks import DIFFICULTIES, GENERATORS, Task, generate_task, load_tasks_jsonl
 
 _ANSWER_OPENING = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
 
