@@ -374,15 +374,21 @@ def _key_text(key: Any) -> str:
     return str(key)
 
 
-def _json_ready(obj: Any) -> Any:
+def _json_ready(obj: Any, _within: frozenset = frozenset()) -> Any:
     """``obj`` as strict JSON can hold it. Every dict key a string: other keys (ints, tuples, numpy
     ints) are written as JSON writes them, or as their ``str``; a key whose text another key of the
     same dict already has (``1`` beside ``"1"``, ``(1, 2)`` beside ``"(1, 2)"``) gets its type
     added, ``"1 (int)"``, so that no entry overwrites another when the line is read back. A NaN or
     infinite number becomes the string "NaN", "Infinity" or "-Infinity" (JSON has no such numbers:
-    written bare, they would stop any strict reader)."""
+    written bare, they would stop any strict reader). A container inside itself (a list that holds
+    itself) is written as a note where it recurs, not followed until the recursion limit.
+    ``_within``: the ids of the containers being written around ``obj``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, (dict, list, tuple)):
+        if id(obj) in _within:
+            return f"<the {type(obj).__name__} that holds this one>"
+        _within = _within | {id(obj)}
     if isinstance(obj, dict):
         taken = {key for key in obj if isinstance(key, str)}
         texts = {}
@@ -398,9 +404,9 @@ def _json_ready(obj: Any) -> Any:
                 text, n = f"{base} #{n}", n + 1
             taken.add(text)
             texts[key] = text
-        return {texts[key]: _json_ready(value) for key, value in obj.items()}
+        return {texts[key]: _json_ready(value, _within) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_ready(v) for v in obj]
+        return [_json_ready(v, _within) for v in obj]
     return obj
 
 

@@ -272,6 +272,23 @@ def test_info_values_no_copy_can_take_are_written_as_their_text(tmp_path):
     assert loaded.turns[0].info == {"lock": repr(lock), "n": 1}
 
 
+def test_an_info_value_that_holds_itself_is_written_with_a_note_where_it_recurs(tmp_path):
+    # It was followed until Python's recursion limit: rftgym eval stopped with a bare RecursionError.
+    loop: list = [1]
+    loop.append(loop)
+    table: dict = {"a": 1}
+    table["self"] = table
+    shared = [2]  # one list twice, side by side: no cycle, written twice
+    path = tmp_path / "eps.jsonl"
+    ep = Episode("x", None, {}, [Turn(0, (), "a", 0.0, True, False, {"loop": loop, "table": table,
+                                                                      "twice": [shared, shared]})], ())
+    write_episodes_jsonl(path, [ep])
+    (loaded,) = read_episodes_jsonl(path)
+    assert loaded.turns[0].info == {"loop": [1, "<the list that holds this one>"],
+                                    "table": {"a": 1, "self": "<the dict that holds this one>"},
+                                    "twice": [[2], [2]]}
+
+
 def test_dataclasses_in_info_are_written_as_objects_of_their_fields(tmp_path):
     from dataclasses import dataclass
 
