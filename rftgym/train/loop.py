@@ -124,6 +124,17 @@ def check_train_arguments(config: TrainConfig, policy, make_env, on_step=None) -
         refuse_idle_algorithm(config.algo, config.env_id)
 
 
+def made_env_id(make_env: Callable[[], gym.Env]) -> str | None:
+    """The registered id of the env ``make_env`` makes (``gymnasium.make``'s spec), or None: from
+    one env made and closed for it."""
+    env = make_env()
+    try:
+        spec = getattr(env, "spec", None)
+        return spec.id if spec is not None and isinstance(getattr(spec, "id", None), str) else None
+    finally:
+        env.close()
+
+
 def segment_seed(seed: int, rank: int) -> int:
     """The seed of a rank's generator for DCPO segment picks and minibatch shuffles: drawn from
     (seed, rank) apart from the sampler's ``seed + rank``, since two CPU generators seeded alike
@@ -146,8 +157,15 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     ``policy``: an :class:`HFPolicy` to train instead of loading ``config.model`` (it is trained in
     place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
     ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
-    **config.env_kwargs)``."""
+    **config.env_kwargs)``; with ``config.env_id`` left at its default, the run takes the made
+    env's registered id (``env.spec.id``) where it has one, for its output directory and records."""
     check_train_arguments(config, policy, make_env, on_step)
+    if make_env is not None and config.env_id == TrainConfig.__dataclass_fields__["env_id"].default:
+        # env_id left at its default beside an env of the caller's: the run (its directory, its
+        # records) is named after the env make_env makes, where that env has a registered id.
+        made_id = made_env_id(make_env)
+        if made_id is not None:
+            config = dataclasses.replace(config, env_id=made_id)
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=default_output_dir(config.env_id, config.algo))
     out = Path(config.output_dir)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rftgym.cli import main
@@ -95,6 +97,17 @@ def test_a_run_from_python_writes_where_the_cli_would(tmp_path, monkeypatch, mak
         train(dataclasses.replace(base, algo=algo), policy=make_char_policy(), make_env=SayAEnv)
     assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["VerifiableQA-v0-grpo",
                                                                               "VerifiableQA-v0-rloo"]
+    # An env made by gymnasium.make has an id: with env_id left at its default, the run is named
+    # after it (it was named, and recorded, as VerifiableQA).
+    import gymnasium as gym
+
+    gym.register("test/SayA-v0", entry_point=SayAEnv)
+    try:
+        train(base, policy=make_char_policy(), make_env=lambda: gym.make("test/SayA-v0"))
+    finally:
+        gym.registry.pop("test/SayA-v0")
+    state = json.loads((tmp_path / "runs" / "train" / "SayA-v0-grpo" / "checkpoint" / "state.json").read_text())
+    assert state["config"]["env_id"] == "test/SayA-v0"
 
 
 def test_the_number_of_checkpoints_kept_is_checked_and_named_by_its_flag(capsys):
