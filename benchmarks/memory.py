@@ -29,7 +29,7 @@ from rftgym.envs.memory.env import MemoryQAEnv
 from rftgym.envs.search.world import World
 from rftgym.rollout import RolloutConfig, format_table, run_episodes, summarize
 from rftgym.rollout.metrics import EVAL_REDUCERS, env_metrics
-from provenance import check_device, provenance_line
+from provenance import check_device, check_positive, provenance_line
 
 
 def build_agent(args):
@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0, help="first episode seed")
     args = parser.parse_args()
+    check_positive(parser, args, "episodes", "objectives", "budget", "max_turns", "world_size", "max_new_tokens",
+                   "num_envs", "hops")
     if args.device is not None:
         check_device(parser, args.device)
     print(provenance_line(), flush=True)

@@ -1,5 +1,5 @@
-"""The line every benchmark prints first: what was measured, when and where, so that a saved
-table says which commit and machine gave its numbers."""
+"""The line every benchmark prints first (what was measured, when and where, so that a saved
+table says which commit and machine gave its numbers), and the argument checks they share."""
 
 from __future__ import annotations
 
@@ -47,3 +47,15 @@ def check_device(parser, device: str) -> None:
     problem = device_problem(device)
     if problem is not None:
         parser.error(f"--device {device}: {problem}")
+
+
+def check_positive(parser, args, *names: str) -> None:
+    """Refuse each of ``names`` (argparse dests; an int or a list of them) that is below 1, as the
+    parser's own error, before anything loads or runs."""
+    for name in names:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if item < 1:
+                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {item}")

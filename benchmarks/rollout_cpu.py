@@ -23,7 +23,7 @@ import torch
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.rollout import RolloutConfig, format_table, run_episodes
-from provenance import provenance_line
+from provenance import check_positive, provenance_line
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 
@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
+    check_positive(parser, args, "episodes", "max_new_tokens", "batch_sizes")
     print(provenance_line(), flush=True)
 
     seeds = list(range(args.episodes))

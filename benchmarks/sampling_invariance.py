@@ -25,7 +25,7 @@ import torch
 import rftgym  # noqa: F401  (registers the envs)
 from rftgym.agents.hf_policy import HFPolicy, SamplingConfig
 from rftgym.rollout import RolloutConfig, format_table, run_episodes
-from provenance import provenance_line
+from provenance import check_positive, provenance_line
 
 ENV_ID = "rftgym/VerifiableQA-v0"
 
@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--other-batch", type=int, default=3)
     args = parser.parse_args()
+    check_positive(parser, args, "episodes", "max_new_tokens", "batch", "other_batch")
+    if args.episodes % 4:  # (groups of 4 samples of a task, as GRPO draws them)
+        parser.error(f"--episodes must be a multiple of 4 (groups of 4 samples of a task), got {args.episodes}")
     print(provenance_line(), flush=True)
 
     def sampling(batch):

@@ -39,7 +39,7 @@ from rftgym.envs.code.sandbox import make_sandbox
 from rftgym.envs.code.tasks import parse_args_source
 from rftgym.envs.code.tcg import TCGConfig, build_tests_many, stated_and_contradicted
 from rftgym.envs.code.trivial import one_step_programs
-from provenance import provenance_line
+from provenance import check_positive, provenance_line
 
 # The shared data folder beside the checkout.
 DEFAULT_MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "code" / "mbpp.jsonl"
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=2, help="of the generated tasks")
     parser.add_argument("--skip-mutants", action="store_true")
     args = parser.parse_args()
+    check_positive(parser, args, "limit", "max_tests")
     print(provenance_line(), flush=True)
 
     tasks = load(args)
