@@ -534,6 +534,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                 # groups over all ranks have rewards that vary.
                 batches, task_indices = [], []  # this rank's episodes per batch, and its tasks' indices
                 varied: list[int] | None = None  # the tasks over all ranks whose groups vary (with the refill)
+                varied_mine = 0  # how many of them are this rank's
                 while True:
                     indices, seeds, sample_keys = draw_tasks(len(batches))
                     episodes = [e for batch in batches for e in batch]
@@ -544,6 +545,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                     varied_here = [task for task, vary in zip(indices, varied_groups(
                         group_episodes(batches[-1], config.group_size))) if vary]
                     varied = (varied or []) + [task for tasks in ranks.gather_objects(varied_here) for task in tasks]
+                    varied_mine += len(varied_here)
                     if len(varied) >= config.tasks_per_step or len(batches) == config.max_rollout_batches:
                         break
                 episodes = [e for batch in batches for e in batch]
@@ -567,7 +569,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
                         samples, stats = build_samples(trained, config, segment_rng,
                                                        split_tokens=evaluation_split(policy))
                     if varied is not None:  # (the counts of the groups rolled out, not only of those trained)
-                        stats.groups, stats.groups_uniform = len(groups), len(groups) - sum(varied_groups(groups))
+                        stats.groups, stats.groups_uniform = len(groups), len(groups) - varied_mine
                     return samples, stats
 
                 samples, batch_stats = ranks.together(samples_of_the_step)
