@@ -941,6 +941,9 @@ def test_eval_gives_envs_of_the_same_name_their_own_files_and_refuses_a_repeated
      "--temperature and --top-p are not read by --agent adversarial, which draws its text without a model"),
     (["eval", ENV_ID, "--agent", "random", "--max-new-tokens", "5", "--env-arg", "dataset_path=/nowhere/x.jsonl"],
      "--max-new-tokens is not read by --agent random"),  # before any env is made
+    (["eval", ENV_ID, "--agent", "random", "--stop", "</answer>"], "--stop is not read by --agent random"),
+    (["eval", ENV_ID, "--stop", ""], "--stop strings must be non-empty strings"),
+    (["train", ENV_ID, "--stop", ""], "--stop strings must be non-empty strings"),
     (["train", ENV_ID, "--model", "/nonexistent/model"], "--model: '/nonexistent/model': no such directory"),
     (["eval", ENV_ID, "--agent", "hf", "--model", "/nonexistent/model"], "--model: '/nonexistent/model': no such"),
     # Without --agent, --model names the hf agent (and is checked as its model).
@@ -1089,6 +1092,35 @@ def test_an_interrupted_eval_is_finished_by_resume_as_if_it_had_run_through(tmp_
     assert exit_code(["eval", "rftgym/MemoryQA-v0", "--agent", "random", "--baselines", "--out", str(out),
                       "--resume"]) == 2
     assert "without --baselines" in capsys.readouterr().err
+
+
+def test_a_resume_with_other_stop_strings_is_refused(tmp_path, monkeypatch, capsys):
+    """Replies that ended at a string are other episodes than replies that ran on; a partial file
+    noted before --stop existed ran with none."""
+    import rftgym.rollout as rollout
+
+    real = rollout.run_episodes
+
+    def interrupted(make_env, agent, seeds, config=None, on_episode=None):
+        real(make_env, agent, seeds[:1], config=config, on_episode=on_episode)
+        raise KeyboardInterrupt
+
+    (tmp_path / "my_stop_agents.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    command = ["eval", ENV_ID, "--agent", "my_stop_agents:Sampler", "--episodes", "3", "--out", str(tmp_path / "e.jsonl")]
+    monkeypatch.setattr(rollout, "run_episodes", interrupted)
+    assert main(command + ["--stop", "</a>"]) == 130
+    monkeypatch.setattr(rollout, "run_episodes", real)
+    capsys.readouterr()
+    assert exit_code(command + ["--resume"]) == 2
+    assert "ran with other settings (stop ['</a>'] -> [])" in capsys.readouterr().err
+    noted = tmp_path / "e.jsonl.partial.json"
+    settings = json.loads(noted.read_text())
+    del settings["stop"]  # as an earlier version noted them
+    noted.write_text(json.dumps(settings))
+    assert exit_code(command + ["--resume", "--stop", "</a>"]) == 2
+    assert "ran with other settings (stop [] -> ['</a>'])" in capsys.readouterr().err
+    assert main(command + ["--resume"]) == 0
 
 
 def test_a_resume_on_a_data_file_rewritten_since_is_refused(tmp_path, monkeypatch, capsys):
@@ -1605,6 +1637,10 @@ def test_sampling_flags_reach_an_agent_of_your_own_or_are_refused(tmp_path, monk
                  "--sample-seed=0", "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
         "<answer>[('seed', 0), ('temperature', 0.0)]</answer>"
+    assert main(["eval", ENV_ID, "--agent", "my_sampling_agents:Sampler", "--episodes", "1", "--stop", "</a>",
+                 "--stop", "\n\n", "--out", str(out)]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["turns"][0]["action"] == \
+        "<answer>[('seed', 5), ('stop', ['</a>', '\\n\\n']), ('temperature', 0.7)]</answer>"
     capsys.readouterr()
     for target, flags, message in [
         ("Answers4", ["--temperature", "0.7"], "--temperature cannot reach --agent 'my_sampling_agents:Answers4': "

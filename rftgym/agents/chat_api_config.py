@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.values import is_finite_real, is_int
+from .stop_strings import checked_stop_strings
 
 __all__ = ["ChatAPIConfig", "API_KEY_ENV"]
 
@@ -155,20 +156,7 @@ class ChatAPIConfig:
             ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
         )
 
-        # stop: accept a single string or any sequence of strings; store a tuple
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        if stop is None:
-            stop = ()
-        if not isinstance(stop, (list, tuple)) or not all(
-            isinstance(s, str) and s for s in stop
-        ):
-            raise ConfigError(
-                f"ChatAPIConfig.stop must be a tuple of non-empty strings, got {self.stop!r}",
-                field="stop",
-            )
-        set_("stop", tuple(stop))
+        set_("stop", checked_stop_strings(self.stop))  # one string, or None, accepted
 
         if self.seed is not None:
             if not is_int(self.seed) or not 0 <= self.seed < 2**63:

@@ -2,7 +2,7 @@
 
 It renders contexts through the tokenizer's chat template with an exact-token cache
 (:mod:`rftgym.agents.chat_tokens`), generates for many contexts at once (left padding, one
-KV-cached decode loop, temperature / top-k / top-p sampling, stop at end of turn), and returns
+KV-cached decode loop, temperature / top-k / top-p sampling, stop at end of turn or at a stop string), and returns
 for each reply the exact prompt tokens, sampled tokens and their log-probabilities.
 
 On CUDA, Llama-family models decode through :mod:`rftgym.agents.fast_decode` (static KV cache,
@@ -40,6 +40,7 @@ from ..core.values import checked_megabytes, is_finite_real, is_int
 from .base import CONTEXT_FULL, Agent, AgentReply, check_decoding_bounds, refuse_empty_prompts
 from .chat_tokens import ChatTokenizer
 from .sampling_keys import SampleKey, call_uniforms, keyed_uniforms
+from .stop_strings import StopStrings, checked_stop_strings
 
 
 # Enough for 16 episodes of ~1,400 tokens of the default model (46 KB of keys and values a token).
@@ -66,8 +67,13 @@ class SamplingConfig:
     # The longest prompt the policy answers; None = whatever leaves room for a whole reply in the
     # model's context. A longer prompt gets a CONTEXT_FULL reply, which ends its episode.
     max_prompt_tokens: int | None = None
+    # Strings that end a reply, besides the end of a turn: it keeps its tokens through the one that
+    # completes the string (e.g. ("</search>",), so that the env's results follow a search, not the
+    # model's guess at them). See rftgym.agents.stop_strings.
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", checked_stop_strings(self.stop))
         for name in ("max_batch_size", "max_prompt_tokens"):
             value = getattr(self, name)
             if not (value is None and name == "max_prompt_tokens") and not (is_int(value) and value >= 1):
@@ -390,9 +396,20 @@ class HFPolicy(Agent):
             settings = DecodeSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p)
             sampled, logprobs, lengths, stopped = fast.generate(  # in inference mode itself
                 prompts, settings, stop_ids=self.chat.stop_ids, pad_id=self.pad_id, uniforms=uniforms)
+            if sampling.stop:  # cut afterwards: the tokens before a stop string are the same either way
+                self._cut_at_stop_strings(StopStrings(sampling.stop, self.chat.decode_reply), sampled, lengths, stopped)
         else:
             sampled, logprobs, lengths, stopped = self._generic_decode(prompts, sampling, uniforms)
         return self._replies(prompts, sampled, logprobs, lengths, stopped)
+
+    @staticmethod
+    def _cut_at_stop_strings(stops: StopStrings, sampled, lengths, stopped) -> None:
+        """End each row (``lengths``, ``stopped``; in place) at its first stop string."""
+        for row in range(len(lengths)):
+            keep = stops.cut(sampled[row, :int(lengths[row])].tolist())
+            if keep is not None:
+                lengths[row] = keep
+                stopped[row] = True
 
     def _generic_decode(self, prompts: list[list[int]], sampling: SamplingConfig, uniforms=None):
         """The plain transformers loop (dynamic cache), for any causal LM; ``uniforms`` as for
@@ -409,6 +426,8 @@ class HFPolicy(Agent):
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        stops = StopStrings(sampling.stop, self.chat.decode_reply) if sampling.stop else None
+        replies = [[] for _ in range(batch)]  # each row's tokens so far, read by the stop strings
 
         with torch.inference_mode():
             plan = self._prefix_lookup(prompts)
@@ -425,6 +444,8 @@ class HFPolicy(Agent):
                 logprobs[:, step] = torch.where(active, token_logprob, 0.0)
                 lengths += active.long()
                 hit_stop = active & torch.isin(token, stop_ids)
+                if stops is not None:
+                    hit_stop |= self._completes_stop_string(stops, replies, token, active)
                 stopped |= hit_stop
                 finished |= hit_stop
                 if bool(finished.all()) or step == sampling.max_new_tokens - 1:
@@ -439,6 +460,16 @@ class HFPolicy(Agent):
                 self._prefix_store(prompts, plan[1], cache, prompt_mask, sampled, lengths, fingerprint=plan[0])
 
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
+
+    def _completes_stop_string(self, stops: StopStrings, replies: list[list[int]], token, active):
+        """Which active rows' new ``token`` completes a stop string (``replies``: each row's tokens
+        before it, extended here)."""
+        hits = []
+        for row, (new, going) in enumerate(zip(token.tolist(), active.tolist())):
+            if going:
+                replies[row].append(new)
+            hits.append(going and stops.ends_at_stop(replies[row]))
+        return self.torch.tensor(hits, device=token.device)
 
     def _prefill(self, prompts: list[list[int]], reuse: list[tuple] | None):
         """Run the prompts' tokens that no cached prefix covers, left padded, behind the reused

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+import shlex
 import sys
 import urllib.parse
 from typing import Any
@@ -34,7 +35,7 @@ def _agent_label(agent: str) -> str:
 
 # eval's sampling flags: the parameter of an agent of your own each one is passed as, and its default.
 SAMPLING_FLAGS = {"--max-new-tokens": ("max_new_tokens", 256), "--temperature": ("temperature", 0.0),
-                  "--top-p": ("top_p", 1.0), "--sample-seed": ("seed", 0)}
+                  "--top-p": ("top_p", 1.0), "--sample-seed": ("seed", 0), "--stop": ("stop", None)}
 
 
 class _NoteGiven(argparse.Action):
@@ -44,6 +45,13 @@ class _NoteGiven(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         namespace.flags_given = (*getattr(namespace, "flags_given", ()), self.dest)
+
+
+class _NoteGivenRepeated(_NoteGiven):
+    """As :class:`_NoteGiven`, for a flag given once per value: its values are gathered in a list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, [*(getattr(namespace, self.dest) or ()), values], option_string)
 
 
 def _sampling_flags_given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
@@ -125,9 +133,10 @@ AGENT_FLAGS = {
     "api": {"timeout_s": "--api-timeout", "base_url": "--api-base", "model": "--api-model",
             "max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
             "max_concurrency": "--num-envs", "max_retries": "--api-max-retries", "backoff_s": "--api-backoff",
-            "seed": "--sample-seed", "extra_body": "--api-extra"},
+            "seed": "--sample-seed", "extra_body": "--api-extra", "stop": "--stop"},
     "hf": {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
-           "max_batch_size": "--num-envs", "seed": "--sample-seed", "prefix_cache_mb": "--prefix-cache-mb"},
+           "max_batch_size": "--num-envs", "seed": "--sample-seed", "prefix_cache_mb": "--prefix-cache-mb",
+           "stop": "--stop"},
 }
 
 
@@ -224,6 +233,11 @@ def _say_which_run(args: argparse.Namespace) -> None:
         print(f"note: the run trained with --max-new-tokens {trained_tokens}, and this evaluation gives each reply "
               f"{args.max_new_tokens} (eval's default); add --max-new-tokens {trained_tokens} to evaluate it as it "
               "trained", file=sys.stderr)
+    trained_stops = config.get("stop") or []
+    if "stop" not in getattr(args, "flags_given", ()) and trained_stops:
+        flags = " ".join(f"--stop {shlex.quote(stop)}" for stop in trained_stops)
+        print(f"note: the run trained with replies ending at {', '.join(map(repr, trained_stops))}, and this "
+              f"evaluation's do not; add {flags} to evaluate it as it trained", file=sys.stderr)
 
 
 def _make_agent(args: argparse.Namespace):
@@ -236,7 +250,8 @@ def _make_agent(args: argparse.Namespace):
         from ..agents.hf_policy import HFPolicy, SamplingConfig
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs)
+                                  top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs,
+                                  stop=args.stop or ())
         reuse = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
                                           device=args.device, **reuse)
@@ -263,7 +278,8 @@ def _make_agent(args: argparse.Namespace):
                      if value is not None}
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs, seed=args.sample_seed, **transport)
+                                     max_concurrency=args.num_envs, seed=args.sample_seed, stop=args.stop or (),
+                                     **transport)
     from ..agents.scripted import AdversarialAgent, RandomTextAgent
 
     if args.agent in ("random", "adversarial"):

@@ -250,6 +250,8 @@ def _finished_episodes(path: Path, env_id: str, seeds: Sequence[int], settings: 
     settings = {**settings, **{key: None for key in NOTED_LATER if key not in saved}}
     if "weights" not in saved and saved.get("model") and Path(saved["model"]).expanduser().exists():
         saved = {**saved, "model": str(Path(saved["model"]).expanduser().resolve())}
+    if "stop" not in saved:  # (no version before --stop stopped a reply at a string)
+        saved = {**saved, "stop": []}
     if "data_files" not in saved and isinstance(saved.get("env_args"), dict):  # noted as typed, then
         saved = {**saved, "env_args": absolute_file_options(saved["env_args"])}
     saved, settings = (_without_env_args(s, transport) for s in (saved, settings))

@@ -7,7 +7,7 @@ import argparse
 import difflib
 from typing import Sequence
 
-from .agents import AGENTS, SAMPLING_FLAGS, _agent_choice, _NoteGiven
+from .agents import AGENTS, SAMPLING_FLAGS, _agent_choice, _NoteGiven, _NoteGivenRepeated
 from .environments import cmd_envs
 from .evaluate import DEFAULT_EVAL_EPISODES, cmd_eval
 from .export import cmd_export
@@ -72,7 +72,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                         "OpenAI-compatible server (implied by its --api-* flags); "
                         "random/adversarial: scripted text; module:name: an agent of your own (an Agent, or a class "
                         "or function that makes one; the sampling flags given are passed to it as temperature=, top_p=, "
-                        "max_new_tokens=, seed=)")
+                        "max_new_tokens=, seed=, stop=)")
     p.add_argument("--episodes", type=int, default=None,
                    help=f"episodes, with seeds --seed, --seed+1, ... (default: every task once for an env over a "
                         f"fixed benchmark such as CodeTCG's HumanEval, else {DEFAULT_EVAL_EPISODES})")
@@ -104,6 +104,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                    help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=SAMPLING_FLAGS["--top-p"][1], action=_NoteGiven,
                    help="nucleus sampling's probability mass (default 1.0: off)")
+    p.add_argument("--stop", default=SAMPLING_FLAGS["--stop"][1], action=_NoteGivenRepeated, metavar="STRING",
+                   help="a string that ends a reply, e.g. '</search>' (the default and hf agents keep it, with the "
+                        "token that completes it; a server leaves it out, and rftgym puts back the one it reports); "
+                        "repeatable")
     p.add_argument("--baselines", action="store_true",
                    help="also run the env's baselines side by side (e.g. no-memory and heuristic pruning for MemoryQA)")
     p.add_argument("--resume", action="store_true",

@@ -59,6 +59,9 @@ def _train_flags() -> list[tuple[str, str, dict]]:
                                                          "a reply in the model's context)")),
         ("--temperature", "temperature", opt(sampling, d.temperature, "sampling temperature")),
         ("--top-p", "top_p", opt(sampling, d.top_p, "nucleus sampling threshold")),
+        ("--stop", "stop", opt(sampling, None, "a string that ends a reply, kept with the token that completes it "
+                                               "(e.g. '</search>', so that the env's results follow a search); "
+                                               "repeatable", action="append", metavar="STRING")),
         ("--rollout-batch-size", "rollout_batch_size", opt(sampling, d.rollout_batch_size,
                                                            "episodes run side by side")),
         ("--prefix-cache-mb", "prefix_cache_mb", opt(sampling, d.prefix_cache_mb, "memory for reusing the states "

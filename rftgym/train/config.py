@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..agents.hf_policy import MIN_TEMPERATURE
+from ..agents.stop_strings import checked_stop_strings
 from ..core.values import checked_megabytes, is_finite_real, is_int
 from ..envs.common import short_env_name
 from .schedule import LR_SCHEDULES
@@ -79,6 +80,9 @@ class TrainConfig:
     max_prompt_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    # Strings that end a reply (with the token that completes one; e.g. "</search>", so that the
+    # env's results follow a search rather than the model's guess at them), as verl's and vLLM's stop.
+    stop: tuple[str, ...] = ()
     rollout_batch_size: int = 32
     # Memory (MB) for prefix reuse in rollouts on the generic decode loop (CPU; see
     # rftgym/agents/prefix_cache.py): a turn's prompt is prefilled from where what the model already
@@ -230,6 +234,7 @@ class TrainConfig:
             object.__setattr__(self, name, {
                 key: _absolute_if_a_file(key, os.fspath(value) if isinstance(value, os.PathLike) else value)
                 for key, value in options.items()})
+        object.__setattr__(self, "stop", checked_stop_strings(self.stop))  # (a saved list: a tuple)
         for name in ("filter_zero_variance", "filter_overlong", "pack_sequences", "gradient_checkpointing",
                      "eval_before_training"):
             if not isinstance(getattr(self, name), bool):

@@ -276,7 +276,7 @@ def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, sav
     # Seeded and keyed: an episode's samples depend on the seed, the step, its task and its turn,
     # not on the rollout batch size or the number of ranks (rftgym.agents.sampling_keys).
     sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                              top_p=config.top_p, max_batch_size=config.rollout_batch_size,
+                              top_p=config.top_p, stop=config.stop, max_batch_size=config.rollout_batch_size,
                               max_prompt_tokens=config.max_prompt_tokens or None, seed=config.seed)
     policy.prompt_limit(sampling)  # a reply longer than the model's context: refused before any work
     if config.prefix_cache_mb is not None:

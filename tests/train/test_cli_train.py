@@ -134,6 +134,24 @@ def test_train_flags_reach_the_config():
     assert (train_config_from_args(args).old_logprobs, train_config_from_args(args).rollout_is_cap) == ("recompute", 2.0)
 
 
+def test_stop_strings_come_from_repeated_flags_a_config_file_or_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = _config_of(["train", "rftgym/SearchEvalQA-v0", "--stop", "</search>", "--stop", "</answer>",
+                        "--output-dir", str(out)])
+    assert first.stop == ("</search>", "</answer>")
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0"]).stop == ()
+    _fake_checkpoint(out, first)  # saved as a JSON list, read back as the tuple
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume", "--output-dir", str(out)]).stop == first.stop
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0", "--resume", "--stop", "</search>", "--output-dir",
+                       str(out)]).stop == ("</search>",)
+    file = tmp_path / "c.json"
+    file.write_text(json.dumps({"stop": "</search>"}))  # one string, not its characters
+    assert _config_of(["train", "rftgym/SearchEvalQA-v0", "--config", str(file)]).stop == ("</search>",)
+    file.write_text(json.dumps({"stop": [3]}))
+    with pytest.raises(UsageError, match=r"--config .*c\.json: stop strings must be non-empty strings .*got \[3\]"):
+        _config_of(["train", "rftgym/SearchEvalQA-v0", "--config", str(file)])
+
+
 def _config_of(argv: list[str]) -> TrainConfig:
     args = build_parser().parse_args(argv)
     args.given = given_train_flags(argv)

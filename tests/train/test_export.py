@@ -182,6 +182,18 @@ def test_an_evaluation_of_a_run_says_which_step_and_keeps_its_settings(tmp_path,
     assert main(["eval", trained_on, "--model", str(run), "--episodes", "1", "--max-new-tokens", "8",
                  "--out", str(episodes)]) == 0
     assert "note:" not in capsys.readouterr().err
+    # A run that trained with stop strings: evaluated without them, it is said how to give them.
+    state_file = run / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["config"]["stop"] = ["</answer>", "a b"]
+    state_file.write_text(json.dumps(state))
+    assert main(["eval", trained_on, "--model", str(run), "--episodes", "1", "--max-new-tokens", "8",
+                 "--out", str(episodes)]) == 0
+    assert ("note: the run trained with replies ending at '</answer>', 'a b', and this evaluation's do not; add "
+            "--stop '</answer>' --stop 'a b' to evaluate it as it trained") in capsys.readouterr().err
+    assert main(["eval", trained_on, "--model", str(run), "--episodes", "1", "--max-new-tokens", "8",
+                 "--stop", "</answer>", "--out", str(episodes)]) == 0
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_a_run_whose_base_model_changed_is_not_rebuilt(tmp_path):
