@@ -811,3 +811,18 @@ def test_logged_steps_keep_their_first_episodes_for_reading(tmp_path, make_char_
     # What the policy wrote and what the env paid for it (SayAEnv: the share of 8 tokens that are 'a').
     assert [e.total_reward for e in episodes] == [e.turns[0].action.count("a") / 8 for e in episodes]
     assert all(e.turns[0].sampled_ids for e in episodes) and rows[-1]["step"] == 4
+
+
+def test_a_runs_stop_strings_end_its_rollouts_replies(tmp_path, make_char_policy):
+    """TrainConfig.stop reaches the rollouts: every reply ends at its first 'b' or 'g' (or the end
+    of the turn, or the token limit), and those that hold one say 'stop'. (Letters that no special
+    token's text holds: one is a single token here.)"""
+    from rftgym.core.records import read_episodes_jsonl
+
+    train(config(tmp_path, "run", steps=1, log_episodes=16, stop=("b", "g")), policy=make_char_policy(),
+          make_env=SayAEnv)
+    turns = [e.turns[0] for e in read_episodes_jsonl(tmp_path / "run" / "episodes" / "step-1.jsonl")]
+    assert len(turns) == 16
+    stopped = [t for t in turns if "b" in t.action or "g" in t.action]
+    assert stopped and all(t.action[-1] in "bg" and t.action.count("b") + t.action.count("g") == 1 for t in stopped)
+    assert all(t.finish_reason == "stop" for t in stopped)
