@@ -155,7 +155,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     :class:`.distributed.PeerRankError` that names it).
 
     ``policy``: an :class:`HFPolicy` to train instead of loading ``config.model`` (it is trained in
-    place: its sampling settings become the run's, and with LoRA its model is wrapped in adapters).
+    place: its sampling settings become the run's, with LoRA its model is wrapped in adapters, and
+    its dropout is turned off; it is handed back in eval mode, as a loaded model comes).
     ``make_env``: a function that makes an env instead of ``gymnasium.make(config.env_id,
     **config.env_kwargs)``; with ``config.env_id`` left at its default, the run takes the made
     env's registered id (``env.spec.id``) where it has one, for its output directory and records."""
@@ -251,6 +252,8 @@ def train(config: TrainConfig, *, policy: HFPolicy | None = None, resume: bool =
     finally:
         if lock is not None:
             lock.release()
+        if policy is not None:  # handed back as a loaded model comes: in eval mode (its dropout stays 0)
+            policy.model.eval()
 
 
 def _train(config: TrainConfig, policy: HFPolicy | None, saved: dict | None, saved_rng: dict | None, make_env,

@@ -20,7 +20,9 @@ config = train_config
 
 
 def test_tiny_model_learns_the_task(tmp_path, make_char_policy):
-    history = train(config(tmp_path), policy=make_char_policy(), make_env=SayAEnv)
+    policy = make_char_policy()
+    history = train(config(tmp_path), policy=policy, make_env=SayAEnv)
+    assert not policy.model.training  # handed back as it came (the update ran in train mode)
     first = sum(h["reward_mean"] for h in history[:4]) / 4
     last = sum(h["reward_mean"] for h in history[-4:]) / 4
     assert first < 0.25, first  # a random policy over 32 tokens rarely says 'a'
