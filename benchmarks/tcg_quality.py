@@ -16,6 +16,11 @@ What is measured, per dataset (``--dataset humaneval|mbpp|generated``, ``--limit
 * mutation score: AST mutants of the reference (see ``rftgym.envs.code.mutants``; at most
   ``--mutants`` per task) rejected by the example/dataset-derived tests alone (the "peer": what a
   dataset ships) against the whole TCG suite (ours);
+* length-argument alternatives: on function tasks whose every example and dataset input passes an
+  int equal to another argument's length (MBPP's ``f(arr, n)``), the reference made to take that
+  int from the length itself (``n = len(arr)``), kept where it passes the dataset's own tests: a
+  correct solution, which a suite of in-domain inputs passes whole (one that breaks
+  ``n == len(arr)`` grades it wrong; see ``rftgym.envs.code.relations``);
 * agreement with the dataset's own tests (HumanEval ``check``, MBPP asserts) for the reference;
   and the dataset's literal asserts (``assert f(...) == value``; MBPP's ``challenge_test_list``
   among them since 2026-12-07, 11 tasks of the full MBPP) whose stated value the tests' expected
@@ -68,6 +73,37 @@ def best_trivial(tasks, sandbox) -> tuple[list[float], list[float], list[tuple[s
         if rates[top] >= 0.8:
             high.append((task.task_id, (constants + one_step)[top][0], rates[top]))
     return best_constant, best_any, high
+
+
+def length_alternatives(tasks) -> list[tuple[object, str]]:
+    """(task, source) for each function task whose every example and dataset input passes an int
+    equal to another argument's length: its reference with that int set from the length first."""
+    import ast
+
+    out = []
+    for task in tasks:
+        if task.style != "function":
+            continue
+        try:
+            given = [parse_args_source(t.input) for t in task.tests if t.origin in ("example", "dataset")]
+            tree = ast.parse(task.reference)
+        except (ValueError, SyntaxError, TypeError):
+            continue
+        if len(given) < 2 or len({len(args) for args in given}) != 1:
+            continue
+        pair = next(((n, sized) for n in range(len(given[0])) for sized in range(len(given[0])) if all(
+            type(args[n]) is int and isinstance(args[sized], (list, tuple, str)) and args[n] == len(args[sized])
+            for args in given)), None)
+        function = next((node for node in tree.body if isinstance(node, ast.FunctionDef)
+                         and node.name == task.entry_point), None)
+        params = [a.arg for a in function.args.posonlyargs + function.args.args] if function else []
+        if pair is None or len(params) != len(given[0]):
+            continue
+        docstring = int(bool(function.body) and isinstance(function.body[0], ast.Expr)
+                        and isinstance(function.body[0].value, ast.Constant))
+        function.body.insert(docstring, ast.parse(f"{params[pair[0]]} = len({params[pair[1]]})").body[0])
+        out.append((task, ast.unparse(tree)))
+    return out
 
 
 def _arity(task) -> int:
@@ -125,6 +161,13 @@ def main() -> None:
     with_checks = [c for c in checks if c.passed is not None]
     dataset_ok = sum(bool(c.passed) for c in with_checks)
     dataset_fail = [(t.task_id, c.error) for t, c in zip(built, checks) if c.passed is False]
+    # Correct solutions that compute a length argument themselves: graded on the whole suite.
+    alternatives = length_alternatives(built)
+    correct = [(task, source) for (task, source), check in zip(alternatives, run_dataset_tests_many(alternatives, sandbox))
+               if check.passed]
+    alternatives_pass = {"dataset": sum(r.total > 0 and r.pass_rate == 1.0 for r in grade_many(
+        [(t.with_tests(tuple(x for x in t.tests if x.origin in ("example", "dataset"))), s) for t, s in correct],
+        sandbox)), "tcg": sum(r.total > 0 and r.pass_rate == 1.0 for r in grade_many(correct, sandbox))}
     # The dataset's literal asserts (assert f(...) == value) against the outputs the tests took from the reference.
     stated = [stated_and_contradicted(t, t.tests) for t in built]
     asserts_compared = sum(count for count, _ in stated)
@@ -162,6 +205,8 @@ def main() -> None:
                   f"{sum(b >= level for b in best['tcg']):>10d}/{len(best['tcg'])}")
         print(f"{label + ': most of any task':44s}{max(best['dataset'], default=0):>20.3f}"
               f"{max(best['tcg'], default=0):>16.3f}")
+    print(f"{'length-argument alternatives passing all':44s}{alternatives_pass['dataset']:>14d}/{len(correct)}"
+          f"{alternatives_pass['tcg']:>10d}/{len(correct)}")
     print(f"{'reference passes the dataset own tests':44s}{dataset_ok:>14d}/{len(with_checks)}")
     print(f"{'literal dataset asserts the TCG outputs break':44s}{'':>20s}"
           f"{len(contradicted):>10d}/{asserts_compared}")
@@ -179,6 +224,7 @@ def main() -> None:
                 "reference_pass_testable": sum(r.pass_rate == 1.0 for r in testable), "testable": len(testable),
                 "wrong_fails": len(testable) - len(wrong_pass), "dataset_check_pass": dataset_ok,
                 "literal_asserts_compared": asserts_compared, "literal_asserts_contradicted": len(contradicted),
+                "length_alternatives": len(correct), "length_alternatives_pass": alternatives_pass,
                 "best_constant_mean": {k: round(v, 3) for k, v in means.items()},
                 "best_constant_ge_0.8": {k: sum(b >= 0.8 for b in v) for k, v in constants.items()},
                 "best_trivial_mean": {k: round(v, 3) for k, v in trivial_means.items()},

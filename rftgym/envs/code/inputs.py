@@ -1,7 +1,8 @@
 """Type-driven random and edge-case inputs for function-style tasks.
 
 A :class:`ValueModel` is learned per argument position from the example arguments (their types,
-numeric ranges and signs, string alphabets and lengths, list lengths, tuple shapes), or, when a
+numeric ranges and signs, string alphabets and lengths, list lengths, tuple shapes; strings that are
+all operators such as ``'+'`` and ``'//'`` are drawn from those seen), or, when a
 task has no examples, from the entry point's annotations. Sampling stays near what was observed
 (same sign, ranges widened a little, lengths up to a bit longer) so that inputs stay in the
 spec's domain; whatever the reference still rejects is dropped by the TCG.
@@ -18,6 +19,9 @@ from typing import Any
 from .tasks import UNPARSABLE, args_source, parse_args_source
 
 
+MAX_TOKEN_CHARS = 3  # a string of at most this many symbols, and only such strings seen: an operator
+
+
 @dataclass
 class ValueModel:
     kinds: set[str] = field(default_factory=set)
@@ -30,6 +34,7 @@ class ValueModel:
     values: "ValueModel | None" = None     # dict values
     fields: list["ValueModel"] | None = None  # fixed-shape tuples
     decimals: int = 0
+    texts: set[str] = field(default_factory=set)  # the strings seen (while they look like operator tokens)
 
     def observe(self, value: Any) -> None:
         kind = _kind(value)
@@ -45,6 +50,7 @@ class ValueModel:
             self.max_len = len(value) if self.max_len is None else max(self.max_len, len(value))
             if kind == "str":
                 self.chars.update(value)
+                self.texts.add(value)
             elif kind == "tuple":
                 if self.fields is None:
                     self.fields = [ValueModel() for _ in value]
@@ -77,6 +83,8 @@ class ValueModel:
             lo, hi = _widen(self.lo, self.hi, 0.0, 10.0)
             return round(rng.uniform(lo, hi), max(1, min(self.decimals, 3)))
         if kind == "str":
+            if self.tokens:  # '+', '**', '//': another string of their characters is no operator
+                return rng.choice(self.tokens)
             alphabet = "".join(sorted(self.chars)) or string.ascii_lowercase
             return "".join(rng.choice(alphabet) for _ in range(self._length(rng, 8)))
         if kind == "tuple" and self.fields is not None:
@@ -93,6 +101,15 @@ class ValueModel:
             return {_hashable(v) for v in made}
         return made
 
+    @property
+    def tokens(self) -> list[str]:
+        """The strings seen, where every one is a short run of symbols (an operator: ``'+'``,
+        ``'**'``, ``'//'``), in order; else none."""
+        if not self.texts or not all(0 < len(t) <= MAX_TOKEN_CHARS and not any(c.isalnum() or c.isspace() for c in t)
+                                     for t in self.texts):
+            return []
+        return sorted(self.texts)
+
     def _length(self, rng: random.Random, default_max: int) -> int:
         lo = self.min_len if self.min_len is not None else 0
         hi = self.max_len if self.max_len is not None else default_max
@@ -102,20 +119,23 @@ class ValueModel:
         """Boundary values of this kind inside the domain the examples show (a reference's output
         outside it is arbitrary, and a correct solution may differ there): the observed extremes,
         0 and -1 where the observed range holds them, 1 for positive ints, and the empty value
-        only where an example was empty."""
+        (a one-item value) only where an example was empty (had at most one item)."""
         out: list[Any] = []
         may_be_empty = self.min_len is None or self.min_len == 0
+        may_be_one = self.min_len is None or self.min_len <= 1
         for kind in sorted(self.kinds):
             if kind == "int":
                 lo, hi = (self.lo, self.hi) if self.lo is not None else (0, 10)
                 out += [v for v in (0, 1, -1, lo, hi) if lo <= v <= hi or v in (lo, hi) or (v == 1 and lo >= 1)]
             elif kind == "float":
                 out += [0.0, 1.0] + ([self.lo, self.hi] if self.lo is not None else [])
+            elif kind == "str" and self.tokens:
+                out += self.tokens[:1]
             elif kind == "str":
-                out += [""] * may_be_empty + [(sorted(self.chars) or ["a"])[0]]
+                out += [""] * may_be_empty + [(sorted(self.chars) or ["a"])[0]] * may_be_one
             elif kind == "list":
                 first = self.items.sample(random.Random(0)) if self.items and self.items.kinds else 0
-                out += [[]] * may_be_empty + [[first]]
+                out += [[]] * may_be_empty + [[first]] * may_be_one
             elif kind == "bool":
                 out += [True, False]
         return out

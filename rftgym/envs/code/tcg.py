@@ -4,7 +4,9 @@ Inputs come from the spec's examples, the dataset's own tests, type-driven rando
 (or a generated task's own input sampler) and edge cases. The reference solution runs on all of
 them in the sandbox, twice (in two processes under two hash seeds, so that output that depends on
 string hashing, e.g. a set's order, or on addresses is caught; every graded run uses the default
-seed); inputs where it raises, times out or disagrees with itself are dropped.
+seed); inputs where it raises, times out or disagrees with itself are dropped. Generated inputs
+keep the relations between arguments that every example shows (:mod:`.relations`: ``n ==
+len(arr)``, strings of one length, a sentence's shape), mended to hold them or dropped.
 Tests are deduplicated by input and capped, example- and dataset-derived tests first.
 When one trivial answer passes most of a function's tests (a constant: a predicate that random
 inputs almost always make False, a filter they leave empty; or one builtin applied to one
@@ -38,7 +40,8 @@ from .inputs import argument_models, edge_inputs, neighbour_inputs, random_input
 from .sandbox import DEFAULT_HASH_SEED, Sandbox, SandboxLimits
 from .codec import display, encode, encoded_equal
 from .parsing import stated_outputs
-from .tasks import ORIGINS, CodeTask, TestCase, parse_args_source
+from .relations import Relation, conform, observed_relations
+from .tasks import ORIGINS, CodeTask, TestCase, args_source, parse_args_source
 from .trivial import TrivialAnswer, trivial_answers
 
 # 2: inputs slow for the reference are dropped; 3: rare outputs searched for; 4: the second reference
@@ -46,8 +49,10 @@ from .trivial import TrivialAnswer, trivial_answers
 # rare-output search, then random tests of the dominant output dropped; 6: inputs kept in the
 # examples' domain (no 0, empty value or sign change the examples do not show); 7: one-step trivial
 # answers (echo, sorted, len, max, ... of an argument) held down as constants are, and the generated
-# rotate, merge_intervals and kth_largest tasks' samplers drawing fewer inputs such an answer passes
-CACHE_VERSION = 7
+# rotate, merge_intervals and kth_largest tasks' samplers drawing fewer inputs such an answer passes;
+# 8: generated inputs keep the relations between arguments every example shows (.relations), and a
+# one-item list or string is an edge only where an example had at most one
+CACHE_VERSION = 8
 MAJORITY_SHARE = 0.6  # a trivial answer passing more of the suite than this: search for inputs where it fails
 RARE_ROUNDS = 3  # rounds of that search, each from the rare-output inputs found so far
 REFERENCE_TIME_SHARE = 0.25  # the reference may use at most this share of a test's time limit
@@ -127,19 +132,22 @@ def candidate_inputs(task: CodeTask, config: TCGConfig) -> list[tuple[str, str]]
         if "random" in config.sources:
             out += [(task.input_sampler(rng), "random") for _ in range(config.n_random)]
     elif task.style == "function":
+        relations, mending = domain_relations(task), _rng(config, task, ":domain")
         if "edge" in config.sources:
-            out += [(s, "edge") for s in _function_edges(task, example_inputs, config, rng)]
+            out += [(s, "edge") for s in _function_edges(task, example_inputs, config, rng, relations, mending)]
         if "random" in config.sources:
             models = argument_models(task.reference, task.entry_point, example_inputs)
             if models is not None:
-                out += [(s, "random") for s in random_inputs(models, rng, config.n_random)]
+                out += [(s, "random") for s in
+                        in_domain(random_inputs(models, rng, config.n_random), relations, mending)]
     seen: dict[str, str] = {}
     for source, origin in out:
         seen.setdefault(source, origin)
     return list(seen.items())
 
 
-def _function_edges(task: CodeTask, inputs: list[str], config: TCGConfig, rng: random.Random) -> list[str]:
+def _function_edges(task: CodeTask, inputs: list[str], config: TCGConfig, rng: random.Random,
+                    relations: Sequence[Relation] = (), mending: random.Random | None = None) -> list[str]:
     models = argument_models(task.reference, task.entry_point, inputs)
     if not models or config.n_edge == 0:
         return []
@@ -147,8 +155,38 @@ def _function_edges(task: CodeTask, inputs: list[str], config: TCGConfig, rng: r
         base = parse_args_source(inputs[0]) if inputs else None
     except (ValueError, SyntaxError):
         base = None
-    edges = edge_inputs(models, base, rng)
+    edges = in_domain(edge_inputs(models, base, rng), relations, mending)
     return edges[: config.n_edge]
+
+
+def domain_relations(task: CodeTask) -> tuple[Relation, ...]:
+    """The relations between a function task's arguments that all its examples and dataset tests
+    show (none for a generated task, whose own sampler keeps its domain)."""
+    if task.style != "function" or task.input_sampler is not None:
+        return ()
+    examples = []
+    for source in dict.fromkeys([t.input for t in task.examples] + [t.input for t in task.tests]):
+        try:
+            examples.append(parse_args_source(source))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return observed_relations(examples)
+
+
+def in_domain(sources: Sequence[str], relations: Sequence[Relation], rng: random.Random | None) -> list[str]:
+    """``sources`` (argument lists) mended to hold ``relations``, those that cannot be dropped,
+    deduplicated in order."""
+    if not relations:
+        return list(sources)
+    out: list[str] = []
+    for source in sources:
+        try:
+            mended = conform(parse_args_source(source), relations, rng or random.Random(0))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if mended is not None:
+            out.append(args_source(mended))
+    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------- cache
@@ -281,7 +319,8 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             if skewed is None:
                 continue
             rng = _rng(config, tasks[i], ":neighbours" if round_ == 1 else f":neighbours{round_}")
-            sources = [s for s in neighbour_inputs(skewed[1], rng, config.n_random) if s not in tried[i]]
+            near_inputs = in_domain(neighbour_inputs(skewed[1], rng, config.n_random), domain_relations(tasks[i]), rng)
+            sources = [s for s in near_inputs if s not in tried[i]]
             if sources:
                 near[i] = (skewed[0], sources)
                 tried[i].update(sources)

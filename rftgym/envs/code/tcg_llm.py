@@ -9,6 +9,7 @@ reference's, never the agent's.
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Sequence
 
@@ -17,7 +18,7 @@ from ...core.messages import Context, Message
 from .parsing import example_calls
 from .sandbox import Sandbox
 from .tasks import CodeTask, TestCase
-from .tcg import ORDER, TCGConfig, run_reference_many, select_tests
+from .tcg import ORDER, TCGConfig, domain_relations, in_domain, run_reference_many, select_tests
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -52,7 +53,9 @@ def propose_tests_many(agent: Agent, tasks: Sequence[CodeTask], n: int, sandbox:
     contexts = [Context((Message("user", tcg_prompt(task, n), f"tcg-{i}"),)) for i, task in enumerate(tasks)]
     replies = replies_with_room(agent.act(contexts), "proposing tests")
     known = [{t.input for t in task.tests} | {t.input for t in task.examples} for task in tasks]
-    proposals = [[p for p in parse_proposals(task, reply.text) if p not in seen][:n]
+    # Mended to the relations between arguments the examples show, as generated inputs are (.relations).
+    proposals = [[p for p in in_domain(parse_proposals(task, reply.text), domain_relations(task), random.Random(0))
+                  if p not in seen][:n]
                  for task, reply, seen in zip(tasks, replies, known)]
     repeats = 2 if config.check_determinism else 1
     runs = run_reference_many(tasks, proposals, sandbox, config.per_test_seconds, repeats)
