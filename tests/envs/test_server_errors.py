@@ -123,6 +123,18 @@ CASES = [
 ]
 
 
+def test_an_http_09_request_is_answered_at_once_with_a_status_line(server):
+    """Such a client sends no headers and keeps its side open: the request was held for the headers'
+    10 s, then answered with no status line."""
+    with socket.create_connection(address(server), timeout=5) as sock:
+        sock.sendall(b"GET /health\r\n")
+        received = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after its reply
+            received += chunk
+    status, error = json_error(received)
+    assert status == 400 and error.startswith("HTTP/0.9 request ('GET /health')"), error
+
+
 def test_extra_fields_of_other_clients_are_ignored_as_search_r1_does(server):
     body = (b'{"queries": ["cheese"], "topk": 1, "request_id": "r-7", "model": "e5", "query_ids": [3], '
             b'"top_p": 0.9, "return_scores_only": false}')

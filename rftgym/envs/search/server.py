@@ -179,6 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 super().handle_one_request()
             except RequestHeadTooSlow:
+                if self.request_version in ("HTTP/0.9", ""):  # a reply with a status line, as send_error's
+                    self.request_version = "HTTP/1.1"
                 self._send(408, {"error": f"the request line and headers did not arrive within {REQUEST_HEAD_S:g} s; "
                                           "send them whole at once"})
             finally:
@@ -212,12 +214,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.requestline, self.request_version, self.command = "", "", ""  # as the stdlib sets them there
             self.send_error(414)
             return False
-        if not super().parse_request():
-            return False
-        if len(self.requestline.split()) == 2:  # HTTP/0.9: no headers, so no body and no JSON
+        if len(self.raw_requestline.split()) == 2:  # HTTP/0.9: no headers, so no body and no JSON
+            # (refused before the stdlib's parse, which would wait for headers such a client never sends)
+            self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.command, self.request_version, self.close_connection = None, "", True
             self.send_error(400, f"HTTP/0.9 request ({shown(self.requestline)})")
             return False
-        return True
+        return super().parse_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The standard library's errors (a request line or headers it cannot read, an unknown
