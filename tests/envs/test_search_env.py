@@ -451,6 +451,8 @@ def test_seeding_and_ids():
     ({"top_k": 0}, "top_k must be an int of at least 1"), ({"max_turns": 0}, "max_turns must be an int"),
     ({"retriever": "tfidf"}, "retriever must be one of"), ({"retriever": "remote"}, "needs retriever_url"),
     ({"retriever_url": "http://127.0.0.1:9/retrieve"}, "only used with retriever=.remote."),
+    ({"retriever": "remote", "retriever_url": "http://127.0.0.1:9/retrieve", "top_k": 1001},
+     "top_k 1001 is more documents than a retrieval service returns for one query .1000 at most."),
     ({"violation_gate": 2}, "violation_gate must be 'zero' or a multiplier"),
     ({"violation_gate": "half"}, "violation_gate must be"), ({"reward_metric": "bleu"}, "reward_metric must be"),
     ({"on_search_limit": "stop"}, "on_search_limit must be"), ({"unanswerable_rate": 1.5}, "unanswerable_rate"),

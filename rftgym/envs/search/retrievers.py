@@ -37,6 +37,7 @@ from ...core.errors import ConfigError, ModelLoadError, require, warn_caller
 from ...core.values import is_finite_real, is_int, valid_text
 from ..common import refuse_unread_option
 from .corpora import Document
+from .retrieve_request import MAX_TOPK
 
 DEFAULT_DENSE_MODEL = "all-MiniLM-L6-v2"
 
@@ -327,6 +328,10 @@ def check_retriever_options(config) -> None:
         check_service_url(config.retriever_url)
     if config.retriever == "remote" and not config.retriever_url:
         raise ConfigError("retriever='remote' needs retriever_url, e.g. http://127.0.0.1:8000/retrieve")
+    top_k = getattr(config, "top_k", None)
+    if config.retriever == "remote" and is_int(top_k) and top_k > MAX_TOPK:  # (the service would refuse each search)
+        raise ConfigError(f"top_k {top_k} is more documents than a retrieval service returns for one query "
+                          f"({MAX_TOPK} at most); give top_k of at most {MAX_TOPK}", field="top_k")
     if config.retriever_url and config.retriever != "remote":
         raise ConfigError(f"retriever_url is only used with retriever='remote' (got retriever={config.retriever!r}); "
                           "add retriever=remote, or drop retriever_url")
