@@ -94,6 +94,9 @@ def _word_problem(rng: np.random.Generator, difficulty: int) -> tuple[str, str, 
     return " ".join(sentences), str(count), None
 
 
+MIN_SEQUENCE_STEP = 4  # an arithmetic sequence's least step (its answer lies this far above the last term)
+
+
 def _mc_choices(rng: np.random.Generator, correct: str, distractors: list[str], n: int) -> tuple[str, ...]:
     unique = [d for d in dict.fromkeys(distractors) if d != correct][: n - 1]
     options = unique + [correct]
@@ -104,7 +107,8 @@ def _mc_choices(rng: np.random.Generator, correct: str, distractors: list[str], 
 def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tuple[str, ...]]:
     start = int(rng.integers(1, 10 * difficulty))
     if difficulty <= 2 or rng.random() < 0.5:
-        step = int(rng.integers(2, 3 + 3 * difficulty))
+        # At least MIN_SEQUENCE_STEP: room for three choices between the last term and the answer.
+        step = int(rng.integers(MIN_SEQUENCE_STEP, MIN_SEQUENCE_STEP + 1 + 3 * difficulty))
         seq = [start + step * i for i in range(5)]
         nxt = start + step * 5
     else:
@@ -114,18 +118,15 @@ def _sequence(rng: np.random.Generator, difficulty: int) -> tuple[str, str, tupl
     shown = seq[: 3 + min(difficulty, 2)] if difficulty < 3 else seq[:4]
     if len(shown) < 5:
         nxt = seq[len(shown)]
-    # The choices are evenly spaced (by 1, 2, 3 or the sequence's first difference) around the
-    # answer at a drawn rank, so its distances to the others do not give it away (distractors at the
-    # answer +-1, 2, 3 or the step made it the one all others were near); drawn again where a
-    # distractor would be a term the question shows (ruled out at a glance) or not positive. Some
-    # order remains: the answer lies above the last term shown, and with a small step few numbers
-    # lie between them, so it is more often among the smaller choices.
-    for _ in range(20):
-        spacing = int(rng.choice(sorted({1, 2, 3, seq[1] - seq[0]})))
-        rank = int(rng.integers(4))
-        values = [nxt + (i - rank) * spacing for i in range(4) if i != rank]
-        if min(values) > 0 and not set(values) & set(shown):
-            break
+    # The choices are evenly spaced (by 1, 2 or 3) around the answer at a rank drawn uniformly, all
+    # above the last term shown (one at or below it is ruled out at a glance): neither the answer's
+    # distances to the others nor its place among them gives it away ("the smallest choice above the
+    # last term" is right a quarter of the time). The spacing is drawn before the rank, from those
+    # that leave the lowest choice above the last term at any rank.
+    gap = nxt - shown[-1]
+    spacing = int(rng.choice([s for s in (1, 2, 3) if 3 * s < gap]))
+    rank = int(rng.integers(4))
+    values = [nxt + (i - rank) * spacing for i in range(4) if i != rank]
     distractors = [str(v) for v in values]
     choices = _mc_choices(rng, str(nxt), distractors, 4)
     return f"What number comes next: {', '.join(map(str, shown))}, ...?", str(nxt), choices
