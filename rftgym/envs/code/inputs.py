@@ -231,8 +231,12 @@ def argument_models(reference: str, entry_point: str, example_inputs: list[str])
     return None
 
 
+def random_args(models: list[ValueModel], rng: random.Random, n: int) -> list[tuple]:
+    return [tuple(m.sample(rng) for m in models) for _ in range(n)]
+
+
 def random_inputs(models: list[ValueModel], rng: random.Random, n: int) -> list[str]:
-    return [args_source(tuple(m.sample(rng) for m in models)) for _ in range(n)]
+    return [args_source(args) for args in random_args(models, rng, n)]
 
 
 def _mutate_value(value: Any, rng: random.Random) -> Any:
@@ -277,15 +281,20 @@ def neighbour_inputs(bases: list[tuple], rng: random.Random, n: int) -> list[str
     return out
 
 
-def edge_inputs(models: list[ValueModel], base: tuple | None, rng: random.Random) -> list[str]:
+def edge_args(models: list[ValueModel], base: tuple | None, rng: random.Random) -> list[tuple]:
     """Each argument in turn set to each of its edge values, the others from ``base`` (the first
     example) or sampled; then all arguments at their first edge value."""
     base = base if base is not None and len(base) == len(models) else tuple(m.sample(rng) for m in models)
     out = []
     for i, model in enumerate(models):
         for value in model.edges():
-            out.append(args_source(base[:i] + (value,) + base[i + 1:]))
+            out.append(base[:i] + (value,) + base[i + 1:])
     firsts = [m.edges()[:1] for m in models]
     if all(firsts):
-        out.append(args_source(tuple(f[0] for f in firsts)))
-    return list(dict.fromkeys(out))
+        out.append(tuple(f[0] for f in firsts))
+    return out
+
+
+def edge_inputs(models: list[ValueModel], base: tuple | None, rng: random.Random) -> list[str]:
+    """:func:`edge_args` as argument lists, deduplicated."""
+    return list(dict.fromkeys(args_source(args) for args in edge_args(models, base, rng)))

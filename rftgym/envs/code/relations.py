@@ -23,6 +23,8 @@ from typing import Any, Sequence
 SIZED = (str, list, tuple)
 _NUMBER = re.compile(r"\d+")
 MIN_EXAMPLES = 2
+MAX_PAIRWISE = 200  # unhashable items compared pairwise for repeats: at most this many
+MAX_SHAPED_DIGITS = 9  # a sentence's numbers (counts, amounts) have at most this many digits
 
 
 def _is_int(value: Any) -> bool:
@@ -91,13 +93,40 @@ class Distinct:
         return isinstance(value, (list, tuple)) and _distinct(value)
 
     def mend(self, args: list, rng: random.Random) -> None:
+        """Its repeats dropped, the first of each kept (a list that ends shorter than every
+        example's is then refused by :class:`MinLength`)."""
         value = args[self.position]
         if isinstance(value, (list, tuple)):
-            kept: list = []
-            for item in value:
-                if all(item != other for other in kept):
-                    kept.append(item)
+            try:
+                kept = list(dict.fromkeys(value))
+            except TypeError:  # unhashable items: compared pairwise, where there are few
+                if len(value) > MAX_PAIRWISE:
+                    return  # left as it is: it fails the check and is dropped
+                kept = []
+                for item in value:
+                    if all(item != other for other in kept):
+                        kept.append(item)
             args[self.position] = type(value)(kept)
+
+
+@dataclass(frozen=True)
+class MinLength:
+    """``args[position]`` is at least as long as the shortest example's (a guard, mending nothing:
+    the values that :class:`Distinct` and :class:`SameLength` shorten are not taken below it)."""
+
+    position: int
+    length: int
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return (self.position,)
+
+    def holds(self, args: tuple) -> bool:
+        value = args[self.position]
+        return not isinstance(value, SIZED) or len(value) >= self.length
+
+    def mend(self, args: list, rng: random.Random) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -131,14 +160,14 @@ class Shaped:
         args[self.position] = "".join(pieces)
 
 
-Relation = LengthIs | SameLength | Distinct | Shaped
+Relation = LengthIs | SameLength | Distinct | Shaped | MinLength
 
 
 def _distinct(items: Sequence[Any]) -> bool:
     try:
         return len(set(items)) == len(items)
     except TypeError:  # unhashable items (lists): compared pairwise, where there are few
-        return len(items) <= 200 and all(items[i] != items[j] for i in range(len(items)) for j in range(i))
+        return len(items) <= MAX_PAIRWISE and all(items[i] != items[j] for i in range(len(items)) for j in range(i))
 
 
 def observed_relations(examples: Sequence[tuple]) -> tuple[Relation, ...]:
@@ -153,21 +182,29 @@ def observed_relations(examples: Sequence[tuple]) -> tuple[Relation, ...]:
     def every(kind) -> bool:
         return all(kind.holds(e) for e in examples)
 
+    shortened: set[int] = set()  # the positions a mending may shorten
     for position in positions:  # first, what mends one argument alone
-        if every(Distinct(position)) and sum(len(e[position]) for e in examples) >= 2 * MIN_EXAMPLES + 2:
+        values = [e[position] for e in examples]
+        # Items that differ in lists of one length may be a pair's or a point's fields that differ
+        # by chance (HumanEval 52's four numbers): only lists of several lengths say "no repeats".
+        if every(Distinct(position)) and sum(len(v) for v in values) >= 2 * MIN_EXAMPLES + 2 \
+                and len({len(v) for v in values}) > 1:
             found.append(Distinct(position))
-        texts = [e[position] for e in examples]
-        if all(isinstance(t, str) for t in texts):
-            shapes = {tuple(_NUMBER.split(t)) for t in texts}
-            if len(shapes) == 1 and len(next(iter(shapes))) > 1 and any(c.isalpha() for c in texts[0]):
-                largest = max(int(n) for t in texts for n in _NUMBER.findall(t))
-                found.append(Shaped(position, next(iter(shapes)), largest))
+            shortened.add(position)
+        if all(isinstance(v, str) for v in values):
+            shapes = {tuple(_NUMBER.split(v)) for v in values}
+            numbers = [n for v in values for n in _NUMBER.findall(v)]
+            if len(shapes) == 1 and len(next(iter(shapes))) > 1 and any(c.isalpha() for c in values[0]) \
+                    and all(len(n) <= MAX_SHAPED_DIGITS for n in numbers):  # (a sentence's counts, not a long number)
+                found.append(Shaped(position, next(iter(shapes)), max(int(n) for n in numbers)))
     for first in positions:  # then lengths between arguments (a cut keeps items distinct)
         for second in positions:
             if first < second:
                 offset = next((o for o in (0, -1, 1) if every(SameLength(first, second, o))), None)
                 if offset is not None:
                     found.append(SameLength(first, second, offset))
+                    shortened.update((first, second))
+    found += [MinLength(position, min(len(e[position]) for e in examples)) for position in sorted(shortened)]
     for target in positions:  # last, ints set from the lengths those leave
         for sized in positions:
             offset = next((o for o in (0, -1) if sized != target and every(LengthIs(target, sized, o))), None)

@@ -36,7 +36,7 @@ from typing import Sequence
 from ...core.errors import ConfigError, warn_caller
 from ...core.files import replace_text, unexpanded_path
 from .harness import RunOutcome, check_per_test_seconds, execute_many, has_property
-from .inputs import argument_models, edge_inputs, neighbour_inputs, random_inputs
+from .inputs import argument_models, edge_args, neighbour_inputs, random_args
 from .sandbox import DEFAULT_HASH_SEED, Sandbox, SandboxLimits
 from .codec import display, encode, encoded_equal
 from .parsing import stated_outputs
@@ -139,7 +139,7 @@ def candidate_inputs(task: CodeTask, config: TCGConfig) -> list[tuple[str, str]]
             models = argument_models(task.reference, task.entry_point, example_inputs)
             if models is not None:
                 out += [(s, "random") for s in
-                        in_domain(random_inputs(models, rng, config.n_random), relations, mending)]
+                        domain_sources(random_args(models, rng, config.n_random), relations, mending)]
     seen: dict[str, str] = {}
     for source, origin in out:
         seen.setdefault(source, origin)
@@ -155,7 +155,7 @@ def _function_edges(task: CodeTask, inputs: list[str], config: TCGConfig, rng: r
         base = parse_args_source(inputs[0]) if inputs else None
     except (ValueError, SyntaxError):
         base = None
-    edges = in_domain(edge_inputs(models, base, rng), relations, mending)
+    edges = domain_sources(edge_args(models, base, rng), relations, mending)
     return edges[: config.n_edge]
 
 
@@ -170,23 +170,32 @@ def domain_relations(task: CodeTask) -> tuple[Relation, ...]:
             examples.append(parse_args_source(source))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-    return observed_relations(examples)
+    try:
+        return observed_relations(examples)
+    except (ValueError, TypeError, MemoryError, RecursionError):  # values no relation reads (e.g. exotic __eq__)
+        return ()
+
+
+def domain_sources(arguments: Sequence[tuple], relations: Sequence[Relation], rng: random.Random | None) -> list[str]:
+    """``arguments`` mended to hold ``relations`` (those that cannot be, dropped), as argument
+    lists, deduplicated in order."""
+    rng = rng or random.Random(0)
+    mended = (args if not relations else conform(args, relations, rng) for args in arguments)
+    return list(dict.fromkeys(args_source(args) for args in mended if args is not None))
 
 
 def in_domain(sources: Sequence[str], relations: Sequence[Relation], rng: random.Random | None) -> list[str]:
-    """``sources`` (argument lists) mended to hold ``relations``, those that cannot be dropped,
-    deduplicated in order."""
+    """:func:`domain_sources` of argument lists (one that does not parse is dropped where there are
+    relations to keep)."""
     if not relations:
         return list(sources)
-    out: list[str] = []
+    arguments = []
     for source in sources:
         try:
-            mended = conform(parse_args_source(source), relations, rng or random.Random(0))
+            arguments.append(parse_args_source(source))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-        if mended is not None:
-            out.append(args_source(mended))
-    return list(dict.fromkeys(out))
+    return domain_sources(arguments, relations, rng)
 
 
 # ---------------------------------------------------------------- cache

@@ -5,20 +5,23 @@ from __future__ import annotations
 import random
 
 from rftgym.envs.code.inputs import ValueModel
-from rftgym.envs.code.relations import Distinct, LengthIs, SameLength, Shaped, conform, observed_relations
+from rftgym.envs.code.relations import (Distinct, LengthIs, MinLength, SameLength, Shaped, conform,
+                                        observed_relations)
 from rftgym.envs.code.tasks import CodeTask, TestCase
 from rftgym.envs.code.tcg import TCGConfig, candidate_inputs
 
 
 def test_the_relations_every_example_holds_are_found():
     # MBPP's f(arr, n) with n == len(arr) in every assert; the items all differ (3 + 5 + 1 of them)
+    # (and it is never shortened below the shortest example's length by dropping repeats)
     assert observed_relations([([1, 2, 3], 3), ([4, 5, 6, 7, 8], 5), ([9], 1)]) == \
-        (Distinct(0), LengthIs(target=1, sized=0, offset=0))
+        (Distinct(0), MinLength(0, 1), LengthIs(target=1, sized=0, offset=0))
     # f(arr, low, high) called with high == len(arr) - 1
     assert LengthIs(2, 0, -1) in observed_relations([([3, 1, 2], 0, 2), ([5, 4], 0, 1)])
     # HumanEval 160: len(operator) == len(operand) - 1; HumanEval 11: two strings of one length
     assert SameLength(0, 1, -1) in observed_relations([(["+", "*", "-"], [2, 3, 4, 5]), (["//", "*"], [7, 3, 4])])
-    assert observed_relations([("010", "110"), ("1", "1"), ("0101", "0000")]) == (SameLength(0, 1, 0),)
+    assert observed_relations([("010", "110"), ("1", "1"), ("0101", "0000")]) == \
+        (SameLength(0, 1, 0), MinLength(0, 1), MinLength(1, 1))
     # HumanEval 67: one sentence shape around its numbers
     assert observed_relations([("5 apples and 6 oranges", 19), ("100 apples and 1 oranges", 120)]) == \
         (Shaped(0, ("", " apples and ", " oranges"), 100),)
@@ -32,6 +35,11 @@ def test_what_one_example_or_a_counterexample_shows_is_no_relation():
     assert observed_relations([("5 apples", 1), ("5 pears", 2)]) == ()  # two shapes
     assert observed_relations([(True, [1]), (True, [2])]) == ()  # a bool is no length
     assert observed_relations([]) == ()
+    # Items that differ in values of one length: a pair's fields (HumanEval 52's four numbers), not "no repeats"
+    assert observed_relations([((1, 5),), ((2, 8),), ((3, 9),)]) == ()
+    assert observed_relations([([1, 2, 3, 4], 5), ([9, 8, 7, 6], 5)]) == ()
+    # A long number is no sentence's count (and int() of over 4,300 digits raises)
+    assert observed_relations([("n=" + "9" * 5000,), ("n=" + "8" * 5000,)]) == ()
 
 
 def test_inputs_are_mended_to_hold_them_or_dropped():
@@ -47,6 +55,12 @@ def test_inputs_are_mended_to_hold_them_or_dropped():
     assert filled.startswith("6 apples and ") and filled.endswith(" oranges")
     assert 0 <= int(filled.split()[3]) <= 151
     assert conform((5, 3), relations, rng) is None  # not a list: no mending makes it one
+    # dropping repeats takes no value below the shortest example's length: such an input is dropped
+    assert conform(([4, 4, 4], 3), (Distinct(0), MinLength(0, 2), LengthIs(1, 0, 0)), rng) is None
+    assert conform(([4, 4, 5], 3), (Distinct(0), MinLength(0, 2), LengthIs(1, 0, 0)), rng) == ([4, 5], 2)
+    many = [[i] for i in range(1000)] + [[0]]  # unhashable items, too many to compare pairwise: dropped
+    assert conform((many,), (Distinct(0),), rng) is None
+    assert conform(([[1], [2], [1]],), (Distinct(0),), rng) == ([[1], [2]],)
     assert conform(([1, 2],), relations, rng) is None  # too few arguments
     assert conform((1, 2), (), rng) == (1, 2)
 
