@@ -427,7 +427,8 @@ class HFPolicy(Agent):
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
         stops = StopStrings(sampling.stop, self.chat.decode_reply) if sampling.stop else None
-        replies = [[] for _ in range(batch)]  # each row's tokens so far, read by the stop strings
+        readers = [stops.reader() for _ in range(batch)] if stops else []  # each row's text so far
+        replies = [[] for _ in range(batch)]  # each row's tokens so far, for its reader
 
         with torch.inference_mode():
             plan = self._prefix_lookup(prompts)
@@ -445,7 +446,7 @@ class HFPolicy(Agent):
                 lengths += active.long()
                 hit_stop = active & torch.isin(token, stop_ids)
                 if stops is not None:
-                    hit_stop |= self._completes_stop_string(stops, replies, token, active)
+                    hit_stop |= self._completes_stop_string(readers, replies, token, active)
                 stopped |= hit_stop
                 finished |= hit_stop
                 if bool(finished.all()) or step == sampling.max_new_tokens - 1:
@@ -461,14 +462,14 @@ class HFPolicy(Agent):
 
         return sampled.cpu(), logprobs.cpu(), lengths.cpu(), stopped.cpu()
 
-    def _completes_stop_string(self, stops: StopStrings, replies: list[list[int]], token, active):
+    def _completes_stop_string(self, readers: list, replies: list[list[int]], token, active):
         """Which active rows' new ``token`` completes a stop string (``replies``: each row's tokens
-        before it, extended here)."""
+        before it, extended here; ``readers``: each row's :class:`StopReader`)."""
         hits = []
         for row, (new, going) in enumerate(zip(token.tolist(), active.tolist())):
             if going:
                 replies[row].append(new)
-            hits.append(going and stops.ends_at_stop(replies[row]))
+            hits.append(going and readers[row].completes_stop(replies[row]))
         return self.torch.tensor(hits, device=token.device)
 
     def _prefill(self, prompts: list[list[int]], reuse: list[tuple] | None):

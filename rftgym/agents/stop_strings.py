@@ -6,10 +6,10 @@ reply keeps every token it sampled up to and including the one that completes th
 tokens are recorded exactly, so the string stays in the text, with whatever else that last token
 holds), and its finish reason is ``"stop"``.
 
-Where the reply stops does not depend on how the decode loop found it: the generic loop checks
-after each token (and stops a row there, saving the rest of its tokens), the CUDA fast path cuts
-its finished replies afterwards with :meth:`StopStrings.cut`. Each token is sampled from its own
-draw, so the tokens before the stop are the same either way.
+Where the reply stops does not depend on how the decode loop found it: the generic loop reads
+each row's tokens as they come (and stops a row there, saving the rest of its tokens), the CUDA
+fast path reads its finished replies afterwards with :meth:`StopStrings.cut`, the same way. Each
+token is sampled from its own draw, so the tokens before the stop are the same either way.
 """
 
 from __future__ import annotations
@@ -33,28 +33,53 @@ def checked_stop_strings(stop) -> tuple[str, ...]:
 
 class StopStrings:
     """Finds where a reply's tokens first complete one of ``stops``, decoding with ``decode``
-    (token ids -> the reply's text)."""
+    (token ids -> the reply's text).
+
+    The text is read as vLLM's detokenizer reads it, a few tokens at a time: the text of the
+    tokens since the last whole character, held back while it ends in an unfinished one (U+FFFD:
+    a byte-level or byte-fallback token that spells part of a character), so that a character
+    spelled over several tokens is read once it is whole, and a stop string is found at the token
+    that completes it whatever its bytes."""
 
     def __init__(self, stops: Sequence[str], decode: Callable[[Sequence[int]], str]):
         self.stops = tuple(stops)
         self.decode = decode
-        # Every token holds at least one byte of text, so the tokens that spell a string are at
-        # most its length in bytes; one more lets the first of them begin mid-character.
-        self.window = max(len(s.encode("utf-8")) for s in self.stops) + 1
+        self.longest = max(len(s) for s in self.stops)
 
-    def ends_at_stop(self, ids: Sequence[int]) -> bool:
-        """Whether the text of ``ids``' last few tokens holds a stop string. Checked after every
-        token, the first time it is true is the token that completed one."""
-        tail = self.decode(ids[-self.window:])
-        return any(stop in tail for stop in self.stops)
+    def reader(self) -> "StopReader":
+        """A reader of one reply's tokens, fed them one at a time."""
+        return StopReader(self)
 
     def cut(self, ids: Sequence[int]) -> int | None:
         """How many of ``ids`` a reply keeps (through the token that completes the first stop
-        string), or None when the reply holds none."""
-        text = self.decode(ids)
-        if not any(stop in text for stop in self.stops):
-            return None
+        string), or None when the reply holds none: what a :meth:`reader` fed them finds."""
+        reader = self.reader()
         for length in range(1, len(ids) + 1):
-            if self.ends_at_stop(ids[:length]):
+            if reader.completes_stop(ids[:length]):
                 return length
-        return None  # only in the whole text (a decoder that joins tokens differently): left whole
+        return None
+
+
+class StopReader:
+    """One reply's text so far, read a token at a time (see :class:`StopStrings`)."""
+
+    def __init__(self, stops: StopStrings):
+        self.stops = stops
+        self.text = ""
+        self.start = 0  # the first token of the text not yet read whole (some context before it)
+        self.read = 0  # the tokens read into ``text``
+
+    def completes_stop(self, ids: Sequence[int]) -> bool:
+        """Read ``ids`` (the reply's tokens so far: those read before and one more); whether the
+        text they add completes a stop string."""
+        decode = self.stops.decode
+        before = decode(ids[self.start:self.read])
+        now = decode(ids[self.start:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return False  # nothing yet, or a character not finished: wait for its next bytes
+        added = now[len(before):]
+        self.start, self.read = self.read, len(ids)
+        self.text += added
+        # Not in the text before (this reader would have said so): a stop string found overlaps ``added``.
+        tail = self.text[-(len(added) + self.stops.longest - 1):]
+        return any(stop in tail for stop in self.stops.stops)

@@ -29,6 +29,42 @@ def test_a_reply_keeps_the_token_that_completes_the_string_and_nothing_after():
     assert StopStrings(["é"], decode).cut([3, 7, 7]) == 2  # a string of two bytes: its window has room
 
 
+BYTES = {100: b"\xe2", 101: b"\x86", 102: b"\x92", 103: b"\xc3", 104: b"\xa9", 105: b"s", 106: b"e", 107: b"\xff"}
+
+
+def byte_fallback_decode(ids):
+    """As a byte-fallback tokenizer (Llama 2, Mistral, Gemma) decodes: text tokens as they are, and
+    each run of byte tokens as its UTF-8 text, or one U+FFFD per byte where the run is not valid."""
+    out, run = [], b""
+    for i in list(ids) + [None]:
+        if i in BYTES:
+            run += BYTES[i]
+            continue
+        if run:
+            try:
+                out.append(run.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append("\ufffd" * len(run))
+            run = b""
+        if i is not None:
+            out.append(PIECES[i])
+    return "".join(out)
+
+
+def test_a_string_of_byte_tokens_is_found_at_the_token_that_completes_it():
+    stops = StopStrings(["é"], byte_fallback_decode)
+    # "I will " + "→" (3 byte tokens) + "é" (2) + " world": the stop ends at the 6th token, the
+    # whole run of byte tokens read once its characters are whole (a window of bytes read '���').
+    assert stops.cut([0, 100, 101, 102, 103, 104, 3]) == 6
+    assert stops.cut([0, 100, 101, 102, 3]) is None
+    # "se" spelled in byte tokens, then an invalid byte: the text read so far held "se" at the 3rd
+    # token, though the whole reply's text, its run of bytes invalid, does not.
+    assert "se" not in byte_fallback_decode([0, 105, 106, 107])
+    assert StopStrings(["se"], byte_fallback_decode).cut([0, 105, 106, 107]) == 3
+    reader = StopStrings(["se"], byte_fallback_decode).reader()  # as the generic loop reads a row
+    assert [reader.completes_stop([0, 105, 106, 107][:n]) for n in (1, 2, 3)] == [False, False, True]
+
+
 def test_checked_stop_strings_takes_one_string_or_none_and_refuses_empty_ones():
     assert checked_stop_strings("</search>") == ("</search>",)
     assert checked_stop_strings(None) == ()
