@@ -594,9 +594,8 @@ def main() -> None:
     args.peer_set = peers
     print(provenance_line(), flush=True)
     started = time.perf_counter()
-    if args.device == "cuda":
+    if args.device == "cuda":  # (the provenance line names the GPU and torch)
         torch.backends.cuda.matmul.allow_tf32 = True
-        print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
 
     from transformers import AutoTokenizer
 
