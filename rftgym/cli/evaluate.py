@@ -354,7 +354,7 @@ def _run_settings(args, env_id: str, label: str, env_kwargs: dict, seeds: Sequen
                 "data_files": data_file_fingerprints(env_kwargs) if data_files is None else data_files,
                 "seed": seeds[0], "episodes": len(seeds),
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                "sample_seed": args.sample_seed, "stop": list(args.stop or ())}
+                "sample_seed": args.sample_seed, "stop": list(getattr(args, "stop", None) or ())}
     return json.loads(json.dumps(settings, default=repr))
 
 
