@@ -55,9 +55,14 @@ class StopStrings:
         string), or None when the reply holds none: what a :meth:`reader` fed them finds."""
         reader = self.reader()
         for length in range(1, len(ids) + 1):
-            if reader.completes_stop(ids[:length]):
+            if reader.completes_stop(ids, length):
                 return length
         return None
+
+
+# A character is at most 4 bytes, each token at least one: text still unfinished after this many
+# tokens holds a real U+FFFD (or bytes that make no character), and is read as it stands.
+MAX_HELD_TOKENS = 4
 
 
 class StopReader:
@@ -69,17 +74,29 @@ class StopReader:
         self.start = 0  # the first token of the text not yet read whole (some context before it)
         self.read = 0  # the tokens read into ``text``
 
-    def completes_stop(self, ids: Sequence[int]) -> bool:
-        """Read ``ids`` (the reply's tokens so far: those read before and one more); whether the
-        text they add completes a stop string."""
+    def completes_stop(self, ids: Sequence[int], end: int | None = None) -> bool:
+        """Read ``ids[:end]`` (the reply's tokens so far: those read before and one more); whether
+        the text they add completes a stop string."""
+        end = len(ids) if end is None else end
         decode = self.stops.decode
         before = decode(ids[self.start:self.read])
-        now = decode(ids[self.start:])
-        if len(now) <= len(before) or now.endswith("\ufffd"):
-            return False  # nothing yet, or a character not finished: wait for its next bytes
+        now = decode(ids[self.start:end])
+        if now.endswith("\ufffd") and end - self.read < MAX_HELD_TOKENS:
+            # A character not finished: wait for its next bytes; a stop string before it counts now
+            # (a byte-level token can hold a string's last space and a character's first byte).
+            return len(now) > len(before) and self._holds_stop(now.rstrip("\ufffd")[len(before):])
+        if len(now) <= len(before):
+            return False  # nothing yet
         added = now[len(before):]
-        self.start, self.read = self.read, len(ids)
+        self.start, self.read = self.read, end
+        found = self._holds_stop(added)
         self.text += added
-        # Not in the text before (this reader would have said so): a stop string found overlaps ``added``.
-        tail = self.text[-(len(added) + self.stops.longest - 1):]
-        return any(stop in tail for stop in self.stops.stops)
+        return found
+
+    def _holds_stop(self, added: str) -> bool:
+        """Whether the text read, then ``added``, holds a stop string; the text read alone holds
+        none (this reader would have said so), so one found overlaps ``added``."""
+        if not added:
+            return False
+        tail = self.text[-(self.stops.longest - 1):] if self.stops.longest > 1 else ""
+        return any(stop in tail + added for stop in self.stops.stops)

@@ -65,6 +65,36 @@ def test_a_string_of_byte_tokens_is_found_at_the_token_that_completes_it():
     assert [reader.completes_stop([0, 105, 106, 107][:n]) for n in (1, 2, 3)] == [False, False, True]
 
 
+BYTE_LEVEL = {1: b"Answer", 2: b":", 3: b" \xe6", 4: b"\x9d", 5: b"\xb1", 6: "\ufffd".encode(), 7: b"x"}
+
+
+def byte_level_decode(ids):
+    """As a byte-level BPE tokenizer (GPT-2, SmolLM2) decodes: the tokens' bytes as UTF-8, an
+    unfinished character as U+FFFD."""
+    return b"".join(BYTE_LEVEL[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_string_ending_in_a_token_that_also_begins_a_character_stops_there():
+    # ' \xe6' holds the stop string's last space and the first byte of 東: the string is whole at
+    # the 3rd token, though the character is not (it was found two tokens late, or, cut there, never).
+    stops = StopStrings(["Answer: "], byte_level_decode)
+    assert stops.cut([1, 2, 3, 4, 5, 7]) == 3 and stops.cut([1, 2, 3]) == 3
+
+
+def test_a_reply_of_real_replacement_characters_is_read_in_linear_work():
+    """A U+FFFD that is text, not an unfinished character, is read as it stands after a few tokens
+    (the window of held tokens grew with the reply, and was decoded twice a token)."""
+    decoded = []
+
+    def counting_decode(ids):
+        decoded.append(len(ids))
+        return byte_level_decode(ids)
+
+    ids = [6] * 400 + [7]
+    assert StopStrings(["x"], counting_decode).cut(ids) == 401
+    assert sum(decoded) < 20 * len(ids)
+
+
 def test_checked_stop_strings_takes_one_string_or_none_and_refuses_empty_ones():
     assert checked_stop_strings("</search>") == ("</search>",)
     assert checked_stop_strings(None) == ()
