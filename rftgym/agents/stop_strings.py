@@ -37,9 +37,9 @@ class StopStrings:
 
     The text is read as vLLM's detokenizer reads it, a few tokens at a time: the text of the
     tokens since the last whole character, held back while it ends in an unfinished one (U+FFFD:
-    a byte-level or byte-fallback token that spells part of a character), so that a character
-    spelled over several tokens is read once it is whole, and a stop string is found at the token
-    that completes it whatever its bytes."""
+    a byte-level or byte-fallback token that spells part of a character; for at most
+    ``MAX_HELD_TOKENS``), so that a character spelled over several tokens is read once it is whole,
+    and a stop string is found at the token that completes it whatever its bytes."""
 
     def __init__(self, stops: Sequence[str], decode: Callable[[Sequence[int]], str]):
         self.stops = tuple(stops)

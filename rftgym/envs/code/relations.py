@@ -151,7 +151,7 @@ class Shaped:
         else drawn up to half again the largest an example holds."""
         if not isinstance(args[self.position], str):
             return
-        found = [int(n) for n in _NUMBER.findall(args[self.position])]
+        found = [int(n) for n in _NUMBER.findall(args[self.position]) if len(n) <= MAX_SHAPED_DIGITS]
         numbers = [found[i] if i < len(found) else rng.randint(0, self.largest + self.largest // 2 + 1)
                    for i in range(len(self.words) - 1)]
         pieces = [self.words[0]]

@@ -133,13 +133,16 @@ def candidate_inputs(task: CodeTask, config: TCGConfig) -> list[tuple[str, str]]
             out += [(task.input_sampler(rng), "random") for _ in range(config.n_random)]
     elif task.style == "function":
         relations, mending = domain_relations(task), _rng(config, task, ":domain")
-        if "edge" in config.sources:
-            out += [(s, "edge") for s in _function_edges(task, example_inputs, config, rng, relations, mending)]
-        if "random" in config.sources:
-            models = argument_models(task.reference, task.entry_point, example_inputs)
-            if models is not None:
-                out += [(s, "random") for s in
-                        domain_sources(random_args(models, rng, config.n_random), relations, mending)]
+        try:
+            if "edge" in config.sources:
+                out += [(s, "edge") for s in _function_edges(task, example_inputs, config, rng, relations, mending)]
+            if "random" in config.sources:
+                models = argument_models(task.reference, task.entry_point, example_inputs)
+                if models is not None:
+                    out += [(s, "random") for s in
+                            domain_sources(random_args(models, rng, config.n_random), relations, mending)]
+        except OverflowError:  # examples beyond float range (1e308, 10**400): their tests, and no others
+            pass
     seen: dict[str, str] = {}
     for source, origin in out:
         seen.setdefault(source, origin)

@@ -7,7 +7,7 @@ import random
 from rftgym.envs.code.inputs import ValueModel
 from rftgym.envs.code.relations import (Distinct, LengthIs, MinLength, SameLength, Shaped, conform,
                                         observed_relations)
-from rftgym.envs.code.tasks import CodeTask, TestCase
+from rftgym.envs.code.tasks import CodeTask, TestCase, args_source
 from rftgym.envs.code.tcg import TCGConfig, candidate_inputs
 
 
@@ -93,3 +93,17 @@ def test_operator_strings_are_drawn_from_those_seen_and_one_item_edges_need_an_e
     assert lists.edges() == []  # neither [] nor [x]: every example had two items or more
     lists.observe([7])
     assert lists.edges() == [[lists.items.sample(random.Random(0))]]
+
+
+def test_numbers_past_what_sampling_reads_are_no_crash(tmp_path):
+    rng = random.Random(0)
+    shaped = Shaped(0, ("", " apples and ", " oranges"), 6)
+    mended = conform(("9" * 5000 + " apples and 1 oranges", 3), (shaped,), rng)  # (int() of it raises)
+    assert mended is not None and shaped.holds(mended) and len(mended[0]) < 40
+    # Examples beyond float range: their own tests, and no generated ones (the ranges overflowed).
+    for values in ((10**400, 1), (-1e308, 1e308, 1)):
+        examples = [args_source((v,)) for v in values]
+        task = CodeTask("t-huge", "unit", "function", "", "f", "def f(x):\n    return x\n",
+                        examples=tuple(TestCase(e, None, "example") for e in examples))
+        assert [s for s, _ in candidate_inputs(task, TCGConfig(cache_dir=str(tmp_path)))][:len(examples)] == \
+            examples
