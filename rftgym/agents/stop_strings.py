@@ -53,6 +53,11 @@ class StopStrings:
     def cut(self, ids: Sequence[int]) -> int | None:
         """How many of ``ids`` a reply keeps (through the token that completes the first stop
         string), or None when the reply holds none: what a :meth:`reader` fed them finds."""
+        # A reply whose whole text holds no stop string and no unfinished or invalid bytes (U+FFFD)
+        # has none in any of its prefixes' texts either: most replies are settled by one decode.
+        text = self.decode(ids)
+        if "\ufffd" not in text and not any(stop in text for stop in self.stops):
+            return None
         reader = self.reader()
         for length in range(1, len(ids) + 1):
             if reader.completes_stop(ids, length):

@@ -93,6 +93,8 @@ def test_a_reply_of_real_replacement_characters_is_read_in_linear_work():
     ids = [6] * 400 + [7]
     assert StopStrings(["x"], counting_decode).cut(ids) == 401
     assert sum(decoded) < 20 * len(ids)
+    decoded.clear()  # a reply with no stop string and clean text: one decode of the whole settles it
+    assert StopStrings(["Answer: "], counting_decode).cut([7] * 300) is None and decoded == [300]
 
 
 def test_checked_stop_strings_takes_one_string_or_none_and_refuses_empty_ones():
