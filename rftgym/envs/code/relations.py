@@ -9,8 +9,9 @@ happens to give, and a correct solution that differs there could never pass its 
 
 So each relation that holds in every example (of at least two) is kept: a generated input is
 mended to hold it (its repeats dropped, a sequence cut to the length asked, the int set to the
-length, a sentence's words put back around its numbers), or dropped where no mending can. A
-relation the examples show by chance only narrows the inputs; it never makes a test wrong.
+length, a sentence's words put back around its numbers; never shorter than the shortest example),
+or dropped where no mending can. A relation the examples show by chance only narrows the inputs;
+it never makes a test wrong.
 """
 
 from __future__ import annotations
