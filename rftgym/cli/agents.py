@@ -251,7 +251,7 @@ def _make_agent(args: argparse.Namespace):
 
         sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.sample_seed, max_batch_size=args.num_envs,
-                                  stop=args.stop or ())
+                                  stop=args.stop)
         reuse = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}
         policy = HFPolicy.from_pretrained(args.model if args.agent == "hf" else None, sampling=sampling,
                                           device=args.device, **reuse)
@@ -278,7 +278,7 @@ def _make_agent(args: argparse.Namespace):
                      if value is not None}
         return ChatAPIAgent.from_url(args.api_base, args.api_model, temperature=args.temperature,
                                      top_p=args.top_p, max_tokens=args.max_new_tokens,
-                                     max_concurrency=args.num_envs, seed=args.sample_seed, stop=args.stop or (),
+                                     max_concurrency=args.num_envs, seed=args.sample_seed, stop=args.stop,
                                      **transport)
     from ..agents.scripted import AdversarialAgent, RandomTextAgent
 

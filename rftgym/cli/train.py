@@ -34,7 +34,6 @@ def train_config_from_args(args: argparse.Namespace):
                     eval_env_kwargs={**getattr(args, "config_eval_env_kwargs", {}),
                                      **_parse_env_args(args.eval_env_kwargs or [], "--eval-env-arg")},
                     **{name: AUTO_SWITCH[settings[name]] for name in ("compile", "checkpoint_mlp")},
-                    stop=() if settings["stop"] is None else settings["stop"],  # (--stop appends to a list)
                     dtype=None if args.dtype == "auto" else args.dtype)
 
     def refused(exc: ConfigError) -> UsageError:

@@ -202,14 +202,20 @@ def model_from_annotation(node: ast.expr | None) -> ValueModel:
     return model
 
 
-def argument_models(reference: str, entry_point: str, example_inputs: list[str]) -> list[ValueModel] | None:
-    """One model per argument: from the examples if any parse, else from the annotations."""
+def parsed_examples(sources: list[str]) -> list[tuple]:
+    """The argument tuples of ``sources`` that parse as literals (the others left out)."""
     examples = []
-    for source in example_inputs:
+    for source in sources:
         try:
             examples.append(parse_args_source(source))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
+    return examples
+
+
+def argument_models(reference: str, entry_point: str, example_inputs: list[str]) -> list[ValueModel] | None:
+    """One model per argument: from the examples if any parse, else from the annotations."""
+    examples = parsed_examples(example_inputs)
     if examples:
         arity = max(len(e) for e in examples)
         models = [ValueModel() for _ in range(arity)]

@@ -21,15 +21,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ...core.values import is_int
+
 SIZED = (str, list, tuple)
 _NUMBER = re.compile(r"\d+")
 MIN_EXAMPLES = 2
 MAX_PAIRWISE = 200  # unhashable items compared pairwise for repeats: at most this many
 MAX_SHAPED_DIGITS = 9  # a sentence's numbers (counts, amounts) have at most this many digits
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -46,10 +44,10 @@ class LengthIs:
 
     def holds(self, args: tuple) -> bool:
         value, sized = args[self.target], args[self.sized]
-        return _is_int(value) and isinstance(sized, SIZED) and value == len(sized) + self.offset
+        return is_int(value) and isinstance(sized, SIZED) and value == len(sized) + self.offset
 
     def mend(self, args: list, rng: random.Random) -> None:
-        if _is_int(args[self.target]) and isinstance(args[self.sized], SIZED):
+        if is_int(args[self.target]) and isinstance(args[self.sized], SIZED):
             args[self.target] = len(args[self.sized]) + self.offset
 
 
@@ -91,22 +89,17 @@ class Distinct:
 
     def holds(self, args: tuple) -> bool:
         value = args[self.position]
-        return isinstance(value, (list, tuple)) and _distinct(value)
+        if not isinstance(value, (list, tuple)):
+            return False
+        kept = _without_repeats(value)
+        return kept is not None and len(kept) == len(value)
 
     def mend(self, args: list, rng: random.Random) -> None:
         """Its repeats dropped, the first of each kept (a list that ends shorter than every
-        example's is then refused by :class:`MinLength`)."""
+        example's is then refused by :class:`MinLength`; one too long to compare is left, and fails)."""
         value = args[self.position]
-        if isinstance(value, (list, tuple)):
-            try:
-                kept = list(dict.fromkeys(value))
-            except TypeError:  # unhashable items: compared pairwise, where there are few
-                if len(value) > MAX_PAIRWISE:
-                    return  # left as it is: it fails the check and is dropped
-                kept = []
-                for item in value:
-                    if all(item != other for other in kept):
-                        kept.append(item)
+        kept = _without_repeats(value) if isinstance(value, (list, tuple)) else None
+        if kept is not None:
             args[self.position] = type(value)(kept)
 
 
@@ -164,11 +157,19 @@ class Shaped:
 Relation = LengthIs | SameLength | Distinct | Shaped | MinLength
 
 
-def _distinct(items: Sequence[Any]) -> bool:
+def _without_repeats(items: Sequence[Any]) -> list | None:
+    """``items`` with each repeat dropped (the first kept), or None for more unhashable items than
+    are compared pairwise."""
     try:
-        return len(set(items)) == len(items)
+        return list(dict.fromkeys(items))
     except TypeError:  # unhashable items (lists): compared pairwise, where there are few
-        return len(items) <= MAX_PAIRWISE and all(items[i] != items[j] for i in range(len(items)) for j in range(i))
+        if len(items) > MAX_PAIRWISE:
+            return None
+        kept: list = []
+        for item in items:
+            if all(item != other for other in kept):
+                kept.append(item)
+        return kept
 
 
 def observed_relations(examples: Sequence[tuple]) -> tuple[Relation, ...]:

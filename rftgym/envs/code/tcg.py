@@ -36,7 +36,7 @@ from typing import Sequence
 from ...core.errors import ConfigError, warn_caller
 from ...core.files import replace_text, unexpanded_path
 from .harness import RunOutcome, check_per_test_seconds, execute_many, has_property
-from .inputs import argument_models, edge_args, neighbour_inputs, random_args
+from .inputs import argument_models, edge_args, neighbour_inputs, parsed_examples, random_args
 from .sandbox import DEFAULT_HASH_SEED, Sandbox, SandboxLimits
 from .codec import display, encode, encoded_equal
 from .parsing import stated_outputs
@@ -167,12 +167,7 @@ def domain_relations(task: CodeTask) -> tuple[Relation, ...]:
     show (none for a generated task, whose own sampler keeps its domain)."""
     if task.style != "function" or task.input_sampler is not None:
         return ()
-    examples = []
-    for source in dict.fromkeys([t.input for t in task.examples] + [t.input for t in task.tests]):
-        try:
-            examples.append(parse_args_source(source))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
+    examples = parsed_examples(list(dict.fromkeys([t.input for t in task.examples] + [t.input for t in task.tests])))
     try:
         return observed_relations(examples)
     except (ValueError, TypeError, MemoryError, RecursionError):  # values no relation reads (e.g. exotic __eq__)
@@ -192,13 +187,7 @@ def in_domain(sources: Sequence[str], relations: Sequence[Relation], rng: random
     relations to keep)."""
     if not relations:
         return list(sources)
-    arguments = []
-    for source in sources:
-        try:
-            arguments.append(parse_args_source(source))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    return domain_sources(arguments, relations, rng)
+    return domain_sources(parsed_examples(list(sources)), relations, rng)
 
 
 # ---------------------------------------------------------------- cache
@@ -324,6 +313,7 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
     complete = {i: all(run.status == "ok" for run in task_runs) for i, task_runs in runs_of.items()}
     # Further rounds, for tasks whose tests one output dominates: inputs near the rare-output ones.
     tried = {i: {source for source, _ in candidates[i]} for i in todo}
+    relations = {}  # of the tasks searched, found once
     for round_ in range(1, RARE_ROUNDS + 1):
         near = {}
         for i in todo:
@@ -331,7 +321,8 @@ def build_tests_many(tasks: Sequence[CodeTask], config: TCGConfig, sandbox: Sand
             if skewed is None:
                 continue
             rng = _rng(config, tasks[i], ":neighbours" if round_ == 1 else f":neighbours{round_}")
-            near_inputs = in_domain(neighbour_inputs(skewed[1], rng, config.n_random), domain_relations(tasks[i]), rng)
+            relations.setdefault(i, domain_relations(tasks[i]))
+            near_inputs = in_domain(neighbour_inputs(skewed[1], rng, config.n_random), relations[i], rng)
             sources = [s for s in near_inputs if s not in tried[i]]
             if sources:
                 near[i] = (skewed[0], sources)
